@@ -1,0 +1,38 @@
+"""The `ppprof` command group. Thin: parse options, call one function, turn bad input into one line and exit code 2."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ppprof import __version__
+
+EXIT_BAD_INPUT = 2
+
+
+class PpprofGroup(click.Group):
+    """A click group whose commands report bad input as one line on stderr with exit code 2, never a traceback."""
+
+    def main(self, *args, **kwargs):
+        kwargs.setdefault("standalone_mode", True)
+        try:
+            return super().main(*args, **{**kwargs, "standalone_mode": False})
+        except click.exceptions.Exit as e:
+            sys.exit(e.exit_code)
+        except click.exceptions.Abort:
+            click.echo("Aborted.", err=True)
+            sys.exit(1)
+        except click.ClickException as e:
+            # Usage errors (unknown option, bad type) become one line too.
+            click.echo(f"error: {e.format_message()}", err=True)
+            sys.exit(EXIT_BAD_INPUT)
+        except ValueError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(EXIT_BAD_INPUT)
+
+
+@click.group(cls=PpprofGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="ppprof")
+def main() -> None:
+    """Profile prefill chunks on a pipeline-parallel model and write a dynamic-chunk policy for servers."""

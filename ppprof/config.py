@@ -1,0 +1,159 @@
+"""Model specs: the shapes of the model being profiled (one tree of kw-only dataclasses, validated at construction).
+
+Loading presets and HuggingFace config.json files lives in ppprof/specs.py; this module only holds and checks shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+ATTENTION = "attention"
+MAMBA = "mamba"
+MLP = "mlp"
+MOE = "moe"
+MIXERS = (ATTENTION, MAMBA)
+FFNS = (MLP, MOE)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerSpec:
+    """One decoder layer: token mixers run in parallel on the same input (FalconH1 has both), then an optional FFN.
+
+    Nemotron-H's separate layers map to LayerSpec(mixers=("mamba",)), LayerSpec(mixers=("attention",)),
+    LayerSpec(mixers=(), ffn="mlp"); a Llama layer is LayerSpec(mixers=("attention",), ffn="mlp").
+    """
+
+    mixers: tuple[str, ...] = ()
+    ffn: str | None = None
+
+    def __post_init__(self) -> None:
+        for m in self.mixers:
+            if m not in MIXERS:
+                raise ValueError(f"layer mixer {m!r} is unknown: use one of {', '.join(MIXERS)}")
+        if self.ffn is not None and self.ffn not in FFNS:
+            raise ValueError(f"layer ffn {self.ffn!r} is unknown: use one of {', '.join(FFNS)} or none")
+        if not self.mixers and self.ffn is None:
+            raise ValueError("a layer needs a mixer or an ffn")
+
+    @property
+    def has_attention(self) -> bool:
+        return ATTENTION in self.mixers
+
+    @property
+    def has_mamba(self) -> bool:
+        return MAMBA in self.mixers
+
+    @property
+    def code(self) -> str:
+        """One character a layer, for printing patterns: A attention, M mamba, P parallel (both), - MLP, E MoE;
+        a mixer layer with an FFN prints the mixer in upper case, without one in lower case."""
+        if self.has_attention and self.has_mamba:
+            c = "P"
+        elif self.has_attention:
+            c = "A"
+        elif self.has_mamba:
+            c = "M"
+        else:
+            return "-" if self.ffn == MLP else "E"
+        return c if self.ffn is not None else c.lower()
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelSpec:
+    """Shapes of a decoder-only model with attention and/or Mamba2 layers. Weights are random (dummy), as servers do."""
+
+    name: str
+    """Preset name or the path the spec was read from."""
+    family: str
+    """Architecture family: llama, qwen2, qwen3, mistral, nemotron_h, jamba, bamba, falcon_h1."""
+    layers: tuple[LayerSpec, ...]
+    hidden_size: int
+    vocab_size: int = 32000
+    intermediate_size: int = 0
+    """MLP inner width (gated SiLU MLP)."""
+    rms_norm_eps: float = 1e-5
+
+    # attention
+    num_attention_heads: int = 0
+    num_key_value_heads: int = 0
+    head_dim: int = 0
+    rope_theta: float = 10000.0
+
+    # Mamba2
+    mamba_num_heads: int = 0
+    mamba_head_dim: int = 0
+    ssm_state_size: int = 0
+    """d_state: size of the SSM state per head and head dim."""
+    conv_kernel: int = 4
+    mamba_n_groups: int = 1
+    mamba_chunk_size: int = 128
+    """Chunk length of the SSD scan (an algorithmic block size, not the prefill chunk)."""
+
+    # MoE
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+
+    dtype: str | None = None
+    """torch dtype name (float32, bfloat16, float16); None means bf16 on GPU, fp32 on CPU."""
+    extra: dict = field(default_factory=dict)
+    """Fields read from a HuggingFace config that ppprof keeps for the record only."""
+
+    def __post_init__(self) -> None:
+        if not self.layers:
+            raise ValueError(f"model {self.name!r} has no layers: give at least one layer")
+        _positive(self, "hidden_size", "vocab_size")
+        if any(layer.ffn == MLP for layer in self.layers):
+            _positive(self, "intermediate_size")
+        if any(layer.has_attention for layer in self.layers):
+            _positive(self, "num_attention_heads", "num_key_value_heads", "head_dim")
+            if self.num_attention_heads % self.num_key_value_heads:
+                raise ValueError(
+                    f"num_attention_heads ({self.num_attention_heads}) is not a multiple of num_key_value_heads "
+                    f"({self.num_key_value_heads}): use a divisor of num_attention_heads"
+                )
+        if any(layer.has_mamba for layer in self.layers):
+            _positive(self, "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "conv_kernel", "mamba_n_groups",
+                      "mamba_chunk_size")
+            if self.mamba_num_heads % self.mamba_n_groups:
+                raise ValueError(
+                    f"mamba_num_heads ({self.mamba_num_heads}) is not a multiple of mamba_n_groups "
+                    f"({self.mamba_n_groups}): use a divisor of mamba_num_heads"
+                )
+        if any(layer.ffn == MOE for layer in self.layers):
+            _positive(self, "num_experts", "num_experts_per_tok", "moe_intermediate_size")
+            if self.num_experts_per_tok > self.num_experts:
+                raise ValueError(
+                    f"num_experts_per_tok ({self.num_experts_per_tok}) exceeds num_experts ({self.num_experts}): "
+                    "lower num_experts_per_tok"
+                )
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def pattern(self) -> str:
+        return "".join(layer.code for layer in self.layers)
+
+    @property
+    def mamba_d_inner(self) -> int:
+        return self.mamba_num_heads * self.mamba_head_dim
+
+    @property
+    def mamba_conv_dim(self) -> int:
+        """Channels that go through the causal conv: x, B and C."""
+        return self.mamba_d_inner + 2 * self.mamba_n_groups * self.ssm_state_size
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["layers"] = [{"mixers": list(layer.mixers), "ffn": layer.ffn} for layer in self.layers]
+        d["pattern"] = self.pattern
+        return d
+
+
+def _positive(spec: ModelSpec, *names: str) -> None:
+    for name in names:
+        value = getattr(spec, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"model {spec.name!r}: {name}={value!r} must be a positive integer; set it in the config")

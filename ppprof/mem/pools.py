@@ -1,0 +1,63 @@
+"""Pools that own the cache tensors of one pipeline stage, indexed by slot. Only the stage's own layers get buffers."""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVPool:
+    """K and V buffers per attention layer: (total_slots, num_kv_heads, head_dim) each."""
+
+    def __init__(self, total_slots: int, layer_ids: list[int], num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: str | torch.device) -> None:
+        self.total_slots = total_slots
+        self.layer_ids = list(layer_ids)
+        shape = (total_slots, num_kv_heads, head_dim)
+        self.k = {i: torch.zeros(shape, dtype=dtype, device=device) for i in self.layer_ids}
+        self.v = {i: torch.zeros(shape, dtype=dtype, device=device) for i in self.layer_ids}
+
+    def write(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """slots: (n,); k, v: (n, num_kv_heads, head_dim)."""
+        self.k[layer_id][slots] = k
+        self.v[layer_id][slots] = v
+
+    def fill_random(self, slots: torch.Tensor, generator: torch.Generator | None = None) -> None:
+        """Write random K/V at `slots` in every layer (a probe's synthetic prefix, not computed)."""
+        for i in self.layer_ids:
+            for buf in (self.k[i], self.v[i]):
+                shape = (slots.numel(), *buf.shape[1:])
+                buf[slots] = torch.randn(shape, generator=generator, dtype=torch.float32).to(buf)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for d in (self.k, self.v) for t in d.values())
+
+
+class MambaPool:
+    """Conv state (total_slots, conv_dim, conv_kernel - 1) and SSM state (total_slots, num_heads, head_dim, d_state)
+    per Mamba layer."""
+
+    def __init__(self, total_slots: int, layer_ids: list[int], conv_dim: int, conv_kernel: int, num_heads: int,
+                 head_dim: int, state_size: int, dtype: torch.dtype, device: str | torch.device,
+                 ssm_dtype: torch.dtype = torch.float32) -> None:
+        self.total_slots = total_slots
+        self.layer_ids = list(layer_ids)
+        self.conv = {i: torch.zeros((total_slots, conv_dim, conv_kernel - 1), dtype=dtype, device=device)
+                     for i in self.layer_ids}
+        # The SSM state is kept in fp32, as serving engines do, since it accumulates over the whole prompt.
+        self.ssm = {i: torch.zeros((total_slots, num_heads, head_dim, state_size), dtype=ssm_dtype, device=device)
+                    for i in self.layer_ids}
+
+    def reset(self, slot: int) -> None:
+        """Zero the state of `slot`: a new request starts from an empty state."""
+        for i in self.layer_ids:
+            self.conv[i][slot].zero_()
+            self.ssm[i][slot].zero_()
+
+    def fill_random(self, slot: int, generator: torch.Generator | None = None) -> None:
+        """Random state at `slot` (a probe's synthetic prefix)."""
+        for i in self.layer_ids:
+            for buf in (self.conv[i], self.ssm[i]):
+                buf[slot] = torch.randn(buf.shape[1:], generator=generator, dtype=torch.float32).to(buf) * 0.1
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for d in (self.conv, self.ssm) for t in d.values())
