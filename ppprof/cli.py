@@ -36,3 +36,11 @@ class PpprofGroup(click.Group):
 @click.version_option(__version__, prog_name="ppprof")
 def main() -> None:
     """Profile prefill chunks on a pipeline-parallel model and write a dynamic-chunk policy for servers."""
+
+
+
+from ppprof.specs.command import model as model_command  # noqa: E402
+main.add_command(model_command)
+from ppprof.probe.command import profile as profile_command  # noqa: E402
+
+main.add_command(profile_command)

@@ -157,3 +157,124 @@ def _positive(spec: ModelSpec, *names: str) -> None:
         value = getattr(spec, name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ValueError(f"model {spec.name!r}: {name}={value!r} must be a positive integer; set it in the config")
+
+
+MAX_REQUESTS_PER_PROBE = 128
+MIN_REQUESTS_PER_PROBE = 8
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass(kw_only=True, slots=True)
+class ProfileConfig:
+    """Settings of one `ppprof profile` run (flags > --config YAML > these defaults). Checked before any rank starts."""
+
+    model: str = "tiny-hybrid"
+    """Preset name, YAML spec, or HuggingFace config.json (or a folder holding one)."""
+    num_layers: int | None = None
+    """Keep the model's layer pattern but only this many layers (real shapes on a small machine)."""
+    nproc_per_node: int = 2
+    """Ranks on this node; the pipeline has one stage per rank (nnodes x nproc_per_node stages)."""
+    device: str = "cpu"
+    """cpu (gloo) or cuda (NCCL, one GPU per rank)."""
+    dtype: str | None = None
+    """float32, bfloat16 or float16; default bf16 on cuda, fp32 on cpu."""
+    base_chunk_size: int = 512
+    """B: the chunk size the policy starts from (SGLang's --chunked-prefill-size; 2-3x the best fixed chunk)."""
+    requests_per_probe: int = 128
+    """Synthetic prefill requests per probe, 8..128."""
+    page_size: int = 1
+    """KV cache page size in tokens; probe chunk sizes are multiples of it."""
+    max_mamba_cache_size: int = 128
+    """Mamba state slots per stage (SGLang's --max-mamba-cache-size)."""
+    max_running_requests: int = 128
+    """Request pool entries per stage."""
+    max_total_tokens: int | None = None
+    """KV cache slots per stage; default: the longest probe request (prefix + chunk), rounded up to a page."""
+    context_len: int = 32768
+    """Longest request the served model takes; recorded for the policy's caps and bounds the prefix probes."""
+    prefix_lens: tuple[int, ...] | None = None
+    """Prefix lengths of the prefix probes; default: B, 2B, 4B (capped by the context length)."""
+    warmup: int = 3
+    """Untimed forwards before the first timed one."""
+    layer_partition: tuple[int, ...] | None = None
+    """Layers per stage, e.g. (3, 5); default: an even split."""
+    seed: int = 0
+    out: str | None = None
+    """Run folder; default results/<run-id>."""
+    fit: bool = True
+    """Fit the samples and write policy.json and plots at the end of the run."""
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"--device {self.device!r} is not supported: use cpu or cuda")
+        for name, lo in (("nproc_per_node", 1), ("base_chunk_size", 1), ("page_size", 1), ("max_mamba_cache_size", 1),
+                         ("max_running_requests", 1), ("context_len", 1), ("warmup", 0), ("seed", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < lo:
+                raise ValueError(f"--{name.replace('_', '-')} {value!r} must be an integer >= {lo}")
+        if not MIN_REQUESTS_PER_PROBE <= self.requests_per_probe <= MAX_REQUESTS_PER_PROBE:
+            raise ValueError(
+                f"--requests-per-probe {self.requests_per_probe} is out of range: use "
+                f"{MIN_REQUESTS_PER_PROBE}..{MAX_REQUESTS_PER_PROBE}"
+            )
+        if self.num_layers is not None and self.num_layers < 1:
+            raise ValueError(f"--num-layers {self.num_layers} must be >= 1")
+        if self.base_chunk_size < self.page_size:
+            raise ValueError(
+                f"--base-chunk-size {self.base_chunk_size} is smaller than --page-size {self.page_size}: "
+                "use a base chunk of at least one page"
+            )
+        if self.max_chunk_size > self.context_len:
+            raise ValueError(
+                f"--base-chunk-size {self.base_chunk_size} (largest probe chunk {self.max_chunk_size}) exceeds "
+                f"--context-len {self.context_len}: lower the base chunk or raise the context length"
+            )
+        for p in self.resolved_prefix_lens():
+            if p < 0 or p + self.max_chunk_size > self.context_len:
+                raise ValueError(
+                    f"--prefix-lens value {p} plus the largest probe chunk {self.max_chunk_size} exceeds --context-len "
+                    f"{self.context_len}: use prefixes below {self.context_len - self.max_chunk_size}"
+                )
+        if self.max_total_tokens is not None:
+            if self.max_total_tokens % self.page_size:
+                raise ValueError(
+                    f"--max-total-tokens {self.max_total_tokens} is not a multiple of --page-size {self.page_size}"
+                )
+            need = self.needed_kv_tokens()
+            if self.max_total_tokens < need:
+                raise ValueError(
+                    f"--base-chunk-size {self.base_chunk_size} does not fit the KV cache: the longest probe request "
+                    f"needs {need} slots but --max-total-tokens is {self.max_total_tokens}; raise --max-total-tokens "
+                    "or lower --base-chunk-size / --prefix-lens"
+                )
+
+    @property
+    def max_chunk_size(self) -> int:
+        """The largest probe chunk: 1.25 x B, aligned down to the page."""
+        return max(self.page_size, int(1.25 * self.base_chunk_size) // self.page_size * self.page_size)
+
+    def resolved_prefix_lens(self) -> tuple[int, ...]:
+        if self.prefix_lens is not None:
+            return tuple(self.prefix_lens)
+        out = []
+        for k in (1, 2, 4):
+            p = k * self.base_chunk_size // self.page_size * self.page_size
+            if p + self.max_chunk_size <= self.context_len:
+                out.append(p)
+        return tuple(out)
+
+    def needed_kv_tokens(self) -> int:
+        """KV slots the longest probe request holds (prefix + the largest chunk), in whole pages."""
+        longest = max((*self.resolved_prefix_lens(), 0)) + self.max_chunk_size
+        return -(-longest // self.page_size) * self.page_size
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.max_total_tokens if self.max_total_tokens is not None else self.needed_kv_tokens()
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["prefix_lens"] = list(self.resolved_prefix_lens())
+        d["max_total_tokens"] = self.kv_tokens
+        d["layer_partition"] = None if self.layer_partition is None else list(self.layer_partition)
+        return d

@@ -1,0 +1,68 @@
+"""Start the ranks of a profile through torch's elastic launcher (what torchrun runs), with torchrun's options."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from ppprof.config import ProfileConfig
+
+# torchrun options `ppprof profile` accepts and passes to the launcher unchanged: (option, takes a value).
+TORCHRUN_OPTIONS = (
+    ("nnodes", True), ("node_rank", True), ("rdzv_backend", True), ("rdzv_endpoint", True), ("rdzv_id", True),
+    ("rdzv_conf", True), ("standalone", False), ("max_restarts", True), ("master_addr", True), ("master_port", True),
+    ("local_addr", True), ("log_dir", True), ("start_method", True),
+)
+
+
+def num_nodes(nnodes: str | None) -> int:
+    """--nnodes as a count. Elastic ranges (MIN:MAX) are refused: the pipeline needs a fixed number of stages."""
+    if nnodes is None:
+        return 1
+    try:
+        lo, _, hi = str(nnodes).partition(":")
+        n = int(lo)
+        if hi and int(hi) != n:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"--nnodes {nnodes!r} must be a fixed node count such as 2 (the pipeline has one stage per "
+                         "rank, so elastic ranges are not supported)") from None
+    if n < 1:
+        raise ValueError(f"--nnodes {nnodes} must be >= 1")
+    return n
+
+
+def launcher_argv(cfg: ProfileConfig, torchrun: dict, fault: str | None) -> list[str]:
+    """torchrun's argument list for starting `python -m ppprof profile` on every rank with the resolved config."""
+    argv = ["--nproc-per-node", str(cfg.nproc_per_node)]
+    multi_node = num_nodes(torchrun.get("nnodes")) > 1 or torchrun.get("rdzv_endpoint") or torchrun.get("master_port")
+    if not multi_node and not torchrun.get("standalone"):
+        argv.append("--standalone")  # a local rendezvous on a free port
+    for name, takes_value in TORCHRUN_OPTIONS:
+        value = torchrun.get(name)
+        if value is None or value is False:
+            continue
+        flag = "--" + name.replace("_", "-")
+        argv += [flag, str(value)] if takes_value else [flag]
+    argv += ["--module", "ppprof", "profile", "--resolved-config", json.dumps(cfg.to_dict())]
+    if fault:
+        argv += ["--inject-fault", fault]
+    return argv
+
+
+def launch(cfg: ProfileConfig, torchrun: dict, fault: str | None = None) -> int:
+    """Run the profile on this node's ranks; returns the exit code (1 when any rank failed)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    args = get_args_parser().parse_args(launcher_argv(cfg, torchrun, fault))
+    if "OMP_NUM_THREADS" not in os.environ:  # share the cores among this node's ranks (torchrun would pick 1)
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cfg.nproc_per_node))
+    try:
+        run(args)
+    except ChildFailedError as e:
+        ranks = ", ".join(str(r) for r in sorted(e.failures))
+        print(f"error: the profile failed on rank {ranks}; the [rank N] lines above say why", file=sys.stderr)
+        return 1
+    return 0

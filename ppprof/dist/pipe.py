@@ -1,0 +1,86 @@
+"""Point-to-point transfer of activations between neighbouring stages, and the few collectives of a profile.
+
+Every message down the pipeline starts with a header (status, num_tokens), so that a stage whose forward failed
+still tells its successors, which then skip their forward instead of waiting on a tensor that never comes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+OK = 0
+FAILED = 1
+
+
+class Pipe:
+    def __init__(self, *, rank: int, world_size: int, device: torch.device, hidden_size: int,
+                 dtype: torch.dtype) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        self.hidden_size = hidden_size
+        self.dtype = dtype
+
+    @property
+    def is_first(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.rank == self.world_size - 1
+
+    def _header(self, status: int, num_tokens: int) -> torch.Tensor:
+        return torch.tensor([status, num_tokens], dtype=torch.int64, device=self.device)
+
+    def send_activation(self, status: int, hidden: torch.Tensor | None, residual: torch.Tensor | None) -> None:
+        """To the next stage: the header, then (when OK) hidden and residual, each (num_tokens, hidden_size)."""
+        dst = self.rank + 1
+        num_tokens = 0 if status != OK else hidden.shape[0]
+        dist.send(self._header(status, num_tokens), dst)
+        if status == OK:
+            dist.send(hidden.contiguous(), dst)
+            dist.send(residual.contiguous(), dst)
+
+    def recv_activation(self) -> tuple[int, torch.Tensor | None, torch.Tensor | None]:
+        """From the previous stage: (status, hidden, residual); the tensors are None when the status is not OK."""
+        src = self.rank - 1
+        header = self._header(OK, 0)
+        dist.recv(header, src)
+        status, num_tokens = (int(v) for v in header.tolist())
+        if status != OK:
+            return status, None, None
+        hidden = torch.empty((num_tokens, self.hidden_size), dtype=self.dtype, device=self.device)
+        residual = torch.empty_like(hidden)
+        dist.recv(hidden, src)
+        dist.recv(residual, src)
+        return status, hidden, residual
+
+    def send_done(self, status: int) -> None:
+        """Last stage -> first stage: the request has left the pipeline (ends the end-to-end timing)."""
+        dist.send(self._header(status, 0), 0)
+
+    def recv_done(self) -> int:
+        header = self._header(OK, 0)
+        dist.recv(header, self.world_size - 1)
+        return int(header[0].item())
+
+    def any_true(self, flag: bool) -> bool:
+        """True on every rank when `flag` is true on any rank."""
+        t = torch.tensor([int(flag)], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        """`obj` of every rank, on every rank (picklable objects)."""
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's `obj`, on every rank."""
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]

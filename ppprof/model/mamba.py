@@ -1,0 +1,173 @@
+"""Mamba2 mixer in pure torch: causal conv and chunked SSD scan, both resumed from and written back to the request's
+Mamba slot, so a prompt prefilled chunk by chunk ends in the same state as one prefilled at once."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ppprof.config import ModelSpec
+from ppprof.mem.cache import Request, StageCache
+
+
+def segsum(x: torch.Tensor) -> torch.Tensor:
+    """Segment sums of the last axis. x: (..., T) -> (..., T, T) with out[..., i, j] = x[j+1] + ... + x[i] for j <= i
+    (0 on the diagonal) and -inf above it, so exp(out) is the lower-triangular decay matrix.
+
+    Built from masked cumulative sums rather than cumsum differences, which lose precision when cumsums are large.
+    """
+    t = x.shape[-1]
+    x = x[..., None].expand(*x.shape, t)  # (..., T, T): x[..., k, j] = x[k]
+    strictly_lower = torch.ones(t, t, dtype=torch.bool, device=x.device).tril(-1)
+    x = x.masked_fill(~strictly_lower, 0.0)
+    out = x.cumsum(dim=-2)  # out[i, j] = sum over k in (j, i] of x[k]
+    lower = torch.ones(t, t, dtype=torch.bool, device=x.device).tril(0)
+    return out.masked_fill(~lower, -math.inf)
+
+
+def ssd_chunked(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
+                block_len: int, initial_state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The SSD scan of one sequence, computed block by block (Mamba2's "SSD minimal" structure), in fp32.
+
+    Recurrence it computes, per head h:  state_t = exp(dt_t a_h) state_{t-1} + dt_t x_t B_t^T,  y_t = state_t C_t.
+    x: (L, heads, head_dim); dt: (L, heads) (after softplus); a: (heads,) (negative); b, c: (L, groups, d_state);
+    initial_state: (heads, head_dim, d_state) or None (zeros).
+    Returns y: (L, heads, head_dim) and the final state (heads, head_dim, d_state), both fp32.
+    A length that is not a multiple of block_len is padded with dt = 0 steps: their decay is exp(0) = 1 and their
+    input is 0, so they leave the state unchanged and their outputs are dropped.
+    """
+    seq_len, num_heads, head_dim = x.shape
+    num_groups, d_state = b.shape[1], b.shape[2]
+    x, dt, a, b, c = (t.float() for t in (x, dt, a, b, c))
+    heads_per_group = num_heads // num_groups
+    b = b.repeat_interleave(heads_per_group, dim=1)  # (L, heads, d_state)
+    c = c.repeat_interleave(heads_per_group, dim=1)  # (L, heads, d_state)
+    pad = -seq_len % block_len
+    if pad:  # F.pad lists dims last to first: this pads only the time axis (dim 0), at its end
+        x, dt, b, c = (F.pad(t, (0,) * (2 * t.dim() - 1) + (pad,)) for t in (x, dt, b, c))
+    num_blocks = (seq_len + pad) // block_len
+    q = block_len
+
+    # Discretize: x_bar = dt * x, a_bar = dt * a; then cut the time axis into blocks of q steps.
+    x = (x * dt[..., None]).view(num_blocks, q, num_heads, head_dim)  # (blocks, q, heads, head_dim)
+    b = b.view(num_blocks, q, num_heads, d_state)  # (blocks, q, heads, d_state)
+    c = c.view(num_blocks, q, num_heads, d_state)  # (blocks, q, heads, d_state)
+    a_dt = (dt * a).T.reshape(num_heads, num_blocks, q)  # (heads, blocks, q)
+    a_cumsum = a_dt.cumsum(dim=-1)  # (heads, blocks, q): log-decay from each block's start
+
+    # 1. Intra-block (diagonal blocks): y_l = sum_{s <= l} C_l . B_s  exp(a_s+1 + ... + a_l)  x_bar_s,
+    #    the quadratic "attention-like" form with the decay matrix L = exp(segsum(a_dt)).
+    decay = torch.exp(segsum(a_dt))  # (heads, blocks, q, q)
+    y_diag = torch.einsum("klhn,kshn,hkls,kshp->klhp", c, b, decay, x)  # (blocks, q, heads, head_dim)
+
+    # 2. Each block's own final state (from a zero start): sum_s exp(a_cumsum[-1] - a_cumsum[s]) x_bar_s B_s^T.
+    decay_to_end = torch.exp(a_cumsum[..., -1:] - a_cumsum)  # (heads, blocks, q)
+    block_states = torch.einsum("klhn,hkl,klhp->khpn", b, decay_to_end, x)  # (blocks, heads, head_dim, d_state)
+
+    # 3. Inter-block recurrence: the state entering block k is
+    #    S_k = sum_{j <= k} exp(total decay of blocks j..k-1) s_j, with s_0 the initial state and s_j (j >= 1) the state
+    #    block j-1 built in step 2; the entry for k = blocks is the final state.
+    if initial_state is None:
+        initial_state = torch.zeros(num_heads, head_dim, d_state, dtype=torch.float32, device=x.device)
+    states = torch.cat([initial_state.float()[None], block_states], dim=0)  # (blocks + 1, heads, head_dim, d_state)
+    block_decay = torch.exp(segsum(F.pad(a_cumsum[..., -1], (1, 0))))  # (heads, blocks + 1, blocks + 1)
+    states = torch.einsum("hzk,khpn->zhpn", block_decay, states)  # (blocks + 1, heads, head_dim, d_state)
+    entry_states, final_state = states[:-1], states[-1]
+
+    # 4. State -> output: the entering state's contribution inside each block, y_l += exp(a_cumsum[l]) S_k C_l.
+    decay_from_start = torch.exp(a_cumsum)  # (heads, blocks, q)
+    y_off = torch.einsum("klhn,khpn,hkl->klhp", c, entry_states, decay_from_start)  # (blocks, q, heads, head_dim)
+
+    y = (y_diag + y_off).reshape(num_blocks * q, num_heads, head_dim)[:seq_len]  # (L, heads, head_dim)
+    return y, final_state
+
+
+def causal_conv(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depthwise causal conv1d that resumes from the last kernel-1 inputs of the previous chunk.
+
+    x: (n, channels); conv_state: (channels, kernel - 1); weight: (channels, kernel); bias: (channels,).
+    Returns the output (n, channels) (before activation) and the new state (channels, kernel - 1).
+    """
+    kernel = weight.shape[1]
+    seq = torch.cat([conv_state.to(x.dtype), x.T], dim=1)  # (channels, kernel - 1 + n)
+    out = F.conv1d(seq[None], weight[:, None, :], bias, groups=weight.shape[0])  # (1, channels, n)
+    return out[0].T, seq[:, seq.shape[1] - (kernel - 1):]
+
+
+class Mamba2(nn.Module):
+    """in_proj -> (z, xBC, dt); causal conv + SiLU on xBC; SSD scan with D skip; gated RMSNorm with z; out_proj."""
+
+    def __init__(self, spec: ModelSpec, layer_id: int, *, dtype: torch.dtype, device: str | torch.device) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads = spec.mamba_num_heads
+        self.head_dim = spec.mamba_head_dim
+        self.d_state = spec.ssm_state_size
+        self.num_groups = spec.mamba_n_groups
+        self.d_inner = spec.mamba_d_inner
+        self.conv_dim = spec.mamba_conv_dim
+        self.block_len = spec.mamba_chunk_size
+        self.eps = spec.rms_norm_eps
+        kw = dict(dtype=dtype, device=device)
+        self.in_proj = nn.Linear(spec.hidden_size, self.d_inner + self.conv_dim + self.num_heads, bias=False, **kw)
+        self.conv_weight = nn.Parameter(torch.empty(self.conv_dim, spec.conv_kernel, **kw))
+        self.conv_bias = nn.Parameter(torch.empty(self.conv_dim, **kw))
+        # A, dt bias and D stay fp32, as in the reference implementation: they enter exp/softplus on every step.
+        self.a_log = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32, device=device))
+        self.dt_bias = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32, device=device))
+        self.d_skip = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32, device=device))
+        self.norm_weight = nn.Parameter(torch.empty(self.d_inner, **kw))
+        self.out_proj = nn.Linear(self.d_inner, spec.hidden_size, bias=False, **kw)
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator, std: float) -> None:
+        """Random weights drawn from `generator` (CPU), in a fixed order; the SSM parameters in Mamba2's init ranges."""
+        def draw(p: torch.Tensor, t: torch.Tensor) -> None:
+            p.copy_(t.to(p.dtype))
+
+        draw(self.in_proj.weight, torch.randn(self.in_proj.weight.shape, generator=generator) * std)
+        kernel = self.conv_weight.shape[1]
+        draw(self.conv_weight, torch.randn(self.conv_weight.shape, generator=generator) / math.sqrt(kernel))
+        draw(self.conv_bias, torch.zeros(self.conv_dim))
+        draw(self.a_log, torch.empty(self.num_heads).uniform_(1.0, 16.0, generator=generator).log())  # A in [-16, -1]
+        dt = torch.empty(self.num_heads).uniform_(math.log(1e-3), math.log(1e-1), generator=generator).exp()
+        draw(self.dt_bias, dt + torch.log(-torch.expm1(-dt)))  # inverse softplus: softplus(dt_bias) = dt
+        draw(self.d_skip, torch.ones(self.num_heads))
+        draw(self.norm_weight, torch.ones(self.d_inner))
+        draw(self.out_proj.weight, torch.randn(self.out_proj.weight.shape, generator=generator) * std)
+
+    def forward(self, x: torch.Tensor, cache: StageCache, req: Request) -> torch.Tensor:
+        """x: (n, hidden), the request's next n tokens -> (n, hidden). Reads and rewrites the conv and SSM state in
+        the request's Mamba slot."""
+        n = x.shape[0]
+        pool, slot = cache.mamba_pool, cache.mamba_slot(req)
+        conv_state = pool.conv[self.layer_id][slot]  # (conv_dim, kernel - 1)
+        ssm_state = pool.ssm[self.layer_id][slot]  # (heads, head_dim, d_state), fp32
+
+        zxbcdt = self.in_proj(x)  # (n, d_inner + conv_dim + heads)
+        z, xbc, dt = zxbcdt.split([self.d_inner, self.conv_dim, self.num_heads], dim=-1)
+        xbc, new_conv_state = causal_conv(xbc, conv_state, self.conv_weight, self.conv_bias)
+        conv_state.copy_(new_conv_state)
+        xbc = F.silu(xbc)  # (n, conv_dim)
+        group_size = self.num_groups * self.d_state
+        xs, b, c = xbc.split([self.d_inner, group_size, group_size], dim=-1)
+        xs = xs.view(n, self.num_heads, self.head_dim)  # (n, heads, head_dim)
+        b = b.view(n, self.num_groups, self.d_state)  # (n, groups, d_state)
+        c = c.view(n, self.num_groups, self.d_state)  # (n, groups, d_state)
+        dt = F.softplus(dt.float() + self.dt_bias)  # (n, heads)
+        a = -torch.exp(self.a_log)  # (heads,)
+
+        y, final_state = ssd_chunked(xs, dt, a, b, c, self.block_len, initial_state=ssm_state)
+        ssm_state.copy_(final_state)
+        y = y + self.d_skip[:, None] * xs.float()  # (n, heads, head_dim)
+
+        # Gated RMSNorm (Mamba2 order: gate first, then normalise per group of d_inner / groups channels).
+        y = y.reshape(n, self.d_inner) * F.silu(z.float())  # (n, d_inner)
+        y = y.view(n, self.num_groups, -1)
+        y = y * torch.rsqrt(y.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        y = y.reshape(n, self.d_inner).to(x.dtype) * self.norm_weight
+        return self.out_proj(y)  # (n, hidden)

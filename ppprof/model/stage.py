@@ -1,0 +1,186 @@
+"""One pipeline stage of the synthetic model: its layers (pre-norm, residual stream carried between stages), the
+embedding on the first stage, final norm and LM head on the last; and the StageCache sized for its own layers."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ppprof.config import MOE, ModelSpec
+from ppprof.mem.cache import Request, StageCache
+from ppprof.mem.kv import KVAllocator
+from ppprof.mem.mamba import MambaAllocator
+from ppprof.mem.pools import KVPool, MambaPool
+from ppprof.mem.req import ReqToTokenPool
+from ppprof.model.attention import Attention
+from ppprof.model.mamba import Mamba2
+from ppprof.model.mlp import MLP, MoE
+
+INIT_STD = 0.02
+"""Std of the random projection weights: small enough that activations stay finite through many layers."""
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm fused with the residual add, as serving engines run it."""
+
+    def __init__(self, hidden_size: int, eps: float, *, dtype: torch.dtype, device: str | torch.device) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype, device=device))
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, residual: (n, hidden). residual <- x + residual (x alone when None); returns (norm(residual), residual)."""
+        residual = x if residual is None else x + residual
+        h = residual.float()
+        h = h * torch.rsqrt(h.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return h.to(x.dtype) * self.weight, residual
+
+
+class Layer(nn.Module):
+    """norm -> mixers in parallel, summed (if any) -> norm -> FFN (if any); each norm adds the pending output into the
+    residual stream first."""
+
+    def __init__(self, spec: ModelSpec, layer_id: int, *, dtype: torch.dtype, device: str | torch.device) -> None:
+        super().__init__()
+        layer = spec.layers[layer_id]
+        kw = dict(dtype=dtype, device=device)
+        self.layer_id = layer_id
+        self.mixer_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, **kw) if layer.mixers else None
+        self.attention = Attention(spec, layer_id, **kw) if layer.has_attention else None
+        self.mamba = Mamba2(spec, layer_id, **kw) if layer.has_mamba else None
+        self.ffn_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, **kw) if layer.ffn else None
+        if layer.ffn == MOE:
+            self.ffn = MoE(spec, **kw)
+        elif layer.ffn:
+            self.ffn = MLP(spec.hidden_size, spec.intermediate_size, **kw)
+        else:
+            self.ffn = None
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator, std: float) -> None:
+        """Norm weights 1, Mamba's own init, every other weight N(0, std^2), drawn in registration order."""
+        if self.mamba is not None:
+            self.mamba.init_weights(generator, std)
+        mamba_params = set(self.mamba.parameters()) if self.mamba is not None else set()
+        norm_params = {p for m in (self.mixer_norm, self.ffn_norm) if m is not None for p in m.parameters()}
+        for p in self.parameters():
+            if p in mamba_params:
+                continue
+            if p in norm_params:
+                p.fill_(1.0)
+            else:
+                p.copy_((torch.randn(p.shape, generator=generator) * std).to(p.dtype))
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cache: StageCache, req: Request,
+                prefix_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (n, hidden) pending output of the previous layer; residual: (n, hidden) or None before the first layer.
+        Returns this layer's pending output and the residual stream, both (n, hidden)."""
+        if self.mixer_norm is not None:
+            h, residual = self.mixer_norm(x, residual)
+            x = None
+            if self.attention is not None:
+                x = self.attention(h, cache, req, prefix_len)
+            if self.mamba is not None:
+                out = self.mamba(h, cache, req)
+                x = out if x is None else x + out
+        if self.ffn is not None:
+            h, residual = self.ffn_norm(x, residual)
+            x = self.ffn(h)
+        return x, residual
+
+
+def _check_layer_ids(spec: ModelSpec, layer_ids: range) -> None:
+    if len(layer_ids) == 0 or layer_ids.step != 1 or layer_ids.start < 0 or layer_ids.stop > spec.num_layers:
+        raise ValueError(
+            f"layer_ids {layer_ids} must be a non-empty contiguous range inside [0, {spec.num_layers}): "
+            "use a range from ppprof.partition.split_layers"
+        )
+
+
+class Stage(nn.Module):
+    """The layers `layer_ids` of `spec`, plus the embedding if it holds layer 0 and final norm + LM head if it holds
+    the last layer. Weights are random but a function of (seed, layer id) only: layer i draws from a generator seeded
+    with seed + i, the embedding from seed + num_layers, the LM head from seed + num_layers + 1, so stages built
+    separately on different ranks together equal the unsplit model."""
+
+    def __init__(self, spec: ModelSpec, layer_ids: range, *, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu", seed: int = 0) -> None:
+        super().__init__()
+        _check_layer_ids(spec, layer_ids)
+        self.spec = spec
+        self.layer_ids = layer_ids
+        self.is_first = layer_ids.start == 0
+        self.is_last = layer_ids.stop == spec.num_layers
+        kw = dict(dtype=dtype, device=device)
+        self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size, **kw) if self.is_first else None
+        # Keyed by global layer id, so a stage's state_dict names match the unsplit model's.
+        self.layers = nn.ModuleDict({str(i): Layer(spec, i, **kw) for i in layer_ids})
+        self.final_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, **kw) if self.is_last else None
+        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False, **kw) if self.is_last else None
+        self._init_weights(seed)
+
+    @torch.no_grad()
+    def _init_weights(self, seed: int) -> None:
+        for i in self.layer_ids:
+            self.layers[str(i)].init_weights(torch.Generator().manual_seed(seed + i), INIT_STD)
+        for module, offset in ((self.embed, 0), (self.lm_head, 1)):
+            if module is not None:
+                gen = torch.Generator().manual_seed(seed + self.spec.num_layers + offset)
+                w = module.weight
+                w.copy_((torch.randn(w.shape, generator=gen) * INIT_STD).to(w.dtype))
+
+    @torch.inference_mode()
+    def forward(self, cache: StageCache, req: Request, x: torch.Tensor, residual: torch.Tensor | None,
+                prefix_len: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run one chunk of one request: its n new tokens at positions [prefix_len, prefix_len + n).
+
+        x: (n,) int64 token ids on the first stage, else (n, hidden) pending output from the previous stage;
+        residual: None on the first stage, else (n, hidden) residual stream from the previous stage.
+        The caller has admitted `req` (cache.admit) and extended it by n (cache.extend), so the chunk's KV slots are in
+        its table and its Mamba slot exists.
+        Returns (hidden, residual), both (n, hidden), to send to the next stage; on the last stage
+        (logits, None) with logits: (vocab,), those of the chunk's last token.
+        """
+        if self.is_first:
+            if x.dtype != torch.int64 or x.dim() != 1 or residual is not None:
+                raise ValueError(f"the first stage takes token ids (n,) int64 and no residual; got {tuple(x.shape)} "
+                                 f"{x.dtype}, residual={'set' if residual is not None else None}")
+            x = self.embed(x)  # (n, hidden)
+        elif x.dim() != 2 or residual is None:
+            raise ValueError(f"stage {self.layer_ids} takes hidden states (n, hidden) and a residual; "
+                             f"got {tuple(x.shape)}, residual={'set' if residual is not None else None}")
+        num_new_tokens = x.shape[0]
+        if req.kv_len < prefix_len + num_new_tokens:
+            raise ValueError(f"request {req.rid} has KV slots for {req.kv_len} positions but the chunk ends at "
+                             f"{prefix_len + num_new_tokens}: call cache.extend(req, n) first")
+        for layer in self.layers.values():
+            x, residual = layer(x, residual, cache, req, prefix_len)  # (n, hidden) each
+        if not self.is_last:
+            return x, residual
+        h, _ = self.final_norm(x[-1:], residual[-1:])  # (1, hidden)
+        return self.lm_head(h)[0], None  # (vocab,)
+
+
+def build_stage_cache(spec: ModelSpec, layer_ids: range, *, kv_slots: int, page_size: int, mamba_slots: int,
+                      max_requests: int, max_context_len: int, dtype: torch.dtype = torch.float32,
+                      device: str | torch.device = "cpu") -> StageCache:
+    """StageCache with pools for the stage's own attention and Mamba layers only.
+
+    The KV allocator always exists (request bookkeeping runs the same on every stage) even with no attention layer;
+    a stage with no Mamba layer gets neither a Mamba allocator nor a Mamba pool.
+    """
+    _check_layer_ids(spec, layer_ids)
+    attention_ids = [i for i in layer_ids if spec.layers[i].has_attention]
+    mamba_ids = [i for i in layer_ids if spec.layers[i].has_mamba]
+    req_pool = ReqToTokenPool(max_requests, max_context_len, device)
+    kv_alloc = KVAllocator(kv_slots, page_size)
+    kv_pool = None
+    if attention_ids:
+        kv_pool = KVPool(kv_alloc.total_slots, attention_ids, spec.num_key_value_heads, spec.head_dim, dtype, device)
+    mamba_alloc = mamba_pool = None
+    if mamba_ids:
+        mamba_alloc = MambaAllocator(mamba_slots)
+        mamba_pool = MambaPool(mamba_alloc.total_slots, mamba_ids, spec.mamba_conv_dim, spec.conv_kernel,
+                               spec.mamba_num_heads, spec.mamba_head_dim, spec.ssm_state_size, dtype, device)
+    return StageCache(req_pool=req_pool, kv_alloc=kv_alloc, mamba_alloc=mamba_alloc, kv_pool=kv_pool,
+                      mamba_pool=mamba_pool)

@@ -1,0 +1,176 @@
+"""The probe loop of one rank: every request goes through every stage in lockstep, each stage timing its own compute.
+
+Per request, on every rank: set up (admit, write the synthetic prefix, extend by the chunk), receive from the previous
+stage, forward (timed, device-synchronized; transfers excluded), send on, and release in a finally path (KV slots,
+Mamba slot, request entry). Rank 0 also times the request end to end, until the last stage reports it done.
+After each request the ranks agree on whether any failed; after each probe, that every pool is full again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ppprof.dist.pipe import FAILED, OK, Pipe
+from ppprof.mem import Request, StageCache
+from ppprof.model.stage import Stage
+from ppprof.probe.synth import Probe, ProbeRequest
+from ppprof.probe.timer import Timer, device_sync
+
+log = logging.getLogger("ppprof.probe")
+
+SKIP_MAMBA_RELEASE = "skip-mamba-release"
+RAISE_IN_FORWARD = "raise-in-forward"
+FAULTS = (SKIP_MAMBA_RELEASE, RAISE_IN_FORWARD)
+"""Deliberate faults for tests: a release that forgets the Mamba slot (the historical leak), and a forward that
+raises on the last stage at the third timed request."""
+
+
+class ProfileError(RuntimeError):
+    """The profile cannot go on; raised on every rank with the same message."""
+
+
+@dataclass(slots=True)
+class ProbeTimings:
+    """What one rank measured in one probe: stage latency per request (and, on rank 0, end-to-end latency)."""
+
+    probe: int
+    stage_ms: list[float] = field(default_factory=list)
+    e2e_ms: list[float] = field(default_factory=list)
+
+
+def release_without_mamba(cache: StageCache, req: Request) -> None:
+    """A deliberately broken release (KV slots and request entry, not the Mamba slot): the leak check must catch it."""
+    if req.req_pool_idx is None:
+        return
+    if req.kv_len:
+        cache.kv_alloc.free(cache.req_pool.slots(req.req_pool_idx, req.kv_len))
+        req.kv_len, req.last_slot = 0, None
+    cache.req_pool.free(req.req_pool_idx)
+    req.req_pool_idx = None
+
+
+class ProbeRunner:
+    def __init__(self, *, stage: Stage, cache: StageCache, pipe: Pipe, seed: int, fault: str | None = None) -> None:
+        self.stage = stage
+        self.cache = cache
+        self.pipe = pipe
+        self.seed = seed
+        self.fault = fault
+        self.device = cache.device
+        self.vocab_size = stage.spec.vocab_size
+        self.forward_tokens = 0
+        self._timed_requests = 0
+        self._release: Callable[[StageCache, Request], None] = (
+            release_without_mamba if fault == SKIP_MAMBA_RELEASE else StageCache.release)
+
+    def _setup(self, req: Request, pr: ProbeRequest) -> None:
+        cache = self.cache
+        if not cache.admit(req):
+            raise ProfileError(f"no free request entry or Mamba slot for request {pr.rid}: {cache.outstanding()}")
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + pr.rid * 31 + self.pipe.rank)
+        if pr.prefix_len:
+            # The prefix is not computed: random K/V and Mamba state go straight into the allocated slots.
+            slots = cache.extend(req, pr.prefix_len)
+            if slots is None:
+                raise ProfileError(f"KV cache too small for the prefix of request {pr.rid} ({pr.prefix_len} tokens)")
+            if cache.kv_pool is not None:
+                cache.kv_pool.fill_random(slots, gen)
+            if cache.mamba_pool is not None:
+                cache.mamba_pool.fill_random(cache.mamba_slot(req), gen)
+        if cache.extend(req, pr.chunk_len) is None:
+            raise ProfileError(f"KV cache too small for request {pr.rid} ({pr.prefix_len} + {pr.chunk_len} tokens)")
+
+    def run_request(self, pr: ProbeRequest, timed: bool) -> tuple[float, float, str | None]:
+        """One request through this rank's stage: (stage_ms, e2e_ms (rank 0, else nan), error or None)."""
+        pipe = self.pipe
+        req = Request(pr.rid)
+        stage_ms = e2e_ms = math.nan
+        error = None
+        status, out, residual = OK, None, None
+        try:
+            try:
+                self._setup(req, pr)
+                if pipe.is_first:
+                    x = torch.randint(self.vocab_size, (pr.chunk_len,), generator=torch.Generator().manual_seed(
+                        self.seed + pr.rid)).to(self.device)
+                    device_sync(self.device)
+                    e2e_start = time.perf_counter()
+            except Exception as e:  # the chain must go on, so that no rank waits for a tensor that never comes
+                status, error = FAILED, f"setup of request {pr.rid} failed: {e}"
+            if not pipe.is_first:
+                recv_status, x, residual = pipe.recv_activation()
+                if status == OK and recv_status != OK:
+                    status = recv_status
+            if status == OK:
+                try:
+                    if timed and self.fault == RAISE_IN_FORWARD and pipe.is_last and self._timed_requests == 2:
+                        raise RuntimeError("injected fault (--inject-fault raise-in-forward)")
+                    with Timer(self.device) as t:
+                        out, residual = self.stage(self.cache, req, x, residual, pr.prefix_len)
+                    stage_ms = t.elapsed_ms
+                    self.forward_tokens += pr.chunk_len
+                except Exception as e:
+                    status, error = FAILED, f"forward of request {pr.rid} (prefix {pr.prefix_len}, chunk " \
+                                            f"{pr.chunk_len}) raised {type(e).__name__}: {e}"
+            if not pipe.is_last:
+                pipe.send_activation(status, out, residual)
+            elif not pipe.is_first:
+                pipe.send_done(status)
+            if pipe.is_first:
+                done = pipe.recv_done() if not pipe.is_last else status
+                if status == OK and done == OK:
+                    e2e_ms = (time.perf_counter() - e2e_start) * 1e3
+        finally:
+            self._release(self.cache, req)
+        if timed:
+            self._timed_requests += 1
+        return stage_ms, e2e_ms, error
+
+    def _stop_if_failed(self, error: str | None) -> None:
+        if self.pipe.any_true(error is not None):
+            errors = [f"rank {r}: {e}" for r, e in enumerate(self.pipe.all_gather(error)) if e is not None]
+            raise ProfileError("; ".join(errors) or "a rank failed without a message")
+
+    def check_leaks(self, when: str) -> None:
+        """Every pool of every rank is back to full capacity, or every rank raises naming rank, pool and count."""
+        leaks = {pool: n for pool, n in self.cache.outstanding().items() if n}
+        everyone = self.pipe.all_gather(leaks)
+        if any(everyone):
+            parts = [f"rank {r}: {pool} pool leaked {n} slot{'s' * (n != 1)}"
+                     for r, lk in enumerate(everyone) for pool, n in lk.items()]
+            raise ProfileError(f"leak check failed {when}: " + "; ".join(parts))
+
+    def warm_up(self, requests: list[ProbeRequest]) -> None:
+        for pr in requests:
+            _, _, error = self.run_request(pr, timed=False)
+            self._stop_if_failed(error)
+        self.check_leaks("after the warm-up")
+
+    def run_probe(self, probe: Probe, on_request: Callable[[], None] | None = None) -> ProbeTimings:
+        """All requests of `probe`; their Mamba slots are taken in one grouped window."""
+        timings = ProbeTimings(probe.index)
+        mamba = self.cache.mamba_alloc
+        if mamba is not None:
+            grouped = mamba.alloc_group_begin(len(probe.requests))
+            if not grouped:
+                log.debug("probe %d: %d Mamba slots free for %d requests; slots taken one by one",
+                          probe.index, mamba.available_size(), len(probe.requests))
+        try:
+            for pr in probe.requests:
+                stage_ms, e2e_ms, error = self.run_request(pr, timed=True)
+                self._stop_if_failed(error)
+                timings.stage_ms.append(stage_ms)
+                timings.e2e_ms.append(e2e_ms)
+                if on_request is not None:
+                    on_request()
+        finally:
+            if mamba is not None and mamba.group_open:
+                mamba.alloc_group_end()
+        self.check_leaks(f"after probe {probe.index}")
+        return timings

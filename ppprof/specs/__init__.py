@@ -1,0 +1,26 @@
+"""Model specs: presets (configs/models/*.yaml), YAML and HuggingFace config.json loading, and per-stage accounting.
+
+Owns turning a model argument into a validated ppprof.config.ModelSpec; the dataclasses themselves live in config.py.
+"""
+
+from ppprof.specs.accounting import (
+    PARAM_KEYS,
+    StageAccount,
+    accounting_dtype,
+    kv_bytes_per_token,
+    layer_params,
+    mamba_bytes_per_slot,
+    stage_accounts,
+    stage_params,
+)
+from ppprof.specs.dtypes import DTYPE_BYTES, dtype_bytes, normalize_dtype
+from ppprof.specs.hf import SUPPORTED_MODEL_TYPES, spec_from_hf_config
+from ppprof.specs.load import PRESETS_DIR, list_presets, load_spec, preset_path, read_spec_file, spec_from_dict
+from ppprof.specs.pattern import parse_layer_tokens, parse_pattern, shorten_layers
+
+__all__ = [
+    "DTYPE_BYTES", "PARAM_KEYS", "PRESETS_DIR", "SUPPORTED_MODEL_TYPES", "StageAccount", "accounting_dtype",
+    "dtype_bytes", "kv_bytes_per_token", "layer_params", "list_presets", "load_spec", "mamba_bytes_per_slot",
+    "normalize_dtype", "parse_layer_tokens", "parse_pattern", "preset_path", "read_spec_file", "shorten_layers",
+    "spec_from_dict", "spec_from_hf_config", "stage_accounts", "stage_params",
+]

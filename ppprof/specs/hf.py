@@ -1,0 +1,255 @@
+"""HuggingFace config.json -> ModelSpec, for the dense Llama/Qwen2/Qwen3/Mistral and the hybrid NemotronH/Jamba/Bamba/
+FalconH1 families. Field names and defaults follow each family's transformers configuration_*.py; a missing field takes
+that family's default."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ppprof.config import ATTENTION, MAMBA, MLP, MOE, LayerSpec, ModelSpec
+from ppprof.specs.pattern import layer_kinds, parse_pattern
+
+DENSE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=None, head_dim=None, rms_norm_eps=1e-6,
+                  rope_theta=10000.0),
+    "mistral": dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                    num_attention_heads=32, num_key_value_heads=8, head_dim=None, rms_norm_eps=1e-6,
+                    rope_theta=10000.0),
+    "qwen2": dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=32, head_dim=None, rms_norm_eps=1e-6,
+                  rope_theta=10000.0),
+    "qwen3": dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=32, head_dim=128, rms_norm_eps=1e-6,
+                  rope_theta=10000.0),
+}
+
+NEMOTRON_H_8B_PATTERN = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
+"""Nemotron-H-8B's hybrid_override_pattern, the default of NemotronHConfig before layers_block_type."""
+
+JAMBA_MAMBA_HEAD_DIM = 64
+"""Jamba's Mamba is Mamba1; ppprof runs it as a Mamba2 layer with d_inner = mamba_expand * hidden split into heads of
+64, one group, the same d_state and conv kernel. The state per slot then matches Mamba1's (d_inner x d_state), the
+projections differ slightly (Mamba2's B, C and dt come from in_proj instead of x_proj/dt_proj)."""
+
+# Nemotron-H layers_block_type names, old and new, to pattern characters.
+NEMOTRON_BLOCK_TYPES = {"mamba": "M", "linear_attention": "M", "attention": "*", "full_attention": "*",
+                        "mlp": "-", "moe": "E"}
+
+# Fields kept in ModelSpec.extra for the record when present.
+RECORD_KEYS = ("model_type", "architectures", "torch_dtype", "dtype", "max_position_embeddings",
+               "tie_word_embeddings", "hidden_act", "mlp_hidden_act", "attention_bias", "sliding_window",
+               "n_shared_experts", "moe_shared_expert_intermediate_size", "mamba_expand", "expand")
+
+
+def _get(cfg: dict, key: str, default: Any) -> Any:
+    value = cfg.get(key)
+    return default if value is None else value
+
+
+def _rope_theta(cfg: dict, default: float) -> float:
+    # Newer transformers move rope_theta into rope_parameters (or the older rope_scaling).
+    for holder in (cfg, cfg.get("rope_parameters") or {}, cfg.get("rope_scaling") or {}):
+        if isinstance(holder, dict) and holder.get("rope_theta") is not None:
+            return float(holder["rope_theta"])
+    return float(default)
+
+
+def _attention_fields(cfg: dict, d: dict[str, Any]) -> dict[str, Any]:
+    """Attention fields with the family defaults `d`; head_dim = hidden / heads unless given."""
+    hidden = int(_get(cfg, "hidden_size", d["hidden_size"]))
+    heads = int(_get(cfg, "num_attention_heads", d["num_attention_heads"]))
+    kv_heads = _get(cfg, "num_key_value_heads", d["num_key_value_heads"])
+    head_dim = _get(cfg, "head_dim", d.get("head_dim"))
+    if head_dim is None:
+        if heads <= 0 or hidden % heads:
+            raise ValueError(f"hidden_size ({hidden}) is not a multiple of num_attention_heads ({heads}): "
+                             "give head_dim in the config")
+        head_dim = hidden // heads
+    return dict(
+        hidden_size=hidden,
+        vocab_size=int(_get(cfg, "vocab_size", d["vocab_size"])),
+        intermediate_size=int(_get(cfg, "intermediate_size", d["intermediate_size"])),
+        num_attention_heads=heads,
+        num_key_value_heads=int(heads if kv_heads is None else kv_heads),
+        head_dim=int(head_dim),
+        rms_norm_eps=float(_get(cfg, "rms_norm_eps", d.get("rms_norm_eps", 1e-5))),
+        rope_theta=_rope_theta(cfg, d.get("rope_theta", 10000.0)),
+    )
+
+
+def _num_layers(cfg: dict, default: int) -> int:
+    n = int(_get(cfg, "num_hidden_layers", default))
+    if n < 1:
+        raise ValueError(f"num_hidden_layers={n} must be >= 1; fix the config")
+    return n
+
+
+def _dense(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
+    d = DENSE_DEFAULTS[family]
+    n = _num_layers(cfg, d["num_hidden_layers"])
+    return (LayerSpec(mixers=(ATTENTION,), ffn=MLP),) * n, _attention_fields(cfg, d)
+
+
+def _nemotron_h(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
+    d = dict(vocab_size=131072, hidden_size=4096, intermediate_size=21504, num_attention_heads=32,
+             num_key_value_heads=8, head_dim=128, rope_theta=10000.0)
+    fields = _attention_fields(cfg, d)
+    fields["rms_norm_eps"] = float(_get(cfg, "layer_norm_epsilon", _get(cfg, "rms_norm_eps", 1e-5)))
+    blocks = cfg.get("layers_block_type") or cfg.get("layer_types")
+    if cfg.get("hybrid_override_pattern"):
+        layers = parse_pattern(cfg["hybrid_override_pattern"])
+    elif blocks:
+        unknown = sorted(set(blocks) - set(NEMOTRON_BLOCK_TYPES))
+        if unknown:
+            raise ValueError(f"layers_block_type has unknown types {unknown}: use {', '.join(NEMOTRON_BLOCK_TYPES)}")
+        layers = parse_pattern("".join(NEMOTRON_BLOCK_TYPES[b] for b in blocks))
+    else:
+        layers = parse_pattern(NEMOTRON_H_8B_PATTERN)
+    fields.update(
+        mamba_num_heads=int(_get(cfg, "mamba_num_heads", 128)),
+        mamba_head_dim=int(_get(cfg, "mamba_head_dim", 64)),
+        ssm_state_size=int(_get(cfg, "ssm_state_size", _get(cfg, "mamba_d_state", 128))),
+        mamba_n_groups=int(_get(cfg, "n_groups", _get(cfg, "mamba_n_groups", 8))),
+        conv_kernel=int(_get(cfg, "conv_kernel", _get(cfg, "mamba_d_conv", 4))),
+        mamba_chunk_size=int(_get(cfg, "chunk_size", _get(cfg, "mamba_chunk_size", 128))),
+        num_experts=int(_get(cfg, "n_routed_experts", _get(cfg, "num_local_experts", 8))),
+        num_experts_per_tok=int(_get(cfg, "num_experts_per_tok", 2)),
+        moe_intermediate_size=int(_get(cfg, "moe_intermediate_size", 7688)),
+    )
+    return layers, fields
+
+
+def _jamba(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
+    d = dict(vocab_size=65536, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+             num_key_value_heads=8, rms_norm_eps=1e-6, rope_theta=10000.0)
+    fields = _attention_fields(cfg, d)
+    n = _num_layers(cfg, 32)
+    attn_period, attn_offset = int(_get(cfg, "attn_layer_period", 8)), int(_get(cfg, "attn_layer_offset", 4))
+    moe_period, moe_offset = int(_get(cfg, "expert_layer_period", 2)), int(_get(cfg, "expert_layer_offset", 1))
+    num_experts = int(_get(cfg, "num_experts", 16))
+    for what, period, offset in (("attn", attn_period, attn_offset), ("expert", moe_period, moe_offset)):
+        if not 0 <= offset < period:
+            raise ValueError(f"{what}_layer_offset ({offset}) must be in 0..{what}_layer_period-1 ({period - 1}); "
+                             "fix the config")
+    layers = tuple(
+        LayerSpec(mixers=(ATTENTION,) if i % attn_period == attn_offset else (MAMBA,),
+                  ffn=MOE if num_experts > 1 and i % moe_period == moe_offset else MLP)
+        for i in range(n)
+    )
+    d_inner = int(_get(cfg, "mamba_expand", 2)) * fields["hidden_size"]
+    if d_inner % JAMBA_MAMBA_HEAD_DIM:
+        raise ValueError(f"Jamba d_inner = mamba_expand * hidden_size = {d_inner} is not a multiple of "
+                         f"{JAMBA_MAMBA_HEAD_DIM}, the Mamba2 head dim ppprof uses for Jamba: use a hidden_size "
+                         "that makes it one")
+    fields.update(
+        mamba_num_heads=d_inner // JAMBA_MAMBA_HEAD_DIM,
+        mamba_head_dim=JAMBA_MAMBA_HEAD_DIM,
+        ssm_state_size=int(_get(cfg, "mamba_d_state", 16)),
+        mamba_n_groups=1,
+        conv_kernel=int(_get(cfg, "mamba_d_conv", 4)),
+        num_experts=num_experts,
+        num_experts_per_tok=int(_get(cfg, "num_experts_per_tok", 2)),
+        # Jamba's experts are full-size MLPs.
+        moe_intermediate_size=fields["intermediate_size"],
+    )
+    return layers, fields
+
+
+def _mamba2_fields(cfg: dict, hidden: int, d_inner: int) -> dict[str, Any]:
+    """Bamba / FalconH1 Mamba2 fields; mamba_d_head "auto" (or missing) means d_inner / mamba_n_heads."""
+    heads = int(_get(cfg, "mamba_n_heads", 128))
+    head_dim = _get(cfg, "mamba_d_head", "auto")
+    if head_dim == "auto":
+        if heads <= 0 or d_inner % heads:
+            raise ValueError(f"mamba_n_heads ({heads}) does not divide the mamba inner size ({d_inner}): "
+                             "give mamba_d_head or a divisor")
+        head_dim = d_inner // heads
+    return dict(
+        mamba_num_heads=heads,
+        mamba_head_dim=int(head_dim),
+        ssm_state_size=int(_get(cfg, "mamba_d_state", 256)),
+        mamba_n_groups=int(_get(cfg, "mamba_n_groups", 1)),
+        conv_kernel=int(_get(cfg, "mamba_d_conv", 4)),
+        mamba_chunk_size=int(_get(cfg, "mamba_chunk_size", 256)),
+    )
+
+
+def _bamba(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
+    d = dict(vocab_size=128000, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+             num_key_value_heads=8, rms_norm_eps=1e-5, rope_theta=10000.0)
+    fields = _attention_fields(cfg, d)
+    n = _num_layers(cfg, 32)
+    attn = set(cfg.get("attn_layer_indices") or ())
+    bad = sorted(i for i in attn if not 0 <= int(i) < n)
+    if bad:
+        raise ValueError(f"attn_layer_indices {bad} are outside 0..{n - 1}: fix the config")
+    layers = tuple(LayerSpec(mixers=(ATTENTION,) if i in attn else (MAMBA,), ffn=MLP) for i in range(n))
+    hidden = fields["hidden_size"]
+    fields.update(_mamba2_fields(cfg, hidden, int(_get(cfg, "mamba_expand", 2)) * hidden))
+    return layers, fields
+
+
+def _falcon_h1(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
+    d = dict(vocab_size=128000, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+             num_key_value_heads=8, rms_norm_eps=1e-5, rope_theta=10000.0)
+    fields = _attention_fields(cfg, d)
+    n = _num_layers(cfg, 32)
+    hidden = fields["hidden_size"]
+    # mamba_d_ssm is the Mamba inner size; None means mamba_expand * hidden (FalconH1Config).
+    d_inner = cfg.get("mamba_d_ssm", 1024)
+    d_inner = int(_get(cfg, "mamba_expand", 2)) * hidden if d_inner is None else int(d_inner)
+    fields.update(_mamba2_fields(cfg, hidden, d_inner))
+    return (LayerSpec(mixers=(ATTENTION, MAMBA), ffn=MLP),) * n, fields
+
+
+FAMILIES: dict[str, Callable[[dict, str], tuple[tuple[LayerSpec, ...], dict]]] = {
+    "llama": _dense, "qwen2": _dense, "qwen3": _dense, "mistral": _dense,
+    "nemotron_h": _nemotron_h, "jamba": _jamba, "bamba": _bamba, "falcon_h1": _falcon_h1,
+}
+SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+    "MistralForCausalLM": "mistral", "NemotronHForCausalLM": "nemotron_h", "JambaForCausalLM": "jamba",
+    "BambaForCausalLM": "bamba", "FalconH1ForCausalLM": "falcon_h1",
+}
+
+
+def hf_family(cfg: dict) -> str:
+    """The family of a HF config: its model_type, else its first known architecture."""
+    model_type = cfg.get("model_type")
+    if model_type:
+        if model_type not in FAMILIES:
+            raise ValueError(f"model_type {model_type!r} is not supported: use a config with model_type one of "
+                             f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+        return model_type
+    archs = cfg.get("architectures") or []
+    for arch in archs:
+        if arch in ARCHITECTURES:
+            return ARCHITECTURES[arch]
+    raise ValueError(f"architectures {archs} without a model_type are not supported: use one of "
+                     f"{', '.join(ARCHITECTURES)} (model_type {', '.join(SUPPORTED_MODEL_TYPES)})")
+
+
+def spec_from_hf_config(cfg: dict, *, name: str) -> ModelSpec:
+    """A ModelSpec from a parsed HF config.json; fields of layer kinds the model lacks keep ModelSpec's defaults."""
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{name}: a HF config.json must hold a JSON object, got {type(cfg).__name__}")
+    family = hf_family(cfg)
+    layers, fields = FAMILIES[family](cfg, family)
+    kinds = set().union(*(layer_kinds(layer) for layer in layers))
+    unused = {
+        ATTENTION: ("num_attention_heads", "num_key_value_heads", "head_dim", "rope_theta"),
+        MAMBA: ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "conv_kernel", "mamba_n_groups",
+                "mamba_chunk_size"),
+        MOE: ("num_experts", "num_experts_per_tok", "moe_intermediate_size"),
+    }
+    for kind, keys in unused.items():
+        if kind not in kinds:
+            for key in keys:
+                fields.pop(key, None)
+    extra = {k: cfg[k] for k in RECORD_KEYS if k in cfg}
+    if family == "jamba":
+        extra["mamba_approximation"] = (f"Mamba1 run as Mamba2: heads = mamba_expand*hidden/{JAMBA_MAMBA_HEAD_DIM}, "
+                                        f"head_dim {JAMBA_MAMBA_HEAD_DIM}, n_groups 1")
+    return ModelSpec(name=name, family=family, layers=layers, extra=extra, **fields)
