@@ -18,6 +18,7 @@ from ppprof.dist.pipe import Pipe
 from ppprof.mem import LeakError
 from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.partition import split_layers
+from ppprof.probe.malloc import steady_malloc
 from ppprof.probe.loop import ProbeRunner, ProfileError
 from ppprof.probe.output import default_run_dir, git_revision, hardware, samples_frame, write_run_json, write_samples
 from ppprof.probe.synth import Probe, ProbeRequest, make_probes
@@ -66,6 +67,8 @@ def work(cfg: ProfileConfig, fault: str | None = None) -> int:
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     setup_logging(rank)
+    if cfg.device == "cpu" and not steady_malloc():
+        log.warning("could not fix malloc's thresholds (not glibc?): CPU timings may be noisier")
     if cfg.device == "cuda":
         torch.cuda.set_device(local_rank)
         device, backend = torch.device("cuda", local_rank), "nccl"
@@ -101,9 +104,9 @@ def _profile(cfg: ProfileConfig, rank: int, world_size: int, device: torch.devic
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     add_log_file(run_dir / f"rank{rank}.log")
-    log.info("stage %d/%d: layers %d..%d (%s) of %s on %s, %s, backend %s", rank, world_size, layer_ids.start,
+    log.info("stage %d/%d: layers %d..%d (%s) of %s on %s, %s, backend %s, %d threads", rank, world_size, layer_ids.start,
              layer_ids.stop - 1, spec.pattern[layer_ids.start:layer_ids.stop], spec.name, device,
-             str(dtype).removeprefix("torch."), backend)
+             str(dtype).removeprefix("torch."), backend, torch.get_num_threads())
 
     stage = Stage(spec, layer_ids, dtype=dtype, device=device, seed=cfg.seed)
     stage.eval()

@@ -1,0 +1,31 @@
+"""`ppprof fit`: the click command; the work is in ppprof.fit.build (imported when the command runs)."""
+
+from __future__ import annotations
+
+import click
+
+from ppprof.policy.rule import MODEL_NAMES
+
+
+@click.command("fit")
+@click.argument("samples", type=click.Path(dir_okay=False))
+@click.option("--latency-model", type=click.Choice(MODEL_NAMES + ("auto",)), default="auto", show_default=True,
+              help="quadratic (SGLang), prefix (ATOM) or auto (lowest k-fold CV error).")
+@click.option("--base-chunk-size", type=int, default=None, help="B; default from run.json (required without it).")
+@click.option("--smooth-factor", type=float, default=None, help="s in (0, 1]  [default: 0.75]")
+@click.option("--page-size", type=int, default=None, help="KV page size; default from run.json, else 1.")
+@click.option("--alignment", type=int, default=None, help="Chunk alignment  [default: max(page_size, 64)]")
+@click.option("--min-chunk-size", type=int, default=None, help="Floor of a chunk  [default: B // 4]")
+@click.option("--max-chunk-size", type=int, default=None, help="Cap of a chunk (max prefill tokens)  [default: B]")
+@click.option("--context-len", type=int, default=None, help="Context length; default from run.json, else 131072.")
+@click.option("-o", "--out", type=click.Path(dir_okay=False), default=None,
+              help="Policy file  [default: policy.json beside SAMPLES]")
+def fit_command(samples, latency_model, out, **options) -> None:
+    """Fit a latency model to SAMPLES (a CSV with prefix_len, chunk_len, latency_ms) and write a policy."""
+    from ppprof.fit.build import fit, summary
+
+    for name in ("alignment", "min_chunk_size", "max_chunk_size"):
+        if options[name] is not None and options[name] < 1:
+            raise ValueError(f"--{name.replace('_', '-')} {options[name]} is invalid: use a positive integer")
+    path, policy = fit(samples, out, latency_model, **options)
+    click.echo(summary(path, policy))

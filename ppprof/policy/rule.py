@@ -1,0 +1,263 @@
+"""Latency models of a prefill chunk, and the greedy equal-latency next-chunk rule built on them, with its lookup table.
+
+Both models are kept as the four coefficients of the prefix-aware form (ATOM's), so that planning is the same code:
+
+    chunk latency  t(L, x) = c + g L + b x + a (2 L x + x^2)     (L = history/prefix tokens, x = new tokens)
+
+- `quadratic` (SGLang's): f(l) = a l^2 + b l + c fitted on the total length l = L + x of each sample; g = 0. A chunk's
+  latency is the fixed cost plus the growth of f: c + f(L + x) - f(L), which is the form above with g = 0.
+- `prefix` (ATOM's): t(L, x) fitted directly; g is the per-chunk work proportional to the prefix.
+
+
+Rule for a prompt whose first `L` tokens are already prefilled (B = base chunk size, s = smooth factor):
+  1. L == 0: the first chunk is B.
+  2. x = positive root of the model's equal-latency equation (see LatencyModel.equal_latency_chunk); none: B.
+  3. smoothed = int(B + s (x - B)), floored at min_chunk_size (default B // 4, SGLang's floor).
+  4. aligned down to the alignment, at least one alignment unit.
+  5. capped at min(context_len - L - CONTEXT_MARGIN, max_chunk_size), aligned down again; 0 means "use B".
+Pure Python and numpy; no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+MODEL_NAMES = ("quadratic", "prefix")
+COEF_UNITS = {"a": "ms/token^2", "b": "ms/token", "c": "ms", "g": "ms/token"}
+FORMS = {
+    "quadratic": "f(l) = a*l^2 + b*l + c, l = prefix_len + chunk_len; chunk latency c + f(L+x) - f(L)",
+    "prefix": "t(L, x) = c + g*L + b*x + a*(2*L*x + x^2), L = prefix_len, x = chunk_len",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyModel:
+    """Fitted coefficients (ms, ms/token, ms/token^2) of one of MODEL_NAMES."""
+
+    name: str
+    a: float
+    b: float
+    c: float
+    g: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.name not in MODEL_NAMES:
+            raise ValueError(f"latency model {self.name!r} is unknown: use one of {', '.join(MODEL_NAMES)}")
+        for key in ("a", "b", "c", "g"):
+            value = getattr(self, key)
+            if not math.isfinite(value):
+                raise ValueError(f"latency model coefficient {key}={value} is not finite: refit the samples")
+        if self.name == "quadratic" and self.g != 0.0:
+            raise ValueError(f"quadratic latency model has g={self.g}: g must be 0 (use the prefix model)")
+
+    def sample_latency_ms(self, prefix_len, chunk_len):
+        """What one measured request is predicted to take (the quantity each model is fitted to)."""
+        prefix_len = np.asarray(prefix_len, dtype=float)
+        chunk_len = np.asarray(chunk_len, dtype=float)
+        if self.name == "quadratic":
+            total = prefix_len + chunk_len
+            return self.a * total**2 + self.b * total + self.c
+        return self.chunk_latency_ms(prefix_len, chunk_len)
+
+    def chunk_latency_ms(self, history_len, chunk_len):
+        """Latency of a chunk of `chunk_len` new tokens after `history_len` cached tokens (works on arrays)."""
+        L = np.asarray(history_len, dtype=float)
+        x = np.asarray(chunk_len, dtype=float)
+        return self.c + self.g * L + self.b * x + self.a * (2.0 * L * x + x * x)
+
+    def target_ms(self, base_chunk_size: int) -> float:
+        """Target T of the equal-latency rule: the variable latency of a B-token first chunk.
+
+        quadratic: T = f(B) - f(0), computed literally as SGLang does (so floats round the same way).
+        prefix:    T = t(0, B) - c = b B + a B^2 (the fixed cost c is paid by every chunk and drops out).
+        """
+        B = float(base_chunk_size)
+        if self.name == "quadratic":
+            return (self.a * B**2 + self.b * B + self.c) - self.c
+        return self.b * B + self.a * B * B
+
+    def equal_latency_chunk(self, history_len: int, target_ms: float) -> float | None:
+        """Chunk size x whose variable latency after `history_len` tokens equals the target.
+
+        Solves a x^2 + (2 a L + b) x + (g L - T) = 0, i.e. t(L, x) - c = T (for quadratic, g = 0 and this is
+        f(L + x) - f(L) = T, SGLang's equation). Returns the positive root; 0.0 when the prefix cost g L alone
+        already reaches T (then the shortest chunk is best, and the caller's floor applies); None when there is
+        no root (the caller then uses the base chunk size, as SGLang does).
+        """
+        L = float(history_len)
+        qa = self.a
+        qb = 2.0 * self.a * L + self.b
+        qc = self.g * L - target_ms
+        if qc >= 0.0:
+            return 0.0 if self.g > 0.0 else None
+        if qa == 0.0:
+            return -qc / qb if qb > 0.0 else None
+        disc = qb * qb - 4.0 * qa * qc
+        if disc < 0.0:
+            return None
+        x = (-qb + math.sqrt(disc)) / (2.0 * qa)
+        return x if x > 0.0 else None
+
+    def to_dict(self) -> dict:
+        coefs = {k: {"value": getattr(self, k), "unit": COEF_UNITS[k]} for k in ("a", "b", "c", "g")}
+        if self.name == "quadratic":
+            del coefs["g"]
+        return {"name": self.name, "form": FORMS[self.name], "coefficients": coefs}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LatencyModel":
+        if not isinstance(d, dict) or "name" not in d or not isinstance(d.get("coefficients"), dict):
+            raise ValueError("latency_model must be an object with 'name' and 'coefficients': refit the samples")
+        coefs = d["coefficients"]
+        values = {}
+        for key in ("a", "b", "c", "g"):
+            entry = coefs.get(key, {"value": 0.0} if key == "g" else None)
+            if not isinstance(entry, dict) or not isinstance(entry.get("value"), (int, float)):
+                raise ValueError(f"latency_model.coefficients.{key} must be {{'value': number, 'unit': str}}")
+            if key in coefs and entry.get("unit") != COEF_UNITS[key]:
+                raise ValueError(
+                    f"latency_model.coefficients.{key} has unit {entry.get('unit')!r}: expected {COEF_UNITS[key]!r}"
+                )
+            values[key] = float(entry["value"])
+        return cls(name=d["name"], **values)
+
+
+CONTEXT_MARGIN = 100  # tokens SGLang keeps free at the end of the context
+MIN_ALIGNMENT = 64  # SGLang aligns to max(page_size, 64)
+
+
+def default_alignment(page_size: int) -> int:
+    return max(page_size, MIN_ALIGNMENT)
+
+
+@dataclass(kw_only=True, slots=True)
+class ChunkSettings:
+    base_chunk_size: int
+    """B: the first chunk, the size a static policy always uses, and the size whose latency is the target."""
+    smooth_factor: float = 0.75
+    """s in (0, 1]: the next chunk is B + s (x - B); 1 follows the model fully."""
+    page_size: int = 1
+    """KV page size of the server, in tokens."""
+    alignment: int = 0
+    """Chunk sizes are multiples of this; 0 means max(page_size, 64)."""
+    min_chunk_size: int = 0
+    """Floor before alignment; 0 means B // 4."""
+    max_chunk_size: int = 0
+    """Cap (the server's max prefill tokens); 0 means B."""
+    context_len: int = 131072
+    """Model context length; chunks are capped at context_len - history_len - 100."""
+    context_margin: int = field(default=CONTEXT_MARGIN)
+
+    def __post_init__(self) -> None:
+        def whole(name: str, option: str, value, low: int) -> None:
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{option} {value!r} is invalid: use an integer >= {low}")
+
+        whole("base_chunk_size", "--base-chunk-size", self.base_chunk_size, 1)
+        whole("page_size", "--page-size", self.page_size, 1)
+        for name in ("alignment", "min_chunk_size", "max_chunk_size"):
+            whole(name, "--" + name.replace("_", "-"), getattr(self, name), 0)
+        whole("context_len", "--context-len", self.context_len, 1)
+        whole("context_margin", "context_margin", self.context_margin, 0)
+        s = self.smooth_factor
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not (0.0 < s <= 1.0):
+            raise ValueError(f"--smooth-factor {s!r} is out of range: use a value in (0, 1]")
+        self.smooth_factor = float(s)
+        B = self.base_chunk_size
+        self.alignment = self.alignment or default_alignment(self.page_size)
+        self.min_chunk_size = self.min_chunk_size or max(B // 4, 1)
+        self.max_chunk_size = self.max_chunk_size or B
+        if self.alignment > B:
+            raise ValueError(
+                f"--alignment {self.alignment} is larger than --base-chunk-size {B}: use a base chunk of at least "
+                f"one alignment unit, or a smaller alignment"
+            )
+        if self.min_chunk_size > B:
+            raise ValueError(f"--min-chunk-size {self.min_chunk_size} is above --base-chunk-size {B}: use at most {B}")
+        if self.max_chunk_size < B:
+            raise ValueError(f"--max-chunk-size {self.max_chunk_size} is below --base-chunk-size {B}: use at least {B}")
+        if self.context_len < B:
+            raise ValueError(f"--context-len {self.context_len} is below --base-chunk-size {B}: use at least {B}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def next_chunk_size(model: LatencyModel, settings: ChunkSettings, target_ms: float, history_len: int) -> int:
+    """The rule in the module docstring, evaluated directly (the table is built from this)."""
+    B = settings.base_chunk_size
+    if history_len == 0:
+        return B
+    x = model.equal_latency_chunk(history_len, target_ms)
+    if x is None:
+        return B
+    align = settings.alignment
+    size = int(B + settings.smooth_factor * (x - B))
+    size = max(size, settings.min_chunk_size)
+    size = (size // align) * align
+    size = max(size, align)
+    cap = min(settings.context_len - history_len - settings.context_margin, settings.max_chunk_size)
+    size = min(size, cap)
+    size = (size // align) * align
+    return size if size > 0 else B
+
+
+def monotone_end(settings: ChunkSettings) -> int:
+    """First history length at which the context cap leaves less than one alignment unit (the rule gives B again)."""
+    return max(1, settings.context_len - settings.context_margin - settings.alignment + 1)
+
+
+def build_table(model: LatencyModel, settings: ChunkSettings, target_ms: float) -> tuple[list[int], list[int]]:
+    """Breakpoints (history_len starts, chunk sizes): size(L) = sizes[i] for the last i with starts[i] <= L.
+
+    Exact for every integer L >= 0: on [1, monotone_end) the rule is non-increasing in L (the root shrinks as L grows,
+    and the context cap shrinks too), so each change is found by bisection; L = 0 and L >= monotone_end give B.
+    """
+    B = settings.base_chunk_size
+    end = monotone_end(settings)
+    starts, sizes = [0], [B]
+
+    def rule(L: int) -> int:
+        return next_chunk_size(model, settings, target_ms, L)
+
+    L = 1
+    while L < end:
+        size = rule(L)
+        if size != sizes[-1]:
+            starts.append(L)
+            sizes.append(size)
+        lo, hi = L, end  # rule(lo) == size; find the first L' in (lo, end) with rule(L') != size, or end
+        if rule(end - 1) == size:
+            break
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if rule(mid) == size:
+                lo = mid
+            else:
+                hi = mid
+        L = hi
+    if sizes[-1] != B:
+        starts.append(end)
+        sizes.append(B)
+    return starts, sizes
+
+
+def check_rule(model: LatencyModel, settings: ChunkSettings, target_ms: float, num_points: int = 4096) -> None:
+    """Raise ValueError unless the rule's sizes are aligned, within the clamps and non-increasing in history."""
+    end = monotone_end(settings)
+    step = max(1, end // num_points)
+    align = settings.alignment
+    previous = math.inf
+    for L in range(1, end, step):
+        size = next_chunk_size(model, settings, target_ms, L)
+        cap = min(settings.context_len - L - settings.context_margin, settings.max_chunk_size)
+        if size % align:
+            raise ValueError(f"chunk size {size} at history_len {L} is not a multiple of alignment {align}")
+        if not (align <= size <= cap):
+            raise ValueError(f"chunk size {size} at history_len {L} is outside [{align}, {cap}]")
+        if size > previous:
+            raise ValueError(f"chunk size grows from {previous} to {size} at history_len {L}: sizes must not increase")
+        previous = size

@@ -1,0 +1,153 @@
+"""The policy file: versioned JSON (schema, load, save, deep validation) and the server-facing Policy object."""
+
+from __future__ import annotations
+
+import json
+from bisect import bisect_right
+from pathlib import Path
+
+from ppprof.io import atomic_write_json
+from ppprof.policy.rule import ChunkSettings, LatencyModel, build_table, check_rule, next_chunk_size
+
+SCHEMA_VERSION = 1
+STATUSES = ("dynamic", "static")
+REQUIRED_KEYS = ("schema_version", "status", "reason", "latency_model", "settings", "target_latency_ms", "table")
+RULE_TEXT = (
+    "L == 0: B; else x = positive root of a*x^2 + (2*a*L + b)*x + (g*L - T) = 0 (none: B; g*L >= T: x = 0), "
+    "size = max(int(B + s*(x - B)), min_chunk_size), aligned down (at least one unit), "
+    "capped at min(context_len - L - context_margin, max_chunk_size), aligned down again (0: B)"
+)
+
+
+class Policy:
+    """A loaded policy. `next_chunk_size(history_len)` is one bisect in the precomputed breakpoint table."""
+
+    __slots__ = ("data", "status", "reason", "model", "settings", "target_ms", "_starts", "_sizes", "base_chunk_size")
+
+    def __init__(self, data: dict):
+        self.data = data
+        self.status = data["status"]
+        self.reason = data["reason"]
+        self.model = None if data["latency_model"] is None else LatencyModel.from_dict(data["latency_model"])
+        self.settings = ChunkSettings(**data["settings"])
+        self.target_ms = data["target_latency_ms"]
+        self.base_chunk_size = self.settings.base_chunk_size
+        table = data["table"]
+        self._starts = list(table["history_len"])
+        self._sizes = list(table["chunk_size"])
+
+    def next_chunk_size(self, history_len: int) -> int:
+        """Size of the next prefill chunk of a prompt whose first `history_len` tokens are already in the cache."""
+        if history_len < 0:
+            raise ValueError(f"history_len {history_len} is negative: use the number of tokens already prefilled")
+        return self._sizes[bisect_right(self._starts, history_len) - 1]
+
+    def plan(self, prompt_len: int) -> list[int]:
+        """The whole chunk list of a `prompt_len`-token prompt under this policy (the last chunk takes the rest)."""
+        if prompt_len < 1:
+            raise ValueError(f"--prompt-len {prompt_len} is invalid: use a positive number of tokens")
+        chunks, done = [], 0
+        while done < prompt_len:
+            size = min(self.next_chunk_size(done), prompt_len - done)
+            chunks.append(size)
+            done += size
+        return chunks
+
+    def rule(self, history_len: int) -> int:
+        """The rule evaluated directly from the coefficients (slow path; equals next_chunk_size)."""
+        if self.status == "static":
+            return self.base_chunk_size
+        return next_chunk_size(self.model, self.settings, self.target_ms, history_len)
+
+
+def static_table(base_chunk_size: int) -> dict:
+    return {"history_len": [0], "chunk_size": [base_chunk_size]}
+
+
+def make_table(model: LatencyModel | None, settings: ChunkSettings, target_ms: float | None, status: str) -> dict:
+    if status == "static":
+        return static_table(settings.base_chunk_size)
+    starts, sizes = build_table(model, settings, target_ms)
+    return {"history_len": starts, "chunk_size": sizes}
+
+
+def check_schema(data) -> None:
+    """Raise ValueError (one line) unless `data` has the policy schema."""
+    if not isinstance(data, dict):
+        raise ValueError("policy must be a JSON object")
+    missing = [k for k in REQUIRED_KEYS if k not in data]
+    if missing:
+        raise ValueError(f"policy lacks {', '.join(missing)}: regenerate it with `ppprof fit`")
+    if data["schema_version"] != SCHEMA_VERSION:
+        raise ValueError(
+            f"policy schema_version {data['schema_version']!r} is not supported: this ppprof reads {SCHEMA_VERSION}"
+        )
+    if data["status"] not in STATUSES:
+        raise ValueError(f"policy status {data['status']!r} is invalid: use 'dynamic' or 'static'")
+    if not isinstance(data["reason"], str) or not data["reason"]:
+        raise ValueError("policy reason must be a non-empty string")
+    if not isinstance(data["settings"], dict):
+        raise ValueError("policy settings must be an object")
+    if data["status"] == "dynamic":
+        if data["latency_model"] is None or not isinstance(data["target_latency_ms"], (int, float)):
+            raise ValueError("dynamic policy needs a latency_model and a numeric target_latency_ms")
+        if not data["target_latency_ms"] > 0:
+            raise ValueError(f"target_latency_ms {data['target_latency_ms']} must be positive")
+    table = data["table"]
+    if not isinstance(table, dict) or set(table) != {"history_len", "chunk_size"}:
+        raise ValueError("policy table must be {'history_len': [...], 'chunk_size': [...]}")
+    starts, sizes = table["history_len"], table["chunk_size"]
+    if not isinstance(starts, list) or not isinstance(sizes, list) or len(starts) != len(sizes) or not starts:
+        raise ValueError("policy table columns must be non-empty lists of equal length")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in starts + sizes):
+        raise ValueError("policy table entries must be integers")
+    if starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])):
+        raise ValueError("policy table history_len must start at 0 and increase strictly")
+    if any(v < 1 for v in sizes):
+        raise ValueError("policy table chunk sizes must be positive")
+
+
+def from_dict(data) -> Policy:
+    check_schema(data)
+    return Policy(data)
+
+
+def load(path: str | Path) -> Policy:
+    """Read a policy file; raise ValueError with one line if it is missing, not JSON or not a policy."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"policy file {path} does not exist: run `ppprof fit` first") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"policy file {path} is not readable JSON ({e})") from None
+    try:
+        return from_dict(data)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"policy file {path}: {e}") from None
+
+
+def save(path: str | Path, data: dict) -> Path:
+    """Check and write a policy atomically."""
+    check_schema(data)
+    Policy(data)
+    return atomic_write_json(path, data)
+
+
+def validate(policy: Policy) -> str:
+    """Deep sanity check; returns a one-line summary or raises ValueError with the reason."""
+    B = policy.base_chunk_size
+    if policy.status == "static":
+        if policy._starts != [0] or policy._sizes != [B]:
+            raise ValueError(f"static policy table must be one entry (0 -> {B})")
+        return f"static (base chunk {B}): {policy.reason}"
+    check_rule(policy.model, policy.settings, policy.target_ms)
+    expected = make_table(policy.model, policy.settings, policy.target_ms, "dynamic")
+    if expected != {"history_len": policy._starts, "chunk_size": policy._sizes}:
+        raise ValueError("policy table does not match the rule recomputed from its coefficients: refit")
+    align = policy.settings.alignment
+    for L, size in zip(policy._starts[1:], policy._sizes[1:]):
+        if size != B and size % align:
+            raise ValueError(f"table chunk size {size} at history_len {L} is not a multiple of alignment {align}")
+    smallest = min(policy._sizes)
+    return f"dynamic ({policy.model.name}), {len(policy._sizes)} table entries, chunk {B} -> {smallest}"

@@ -1,0 +1,52 @@
+import json
+
+from click.testing import CliRunner
+
+from ppprof.cli import main
+from ppprof.fit.samples import make_samples, write_run_dir
+from ppprof.policy.rule import LatencyModel
+
+MODEL = LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=4e-4)
+
+
+def samples(tmp_path):
+    frame = make_samples(MODEL, base_chunk_size=4096, prefixes=[0, 8192, 32768], chunk_sizes=[1024, 4096])
+    return write_run_dir(tmp_path, frame, base_chunk_size=4096)
+
+
+def test_fit_writes_policy_and_summary(tmp_path):
+    out = tmp_path / "sub" / "p.json"
+    result = CliRunner().invoke(main, ["fit", str(samples(tmp_path)), "-o", str(out), "--smooth-factor", "0.6"])
+    assert result.exit_code == 0, result.output
+    assert "dynamic" in result.output and "CV MAPE" in result.output
+    data = json.loads(out.read_text())
+    assert data["settings"]["smooth_factor"] == 0.6 and data["schema_version"] == 1
+
+
+def test_bad_options_exit_2_and_write_nothing(tmp_path):
+    csv = samples(tmp_path)
+    cases = [
+        (["--smooth-factor", "1.5"], "--smooth-factor 1.5 is out of range"),
+        (["--smooth-factor", "0"], "--smooth-factor 0.0 is out of range"),
+        (["--max-chunk-size", "1024"], "--max-chunk-size 1024 is below --base-chunk-size 4096"),
+        (["--alignment", "0"], "--alignment 0 is invalid"),
+        (["--alignment", "8192"], "--alignment 8192 is larger than --base-chunk-size 4096"),
+        (["--latency-model", "cubic"], "Invalid value for '--latency-model'"),
+    ]
+    for args, message in cases:
+        result = CliRunner().invoke(main, ["fit", str(csv)] + args)
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output, (args, result.output)
+        assert not (tmp_path / "policy.json").exists(), args
+
+
+def test_bad_files_exit_2(tmp_path):
+    result = CliRunner().invoke(main, ["fit", str(tmp_path / "none.csv")])
+    assert result.exit_code == 2 and "does not exist" in result.output
+    (tmp_path / "x.csv").write_text("prefix_len,latency_ms\n0,1.0\n")
+    result = CliRunner().invoke(main, ["fit", str(tmp_path / "x.csv"), "--base-chunk-size", "4096"])
+    assert result.exit_code == 2 and "lacks column(s) chunk_len" in result.output
+    (tmp_path / "y.csv").write_text("prefix_len,chunk_len,latency_ms\n0,64,1.0\n")
+    result = CliRunner().invoke(main, ["fit", str(tmp_path / "y.csv")])
+    assert result.exit_code == 2 and "--base-chunk-size is required" in result.output
+    assert not list(tmp_path.glob("*.json"))

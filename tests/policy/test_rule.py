@@ -1,0 +1,97 @@
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ppprof.policy import ChunkSettings, LatencyModel, from_dict, next_chunk_size
+from ppprof.policy.rule import check_rule
+
+from .policy_helpers import policy_dict
+
+
+def sglang_reference(a, b, c, base, smooth, page_size, context_len, max_prefill_tokens, history_len):
+    """SGLang's rule re-derived from its description, line by line."""
+    if history_len == 0:
+        return base
+    target = (a * base**2 + b * base + c) - (a * 0**2 + b * 0 + c)
+    qa, qb, qc = a, 2 * a * history_len + b, -target
+    disc = qb**2 - 4 * qa * qc
+    if disc < 0:
+        return base
+    x = (-qb + math.sqrt(disc)) / (2 * qa)
+    if x <= 0:
+        return base
+    size = int(base + smooth * (x - base))
+    size = max(size, base // 4)
+    align = max(page_size, 64)
+    size = size // align * align
+    if size < align:
+        size = align
+    size = min(size, context_len - history_len - 100, max_prefill_tokens)
+    size = size // align * align
+    return size if size > 0 else base
+
+
+def test_quadratic_rule_matches_sglang_on_a_grid():
+    checked = 0
+    for a in (1e-8, 3e-7, 5e-6):
+        for b in (0.0, 0.01, 0.2):
+            for base in (256, 2048, 4096, 8192, 12345):
+                for smooth in (0.6, 0.75, 1.0):
+                    for page_size in (1, 16, 128):
+                        for max_prefill in (base, 2 * base):
+                            model = LatencyModel("quadratic", a=a, b=b, c=3.0)
+                            s = ChunkSettings(base_chunk_size=base, smooth_factor=smooth, page_size=page_size,
+                                              max_chunk_size=max_prefill, context_len=65536)
+                            target = model.target_ms(base)
+                            for L in (0, 1, 100, 4096, 30000, 65000, 65536, 70000):
+                                want = sglang_reference(a, b, 3.0, base, smooth, page_size, 65536, max_prefill, L)
+                                got = next_chunk_size(model, s, target, L)
+                                assert got == want, f"{a=} {b=} {base=} {smooth=} {page_size=} {L=} {got=} {want=}"
+                                checked += 1
+    assert checked == 6480
+
+
+def test_static_policy_is_always_base():
+    p = from_dict(policy_dict(LatencyModel("quadratic", a=3e-7, b=0.01, c=5.0), status="static"))
+    assert [p.next_chunk_size(L) for L in (0, 5000, 10**6)] == [8192] * 3
+    assert p.plan(20000) == [8192, 8192, 3616]
+
+
+def test_prefix_model_cost_beyond_target_gives_floor_not_base():
+    model = LatencyModel("prefix", a=0.0, b=0.01, c=1.0, g=0.01)  # g L >= T from L = B
+    p = from_dict(policy_dict(model))
+    assert p.next_chunk_size(9000) == 8192 // 4
+    assert p.next_chunk_size(1000) < 8192
+
+
+models = st.tuples(st.sampled_from(["quadratic", "prefix"]), st.floats(1e-9, 1e-5), st.floats(0.0, 0.1),
+                   st.floats(0.0, 50.0), st.floats(0.0, 0.01)).map(
+    lambda t: LatencyModel(t[0], a=t[1], b=t[2], c=t[3], g=t[4] if t[0] == "prefix" else 0.0))
+chunk_settings = st.fixed_dictionaries({
+    "base_chunk_size": st.sampled_from([1024, 4096, 8192, 16384, 10000]),
+    "smooth_factor": st.floats(0.05, 1.0),
+    "page_size": st.sampled_from([1, 16, 64, 256]),
+    "context_len": st.integers(20000, 300000),
+})
+
+
+@settings(max_examples=40, deadline=None)
+@given(model=models, s=chunk_settings, lookups=st.lists(st.integers(0, 400000), min_size=20, max_size=20))
+def test_policy_invariants(model, s, lookups):
+    p = from_dict(policy_dict(model, **s))
+    settings_ = p.settings
+    check_rule(p.model, settings_, p.target_ms, num_points=512)  # aligned, clamped, non-increasing
+    assert p.next_chunk_size(0) == s["base_chunk_size"]
+    for L in lookups + [p.data["table"]["history_len"][-1] - 1]:
+        assert p.next_chunk_size(L) == p.rule(L), f"{L=}"
+    chunks = p.plan(s["context_len"] // 2)
+    assert sum(chunks) == s["context_len"] // 2
+    assert all(c % settings_.alignment == 0 for c in chunks[1:-1]), f"{chunks=}"
+
+
+def test_negative_history_is_rejected():
+    p = from_dict(policy_dict(LatencyModel("quadratic", a=3e-7, b=0.01, c=5.0)))
+    with pytest.raises(ValueError, match="history_len -1 is negative"):
+        p.next_chunk_size(-1)

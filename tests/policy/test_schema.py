@@ -1,0 +1,54 @@
+import copy
+import json
+
+import pytest
+
+from ppprof.policy import LatencyModel, from_dict, load, save, validate
+
+from .policy_helpers import policy_dict
+
+MODEL = LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=2e-4)
+
+
+def test_save_load_roundtrip(tmp_path):
+    data = policy_dict(MODEL)
+    path = save(tmp_path / "p.json", data)
+    p = load(path)
+    assert p.model == MODEL and p.settings.base_chunk_size == 8192
+    assert json.loads(path.read_text()) == data
+    assert validate(p).startswith("dynamic (prefix)")
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d.update(schema_version=2), "schema_version 2 is not supported"),
+    (lambda d: d.pop("table"), "lacks table"),
+    (lambda d: d.update(status="maybe"), "status 'maybe' is invalid"),
+    (lambda d: d["settings"].update(smooth_factor=2.0), "--smooth-factor 2.0 is out of range"),
+    (lambda d: d["latency_model"]["coefficients"]["a"].update(unit="s"), "unit 's'"),
+    (lambda d: d["table"].update(history_len=[1] + d["table"]["history_len"][1:]), "must start at 0"),
+])
+def test_schema_errors(tmp_path, mutate, message):
+    data = copy.deepcopy(policy_dict(MODEL))
+    mutate(data)
+    (tmp_path / "p.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=message):
+        load(tmp_path / "p.json")
+
+
+def test_validate_catches_a_tampered_table():
+    data = policy_dict(MODEL)
+    data["table"]["chunk_size"][3] += 64
+    with pytest.raises(ValueError, match="does not match the rule"):
+        validate(from_dict(data))
+    data = policy_dict(MODEL, status="static")
+    data["table"] = {"history_len": [0, 10], "chunk_size": [8192, 4096]}
+    with pytest.raises(ValueError, match="static policy table"):
+        validate(from_dict(data))
+
+
+def test_load_reports_missing_and_broken_files(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        load(tmp_path / "none.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not readable JSON"):
+        load(tmp_path / "bad.json")

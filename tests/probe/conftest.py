@@ -1,0 +1,32 @@
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 180
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_cli(*args: str, timeout: float = TIMEOUT_S, cwd: Path | None = None, launcher=None) -> subprocess.CompletedProcess:
+    """Run `python -m ppprof ...` (or `launcher ...`) in a subprocess with a timeout, so a hang fails the test."""
+    cmd = (launcher or [sys.executable, "-m", "ppprof"]) + list(args)
+    env = {**os.environ, "PPPROF_DIST_TIMEOUT": "120", "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO, env=env)
+
+
+# Small enough for a 2-core machine: tiny model, few short requests, no fit.
+TINY = ("--base-chunk-size", "32", "--requests-per-probe", "8", "--prefix-lens", "32,64", "--warmup", "1", "--no-fit")
+
+
+@pytest.fixture
+def tiny_args():
+    return TINY

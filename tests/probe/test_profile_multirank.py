@@ -1,0 +1,94 @@
+"""Real gloo ranks in subprocesses, each run bounded by a timeout: a hang fails the test."""
+
+import json
+import sys
+
+import pandas as pd
+import pytest
+
+from tests.probe.conftest import TINY, free_port, run_cli
+
+pytestmark = pytest.mark.multirank
+
+
+def read_run(out):
+    return pd.read_csv(out / "samples.csv"), json.loads((out / "run.json").read_text())
+
+
+def test_profile_with_a_mamba_cache_much_smaller_than_the_requests_completes(tmp_path):
+    out = tmp_path / "run"
+    r = run_cli("profile", "--out", str(out), "--model", "tiny-hybrid", "--max-mamba-cache-size", "8",
+                "--requests-per-probe", "128", "--base-chunk-size", "32", "--prefix-lens", "32", "--warmup", "1",
+                "--no-fit")
+    assert r.returncode == 0, r.stderr[-3000:]
+    samples, run = read_run(out)
+    assert len(samples) == 256
+    assert set(samples["probe"]) == {0, 1}
+    assert samples[["stage0_latency_ms", "stage1_latency_ms", "latency_ms"]].gt(0).all().all()
+    # the end-to-end time covers both stages
+    assert (samples["latency_ms"] >= samples[["stage0_latency_ms", "stage1_latency_ms"]].sum(axis=1) * 0.99).all()
+    assert run["world_size"] == 2 and run["backend"] == "gloo"
+    assert run["layer_partition"] == [4, 4]
+    assert run["config"]["max_mamba_cache_size"] == 8
+    assert run["forward_tokens"] == samples["chunk_len"].sum() + 40  # + one warm-up request of 1.25 x 32
+    assert "pools back to full capacity" in (out / "rank1.log").read_text()
+
+
+def test_a_release_that_skips_the_mamba_slot_stops_every_rank_naming_rank_pool_and_count(tmp_path):
+    out = tmp_path / "run"
+    r = run_cli("profile", "--out", str(out), *TINY, "--inject-fault", "skip-mamba-release")
+    assert r.returncode == 1, r.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"error: [rank {rank}] leak check failed after the warm-up: rank 0: mamba pool leaked 1 slot; " \
+               "rank 1: mamba pool leaked 1 slot" in r.stderr
+    assert not (out / "samples.csv").exists()
+
+
+def test_a_forward_that_raises_stops_every_rank_and_leaks_nothing(tmp_path):
+    out = tmp_path / "run"
+    r = run_cli("profile", "--out", str(out), *TINY, "--inject-fault", "raise-in-forward")
+    assert r.returncode == 1, r.stderr[-3000:]
+    msg = "rank 1: forward of request 2 (prefix 0, chunk 30) raised RuntimeError: injected fault"
+    for rank in (0, 1):
+        assert f"error: [rank {rank}] {msg}" in r.stderr, r.stderr[-3000:]
+    assert "leak" not in r.stderr
+    assert not (out / "samples.csv").exists()
+
+
+def test_torchrun_started_ranks_write_samples_and_run_json(tmp_path):
+    out = tmp_path / "run"
+    r = run_cli("--standalone", "--nproc-per-node", "2", "-m", "ppprof", "profile", "--out", str(out),
+                "--model", "tiny-dense", "--layer-partition", "1,3", *TINY,
+                launcher=[sys.executable, "-m", "torch.distributed.run"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    samples, run = read_run(out)
+    assert run["layer_partition"] == [1, 3]
+    assert run["model"]["name"] == "tiny-dense"
+    assert len(samples) == 24
+    assert list(samples.columns) == ["probe", "kind", "request", "prefix_len", "chunk_len", "stage0_latency_ms",
+                                     "stage1_latency_ms", "latency_ms", "bottleneck_stage"]
+
+
+def test_two_launches_with_nnodes_2_form_one_two_stage_pipeline(tmp_path):
+    import subprocess
+
+    from tests.probe.conftest import REPO
+
+    out = tmp_path / "run"
+    port = free_port()
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "ppprof", "profile", "--nnodes", "2", "--node-rank", str(node),
+                          "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                          "--rdzv-id", "ppprof-test", "--out", str(out), *TINY],
+                         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for node in (0, 1)
+    ]
+    try:
+        logs = [p.communicate(timeout=180)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)[-3000:]
+    samples, run = read_run(out)
+    assert run["world_size"] == 2
+    assert samples["stage1_latency_ms"].gt(0).all()
