@@ -41,8 +41,9 @@ class Pipe:
         num_tokens = 0 if status != OK else hidden.shape[0]
         dist.send(self._header(status, num_tokens), dst)
         if status == OK:
-            dist.send(hidden.contiguous(), dst)
-            dist.send(residual.contiguous(), dst)
+            # The receiver allocates buffers of the pipeline dtype, so send exactly that.
+            dist.send(hidden.to(self.dtype).contiguous(), dst)
+            dist.send(residual.to(self.dtype).contiguous(), dst)
 
     def recv_activation(self) -> tuple[int, torch.Tensor | None, torch.Tensor | None]:
         """From the previous stage: (status, hidden, residual); the tensors are None when the status is not OK."""
