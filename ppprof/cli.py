@@ -30,6 +30,10 @@ class PpprofGroup(click.Group):
         except ValueError as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(EXIT_BAD_INPUT)
+        except OSError as e:  # an input or output path that cannot be read or written
+            where = f" {e.filename}" if e.filename else ""
+            click.echo(f"error: cannot use{where}: {e.strerror or e}; check the path and its permissions", err=True)
+            sys.exit(EXIT_BAD_INPUT)
 
 
 @click.group(cls=PpprofGroup, context_settings={"help_option_names": ["-h", "--help"]})

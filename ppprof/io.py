@@ -12,8 +12,11 @@ from typing import Any, Callable
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
     """Call `write(tmp_path)` on a temporary file beside `path`, then rename it over `path`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:  # name the file the caller asked for, not the temporary one
+        raise OSError(e.errno, e.strerror, str(path)) from None
     os.close(fd)
     tmp_path = Path(tmp)
     try:

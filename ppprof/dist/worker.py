@@ -19,7 +19,7 @@ from ppprof.mem import LeakError
 from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.partition import split_layers
 from ppprof.probe.malloc import steady_malloc
-from ppprof.probe.loop import ProbeRunner, ProfileError
+from ppprof.probe.loop import ProbeRunner, ProfileError, stop_if_any_failed
 from ppprof.probe.output import default_run_dir, git_revision, hardware, samples_frame, write_run_json, write_samples
 from ppprof.probe.synth import Probe, ProbeRequest, make_probes
 from ppprof.specs import load_spec
@@ -94,25 +94,39 @@ def _profile(cfg: ProfileConfig, rank: int, world_size: int, device: torch.devic
     layer_ids = ranges[rank]
     pipe = Pipe(rank=rank, world_size=world_size, device=device, hidden_size=spec.hidden_size, dtype=dtype)
 
-    # Rank 0 names the run folder and synthesizes the probes; every rank gets both from it.
-    run_dir, probes = None, None
+    # Rank 0 names the run folder and synthesizes the probes; every rank gets both from it. Failures up to the first
+    # probe are agreed on like failures inside it, so that no rank waits in a collective for one that has died.
+    run_dir, probes, error = None, None, None
     if rank == 0:
-        run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg.model)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probes = make_probes(cfg)
+        try:
+            run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg.model)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            probes = make_probes(cfg)
+        except Exception as e:
+            error = f"cannot prepare the run folder {run_dir}: {e}"
     run_dir, probes = pipe.broadcast((str(run_dir), probes))
+    stop_if_any_failed(pipe, error)
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    add_log_file(run_dir / f"rank{rank}.log")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        add_log_file(run_dir / f"rank{rank}.log")
+    except OSError as e:
+        error = f"cannot write the log into {run_dir}: {e}"
+    stop_if_any_failed(pipe, error)
     log.info("stage %d/%d: layers %d..%d (%s) of %s on %s, %s, backend %s, %d threads", rank, world_size, layer_ids.start,
              layer_ids.stop - 1, spec.pattern[layer_ids.start:layer_ids.stop], spec.name, device,
              str(dtype).removeprefix("torch."), backend, torch.get_num_threads())
 
-    stage = Stage(spec, layer_ids, dtype=dtype, device=device, seed=cfg.seed)
-    stage.eval()
-    cache = build_stage_cache(spec, layer_ids, kv_slots=cfg.kv_tokens, page_size=cfg.page_size,
-                              mamba_slots=cfg.max_mamba_cache_size, max_requests=cfg.max_running_requests,
-                              max_context_len=cfg.context_len, dtype=dtype, device=device)
+    stage = cache = None
+    try:
+        stage = Stage(spec, layer_ids, dtype=dtype, device=device, seed=cfg.seed)
+        stage.eval()
+        cache = build_stage_cache(spec, layer_ids, kv_slots=cfg.kv_tokens, page_size=cfg.page_size,
+                                  mamba_slots=cfg.max_mamba_cache_size, max_requests=cfg.max_running_requests,
+                                  max_context_len=cfg.context_len, dtype=dtype, device=device)
+    except (RuntimeError, ValueError, MemoryError) as e:  # e.g. out of memory for the weights or the pools
+        error = f"cannot build stage {rank} (layers {layer_ids.start}..{layer_ids.stop - 1}): {type(e).__name__}: {e}"
+    stop_if_any_failed(pipe, error)
     runner = ProbeRunner(stage=stage, cache=cache, pipe=pipe, seed=cfg.seed, fault=fault)
 
     num_timed = sum(len(p.requests) for p in probes)

@@ -62,6 +62,10 @@ class MambaAllocator:
         group = self._group
         if group and n == 1:  # the hot path of a probe: one slot from an open window
             return [group.pop()]
+        if n <= 0:
+            if n < 0:
+                raise ValueError(f"cannot allocate n={n} Mamba slots")
+            return []
         if group is not None and len(group) >= n:
             out = group[-n:]
             del group[len(group) - n:]
@@ -74,6 +78,8 @@ class MambaAllocator:
         uses the per-call path). Windows do not nest."""
         if self._group is not None:
             raise RuntimeError("alloc_group_begin called while a group window is open: call alloc_group_end first")
+        if n < 0:
+            raise ValueError(f"cannot open a group of n={n} Mamba slots")
         taken = self._take(n)
         self._group = [] if taken is None else taken[::-1]  # reversed: pop() hands them out in ascending order
         return taken is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -61,10 +62,24 @@ def _int_list(text: str, key: str) -> list[int]:
         raise ValueError(f"--{key.replace('_', '-')} {text!r} must be comma-separated integers, e.g. 512,1024") from None
 
 
+def check_output_folder(out: str | None) -> None:
+    """The run folder (or, by default, results/) can be created and written."""
+    path = Path(out) if out else Path("results")
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--out {out or path}: exists and is not a folder; give a folder path")
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out or path}: {parent} is not a writable folder; choose another --out")
+
+
 def check_before_launch(cfg: ProfileConfig, world_size: int) -> None:
-    """What can be checked without any rank: the model resolves and splits over the stages, the device exists."""
+    """What can be checked without any rank: the output folder, the model resolves and splits over the stages, the
+    device exists."""
     from ppprof.specs import load_spec
 
+    check_output_folder(cfg.out)
     spec = load_spec(cfg.model, num_layers=cfg.num_layers, dtype=cfg.dtype)
     split_layers(spec.num_layers, world_size, cfg.layer_partition)
     if cfg.device == "cuda":

@@ -44,6 +44,13 @@ class ProbeTimings:
     e2e_ms: list[float] = field(default_factory=list)
 
 
+def stop_if_any_failed(pipe: Pipe, error: str | None) -> None:
+    """Every rank says whether it failed; if any did, every rank raises ProfileError with all the messages."""
+    if pipe.any_true(error is not None):
+        errors = [f"rank {r}: {e}" for r, e in enumerate(pipe.all_gather(error)) if e is not None]
+        raise ProfileError("; ".join(errors) or "a rank failed without a message")
+
+
 def release_without_mamba(cache: StageCache, req: Request) -> None:
     """A deliberately broken release (KV slots and request entry, not the Mamba slot): the leak check must catch it."""
     if req.req_pool_idx is None:
@@ -127,15 +134,16 @@ class ProbeRunner:
                 if status == OK and done == OK:
                     e2e_ms = (time.perf_counter() - e2e_start) * 1e3
         finally:
-            self._release(self.cache, req)
+            try:
+                self._release(self.cache, req)
+            except Exception as e:  # reported through the same agreement as a failed forward
+                error = error or f"release of request {pr.rid} raised {type(e).__name__}: {e}"
         if timed:
             self._timed_requests += 1
         return stage_ms, e2e_ms, error
 
     def _stop_if_failed(self, error: str | None) -> None:
-        if self.pipe.any_true(error is not None):
-            errors = [f"rank {r}: {e}" for r, e in enumerate(self.pipe.all_gather(error)) if e is not None]
-            raise ProfileError("; ".join(errors) or "a rank failed without a message")
+        stop_if_any_failed(self.pipe, error)
 
     def check_leaks(self, when: str) -> None:
         """Every pool of every rank is back to full capacity, or every rank raises naming rank, pool and count."""

@@ -82,3 +82,16 @@ def test_clear_closes_window_and_frees_all():
     m.clear()
     assert not m.group_open
     assert m.available_size() == 4
+
+
+def test_zero_and_negative_counts():
+    m = MambaAllocator(4)
+    m.alloc_group_begin(3)
+    assert m.alloc(0) == []
+    assert m.group_remaining() == 3
+    with pytest.raises(ValueError, match="cannot allocate n=-2 Mamba slots"):
+        m.alloc(-2)
+    m.alloc_group_end()
+    with pytest.raises(ValueError, match="n=-1"):
+        m.alloc_group_begin(-1)
+    assert m.available_size() == 4

@@ -19,7 +19,7 @@ class MambaMachine(RuleBasedStateMachine):
         self.held: set[int] = set()
         self.parked = 0  # slots sitting in an open group
 
-    @rule(n=st.integers(1, 4))
+    @rule(n=st.integers(0, 4))
     def alloc_n(self, n):
         got = self.alloc.alloc(n)
         if got is None:
@@ -106,6 +106,13 @@ class CacheMachine(RuleBasedStateMachine):
     @rule(n=st.integers(0, 4))
     def group_begin(self, n):
         self.cache.mamba_alloc.alloc_group_begin(n)
+
+    @rule()
+    def clear(self):
+        self.cache.clear()
+        for r in self.live:  # their slots went back with the clear; the requests are gone
+            r.req_pool_idx, r.kv_len, r.last_slot = None, 0, None
+        self.live.clear()
 
     @precondition(lambda self: self.cache.mamba_alloc.group_open)
     @rule()

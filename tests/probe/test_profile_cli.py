@@ -52,3 +52,23 @@ def test_shipped_config_files_resolve():
     for path in sorted((Path(__file__).resolve().parents[2] / "configs").glob("profile-*.yaml")):
         cfg = resolve_config(str(path), {})
         assert cfg.requests_per_probe <= 128, path
+
+
+def test_an_output_folder_that_cannot_be_written_is_refused_before_any_rank(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    r = CliRunner().invoke(main, ["profile", "--out", str(blocker / "run")])
+    assert r.exit_code == 2
+    assert r.stderr.startswith(f"error: --out {blocker / 'run'}: {blocker} is not a writable folder")
+    r = CliRunner().invoke(main, ["profile", "--out", str(blocker)])
+    assert r.exit_code == 2 and "exists and is not a folder" in r.stderr
+
+
+def test_cli_turns_an_unwritable_output_into_one_line(tmp_path):
+    blocker = tmp_path / "f"
+    blocker.write_text("")
+    samples = tmp_path / "s.csv"
+    samples.write_text("prefix_len,chunk_len,latency_ms\n" + "".join(f"0,{c},{1 + c * 0.01}\n" for c in range(1, 200, 5)))
+    r = CliRunner().invoke(main, ["fit", str(samples), "--base-chunk-size", "128", "-o", str(blocker / "p.json")])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith(f"error: cannot use {blocker / 'p.json'}: ") and r.stderr.count("\n") == 1
