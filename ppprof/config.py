@@ -1,6 +1,6 @@
 """Model specs: the shapes of the model being profiled (one tree of kw-only dataclasses, validated at construction).
 
-Loading presets and HuggingFace config.json files lives in ppprof/specs.py; this module only holds and checks shapes.
+Loading presets and HuggingFace config.json files lives in ppprof/specs/; this module holds and checks the settings.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ Both models are kept as the four coefficients of the prefix-aware form (ATOM's),
 
     chunk latency  t(L, x) = c + g L + b x + a (2 L x + x^2)     (L = history/prefix tokens, x = new tokens)
 
-- `quadratic` (SGLang's): f(l) = a l^2 + b l + c fitted on the total length l = L + x of each sample; g = 0. A chunk's
-  latency is the fixed cost plus the growth of f: c + f(L + x) - f(L), which is the form above with g = 0.
+- `quadratic` (SGLang's): f(l) = a l^2 + b l + c, fitted (as SGLang does) on prefix-free requests only, where a
+  request of l tokens really takes f(l); g = 0. A chunk of x tokens after L cached ones costs the fixed cost plus the
+  growth of f: c + f(L + x) - f(L), which is the form above with g = 0.
 - `prefix` (ATOM's): t(L, x) fitted directly; g is the per-chunk work proportional to the prefix.
 
 
@@ -15,6 +16,8 @@ Rule for a prompt whose first `L` tokens are already prefilled (B = base chunk s
   3. smoothed = int(B + s (x - B)), floored at min_chunk_size (default B // 4, SGLang's floor).
   4. aligned down to the alignment, at least one alignment unit.
   5. capped at min(context_len - L - CONTEXT_MARGIN, max_chunk_size), aligned down again; 0 means "use B".
+The cap applies from the second chunk on: max_chunk_size (SGLang's max_prefill_tokens) may be below B, and the
+first chunk is B all the same, as in SGLang.
 Pure Python and numpy; no torch.
 """
 
@@ -28,7 +31,7 @@ import numpy as np
 MODEL_NAMES = ("quadratic", "prefix")
 COEF_UNITS = {"a": "ms/token^2", "b": "ms/token", "c": "ms", "g": "ms/token"}
 FORMS = {
-    "quadratic": "f(l) = a*l^2 + b*l + c, l = prefix_len + chunk_len; chunk latency c + f(L+x) - f(L)",
+    "quadratic": "f(l) = a*l^2 + b*l + c fitted on prefix-free samples (l = chunk_len); chunk latency c + f(L+x) - f(L)",
     "prefix": "t(L, x) = c + g*L + b*x + a*(2*L*x + x^2), L = prefix_len, x = chunk_len",
 }
 
@@ -53,17 +56,12 @@ class LatencyModel:
         if self.name == "quadratic" and self.g != 0.0:
             raise ValueError(f"quadratic latency model has g={self.g}: g must be 0 (use the prefix model)")
 
-    def sample_latency_ms(self, prefix_len, chunk_len):
-        """What one measured request is predicted to take (the quantity each model is fitted to)."""
-        prefix_len = np.asarray(prefix_len, dtype=float)
-        chunk_len = np.asarray(chunk_len, dtype=float)
-        if self.name == "quadratic":
-            total = prefix_len + chunk_len
-            return self.a * total**2 + self.b * total + self.c
-        return self.chunk_latency_ms(prefix_len, chunk_len)
-
     def chunk_latency_ms(self, history_len, chunk_len):
-        """Latency of a chunk of `chunk_len` new tokens after `history_len` cached tokens (works on arrays)."""
+        """Latency of a chunk of `chunk_len` new tokens after `history_len` cached tokens (works on arrays).
+
+        This is what the planner sums, what each model's fit is scored with, and (for a prefix-free sample,
+        history_len = 0) the quadratic's f(chunk_len).
+        """
         L = np.asarray(history_len, dtype=float)
         x = np.asarray(chunk_len, dtype=float)
         return self.c + self.g * L + self.b * x + self.a * (2.0 * L * x + x * x)
@@ -74,9 +72,10 @@ class LatencyModel:
         quadratic: T = f(B) - f(0), computed literally as SGLang does (so floats round the same way).
         prefix:    T = t(0, B) - c = b B + a B^2 (the fixed cost c is paid by every chunk and drops out).
         """
-        B = float(base_chunk_size)
+        B = base_chunk_size
         if self.name == "quadratic":
-            return (self.a * B**2 + self.b * B + self.c) - self.c
+            return sglang_f(self, B) - sglang_f(self, 0)
+        B = float(B)
         return self.b * B + self.a * B * B
 
     def equal_latency_chunk(self, history_len: int, target_ms: float) -> float | None:
@@ -125,6 +124,11 @@ class LatencyModel:
         return cls(name=d["name"], **values)
 
 
+def sglang_f(model: LatencyModel, l):
+    """SGLang's f(l) = a*l*l + b*l + c, evaluated in its order ((a*l)*l, not a*l**2) so floats round the same way."""
+    return model.a * l * l + model.b * l + model.c
+
+
 CONTEXT_MARGIN = 100  # tokens SGLang keeps free at the end of the context
 MIN_ALIGNMENT = 64  # SGLang aligns to max(page_size, 64)
 
@@ -146,7 +150,7 @@ class ChunkSettings:
     min_chunk_size: int = 0
     """Floor before alignment; 0 means B // 4."""
     max_chunk_size: int = 0
-    """Cap (the server's max prefill tokens); 0 means B."""
+    """Cap from the second chunk on (the server's max prefill tokens; may be below B); 0 means B."""
     context_len: int = 131072
     """Model context length; chunks are capped at context_len - history_len - 100."""
     context_margin: int = field(default=CONTEXT_MARGIN)
@@ -177,8 +181,9 @@ class ChunkSettings:
             )
         if self.min_chunk_size > B:
             raise ValueError(f"--min-chunk-size {self.min_chunk_size} is above --base-chunk-size {B}: use at most {B}")
-        if self.max_chunk_size < B:
-            raise ValueError(f"--max-chunk-size {self.max_chunk_size} is below --base-chunk-size {B}: use at least {B}")
+        if self.max_chunk_size < self.alignment:
+            raise ValueError(f"--max-chunk-size {self.max_chunk_size} is below the alignment {self.alignment}: every "
+                             f"later chunk would be capped to 0 tokens; use at least {self.alignment}")
         if self.context_len < B:
             raise ValueError(f"--context-len {self.context_len} is below --base-chunk-size {B}: use at least {B}")
 
@@ -246,7 +251,14 @@ def build_table(model: LatencyModel, settings: ChunkSettings, target_ms: float) 
 
 
 def check_rule(model: LatencyModel, settings: ChunkSettings, target_ms: float, num_points: int = 4096) -> None:
-    """Raise ValueError unless the rule's sizes are aligned, within the clamps and non-increasing in history."""
+    """Raise ValueError unless the rule's sizes are aligned, within the clamps and non-increasing in history.
+
+    The first chunk (history 0) must be B and is exempt from the cap (max_chunk_size may be below B, as SGLang's
+    max_prefill_tokens may be below its chunked_prefill_size); the clamps are checked from history 1 on.
+    """
+    first = next_chunk_size(model, settings, target_ms, 0)
+    if first != settings.base_chunk_size:
+        raise ValueError(f"first chunk {first} is not the base chunk size {settings.base_chunk_size}")
     end = monotone_end(settings)
     step = max(1, end // num_points)
     align = settings.alignment
