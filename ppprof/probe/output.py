@@ -63,8 +63,18 @@ def hardware(device: torch.device) -> dict:
         info["device_name"] = torch.cuda.get_device_name(device)
         info["device_count"] = torch.cuda.device_count()
     else:
-        info["device_name"] = platform.processor() or platform.machine()
+        info["device_name"] = _cpu_model() or platform.processor() or platform.machine()
     return info
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
 
 
 def write_run_json(path: Path, **fields) -> Path:
