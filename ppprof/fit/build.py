@@ -1,7 +1,8 @@
 """From samples to a policy: resolve settings, fit, pick the model, apply the quality gates, write the file and plots.
 
 Quality gates (ATOM's, with CPU-timing slack on the CV bound); any failure gives a `static` policy with the reason:
-  RMS residual <= 25% of the mean latency; condition number of the unit-column design <= 100; k-fold CV MAPE <= 10%;
+  RMS residual <= 25% of the mean latency and k-fold CV MAPE <= 10%, both over every evaluation row (prefix-free and
+  prefixed) with the planner's chunk latency; condition number of the unit-column design of the fitted rows <= 100;
   and the policy's own chunks (smoothed, floored, aligned) must shrink by >= 5% before the context cap bites.
 """
 
@@ -32,6 +33,7 @@ FIT_PLOT = "fit.png"
 CHUNKS_PLOT = "chunks.png"
 MAX_PREFIX_CURVES = 8
 SAMPLES_FILE = "samples.csv"
+CANDIDATE_KEYS = ("cv_mape", "r2", "mape", "num_outliers_dropped", "rows")
 
 
 def resolve_settings(run: dict | None, samples_path: Path, *, base_chunk_size=None, smooth_factor=None,
@@ -56,10 +58,12 @@ def resolve_settings(run: dict | None, samples_path: Path, *, base_chunk_size=No
 
 
 def predicted_shrink(model, settings: ChunkSettings, target_ms: float) -> tuple[float, int]:
-    """1 - (policy chunk at the deepest history before the context cap) / B, and that history length."""
+    """1 - (policy chunk at the deepest history before the context cap) / (the largest later chunk the caps allow,
+    min(B, max_chunk_size)), and that history length. Measured against the cap, so that a max_chunk_size below B
+    does not pass for a shrink the model predicts."""
     L = max(1, settings.context_len - settings.context_margin - settings.max_chunk_size)
     size = next_chunk_size(model, settings, target_ms, L)
-    return 1.0 - size / settings.base_chunk_size, L
+    return 1.0 - size / min(settings.base_chunk_size, settings.max_chunk_size), L
 
 
 def gates(diag: dict, shrink: float) -> list[dict]:
@@ -73,29 +77,43 @@ def gates(diag: dict, shrink: float) -> list[dict]:
             for n, v, op, lim in checks]
 
 
+def warmup_rows(prefix_len: np.ndarray) -> list[int]:
+    """0-based rows not fitted: the first row (it ran cold) and the first prefix-free row (SGLang drops it)."""
+    rows = {0} if len(prefix_len) else set()
+    free = np.flatnonzero(prefix_len == 0)
+    if free.size:
+        rows.add(int(free[0]))
+    return sorted(rows)
+
+
 def fit_samples(samples: Samples, run: dict | None, settings: ChunkSettings, latency_model: str = "auto") -> dict:
     """Fit and gate; return the policy dict (nothing is written)."""
     if latency_model not in LATENCY_MODEL_CHOICES:
         raise ValueError(f"--latency-model {latency_model} is unknown: use one of {', '.join(LATENCY_MODEL_CHOICES)}")
-    # The first timed request ran cold (no warm-up), as in SGLang's profile: it is dropped.
-    used = samples.subset(np.arange(len(samples)) >= 1)
+    # The first timed request ran cold (no warm-up), and SGLang drops the first of its prefix-free probes: both go
+    # (one row when the file starts with a prefix-free request, as `ppprof profile` writes it).
+    dropped = warmup_rows(samples.prefix_len)
+    used = samples.subset(~np.isin(np.arange(len(samples)), dropped))
     L, x, y = used.prefix_len, used.chunk_len, used.latency_ms
     if len(used):
         fitted, failed = fit_candidates(L, x, y, latency_model)
     else:
-        fitted, failed = {}, {latency_model: "no samples left after dropping the first (warm-up) one"}
-    candidates = {name: {"cv_mape": cv} for name, (_, _, cv) in fitted.items()}
+        fitted, failed = {}, {latency_model: "no samples left after dropping the warm-up row"}
+    per_model = {name: diagnostics(f.model, f.fit_rows, L, x, y, f.cv_mape) for name, f in fitted.items()}
+    candidates = {name: {k: d[k] for k in CANDIDATE_KEYS} | {"fit_r2": d["fit"]["r2"], "fit_rows": d["fit"]["rows"]}
+                  for name, d in per_model.items()}
     candidates.update({name: {"error": reason} for name, reason in failed.items()})
-    diag = {"requested_model": latency_model, "dropped_first_sample": True, "candidates": candidates,
-            "bottleneck_stage": samples.stage_idx, "stage_totals_ms": samples.stage_totals_ms}
+    diag = {"requested_model": latency_model, "dropped_warmup_rows": [int(i) + 1 for i in dropped],
+            "candidates": candidates, "bottleneck_stage": samples.stage_idx,
+            "stage_totals_ms": samples.stage_totals_ms}
     model, target, status = None, None, "static"
     if not fitted:
         reason = "; ".join(failed.values())  # each reason names its model
     else:
-        name = min(fitted, key=lambda k: (fitted[k][2], MODEL_NAMES.index(k)))
-        model, keep, cv = fitted[name]
+        name = min(fitted, key=lambda k: (fitted[k].cv_mape, MODEL_NAMES.index(k)))
+        model = fitted[name].model
         diag["selected_by"] = "cv_mape" if latency_model == "auto" else "requested"
-        diag.update(diagnostics(model, L[keep], x[keep], y[keep], cv, int((~keep).sum())))
+        diag.update(per_model[name])
         target = model.target_ms(settings.base_chunk_size)
         shrink, shrink_at = predicted_shrink(model, settings, target)
         diag["predicted_shrink"] = {"fraction": shrink, "history_len": shrink_at}
@@ -179,14 +197,21 @@ def summary(path: Path, policy: dict) -> str:
         coefs = policy["latency_model"]["coefficients"]
         terms = ", ".join(f"{k}={v['value']:.4g} {v['unit']}" for k, v in coefs.items())
         lines.append(f"model {policy['latency_model']['name']}: {terms}; target {policy['target_latency_ms']:.4g} ms")
-        lines.append(f"fit on {diag['num_samples']} samples ({diag['num_outliers_dropped']} outliers dropped): "
-                     f"CV MAPE {num(diag['cv_mape'], '.2%')}, R^2 {num(diag['r2'], '.4f')}, "
-                     f"condition {num(diag['condition_number'], '.3g')}, worst residual "
-                     f"{num(diag['worst_residual']['residual_ms'], '.3g')} ms")
+        lines.append(f"scored on {diag['rows']}: R^2 {num(diag['r2'], '.4f')}, MAPE {num(diag['mape'], '.2%')}, "
+                     f"worst residual {num(diag['worst_residual']['residual_ms'], '.3g')} ms; CV MAPE "
+                     f"{num(diag['cv_mape'], '.2%')} (every row held out once)")
+        lines.append(f"fitted to {diag['fit']['rows']}: R^2 {num(diag['fit']['r2'], '.4f')}; condition "
+                     f"{num(diag['condition_number'], '.3g')}")
+    others = {k: v for k, v in diag["candidates"].items() if not policy["latency_model"]
+              or k != policy["latency_model"]["name"]}
+    for name, c in others.items():
+        lines.append(f"{name} (not selected): " + (c["error"] if "error" in c else
+                     f"R^2 {num(c['r2'], '.4f')}, CV MAPE {num(c['cv_mape'], '.2%')}"))
     if diag.get("bottleneck_stage") is not None:
         lines.append(f"bottleneck stage {diag['bottleneck_stage']} (largest total latency)")
     shrink = diag.get("predicted_shrink")
-    deep = "" if not shrink else (f", {s['base_chunk_size'] * (1 - shrink['fraction']):.0f} at history "
+    largest = min(s["base_chunk_size"], s["max_chunk_size"])
+    deep = "" if not shrink else (f", {largest * (1 - shrink['fraction']):.0f} at history "
                                   f"{shrink['history_len']} if dynamic")
     lines.append(f"chunks: base {s['base_chunk_size']}{deep}; alignment {s['alignment']}, smooth "
                  f"{s['smooth_factor']:g}, floor {s['min_chunk_size']}, cap {s['max_chunk_size']}, "
@@ -226,7 +251,7 @@ def plot_fit(samples: Samples, model: LatencyModel | None, title: str):
         ax.scatter(samples.chunk_len[sel], samples.latency_ms[sel], s=8, color=color, label=f"prefix {prefix}")
         if model is not None:
             x = np.linspace(max(1, samples.chunk_len.min()), samples.chunk_len.max(), 100)
-            ax.plot(x, model.sample_latency_ms(np.full_like(x, prefix), x), color=color, lw=1.2)
+            ax.plot(x, model.chunk_latency_ms(np.full_like(x, prefix), x), color=color, lw=1.2)
     ax.set_xlabel("chunk_len (tokens)")
     ax.set_ylabel("latency (ms)")
     ax.set_title(title, fontsize=9)

@@ -16,7 +16,8 @@ from ppprof.policy.rule import MODEL_NAMES
 @click.option("--page-size", type=int, default=None, help="KV page size; default from run.json, else 1.")
 @click.option("--alignment", type=int, default=None, help="Chunk alignment  [default: max(page_size, 64)]")
 @click.option("--min-chunk-size", type=int, default=None, help="Floor of a chunk  [default: B // 4]")
-@click.option("--max-chunk-size", type=int, default=None, help="Cap of a chunk (max prefill tokens)  [default: B]")
+@click.option("--max-chunk-size", type=int, default=None,
+              help="Cap of each chunk after the first (max prefill tokens; may be below B)  [default: B]")
 @click.option("--context-len", type=int, default=None, help="Context length; default from run.json, else 131072.")
 @click.option("-o", "--out", type=click.Path(dir_okay=False), default=None,
               help="Policy file  [default: policy.json beside SAMPLES]")

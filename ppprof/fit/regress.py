@@ -1,24 +1,32 @@
 """Least-squares fits of the latency models (scikit-learn), outlier trimming, k-fold cross-validation, diagnostics.
 
-- quadratic (SGLang): f(l) = a l^2 + b l + c on l = prefix_len + chunk_len; >= 8 points; a <= 0 is a failure; a
-  negative b is set to 0 (SGLang clamps it).
-- prefix (ATOM): t(L, x) = c + g L + b x + a (2 L x + x^2); >= 2 distinct chunk sizes and >= 3 distinct prefixes.
-  Coefficients must be non-negative: the most negative term (by its share of the mean latency) is dropped from the
-  design and the rest refitted, until none is negative (a refit, not a clamp, so the others absorb its share).
-Robustness: after a first fit, points whose relative residual lies more than OUTLIER_MADS robust sigmas (1.4826 MAD,
+- quadratic (SGLang): f(l) = a l^2 + b l + c, fitted only on prefix-free rows (prefix_len == 0), where a request of l
+  tokens really takes f(l) (SGLang profiles prefix-free requests only); >= 8 such rows; a <= 0 is a failure; a
+  negative b is set to 0 (SGLang clamps it). Prefixed rows are not fitted, but they are scored.
+- prefix (ATOM): t(L, x) = c + g L + b x + a (2 L x + x^2) on all rows; >= 2 distinct chunk sizes and >= 3 distinct
+  prefixes. Coefficients must be non-negative: the most negative term (by its share of the mean latency) is dropped
+  from the design and the rest refitted, until none is negative (a refit, not a clamp, so the others absorb its share).
+Every prediction, for scoring and diagnostics alike, is the planner's: model.chunk_latency_ms(prefix_len, chunk_len)
+(for the quadratic, c + f(L + x) - f(L), which is f(x) on a prefix-free row).
+Robustness: after a first fit, rows whose relative residual lies more than OUTLIER_MADS robust sigmas (1.4826 MAD,
 at least MIN_OUTLIER_REL) from the median are dropped, at most MAX_OUTLIER_FRACTION of them, and the model refitted.
+Model choice: k-fold CV on the same evaluation rows (all rows given) for every model; in each fold each model is fitted
+(with trimming) on its admissible training rows and scored on every held-out row.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from sklearn.linear_model import LinearRegression
 from sklearn.metrics import r2_score
-from sklearn.model_selection import KFold
+from sklearn.model_selection import KFold, StratifiedKFold
 
 from ppprof.policy.rule import MODEL_NAMES, LatencyModel
 
 MIN_QUADRATIC_POINTS = 8
+MIN_QUADRATIC_LENGTHS = 3
 MIN_PREFIX_CHUNK_SIZES = 2
 MIN_PREFIX_PREFIXES = 3
 CV_FOLDS = 5
@@ -31,19 +39,29 @@ PREFIX_TERMS = ("c", "g", "b", "a")
 OUTLIER_RULE = (f"after a first fit, drop points whose relative residual is more than {OUTLIER_MADS:g} x 1.4826 MAD "
                 f"(at least {MIN_OUTLIER_REL:.0%}) from the median, at most {MAX_OUTLIER_FRACTION:.0%} of points, "
                 f"then refit")
+ADMISSIBLE_ROWS = {"quadratic": "prefix-free rows (prefix_len == 0)", "prefix": "rows, prefix-free and prefixed"}
 
 
 class Unfittable(Exception):
     """The samples do not support the model (not bad input: the policy becomes static with this reason)."""
 
 
+def admissible(name: str, prefix_len) -> np.ndarray:
+    """Rows the model may be fitted to: the quadratic's f(l) is a request's latency only without a prefix."""
+    prefix_len = np.asarray(prefix_len)
+    return prefix_len == 0 if name == "quadratic" else np.ones(len(prefix_len), dtype=bool)
+
+
 def ineligible(name: str, prefix_len: np.ndarray, chunk_len: np.ndarray) -> str | None:
     """Why `name` cannot be fitted to these samples, or None."""
     if name == "quadratic":
-        if len(chunk_len) < MIN_QUADRATIC_POINTS:
-            return f"quadratic needs >= {MIN_QUADRATIC_POINTS} samples, has {len(chunk_len)}"
-        if len(np.unique(prefix_len + chunk_len)) < 3:
-            return "quadratic needs >= 3 distinct total lengths"
+        free = admissible(name, prefix_len)
+        num_free = int(free.sum())
+        if num_free < MIN_QUADRATIC_POINTS:
+            return (f"quadratic needs >= {MIN_QUADRATIC_POINTS} prefix-free samples (prefix_len == 0), has {num_free} "
+                    f"of {len(prefix_len)}: profile a prefix-free sweep or use the prefix model")
+        if len(np.unique(chunk_len[free])) < MIN_QUADRATIC_LENGTHS:
+            return f"quadratic needs >= {MIN_QUADRATIC_LENGTHS} distinct lengths among its prefix-free samples"
         return None
     num_chunks, num_prefixes = len(np.unique(chunk_len)), len(np.unique(prefix_len))
     if num_chunks < MIN_PREFIX_CHUNK_SIZES or num_prefixes < MIN_PREFIX_PREFIXES:
@@ -53,28 +71,33 @@ def ineligible(name: str, prefix_len: np.ndarray, chunk_len: np.ndarray) -> str 
 
 
 def design(name: str, prefix_len, chunk_len, terms=None) -> np.ndarray:
-    """Columns of the model's regressors, intercept included as a column of ones (used for the condition number)."""
+    """Columns of the model's regressors, intercept included as a column of ones (used for the condition number).
+
+    quadratic: [1, l, l^2] with l = chunk_len, for its prefix-free rows only (pass those).
+    """
     L = np.asarray(prefix_len, dtype=float)
     x = np.asarray(chunk_len, dtype=float)
     if name == "quadratic":
-        l = L + x
-        return np.column_stack([np.ones_like(l), l, l * l])
+        return np.column_stack([np.ones_like(x), x, x * x])
     cols = {"c": np.ones_like(L), "g": L, "b": x, "a": 2.0 * L * x + x * x}
     return np.column_stack([cols[t] for t in (terms or PREFIX_TERMS)])
 
 
 def fit_model(name: str, prefix_len: np.ndarray, chunk_len: np.ndarray, latency_ms: np.ndarray) -> LatencyModel:
+    """Least squares on the model's admissible rows among those given (no trimming)."""
     reason = ineligible(name, prefix_len, chunk_len)
     if reason:
         raise Unfittable(reason)
     if name == "quadratic":
-        X = design(name, prefix_len, chunk_len)[:, 1:]
-        reg = LinearRegression().fit(X, latency_ms)
+        free = admissible(name, prefix_len)
+        X = design(name, prefix_len[free], chunk_len[free])[:, 1:]
+        reg = LinearRegression().fit(X, latency_ms[free])
         b, a = (float(v) for v in reg.coef_)
         if a <= 0.0:
             raise Unfittable(f"quadratic fit has a = {a:.3g} ms/token^2 <= 0 (latency does not grow faster than "
-                             f"linearly in these samples)")
+                             f"linearly in the prefix-free samples)")
         return LatencyModel("quadratic", a=a, b=max(b, 0.0), c=float(reg.intercept_))
+
     terms = list(PREFIX_TERMS)
     mean = float(np.mean(latency_ms))
     while True:
@@ -97,7 +120,7 @@ def fit_model(name: str, prefix_len: np.ndarray, chunk_len: np.ndarray, latency_
 
 def outlier_mask(model: LatencyModel, prefix_len, chunk_len, latency_ms) -> np.ndarray:
     """True for points to keep (see the module docstring)."""
-    pred = model.sample_latency_ms(prefix_len, chunk_len)
+    pred = model.chunk_latency_ms(prefix_len, chunk_len)
     rel = (latency_ms - pred) / np.maximum(np.abs(pred), 1e-12)
     dev = np.abs(rel - np.median(rel))
     threshold = max(OUTLIER_MADS * MAD_TO_SIGMA * float(np.median(dev)), MIN_OUTLIER_REL)
@@ -107,66 +130,129 @@ def outlier_mask(model: LatencyModel, prefix_len, chunk_len, latency_ms) -> np.n
     return keep
 
 
-def cross_validate(name: str, prefix_len, chunk_len, latency_ms, folds: int = CV_FOLDS) -> float:
-    """k-fold cross-validated mean absolute percentage error (a fraction); a fold that cannot be fitted: inf."""
+def fit_trimmed(name: str, prefix_len, chunk_len, latency_ms) -> tuple[LatencyModel, np.ndarray]:
+    """Fit on the admissible rows, drop their outliers, refit; return (model, mask of the rows it was fitted to)."""
+    rows = admissible(name, prefix_len)
+    L, x, y = prefix_len[rows], chunk_len[rows], latency_ms[rows]
+    first = fit_model(name, L, x, y)
+    keep = outlier_mask(first, L, x, y)
+    model = fit_model(name, L[keep], x[keep], y[keep])
+    fit_rows = rows.copy()
+    fit_rows[rows] = keep
+    return model, fit_rows
+
+
+def cv_splits(prefix_len, folds: int):
+    """k folds over all rows, shuffled; stratified by prefix-free or not where both kinds fill every fold, so each
+    training set keeps its share of the quadratic's rows."""
+    free = np.asarray(prefix_len) == 0
+    if min(free.sum(), (~free).sum()) >= folds:
+        return StratifiedKFold(n_splits=folds, shuffle=True, random_state=CV_SEED).split(free, free)
+    return KFold(n_splits=folds, shuffle=True, random_state=CV_SEED).split(free)
+
+
+def cross_validate(names, prefix_len, chunk_len, latency_ms, folds: int = CV_FOLDS) -> dict[str, float]:
+    """k-fold cross-validated mean absolute percentage error (a fraction) of each model, on the same rows.
+
+    Every row is held out once; in each fold every model is fitted (with trimming) on its admissible training rows
+    and scored on all the fold's held-out rows with chunk_latency_ms, as the planner uses it. A model that cannot be
+    fitted in some fold scores inf.
+    """
     n = len(latency_ms)
     folds = min(folds, n)
     if folds < 2:
-        return float("inf")
-    errors = np.empty(n)
-    for train, test in KFold(n_splits=folds, shuffle=True, random_state=CV_SEED).split(prefix_len):
-        try:
-            model = fit_model(name, prefix_len[train], chunk_len[train], latency_ms[train])
-        except Unfittable:
-            return float("inf")
-        pred = model.sample_latency_ms(prefix_len[test], chunk_len[test])
-        errors[test] = np.abs(latency_ms[test] - pred) / latency_ms[test]
-    return float(errors.mean())
+        return {name: float("inf") for name in names}
+    errors = {name: np.empty(n) for name in names}
+    unfittable = set()
+    for train, test in cv_splits(prefix_len, folds):
+        for name in set(names) - unfittable:
+            try:
+                model, _ = fit_trimmed(name, prefix_len[train], chunk_len[train], latency_ms[train])
+            except Unfittable:
+                unfittable.add(name)
+                continue
+            pred = model.chunk_latency_ms(prefix_len[test], chunk_len[test])
+            errors[name][test] = np.abs(latency_ms[test] - pred) / latency_ms[test]
+    return {name: float("inf") if name in unfittable else float(errors[name].mean()) for name in names}
 
 
 def condition_number(name: str, prefix_len, chunk_len) -> float:
-    """Condition number of the design with every column scaled to unit length."""
-    X = design(name, prefix_len, chunk_len)
+    """Condition number of the design (on the model's admissible rows) with every column scaled to unit length."""
+    rows = admissible(name, prefix_len)
+    X = design(name, np.asarray(prefix_len)[rows], np.asarray(chunk_len)[rows])
     norms = np.linalg.norm(X, axis=0)
-    if np.any(norms == 0):
+    if len(X) == 0 or np.any(norms == 0):
         return float("inf")
     return float(np.linalg.cond(X / norms))
 
 
-def diagnostics(model: LatencyModel, prefix_len, chunk_len, latency_ms, cv_mape: float, num_outliers: int) -> dict:
-    pred = model.sample_latency_ms(prefix_len, chunk_len)
+def fit_stats(model: LatencyModel, prefix_len, chunk_len, latency_ms) -> dict:
+    """R^2, MAPE, RMS and the worst residual of chunk_latency_ms on the rows given."""
+    pred = model.chunk_latency_ms(prefix_len, chunk_len)
     resid = latency_ms - pred
     worst = int(np.argmax(np.abs(resid)))
     return {
         "num_samples": int(len(latency_ms)),
-        "num_outliers_dropped": int(num_outliers),
-        "outlier_rule": OUTLIER_RULE,
-        "cv_folds": int(min(CV_FOLDS, len(latency_ms))),
-        "cv_mape": cv_mape,
         "r2": float(r2_score(latency_ms, pred)) if len(latency_ms) > 1 else float("nan"),
+        "mape": float(np.mean(np.abs(resid) / latency_ms)),
         "rms_residual_ms": float(np.sqrt(np.mean(resid**2))),
         "mean_latency_ms": float(np.mean(latency_ms)),
         "worst_residual": {"residual_ms": float(resid[worst]), "relative": float(resid[worst] / latency_ms[worst]),
                            "prefix_len": int(prefix_len[worst]), "chunk_len": int(chunk_len[worst]),
                            "latency_ms": float(latency_ms[worst])},
-        "condition_number": condition_number(model.name, prefix_len, chunk_len),
     }
 
 
-def fit_candidates(prefix_len, chunk_len, latency_ms, requested: str) -> tuple[dict, dict]:
-    """Fit each requested model (both for 'auto') with trimming and CV.
+def diagnostics(model: LatencyModel, fit_rows: np.ndarray, prefix_len, chunk_len, latency_ms, cv_mape: float) -> dict:
+    """Diagnostics of `model` on the evaluation rows (all rows given), with the planner's chunk_latency_ms.
 
-    Returns ({name: (model, keep_mask, cv_mape)} for the models that fitted, {name: reason} for those that did not).
+    Top level: every evaluation row, prefix-free and prefixed, less the outliers the outlier rule finds among them
+    under this model (the gates read these). `fit`: the rows the model was fitted to. `cv_mape`: every row, held out.
+    """
+    L, x, y = prefix_len, chunk_len, latency_ms
+    n, num_free = len(y), int((L == 0).sum())
+    keep = outlier_mask(model, L, x, y)
+    num_fit_candidates = int(admissible(model.name, L).sum())
+    diag = {
+        "rows": (f"all {n} evaluation rows ({num_free} prefix-free, {n - num_free} prefixed) less "
+                 f"{int((~keep).sum())} outliers; predicted with chunk_latency_ms(prefix_len, chunk_len) as the "
+                 f"planner does"),
+        "num_evaluation_rows": n,
+        "num_outliers_dropped": int((~keep).sum()),
+        "outlier_rule": OUTLIER_RULE,
+        **fit_stats(model, L[keep], x[keep], y[keep]),
+        "cv_folds": int(min(CV_FOLDS, n)),
+        "cv_mape": cv_mape,
+        "cv_rows": (f"all {n} evaluation rows, each held out once; each fold fits {model.name} on its "
+                    f"{ADMISSIBLE_ROWS[model.name]} among the training rows"),
+        "fit": {"rows": (f"{int(fit_rows.sum())} of the {num_fit_candidates} {ADMISSIBLE_ROWS[model.name]}, "
+                         f"{num_fit_candidates - int(fit_rows.sum())} outliers dropped"),
+                **fit_stats(model, L[fit_rows], x[fit_rows], y[fit_rows])},
+        "condition_number": condition_number(model.name, L[fit_rows], x[fit_rows]),
+    }
+    return diag
+
+
+@dataclass(slots=True)
+class Fit:
+    model: LatencyModel
+    fit_rows: np.ndarray  # (n,) bool: admissible, not an outlier
+    cv_mape: float
+
+
+def fit_candidates(prefix_len, chunk_len, latency_ms, requested: str) -> tuple[dict[str, Fit], dict[str, str]]:
+    """Fit each requested model (both for 'auto') with trimming; cross-validate them on the same rows.
+
+    Returns ({name: Fit} for the models that fitted, {name: reason} for those that did not).
     """
     names = MODEL_NAMES if requested == "auto" else (requested,)
     fitted, failed = {}, {}
     for name in names:
         try:
-            first = fit_model(name, prefix_len, chunk_len, latency_ms)
-            keep = outlier_mask(first, prefix_len, chunk_len, latency_ms)
-            L, x, y = prefix_len[keep], chunk_len[keep], latency_ms[keep]
-            model = fit_model(name, L, x, y)
-            fitted[name] = (model, keep, cross_validate(name, L, x, y))
+            fitted[name] = Fit(*fit_trimmed(name, prefix_len, chunk_len, latency_ms), float("nan"))
         except Unfittable as e:
             failed[name] = str(e)
+    cv = cross_validate(tuple(fitted), prefix_len, chunk_len, latency_ms)
+    for name, value in cv.items():
+        fitted[name].cv_mape = value
     return fitted, failed

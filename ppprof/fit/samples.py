@@ -139,7 +139,8 @@ def make_samples(model: LatencyModel, *, base_chunk_size: int, prefixes=(), chun
                  seed: int = 0) -> pd.DataFrame:
     """One sweep probe (prefix 0, SGLang's sizes) and, for each prefix, `repeats` requests of each chunk size.
 
-    Latency = model's sample latency x (1 + noise N(0,1)); `num_outliers` rows are multiplied by 3. The bottleneck
+    Latency = model.chunk_latency_ms(prefix_len, chunk_len) x (1 + noise N(0,1)) (for the quadratic, a prefixed row
+    costs c + f(L + x) - f(L), a prefix-free one f(x)); `num_outliers` rows are multiplied by 3. The bottleneck
     stage carries that latency, the other stages 60% of it.
     """
     rng = np.random.default_rng(seed)
@@ -151,7 +152,7 @@ def make_samples(model: LatencyModel, *, base_chunk_size: int, prefixes=(), chun
                 rows.append((probe, "prefix", request, prefix, x))
                 request += 1
     frame = pd.DataFrame(rows, columns=["probe", "kind", "request", "prefix_len", "chunk_len"])
-    latency = model.sample_latency_ms(frame.prefix_len, frame.chunk_len) * (1 + noise * rng.standard_normal(len(frame)))
+    latency = model.chunk_latency_ms(frame.prefix_len, frame.chunk_len) * (1 + noise * rng.standard_normal(len(frame)))
     if num_outliers:
         hit = rng.choice(np.arange(1, len(frame)), size=num_outliers, replace=False)
         latency[hit] *= 3.0

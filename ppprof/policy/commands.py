@@ -17,6 +17,7 @@ from ppprof.policy.planners import STRATEGIES, Plan, plan_prompt
 from ppprof.policy.schema import Policy, load, validate
 
 FORMATS = ("sglang", "vllm-ascend", "atom")
+MAX_DRAWN_STAGES = 16  # stage rows in a timeline PNG; beyond, the first 15 and the last are drawn
 
 
 def default_num_stages(policy) -> int:
@@ -82,15 +83,23 @@ def schedule(latencies_ms, num_stages: int) -> np.ndarray:
     """Start times (num_chunks, num_stages): chunk i enters stage s when it left stage s-1 and chunk i-1 left s.
 
     Every stage takes the bottleneck latency t_i, so the last end is sum t + (P - 1) max t (the TTFT formula).
+    One stage at a time: with T_i = t_0 + ... + t_{i-1}, start[i, s] = T_i + max over k <= i of
+    (start[k, s-1] + t_k - T_k), a running maximum (stage 0: start[i, 0] = T_i).
     """
     t = np.asarray(latencies_ms, dtype=float)
+    before = np.concatenate([[0.0], np.cumsum(t)[:-1]])  # T_i
     start = np.zeros((len(t), num_stages))
-    for i in range(len(t)):
-        for s in range(num_stages):
-            prev_stage = start[i, s - 1] + t[i] if s else 0.0
-            prev_chunk = start[i - 1, s] + t[i - 1] if i else 0.0
-            start[i, s] = max(prev_stage, prev_chunk)
+    start[:, 0] = before
+    for s in range(1, num_stages):
+        start[:, s] = before + np.maximum.accumulate(start[:, s - 1] + t - before)
     return start
+
+
+def drawn_stages(num_stages: int) -> list[int]:
+    """At most MAX_DRAWN_STAGES rows: all stages, or the first ones and the last."""
+    if num_stages <= MAX_DRAWN_STAGES:
+        return list(range(num_stages))
+    return list(range(MAX_DRAWN_STAGES - 1)) + [num_stages - 1]
 
 
 def write_timeline(plans: list[Plan], num_stages: int, path: str | Path, title: str = "") -> Path:
@@ -99,16 +108,20 @@ def write_timeline(plans: list[Plan], num_stages: int, path: str | Path, title: 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(plans), 1, figsize=(10, 1.0 + 0.9 * len(plans) + 0.25 * num_stages * len(plans)),
+    stages = drawn_stages(num_stages)
+    if len(stages) < num_stages:
+        title += (f"{'; ' if title else ''}stages {stages[-2] + 1}..{num_stages - 2} of {num_stages} not drawn")
+    rows = len(stages)
+    fig, axes = plt.subplots(len(plans), 1, figsize=(10, 1.0 + 0.9 * len(plans) + 0.25 * rows * len(plans)),
                              squeeze=False, sharex=True)
     cmap = plt.get_cmap("tab20")
     for ax, plan in zip(axes[:, 0], plans):
         start = schedule(plan.latencies_ms, num_stages)
-        for s in range(num_stages):
+        for row, s in enumerate(stages):
             bars = [(start[i, s], plan.latencies_ms[i]) for i in range(len(plan.latencies_ms))]
-            ax.broken_barh(bars, (s - 0.4, 0.8), facecolors=[cmap(i % 20) for i in range(len(bars))],
+            ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=[cmap(i % 20) for i in range(len(bars))],
                            edgecolor="black", linewidth=0.2)
-        ax.set_yticks(range(num_stages), [f"stage {s}" for s in range(num_stages)])
+        ax.set_yticks(range(rows), [f"stage {s}" for s in stages])
         ax.invert_yaxis()
         ax.set_title(f"{plan.strategy}: {len(plan.chunk_sizes)} chunks, predicted TTFT {plan.ttft_ms:.1f} ms",
                      fontsize=9)
@@ -150,6 +163,12 @@ def plan_command(policy_path, prompt_len, num_stages, strategy, as_json, png) ->
                    f"(sum {sum(p.latencies_ms):.2f} ms, max {max(p.latencies_ms):.2f} ms)")
         click.echo(f"  chunks: {run_length(p.chunk_sizes)}")
         click.echo(f"  latency_ms: {run_length([round(t, 2) for t in p.latencies_ms], '{:.2f}')}")
+        if p.search:
+            search, where = p.search, f"on the {p.search['grid_tokens']}-token grid"
+            quality = f"exact {where}" if search["exact_on_grid"] else \
+                f"within {search['gap_ms']:.2f} ms of the optimum {where}"
+            click.echo(f"  search: {quality} ({search['bounds_evaluated']} of {search['num_chunk_costs']} "
+                       f"chunk-latency bounds)")
     click.echo(f"timeline: {png}")
 
 

@@ -16,11 +16,15 @@ from ppprof.policy.rule import LatencyModel
 from ppprof.policy.schema import Policy
 
 STRATEGIES = ("fixed", "greedy", "optimal")
+MAX_STAGES = 1024  # --pp range is 1..MAX_STAGES
 MAX_GRID_POINTS = 32768  # DP positions; a coarser multiple of the alignment is used beyond this
 MAX_WINDOW = 256  # DP predecessors per position (largest chunk / grid step)
-NUM_COARSE_BOUNDS = 24
-NUM_FINE_BOUNDS = 16
-BOUND_RTOL = 1e-9  # a chunk "fits" a bound up to float rounding of the separable cost
+MAX_DP_CELLS = 1 << 22  # positions x bounds of one DP pass (8 bytes a cell)
+MAX_DP_WORK = 1 << 26  # positions x window x bounds of one DP pass (about 0.2 s)
+BOUNDS_PER_ROUND = 48  # bounds per DP pass once the distinct chunk costs are too many to run at once
+MAX_ROUNDS = 3  # further passes of the branch and bound (keeps a 1M-token prompt under ~2 s)
+BOUND_RTOL = 1e-9  # a chunk "fits" a bound up to float rounding
+PRUNE_RTOL = 1e-12
 
 
 @dataclass(slots=True)
@@ -29,10 +33,14 @@ class Plan:
     chunk_sizes: list[int]
     latencies_ms: list[float] = field(default_factory=list)
     ttft_ms: float = math.nan
+    search: dict | None = None  # optimal only: grid_tokens, bounds_evaluated, exact, gap_ms
 
     def to_dict(self) -> dict:
-        return {"strategy": self.strategy, "num_chunks": len(self.chunk_sizes), "chunk_sizes": self.chunk_sizes,
-                "latencies_ms": self.latencies_ms, "ttft_ms": self.ttft_ms}
+        d = {"strategy": self.strategy, "num_chunks": len(self.chunk_sizes), "chunk_sizes": self.chunk_sizes,
+             "latencies_ms": self.latencies_ms, "ttft_ms": self.ttft_ms}
+        if self.search is not None:
+            d["search"] = self.search
+        return d
 
 
 def ttft_ms(latencies_ms, num_stages: int) -> float:
@@ -56,89 +64,163 @@ def fixed_chunks(chunk_size: int, prompt_len: int) -> list[int]:
     return [chunk_size] * full + ([rest] if rest else [])
 
 
+def chunk_costs(model: LatencyModel, pos: np.ndarray, max_chunk: int) -> np.ndarray:
+    """cost[j, k] (n, window): latency of the chunk [pos[j - 1 - k], pos[j]), so k = 0 is the shortest chunk ending at
+    position j; inf where the chunk is longer than max_chunk or would start before 0."""
+    n = len(pos)
+    lo_idx = np.searchsorted(pos, pos - max_chunk, side="left")
+    window = int(max(1, (np.arange(n) - lo_idx).max()))
+    idx = np.arange(n)[:, None] - 1 - np.arange(window)[None, :]
+    valid = idx >= lo_idx[:, None]
+    start = pos[np.clip(idx, 0, None)].astype(float)
+    cost = model.chunk_latency_ms(start, pos[:, None] - start)  # the planner's own formula, not a rearrangement
+    return np.where(valid, cost, np.inf)
+
+
+def min_sums(cost: np.ndarray, bounds: np.ndarray, with_arg: bool = False):
+    """The DP for every bound M at once, over positions j = 1..n-1 (the recurrence, written once):
+
+        S[0] = 0,   S[j] = min over i in [j - window, j) with cost(i, j) <= M of S[i] + cost(i, j)
+
+    Returns S[n-1] per bound (inf: no plan keeps every chunk within M) and, with `with_arg`, the chosen start i of
+    the chunk ending at each position (n, len(bounds)), for backtracking.
+    """
+    n, window = cost.shape
+    m = len(bounds)
+    limit = bounds * (1.0 + BOUND_RTOL)
+    total = np.full((n, m), np.inf)
+    total[0] = 0.0
+    arg = np.zeros((n, m), dtype=np.int32) if with_arg else None
+    cols = np.arange(m)
+    rev = cost[:, ::-1]  # rev[j, window - 1 - k] = cost[j, k]: rows in the order of the starts j - window .. j - 1
+    for j in range(1, n):
+        lo = max(0, j - window)
+        c = rev[j, window - (j - lo):][:, None]  # (j - lo, 1)
+        cand = np.where(c <= limit, total[lo:j] + c, np.inf)  # (j - lo, m)
+        if with_arg:
+            k = cand.argmin(axis=0)
+            arg[j] = lo + k
+            total[j] = cand[k, cols]
+        else:
+            cand.min(axis=0, out=total[j])
+    return total[-1], arg
+
+
+def backtrack(pos: np.ndarray, start: np.ndarray) -> list[int]:
+    """Chunk sizes from `start` (n,), the chosen start of the chunk ending at each position."""
+    chunks, j = [], len(pos) - 1
+    while j > 0:
+        i = int(start[j])
+        chunks.append(int(pos[j] - pos[i]))
+        j = i
+    return chunks[::-1]
+
+
 def optimal_chunks(model: LatencyModel, prompt_len: int, num_stages: int, alignment: int, max_chunk: int,
-                   seeds: list[list[int]]) -> list[int]:
-    """TeraPipe's DP: for each bound M on the largest chunk latency, minimise the sum of latencies; keep the best
-    sum + (P - 1) M. Never worse than any plan in `seeds` (their boundaries join the grid and their largest
-    latencies join the candidate bounds).
+                   seeds: list[list[int]]) -> tuple[list[int], dict]:
+    """TeraPipe's DP: for a bound M on the largest chunk latency, the plan minimising the sum of latencies; over
+    bounds, the plan with the least TTFT. Returns (chunk sizes, search facts). Never worse than any plan in `seeds`.
 
     1. Positions: multiples of the grid step (the alignment, coarsened to at most MAX_GRID_POINTS positions and
-       MAX_WINDOW steps per chunk), the seeds' boundaries, and prompt_len.
-    2. The latency of chunk [L, E) separates: t = c + g L + b (E - L) + a (E^2 - L^2) = phi(E) + psi(L),
-       phi(E) = a E^2 + b E, psi(L) = c + (g - b) L - a L^2.
-    3. Recurrence, for all bounds at once (vectorised over M):
-           S[0] = 0,  S[j] = min over i in window(j), phi(E_j) + psi(L_i) <= M, of S[i] + phi(E_j) + psi(L_i).
-    4. Coarse bounds between the finest plan's largest latency and the seeds', then a finer pass around the best.
+       MAX_WINDOW steps per chunk), the seeds' boundaries, and prompt_len. Chunks are at most max_chunk tokens.
+    2. Let C be the distinct finite chunk costs on that grid and S(M) the DP's least sum with every chunk <= M.
+       If the best plan has largest latency M*, then M* is in C and the min-sum plan for M* has sum <= the best
+       sum and max <= M*: its TTFT is optimal. So the optimum is min over M in C of S(M) + (P - 1) M, and every
+       plan is scored by its actual TTFT = sum + (P - 1) * its actual max.
+    3. Few enough costs (one pass over all of C within MAX_DP_CELLS and MAX_DP_WORK): every M in C is run at
+       once; the plan is exact on the grid.
+    4. Otherwise branch and bound over C sorted: a first pass at BOUNDS_PER_ROUND quantiles of C (spanning the least
+       to the largest cost); S is non-increasing, so for M strictly between evaluated bounds M_lo < M_hi,
+       S(M) + (P - 1) M >= S(M_hi) + (P - 1) next(M_lo) - intervals whose bound cannot beat the best are pruned,
+       the rest are split by further passes. When no interval is left the plan is exact on the grid; after
+       MAX_ROUNDS passes it stops, and `gap_ms` bounds how far its TTFT may be above the grid's optimum.
+    The grid itself is exact for prompts up to MAX_GRID_POINTS alignment units (and chunks up to MAX_WINDOW units).
     """
+    max_chunk = max([max_chunk] + [max(s) for s in seeds])
     grid = alignment * max(1, math.ceil(prompt_len / (alignment * MAX_GRID_POINTS)),
                            math.ceil(max_chunk / (alignment * MAX_WINDOW)))
     points = [np.arange(0, prompt_len, grid, dtype=np.int64), np.array([prompt_len], dtype=np.int64)]
     for seed in seeds:
         points.append(np.cumsum(seed, dtype=np.int64))
     pos = np.unique(np.concatenate(points))
-    pos_f = pos.astype(float)
-    phi = model.a * pos_f * pos_f + model.b * pos_f
-    psi = model.c + (model.g - model.b) * pos_f - model.a * pos_f * pos_f
-    n = len(pos)
-    lo_idx = np.searchsorted(pos, pos - max(max_chunk, max(max(s) for s in seeds)), side="left")
-    window = int(max(1, (np.arange(n) - lo_idx).max()))
-    # idx[j, k] = j - 1 - k: candidate starts of a chunk ending at position j (k = 0 is the shortest chunk).
-    idx = np.arange(n)[:, None] - 1 - np.arange(window)[None, :]
-    valid = idx >= lo_idx[:, None]
-    idx = np.clip(idx, 0, None)
-    cost = phi[:, None] + psi[idx]  # (n, window)
-    cost = np.where(valid, cost, np.inf)
-
-    seed_max = [float(chunk_latencies_ms(model, s).max()) for s in seeds]
-    finest = float(np.max(phi[1:] + psi[:-1]))  # every position a boundary: smallest feasible largest latency
-    hi = max(seed_max + [finest])
-    coarse = np.unique(np.concatenate([np.geomspace(finest, hi, NUM_COARSE_BOUNDS), seed_max, [finest]]))
-    best_bound, best_value, best_plan = _solve(cost, idx, pos, coarse, num_stages)
-    k = int(np.searchsorted(coarse, best_bound))
-    lower, upper = coarse[max(k - 1, 0)], coarse[min(k + 1, len(coarse) - 1)]
-    if upper > lower:
-        fine = np.linspace(lower, upper, NUM_FINE_BOUNDS)
-        bound, value, plan = _solve(cost, idx, pos, fine, num_stages)
-        if value < best_value:
-            best_plan = plan
-    candidates = [best_plan] + [list(s) for s in seeds]
-    scores = [ttft_ms(chunk_latencies_ms(model, c), num_stages) for c in candidates]
-    return candidates[int(np.argmin(scores))]
-
-
-def _solve(cost: np.ndarray, idx: np.ndarray, pos: np.ndarray, bounds: np.ndarray, num_stages: int):
-    """Run the recurrence for every bound in `bounds`; return (bound, sum + (P-1) bound, chunk sizes) of the best."""
+    cost = chunk_costs(model, pos, max_chunk)
+    costs = np.unique(cost[np.isfinite(cost)])  # C, sorted
     n, window = cost.shape
-    m = len(bounds)
-    limit = bounds * (1.0 + BOUND_RTOL)
-    total = np.full((n, m), np.inf)
-    total[0] = 0.0
-    arg = np.zeros((n, m), dtype=np.int32)
-    cols = np.arange(m)
-    for j in range(1, n):
-        c = cost[j][:, None]  # (window, 1)
-        cand = np.where(c <= limit, total[idx[j]] + c, np.inf)  # (window, m)
-        k = cand.argmin(axis=0)
-        arg[j] = k
-        total[j] = cand[k, cols]
-    value = total[-1] + (num_stages - 1) * bounds
-    best = int(np.argmin(value))
-    if not np.isfinite(value[best]):
+    P1 = num_stages - 1
+
+    sums = np.full(len(costs), np.nan)  # S(C[i]) where evaluated
+    best = {"ub": np.inf, "bound": None}
+    evaluated = 0
+
+    def run(indices: np.ndarray) -> None:
+        nonlocal evaluated
+        bounds = costs[indices]
+        total, _ = min_sums(cost, bounds)
+        sums[indices] = total
+        evaluated += len(indices)
+        ub = total + P1 * bounds  # >= the actual TTFT of each bound's plan
+        k = int(np.argmin(ub))
+        if ub[k] < best["ub"]:
+            best["ub"], best["bound"] = float(ub[k]), float(bounds[k])
+
+    at_once = max(1, min(MAX_DP_CELLS // n, MAX_DP_WORK // (n * window)))
+    open_gaps = []
+    if len(costs) <= at_once:
+        run(np.arange(len(costs)))
+    else:
+        step = min(BOUNDS_PER_ROUND, at_once)
+        run(np.unique(np.linspace(0, len(costs) - 1, step).round().astype(np.int64)))
+        for _ in range(MAX_ROUNDS):
+            open_gaps = unresolved(sums, costs, P1, best["ub"])
+            if not open_gaps:
+                break
+            run(split(open_gaps, step))
+        open_gaps = unresolved(sums, costs, P1, best["ub"])
+    if not np.isfinite(best["ub"]):
         raise ValueError("optimal planner found no feasible plan: check the policy's latency model")
-    chunks, j = [], n - 1
-    while j > 0:
-        i = int(idx[j, arg[j, best]])
-        chunks.append(int(pos[j] - pos[i]))
-        j = i
-    return float(bounds[best]), float(value[best]), chunks[::-1]
+    _, arg = min_sums(cost, np.array([best["bound"]]), with_arg=True)
+    candidates = [backtrack(pos, arg[:, 0])] + [list(s) for s in seeds]
+    scores = [ttft_ms(chunk_latencies_ms(model, c), num_stages) for c in candidates]
+    pick = int(np.argmin(scores))
+    lower = min([lb for lb, _, _ in open_gaps], default=np.inf)
+    search = {"grid_tokens": int(grid), "num_chunk_costs": int(len(costs)), "bounds_evaluated": int(evaluated),
+              "exact_on_grid": not open_gaps, "gap_ms": max(0.0, scores[pick] - lower) if open_gaps else 0.0}
+    return candidates[pick], search
+
+
+def unresolved(sums: np.ndarray, costs: np.ndarray, P1: int, best_ub: float) -> list[tuple[float, int, int]]:
+    """(lower bound, lo, hi) for each run of unevaluated costs between evaluated indices lo < hi whose lower bound
+    S(costs[hi]) + (P - 1) costs[lo + 1] could still beat best_ub (S is non-increasing in the bound)."""
+    done = np.flatnonzero(~np.isnan(sums))
+    lo, hi = done[:-1], done[1:]
+    gap = hi - lo > 1
+    lo, hi = lo[gap], hi[gap]
+    lb = sums[hi] + P1 * costs[lo + 1]
+    keep = lb < best_ub - PRUNE_RTOL * abs(best_ub)
+    order = np.argsort(lb[keep])
+    return [(float(b), int(l), int(h)) for b, l, h in zip(lb[keep][order], lo[keep][order], hi[keep][order])]
+
+
+def split(open_gaps: list[tuple[float, int, int]], budget: int) -> np.ndarray:
+    """Up to `budget` unevaluated indices, spread evenly inside the most promising gaps first."""
+    share = max(1, math.ceil(budget / len(open_gaps)))
+    picked, left = [], budget
+    for _, lo, hi in open_gaps:
+        inner = hi - lo - 1
+        take = min(inner, share, left)
+        if take <= 0:
+            break
+        picked.append(lo + 1 + np.unique(np.linspace(0, inner - 1, take).round().astype(np.int64)))
+        left -= len(picked[-1])
+    return np.unique(np.concatenate(picked))
 
 
 def plan_prompt(policy: Policy, prompt_len: int, num_stages: int, strategies=STRATEGIES) -> list[Plan]:
     """Plans of `prompt_len` tokens for each strategy, with latencies and TTFT predicted by the policy's model."""
     if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or prompt_len < 1:
         raise ValueError(f"--prompt-len {prompt_len!r} is invalid: use a positive number of tokens")
-    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
-        raise ValueError(f"--pp {num_stages!r} is invalid: use a positive number of pipeline stages")
+    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or not 1 <= num_stages <= MAX_STAGES:
+        raise ValueError(f"--pp {num_stages!r} is invalid: use a number of pipeline stages in 1..{MAX_STAGES}")
     if policy.model is None:
         raise ValueError(f"policy has no latency model ({policy.status}: {policy.reason}): refit with more samples")
     unknown = [s for s in strategies if s not in STRATEGIES]
@@ -154,7 +236,12 @@ def plan_prompt(policy: Policy, prompt_len: int, num_stages: int, strategies=STR
         elif strategy == "greedy":
             chunks = greedy
         else:
-            chunks = optimal_chunks(policy.model, prompt_len, num_stages, settings.alignment,
-                                    settings.max_chunk_size, [fixed, greedy])
-        plans.append(predicted(policy.model, strategy, chunks, num_stages))
+            # The largest chunk a policy plan uses: the first chunk B, or the cap where it is above B.
+            largest = max(settings.base_chunk_size, settings.max_chunk_size)
+            chunks, search = optimal_chunks(policy.model, prompt_len, num_stages, settings.alignment, largest,
+                                            [fixed, greedy])
+        plan = predicted(policy.model, strategy, chunks, num_stages)
+        if strategy == "optimal":
+            plan.search = search
+        plans.append(plan)
     return plans

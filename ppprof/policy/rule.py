@@ -31,7 +31,7 @@ import numpy as np
 MODEL_NAMES = ("quadratic", "prefix")
 COEF_UNITS = {"a": "ms/token^2", "b": "ms/token", "c": "ms", "g": "ms/token"}
 FORMS = {
-    "quadratic": "f(l) = a*l^2 + b*l + c fitted on prefix-free samples (l = chunk_len); chunk latency c + f(L+x) - f(L)",
+    "quadratic": "f(l) = a*l^2 + b*l + c, fitted on prefix-free samples (l = chunk_len); chunk c + f(L+x) - f(L)",
     "prefix": "t(L, x) = c + g*L + b*x + a*(2*L*x + x^2), L = prefix_len, x = chunk_len",
 }
 

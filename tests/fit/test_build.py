@@ -1,9 +1,11 @@
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from ppprof.fit import fit, fit_run
+from ppprof.fit.build import warmup_rows
 from ppprof.fit.samples import make_samples, write_run_dir
 from ppprof.policy import load, validate
 from ppprof.policy.rule import LatencyModel
@@ -64,3 +66,37 @@ def test_bad_csv_values_name_the_row(tmp_path):
     pd.DataFrame({"prefix_len": [0, 0], "chunk_len": [64, -1], "latency_ms": [1.0, 2.0]}).to_csv(csv, index=False)
     with pytest.raises(ValueError, match="chunk_len row 2"):
         fit(csv, base_chunk_size=4096)
+
+
+def test_quadratic_is_fitted_on_prefix_free_rows_and_scored_on_all(tmp_path):
+    heavy_prefix = LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=1.5e-3)
+    _, data = fit(run_dir(tmp_path, heavy_prefix) / "samples.csv", latency_model="quadratic")
+    diag = data["diagnostics"]
+    assert diag["fit"]["rows"].startswith("143 of the 143 prefix-free rows (prefix_len == 0)"), diag["fit"]["rows"]
+    assert diag["fit"]["r2"] > 0.99, diag["fit"]
+    assert diag["num_evaluation_rows"] == 127 + 4 * 16 and "48 prefixed" in diag["rows"], diag["rows"]
+    # The planner's view of the prefixed rows is poor for this model (it has no prefix term g L): the gates see it.
+    assert diag["r2"] < diag["fit"]["r2"] and diag["cv_mape"] > 0.10, diag
+    assert data["status"] == "static" and "cv_mape" in data["reason"], data["reason"]
+    _, data = fit(run_dir(tmp_path / "auto") / "samples.csv")
+    candidates = data["diagnostics"]["candidates"]
+    assert candidates["prefix"]["cv_mape"] < candidates["quadratic"]["cv_mape"], candidates
+    assert candidates["quadratic"]["rows"].startswith("all 191 evaluation rows"), candidates
+    assert data["latency_model"]["name"] == "prefix" and data["diagnostics"]["selected_by"] == "cv_mape"
+
+
+def test_quadratic_without_enough_prefix_free_rows_is_static(tmp_path):
+    frame = make_samples(PREFIX_TRUE, base_chunk_size=4096, prefixes=[8192, 32768, 65536],
+                         chunk_sizes=[512, 1024, 2048, 4096])
+    frame = frame[(frame.prefix_len > 0) | (frame.index < 8)]  # the first 8 sweep rows; 7 are left after warm-up
+    csv = tmp_path / "samples.csv"
+    frame.to_csv(csv, index=False)
+    _, data = fit(csv, latency_model="quadratic", base_chunk_size=4096)
+    assert data["status"] == "static", data["reason"]
+    assert "quadratic needs >= 8 prefix-free samples (prefix_len == 0), has 7" in data["reason"], data["reason"]
+
+
+def test_warmup_rows():
+    assert warmup_rows(np.array([0, 0, 5])) == [0]
+    assert warmup_rows(np.array([5, 5, 0, 0])) == [0, 2]  # the cold row, and SGLang's first prefix-free one
+    assert warmup_rows(np.array([5, 5])) == [0]

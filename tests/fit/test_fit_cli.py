@@ -28,7 +28,7 @@ def test_bad_options_exit_2_and_write_nothing(tmp_path):
     cases = [
         (["--smooth-factor", "1.5"], "--smooth-factor 1.5 is out of range"),
         (["--smooth-factor", "0"], "--smooth-factor 0.0 is out of range"),
-        (["--max-chunk-size", "1024"], "--max-chunk-size 1024 is below --base-chunk-size 4096"),
+        (["--max-chunk-size", "32"], "--max-chunk-size 32 is below the alignment 64"),
         (["--alignment", "0"], "--alignment 0 is invalid"),
         (["--alignment", "8192"], "--alignment 8192 is larger than --base-chunk-size 4096"),
         (["--latency-model", "cubic"], "Invalid value for '--latency-model'"),
@@ -50,3 +50,19 @@ def test_bad_files_exit_2(tmp_path):
     result = CliRunner().invoke(main, ["fit", str(tmp_path / "y.csv")])
     assert result.exit_code == 2 and "--base-chunk-size is required" in result.output
     assert not list(tmp_path.glob("*.json"))
+
+
+def test_cap_below_base_chunk_is_allowed(tmp_path):
+    """SGLang allows max_prefill_tokens < chunked_prefill_size: the first chunk is B, the cap binds after it."""
+    out = tmp_path / "p.json"
+    result = CliRunner().invoke(main, ["fit", str(samples(tmp_path)), "-o", str(out), "--max-chunk-size", "2000"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["status"] == "dynamic", data["reason"]
+    table = data["table"]
+    assert table["chunk_size"][0] == 4096 and table["chunk_size"][1] == 1984, table
+    assert all(size <= 1984 for size in table["chunk_size"][1:-1]), table
+    result = CliRunner().invoke(main, ["validate", str(out)])
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(main, ["export", str(out), "--format", "sglang"])
+    assert "--chunked-prefill-size 4096 --max-prefill-tokens 2000" in result.output, result.output

@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 from sklearn.linear_model import LinearRegression
 
-from ppprof.fit.regress import Unfittable, condition_number, cross_validate, fit_candidates, fit_model, ineligible
+from ppprof.fit.regress import (Unfittable, condition_number, cross_validate, cv_splits, fit_candidates, fit_model,
+                                fit_trimmed, ineligible)
 from ppprof.fit.samples import make_samples
 from ppprof.policy.rule import LatencyModel
 
@@ -56,34 +57,90 @@ def test_prefix_negative_term_is_dropped_and_refitted_not_clamped():
     assert got.c == pytest.approx(ref.intercept_)
 
 
+def test_quadratic_fits_only_prefix_free_rows():
+    frame = make_samples(QUAD_TRUE, base_chunk_size=8192, prefixes=[4096, 16384, 65536], chunk_sizes=[1024, 8192],
+                         noise=0.005)
+    L, x, y = arrays(frame)
+    got = fit_model("quadratic", L[1:], x[1:], y[1:])
+    for key in ("a", "b", "c"):
+        want = getattr(QUAD_TRUE, key)
+        assert abs(getattr(got, key) - want) <= 0.05 * want, f"{key=} {got=}"
+    garbage = np.where(L > 0, 1e6 * np.random.default_rng(1).random(len(y)), y)
+    assert fit_model("quadratic", L[1:], x[1:], garbage[1:]) == got  # prefixed rows are not fitted
+    pred = got.chunk_latency_ms(L, x)  # ... but scored, with the planner's c + f(L+x) - f(L)
+    assert np.max(np.abs(pred - y) / y) < 0.03, f"{np.max(np.abs(pred - y) / y)=}"
+
+
+def test_quadratic_needs_8_prefix_free_rows():
+    L = np.array([0] * 7 + [512, 1024, 2048, 4096] * 10)
+    x = np.array([64, 128, 192, 256, 320, 384, 448] + [64] * 20 + [512] * 20)
+    y = QUAD_TRUE.chunk_latency_ms(L, x)
+    with pytest.raises(Unfittable, match=r"quadratic needs >= 8 prefix-free samples \(prefix_len == 0\), has 7"):
+        fit_model("quadratic", L, x, y)
+    fitted, failed = fit_candidates(L, x, y, "auto")
+    assert set(fitted) == {"prefix"} and "8 prefix-free" in failed["quadratic"]
+
+
 def test_outliers_are_dropped_and_fit_survives():
     L, x, y = arrays(prefix_frame(num_outliers=6, seed=3))
     fitted, failed = fit_candidates(L[1:], x[1:], y[1:], "prefix")
-    model, keep, cv = fitted["prefix"]
-    assert (~keep).sum() >= 6, f"{(~keep).sum()=}"
-    assert abs(model.a - PREFIX_TRUE.a) <= 0.1 * PREFIX_TRUE.a, f"{model=}"
-    assert cv < 0.03, f"{cv=}"
+    fit = fitted["prefix"]
+    assert (~fit.fit_rows).sum() >= 6, f"{(~fit.fit_rows).sum()=}"
+    assert abs(fit.model.a - PREFIX_TRUE.a) <= 0.1 * PREFIX_TRUE.a, f"{fit.model=}"
+    assert fit.cv_mape < 0.04, f"{fit.cv_mape=}"  # every row held out, the 6 tripled ones included
 
 
 def test_eligibility_messages():
     assert "3 distinct prefixes" in ineligible("prefix", np.array([0, 0, 10, 10]), np.array([1, 2, 1, 2]))
     assert "2 distinct chunk sizes" in ineligible("prefix", np.array([0, 5, 10]), np.array([1, 1, 1]))
-    assert ineligible("quadratic", np.zeros(7, dtype=int), np.arange(1, 8)) is not None
+    assert "has 7 of 8" in ineligible("quadratic", np.array([0] * 7 + [5]), np.arange(1, 9))
     assert ineligible("quadratic", np.zeros(8, dtype=int), np.arange(1, 9)) is None
 
 
-def test_auto_prefers_the_generating_model_by_cv():
+def test_auto_prefers_the_prefix_model_when_prefix_work_is_real():
     L, x, y = arrays(prefix_frame())
     fitted, _ = fit_candidates(L[1:], x[1:], y[1:], "auto")
-    assert fitted["prefix"][2] < fitted.get("quadratic", (None, None, np.inf))[2]
+    quad, prefix = fitted["quadratic"], fitted["prefix"]
+    # The quadratic fits its prefix-free rows well, but is scored on every held-out row, prefixed ones too.
+    free = quad.fit_rows
+    assert np.all(L[1:][free] == 0)
+    fit_err = np.abs(quad.model.chunk_latency_ms(L[1:][free], x[1:][free]) - y[1:][free]) / y[1:][free]
+    assert fit_err.mean() < 0.02, f"{fit_err.mean()=}"
+    assert quad.cv_mape > 0.05 and quad.cv_mape > 5 * prefix.cv_mape, f"{quad.cv_mape=} {prefix.cv_mape=}"
+
+
+def test_auto_on_quadratic_samples():
+    frame = make_samples(QUAD_TRUE, base_chunk_size=8192, prefixes=[4096, 16384, 65536], chunk_sizes=[1024, 8192],
+                         noise=0.01)
+    L, x, y = arrays(frame)
+    fitted, failed = fit_candidates(L[1:], x[1:], y[1:], "auto")
+    # c + f(L+x) - f(L) is the prefix form with g = 0: both models describe these samples, on the same rows.
+    assert fitted["quadratic"].cv_mape < 0.015 and fitted["prefix"].cv_mape < 0.015, f"{fitted=}"
     L, x, y = arrays(make_samples(QUAD_TRUE, base_chunk_size=8192))
     fitted, failed = fit_candidates(L[1:], x[1:], y[1:], "auto")
     assert set(fitted) == {"quadratic"} and "prefix" in failed
 
 
+def test_cv_scores_every_held_out_row_with_chunk_latency():
+    L, x, y = arrays(prefix_frame(noise=0.02))
+    L, x, y = L[1:], x[1:], y[1:]
+    got = cross_validate(("quadratic", "prefix"), L, x, y)
+    for name in ("quadratic", "prefix"):
+        errors = np.full(len(y), np.nan)
+        for train, test in cv_splits(L, 5):
+            model, _ = fit_trimmed(name, L[train], x[train], y[train])
+            errors[test] = np.abs(model.chunk_latency_ms(L[test], x[test]) - y[test]) / y[test]
+        assert not np.isnan(errors).any()
+        assert got[name] == pytest.approx(errors.mean(), rel=1e-12), name
+        assert cross_validate((name,), L, x, y)[name] == got[name]
+    free = [np.mean(L[test] == 0) for _, test in cv_splits(L, 5)]
+    assert max(free) - min(free) < 0.05, f"{free=}"  # stratified: each fold has its share of prefix-free rows
+
+
 def test_cross_validation_and_condition_number():
     L, x, y = arrays(prefix_frame(noise=0.0))
-    assert cross_validate("prefix", L, x, y) < 1e-6
-    assert cross_validate("prefix", L, x, y * (1 + 0.2 * np.sin(np.arange(len(y))))) > 0.05
+    assert cross_validate(("prefix",), L, x, y)["prefix"] < 1e-6
+    assert cross_validate(("prefix",), L, x, y * (1 + 0.2 * np.sin(np.arange(len(y)))))["prefix"] > 0.05
     assert condition_number("prefix", L, x) < 100
     assert condition_number("prefix", np.zeros_like(L), x) == float("inf")  # an all-zero column
+    assert condition_number("quadratic", L, x) < 100  # on its prefix-free rows

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from ppprof.policy import LatencyModel, from_dict
-from ppprof.policy.planners import (_solve, chunk_latencies_ms, fixed_chunks, optimal_chunks, plan_prompt,
-                                    ttft_ms)
-from ppprof.policy.commands import schedule
+from ppprof.policy.commands import drawn_stages, schedule
+from ppprof.policy.planners import (chunk_costs, chunk_latencies_ms, fixed_chunks, min_sums, optimal_chunks,
+                                    plan_prompt, ttft_ms)
 
 from .policy_helpers import policy_dict
 
@@ -17,6 +17,28 @@ def test_ttft_formula_and_timeline_agree():
     start = schedule(lat, 3)
     assert start[-1, -1] + lat[-1] == pytest.approx(ttft_ms(lat, 3))
     assert start[1, 0] == 3.0 and start[0, 2] == 6.0
+
+
+def naive_schedule(lat, num_stages):
+    start = np.zeros((len(lat), num_stages))
+    for i in range(len(lat)):
+        for s in range(num_stages):
+            start[i, s] = max(start[i, s - 1] + lat[i] if s else 0.0, start[i - 1, s] + lat[i - 1] if i else 0.0)
+    return start
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_schedule_matches_the_recurrence(seed):
+    rng = np.random.default_rng(seed)
+    lat = rng.uniform(0.1, 10, size=int(rng.integers(1, 30)))
+    stages = int(rng.integers(1, 40))
+    np.testing.assert_allclose(schedule(lat, stages), naive_schedule(lat, stages), rtol=1e-12)
+    assert schedule(lat, stages)[-1, -1] + lat[-1] == pytest.approx(ttft_ms(lat, stages), rel=1e-12)
+
+
+def test_drawn_stages_are_at_most_16():
+    assert drawn_stages(3) == [0, 1, 2] and drawn_stages(16) == list(range(16))
+    assert drawn_stages(1024) == list(range(15)) + [1023]
 
 
 def test_fixed_chunks():
@@ -40,41 +62,77 @@ def brute_force_min_sum(model, positions, bound):
 def test_dp_matches_brute_force_for_each_bound():
     model = LatencyModel("prefix", a=1e-4, b=0.05, c=2.0, g=0.02)
     pos = np.arange(0, 11) * 64
-    phi = model.a * pos**2.0 + model.b * pos
-    psi = model.c + (model.g - model.b) * pos - model.a * pos**2.0
-    n, window = len(pos), len(pos) - 1
-    idx = np.arange(n)[:, None] - 1 - np.arange(window)[None, :]
-    cost = np.where(idx >= 0, phi[:, None] + psi[np.clip(idx, 0, None)], np.inf)
-    idx = np.clip(idx, 0, None)
+    cost = chunk_costs(model, pos, 640)
     for bound in (40.0, 60.0, 100.0, 400.0):
-        _, value, chunks = _solve(cost, idx, pos, np.array([bound]), num_stages=1)
+        (value,), _ = min_sums(cost, np.array([bound]))
         want = brute_force_min_sum(model, pos, bound)
-        assert value == pytest.approx(want), f"{bound=} {chunks=}"
-        assert chunk_latencies_ms(model, chunks).max() <= bound * (1 + 1e-9)
+        assert value == pytest.approx(want), f"{bound=}"
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_optimal_never_worse_than_greedy_or_fixed(seed):
+def brute_force_best_ttft(model, prompt_len, num_stages, alignment, max_chunk):
+    """Least TTFT over every plan with boundaries on multiples of the alignment and chunks <= max_chunk."""
+    inner = range(alignment, prompt_len, alignment)
+    best = np.inf
+    for r in range(len(inner) + 1):
+        for cut in itertools.combinations(inner, r):
+            sizes = np.diff([0, *cut, prompt_len])
+            if sizes.max() <= max_chunk:
+                best = min(best, ttft_ms(chunk_latencies_ms(model, list(sizes)), num_stages))
+    return best
+
+
+def random_policy(rng, name):
+    model = LatencyModel(name, a=10 ** rng.uniform(-7, -3), b=rng.uniform(0, 0.05), c=rng.uniform(0, 30),
+                         g=rng.uniform(0, 0.1) if name == "prefix" else 0.0)
+    alignment = int(rng.choice([16, 32, 64]))
+    base = alignment * int(rng.integers(1, 7))
+    cap = int(rng.choice([0, alignment * int(rng.integers(1, 8))]))  # 0: B; may be below B
+    return model, from_dict(policy_dict(model, base_chunk_size=base, alignment=alignment, max_chunk_size=cap,
+                                        smooth_factor=float(rng.uniform(0.3, 1)), context_len=4096))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_optimal_equals_brute_force_minimum(seed):
     rng = np.random.default_rng(seed)
-    name = ["quadratic", "prefix"][seed % 2]
-    model = LatencyModel(name, a=10 ** rng.uniform(-8, -5), b=rng.uniform(0, 0.05), c=rng.uniform(0, 20),
-                         g=rng.uniform(0, 0.003) if name == "prefix" else 0.0)
-    base = int(rng.choice([1024, 4096, 8192, 5000]))
-    p = from_dict(policy_dict(model, base_chunk_size=base, smooth_factor=float(rng.uniform(0.3, 1)),
-                              context_len=400000))
-    prompt_len = int(rng.integers(base // 2, 300000))
+    model, p = random_policy(rng, ["quadratic", "prefix"][seed % 2])
+    s = p.settings
+    prompt_len = s.alignment * int(rng.integers(1, 12)) + int(rng.integers(0, s.alignment))
     stages = int(rng.integers(1, 9))
     fixed, greedy, optimal = plan_prompt(p, prompt_len, stages)
-    for plan in (fixed, greedy, optimal):
-        assert sum(plan.chunk_sizes) == prompt_len, plan.strategy
-        assert plan.ttft_ms == pytest.approx(ttft_ms(chunk_latencies_ms(model, plan.chunk_sizes), stages))
-    assert optimal.ttft_ms <= greedy.ttft_ms + 1e-9 and optimal.ttft_ms <= fixed.ttft_ms + 1e-9, f"{seed=}"
+    want = brute_force_best_ttft(model, prompt_len, stages, s.alignment, max(s.base_chunk_size, s.max_chunk_size))
+    assert optimal.ttft_ms == pytest.approx(want, rel=1e-9, abs=0), f"{seed=} {model=} {prompt_len=} {stages=} " \
+                                                                       f"{optimal.chunk_sizes=}"
+    assert optimal.search["exact_on_grid"] and optimal.search["gap_ms"] == 0.0
+    assert optimal.ttft_ms <= min(fixed.ttft_ms, greedy.ttft_ms) * (1 + 1e-12)
+
+
+def test_optimal_may_exceed_every_seed_max_latency():
+    """The best plan's largest latency need not be any seed's (the old candidate bounds stopped at the seeds')."""
+    model = LatencyModel("quadratic", a=1.1e-6, b=0.015, c=24.4)  # a large fixed cost: few, longer chunks win
+    fixed = fixed_chunks(32, 358)
+    chunks, _ = optimal_chunks(model, 358, 8, 32, 96, [fixed])
+    want = brute_force_best_ttft(model, 358, 8, 32, 96)
+    got = ttft_ms(chunk_latencies_ms(model, chunks), 8)
+    assert got == pytest.approx(want, rel=1e-9, abs=0), f"{chunks=}"
+    assert got < 0.9 * ttft_ms(chunk_latencies_ms(model, fixed), 8), f"{chunks=}"
+    assert chunk_latencies_ms(model, chunks).max() > chunk_latencies_ms(model, fixed).max(), f"{chunks=}"
+
+
+def test_large_prompt_search_reports_its_gap():
+    model = LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=2e-4)
+    fixed = fixed_chunks(8192, 200000)
+    chunks, search = optimal_chunks(model, 200000, 4, 64, 8192, [fixed])
+    assert sum(chunks) == 200000 and search["grid_tokens"] == 64
+    assert search["num_chunk_costs"] > search["bounds_evaluated"], f"{search=}"
+    got = ttft_ms(chunk_latencies_ms(model, chunks), 4)
+    assert got < ttft_ms(chunk_latencies_ms(model, fixed), 4)
+    assert search["exact_on_grid"] or 0.0 <= search["gap_ms"] < 1e-3 * got, f"{search=}"
 
 
 def test_optimal_beats_fixed_when_prefix_cost_grows():
     model = LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=2e-4)
     fixed = fixed_chunks(4096, 100000)
-    best = optimal_chunks(model, 100000, 2, 64, 4096, [fixed])
+    best, _ = optimal_chunks(model, 100000, 2, 64, 4096, [fixed])
     assert ttft_ms(chunk_latencies_ms(model, best), 2) < ttft_ms(chunk_latencies_ms(model, fixed), 2) - 10
     assert all(b % 64 == 0 for b in np.cumsum(best)[:-1]), f"{best=}"
 
@@ -83,5 +141,8 @@ def test_plan_prompt_rejects_bad_input():
     p = from_dict(policy_dict(LatencyModel("quadratic", a=3e-7, b=0.01, c=5.0)))
     with pytest.raises(ValueError, match="--prompt-len 0"):
         plan_prompt(p, 0, 2)
-    with pytest.raises(ValueError, match="--pp 0"):
+    with pytest.raises(ValueError, match=r"--pp 0 is invalid: .* 1\.\.1024"):
         plan_prompt(p, 100, 0)
+    with pytest.raises(ValueError, match=r"--pp 100000 is invalid: .* 1\.\.1024"):
+        plan_prompt(p, 100, 100000)
+    assert len(plan_prompt(p, 100, 1024)) == 3

@@ -34,7 +34,9 @@ def test_plan_text_json_and_png(tmp_path):
 def test_plan_bad_input_exit_2_nothing_written(tmp_path):
     path = write(tmp_path)
     for args, message in [(["--prompt-len", "0"], "--prompt-len 0 is invalid"), (["--prompt-len", "10", "--pp", "0"],
-                          "--pp 0 is invalid"), (["--prompt-len", "x"], "Invalid value for '--prompt-len'")]:
+                          "--pp 0 is invalid"), (["--prompt-len", "x"], "Invalid value for '--prompt-len'"),
+                          (["--prompt-len", "10", "--pp", "100000"], "--pp 100000 is invalid: use a number of "
+                                                                     "pipeline stages in 1..1024")]:
         result = CliRunner().invoke(main, ["plan", path] + args)
         assert result.exit_code == 2 and message in result.output, (args, result.output)
     assert not list(tmp_path.glob("*.png"))
@@ -68,3 +70,32 @@ def test_validate_ok_and_bad(tmp_path):
     (tmp_path / "policy.json").write_text(json.dumps(data))
     result = CliRunner().invoke(main, ["validate", path])
     assert result.exit_code == 2 and result.output.count("\n") == 1 and "error:" in result.output, result.output
+
+
+def png_size(path):
+    """(width, height) from a PNG's IHDR chunk."""
+    header = path.read_bytes()[16:24]
+    return int.from_bytes(header[:4], "big"), int.from_bytes(header[4:], "big")
+
+
+def test_timeline_draws_at_most_16_stages(tmp_path):
+    path = write(tmp_path)
+    sizes = {}
+    for pp in (16, 17, 1024):
+        png = tmp_path / f"pp{pp}.png"
+        result = CliRunner().invoke(main, ["plan", path, "--prompt-len", "20000", "--pp", str(pp), "--png", str(png)])
+        assert result.exit_code == 0, result.output
+        sizes[pp] = png_size(png)
+    assert sizes[1024][1] == sizes[17][1] and abs(sizes[1024][1] - sizes[16][1]) < 50, f"{sizes=}"
+
+
+def test_cap_below_base_plans_validates_and_exports(tmp_path):
+    path = write(tmp_path, max_chunk_size=3000)
+    result = CliRunner().invoke(main, ["validate", path])
+    assert result.exit_code == 0 and result.output.startswith("ok "), result.output
+    result = CliRunner().invoke(main, ["plan", path, "--prompt-len", "30000", "--json"])
+    assert result.exit_code == 0, result.output
+    plans = {p["strategy"]: p["chunk_sizes"] for p in json.loads(result.output)["plans"]}
+    assert plans["greedy"][0] == 8192 and max(plans["greedy"][1:]) <= 2944, plans["greedy"]
+    out = CliRunner().invoke(main, ["export", path, "--format", "sglang"]).output
+    assert "--chunked-prefill-size 8192 --max-prefill-tokens 3000" in out, out

@@ -1,10 +1,11 @@
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppprof.policy import ChunkSettings, LatencyModel, from_dict, next_chunk_size
+from ppprof.policy import ChunkSettings, LatencyModel, from_dict, next_chunk_size, validate
 from ppprof.policy.rule import check_rule
 
 from .policy_helpers import policy_dict
@@ -14,7 +15,10 @@ def sglang_reference(a, b, c, base, smooth, page_size, context_len, max_prefill_
     """SGLang's rule re-derived from its description, line by line."""
     if history_len == 0:
         return base
-    target = (a * base**2 + b * base + c) - (a * 0**2 + b * 0 + c)
+    def f(l):  # SGLang's order of operations: (a * l) * l
+        return a * l * l + b * l + c
+
+    target = f(base) - f(0)
     qa, qb, qc = a, 2 * a * history_len + b, -target
     disc = qb**2 - 4 * qa * qc
     if disc < 0:
@@ -40,7 +44,7 @@ def test_quadratic_rule_matches_sglang_on_a_grid():
             for base in (256, 2048, 4096, 8192, 12345):
                 for smooth in (0.6, 0.75, 1.0):
                     for page_size in (1, 16, 128):
-                        for max_prefill in (base, 2 * base):
+                        for max_prefill in (base // 2 + 7, base, 2 * base):  # the cap may be below B
                             model = LatencyModel("quadratic", a=a, b=b, c=3.0)
                             s = ChunkSettings(base_chunk_size=base, smooth_factor=smooth, page_size=page_size,
                                               max_chunk_size=max_prefill, context_len=65536)
@@ -50,7 +54,36 @@ def test_quadratic_rule_matches_sglang_on_a_grid():
                                 got = next_chunk_size(model, s, target, L)
                                 assert got == want, f"{a=} {b=} {base=} {smooth=} {page_size=} {L=} {got=} {want=}"
                                 checked += 1
-    assert checked == 6480
+    assert checked == 9720
+
+
+def test_target_is_computed_in_sglangs_float_order():
+    rng = np.random.default_rng(0)
+    reordered = 0
+    for _ in range(2000):
+        a, b, c = float(10 ** rng.uniform(-8, -4)), float(rng.uniform(0, 0.05)), float(rng.uniform(0, 30))
+        base = int(rng.choice([5000, 12345, 3000, 8192]))
+        want = (a * base * base + b * base + c) - (a * 0 * 0 + b * 0 + c)
+        got = LatencyModel("quadratic", a=a, b=b, c=c).target_ms(base)
+        assert got == want, f"{a=} {b=} {c=} {base=} {got=} {want=}"
+        reordered += (a * base**2 + b * base + c) - c != want
+    assert reordered > 10, f"{reordered=}: the grid no longer tells the two orders apart"
+
+
+def test_cap_below_base_binds_after_the_first_chunk():
+    model = LatencyModel("quadratic", a=3e-7, b=0.01, c=5.0)
+    data = policy_dict(model, max_chunk_size=3000)  # B = 8192, alignment 64: later chunks <= 2944
+    p = from_dict(data)
+    assert p.next_chunk_size(0) == 8192
+    sizes = [p.next_chunk_size(L) for L in (1, 8192, 50000, 120000)]
+    assert all(size <= 2944 and size % 64 == 0 for size in sizes), f"{sizes=}"
+    assert sizes[0] == 2944 and [p.rule(L) for L in (1, 8192, 50000, 120000)] == sizes
+    chunks = p.plan(30000)
+    assert chunks[0] == 8192 and max(chunks[1:]) <= 2944 and sum(chunks) == 30000, f"{chunks=}"
+    assert validate(p).startswith("dynamic (quadratic)")
+    check_rule(p.model, p.settings, p.target_ms)
+    with pytest.raises(ValueError, match="--max-chunk-size 32 is below the alignment 64"):
+        ChunkSettings(base_chunk_size=8192, page_size=64, max_chunk_size=32)
 
 
 def test_static_policy_is_always_base():
@@ -74,6 +107,7 @@ chunk_settings = st.fixed_dictionaries({
     "smooth_factor": st.floats(0.05, 1.0),
     "page_size": st.sampled_from([1, 16, 64, 256]),
     "context_len": st.integers(20000, 300000),
+    "max_chunk_size": st.sampled_from([0, 512, 3000, 20000]),  # 0: B; below B binds from the second chunk
 })
 
 
