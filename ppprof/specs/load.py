@@ -1,7 +1,7 @@
 """Resolve a model argument (preset name, YAML file, HF config.json or a folder holding one) into a ModelSpec.
 
-Presets are the YAML files in <repository>/configs/models/, found relative to this source file, so they resolve in a
-source checkout and under `pip install -e .` (the install the README uses).
+Presets are the YAML files in <repository>/configs/models/, found relative to this source file in a source checkout
+and under `pip install -e .`; a non-editable install ships the same files as the package data ppprof/presets/.
 """
 
 from __future__ import annotations
@@ -17,7 +17,12 @@ from ppprof.specs.dtypes import normalize_dtype
 from ppprof.specs.hf import spec_from_hf_config
 from ppprof.specs.pattern import parse_layer_tokens, parse_pattern, shorten_layers
 
-PRESETS_DIR = Path(__file__).resolve().parents[2] / "configs" / "models"
+def _presets_dir() -> Path:
+    source = Path(__file__).resolve().parents[2] / "configs" / "models"
+    return source if source.is_dir() else Path(__file__).resolve().parents[1] / "presets"
+
+
+PRESETS_DIR = _presets_dir()
 PRESET_SUFFIX = ".yaml"
 HF_CONFIG_NAME = "config.json"
 # Keys of the YAML layout that are not ModelSpec fields.

@@ -1,0 +1,29 @@
+"""The package list in pyproject.toml is explicit (ppprof.presets maps to configs/models); keep it complete."""
+
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_every_subpackage_is_listed_and_presets_map_to_configs():
+    conf = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    on_disk = {"ppprof"} | {f"ppprof.{p.parent.name}" for p in (REPO / "ppprof").glob("*/__init__.py")}
+    assert on_disk | {"ppprof.presets"} == set(conf["packages"]), f"{on_disk=}"
+    assert conf["package-dir"]["ppprof.presets"] == "configs/models"
+    assert sorted(p.name for p in (REPO / "configs" / "models").glob("*.yaml"))
+
+
+def test_installed_copy_finds_presets_without_the_repository(tmp_path):
+    import subprocess
+    import sys
+
+    target = tmp_path / "site"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                        "--target", str(target), str(REPO)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    code = "from ppprof.specs import load_spec; print(load_spec('tiny-hybrid').pattern)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                       env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "m-aEm-a-"
