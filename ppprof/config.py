@@ -13,6 +13,11 @@ MLP = "mlp"
 MOE = "moe"
 MIXERS = (ATTENTION, MAMBA)
 FFNS = (MLP, MOE)
+SILU = "silu"
+RELU2 = "relu2"
+MLP_ACTS = (SILU, RELU2)
+"""FFN activations: silu is gated (Llama: down(silu(gate x) * up x), 3 matrices); relu2 is not (Nemotron-H:
+down(relu(up x)^2), 2 matrices)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +75,10 @@ class ModelSpec:
     hidden_size: int
     vocab_size: int = 32000
     intermediate_size: int = 0
-    """MLP inner width (gated SiLU MLP)."""
+    """MLP inner width."""
+    mlp_act: str = SILU
+    """FFN activation of the MLP and of the MoE experts, one of MLP_ACTS: silu (gated, 3 matrices) or relu2
+    (squared ReLU, not gated, 2 matrices)."""
     rms_norm_eps: float = 1e-5
 
     # attention
@@ -103,6 +111,9 @@ class ModelSpec:
         if not self.layers:
             raise ValueError(f"model {self.name!r} has no layers: give at least one layer")
         _positive(self, "hidden_size", "vocab_size")
+        if self.mlp_act not in MLP_ACTS:
+            raise ValueError(f"model {self.name!r}: mlp_act={self.mlp_act!r} is unknown: use one of "
+                             f"{', '.join(MLP_ACTS)}")
         if any(layer.ffn == MLP for layer in self.layers):
             _positive(self, "intermediate_size")
         if any(layer.has_attention for layer in self.layers):
@@ -135,6 +146,11 @@ class ModelSpec:
     @property
     def pattern(self) -> str:
         return "".join(layer.code for layer in self.layers)
+
+    @property
+    def mlp_gated(self) -> bool:
+        """Whether the FFN has a gate projection (silu) besides up and down (relu2 has not)."""
+        return self.mlp_act == SILU
 
     @property
     def mamba_d_inner(self) -> int:

@@ -21,7 +21,7 @@ from ppprof.partition import split_layers
 from ppprof.probe.malloc import steady_malloc
 from ppprof.probe.loop import ProbeRunner, ProfileError, stop_if_any_failed
 from ppprof.probe.output import default_run_dir, git_revision, hardware, samples_frame, write_run_json, write_samples
-from ppprof.probe.synth import Probe, ProbeRequest, make_probes
+from ppprof.probe.synth import make_probes, warmup_requests
 from ppprof.specs import load_spec
 
 log = logging.getLogger("ppprof")
@@ -54,12 +54,6 @@ def add_log_file(path: Path) -> None:
 def resolve_dtype(cfg: ProfileConfig, spec_dtype: str | None) -> torch.dtype:
     name = cfg.dtype or spec_dtype or ("bfloat16" if cfg.device == "cuda" else "float32")
     return DTYPES[name]
-
-
-def warmup_requests(probes: list[Probe], count: int) -> list[ProbeRequest]:
-    """Untimed requests shaped like the first (largest) sweep requests; negative ids keep them apart."""
-    first = probes[0].requests
-    return [ProbeRequest(-1 - i, 0, first[i % len(first)].chunk_len) for i in range(count)]
 
 
 def work(cfg: ProfileConfig, fault: str | None = None) -> int:
@@ -135,7 +129,8 @@ def _profile(cfg: ProfileConfig, rank: int, world_size: int, device: torch.devic
         from tqdm import tqdm
         bar = tqdm(total=num_timed, desc="profile", unit="req", file=sys.stderr, disable=None, dynamic_ncols=True)
     t_probes = time.perf_counter()
-    runner.warm_up(warmup_requests(probes, cfg.warmup))
+    warmup = warmup_requests(probes, cfg.warmup)
+    runner.warm_up(warmup)
     stage_ms, e2e_ms = [], []
     for probe in probes:
         timings = runner.run_probe(probe, on_request=bar.update if bar is not None else None)
@@ -160,7 +155,7 @@ def _profile(cfg: ProfileConfig, rank: int, world_size: int, device: torch.devic
         git_revision=git_revision(), dtype=str(dtype).removeprefix("torch."),
         profile_wall_s=round(wall_s, 3), probe_wall_s=round(probe_wall_s, 3),
         forward_tokens=int(forward_tokens[0]), forward_tokens_per_stage=[int(t) for t in forward_tokens],
-        timed_requests=num_timed, warmup_requests=cfg.warmup,
+        timed_requests=num_timed, warmup_requests=len(warmup), warmup_tokens=sum(r.chunk_len for r in warmup),
     )
     _log_summary(frame, world_size, wall_s, forward_tokens[0], run_dir)
     if cfg.fit:

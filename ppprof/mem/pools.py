@@ -15,6 +15,7 @@ class KVPool:
         shape = (total_slots, num_kv_heads, head_dim)
         self.k = {i: torch.zeros(shape, dtype=dtype, device=device) for i in self.layer_ids}
         self.v = {i: torch.zeros(shape, dtype=dtype, device=device) for i in self.layer_ids}
+        self._noise: torch.Tensor | None = None
 
     def write(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """slots: (n,); k, v: (n, num_kv_heads, head_dim)."""
@@ -22,11 +23,19 @@ class KVPool:
         self.v[layer_id][slots] = v
 
     def fill_random(self, slots: torch.Tensor, generator: torch.Generator | None = None) -> None:
-        """Write random K/V at `slots` in every layer (a probe's synthetic prefix, not computed)."""
+        """Write random K/V at `slots` in every layer (a probe's synthetic prefix, not computed).
+
+        The values do not change what a forward costs, so one random block, drawn on the host once and kept on the
+        device, is copied into every layer: a fill costs a device copy, not a host draw per layer and request."""
+        n = slots.numel()
+        if self._noise is None or self._noise.shape[0] < n:
+            any_buf = self.k[self.layer_ids[0]]
+            shape = (max(n, 2 * (0 if self._noise is None else self._noise.shape[0])), *any_buf.shape[1:])
+            self._noise = torch.randn(shape, generator=generator, dtype=torch.float32).to(any_buf)
+        noise = self._noise[:n]  # (n, num_kv_heads, head_dim)
         for i in self.layer_ids:
-            for buf in (self.k[i], self.v[i]):
-                shape = (slots.numel(), *buf.shape[1:])
-                buf[slots] = torch.randn(shape, generator=generator, dtype=torch.float32).to(buf)
+            self.k[i].index_copy_(0, slots, noise)
+            self.v[i].index_copy_(0, slots, noise)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for d in (self.k, self.v) for t in d.values())
@@ -46,6 +55,7 @@ class MambaPool:
         # The SSM state is kept in fp32, as serving engines do, since it accumulates over the whole prompt.
         self.ssm = {i: torch.zeros((total_slots, num_heads, head_dim, state_size), dtype=ssm_dtype, device=device)
                     for i in self.layer_ids}
+        self._noise: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def reset(self, slot: int) -> None:
         """Zero the state of `slot`: a new request starts from an empty state."""
@@ -54,10 +64,15 @@ class MambaPool:
             self.ssm[i][slot].zero_()
 
     def fill_random(self, slot: int, generator: torch.Generator | None = None) -> None:
-        """Random state at `slot` (a probe's synthetic prefix)."""
+        """Random state at `slot` (a probe's synthetic prefix); one random state, drawn once, serves every layer."""
+        if self._noise is None:
+            first = self.layer_ids[0]
+            self._noise = tuple(torch.randn(buf.shape[1:], generator=generator, dtype=torch.float32).to(buf) * 0.1
+                                for buf in (self.conv[first], self.ssm[first]))
+        conv_noise, ssm_noise = self._noise
         for i in self.layer_ids:
-            for buf in (self.conv[i], self.ssm[i]):
-                buf[slot] = torch.randn(buf.shape[1:], generator=generator, dtype=torch.float32).to(buf) * 0.1
+            self.conv[i][slot] = conv_noise
+            self.ssm[i][slot] = ssm_noise
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for d in (self.conv, self.ssm) for t in d.values())

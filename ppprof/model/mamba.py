@@ -11,6 +11,7 @@ from torch import nn
 
 from ppprof.config import ModelSpec
 from ppprof.mem.cache import Request, StageCache
+from ppprof.mem.req import NO_MAMBA_SLOT
 
 
 def segsum(x: torch.Tensor) -> torch.Tensor:
@@ -145,6 +146,9 @@ class Mamba2(nn.Module):
         the request's Mamba slot."""
         n = x.shape[0]
         pool, slot = cache.mamba_pool, cache.mamba_slot(req)
+        if pool is None or slot == NO_MAMBA_SLOT:
+            # Indexing the pool with NO_MAMBA_SLOT (-1) would silently read and overwrite its last row.
+            raise ValueError(f"request {req.rid} holds no Mamba slot on this stage: admit it first (cache.admit)")
         conv_state = pool.conv[self.layer_id][slot]  # (conv_dim, kernel - 1)
         ssm_state = pool.ssm[self.layer_id][slot]  # (heads, head_dim, d_state), fp32
 

@@ -1,5 +1,5 @@
-"""Feed-forward blocks: the gated SiLU MLP and a top-k MoE of gated MLP experts (looped, so its cost grows with the
-number of tokens each expert receives, as a grouped-GEMM kernel's would)."""
+"""Feed-forward blocks: the MLP (gated SiLU or squared-ReLU, ModelSpec.mlp_act) and a top-k MoE of such MLP experts
+(looped, so its cost grows with the number of tokens each expert receives, as a grouped-GEMM kernel's would)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ppprof.config import ModelSpec
+from ppprof.config import MLP_ACTS, SILU, ModelSpec
 
 
 def gated_silu(gate_up: torch.Tensor) -> torch.Tensor:
@@ -16,32 +16,55 @@ def gated_silu(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-class MLP(nn.Module):
-    """down(silu(gate(x)) * up(x)), gate and up fused in one projection."""
+def relu2(up: torch.Tensor) -> torch.Tensor:
+    """up: (n, inter) -> relu(up)^2: (n, inter) (Nemotron-H's squared ReLU, not gated)."""
+    return F.relu(up).square()
 
-    def __init__(self, hidden_size: int, intermediate_size: int, *, dtype: torch.dtype,
+
+def activate(h: torch.Tensor, act: str) -> torch.Tensor:
+    """The output of the input projection -> the inner activation: (n, 2 * inter) for silu, (n, inter) for relu2,
+    -> (n, inter)."""
+    return gated_silu(h) if act == SILU else relu2(h)
+
+
+def in_width(intermediate_size: int, act: str) -> int:
+    """Width of the input projection: gate and up fused (2 * inter) for the gated silu, up alone for relu2."""
+    if act not in MLP_ACTS:
+        raise ValueError(f"mlp_act={act!r} is unknown: use one of {', '.join(MLP_ACTS)}")
+    return (2 if act == SILU else 1) * intermediate_size
+
+
+class MLP(nn.Module):
+    """down(act(in_proj(x))): silu: in_proj is gate and up fused, act silu(gate) * up; relu2: in_proj is up alone,
+    act relu(up)^2."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, *, act: str = SILU, dtype: torch.dtype,
                  device: str | torch.device) -> None:
         super().__init__()
         kw = dict(bias=False, dtype=dtype, device=device)
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, **kw)
+        self.act = act
+        self.in_proj = nn.Linear(hidden_size, in_width(intermediate_size, act), **kw)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, **kw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (n, hidden) -> (n, hidden)."""
-        return self.down_proj(gated_silu(self.gate_up_proj(x)))
+        return self.down_proj(activate(self.in_proj(x), self.act))
 
 
 class MoE(nn.Module):
-    """Softmax router, top-k experts per token (weights renormalised over the k), experts as gated SiLU MLPs."""
+    """Softmax router, top-k experts per token (weights renormalised over the k), experts as MLPs with the spec's
+    mlp_act."""
 
     def __init__(self, spec: ModelSpec, *, dtype: torch.dtype, device: str | torch.device) -> None:
         super().__init__()
         hidden, inter = spec.hidden_size, spec.moe_intermediate_size
+        self.act = spec.mlp_act
         self.num_experts = spec.num_experts
         self.top_k = spec.num_experts_per_tok
         self.router = nn.Linear(hidden, self.num_experts, bias=False, dtype=dtype, device=device)
         # Experts stacked in two tensors, as checkpoints of fused-MoE kernels lay them out.
-        self.w_gate_up = nn.Parameter(torch.empty(self.num_experts, 2 * inter, hidden, dtype=dtype, device=device))
+        self.w_in = nn.Parameter(torch.empty(self.num_experts, in_width(inter, self.act), hidden, dtype=dtype,
+                                             device=device))
         self.w_down = nn.Parameter(torch.empty(self.num_experts, hidden, inter, dtype=dtype, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -64,6 +87,6 @@ class MoE(nn.Module):
             idx = token_idx[start:start + count]  # (count,)
             w = flat_weights[start:start + count, None]  # (count, 1)
             start += count
-            h = gated_silu(x.index_select(0, idx) @ self.w_gate_up[e].T)  # (count, inter)
+            h = activate(x.index_select(0, idx) @ self.w_in[e].T, self.act)  # (count, inter)
             out.index_add_(0, idx, (h @ self.w_down[e].T) * w)  # (count, hidden) added at its tokens
         return out

@@ -52,7 +52,7 @@ class Layer(nn.Module):
         if layer.ffn == MOE:
             self.ffn = MoE(spec, **kw)
         elif layer.ffn:
-            self.ffn = MLP(spec.hidden_size, spec.intermediate_size, **kw)
+            self.ffn = MLP(spec.hidden_size, spec.intermediate_size, act=spec.mlp_act, **kw)
         else:
             self.ffn = None
 

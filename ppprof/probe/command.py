@@ -74,7 +74,7 @@ def check_output_folder(out: str | None) -> None:
         raise ValueError(f"--out {out or path}: {parent} is not a writable folder; choose another --out")
 
 
-def check_before_launch(cfg: ProfileConfig, world_size: int) -> None:
+def check_before_launch(cfg: ProfileConfig, world_size: int, local_ranks: int) -> None:
     """What can be checked without any rank: the output folder, the model resolves and splits over the stages, the
     device exists."""
     from ppprof.specs import load_spec
@@ -87,9 +87,9 @@ def check_before_launch(cfg: ProfileConfig, world_size: int) -> None:
 
         if not torch.cuda.is_available():
             raise ValueError("--device cuda: no CUDA device is visible; use --device cpu")
-        if torch.cuda.device_count() < cfg.nproc_per_node:
-            raise ValueError(f"--nproc-per-node {cfg.nproc_per_node} exceeds the {torch.cuda.device_count()} visible "
-                             "GPUs: one rank a GPU")
+        if torch.cuda.device_count() < local_ranks:
+            raise ValueError(f"{local_ranks} ranks on this node exceed the {torch.cuda.device_count()} visible GPUs: "
+                             "one rank a GPU; lower --nproc-per-node")
 
 
 def _torchrun_options(f):
@@ -139,7 +139,10 @@ def profile(config_path, resolved_config, inject_fault, **options) -> None:
     else:
         cfg = resolve_config(config_path, options)
     if in_worker():
+        # Under torchrun every rank checks before joining the process group: each exits 2 alike, none waits.
+        if resolved_config is None:
+            check_before_launch(cfg, int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
         sys.exit(work(cfg, fault=inject_fault))
     world_size = num_nodes(torchrun.get("nnodes")) * cfg.nproc_per_node
-    check_before_launch(cfg, world_size)
+    check_before_launch(cfg, world_size, cfg.nproc_per_node)
     sys.exit(launch(cfg, torchrun, fault=inject_fault))

@@ -79,7 +79,14 @@ class ProbeRunner:
     def _setup(self, req: Request, pr: ProbeRequest) -> None:
         cache = self.cache
         if not cache.admit(req):
-            raise ProfileError(f"no free request entry or Mamba slot for request {pr.rid}: {cache.outstanding()}")
+            # No request is live between two requests of the lockstep loop, so whatever is held (beyond the slots
+            # parked in an open Mamba group window) has leaked.
+            held = cache.outstanding()
+            if cache.mamba_alloc is not None:
+                held["mamba"] -= cache.mamba_alloc.group_remaining()
+            leaks = "; ".join(f"{pool} pool leaked {n} slot{'s' * (n != 1)}" for pool, n in held.items() if n)
+            raise ProfileError(f"request {pr.rid} cannot be admitted although no request is live: "
+                               + (leaks or "the request or Mamba pool has no slot"))
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + pr.rid * 31 + self.pipe.rank)
         if pr.prefix_len:
             # The prefix is not computed: random K/V and Mamba state go straight into the allocated slots.
@@ -101,19 +108,23 @@ class ProbeRunner:
         error = None
         status, out, residual = OK, None, None
         try:
+            setup_error = None
             try:
                 self._setup(req, pr)
                 if pipe.is_first:
                     x = torch.randint(self.vocab_size, (pr.chunk_len,), generator=torch.Generator().manual_seed(
                         self.seed + pr.rid)).to(self.device)
-                    device_sync(self.device)
-                    e2e_start = time.perf_counter()
-            except Exception as e:  # the chain must go on, so that no rank waits for a tensor that never comes
-                status, error = FAILED, f"setup of request {pr.rid} failed: {e}"
-            if not pipe.is_first:
-                recv_status, x, residual = pipe.recv_activation()
-                if status == OK and recv_status != OK:
-                    status = recv_status
+            except Exception as e:
+                setup_error = f"setup of request {pr.rid} failed: {e}"
+            # Every rank finishes its set-up before any rank starts the timed part, so that no later stage's set-up
+            # (the prefix fill) runs beside an earlier stage's timed forward; a failed set-up stops every rank here.
+            if pipe.any_true(setup_error is not None):
+                return stage_ms, e2e_ms, setup_error
+            if pipe.is_first:
+                device_sync(self.device)
+                e2e_start = time.perf_counter()
+            else:
+                status, x, residual = pipe.recv_activation()
             if status == OK:
                 try:
                     if timed and self.fault == RAISE_IN_FORWARD and pipe.is_last and self._timed_requests == 2:

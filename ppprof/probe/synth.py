@@ -37,11 +37,11 @@ def align_down(x: int, unit: int) -> int:
 
 
 def sweep_chunk_sizes(base_chunk_size: int, num_requests: int, align: int) -> list[int]:
-    """Sizes falling linearly from 1.25 x B to about B / num_requests: size_i = 1.25B - i * (1.25B // n), as
-    SGLang's start-up profile does with n = 128, each aligned down to `align`."""
+    """Sizes falling linearly from 1.25 x B to about 1.25 x B / 128 whatever the number of requests n, each aligned
+    down to `align`. With n = 128 this is SGLang's start-up profile, size_i = 1.25B - i * (1.25B // 128)."""
     top = int(1.25 * base_chunk_size)
-    step = top // num_requests
-    return [align_down(top - i * step, align) for i in range(num_requests)]
+    step = (top - top // 128) / (num_requests - 1) if num_requests > 1 else 0
+    return [align_down(int(top - i * step), align) for i in range(num_requests)]
 
 
 def grid_chunk_sizes(base_chunk_size: int, align: int, num_sizes: int = NUM_GRID_CHUNKS) -> list[int]:
@@ -63,3 +63,15 @@ def make_probes(cfg: ProfileConfig) -> list[Probe]:
         random.Random(cfg.seed * 7919 + k).shuffle(chunks)
         probes.append(Probe(k, PREFIX, tuple(ProbeRequest(k * n + i, prefix_len, c) for i, c in enumerate(chunks))))
     return probes
+
+
+def warmup_requests(probes: list[Probe], count: int) -> list[ProbeRequest]:
+    """Untimed requests before the first timed one: `count` shaped like the first (largest) sweep requests, then one
+    per prefix probe with its prefix, so that no timed request is the first of its kind. Negative ids keep them
+    apart from the probes'."""
+    first = probes[0].requests
+    out = [ProbeRequest(-1 - i, 0, first[i % len(first)].chunk_len) for i in range(count)]
+    if count:
+        out += [ProbeRequest(-1 - count - k, p.requests[0].prefix_len, max(r.chunk_len for r in p.requests))
+                for k, p in enumerate(probes[1:])]
+    return out

@@ -6,7 +6,8 @@ Parameter counts (no biases except the Mamba conv's; what ppprof's synthetic mod
 - attention: q and o heads*head_dim*hidden each, k and v kv_heads*head_dim*hidden each;
 - mamba (Mamba2): in_proj hidden*(2*d_inner + 2*groups*d_state + heads), conv1d conv_dim*kernel + conv_dim bias,
   dt_bias, A_log and D (heads each), gated norm d_inner, out_proj d_inner*hidden;
-- mlp (gated): 3*hidden*intermediate; moe: router hidden*experts + experts*3*hidden*moe_intermediate;
+- mlp: 3*hidden*intermediate when gated (mlp_act silu), 2*hidden*intermediate for relu2 (up, down);
+  moe: router hidden*experts + experts*(3 or 2)*hidden*moe_intermediate, the experts gated as the MLP;
 - norm: one RMSNorm (hidden) before the mixers and one before the FFN of each layer that has them.
 """
 
@@ -68,10 +69,11 @@ def layer_params(spec: ModelSpec, layer: LayerSpec) -> dict[str, int]:
         in_proj = h * (2 * d_inner + 2 * spec.mamba_n_groups * spec.ssm_state_size + heads)
         conv = conv_dim * spec.conv_kernel + conv_dim
         out["mamba"] = in_proj + conv + 3 * heads + d_inner + d_inner * h
+    num_matrices = 3 if spec.mlp_gated else 2
     if layer.ffn == MLP:
-        out["mlp"] = 3 * h * spec.intermediate_size
+        out["mlp"] = num_matrices * h * spec.intermediate_size
     elif layer.ffn == MOE:
-        out["moe"] = h * spec.num_experts + spec.num_experts * 3 * h * spec.moe_intermediate_size
+        out["moe"] = h * spec.num_experts + spec.num_experts * num_matrices * h * spec.moe_intermediate_size
     out["norm"] = h * (bool(layer.mixers) + bool(layer.ffn))
     return out
 

@@ -48,7 +48,8 @@ def format_text(spec: ModelSpec, stages: list[StageAccount], dtype: str) -> str:
         f"model       {spec.name} (family {spec.family})",
         f"layers      {spec.num_layers}: {format_layers(spec.layers)}",
         f"            ({LAYOUT_LEGEND})",
-        f"dims        hidden {spec.hidden_size}, vocab {spec.vocab_size}, intermediate {spec.intermediate_size}",
+        f"dims        hidden {spec.hidden_size}, vocab {spec.vocab_size}, intermediate {spec.intermediate_size}, "
+        f"mlp {spec.mlp_act}",
     ]
     if any(layer.has_attention for layer in spec.layers):
         lines.append(f"attention   {spec.num_attention_heads} heads, {spec.num_key_value_heads} kv heads, "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ppprof.config import ATTENTION, MAMBA, MLP, MOE, LayerSpec, ModelSpec
+from ppprof.config import ATTENTION, MAMBA, MLP, MOE, RELU2, SILU, LayerSpec, ModelSpec
 from ppprof.specs.pattern import layer_kinds, parse_pattern
 
 DENSE_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -40,6 +40,15 @@ NEMOTRON_BLOCK_TYPES = {"mamba": "M", "linear_attention": "M", "attention": "*",
 RECORD_KEYS = ("model_type", "architectures", "torch_dtype", "dtype", "max_position_embeddings",
                "tie_word_embeddings", "hidden_act", "mlp_hidden_act", "attention_bias", "sliding_window",
                "n_shared_experts", "moe_shared_expert_intermediate_size", "mamba_expand", "expand")
+
+
+def _mlp_act(cfg: dict, family: str) -> str:
+    """ModelSpec.mlp_act of a HF config. NemotronHMLP is never gated (down(act(up x))): relu2 whatever its
+    mlp_hidden_act (default relu2; another activation costs the same two matrices and is kept in extra). Other
+    families have gated MLPs unless their hidden_act or mlp_hidden_act is relu2."""
+    if family == "nemotron_h":
+        return RELU2
+    return RELU2 if RELU2 in (cfg.get("hidden_act"), cfg.get("mlp_hidden_act")) else SILU
 
 
 def _get(cfg: dict, key: str, default: Any) -> Any:
@@ -192,7 +201,7 @@ def _bamba(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
 
 def _falcon_h1(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
     d = dict(vocab_size=128000, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
-             num_key_value_heads=8, rms_norm_eps=1e-5, rope_theta=10000.0)
+             num_key_value_heads=8, rms_norm_eps=1e-5, rope_theta=100000.0)
     fields = _attention_fields(cfg, d)
     n = _num_layers(cfg, 32)
     hidden = fields["hidden_size"]
@@ -248,7 +257,15 @@ def spec_from_hf_config(cfg: dict, *, name: str) -> ModelSpec:
         if kind not in kinds:
             for key in keys:
                 fields.pop(key, None)
+    fields["mlp_act"] = _mlp_act(cfg, family)
     extra = {k: cfg[k] for k in RECORD_KEYS if k in cfg}
+    # Attention details ppprof does not model (small next to the projections), kept for the record: Qwen2Attention
+    # always has q/k/v biases; Qwen3Attention always RMS-normalises q and k per head, biases only with attention_bias.
+    if family == "qwen2":
+        extra["qkv_bias"] = True
+    elif family == "qwen3":
+        extra["qk_norm"] = True
+        extra["qkv_bias"] = bool(cfg.get("attention_bias", False))
     if family == "jamba":
         extra["mamba_approximation"] = (f"Mamba1 run as Mamba2: heads = mamba_expand*hidden/{JAMBA_MAMBA_HEAD_DIM}, "
                                         f"head_dim {JAMBA_MAMBA_HEAD_DIM}, n_groups 1")

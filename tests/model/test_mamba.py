@@ -1,4 +1,5 @@
-"""Mamba2 numerics: chunked SSD == the step-by-step recurrence; the causal conv resumes from its state."""
+"""Mamba2 numerics: chunked SSD == the step-by-step recurrence; the causal conv resumes from its state; the whole layer
+== a token-by-token reference."""
 
 from __future__ import annotations
 
@@ -6,7 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ppprof.model.mamba import causal_conv, segsum, ssd_chunked
+from ppprof.config import LayerSpec, ModelSpec
+from ppprof.mem.cache import Request
+from ppprof.mem.req import NO_MAMBA_SLOT
+from ppprof.model.mamba import Mamba2, causal_conv, segsum, ssd_chunked
+from ppprof.model.stage import build_stage_cache
 
 
 def ssd_recurrence(x, dt, a, b, c, state):
@@ -84,3 +89,87 @@ def test_causal_conv_resumes_from_state():
         ys.append(y)
     torch.testing.assert_close(torch.cat(ys), y_ref)
     torch.testing.assert_close(state, state_ref)
+
+
+def mamba2_step_reference(m, x, conv_state, ssm_state):
+    """The whole Mamba2 layer, written token by token from its definition, independent of ppprof.model.mamba's
+    helpers. m: a Mamba2 (for its weights and sizes); x: (n, hidden); conv_state: (conv_dim, kernel - 1);
+    ssm_state: (heads, head_dim, d_state). Returns the output (n, hidden) and the final conv and SSM states."""
+    n = x.shape[0]
+    heads, head_dim, d_state, groups = m.num_heads, m.head_dim, m.d_state, m.num_groups
+    heads_per_group, kernel = heads // groups, m.conv_weight.shape[1]
+    a = -torch.exp(m.a_log)  # (heads,)
+    window = conv_state.T.clone()  # (kernel - 1, conv_dim): the last inputs of the conv, oldest first
+    h = ssm_state.clone()  # (heads, head_dim, d_state)
+    out = []
+    for t in range(n):
+        proj = m.in_proj.weight @ x[t]  # (d_inner + conv_dim + heads,)
+        z, xbc, dt = proj[:m.d_inner], proj[m.d_inner:m.d_inner + m.conv_dim], proj[m.d_inner + m.conv_dim:]
+        # Causal conv over [state || x]: the kernel's last tap multiplies the current input.
+        window = torch.cat([window, xbc[None]])[-kernel:]  # (kernel, conv_dim)
+        xbc = F.silu(m.conv_bias + (m.conv_weight * window.T).sum(dim=1))  # (conv_dim,)
+        window = window[1:]
+        xs = xbc[:m.d_inner].view(heads, head_dim)
+        b = xbc[m.d_inner:m.d_inner + groups * d_state].view(groups, d_state)
+        c = xbc[m.d_inner + groups * d_state:].view(groups, d_state)
+        dt = F.softplus(dt + m.dt_bias)  # (heads,)
+        y = torch.empty(heads, head_dim)
+        for hd in range(heads):
+            g = hd // heads_per_group
+            h[hd] = torch.exp(dt[hd] * a[hd]) * h[hd] + dt[hd] * torch.outer(xs[hd], b[g])
+            y[hd] = h[hd] @ c[g] + m.d_skip[hd] * xs[hd]
+        # Gated RMSNorm: gate with silu(z), then normalise each group of d_inner / groups channels.
+        gated = (y.reshape(-1) * F.silu(z)).view(groups, -1)
+        normed = gated / torch.sqrt(gated.pow(2).mean(dim=-1, keepdim=True) + m.eps)
+        out.append(m.out_proj.weight @ (normed.reshape(-1) * m.norm_weight))
+    return torch.stack(out), window.T, h
+
+
+def mamba_layer_setup(num_groups=2, chunk_size=8, seed=0):
+    """A one-layer Mamba2 model with random weights (conv bias, norm weight, D, dt bias nonzero), its cache and an
+    admitted request whose slot holds a random (nonzero) conv and SSM state."""
+    spec = ModelSpec(name="mamba", family="nemotron_h", layers=(LayerSpec(mixers=("mamba",)),), hidden_size=24,
+                     vocab_size=32, mamba_num_heads=4, mamba_head_dim=8, ssm_state_size=6, conv_kernel=4,
+                     mamba_n_groups=num_groups, mamba_chunk_size=chunk_size)
+    m = Mamba2(spec, 0, dtype=torch.float32, device="cpu")
+    gen = torch.Generator().manual_seed(seed)
+    m.init_weights(gen, 0.2)
+    with torch.no_grad():
+        for p in (m.conv_bias, m.norm_weight, m.d_skip, m.dt_bias):
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.5 + (1.0 if p is m.norm_weight else 0.0))
+    cache = build_stage_cache(spec, range(1), kv_slots=64, page_size=1, mamba_slots=3, max_requests=3,
+                              max_context_len=64)
+    req = Request(7)
+    assert cache.admit(req)
+    slot = cache.mamba_slot(req)
+    cache.mamba_pool.conv[0][slot] = torch.randn(m.conv_dim, 3, generator=gen)
+    cache.mamba_pool.ssm[0][slot] = torch.randn(4, 8, 6, generator=gen)
+    return m, cache, req, gen
+
+
+@pytest.mark.parametrize("num_tokens", [1, 5, 19])
+def test_mamba2_layer_equals_step_reference(num_tokens):
+    """Mamba2.forward on one chunk, resumed from a nonzero state, == the token-by-token reference; the slot ends in
+    the reference's final conv and SSM states."""
+    m, cache, req, gen = mamba_layer_setup()
+    slot = cache.mamba_slot(req)
+    conv0, ssm0 = cache.mamba_pool.conv[0][slot].clone(), cache.mamba_pool.ssm[0][slot].clone()
+    x = torch.randn(num_tokens, 24, generator=gen)
+    with torch.no_grad():
+        got = m(x, cache, req)
+        want, conv_want, ssm_want = mamba2_step_reference(m, x, conv0, ssm0)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(cache.mamba_pool.conv[0][slot], conv_want)
+    torch.testing.assert_close(cache.mamba_pool.ssm[0][slot], ssm_want, rtol=1e-4, atol=1e-5)
+
+
+def test_mamba2_without_slot_raises():
+    """A request with no Mamba slot (never admitted: NO_MAMBA_SLOT) is refused, not run on the pool's last row."""
+    m, cache, _, gen = mamba_layer_setup()
+    last = cache.mamba_pool.ssm[0][NO_MAMBA_SLOT].clone()
+    stranger = Request(3)
+    assert cache.mamba_slot(stranger) == NO_MAMBA_SLOT
+    with pytest.raises(ValueError, match="request 3 holds no Mamba slot.*admit it first"):
+        with torch.no_grad():
+            m(torch.randn(2, 24, generator=gen), cache, stranger)
+    assert torch.equal(cache.mamba_pool.ssm[0][NO_MAMBA_SLOT], last)

@@ -30,7 +30,9 @@ def test_profile_with_a_mamba_cache_much_smaller_than_the_requests_completes(tmp
     assert run["world_size"] == 2 and run["backend"] == "gloo"
     assert run["layer_partition"] == [4, 4]
     assert run["config"]["max_mamba_cache_size"] == 8
-    assert run["forward_tokens"] == samples["chunk_len"].sum() + 40  # + one warm-up request of 1.25 x 32
+    # + one sweep-shaped warm-up request of 1.25 x 32 and one warm-up of the prefix probe (its largest chunk, 40)
+    assert run["warmup_tokens"] == 80 and run["warmup_requests"] == 2
+    assert run["forward_tokens"] == samples["chunk_len"].sum() + 80
     assert "pools back to full capacity" in (out / "rank1.log").read_text()
 
 
@@ -39,16 +41,27 @@ def test_a_release_that_skips_the_mamba_slot_stops_every_rank_naming_rank_pool_a
     r = run_cli("profile", "--out", str(out), *TINY, "--inject-fault", "skip-mamba-release")
     assert r.returncode == 1, r.stderr[-3000:]
     for rank in (0, 1):
-        assert f"error: [rank {rank}] leak check failed after the warm-up: rank 0: mamba pool leaked 1 slot; " \
-               "rank 1: mamba pool leaked 1 slot" in r.stderr
+        assert f"error: [rank {rank}] leak check failed after the warm-up: rank 0: mamba pool leaked 3 slots; " \
+               "rank 1: mamba pool leaked 3 slots" in r.stderr
     assert not (out / "samples.csv").exists()
+
+
+def test_leaked_mamba_slots_are_named_when_the_pool_runs_dry_before_the_leak_check(tmp_path):
+    out = tmp_path / "run"
+    r = run_cli("profile", "--out", str(out), "--base-chunk-size", "32", "--requests-per-probe", "16", "--warmup", "0",
+                "--prefix-lens", "32", "--max-mamba-cache-size", "8", "--no-fit", "--inject-fault", "skip-mamba-release")
+    assert r.returncode == 1, r.stderr[-3000:]
+    msg = ("rank 0: setup of request 8 failed: request 8 cannot be admitted although no request is live: mamba pool "
+           "leaked 8 slots; rank 1: setup of request 8 failed")
+    for rank in (0, 1):
+        assert f"error: [rank {rank}] {msg}" in r.stderr, r.stderr[-3000:]
 
 
 def test_a_forward_that_raises_stops_every_rank_and_leaks_nothing(tmp_path):
     out = tmp_path / "run"
     r = run_cli("profile", "--out", str(out), *TINY, "--inject-fault", "raise-in-forward")
     assert r.returncode == 1, r.stderr[-3000:]
-    msg = "rank 1: forward of request 2 (prefix 0, chunk 30) raised RuntimeError: injected fault"
+    msg = "rank 1: forward of request 2 (prefix 0, chunk 28) raised RuntimeError: injected fault"
     for rank in (0, 1):
         assert f"error: [rank {rank}] {msg}" in r.stderr, r.stderr[-3000:]
     assert "leak" not in r.stderr

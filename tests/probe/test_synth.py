@@ -1,7 +1,8 @@
 import pytest
 
 from ppprof.config import ProfileConfig
-from ppprof.probe.synth import PREFIX, SWEEP, align_down, grid_chunk_sizes, make_probes, sweep_chunk_sizes
+from ppprof.probe.synth import (PREFIX, SWEEP, ProbeRequest, align_down, grid_chunk_sizes, make_probes,
+                                sweep_chunk_sizes, warmup_requests)
 
 
 def test_sweep_matches_the_linear_fall_of_sglang():
@@ -50,3 +51,17 @@ def test_probes_are_deterministic_from_the_seed_and_ids_unique():
 def test_bad_settings_name_the_field_and_value(field, value, match):
     with pytest.raises(ValueError, match=match):
         ProfileConfig(**{field: value})
+
+
+def test_sweep_reaches_about_b_over_128_whatever_the_number_of_requests():
+    for n in (8, 16, 128):
+        sizes = sweep_chunk_sizes(8192, n, 1)
+        assert sizes[0] == 10240 and sizes[-1] == 80, f"{n=} {sizes[-3:]=}"
+        assert len(sizes) == n
+
+
+def test_warmup_covers_the_sweep_and_every_prefix():
+    probes = make_probes(ProfileConfig(requests_per_probe=8, base_chunk_size=64, prefix_lens=(64, 128)))
+    w = warmup_requests(probes, 2)
+    assert w == [ProbeRequest(-1, 0, 80), ProbeRequest(-2, 0, 68), ProbeRequest(-3, 64, 80), ProbeRequest(-4, 128, 80)]
+    assert warmup_requests(probes, 0) == []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from ppprof.config import ATTENTION, MAMBA, MLP, MOE, LayerSpec, ModelSpec
@@ -36,6 +38,14 @@ def test_layer_params_by_hand(spec):
     assert layer_params(spec, spec.layers[1]) == dict(attention=0, mamba=340, mlp=0, moe=0, norm=8)
     # moe: router 8*2 = 16, experts 2*3*8*5 = 240; one norm 8.
     assert layer_params(spec, spec.layers[2]) == dict(attention=0, mamba=0, mlp=0, moe=256, norm=8)
+
+
+def test_relu2_mlp_and_experts_have_two_matrices(spec):
+    """mlp_act relu2 (Nemotron-H): up and down only, in the MLP and in every MoE expert."""
+    spec = dataclasses.replace(spec, mlp_act="relu2")
+    # mlp 2*8*16 = 256; moe: router 16 + experts 2*2*8*5 = 160.
+    assert layer_params(spec, spec.layers[0])["mlp"] == 256
+    assert layer_params(spec, spec.layers[2])["moe"] == 176
 
 
 def test_stage_params_by_hand(spec):
@@ -80,6 +90,13 @@ def test_llama3_8b_matches_published_count():
     assert sum(s.num_params["total"] for s in stage_accounts(spec, 4)) == 8_030_261_248
     # 32 layers * 2 * 8 kv heads * 128 * 2 bytes = 128 KiB per token.
     assert kv_bytes_per_token(spec, dtype="bf16") == 131072
+
+
+def test_nemotron_h_8b_matches_published_size():
+    # Nemotron-H-8B-Base is published as ~8.1B parameters; with a gated MLP (3 matrices) ppprof counted 10.2B.
+    spec = load_spec("nemotron-h-8b")
+    total = sum(s.num_params["total"] for s in stage_accounts(spec, 4))
+    assert total == 8_100_852_736, f"{total=:,}"
 
 
 def test_stage_totals_add_up_for_every_preset():

@@ -26,7 +26,7 @@ EXPECTED = {
     "nemotron_h": ("M-M*-ME", dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                                    intermediate_size=384, mamba_num_heads=8, mamba_head_dim=32, ssm_state_size=16,
                                    mamba_n_groups=2, conv_kernel=4, mamba_chunk_size=64, num_experts=4,
-                                   num_experts_per_tok=2, moe_intermediate_size=64)),
+                                   num_experts_per_tok=2, moe_intermediate_size=64, mlp_act="relu2")),
     "jamba": ("(M- ME *- ME) x2", dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                                        mamba_num_heads=4, mamba_head_dim=64, mamba_n_groups=1, ssm_state_size=16,
                                        conv_kernel=4, num_experts=4, num_experts_per_tok=2,
@@ -38,6 +38,30 @@ EXPECTED = {
                                 mamba_num_heads=6, mamba_head_dim=32, ssm_state_size=16, mamba_n_groups=1,
                                 rope_theta=1e11)),
 }
+
+
+def test_mlp_act_per_family():
+    """Only Nemotron-H's MLP (and MoE experts) is squared-ReLU, not gated; every other fixture's MLP is gated SiLU."""
+    acts = {family: load_spec(DATA / family / "config.json").mlp_act for family in EXPECTED}
+    assert acts == {family: "relu2" if family == "nemotron_h" else "silu" for family in EXPECTED}, f"{acts=}"
+
+
+def test_mlp_act_from_hidden_act(tmp_path):
+    # NemotronHMLP is never gated: relu2 without mlp_hidden_act, too.
+    assert load_spec(write(tmp_path, {"model_type": "nemotron_h"})).mlp_act == "relu2"
+    for key in ("hidden_act", "mlp_hidden_act"):
+        assert load_spec(write(tmp_path, {"model_type": "llama", key: "relu2"})).mlp_act == "relu2", f"{key=}"
+    assert load_spec(write(tmp_path, {"model_type": "llama", "hidden_act": "gelu"})).mlp_act == "silu"
+
+
+def test_attention_details_recorded(tmp_path):
+    """Qwen2's q/k/v biases and Qwen3's q/k norms are not modelled but kept in extra."""
+    qwen2 = load_spec(DATA / "qwen2" / "config.json")
+    assert qwen2.extra["qkv_bias"] is True and "qk_norm" not in qwen2.extra
+    qwen3 = load_spec(DATA / "qwen3" / "config.json")
+    assert (qwen3.extra["qk_norm"], qwen3.extra["qkv_bias"]) == (True, False)
+    assert load_spec(write(tmp_path, {"model_type": "qwen3", "attention_bias": True})).extra["qkv_bias"] is True
+    assert "qkv_bias" not in load_spec(DATA / "llama" / "config.json").extra
 
 
 def test_every_supported_family_has_a_fixture():
@@ -105,6 +129,7 @@ def test_family_defaults(tmp_path):
     assert (s.mamba_num_heads, s.mamba_head_dim, s.ssm_state_size) == (128, 64, 256)
     s = load_spec(write(tmp_path, {"model_type": "falcon_h1", "num_hidden_layers": 2}))
     assert (s.mamba_num_heads, s.mamba_head_dim, s.head_dim) == (128, 8, 128)
+    assert s.rope_theta == 100000.0, "FalconH1Config's rope_theta default"
 
 
 def test_nemotron_layers_block_type(tmp_path):

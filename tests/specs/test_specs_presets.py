@@ -45,7 +45,7 @@ def test_nemotron_h_8b_shapes():
     assert sum(layer.has_attention for layer in s.layers) == 4
     assert sum(layer.has_mamba for layer in s.layers) == 24
     assert (s.mamba_num_heads, s.mamba_head_dim, s.ssm_state_size, s.mamba_n_groups, s.conv_kernel,
-            s.intermediate_size) == (128, 64, 128, 8, 4, 21504)
+            s.intermediate_size, s.mlp_act) == (128, 64, 128, 8, 4, 21504, "relu2")
 
 
 def test_jamba_mini_shapes():
@@ -112,6 +112,8 @@ def test_yaml_layout_tokens_repeat_and_errors(tmp_path):
         ("family: llama\npattern: '-'\nhidden_size: 8\n", "intermediate_size=0"),
         ("pattern: '-'\nhidden_size: 8\n", "missing `family`"),
         ("family: llama\npattern: '-'\nrepeat: 0\nhidden_size: 8\n", "repeat=0"),
+        ("family: llama\npattern: '-'\nhidden_size: 8\nintermediate_size: 8\nmlp_act: gelu\n",
+         "mlp_act='gelu' is unknown: use one of silu, relu2"),
         ("[1, 2", "not valid YAML"),
     ]:
         path.write_text(bad)
@@ -126,6 +128,17 @@ def test_to_dict_round_trip(tmp_path):
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(s.to_dict()))
     assert load_spec(path).layers == s.layers
+
+
+def test_mlp_act_round_trip(tmp_path):
+    """mlp_act survives to_dict -> spec_from_dict and a JSON file; a spec without it reads as silu."""
+    s = load_spec("nemotron-h-8b", num_layers=4)
+    assert s.to_dict()["mlp_act"] == "relu2"
+    assert spec_from_dict(s.to_dict(), name="x").mlp_act == "relu2"
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(s.to_dict()))
+    assert load_spec(path).mlp_act == "relu2"
+    assert load_spec("llama3-8b").mlp_act == "silu"
 
 
 def test_reads_model_json_output(tmp_path):
