@@ -15,7 +15,6 @@ class PpprofGroup(click.Group):
     """A click group whose commands report bad input as one line on stderr with exit code 2, never a traceback."""
 
     def main(self, *args, **kwargs):
-        kwargs.setdefault("standalone_mode", True)
         try:
             return super().main(*args, **{**kwargs, "standalone_mode": False})
         except click.exceptions.Exit as e:

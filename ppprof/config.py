@@ -221,6 +221,12 @@ class ProfileConfig:
     """Fit the samples and write policy.json and plots at the end of the run."""
 
     def __post_init__(self) -> None:
+        from ppprof.specs.dtypes import normalize_dtype  # here: ppprof.specs imports this module
+
+        try:
+            self.dtype = normalize_dtype(self.dtype)
+        except ValueError as e:
+            raise ValueError(f"--dtype: {e}") from None
         if self.device not in DEVICES:
             raise ValueError(f"--device {self.device!r} is not supported: use cpu or cuda")
         for name, lo in (("nproc_per_node", 1), ("base_chunk_size", 1), ("page_size", 1), ("max_mamba_cache_size", 1),

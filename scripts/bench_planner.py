@@ -56,7 +56,7 @@ def main() -> int:
     atomic_write_json(args.out, result)
     for s in STRATEGIES:
         search = plans[s].get("search")
-        note = "" if not search else (f" (exact on the grid)" if search["exact_on_grid"] else
+        note = "" if not search else (" (exact on the grid)" if search["exact_on_grid"] else
                                       f" (within {search['gap_ms']:.1f} ms of the grid's optimum)")
         print(f"{s}: {timings[s]:.3f} s, {plans[s]['num_chunks']} chunks, TTFT {plans[s]['ttft_ms']:.1f} ms{note}")
     print(f"-> {args.out}")

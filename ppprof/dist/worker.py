@@ -15,17 +15,17 @@ import torch.distributed as dist
 
 from ppprof.config import ProfileConfig
 from ppprof.dist.pipe import Pipe
-from ppprof.mem import LeakError
 from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.partition import split_layers
 from ppprof.probe.malloc import steady_malloc
 from ppprof.probe.loop import ProbeRunner, ProfileError, stop_if_any_failed
 from ppprof.probe.output import default_run_dir, git_revision, hardware, samples_frame, write_run_json, write_samples
 from ppprof.probe.synth import make_probes, warmup_requests
+from ppprof.runfiles import RUN_FILE, SAMPLES_FILE, stage_column
 from ppprof.specs import load_spec
+from ppprof.specs.dtypes import AUTO_DTYPE_CPU, AUTO_DTYPE_GPU
 
 log = logging.getLogger("ppprof")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def in_worker() -> bool:
@@ -52,8 +52,8 @@ def add_log_file(path: Path) -> None:
 
 
 def resolve_dtype(cfg: ProfileConfig, spec_dtype: str | None) -> torch.dtype:
-    name = cfg.dtype or spec_dtype or ("bfloat16" if cfg.device == "cuda" else "float32")
-    return DTYPES[name]
+    """--dtype, else the spec's, else bf16 on GPU and fp32 on CPU (all names already normalised)."""
+    return getattr(torch, cfg.dtype or spec_dtype or (AUTO_DTYPE_GPU if cfg.device == "cuda" else AUTO_DTYPE_CPU))
 
 
 def work(cfg: ProfileConfig, fault: str | None = None) -> int:
@@ -71,7 +71,7 @@ def work(cfg: ProfileConfig, fault: str | None = None) -> int:
     dist.init_process_group(backend, timeout=_dt.timedelta(seconds=int(os.environ.get("PPPROF_DIST_TIMEOUT", 600))))
     try:
         return _profile(cfg, rank, world_size, device, backend, fault)
-    except (ProfileError, LeakError) as e:
+    except ProfileError as e:
         log.error("%s", e)
         print(f"error: [rank {rank}] {e}", file=sys.stderr, flush=True)
         return 1
@@ -121,6 +121,10 @@ def _profile(cfg: ProfileConfig, rank: int, world_size: int, device: torch.devic
     except (RuntimeError, ValueError, MemoryError) as e:  # e.g. out of memory for the weights or the pools
         error = f"cannot build stage {rank} (layers {layer_ids.start}..{layer_ids.stop - 1}): {type(e).__name__}: {e}"
     stop_if_any_failed(pipe, error)
+    pool_mib = [0.0 if p is None else p.nbytes() / 2**20 for p in (cache.kv_pool, cache.mamba_pool)]
+    log.info("pools: KV %.1f MiB (%d slots, page %d), Mamba %.1f MiB (%s slots), %d request entries", pool_mib[0],
+             cache.kv_alloc.size, cfg.page_size, pool_mib[1],
+             "no" if cache.mamba_alloc is None else cache.mamba_alloc.size, cfg.max_running_requests)
     runner = ProbeRunner(stage=stage, cache=cache, pipe=pipe, seed=cfg.seed, fault=fault)
 
     num_timed = sum(len(p.requests) for p in probes)
@@ -146,10 +150,10 @@ def _profile(cfg: ProfileConfig, rank: int, world_size: int, device: torch.devic
         return 0
 
     frame = samples_frame(probes, stage_ms, e2e_ms)
-    write_samples(run_dir / "samples.csv", frame)
+    write_samples(run_dir / SAMPLES_FILE, frame)
     wall_s = time.perf_counter() - t_start
     write_run_json(
-        run_dir / "run.json",
+        run_dir / RUN_FILE,
         config=cfg.to_dict(), model=spec.to_dict(), hardware=hardware(device), torch_version=torch.__version__,
         backend=backend, world_size=world_size, layer_partition=[len(r) for r in ranges],
         git_revision=git_revision(), dtype=str(dtype).removeprefix("torch."),
@@ -167,9 +171,9 @@ def _profile(cfg: ProfileConfig, rank: int, world_size: int, device: torch.devic
 
 def _log_summary(frame, world_size: int, wall_s: float, forward_tokens: int, run_dir: Path) -> None:
     sweep = frame[frame["kind"] == "sweep"]
+    big, small = sweep.loc[sweep["chunk_len"].idxmax()], sweep.loc[sweep["chunk_len"].idxmin()]
     for s in range(world_size):
-        col = f"stage{s}_latency_ms"
-        big, small = sweep.loc[sweep["chunk_len"].idxmax()], sweep.loc[sweep["chunk_len"].idxmin()]
+        col = stage_column(s)
         log.info("stage %d: chunk %d -> %.3f ms, chunk %d -> %.3f ms", s, big["chunk_len"], big[col],
                  small["chunk_len"], small[col])
     log.info("profile wall time %.2f s, %d forward tokens a stage; wrote %s", wall_s, forward_tokens, run_dir)

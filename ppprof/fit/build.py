@@ -20,6 +20,7 @@ from ppprof.fit.samples import Samples, provenance, read_run, read_samples
 from ppprof.io import atomic_write
 from ppprof.policy.rule import MODEL_NAMES, ChunkSettings, LatencyModel, next_chunk_size
 from ppprof.policy.schema import RULE_TEXT, SCHEMA_VERSION, make_table, save
+from ppprof.runfiles import SAMPLES_FILE
 
 LATENCY_MODEL_CHOICES = MODEL_NAMES + ("auto",)
 DEFAULT_SMOOTH_FACTOR = 0.75
@@ -32,7 +33,6 @@ POLICY_FILE = "policy.json"
 FIT_PLOT = "fit.png"
 CHUNKS_PLOT = "chunks.png"
 MAX_PREFIX_CURVES = 8
-SAMPLES_FILE = "samples.csv"
 CANDIDATE_KEYS = ("cv_mape", "r2", "mape", "num_outliers_dropped", "rows")
 
 
@@ -155,16 +155,20 @@ def finite(obj):
     return obj
 
 
-def fit(samples_path: str | Path, out: str | Path | None = None, latency_model: str = "auto",
-        **options) -> tuple[Path, dict]:
-    """Read, fit, gate and write the policy (default: policy.json beside the samples); return (path, policy)."""
+def fit(samples_path: str | Path, out: str | Path | None = None, latency_model: str = "auto", *,
+        plots: bool = False, **options) -> tuple[Path, dict]:
+    """Read, fit, gate and write the policy (default: policy.json beside the samples); with `plots`, also fit.png
+    and chunks.png beside the policy. Returns (path, policy)."""
     samples_path = Path(samples_path)
     samples = read_samples(samples_path)
     run = read_run(samples_path)
     settings = resolve_settings(run, samples_path, **options)
     policy = fit_samples(samples, run, settings, latency_model)
     out = Path(out) if out is not None else samples_path.parent / POLICY_FILE
-    return save(out, policy), policy
+    path = save(out, policy)
+    if plots:
+        write_plots(samples, policy, path.parent)
+    return path, policy
 
 
 def fit_run(run_dir: str | Path) -> Path:
@@ -174,14 +178,7 @@ def fit_run(run_dir: str | Path) -> Path:
     Signature: fit_run(run_dir: str | Path) -> Path of the policy written. Raises ValueError on unreadable input,
     before anything is written. A model that fails the quality gates still gives a (static) policy, not an error.
     """
-    run_dir = Path(run_dir)
-    samples_path = run_dir / SAMPLES_FILE
-    samples = read_samples(samples_path)
-    run = read_run(samples_path)
-    policy = fit_samples(samples, run, resolve_settings(run, samples_path))
-    path = save(run_dir / POLICY_FILE, policy)
-    write_plots(samples, policy, run_dir)
-    return path
+    return fit(Path(run_dir) / SAMPLES_FILE, plots=True)[0]
 
 
 def num(value, spec: str) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,11 +16,9 @@ import pandas as pd
 
 from ppprof.io import atomic_write_json, atomic_write_text
 from ppprof.policy.rule import LatencyModel
+from ppprof.runfiles import RUN_FILE, RUN_SCHEMA_VERSION, SAMPLES_FILE, STAGE_COLUMN, stage_column
 
 REQUIRED_COLUMNS = ("prefix_len", "chunk_len", "latency_ms")
-STAGE_COLUMN = re.compile(r"^stage(\d+)_latency_ms$")
-RUN_FILE = "run.json"
-RUN_SCHEMA_VERSION = 1
 
 
 @dataclass(slots=True)
@@ -157,7 +154,7 @@ def make_samples(model: LatencyModel, *, base_chunk_size: int, prefixes=(), chun
         hit = rng.choice(np.arange(1, len(frame)), size=num_outliers, replace=False)
         latency[hit] *= 3.0
     for stage in range(num_stages):
-        frame[f"stage{stage}_latency_ms"] = latency * (1.0 if stage == bottleneck_stage else 0.6)
+        frame[stage_column(stage)] = latency * (1.0 if stage == bottleneck_stage else 0.6)
     frame["latency_ms"] = latency * (1.0 + 0.6 * (num_stages - 1))
     frame["bottleneck_stage"] = bottleneck_stage
     return frame
@@ -167,9 +164,9 @@ def write_run_dir(run_dir: str | Path, frame: pd.DataFrame, *, base_chunk_size: 
                   context_len: int = 131072, num_layers: int = 4, world_size: int = 2) -> Path:
     """Write samples.csv and a run.json like `ppprof profile` does; return the samples path."""
     run_dir = Path(run_dir)
-    samples = atomic_write_text(run_dir / "samples.csv", frame.to_csv(index=False))
-    atomic_write_json(run_dir / "run.json", {
-        "schema_version": 1,
+    samples = atomic_write_text(run_dir / SAMPLES_FILE, frame.to_csv(index=False))
+    atomic_write_json(run_dir / RUN_FILE, {
+        "schema_version": RUN_SCHEMA_VERSION,
         "config": {"model": "synthetic", "base_chunk_size": base_chunk_size, "page_size": page_size,
                    "context_len": context_len, "requests_per_probe": 128, "num_layers": num_layers, "seed": 0},
         "hardware": {"device": "cpu", "device_name": "synthetic"},

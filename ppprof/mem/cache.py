@@ -16,12 +16,17 @@ from ppprof.mem.pools import KVPool, MambaPool
 from ppprof.mem.req import NO_MAMBA_SLOT, ReqToTokenPool
 
 
+def describe_leaks(leaks: dict[str, int], sep: str = ", ") -> str:
+    """{"mamba": 2} -> "mamba pool leaked 2 slots"."""
+    return sep.join(f"{pool} pool leaked {n} slot{'s' * (n != 1)}" for pool, n in leaks.items())
+
+
 class LeakError(RuntimeError):
     """Slots are still outstanding when every request should have been released."""
 
     def __init__(self, leaks: dict[str, int]) -> None:
         self.leaks = dict(leaks)
-        super().__init__(", ".join(f"{pool} pool leaked {n} slot{'s' * (n != 1)}" for pool, n in self.leaks.items()))
+        super().__init__(describe_leaks(self.leaks))
 
 
 @dataclass(slots=True, eq=False)
@@ -102,8 +107,7 @@ class StageCache:
         slot = self.req_pool.mamba_slot[idx]
         if slot != NO_MAMBA_SLOT:
             self.mamba_alloc.free(slot)
-            self.req_pool.mamba_slot[idx] = NO_MAMBA_SLOT
-        self.req_pool.free(idx)
+        self.req_pool.free(idx)  # also forgets the entry's Mamba slot
         req.req_pool_idx = None
 
     def outstanding(self) -> dict[str, int]:
@@ -116,9 +120,13 @@ class StageCache:
             out["mamba"] = self.mamba_alloc.size - self.mamba_alloc.available_size()
         return out
 
+    def leaks(self) -> dict[str, int]:
+        """The pools that are not back to full capacity, with the count: outstanding() less its zeros."""
+        return {pool: n for pool, n in self.outstanding().items() if n}
+
     def check_no_leaks(self) -> None:
         """Raise LeakError naming each pool that is not back to full capacity, with the count."""
-        leaks = {pool: n for pool, n in self.outstanding().items() if n}
+        leaks = self.leaks()
         if leaks:
             raise LeakError(leaks)
 

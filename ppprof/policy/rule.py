@@ -204,10 +204,14 @@ def next_chunk_size(model: LatencyModel, settings: ChunkSettings, target_ms: flo
     size = max(size, settings.min_chunk_size)
     size = (size // align) * align
     size = max(size, align)
-    cap = min(settings.context_len - history_len - settings.context_margin, settings.max_chunk_size)
-    size = min(size, cap)
+    size = min(size, chunk_cap(settings, history_len))
     size = (size // align) * align
     return size if size > 0 else B
+
+
+def chunk_cap(settings: ChunkSettings, history_len: int) -> int:
+    """The largest chunk allowed after `history_len` tokens: min(context_len - L - margin, max_chunk_size)."""
+    return min(settings.context_len - history_len - settings.context_margin, settings.max_chunk_size)
 
 
 def monotone_end(settings: ChunkSettings) -> int:
@@ -265,7 +269,7 @@ def check_rule(model: LatencyModel, settings: ChunkSettings, target_ms: float, n
     previous = math.inf
     for L in range(1, end, step):
         size = next_chunk_size(model, settings, target_ms, L)
-        cap = min(settings.context_len - L - settings.context_margin, settings.max_chunk_size)
+        cap = chunk_cap(settings, L)
         if size % align:
             raise ValueError(f"chunk size {size} at history_len {L} is not a multiple of alignment {align}")
         if not (align <= size <= cap):

@@ -108,7 +108,7 @@ def _torchrun_options(f):
 @click.option("--num-layers", type=int, help="Keep the layer pattern with this many layers.")
 @click.option("--nproc-per-node", type=int, help="Ranks on this node, one pipeline stage each. [2]")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), help="cpu (gloo) or cuda (NCCL). [cpu]")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="[bf16 on cuda, fp32 on cpu]")
+@click.option("--dtype", help="float32, bfloat16 or float16 (or fp32, bf16, fp16). [bf16 on cuda, fp32 on cpu]")
 @click.option("--base-chunk-size", type=int, help="Base chunk B; the sweep runs from 1.25 B down to ~B/128. [512]")
 @click.option("--requests-per-probe", type=int, help="Synthetic prefill requests per probe, 8..128. [128]")
 @click.option("--page-size", type=int, help="KV cache page size in tokens. [1]")

@@ -18,6 +18,8 @@ import torch
 
 from ppprof.dist.pipe import FAILED, OK, Pipe
 from ppprof.mem import Request, StageCache
+from ppprof.mem.cache import describe_leaks
+from ppprof.mem.req import NO_MAMBA_SLOT
 from ppprof.model.stage import Stage
 from ppprof.probe.synth import Probe, ProbeRequest
 from ppprof.probe.timer import Timer, device_sync
@@ -52,14 +54,10 @@ def stop_if_any_failed(pipe: Pipe, error: str | None) -> None:
 
 
 def release_without_mamba(cache: StageCache, req: Request) -> None:
-    """A deliberately broken release (KV slots and request entry, not the Mamba slot): the leak check must catch it."""
-    if req.req_pool_idx is None:
-        return
-    if req.kv_len:
-        cache.kv_alloc.free(cache.req_pool.slots(req.req_pool_idx, req.kv_len))
-        req.kv_len, req.last_slot = 0, None
-    cache.req_pool.free(req.req_pool_idx)
-    req.req_pool_idx = None
+    """A deliberately broken release that forgets the Mamba slot (the historical leak): the leak check must catch it."""
+    if req.req_pool_idx is not None:
+        cache.req_pool.mamba_slot[req.req_pool_idx] = NO_MAMBA_SLOT
+    cache.release(req)
 
 
 class ProbeRunner:
@@ -84,11 +82,11 @@ class ProbeRunner:
             held = cache.outstanding()
             if cache.mamba_alloc is not None:
                 held["mamba"] -= cache.mamba_alloc.group_remaining()
-            leaks = "; ".join(f"{pool} pool leaked {n} slot{'s' * (n != 1)}" for pool, n in held.items() if n)
+            leaks = describe_leaks({pool: n for pool, n in held.items() if n}, sep="; ")
             raise ProfileError(f"request {pr.rid} cannot be admitted although no request is live: "
                                + (leaks or "the request or Mamba pool has no slot"))
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + pr.rid * 31 + self.pipe.rank)
         if pr.prefix_len:
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + pr.rid * 31 + self.pipe.rank)
             # The prefix is not computed: random K/V and Mamba state go straight into the allocated slots.
             slots = cache.extend(req, pr.prefix_len)
             if slots is None:
@@ -153,22 +151,17 @@ class ProbeRunner:
             self._timed_requests += 1
         return stage_ms, e2e_ms, error
 
-    def _stop_if_failed(self, error: str | None) -> None:
-        stop_if_any_failed(self.pipe, error)
-
     def check_leaks(self, when: str) -> None:
         """Every pool of every rank is back to full capacity, or every rank raises naming rank, pool and count."""
-        leaks = {pool: n for pool, n in self.cache.outstanding().items() if n}
-        everyone = self.pipe.all_gather(leaks)
+        everyone = self.pipe.all_gather(self.cache.leaks())
         if any(everyone):
-            parts = [f"rank {r}: {pool} pool leaked {n} slot{'s' * (n != 1)}"
-                     for r, lk in enumerate(everyone) for pool, n in lk.items()]
+            parts = [f"rank {r}: {describe_leaks(lk, sep=f'; rank {r}: ')}" for r, lk in enumerate(everyone) if lk]
             raise ProfileError(f"leak check failed {when}: " + "; ".join(parts))
 
     def warm_up(self, requests: list[ProbeRequest]) -> None:
         for pr in requests:
             _, _, error = self.run_request(pr, timed=False)
-            self._stop_if_failed(error)
+            stop_if_any_failed(self.pipe, error)
         self.check_leaks("after the warm-up")
 
     def run_probe(self, probe: Probe, on_request: Callable[[], None] | None = None) -> ProbeTimings:
@@ -183,7 +176,7 @@ class ProbeRunner:
         try:
             for pr in probe.requests:
                 stage_ms, e2e_ms, error = self.run_request(pr, timed=True)
-                self._stop_if_failed(error)
+                stop_if_any_failed(self.pipe, error)
                 timings.stage_ms.append(stage_ms)
                 timings.e2e_ms.append(e2e_ms)
                 if on_request is not None:

@@ -13,12 +13,8 @@ import torch
 
 from ppprof.io import atomic_write, atomic_write_json
 from ppprof.probe.synth import Probe
+from ppprof.runfiles import RUN_SCHEMA_VERSION, stage_column
 
-SCHEMA_VERSION = 1
-
-
-def stage_column(stage: int) -> str:
-    return f"stage{stage}_latency_ms"
 
 
 def samples_frame(probes: list[Probe], stage_ms: list[list[list[float]]], e2e_ms: list[list[float]]) -> pd.DataFrame:
@@ -78,7 +74,7 @@ def _cpu_model() -> str | None:
 
 
 def write_run_json(path: Path, **fields) -> Path:
-    doc = {"schema_version": SCHEMA_VERSION, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    doc = {"schema_version": RUN_SCHEMA_VERSION, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     doc.update(fields)
     return atomic_write_json(path, doc)
 

@@ -17,6 +17,7 @@ from ppprof.probe.command import resolve_config
     (["--layer-partition", "8,0"], "would leave a stage empty"),
     (["--nnodes", "1:4"], "--nnodes '1:4' must be a fixed node count"),
     (["--bogus"], "No such option '--bogus'"),
+    (["--dtype", "int8"], "--dtype: dtype 'int8' is not supported: use one of float32, bfloat16, float16"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, message):
     out = tmp_path / "run"
@@ -30,12 +31,14 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, message
 
 def test_yaml_config_is_read_and_flags_win(tmp_path):
     cfg_file = tmp_path / "p.yaml"
-    cfg_file.write_text("model: tiny-dense\nbase-chunk-size: 256\nlayer_partition: 1,3\nprefix_lens: [256, 512]\n")
+    cfg_file.write_text("model: tiny-dense\nbase-chunk-size: 256\nlayer_partition: 1,3\nprefix_lens: [256, 512]\n"
+                        "dtype: bf16\n")
     cfg = resolve_config(str(cfg_file), {"base_chunk_size": 128, "seed": None})
     assert cfg.model == "tiny-dense"
     assert cfg.base_chunk_size == 128
     assert cfg.layer_partition == (1, 3)
     assert cfg.prefix_lens == (256, 512)
+    assert cfg.dtype == "bfloat16"
 
 
 def test_yaml_with_an_unknown_key_is_refused(tmp_path):
