@@ -17,7 +17,7 @@ import numpy as np
 from ppprof import __version__
 from ppprof.fit.regress import diagnostics, fit_candidates
 from ppprof.fit.samples import Samples, provenance, read_run, read_samples
-from ppprof.io import atomic_write
+from ppprof.plotting import pyplot, save_figure
 from ppprof.policy.rule import MODEL_NAMES, ChunkSettings, LatencyModel, next_chunk_size
 from ppprof.policy.schema import RULE_TEXT, SCHEMA_VERSION, make_table, save
 from ppprof.runfiles import SAMPLES_FILE
@@ -216,25 +216,6 @@ def summary(path: Path, policy: dict) -> str:
     return "\n".join(lines)
 
 
-def pyplot():
-    """matplotlib with the Agg backend, imported only where plots are drawn."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    try:
-        return atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=110, bbox_inches="tight"))
-    finally:
-        plt.close(fig)
-
-
 def plot_fit(samples: Samples, model: LatencyModel | None, title: str):
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -275,6 +256,6 @@ def write_plots(samples: Samples, policy: dict, out_dir: Path) -> list[Path]:
     model = LatencyModel.from_dict(policy["latency_model"]) if policy["latency_model"] else None
     title = f"{model.name if model else 'no model'}; stage {samples.stage_idx}" if samples.stage_idx is not None \
         else (model.name if model else "no model")
-    paths = [save_figure(plot_fit(samples, model, title), Path(out_dir) / FIT_PLOT)]
-    paths.append(save_figure(plot_chunks(policy), Path(out_dir) / CHUNKS_PLOT))
+    paths = [save_figure(plot_fit(samples, model, title), Path(out_dir) / FIT_PLOT, bbox_inches="tight")]
+    paths.append(save_figure(plot_chunks(policy), Path(out_dir) / CHUNKS_PLOT, bbox_inches="tight"))
     return paths

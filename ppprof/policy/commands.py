@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from ppprof.io import atomic_write
+from ppprof.plotting import pyplot, save_figure
 from ppprof.policy.planners import STRATEGIES, Plan, plan_prompt
 from ppprof.policy.schema import Policy, load, validate
 
@@ -103,11 +103,7 @@ def drawn_stages(num_stages: int) -> list[int]:
 
 
 def write_timeline(plans: list[Plan], num_stages: int, path: str | Path, title: str = "") -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     stages = drawn_stages(num_stages)
     if len(stages) < num_stages:
         title += (f"{'; ' if title else ''}stages {stages[-2] + 1}..{num_stages - 2} of {num_stages} not drawn")
@@ -129,10 +125,7 @@ def write_timeline(plans: list[Plan], num_stages: int, path: str | Path, title: 
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    try:
-        return atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=100))
-    finally:
-        plt.close(fig)
+    return save_figure(fig, path, dpi=100)
 
 
 @click.command("plan")
