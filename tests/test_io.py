@@ -27,3 +27,12 @@ def test_unwritable_target_names_the_target(tmp_path):
         atomic_write_json(blocker / "x.json", {})
     assert e.value.filename == str(blocker / "x.json")
     assert e.value.errno in (errno.ENOTDIR, errno.EEXIST)
+
+
+def test_written_files_get_the_usual_mode(tmp_path):
+    old = os.umask(0o022)
+    try:
+        atomic_write_json(tmp_path / "p.json", {})
+    finally:
+        os.umask(old)
+    assert (tmp_path / "p.json").stat().st_mode & 0o777 == 0o644
