@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ppprof.mem.indices import PAD_SLOT
+from ppprof.mem.indices import PAD_SLOT, to_index_array
 
 
 class KVAllocator:
@@ -89,7 +89,7 @@ class KVAllocator:
     def free(self, slots: Any) -> None:
         """Free the pages holding `slots` (ints, a list, a numpy array, or a tensor on any device). Raises, freeing
         nothing, on a reserved, out-of-range or already free slot."""
-        idx = _as_array(slots)
+        idx = to_index_array(slots)
         if idx.size == 0:
             return
         ps = self.page_size
@@ -118,12 +118,3 @@ class KVAllocator:
         self._stack[top:top + pages.size] = pages[::-1]
         self._top = top + pages.size
 
-
-def _as_array(slots: Any) -> np.ndarray:
-    if isinstance(slots, np.ndarray):
-        return slots.astype(np.int64, copy=False).ravel()
-    if hasattr(slots, "detach"):  # a torch tensor, on any device
-        return slots.detach().to("cpu").numpy().astype(np.int64, copy=False).ravel()
-    if isinstance(slots, (int, np.integer)):
-        return np.array([slots], dtype=np.int64)
-    return np.asarray(list(slots), dtype=np.int64).ravel()
