@@ -16,7 +16,7 @@ import torch.distributed as dist
 from ppprof.config import ProfileConfig
 from ppprof.dist.pipe import Pipe
 from ppprof.model.stage import Stage, build_stage_cache
-from ppprof.partition import split_layers
+from ppprof.specs.partition import split_layers
 from ppprof.probe.malloc import steady_malloc
 from ppprof.probe.loop import ProbeRunner, ProfileError, stop_if_any_failed
 from ppprof.probe.output import default_run_dir, git_revision, hardware, samples_frame, write_run_json, write_samples

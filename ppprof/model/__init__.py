@@ -5,7 +5,7 @@ from ppprof.model.attention import Attention, paged_attention
 from ppprof.model.mamba import Mamba2, ssd_chunked
 from ppprof.model.mlp import MLP, MoE
 from ppprof.model.stage import Stage, build_stage_cache
-from ppprof.partition import split_layers
+from ppprof.specs.partition import split_layers
 
 __all__ = ["MLP", "Attention", "Mamba2", "MoE", "Stage", "build_stage_cache", "paged_attention", "split_layers",
            "ssd_chunked"]

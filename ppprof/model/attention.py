@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ppprof.config import ModelSpec
+from ppprof.specs.spec import ModelSpec
 from ppprof.mem.cache import Request, StageCache
 
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ppprof.config import MLP_ACTS, SILU, ModelSpec
+from ppprof.specs.spec import MLP_ACTS, SILU, ModelSpec
 
 
 def gated_silu(gate_up: torch.Tensor) -> torch.Tensor:

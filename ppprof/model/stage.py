@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ppprof.config import MOE, ModelSpec
+from ppprof.specs.spec import MOE, ModelSpec
 from ppprof.mem.cache import Request, StageCache
 from ppprof.mem.kv import KVAllocator
 from ppprof.mem.mamba import MambaAllocator
@@ -93,7 +93,7 @@ def _check_layer_ids(spec: ModelSpec, layer_ids: range) -> None:
     if len(layer_ids) == 0 or layer_ids.step != 1 or layer_ids.start < 0 or layer_ids.stop > spec.num_layers:
         raise ValueError(
             f"layer_ids {layer_ids} must be a non-empty contiguous range inside [0, {spec.num_layers}): "
-            "use a range from ppprof.partition.split_layers"
+            "use a range from ppprof.specs.partition.split_layers"
         )
 
 

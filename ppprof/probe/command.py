@@ -14,7 +14,7 @@ import yaml
 
 from ppprof.config import ProfileConfig
 from ppprof.dist.launch import TORCHRUN_OPTIONS, launch, num_nodes
-from ppprof.partition import parse_partition, split_layers
+from ppprof.specs.partition import parse_partition, split_layers
 from ppprof.probe.loop import FAULTS
 
 CONFIG_FIELDS = {f.name for f in dataclasses.fields(ProfileConfig)}

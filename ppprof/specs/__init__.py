@@ -1,6 +1,6 @@
 """Model specs: presets (configs/models/*.yaml), YAML and HuggingFace config.json loading, and per-stage accounting.
 
-Owns turning a model argument into a validated ppprof.config.ModelSpec; the dataclasses themselves live in config.py.
+Owns turning a model argument into a validated ModelSpec (spec.py), and splitting its layers over stages (partition.py).
 """
 
 from ppprof.specs.accounting import (
@@ -16,11 +16,13 @@ from ppprof.specs.accounting import (
 from ppprof.specs.dtypes import DTYPE_BYTES, dtype_bytes, normalize_dtype
 from ppprof.specs.hf import SUPPORTED_MODEL_TYPES, spec_from_hf_config
 from ppprof.specs.load import PRESETS_DIR, list_presets, load_spec, preset_path, read_spec_file, spec_from_dict
+from ppprof.specs.partition import parse_partition, split_layers
 from ppprof.specs.pattern import parse_layer_tokens, parse_pattern, shorten_layers
+from ppprof.specs.spec import LayerSpec, ModelSpec
 
 __all__ = [
-    "DTYPE_BYTES", "PARAM_KEYS", "PRESETS_DIR", "SUPPORTED_MODEL_TYPES", "StageAccount", "accounting_dtype",
+    "DTYPE_BYTES", "LayerSpec", "ModelSpec", "PARAM_KEYS", "PRESETS_DIR", "SUPPORTED_MODEL_TYPES", "StageAccount", "accounting_dtype",
     "dtype_bytes", "kv_bytes_per_token", "layer_params", "list_presets", "load_spec", "mamba_bytes_per_slot",
-    "normalize_dtype", "parse_layer_tokens", "parse_pattern", "preset_path", "read_spec_file", "shorten_layers",
-    "spec_from_dict", "spec_from_hf_config", "stage_accounts", "stage_params",
+    "normalize_dtype", "parse_layer_tokens", "parse_partition", "parse_pattern", "preset_path", "read_spec_file", "shorten_layers",
+    "spec_from_dict", "spec_from_hf_config", "split_layers", "stage_accounts", "stage_params",
 ]

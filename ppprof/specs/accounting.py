@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ppprof.config import LayerSpec, ModelSpec, MLP, MOE
-from ppprof.partition import split_layers
+from ppprof.specs.spec import LayerSpec, ModelSpec, MLP, MOE, layers_pattern
+from ppprof.specs.partition import split_layers
 from ppprof.specs.dtypes import AUTO_DTYPE_GPU, SSM_STATE_BYTES, dtype_bytes, normalize_dtype
 from ppprof.specs.pattern import format_layers
 
@@ -31,9 +31,9 @@ class StageAccount:
     stage_idx: int
     layers: range
     pattern: str
-    """ModelSpec.pattern notation (config.py)."""
+    """The stage's layers in the layer notation, uncompressed (ModelSpec.pattern)."""
     layout: str
-    """Preset notation (ppprof.specs.pattern.format_layers)."""
+    """The same, compressed where a block repeats (ppprof.specs.pattern.format_layers)."""
     num_params: dict
     """Parameter counts by part (PARAM_KEYS) and their "total"."""
     kv_bytes_per_token: int
@@ -116,13 +116,13 @@ def mamba_bytes_per_slot(spec: ModelSpec, layers: range | None = None, *, dtype:
 
 def stage_accounts(spec: ModelSpec, num_stages: int = 1, partition: Sequence[int] | None = None, *,
                    dtype: str | None = None) -> list[StageAccount]:
-    """One StageAccount per pipeline stage, the layers split by ppprof.partition.split_layers."""
+    """One StageAccount per pipeline stage, the layers split by ppprof.specs.partition.split_layers."""
     out = []
     for stage_idx, layers in enumerate(split_layers(spec.num_layers, num_stages, partition)):
         out.append(StageAccount(
             stage_idx=stage_idx,
             layers=layers,
-            pattern="".join(spec.layers[i].code for i in layers),
+            pattern=layers_pattern([spec.layers[i] for i in layers]),
             layout=format_layers([spec.layers[i] for i in layers]),
             num_params=stage_params(spec, layers),
             kv_bytes_per_token=kv_bytes_per_token(spec, layers, dtype=dtype),

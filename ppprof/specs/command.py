@@ -6,8 +6,8 @@ import json
 
 import click
 
-from ppprof.config import ModelSpec
-from ppprof.partition import parse_partition
+from ppprof.specs.spec import ModelSpec
+from ppprof.specs.partition import parse_partition
 from ppprof.specs.accounting import StageAccount, accounting_dtype, stage_accounts
 from ppprof.specs.dtypes import AUTO_DTYPE_CPU, AUTO_DTYPE_GPU, DTYPE_BYTES
 from ppprof.specs.load import load_spec

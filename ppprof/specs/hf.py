@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ppprof.config import ATTENTION, MAMBA, MLP, MOE, RELU2, SILU, LayerSpec, ModelSpec
+from ppprof.specs.spec import ATTENTION, MAMBA, MLP, MOE, RELU2, SILU, LayerSpec, ModelSpec
 from ppprof.specs.pattern import layer_kinds, parse_pattern
 
 DENSE_DEFAULTS: dict[str, dict[str, Any]] = {

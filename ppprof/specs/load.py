@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from ppprof.config import ModelSpec
+from ppprof.specs.spec import ModelSpec
 from ppprof.specs.dtypes import normalize_dtype
 from ppprof.specs.hf import spec_from_hf_config
 from ppprof.specs.pattern import parse_layer_tokens, parse_pattern, shorten_layers

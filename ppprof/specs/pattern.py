@@ -8,10 +8,7 @@ Two notations, both built from Nemotron-H's characters (M mamba, * attention, - 
 
 from __future__ import annotations
 
-from ppprof.config import ATTENTION, MAMBA, MLP, MOE, LayerSpec
-
-MIXER_CHARS = {"*": ATTENTION, "M": MAMBA}
-FFN_CHARS = {"-": MLP, "E": MOE}
+from ppprof.specs.spec import ATTENTION, FFN_CHARS, MAMBA, MIXER_CHARS, MLP, MOE, LayerSpec
 
 # Kinds a shortened model keeps if the full one has them, most important first.
 KEEP_PRIORITY = (ATTENTION, MAMBA, MOE, MLP)
@@ -102,17 +99,10 @@ def shorten_layers(layers: tuple[LayerSpec, ...], num_layers: int) -> tuple[Laye
     return tuple(layers[i] for i in chosen)
 
 
-def layer_token(layer: LayerSpec) -> str:
-    """The token of one layer, inverse of parse_layer_token: attention + MLP -> "*-"."""
-    mixer_chars = {v: k for k, v in MIXER_CHARS.items()}
-    ffn_chars = {v: k for k, v in FFN_CHARS.items()}
-    return "".join(mixer_chars[m] for m in layer.mixers) + (ffn_chars[layer.ffn] if layer.ffn else "")
-
-
 def format_layers(layers: tuple[LayerSpec, ...] | list[LayerSpec]) -> str:
     """Layers in the preset notation, shortest first: a Nemotron-H pattern ("M-M*") when every layer holds one thing,
     else space-separated tokens ("M- ME *-"); a list that repeats one block prints as "(block) xK"."""
-    tokens = [layer_token(layer) for layer in layers]
+    tokens = [layer.token for layer in layers]
     sep = "" if all(len(t) == 1 for t in tokens) else " "
     n = len(tokens)
     for period in range(1, n // 2 + 1):

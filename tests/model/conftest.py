@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ppprof.config import ModelSpec
+from ppprof.specs.spec import ModelSpec
 
 from .helpers import tiny_dense, tiny_hybrid
 

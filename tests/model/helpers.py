@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ppprof.config import LayerSpec, ModelSpec
+from ppprof.specs.spec import LayerSpec, ModelSpec
 from ppprof.mem.cache import Request, StageCache
 from ppprof.model.stage import Stage, build_stage_cache
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ppprof.config import LayerSpec, ModelSpec
+from ppprof.specs.spec import LayerSpec, ModelSpec
 from ppprof.mem.cache import Request
 from ppprof.mem.req import NO_MAMBA_SLOT
 from ppprof.model.mamba import Mamba2, causal_conv, segsum, ssd_chunked

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ppprof.config import LayerSpec, ModelSpec
+from ppprof.specs.spec import LayerSpec, ModelSpec
 from ppprof.model.mlp import MLP, MoE
 from ppprof.model.stage import Stage
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from ppprof.config import ATTENTION, MAMBA, MLP, MOE, LayerSpec, ModelSpec
+from ppprof.specs.spec import ATTENTION, MAMBA, MLP, MOE, LayerSpec, ModelSpec, layers_pattern
 from ppprof.specs import (
     kv_bytes_per_token,
     layer_params,
@@ -79,7 +79,7 @@ def test_stage_accounts(spec):
     assert [s.mamba_bytes_per_slot for s in stages] == [264, 0]
     assert [s.layout for s in stages] == ["*- M", "E"]
     d = stages[0].to_dict()
-    assert (d["layer_start"], d["layer_stop"], d["pattern"]) == (0, 2, spec.pattern[:2])
+    assert (d["layer_start"], d["layer_stop"], d["pattern"]) == (0, 2, layers_pattern(spec.layers[:2]))
     with pytest.raises(ValueError, match="cannot be greater than layers"):
         stage_accounts(spec, 4)
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ppprof.config import ATTENTION, MAMBA, MLP, MOE, LayerSpec
+from ppprof.specs.spec import ATTENTION, MAMBA, MLP, MOE, LayerSpec
 from ppprof.specs import load_spec, parse_layer_tokens, parse_pattern, shorten_layers
 from ppprof.specs.pattern import KEEP_PRIORITY, format_layers, layer_kinds
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ppprof.config import ATTENTION, MAMBA, MLP, MOE, LayerSpec
+from ppprof.specs.spec import ATTENTION, MAMBA, MLP, MOE, LayerSpec
 from ppprof.specs import PRESETS_DIR, list_presets, load_spec, spec_from_dict
 from ppprof.specs.pattern import format_layers, layer_kinds
 
