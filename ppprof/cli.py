@@ -41,15 +41,10 @@ def main() -> None:
     """Profile prefill chunks on a pipeline-parallel model and write a dynamic-chunk policy for servers."""
 
 
-from ppprof.fit.commands import fit_command  # noqa: E402
-from ppprof.policy.commands import export_command, plan_command, validate_command  # noqa: E402
+from ppprof.fit.cli import fit_command  # noqa: E402
+from ppprof.policy.cli import export_command, plan_command, validate_command  # noqa: E402
+from ppprof.run.commands import profile as profile_command  # noqa: E402
+from ppprof.specs.cli import model as model_command  # noqa: E402
 
-main.add_command(fit_command)
-main.add_command(plan_command)
-main.add_command(export_command)
-main.add_command(validate_command)
-from ppprof.specs.command import model as model_command  # noqa: E402
-main.add_command(model_command)
-from ppprof.probe.command import profile as profile_command  # noqa: E402
-
-main.add_command(profile_command)
+for command in (model_command, profile_command, fit_command, plan_command, export_command, validate_command):
+    main.add_command(command)

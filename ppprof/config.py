@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from ppprof.checks import require_int
 from ppprof.specs.dtypes import normalize_dtype
 
 MAX_REQUESTS_PER_PROBE = 128
@@ -37,7 +38,8 @@ class ProfileConfig:
     max_running_requests: int = 128
     """Request pool entries per stage."""
     max_total_tokens: int | None = None
-    """KV cache slots per stage; default: the longest probe request (prefix + chunk), rounded up to a page."""
+    """KV cache capacity per stage, in token slots; default (None, resolved at construction): the longest probe request
+    (prefix + chunk), rounded up to a page."""
     context_len: int = 32768
     """Longest request the served model takes; recorded for the policy's caps and bounds the prefix probes."""
     prefix_lens: tuple[int, ...] | None = None
@@ -61,9 +63,7 @@ class ProfileConfig:
             raise ValueError(f"--device {self.device!r} is not supported: use cpu or cuda")
         for name, lo in (("nproc_per_node", 1), ("base_chunk_size", 1), ("page_size", 1), ("max_mamba_cache_size", 1),
                          ("max_running_requests", 1), ("context_len", 1), ("warmup", 0), ("seed", 0)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < lo:
-                raise ValueError(f"--{name.replace('_', '-')} {value!r} must be an integer >= {lo}")
+            require_int(f"--{name.replace('_', '-')}", getattr(self, name), lo)
         if not MIN_REQUESTS_PER_PROBE <= self.requests_per_probe <= MAX_REQUESTS_PER_PROBE:
             raise ValueError(
                 f"--requests-per-probe {self.requests_per_probe} is out of range: use "
@@ -76,32 +76,35 @@ class ProfileConfig:
                 f"--base-chunk-size {self.base_chunk_size} is smaller than --page-size {self.page_size}: "
                 "use a base chunk of at least one page"
             )
-        if self.max_chunk_size > self.context_len:
+        if self.max_probe_chunk_size > self.context_len:
             raise ValueError(
-                f"--base-chunk-size {self.base_chunk_size} (largest probe chunk {self.max_chunk_size}) exceeds "
+                f"--base-chunk-size {self.base_chunk_size} (largest probe chunk {self.max_probe_chunk_size}) exceeds "
                 f"--context-len {self.context_len}: lower the base chunk or raise the context length"
             )
         for p in self.resolved_prefix_lens():
-            if p < 0 or p + self.max_chunk_size > self.context_len:
+            if p < 0 or p + self.max_probe_chunk_size > self.context_len:
                 raise ValueError(
-                    f"--prefix-lens value {p} plus the largest probe chunk {self.max_chunk_size} exceeds --context-len "
-                    f"{self.context_len}: use prefixes below {self.context_len - self.max_chunk_size}"
+                    f"--prefix-lens value {p} plus the largest probe chunk {self.max_probe_chunk_size} exceeds "
+                    f"--context-len {self.context_len}: use prefixes below "
+                    f"{self.context_len - self.max_probe_chunk_size}"
                 )
         if self.max_total_tokens is not None:
             if self.max_total_tokens % self.page_size:
                 raise ValueError(
                     f"--max-total-tokens {self.max_total_tokens} is not a multiple of --page-size {self.page_size}"
                 )
-            need = self.needed_kv_tokens()
+            need = self.needed_total_tokens()
             if self.max_total_tokens < need:
                 raise ValueError(
                     f"--base-chunk-size {self.base_chunk_size} does not fit the KV cache: the longest probe request "
                     f"needs {need} slots but --max-total-tokens is {self.max_total_tokens}; raise --max-total-tokens "
                     "or lower --base-chunk-size / --prefix-lens"
                 )
+        else:
+            self.max_total_tokens = self.needed_total_tokens()
 
     @property
-    def max_chunk_size(self) -> int:
+    def max_probe_chunk_size(self) -> int:
         """The largest probe chunk: 1.25 x B, aligned down to the page."""
         return max(self.page_size, int(1.25 * self.base_chunk_size) // self.page_size * self.page_size)
 
@@ -111,22 +114,37 @@ class ProfileConfig:
         out = []
         for k in (1, 2, 4):
             p = k * self.base_chunk_size // self.page_size * self.page_size
-            if p + self.max_chunk_size <= self.context_len:
+            if p + self.max_probe_chunk_size <= self.context_len:
                 out.append(p)
         return tuple(out)
 
-    def needed_kv_tokens(self) -> int:
+    def needed_total_tokens(self) -> int:
         """KV slots the longest probe request holds (prefix + the largest chunk), in whole pages."""
-        longest = max((*self.resolved_prefix_lens(), 0)) + self.max_chunk_size
+        longest = max((*self.resolved_prefix_lens(), 0)) + self.max_probe_chunk_size
         return -(-longest // self.page_size) * self.page_size
-
-    @property
-    def kv_tokens(self) -> int:
-        return self.max_total_tokens if self.max_total_tokens is not None else self.needed_kv_tokens()
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["prefix_lens"] = list(self.resolved_prefix_lens())
-        d["max_total_tokens"] = self.kv_tokens
         d["layer_partition"] = None if self.layer_partition is None else list(self.layer_partition)
         return d
+
+
+def align_down(x: int, unit: int) -> int:
+    """x rounded down to a multiple of unit, but at least one unit."""
+    return max(unit, x // unit * unit)
+
+
+SGLANG_SWEEP_REQUESTS = 128
+
+
+def sweep_chunk_sizes(base_chunk_size: int, num_requests: int = SGLANG_SWEEP_REQUESTS, align: int = 1) -> list[int]:
+    """The prefix-free sweep's chunk sizes: SGLang's start-up profile, size_i = 1.25B - i * (1.25B // 128) for
+    i = 0..127, sampled at `num_requests` evenly spaced i (all of them for 128), each aligned down to `align`.
+    So the sizes fall linearly from 1.25 B to about 1.25 B / 128 whatever the number of requests. Below 1.25 B = 128,
+    where SGLang's integer step would be 0 (every size equal), the step is 1.25 B / 128 in real numbers."""
+    top = int(1.25 * base_chunk_size)
+    step = top // SGLANG_SWEEP_REQUESTS or top / SGLANG_SWEEP_REQUESTS
+    last = SGLANG_SWEEP_REQUESTS - 1
+    picks = [round(i * last / (num_requests - 1)) for i in range(num_requests)] if num_requests > 1 else [0]
+    return [align_down(int(top - i * step), align) for i in picks]

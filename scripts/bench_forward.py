@@ -73,9 +73,9 @@ def main() -> None:
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     layer_ids = range(spec.num_layers)
     stage = Stage(spec, layer_ids, dtype=dtype, device=device, seed=0)
-    max_context_len = max(CHUNK_LENS) + max(PREFIX_LENS)
-    cache = build_stage_cache(spec, layer_ids, kv_slots=max_context_len + 64, page_size=1, mamba_slots=1,
-                              max_requests=1, max_context_len=max_context_len, dtype=dtype, device=device)
+    context_len = max(CHUNK_LENS) + max(PREFIX_LENS)
+    cache = build_stage_cache(spec, layer_ids, max_total_tokens=context_len + 64, page_size=1, max_mamba_cache_size=1,
+                              max_running_requests=1, context_len=context_len, dtype=dtype, device=device)
     gen = torch.Generator().manual_seed(0)
 
     # One untimed sweep of every chunk size first: the first calls pay for lazy init (kernels, allocator pools),

@@ -15,7 +15,7 @@ import timeit
 from pathlib import Path
 
 from ppprof.fit import fit
-from ppprof.fit.samples import make_samples, write_run_dir
+from ppprof.fit.synthetic import make_samples, write_run_dir
 from ppprof.io import atomic_write_json
 from ppprof.policy import LatencyModel, load
 

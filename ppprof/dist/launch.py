@@ -1,12 +1,11 @@
-"""Start the ranks of a profile through torch's elastic launcher (what torchrun runs), with torchrun's options."""
+"""Start the ranks of a distributed job through torch's elastic launcher (what torchrun runs), with torchrun's options.
+
+Job-agnostic: the caller gives the arguments each rank runs after `python -m ppprof`."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-
-from ppprof.config import ProfileConfig
 
 # torchrun options `ppprof profile` accepts and passes to the launcher unchanged: (option, takes a value).
 TORCHRUN_OPTIONS = (
@@ -33,9 +32,14 @@ def num_nodes(nnodes: str | None) -> int:
     return n
 
 
-def launcher_argv(cfg: ProfileConfig, torchrun: dict, fault: str | None) -> list[str]:
-    """torchrun's argument list for starting `python -m ppprof profile` on every rank with the resolved config."""
-    argv = ["--nproc-per-node", str(cfg.nproc_per_node)]
+def in_worker() -> bool:
+    """True when started by torchrun or torch's elastic launcher (the rank's environment is set)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def launcher_argv(nproc_per_node: int, torchrun: dict, worker_args: list[str]) -> list[str]:
+    """torchrun's argument list for starting `python -m ppprof WORKER_ARGS...` on every rank of this node."""
+    argv = ["--nproc-per-node", str(nproc_per_node)]
     multi_node = num_nodes(torchrun.get("nnodes")) > 1 or torchrun.get("rdzv_endpoint") or torchrun.get("master_port")
     if not multi_node and not torchrun.get("standalone"):
         argv.append("--standalone")  # a local rendezvous on a free port
@@ -45,24 +49,21 @@ def launcher_argv(cfg: ProfileConfig, torchrun: dict, fault: str | None) -> list
             continue
         flag = "--" + name.replace("_", "-")
         argv += [flag, str(value)] if takes_value else [flag]
-    argv += ["--module", "ppprof", "profile", "--resolved-config", json.dumps(cfg.to_dict())]
-    if fault:
-        argv += ["--inject-fault", fault]
-    return argv
+    return argv + ["--module", "ppprof", *worker_args]
 
 
-def launch(cfg: ProfileConfig, torchrun: dict, fault: str | None = None) -> int:
-    """Run the profile on this node's ranks; returns the exit code (1 when any rank failed)."""
+def launch(nproc_per_node: int, torchrun: dict, worker_args: list[str], job: str) -> int:
+    """Run `python -m ppprof WORKER_ARGS...` on this node's ranks; returns the exit code (1 when any rank failed)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    args = get_args_parser().parse_args(launcher_argv(cfg, torchrun, fault))
+    args = get_args_parser().parse_args(launcher_argv(nproc_per_node, torchrun, worker_args))
     if "OMP_NUM_THREADS" not in os.environ:  # share the cores among this node's ranks (torchrun would pick 1)
-        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cfg.nproc_per_node))
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc_per_node))
     try:
         run(args)
     except ChildFailedError as e:
         ranks = ", ".join(str(r) for r in sorted(e.failures))
-        print(f"error: the profile failed on rank {ranks}; the [rank N] lines above say why", file=sys.stderr)
+        print(f"error: the {job} failed on rank {ranks}; the [rank N] lines above say why", file=sys.stderr)
         return 1
     return 0

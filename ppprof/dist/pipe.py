@@ -1,6 +1,6 @@
 """Point-to-point transfer of activations between neighbouring stages, and the few collectives of a profile.
 
-Every message down the pipeline starts with a header (status, num_tokens), so that a stage whose forward failed
+Every message down the pipeline starts with a header (status, chunk_size), so that a stage whose forward failed
 still tells its successors, which then skip their forward instead of waiting on a tensor that never comes.
 """
 
@@ -16,6 +16,9 @@ FAILED = 1
 
 
 class Pipe:
+    """This rank's links to its neighbours in the pipeline (activations down, "done" back to rank 0), and the few
+    collectives of a run (agreement, gather, broadcast)."""
+
     def __init__(self, *, rank: int, world_size: int, device: torch.device, hidden_size: int,
                  dtype: torch.dtype) -> None:
         self.rank = rank
@@ -32,14 +35,14 @@ class Pipe:
     def is_last(self) -> bool:
         return self.rank == self.world_size - 1
 
-    def _header(self, status: int, num_tokens: int) -> torch.Tensor:
-        return torch.tensor([status, num_tokens], dtype=torch.int64, device=self.device)
+    def _header(self, status: int, chunk_size: int) -> torch.Tensor:
+        return torch.tensor([status, chunk_size], dtype=torch.int64, device=self.device)
 
     def send_activation(self, status: int, hidden: torch.Tensor | None, residual: torch.Tensor | None) -> None:
-        """To the next stage: the header, then (when OK) hidden and residual, each (num_tokens, hidden_size)."""
+        """To the next stage: the header, then (when OK) hidden and residual, each (chunk_size, hidden_size)."""
         dst = self.rank + 1
-        num_tokens = 0 if status != OK else hidden.shape[0]
-        dist.send(self._header(status, num_tokens), dst)
+        chunk_size = 0 if status != OK else hidden.shape[0]
+        dist.send(self._header(status, chunk_size), dst)
         if status == OK:
             # The receiver allocates buffers of the pipeline dtype, so send exactly that.
             dist.send(hidden.to(self.dtype).contiguous(), dst)
@@ -50,10 +53,10 @@ class Pipe:
         src = self.rank - 1
         header = self._header(OK, 0)
         dist.recv(header, src)
-        status, num_tokens = (int(v) for v in header.tolist())
+        status, chunk_size = (int(v) for v in header.tolist())
         if status != OK:
             return status, None, None
-        hidden = torch.empty((num_tokens, self.hidden_size), dtype=self.dtype, device=self.device)
+        hidden = torch.empty((chunk_size, self.hidden_size), dtype=self.dtype, device=self.device)
         residual = torch.empty_like(hidden)
         dist.recv(hidden, src)
         dist.recv(residual, src)

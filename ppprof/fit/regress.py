@@ -6,7 +6,7 @@
 - prefix (ATOM): t(L, x) = c + g L + b x + a (2 L x + x^2) on all rows; >= 2 distinct chunk sizes and >= 3 distinct
   prefixes. Coefficients must be non-negative: the most negative term (by its share of the mean latency) is dropped
   from the design and the rest refitted, until none is negative (a refit, not a clamp, so the others absorb its share).
-Every prediction, for scoring and diagnostics alike, is the planner's: model.chunk_latency_ms(prefix_len, chunk_len)
+Every prediction, for scoring and diagnostics alike, is the planner's: model.chunk_latency_ms(prefix_len, chunk_size)
 (for the quadratic, c + f(L + x) - f(L), which is f(x) on a prefix-free row).
 Robustness: after a first fit, rows whose relative residual lies more than OUTLIER_MADS robust sigmas (1.4826 MAD,
 at least MIN_OUTLIER_REL) from the median are dropped, at most MAX_OUTLIER_FRACTION of them, and the model refitted.
@@ -52,7 +52,7 @@ def admissible(name: str, prefix_len) -> np.ndarray:
     return prefix_len == 0 if name == "quadratic" else np.ones(len(prefix_len), dtype=bool)
 
 
-def ineligible(name: str, prefix_len: np.ndarray, chunk_len: np.ndarray) -> str | None:
+def ineligible(name: str, prefix_len: np.ndarray, chunk_size: np.ndarray) -> str | None:
     """Why `name` cannot be fitted to these samples, or None."""
     if name == "quadratic":
         free = admissible(name, prefix_len)
@@ -60,37 +60,37 @@ def ineligible(name: str, prefix_len: np.ndarray, chunk_len: np.ndarray) -> str 
         if num_free < MIN_QUADRATIC_POINTS:
             return (f"quadratic needs >= {MIN_QUADRATIC_POINTS} prefix-free samples (prefix_len == 0), has {num_free} "
                     f"of {len(prefix_len)}: profile a prefix-free sweep or use the prefix model")
-        if len(np.unique(chunk_len[free])) < MIN_QUADRATIC_LENGTHS:
+        if len(np.unique(chunk_size[free])) < MIN_QUADRATIC_LENGTHS:
             return f"quadratic needs >= {MIN_QUADRATIC_LENGTHS} distinct lengths among its prefix-free samples"
         return None
-    num_chunks, num_prefixes = len(np.unique(chunk_len)), len(np.unique(prefix_len))
+    num_chunks, num_prefixes = len(np.unique(chunk_size)), len(np.unique(prefix_len))
     if num_chunks < MIN_PREFIX_CHUNK_SIZES or num_prefixes < MIN_PREFIX_PREFIXES:
         return (f"prefix needs >= {MIN_PREFIX_CHUNK_SIZES} distinct chunk sizes and >= {MIN_PREFIX_PREFIXES} distinct "
                 f"prefixes, has {num_chunks} and {num_prefixes}")
     return None
 
 
-def design(name: str, prefix_len, chunk_len, terms=None) -> np.ndarray:
+def design(name: str, prefix_len, chunk_size, terms=None) -> np.ndarray:
     """Columns of the model's regressors, intercept included as a column of ones (used for the condition number).
 
-    quadratic: [1, l, l^2] with l = chunk_len, for its prefix-free rows only (pass those).
+    quadratic: [1, l, l^2] with l = chunk_size, for its prefix-free rows only (pass those).
     """
     L = np.asarray(prefix_len, dtype=float)
-    x = np.asarray(chunk_len, dtype=float)
+    x = np.asarray(chunk_size, dtype=float)
     if name == "quadratic":
         return np.column_stack([np.ones_like(x), x, x * x])
     cols = {"c": np.ones_like(L), "g": L, "b": x, "a": 2.0 * L * x + x * x}
     return np.column_stack([cols[t] for t in (terms or PREFIX_TERMS)])
 
 
-def fit_model(name: str, prefix_len: np.ndarray, chunk_len: np.ndarray, latency_ms: np.ndarray) -> LatencyModel:
+def fit_model(name: str, prefix_len: np.ndarray, chunk_size: np.ndarray, latency_ms: np.ndarray) -> LatencyModel:
     """Least squares on the model's admissible rows among those given (no trimming)."""
-    reason = ineligible(name, prefix_len, chunk_len)
+    reason = ineligible(name, prefix_len, chunk_size)
     if reason:
         raise Unfittable(reason)
     if name == "quadratic":
         free = admissible(name, prefix_len)
-        X = design(name, prefix_len[free], chunk_len[free])[:, 1:]
+        X = design(name, prefix_len[free], chunk_size[free])[:, 1:]
         reg = LinearRegression().fit(X, latency_ms[free])
         b, a = (float(v) for v in reg.coef_)
         if a <= 0.0:
@@ -104,7 +104,7 @@ def fit_model(name: str, prefix_len: np.ndarray, chunk_len: np.ndarray, latency_
         cols = [t for t in terms if t != "c"]
         if not cols:
             raise Unfittable("prefix fit has no term left with a non-negative coefficient")
-        X = design(name, prefix_len, chunk_len, cols)
+        X = design(name, prefix_len, chunk_size, cols)
         reg = LinearRegression(fit_intercept="c" in terms).fit(X, latency_ms)
         coefs = dict(zip(cols, (float(v) for v in reg.coef_)))
         if "c" in terms:
@@ -118,9 +118,9 @@ def fit_model(name: str, prefix_len: np.ndarray, chunk_len: np.ndarray, latency_
     return LatencyModel("prefix", **values)
 
 
-def outlier_mask(model: LatencyModel, prefix_len, chunk_len, latency_ms) -> np.ndarray:
+def outlier_mask(model: LatencyModel, prefix_len, chunk_size, latency_ms) -> np.ndarray:
     """True for points to keep (see the module docstring)."""
-    pred = model.chunk_latency_ms(prefix_len, chunk_len)
+    pred = model.chunk_latency_ms(prefix_len, chunk_size)
     rel = (latency_ms - pred) / np.maximum(np.abs(pred), 1e-12)
     dev = np.abs(rel - np.median(rel))
     threshold = max(OUTLIER_MADS * MAD_TO_SIGMA * float(np.median(dev)), MIN_OUTLIER_REL)
@@ -130,10 +130,10 @@ def outlier_mask(model: LatencyModel, prefix_len, chunk_len, latency_ms) -> np.n
     return keep
 
 
-def fit_trimmed(name: str, prefix_len, chunk_len, latency_ms) -> tuple[LatencyModel, np.ndarray]:
+def fit_trimmed(name: str, prefix_len, chunk_size, latency_ms) -> tuple[LatencyModel, np.ndarray]:
     """Fit on the admissible rows, drop their outliers, refit; return (model, mask of the rows it was fitted to)."""
     rows = admissible(name, prefix_len)
-    L, x, y = prefix_len[rows], chunk_len[rows], latency_ms[rows]
+    L, x, y = prefix_len[rows], chunk_size[rows], latency_ms[rows]
     first = fit_model(name, L, x, y)
     keep = outlier_mask(first, L, x, y)
     model = fit_model(name, L[keep], x[keep], y[keep])
@@ -151,7 +151,7 @@ def cv_splits(prefix_len, folds: int):
     return KFold(n_splits=folds, shuffle=True, random_state=CV_SEED).split(free)
 
 
-def cross_validate(names, prefix_len, chunk_len, latency_ms, folds: int = CV_FOLDS) -> dict[str, float]:
+def cross_validate(names, prefix_len, chunk_size, latency_ms, folds: int = CV_FOLDS) -> dict[str, float]:
     """k-fold cross-validated mean absolute percentage error (a fraction) of each model, on the same rows.
 
     Every row is held out once; in each fold every model is fitted (with trimming) on its admissible training rows
@@ -167,28 +167,28 @@ def cross_validate(names, prefix_len, chunk_len, latency_ms, folds: int = CV_FOL
     for train, test in cv_splits(prefix_len, folds):
         for name in set(names) - unfittable:
             try:
-                model, _ = fit_trimmed(name, prefix_len[train], chunk_len[train], latency_ms[train])
+                model, _ = fit_trimmed(name, prefix_len[train], chunk_size[train], latency_ms[train])
             except Unfittable:
                 unfittable.add(name)
                 continue
-            pred = model.chunk_latency_ms(prefix_len[test], chunk_len[test])
+            pred = model.chunk_latency_ms(prefix_len[test], chunk_size[test])
             errors[name][test] = np.abs(latency_ms[test] - pred) / latency_ms[test]
     return {name: float("inf") if name in unfittable else float(errors[name].mean()) for name in names}
 
 
-def condition_number(name: str, prefix_len, chunk_len) -> float:
+def condition_number(name: str, prefix_len, chunk_size) -> float:
     """Condition number of the design (on the model's admissible rows) with every column scaled to unit length."""
     rows = admissible(name, prefix_len)
-    X = design(name, np.asarray(prefix_len)[rows], np.asarray(chunk_len)[rows])
+    X = design(name, np.asarray(prefix_len)[rows], np.asarray(chunk_size)[rows])
     norms = np.linalg.norm(X, axis=0)
     if len(X) == 0 or np.any(norms == 0):
         return float("inf")
     return float(np.linalg.cond(X / norms))
 
 
-def fit_stats(model: LatencyModel, prefix_len, chunk_len, latency_ms) -> dict:
+def fit_stats(model: LatencyModel, prefix_len, chunk_size, latency_ms) -> dict:
     """R^2, MAPE, RMS and the worst residual of chunk_latency_ms on the rows given."""
-    pred = model.chunk_latency_ms(prefix_len, chunk_len)
+    pred = model.chunk_latency_ms(prefix_len, chunk_size)
     resid = latency_ms - pred
     worst = int(np.argmax(np.abs(resid)))
     return {
@@ -198,24 +198,24 @@ def fit_stats(model: LatencyModel, prefix_len, chunk_len, latency_ms) -> dict:
         "rms_residual_ms": float(np.sqrt(np.mean(resid**2))),
         "mean_latency_ms": float(np.mean(latency_ms)),
         "worst_residual": {"residual_ms": float(resid[worst]), "relative": float(resid[worst] / latency_ms[worst]),
-                           "prefix_len": int(prefix_len[worst]), "chunk_len": int(chunk_len[worst]),
+                           "prefix_len": int(prefix_len[worst]), "chunk_size": int(chunk_size[worst]),
                            "latency_ms": float(latency_ms[worst])},
     }
 
 
-def diagnostics(model: LatencyModel, fit_rows: np.ndarray, prefix_len, chunk_len, latency_ms, cv_mape: float) -> dict:
+def diagnostics(model: LatencyModel, fit_rows: np.ndarray, prefix_len, chunk_size, latency_ms, cv_mape: float) -> dict:
     """Diagnostics of `model` on the evaluation rows (all rows given), with the planner's chunk_latency_ms.
 
     Top level: every evaluation row, prefix-free and prefixed, less the outliers the outlier rule finds among them
     under this model (the gates read these). `fit`: the rows the model was fitted to. `cv_mape`: every row, held out.
     """
-    L, x, y = prefix_len, chunk_len, latency_ms
+    L, x, y = prefix_len, chunk_size, latency_ms
     n, num_free = len(y), int((L == 0).sum())
     keep = outlier_mask(model, L, x, y)
     num_fit_candidates = int(admissible(model.name, L).sum())
     diag = {
         "rows": (f"all {n} evaluation rows ({num_free} prefix-free, {n - num_free} prefixed) less "
-                 f"{int((~keep).sum())} outliers; predicted with chunk_latency_ms(prefix_len, chunk_len) as the "
+                 f"{int((~keep).sum())} outliers; predicted with chunk_latency_ms(prefix_len, chunk_size) as the "
                  f"planner does"),
         "num_evaluation_rows": n,
         "num_outliers_dropped": int((~keep).sum()),
@@ -235,12 +235,14 @@ def diagnostics(model: LatencyModel, fit_rows: np.ndarray, prefix_len, chunk_len
 
 @dataclass(slots=True)
 class Fit:
+    """One model fitted with trimming: the model, the rows it was fitted to, and its cross-validated MAPE."""
+
     model: LatencyModel
     fit_rows: np.ndarray  # (n,) bool: admissible, not an outlier
     cv_mape: float
 
 
-def fit_candidates(prefix_len, chunk_len, latency_ms, requested: str) -> tuple[dict[str, Fit], dict[str, str]]:
+def fit_candidates(prefix_len, chunk_size, latency_ms, requested: str) -> tuple[dict[str, Fit], dict[str, str]]:
     """Fit each requested model (both for 'auto') with trimming; cross-validate them on the same rows.
 
     Returns ({name: Fit} for the models that fitted, {name: reason} for those that did not).
@@ -249,10 +251,10 @@ def fit_candidates(prefix_len, chunk_len, latency_ms, requested: str) -> tuple[d
     fitted, failed = {}, {}
     for name in names:
         try:
-            fitted[name] = Fit(*fit_trimmed(name, prefix_len, chunk_len, latency_ms), float("nan"))
+            fitted[name] = Fit(*fit_trimmed(name, prefix_len, chunk_size, latency_ms), float("nan"))
         except Unfittable as e:
             failed[name] = str(e)
-    cv = cross_validate(tuple(fitted), prefix_len, chunk_len, latency_ms)
+    cv = cross_validate(tuple(fitted), prefix_len, chunk_size, latency_ms)
     for name, value in cv.items():
         fitted[name].cv_mape = value
     return fitted, failed

@@ -14,14 +14,16 @@ from ppprof.mem.indices import PAD_SLOT, to_index_array
 
 
 class KVAllocator:
-    def __init__(self, num_slots: int, page_size: int = 1) -> None:
-        """`num_slots` usable token slots (a multiple of page_size), plus the reserved page 0."""
+    """Free-slot bookkeeping of a paged KV cache: which token slots are free, handed out and taken back by pages."""
+
+    def __init__(self, size: int, page_size: int = 1) -> None:
+        """`size` usable token slots (a multiple of page_size; a stage's max_total_tokens), plus the reserved page 0."""
         if page_size < 1:
             raise ValueError(f"page_size={page_size} must be >= 1")
-        if num_slots < page_size or num_slots % page_size:
-            raise ValueError(f"num_slots={num_slots} must be a positive multiple of page_size={page_size}")
+        if size < page_size or size % page_size:
+            raise ValueError(f"size={size} must be a positive multiple of page_size={page_size}")
         self.page_size = page_size
-        self.num_pages = num_slots // page_size
+        self.num_pages = size // page_size
         self._offsets = np.arange(page_size, dtype=np.int64)
         # scratch for finding repeats in one free call
         self._mark = np.zeros(self.num_pages + 1, dtype=np.int64)

@@ -14,15 +14,15 @@ NO_MAMBA_SLOT = -1
 
 
 class ReqToTokenPool:
-    def __init__(self, size: int, max_context_len: int, device: str | torch.device = "cpu") -> None:
+    def __init__(self, size: int, context_len: int, device: str | torch.device = "cpu") -> None:
         if size < 1:
             raise ValueError(f"request pool size {size} must be >= 1 (--max-running-requests)")
-        if max_context_len < 1:
-            raise ValueError(f"max_context_len {max_context_len} must be >= 1")
+        if context_len < 1:
+            raise ValueError(f"context_len {context_len} must be >= 1")
         self.size = size
-        self.max_context_len = max_context_len
-        # (size, max_context_len): KV slot of each position of each request; PAD_SLOT where unset
-        self.req_to_token = torch.full((size, max_context_len), PAD_SLOT, dtype=torch.int64, device=device)
+        self.context_len = context_len
+        # (size, context_len): KV slot of each position of each request; PAD_SLOT where unset
+        self.req_to_token = torch.full((size, context_len), PAD_SLOT, dtype=torch.int64, device=device)
         self.clear()
 
     def clear(self) -> None:
@@ -55,8 +55,8 @@ class ReqToTokenPool:
     def write(self, req_pool_idx: int, start: int, slots: torch.Tensor) -> None:
         """Record `slots` as the KV slots of positions [start, start + len(slots))."""
         end = start + slots.numel()
-        if end > self.max_context_len:
-            raise ValueError(f"request needs {end} positions but the context length is {self.max_context_len}")
+        if end > self.context_len:
+            raise ValueError(f"request needs {end} positions but the context length is {self.context_len}")
         self.req_to_token[req_pool_idx, start:end] = slots
 
     def slots(self, req_pool_idx: int, length: int) -> torch.Tensor:

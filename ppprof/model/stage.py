@@ -149,10 +149,10 @@ class Stage(nn.Module):
         elif x.dim() != 2 or residual is None:
             raise ValueError(f"stage {self.layer_ids} takes hidden states (n, hidden) and a residual; "
                              f"got {tuple(x.shape)}, residual={'set' if residual is not None else None}")
-        num_new_tokens = x.shape[0]
-        if req.kv_len < prefix_len + num_new_tokens:
+        chunk_size = x.shape[0]
+        if req.kv_len < prefix_len + chunk_size:
             raise ValueError(f"request {req.rid} has KV slots for {req.kv_len} positions but the chunk ends at "
-                             f"{prefix_len + num_new_tokens}: call cache.extend(req, n) first")
+                             f"{prefix_len + chunk_size}: call cache.extend(req, n) first")
         for layer in self.layers.values():
             x, residual = layer(x, residual, cache, req, prefix_len)  # (n, hidden) each
         if not self.is_last:
@@ -161,8 +161,8 @@ class Stage(nn.Module):
         return self.lm_head(h)[0], None  # (vocab,)
 
 
-def build_stage_cache(spec: ModelSpec, layer_ids: range, *, kv_slots: int, page_size: int, mamba_slots: int,
-                      max_requests: int, max_context_len: int, dtype: torch.dtype = torch.float32,
+def build_stage_cache(spec: ModelSpec, layer_ids: range, *, max_total_tokens: int, page_size: int,
+                      max_mamba_cache_size: int, max_running_requests: int, context_len: int, dtype: torch.dtype = torch.float32,
                       device: str | torch.device = "cpu") -> StageCache:
     """StageCache with pools for the stage's own attention and Mamba layers only.
 
@@ -172,14 +172,14 @@ def build_stage_cache(spec: ModelSpec, layer_ids: range, *, kv_slots: int, page_
     _check_layer_ids(spec, layer_ids)
     attention_ids = [i for i in layer_ids if spec.layers[i].has_attention]
     mamba_ids = [i for i in layer_ids if spec.layers[i].has_mamba]
-    req_pool = ReqToTokenPool(max_requests, max_context_len, device)
-    kv_alloc = KVAllocator(kv_slots, page_size)
+    req_pool = ReqToTokenPool(max_running_requests, context_len, device)
+    kv_alloc = KVAllocator(max_total_tokens, page_size)
     kv_pool = None
     if attention_ids:
         kv_pool = KVPool(kv_alloc.total_slots, attention_ids, spec.num_key_value_heads, spec.head_dim, dtype, device)
     mamba_alloc = mamba_pool = None
     if mamba_ids:
-        mamba_alloc = MambaAllocator(mamba_slots)
+        mamba_alloc = MambaAllocator(max_mamba_cache_size)
         mamba_pool = MambaPool(mamba_alloc.total_slots, mamba_ids, spec.mamba_conv_dim, spec.conv_kernel,
                                spec.mamba_num_heads, spec.mamba_head_dim, spec.ssm_state_size, dtype, device)
     return StageCache(req_pool=req_pool, kv_alloc=kv_alloc, mamba_alloc=mamba_alloc, kv_pool=kv_pool,

@@ -1,6 +1,6 @@
 """Dynamic-chunk policies: the file (schema, load, save), the next-chunk rule, planners and server exports.
 
-Servers call `ppprof.policy.load(path)` and then `next_chunk_size(history_len)` or `plan(prompt_len)`.
+Servers call `ppprof.policy.load(path)` and then `next_chunk_size(prefix_len)` or `plan(prompt_len)`.
 """
 
 from ppprof.policy.rule import ChunkSettings, LatencyModel, next_chunk_size

@@ -29,6 +29,8 @@ PRUNE_RTOL = 1e-12
 
 @dataclass(slots=True)
 class Plan:
+    """One strategy's chunk sizes for a prompt, with their predicted latencies and TTFT."""
+
     strategy: str
     chunk_sizes: list[int]
     latencies_ms: list[float] = field(default_factory=list)
@@ -44,22 +46,26 @@ class Plan:
 
 
 def ttft_ms(latencies_ms, num_stages: int) -> float:
+    """Predicted TTFT = sum t + (P - 1) max t (0 for no chunks)."""
     t = np.asarray(latencies_ms, dtype=float)
     return float(t.sum() + (num_stages - 1) * t.max()) if t.size else 0.0
 
 
 def chunk_latencies_ms(model: LatencyModel, chunk_sizes: list[int]) -> np.ndarray:
+    """Latency of each chunk of a plan, each after the prefix the chunks before it filled."""
     sizes = np.asarray(chunk_sizes, dtype=float)
     starts = np.concatenate([[0.0], np.cumsum(sizes)[:-1]])
     return model.chunk_latency_ms(starts, sizes)
 
 
 def predicted(model: LatencyModel, strategy: str, chunk_sizes: list[int], num_stages: int) -> Plan:
+    """A Plan of `chunk_sizes` with the model's latencies and TTFT."""
     lat = chunk_latencies_ms(model, chunk_sizes)
     return Plan(strategy, [int(s) for s in chunk_sizes], [float(v) for v in lat], ttft_ms(lat, num_stages))
 
 
 def fixed_chunks(chunk_size: int, prompt_len: int) -> list[int]:
+    """`chunk_size` tokens a chunk, the last one taking the rest."""
     full, rest = divmod(prompt_len, chunk_size)
     return [chunk_size] * full + ([rest] if rest else [])
 
@@ -116,38 +122,21 @@ def backtrack(pos: np.ndarray, start: np.ndarray) -> list[int]:
     return chunks[::-1]
 
 
-def optimal_chunks(model: LatencyModel, prompt_len: int, num_stages: int, alignment: int, max_chunk: int,
-                   seeds: list[list[int]]) -> tuple[list[int], dict]:
-    """TeraPipe's DP: for a bound M on the largest chunk latency, the plan minimising the sum of latencies; over
-    bounds, the plan with the least TTFT. Returns (chunk sizes, search facts). Never worse than any plan in `seeds`.
-
-    1. Positions: multiples of the grid step (the alignment, coarsened to at most MAX_GRID_POINTS positions and
-       MAX_WINDOW steps per chunk), the seeds' boundaries, and prompt_len. Chunks are at most max_chunk tokens.
-    2. Let C be the distinct finite chunk costs on that grid and S(M) the DP's least sum with every chunk <= M.
-       If the best plan has largest latency M*, then M* is in C and the min-sum plan for M* has sum <= the best
-       sum and max <= M*: its TTFT is optimal. So the optimum is min over M in C of S(M) + (P - 1) M, and every
-       plan is scored by its actual TTFT = sum + (P - 1) * its actual max.
-    3. Few enough costs (one pass over all of C within MAX_DP_CELLS and MAX_DP_WORK): every M in C is run at
-       once; the plan is exact on the grid.
-    4. Otherwise branch and bound over C sorted: a first pass at BOUNDS_PER_ROUND quantiles of C (spanning the least
-       to the largest cost); S is non-increasing, so for M strictly between evaluated bounds M_lo < M_hi,
-       S(M) + (P - 1) M >= S(M_hi) + (P - 1) next(M_lo) - intervals whose bound cannot beat the best are pruned,
-       the rest are split by further passes. When no interval is left the plan is exact on the grid; after
-       MAX_ROUNDS passes it stops, and `gap_ms` bounds how far its TTFT may be above the grid's optimum.
-    The grid itself is exact for prompts up to MAX_GRID_POINTS alignment units (and chunks up to MAX_WINDOW units).
-    """
-    max_chunk = max([max_chunk] + [max(s) for s in seeds])
+def grid_positions(prompt_len: int, alignment: int, max_chunk: int, seeds: list[list[int]]) -> tuple[np.ndarray, int]:
+    """Sorted chunk boundaries the DP may use: multiples of the grid step, the seeds' boundaries and prompt_len; and
+    the grid step (the alignment, coarsened to at most MAX_GRID_POINTS positions and MAX_WINDOW steps per chunk)."""
     grid = alignment * max(1, math.ceil(prompt_len / (alignment * MAX_GRID_POINTS)),
                            math.ceil(max_chunk / (alignment * MAX_WINDOW)))
     points = [np.arange(0, prompt_len, grid, dtype=np.int64), np.array([prompt_len], dtype=np.int64)]
     for seed in seeds:
         points.append(np.cumsum(seed, dtype=np.int64))
-    pos = np.unique(np.concatenate(points))
-    cost = chunk_costs(model, pos, max_chunk)
-    costs = np.unique(cost[np.isfinite(cost)])  # C, sorted
-    n, window = cost.shape
-    P1 = num_stages - 1
+    return np.unique(np.concatenate(points)), grid
 
+
+def search_bounds(cost: np.ndarray, costs: np.ndarray, P1: int) -> tuple[float, int, list[tuple[float, int, int]]]:
+    """Steps 3 and 4 of optimal_chunks over the sorted distinct costs C: returns (the bound M whose min-sum plan had
+    the least TTFT upper bound, how many bounds were evaluated, the intervals left open)."""
+    n, window = cost.shape
     sums = np.full(len(costs), np.nan)  # S(C[i]) where evaluated
     best = {"ub": np.inf, "bound": None}
     evaluated = 0
@@ -178,7 +167,35 @@ def optimal_chunks(model: LatencyModel, prompt_len: int, num_stages: int, alignm
         open_gaps = unresolved(sums, costs, P1, best["ub"])
     if not np.isfinite(best["ub"]):
         raise ValueError("optimal planner found no feasible plan: check the policy's latency model")
-    _, arg = min_sums(cost, np.array([best["bound"]]), with_arg=True)
+    return best["bound"], evaluated, open_gaps
+
+
+def optimal_chunks(model: LatencyModel, prompt_len: int, num_stages: int, alignment: int, max_chunk: int,
+                   seeds: list[list[int]]) -> tuple[list[int], dict]:
+    """TeraPipe's DP: for a bound M on the largest chunk latency, the plan minimising the sum of latencies; over
+    bounds, the plan with the least TTFT. Returns (chunk sizes, search facts). Never worse than any plan in `seeds`.
+
+    1. Positions: multiples of the grid step (the alignment, coarsened to at most MAX_GRID_POINTS positions and
+       MAX_WINDOW steps per chunk), the seeds' boundaries, and prompt_len. Chunks are at most max_chunk tokens.
+    2. Let C be the distinct finite chunk costs on that grid and S(M) the DP's least sum with every chunk <= M.
+       If the best plan has largest latency M*, then M* is in C and the min-sum plan for M* has sum <= the best
+       sum and max <= M*: its TTFT is optimal. So the optimum is min over M in C of S(M) + (P - 1) M, and every
+       plan is scored by its actual TTFT = sum + (P - 1) * its actual max.
+    3. Few enough costs (one pass over all of C within MAX_DP_CELLS and MAX_DP_WORK): every M in C is run at
+       once; the plan is exact on the grid.
+    4. Otherwise branch and bound over C sorted: a first pass at BOUNDS_PER_ROUND quantiles of C (spanning the least
+       to the largest cost); S is non-increasing, so for M strictly between evaluated bounds M_lo < M_hi,
+       S(M) + (P - 1) M >= S(M_hi) + (P - 1) next(M_lo) - intervals whose bound cannot beat the best are pruned,
+       the rest are split by further passes. When no interval is left the plan is exact on the grid; after
+       MAX_ROUNDS passes it stops, and `gap_ms` bounds how far its TTFT may be above the grid's optimum.
+    The grid itself is exact for prompts up to MAX_GRID_POINTS alignment units (and chunks up to MAX_WINDOW units).
+    """
+    max_chunk = max([max_chunk] + [max(s) for s in seeds])
+    pos, grid = grid_positions(prompt_len, alignment, max_chunk, seeds)
+    cost = chunk_costs(model, pos, max_chunk)
+    costs = np.unique(cost[np.isfinite(cost)])  # C, sorted
+    bound, evaluated, open_gaps = search_bounds(cost, costs, num_stages - 1)
+    _, arg = min_sums(cost, np.array([bound]), with_arg=True)
     candidates = [backtrack(pos, arg[:, 0])] + [list(s) for s in seeds]
     scores = [ttft_ms(chunk_latencies_ms(model, c), num_stages) for c in candidates]
     pick = int(np.argmin(scores))
@@ -213,6 +230,16 @@ def split(open_gaps: list[tuple[float, int, int]], budget: int) -> np.ndarray:
         picked.append(lo + 1 + np.unique(np.linspace(0, inner - 1, take).round().astype(np.int64)))
         left -= len(picked[-1])
     return np.unique(np.concatenate(picked))
+
+
+def default_num_stages(policy: Policy) -> int:
+    """The pipeline stages the policy was profiled with (its layer partition, else its world size), else 1."""
+    prov = policy.data.get("provenance") or {}
+    partition = prov.get("layer_partition")
+    if isinstance(partition, list) and partition:
+        return len(partition)
+    world = prov.get("world_size")
+    return world if isinstance(world, int) and world > 0 else 1
 
 
 def plan_prompt(policy: Policy, prompt_len: int, num_stages: int, strategies=STRATEGIES) -> list[Plan]:

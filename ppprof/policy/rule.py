@@ -2,7 +2,7 @@
 
 Both models are kept as the four coefficients of the prefix-aware form (ATOM's), so that planning is the same code:
 
-    chunk latency  t(L, x) = c + g L + b x + a (2 L x + x^2)     (L = history/prefix tokens, x = new tokens)
+    chunk latency  t(L, x) = c + g L + b x + a (2 L x + x^2)     (L = prefix_len cached tokens, x = chunk_size new ones)
 
 - `quadratic` (SGLang's): f(l) = a l^2 + b l + c, fitted (as SGLang does) on prefix-free requests only, where a
   request of l tokens really takes f(l); g = 0. A chunk of x tokens after L cached ones costs the fixed cost plus the
@@ -31,8 +31,8 @@ import numpy as np
 MODEL_NAMES = ("quadratic", "prefix")
 COEF_UNITS = {"a": "ms/token^2", "b": "ms/token", "c": "ms", "g": "ms/token"}
 FORMS = {
-    "quadratic": "f(l) = a*l^2 + b*l + c, fitted on prefix-free samples (l = chunk_len); chunk c + f(L+x) - f(L)",
-    "prefix": "t(L, x) = c + g*L + b*x + a*(2*L*x + x^2), L = prefix_len, x = chunk_len",
+    "quadratic": "f(l) = a*l^2 + b*l + c, fitted on prefix-free samples (l = chunk_size); chunk c + f(L+x) - f(L)",
+    "prefix": "t(L, x) = c + g*L + b*x + a*(2*L*x + x^2), L = prefix_len, x = chunk_size",
 }
 
 
@@ -56,14 +56,14 @@ class LatencyModel:
         if self.name == "quadratic" and self.g != 0.0:
             raise ValueError(f"quadratic latency model has g={self.g}: g must be 0 (use the prefix model)")
 
-    def chunk_latency_ms(self, history_len, chunk_len):
-        """Latency of a chunk of `chunk_len` new tokens after `history_len` cached tokens (works on arrays).
+    def chunk_latency_ms(self, prefix_len, chunk_size):
+        """Latency of a chunk of `chunk_size` new tokens after `prefix_len` cached tokens (works on arrays).
 
         This is what the planner sums, what each model's fit is scored with, and (for a prefix-free sample,
-        history_len = 0) the quadratic's f(chunk_len).
+        prefix_len = 0) the quadratic's f(chunk_size).
         """
-        L = np.asarray(history_len, dtype=float)
-        x = np.asarray(chunk_len, dtype=float)
+        L = np.asarray(prefix_len, dtype=float)
+        x = np.asarray(chunk_size, dtype=float)
         return self.c + self.g * L + self.b * x + self.a * (2.0 * L * x + x * x)
 
     def target_ms(self, base_chunk_size: int) -> float:
@@ -78,15 +78,15 @@ class LatencyModel:
         B = float(B)
         return self.b * B + self.a * B * B
 
-    def equal_latency_chunk(self, history_len: int, target_ms: float) -> float | None:
-        """Chunk size x whose variable latency after `history_len` tokens equals the target.
+    def equal_latency_chunk(self, prefix_len: int, target_ms: float) -> float | None:
+        """Chunk size x whose variable latency after `prefix_len` tokens equals the target.
 
         Solves a x^2 + (2 a L + b) x + (g L - T) = 0, i.e. t(L, x) - c = T (for quadratic, g = 0 and this is
         f(L + x) - f(L) = T, SGLang's equation). Returns the positive root; 0.0 when the prefix cost g L alone
         already reaches T (then the shortest chunk is best, and the caller's floor applies); None when there is
         no root (the caller then uses the base chunk size, as SGLang does).
         """
-        L = float(history_len)
+        L = float(prefix_len)
         qa = self.a
         qb = 2.0 * self.a * L + self.b
         qc = self.g * L - target_ms
@@ -139,6 +139,8 @@ def default_alignment(page_size: int) -> int:
 
 @dataclass(kw_only=True, slots=True)
 class ChunkSettings:
+    """The knobs of the next-chunk rule (named after SGLang's flags), with their defaults resolved and checked."""
+
     base_chunk_size: int
     """B: the first chunk, the size a static policy always uses, and the size whose latency is the target."""
     smooth_factor: float = 0.75
@@ -152,8 +154,9 @@ class ChunkSettings:
     max_chunk_size: int = 0
     """Cap from the second chunk on (the server's max prefill tokens; may be below B); 0 means B."""
     context_len: int = 131072
-    """Model context length; chunks are capped at context_len - history_len - 100."""
+    """Model context length; chunks are capped at context_len - prefix_len - context_margin."""
     context_margin: int = field(default=CONTEXT_MARGIN)
+    """Tokens kept free at the end of the context (SGLang's 100)."""
 
     def __post_init__(self) -> None:
         def whole(name: str, option: str, value, low: int) -> None:
@@ -191,12 +194,12 @@ class ChunkSettings:
         return asdict(self)
 
 
-def next_chunk_size(model: LatencyModel, settings: ChunkSettings, target_ms: float, history_len: int) -> int:
+def next_chunk_size(model: LatencyModel, settings: ChunkSettings, target_ms: float, prefix_len: int) -> int:
     """The rule in the module docstring, evaluated directly (the table is built from this)."""
     B = settings.base_chunk_size
-    if history_len == 0:
+    if prefix_len == 0:
         return B
-    x = model.equal_latency_chunk(history_len, target_ms)
+    x = model.equal_latency_chunk(prefix_len, target_ms)
     if x is None:
         return B
     align = settings.alignment
@@ -204,23 +207,23 @@ def next_chunk_size(model: LatencyModel, settings: ChunkSettings, target_ms: flo
     size = max(size, settings.min_chunk_size)
     size = (size // align) * align
     size = max(size, align)
-    size = min(size, chunk_cap(settings, history_len))
+    size = min(size, chunk_cap(settings, prefix_len))
     size = (size // align) * align
     return size if size > 0 else B
 
 
-def chunk_cap(settings: ChunkSettings, history_len: int) -> int:
-    """The largest chunk allowed after `history_len` tokens: min(context_len - L - margin, max_chunk_size)."""
-    return min(settings.context_len - history_len - settings.context_margin, settings.max_chunk_size)
+def chunk_cap(settings: ChunkSettings, prefix_len: int) -> int:
+    """The largest chunk allowed after `prefix_len` tokens: min(context_len - L - margin, max_chunk_size)."""
+    return min(settings.context_len - prefix_len - settings.context_margin, settings.max_chunk_size)
 
 
 def monotone_end(settings: ChunkSettings) -> int:
-    """First history length at which the context cap leaves less than one alignment unit (the rule gives B again)."""
+    """First prefix length at which the context cap leaves less than one alignment unit (the rule gives B again)."""
     return max(1, settings.context_len - settings.context_margin - settings.alignment + 1)
 
 
 def build_table(model: LatencyModel, settings: ChunkSettings, target_ms: float) -> tuple[list[int], list[int]]:
-    """Breakpoints (history_len starts, chunk sizes): size(L) = sizes[i] for the last i with starts[i] <= L.
+    """Breakpoints (prefix_len starts, chunk sizes): size(L) = sizes[i] for the last i with starts[i] <= L.
 
     Exact for every integer L >= 0: on [1, monotone_end) the rule is non-increasing in L (the root shrinks as L grows,
     and the context cap shrinks too), so each change is found by bisection; L = 0 and L >= monotone_end give B.
@@ -255,10 +258,10 @@ def build_table(model: LatencyModel, settings: ChunkSettings, target_ms: float) 
 
 
 def check_rule(model: LatencyModel, settings: ChunkSettings, target_ms: float, num_points: int = 4096) -> None:
-    """Raise ValueError unless the rule's sizes are aligned, within the clamps and non-increasing in history.
+    """Raise ValueError unless the rule's sizes are aligned, within the clamps and non-increasing in prefix_len.
 
-    The first chunk (history 0) must be B and is exempt from the cap (max_chunk_size may be below B, as SGLang's
-    max_prefill_tokens may be below its chunked_prefill_size); the clamps are checked from history 1 on.
+    The first chunk (prefix 0) must be B and is exempt from the cap (max_chunk_size may be below B, as SGLang's
+    max_prefill_tokens may be below its chunked_prefill_size); the clamps are checked from prefix 1 on.
     """
     first = next_chunk_size(model, settings, target_ms, 0)
     if first != settings.base_chunk_size:
@@ -271,9 +274,9 @@ def check_rule(model: LatencyModel, settings: ChunkSettings, target_ms: float, n
         size = next_chunk_size(model, settings, target_ms, L)
         cap = chunk_cap(settings, L)
         if size % align:
-            raise ValueError(f"chunk size {size} at history_len {L} is not a multiple of alignment {align}")
+            raise ValueError(f"chunk size {size} at prefix_len {L} is not a multiple of alignment {align}")
         if not (align <= size <= cap):
-            raise ValueError(f"chunk size {size} at history_len {L} is outside [{align}, {cap}]")
+            raise ValueError(f"chunk size {size} at prefix_len {L} is outside [{align}, {cap}]")
         if size > previous:
-            raise ValueError(f"chunk size grows from {previous} to {size} at history_len {L}: sizes must not increase")
+            raise ValueError(f"chunk size grows from {previous} to {size} at prefix_len {L}: sizes must not increase")
         previous = size

@@ -9,7 +9,7 @@ from pathlib import Path
 from ppprof.io import atomic_write_json
 from ppprof.policy.rule import ChunkSettings, LatencyModel, build_table, check_rule, next_chunk_size
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the table's prefix column is named prefix_len
 STATUSES = ("dynamic", "static")
 REQUIRED_KEYS = ("schema_version", "status", "reason", "latency_model", "settings", "target_latency_ms", "table")
 RULE_TEXT = (
@@ -20,7 +20,7 @@ RULE_TEXT = (
 
 
 class Policy:
-    """A loaded policy. `next_chunk_size(history_len)` is one bisect in the precomputed breakpoint table."""
+    """A loaded policy. `next_chunk_size(prefix_len)` is one bisect in the precomputed breakpoint table."""
 
     __slots__ = ("data", "status", "reason", "model", "settings", "target_ms", "_starts", "_sizes", "base_chunk_size")
 
@@ -33,14 +33,24 @@ class Policy:
         self.target_ms = data["target_latency_ms"]
         self.base_chunk_size = self.settings.base_chunk_size
         table = data["table"]
-        self._starts = list(table["history_len"])
+        self._starts = list(table["prefix_len"])
         self._sizes = list(table["chunk_size"])
 
-    def next_chunk_size(self, history_len: int) -> int:
-        """Size of the next prefill chunk of a prompt whose first `history_len` tokens are already in the cache."""
-        if history_len < 0:
-            raise ValueError(f"history_len {history_len} is negative: use the number of tokens already prefilled")
-        return self._sizes[bisect_right(self._starts, history_len) - 1]
+    def next_chunk_size(self, prefix_len: int | None = None, *, history_len: int | None = None) -> int:
+        """Size of the next prefill chunk of a prompt whose first `prefix_len` tokens are already in the cache.
+
+        history_len: alias kept for servers written against ppprof 0.1 / SGLang's name. Give exactly one of the two
+        (TypeError otherwise).
+        """
+        if history_len is not None:
+            if prefix_len is not None:
+                raise TypeError("next_chunk_size() takes prefix_len or its alias history_len, not both")
+            prefix_len = history_len
+        elif prefix_len is None:
+            raise TypeError("next_chunk_size() missing the prefix_len argument")
+        if prefix_len < 0:
+            raise ValueError(f"prefix_len {prefix_len} is negative: use the number of tokens already prefilled")
+        return self._sizes[bisect_right(self._starts, prefix_len) - 1]
 
     def plan(self, prompt_len: int) -> list[int]:
         """The whole chunk list of a `prompt_len`-token prompt under this policy (the last chunk takes the rest)."""
@@ -53,22 +63,24 @@ class Policy:
             done += size
         return chunks
 
-    def rule(self, history_len: int) -> int:
+    def rule(self, prefix_len: int) -> int:
         """The rule evaluated directly from the coefficients (slow path; equals next_chunk_size)."""
         if self.status == "static":
             return self.base_chunk_size
-        return next_chunk_size(self.model, self.settings, self.target_ms, history_len)
+        return next_chunk_size(self.model, self.settings, self.target_ms, prefix_len)
 
 
 def static_table(base_chunk_size: int) -> dict:
-    return {"history_len": [0], "chunk_size": [base_chunk_size]}
+    """The one-entry table of a static policy: B from prefix 0 on."""
+    return {"prefix_len": [0], "chunk_size": [base_chunk_size]}
 
 
 def make_table(model: LatencyModel | None, settings: ChunkSettings, target_ms: float | None, status: str) -> dict:
+    """The policy's breakpoint table {"prefix_len": starts, "chunk_size": sizes}."""
     if status == "static":
         return static_table(settings.base_chunk_size)
     starts, sizes = build_table(model, settings, target_ms)
-    return {"history_len": starts, "chunk_size": sizes}
+    return {"prefix_len": starts, "chunk_size": sizes}
 
 
 def check_schema(data) -> None:
@@ -80,7 +92,8 @@ def check_schema(data) -> None:
         raise ValueError(f"policy lacks {', '.join(missing)}: regenerate it with `ppprof fit`")
     if data["schema_version"] != SCHEMA_VERSION:
         raise ValueError(
-            f"policy schema_version {data['schema_version']!r} is not supported: this ppprof reads {SCHEMA_VERSION}"
+            f"policy schema_version {data['schema_version']!r} is not supported: this ppprof reads {SCHEMA_VERSION}; "
+            f"regenerate it with `ppprof fit`"
         )
     if data["status"] not in STATUSES:
         raise ValueError(f"policy status {data['status']!r} is invalid: use 'dynamic' or 'static'")
@@ -94,20 +107,21 @@ def check_schema(data) -> None:
         if not data["target_latency_ms"] > 0:
             raise ValueError(f"target_latency_ms {data['target_latency_ms']} must be positive")
     table = data["table"]
-    if not isinstance(table, dict) or set(table) != {"history_len", "chunk_size"}:
-        raise ValueError("policy table must be {'history_len': [...], 'chunk_size': [...]}")
-    starts, sizes = table["history_len"], table["chunk_size"]
+    if not isinstance(table, dict) or set(table) != {"prefix_len", "chunk_size"}:
+        raise ValueError("policy table must be {'prefix_len': [...], 'chunk_size': [...]}")
+    starts, sizes = table["prefix_len"], table["chunk_size"]
     if not isinstance(starts, list) or not isinstance(sizes, list) or len(starts) != len(sizes) or not starts:
         raise ValueError("policy table columns must be non-empty lists of equal length")
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in starts + sizes):
         raise ValueError("policy table entries must be integers")
     if starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])):
-        raise ValueError("policy table history_len must start at 0 and increase strictly")
+        raise ValueError("policy table prefix_len must start at 0 and increase strictly")
     if any(v < 1 for v in sizes):
         raise ValueError("policy table chunk sizes must be positive")
 
 
 def from_dict(data) -> Policy:
+    """A Policy from a parsed policy file; ValueError (one line) unless it has the schema."""
     check_schema(data)
     return Policy(data)
 
@@ -143,11 +157,11 @@ def validate(policy: Policy) -> str:
         return f"static (base chunk {B}): {policy.reason}"
     check_rule(policy.model, policy.settings, policy.target_ms)
     expected = make_table(policy.model, policy.settings, policy.target_ms, "dynamic")
-    if expected != {"history_len": policy._starts, "chunk_size": policy._sizes}:
+    if expected != {"prefix_len": policy._starts, "chunk_size": policy._sizes}:
         raise ValueError("policy table does not match the rule recomputed from its coefficients: refit")
     align = policy.settings.alignment
     for L, size in zip(policy._starts[1:], policy._sizes[1:]):
         if size != B and size % align:
-            raise ValueError(f"table chunk size {size} at history_len {L} is not a multiple of alignment {align}")
+            raise ValueError(f"table chunk size {size} at prefix_len {L} is not a multiple of alignment {align}")
     smallest = min(policy._sizes)
     return f"dynamic ({policy.model.name}), {len(policy._sizes)} table entries, chunk {B} -> {smallest}"

@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from ppprof.dist.agree import RunError, stop_if_any_failed
 from ppprof.dist.pipe import FAILED, OK, Pipe
 from ppprof.mem import Request, StageCache
 from ppprof.mem.cache import describe_leaks
@@ -33,10 +34,6 @@ FAULTS = (SKIP_MAMBA_RELEASE, RAISE_IN_FORWARD)
 raises on the last stage at the third timed request."""
 
 
-class ProfileError(RuntimeError):
-    """The profile cannot go on; raised on every rank with the same message."""
-
-
 @dataclass(slots=True)
 class ProbeTimings:
     """What one rank measured in one probe: stage latency per request (and, on rank 0, end-to-end latency)."""
@@ -44,13 +41,6 @@ class ProbeTimings:
     probe: int
     stage_ms: list[float] = field(default_factory=list)
     e2e_ms: list[float] = field(default_factory=list)
-
-
-def stop_if_any_failed(pipe: Pipe, error: str | None) -> None:
-    """Every rank says whether it failed; if any did, every rank raises ProfileError with all the messages."""
-    if pipe.any_true(error is not None):
-        errors = [f"rank {r}: {e}" for r, e in enumerate(pipe.all_gather(error)) if e is not None]
-        raise ProfileError("; ".join(errors) or "a rank failed without a message")
 
 
 def release_without_mamba(cache: StageCache, req: Request) -> None:
@@ -61,6 +51,8 @@ def release_without_mamba(cache: StageCache, req: Request) -> None:
 
 
 class ProbeRunner:
+    """Runs probe requests through this rank's stage in lockstep with the other ranks, timing the stage's forward."""
+
     def __init__(self, *, stage: Stage, cache: StageCache, pipe: Pipe, seed: int, fault: str | None = None) -> None:
         self.stage = stage
         self.cache = cache
@@ -83,20 +75,20 @@ class ProbeRunner:
             if cache.mamba_alloc is not None:
                 held["mamba"] -= cache.mamba_alloc.group_remaining()
             leaks = describe_leaks({pool: n for pool, n in held.items() if n}, sep="; ")
-            raise ProfileError(f"request {pr.rid} cannot be admitted although no request is live: "
+            raise RunError(f"request {pr.rid} cannot be admitted although no request is live: "
                                + (leaks or "the request or Mamba pool has no slot"))
         if pr.prefix_len:
             gen = torch.Generator().manual_seed(self.seed * 1_000_003 + pr.rid * 31 + self.pipe.rank)
             # The prefix is not computed: random K/V and Mamba state go straight into the allocated slots.
             slots = cache.extend(req, pr.prefix_len)
             if slots is None:
-                raise ProfileError(f"KV cache too small for the prefix of request {pr.rid} ({pr.prefix_len} tokens)")
+                raise RunError(f"KV cache too small for the prefix of request {pr.rid} ({pr.prefix_len} tokens)")
             if cache.kv_pool is not None:
                 cache.kv_pool.fill_random(slots, gen)
             if cache.mamba_pool is not None:
                 cache.mamba_pool.fill_random(cache.mamba_slot(req), gen)
-        if cache.extend(req, pr.chunk_len) is None:
-            raise ProfileError(f"KV cache too small for request {pr.rid} ({pr.prefix_len} + {pr.chunk_len} tokens)")
+        if cache.extend(req, pr.chunk_size) is None:
+            raise RunError(f"KV cache too small for request {pr.rid} ({pr.prefix_len} + {pr.chunk_size} tokens)")
 
     def run_request(self, pr: ProbeRequest, timed: bool) -> tuple[float, float, str | None]:
         """One request through this rank's stage: (stage_ms, e2e_ms (rank 0, else nan), error or None)."""
@@ -110,7 +102,7 @@ class ProbeRunner:
             try:
                 self._setup(req, pr)
                 if pipe.is_first:
-                    x = torch.randint(self.vocab_size, (pr.chunk_len,), generator=torch.Generator().manual_seed(
+                    x = torch.randint(self.vocab_size, (pr.chunk_size,), generator=torch.Generator().manual_seed(
                         self.seed + pr.rid)).to(self.device)
             except Exception as e:
                 setup_error = f"setup of request {pr.rid} failed: {e}"
@@ -130,10 +122,10 @@ class ProbeRunner:
                     with Timer(self.device) as t:
                         out, residual = self.stage(self.cache, req, x, residual, pr.prefix_len)
                     stage_ms = t.elapsed_ms
-                    self.forward_tokens += pr.chunk_len
+                    self.forward_tokens += pr.chunk_size
                 except Exception as e:
                     status, error = FAILED, f"forward of request {pr.rid} (prefix {pr.prefix_len}, chunk " \
-                                            f"{pr.chunk_len}) raised {type(e).__name__}: {e}"
+                                            f"{pr.chunk_size}) raised {type(e).__name__}: {e}"
             if not pipe.is_last:
                 pipe.send_activation(status, out, residual)
             elif not pipe.is_first:
@@ -156,7 +148,7 @@ class ProbeRunner:
         everyone = self.pipe.all_gather(self.cache.leaks())
         if any(everyone):
             parts = [f"rank {r}: {describe_leaks(lk, sep=f'; rank {r}: ')}" for r, lk in enumerate(everyone) if lk]
-            raise ProfileError(f"leak check failed {when}: " + "; ".join(parts))
+            raise RunError(f"leak check failed {when}: " + "; ".join(parts))
 
     def warm_up(self, requests: list[ProbeRequest]) -> None:
         for pr in requests:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from ppprof.config import ProfileConfig
+from ppprof.config import ProfileConfig, align_down, sweep_chunk_sizes
 
 SWEEP = "sweep"
 PREFIX = "prefix"
@@ -15,33 +15,25 @@ NUM_GRID_CHUNKS = 8
 
 @dataclass(frozen=True, slots=True)
 class ProbeRequest:
+    """One synthetic prefill: `chunk_size` new tokens after `prefix_len` cached ones (rid unique in the run)."""
+
     rid: int
     prefix_len: int
-    chunk_len: int
+    chunk_size: int
 
 
 @dataclass(frozen=True, slots=True)
 class Probe:
+    """A batch of up to 128 requests run back to back, their Mamba slots taken in one grouped window."""
+
     index: int
     kind: str
     requests: tuple[ProbeRequest, ...]
 
     @property
-    def num_tokens(self) -> int:
-        return sum(r.chunk_len for r in self.requests)
-
-
-def align_down(x: int, unit: int) -> int:
-    """x rounded down to a multiple of unit, but at least one unit."""
-    return max(unit, x // unit * unit)
-
-
-def sweep_chunk_sizes(base_chunk_size: int, num_requests: int, align: int) -> list[int]:
-    """Sizes falling linearly from 1.25 x B to about 1.25 x B / 128 whatever the number of requests n, each aligned
-    down to `align`. With n = 128 this is SGLang's start-up profile, size_i = 1.25B - i * (1.25B // 128)."""
-    top = int(1.25 * base_chunk_size)
-    step = (top - top // 128) / (num_requests - 1) if num_requests > 1 else 0
-    return [align_down(int(top - i * step), align) for i in range(num_requests)]
+    def forward_tokens(self) -> int:
+        """Tokens this probe runs through each stage (prefixes are written, not computed)."""
+        return sum(r.chunk_size for r in self.requests)
 
 
 def grid_chunk_sizes(base_chunk_size: int, align: int, num_sizes: int = NUM_GRID_CHUNKS) -> list[int]:
@@ -70,8 +62,8 @@ def warmup_requests(probes: list[Probe], count: int) -> list[ProbeRequest]:
     per prefix probe with its prefix, so that no timed request is the first of its kind. Negative ids keep them
     apart from the probes'."""
     first = probes[0].requests
-    out = [ProbeRequest(-1 - i, 0, first[i % len(first)].chunk_len) for i in range(count)]
+    out = [ProbeRequest(-1 - i, 0, first[i % len(first)].chunk_size) for i in range(count)]
     if count:
-        out += [ProbeRequest(-1 - count - k, p.requests[0].prefix_len, max(r.chunk_len for r in p.requests))
+        out += [ProbeRequest(-1 - count - k, p.requests[0].prefix_len, max(r.chunk_size for r in p.requests))
                 for k, p in enumerate(probes[1:])]
     return out

@@ -129,3 +129,16 @@ def stage_accounts(spec: ModelSpec, num_stages: int = 1, partition: Sequence[int
             mamba_bytes_per_slot=mamba_bytes_per_slot(spec, layers, dtype=dtype),
         ))
     return out
+
+
+def describe(spec: ModelSpec, num_stages: int = 1, partition: list[int] | None = None,
+             dtype: str | None = None) -> dict:
+    """spec.to_dict() plus the byte dtype and one entry per stage (StageAccount.to_dict())."""
+    stages = stage_accounts(spec, num_stages, partition, dtype=dtype)
+    return {
+        **spec.to_dict(),
+        "num_layers": spec.num_layers,
+        "layout": format_layers(spec.layers),
+        "accounting_dtype": accounting_dtype(spec, dtype),
+        "stages": [s.to_dict() for s in stages],
+    }

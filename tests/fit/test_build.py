@@ -6,7 +6,7 @@ import pytest
 
 from ppprof.fit import fit, fit_run
 from ppprof.fit.build import warmup_rows
-from ppprof.fit.samples import make_samples, write_run_dir
+from ppprof.fit.synthetic import make_samples, write_run_dir
 from ppprof.policy import load, validate
 from ppprof.policy.rule import LatencyModel
 
@@ -29,6 +29,9 @@ def test_fit_run_writes_dynamic_policy_and_plots(tmp_path):
     assert data["latency_model"]["name"] == "prefix"
     assert data["latency_model"]["coefficients"]["a"]["unit"] == "ms/token^2"
     assert data["diagnostics"]["bottleneck_stage"] == 1
+    assert set(data["diagnostics"]["predicted_shrink"]) == {"fraction", "prefix_len"}
+    assert {"prefix_len", "chunk_size"} <= set(data["diagnostics"]["worst_residual"])
+    assert set(data["table"]) == {"prefix_len", "chunk_size"} and data["schema_version"] == 2
     assert data["provenance"]["world_size"] == 2 and data["provenance"]["layer_partition"] == [2, 2]
     assert data["settings"]["alignment"] == 64 and data["settings"]["min_chunk_size"] == 1024
     assert data["target_latency_ms"] == pytest.approx(PREFIX_TRUE.target_ms(4096), rel=0.05)
@@ -41,7 +44,7 @@ def test_gate_failures_give_static_with_reason(tmp_path):
     linear = LatencyModel("prefix", a=0.0, b=0.01, c=5.0, g=0.0)  # no growth with prefix: nothing to shrink
     _, data = fit(run_dir(tmp_path / "flat", linear) / "samples.csv")
     assert data["status"] == "static" and "predicted_shrink" in data["reason"], data["reason"]
-    assert data["table"] == {"history_len": [0], "chunk_size": [4096]}
+    assert data["table"] == {"prefix_len": [0], "chunk_size": [4096]}
     _, data = fit(run_dir(tmp_path / "noisy", noise=0.4) / "samples.csv")
     assert data["status"] == "static" and "cv_mape" in data["reason"], data["reason"]
     _, data = fit(run_dir(tmp_path / "forced", linear) / "samples.csv", latency_model="quadratic")
@@ -51,7 +54,7 @@ def test_gate_failures_give_static_with_reason(tmp_path):
 def test_plain_csv_needs_base_chunk_size(tmp_path):
     frame = make_samples(PREFIX_TRUE, base_chunk_size=4096, prefixes=[0, 8192, 32768], chunk_sizes=[1024, 4096])
     csv = tmp_path / "mine.csv"
-    frame[["prefix_len", "chunk_len", "latency_ms"]].to_csv(csv, index=False)
+    frame[["prefix_len", "chunk_size", "latency_ms"]].to_csv(csv, index=False)
     with pytest.raises(ValueError, match="--base-chunk-size is required"):
         fit(csv)
     assert not (tmp_path / "policy.json").exists()
@@ -63,8 +66,8 @@ def test_plain_csv_needs_base_chunk_size(tmp_path):
 
 def test_bad_csv_values_name_the_row(tmp_path):
     csv = tmp_path / "bad.csv"
-    pd.DataFrame({"prefix_len": [0, 0], "chunk_len": [64, -1], "latency_ms": [1.0, 2.0]}).to_csv(csv, index=False)
-    with pytest.raises(ValueError, match="chunk_len row 2"):
+    pd.DataFrame({"prefix_len": [0, 0], "chunk_size": [64, -1], "latency_ms": [1.0, 2.0]}).to_csv(csv, index=False)
+    with pytest.raises(ValueError, match="chunk_size row 2"):
         fit(csv, base_chunk_size=4096)
 
 

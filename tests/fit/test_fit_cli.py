@@ -3,7 +3,7 @@ import json
 from click.testing import CliRunner
 
 from ppprof.cli import main
-from ppprof.fit.samples import make_samples, write_run_dir
+from ppprof.fit.synthetic import make_samples, write_run_dir
 from ppprof.policy.rule import LatencyModel
 
 MODEL = LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=4e-4)
@@ -20,7 +20,7 @@ def test_fit_writes_policy_and_summary(tmp_path):
     assert result.exit_code == 0, result.output
     assert "dynamic" in result.output and "CV MAPE" in result.output
     data = json.loads(out.read_text())
-    assert data["settings"]["smooth_factor"] == 0.6 and data["schema_version"] == 1
+    assert data["settings"]["smooth_factor"] == 0.6 and data["schema_version"] == 2
 
 
 def test_bad_options_exit_2_and_write_nothing(tmp_path):
@@ -45,8 +45,8 @@ def test_bad_files_exit_2(tmp_path):
     assert result.exit_code == 2 and "does not exist" in result.output
     (tmp_path / "x.csv").write_text("prefix_len,latency_ms\n0,1.0\n")
     result = CliRunner().invoke(main, ["fit", str(tmp_path / "x.csv"), "--base-chunk-size", "4096"])
-    assert result.exit_code == 2 and "lacks column(s) chunk_len" in result.output
-    (tmp_path / "y.csv").write_text("prefix_len,chunk_len,latency_ms\n0,64,1.0\n")
+    assert result.exit_code == 2 and "lacks column(s) chunk_size" in result.output
+    (tmp_path / "y.csv").write_text("prefix_len,chunk_size,latency_ms\n0,64,1.0\n")
     result = CliRunner().invoke(main, ["fit", str(tmp_path / "y.csv")])
     assert result.exit_code == 2 and "--base-chunk-size is required" in result.output
     assert not list(tmp_path.glob("*.json"))

@@ -4,7 +4,7 @@ from sklearn.linear_model import LinearRegression
 
 from ppprof.fit.regress import (Unfittable, condition_number, cross_validate, cv_splits, fit_candidates, fit_model,
                                 fit_trimmed, ineligible)
-from ppprof.fit.samples import make_samples
+from ppprof.fit.synthetic import make_samples
 from ppprof.policy.rule import LatencyModel
 
 PREFIX_TRUE = LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=4e-4)
@@ -12,7 +12,7 @@ QUAD_TRUE = LatencyModel("quadratic", a=3e-7, b=0.01, c=5.0)
 
 
 def arrays(frame):
-    return (frame.prefix_len.to_numpy(), frame.chunk_len.to_numpy(), frame.stage0_latency_ms.to_numpy())
+    return (frame.prefix_len.to_numpy(), frame.chunk_size.to_numpy(), frame.stage0_latency_ms.to_numpy())
 
 
 def prefix_frame(model=PREFIX_TRUE, noise=0.01, **kw):

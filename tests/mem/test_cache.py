@@ -6,8 +6,8 @@ from ppprof.mem.pools import KVPool, MambaPool
 from ppprof.mem.req import NO_MAMBA_SLOT
 
 
-def make_cache(kv_slots=64, page_size=4, mamba_slots=2, requests=4):
-    kv = KVAllocator(kv_slots, page_size)
+def make_cache(max_total_tokens=64, page_size=4, mamba_slots=2, requests=4):
+    kv = KVAllocator(max_total_tokens, page_size)
     mamba = MambaAllocator(mamba_slots)
     return StageCache(
         req_pool=ReqToTokenPool(requests, 128),

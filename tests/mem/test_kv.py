@@ -87,7 +87,7 @@ def test_clear_restores_everything():
     assert kv.alloc(2).tolist() == [2, 3]
 
 
-@pytest.mark.parametrize("num_slots,page_size", [(0, 1), (6, 4), (8, 0)])
-def test_bad_sizes_raise(num_slots, page_size):
+@pytest.mark.parametrize("size,page_size", [(0, 1), (6, 4), (8, 0)])
+def test_bad_sizes_raise(size, page_size):
     with pytest.raises(ValueError):
-        KVAllocator(num_slots, page_size)
+        KVAllocator(size, page_size)

@@ -35,8 +35,8 @@ def tiny_hybrid() -> ModelSpec:
 
 
 def make_cache(spec: ModelSpec, layer_ids: range, page_size: int = 1) -> StageCache:
-    return build_stage_cache(spec, layer_ids, kv_slots=256, page_size=page_size, mamba_slots=4, max_requests=4,
-                             max_context_len=128, dtype=torch.float32, device="cpu")
+    return build_stage_cache(spec, layer_ids, max_total_tokens=256, page_size=page_size, max_mamba_cache_size=4, max_running_requests=4,
+                             context_len=128, dtype=torch.float32, device="cpu")
 
 
 def prefill(stages: list[Stage], caches: list[StageCache], tokens: torch.Tensor, chunk_lens: list[int],

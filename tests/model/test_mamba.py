@@ -137,8 +137,8 @@ def mamba_layer_setup(num_groups=2, chunk_size=8, seed=0):
     with torch.no_grad():
         for p in (m.conv_bias, m.norm_weight, m.d_skip, m.dt_bias):
             p.copy_(torch.randn(p.shape, generator=gen) * 0.5 + (1.0 if p is m.norm_weight else 0.0))
-    cache = build_stage_cache(spec, range(1), kv_slots=64, page_size=1, mamba_slots=3, max_requests=3,
-                              max_context_len=64)
+    cache = build_stage_cache(spec, range(1), max_total_tokens=64, page_size=1, max_mamba_cache_size=3, max_running_requests=3,
+                              context_len=64)
     req = Request(7)
     assert cache.admit(req)
     slot = cache.mamba_slot(req)

@@ -110,7 +110,7 @@ def test_stage_rejects_bad_inputs():
 
 def test_build_stage_cache_pools_only_own_layers():
     spec = tiny_hybrid()  # m A - E P
-    kw = dict(kv_slots=64, page_size=4, mamba_slots=2, max_requests=2, max_context_len=32)
+    kw = dict(max_total_tokens=64, page_size=4, max_mamba_cache_size=2, max_running_requests=2, context_len=32)
     head = build_stage_cache(spec, range(0, 1), **kw)
     assert head.kv_pool is None and head.kv_alloc is not None and head.mamba_pool.layer_ids == [0]
     mid = build_stage_cache(spec, range(1, 3), **kw)

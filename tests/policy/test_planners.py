@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from ppprof.policy import LatencyModel, from_dict
-from ppprof.policy.commands import drawn_stages, schedule
+from ppprof.policy.timeline import drawn_stages, schedule
 from ppprof.policy.planners import (chunk_costs, chunk_latencies_ms, fixed_chunks, min_sums, optimal_chunks,
                                     plan_prompt, ttft_ms)
 

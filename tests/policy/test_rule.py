@@ -11,15 +11,15 @@ from ppprof.policy.rule import check_rule
 from .policy_helpers import policy_dict
 
 
-def sglang_reference(a, b, c, base, smooth, page_size, context_len, max_prefill_tokens, history_len):
+def sglang_reference(a, b, c, base, smooth, page_size, context_len, max_prefill_tokens, prefix_len):
     """SGLang's rule re-derived from its description, line by line."""
-    if history_len == 0:
+    if prefix_len == 0:
         return base
     def f(l):  # SGLang's order of operations: (a * l) * l
         return a * l * l + b * l + c
 
     target = f(base) - f(0)
-    qa, qb, qc = a, 2 * a * history_len + b, -target
+    qa, qb, qc = a, 2 * a * prefix_len + b, -target
     disc = qb**2 - 4 * qa * qc
     if disc < 0:
         return base
@@ -32,7 +32,7 @@ def sglang_reference(a, b, c, base, smooth, page_size, context_len, max_prefill_
     size = size // align * align
     if size < align:
         size = align
-    size = min(size, context_len - history_len - 100, max_prefill_tokens)
+    size = min(size, context_len - prefix_len - 100, max_prefill_tokens)
     size = size // align * align
     return size if size > 0 else base
 
@@ -118,14 +118,26 @@ def test_policy_invariants(model, s, lookups):
     settings_ = p.settings
     check_rule(p.model, settings_, p.target_ms, num_points=512)  # aligned, clamped, non-increasing
     assert p.next_chunk_size(0) == s["base_chunk_size"]
-    for L in lookups + [p.data["table"]["history_len"][-1] - 1]:
+    for L in lookups + [p.data["table"]["prefix_len"][-1] - 1]:
         assert p.next_chunk_size(L) == p.rule(L), f"{L=}"
     chunks = p.plan(s["context_len"] // 2)
     assert sum(chunks) == s["context_len"] // 2
     assert all(c % settings_.alignment == 0 for c in chunks[1:-1]), f"{chunks=}"
 
 
-def test_negative_history_is_rejected():
+def test_negative_prefix_is_rejected():
     p = from_dict(policy_dict(LatencyModel("quadratic", a=3e-7, b=0.01, c=5.0)))
-    with pytest.raises(ValueError, match="history_len -1 is negative"):
+    with pytest.raises(ValueError, match="prefix_len -1 is negative"):
         p.next_chunk_size(-1)
+
+
+def test_history_len_keyword_is_an_alias_of_prefix_len():
+    p = from_dict(policy_dict(LatencyModel("quadratic", a=3e-7, b=0.01, c=5.0)))
+    for L in (0, 1, 5000, 60000):
+        assert p.next_chunk_size(history_len=L) == p.next_chunk_size(prefix_len=L) == p.next_chunk_size(L)
+    with pytest.raises(TypeError, match="not both"):
+        p.next_chunk_size(5000, history_len=5000)
+    with pytest.raises(TypeError, match="missing"):
+        p.next_chunk_size()
+    with pytest.raises(ValueError, match="prefix_len -1 is negative"):
+        p.next_chunk_size(history_len=-1)

@@ -20,12 +20,12 @@ def test_save_load_roundtrip(tmp_path):
 
 
 @pytest.mark.parametrize("mutate, message", [
-    (lambda d: d.update(schema_version=2), "schema_version 2 is not supported"),
+    (lambda d: d.update(schema_version=3), "schema_version 3 is not supported"),
     (lambda d: d.pop("table"), "lacks table"),
     (lambda d: d.update(status="maybe"), "status 'maybe' is invalid"),
     (lambda d: d["settings"].update(smooth_factor=2.0), "--smooth-factor 2.0 is out of range"),
     (lambda d: d["latency_model"]["coefficients"]["a"].update(unit="s"), "unit 's'"),
-    (lambda d: d["table"].update(history_len=[1] + d["table"]["history_len"][1:]), "must start at 0"),
+    (lambda d: d["table"].update(prefix_len=[1] + d["table"]["prefix_len"][1:]), "must start at 0"),
 ])
 def test_schema_errors(tmp_path, mutate, message):
     data = copy.deepcopy(policy_dict(MODEL))
@@ -35,13 +35,23 @@ def test_schema_errors(tmp_path, mutate, message):
         load(tmp_path / "p.json")
 
 
+def test_schema_version_1_is_refused(tmp_path):
+    data = policy_dict(MODEL)
+    data["schema_version"] = 1
+    data["table"] = {"history_len": data["table"].pop("prefix_len"), "chunk_size": data["table"]["chunk_size"]}
+    (tmp_path / "p.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"schema_version 1 is not supported: this ppprof reads 2; regenerate it "
+                                         r"with `ppprof fit`$"):
+        load(tmp_path / "p.json")
+
+
 def test_validate_catches_a_tampered_table():
     data = policy_dict(MODEL)
     data["table"]["chunk_size"][3] += 64
     with pytest.raises(ValueError, match="does not match the rule"):
         validate(from_dict(data))
     data = policy_dict(MODEL, status="static")
-    data["table"] = {"history_len": [0, 10], "chunk_size": [8192, 4096]}
+    data["table"] = {"prefix_len": [0, 10], "chunk_size": [8192, 4096]}
     with pytest.raises(ValueError, match="static policy table"):
         validate(from_dict(data))
 

@@ -2,30 +2,22 @@
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from ppprof.config import ProfileConfig
+from ppprof.dist.agree import RunError
 from ppprof.dist.pipe import Pipe
 from ppprof.model.stage import Stage, build_stage_cache
-from ppprof.probe.loop import SKIP_MAMBA_RELEASE, ProbeRunner, ProfileError
+from ppprof.probe.loop import SKIP_MAMBA_RELEASE, ProbeRunner
 from ppprof.probe.synth import Probe, ProbeRequest, make_probes
 from ppprof.specs import load_spec
-from tests.probe.conftest import free_port
 
 
-@pytest.fixture(scope="module")
-def one_rank_group():
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
-def make_runner(mamba_slots=8, fault=None):
+def make_runner(max_mamba_cache_size=8, fault=None):
     spec = load_spec("tiny-hybrid")
     layers = range(spec.num_layers)
     stage = Stage(spec, layers, seed=0)
-    cache = build_stage_cache(spec, layers, kv_slots=512, page_size=4, mamba_slots=mamba_slots, max_requests=4,
-                              max_context_len=512)
+    cache = build_stage_cache(spec, layers, max_total_tokens=512, page_size=4, max_mamba_cache_size=max_mamba_cache_size,
+                              max_running_requests=4, context_len=512)
     pipe = Pipe(rank=0, world_size=1, device=torch.device("cpu"), hidden_size=spec.hidden_size, dtype=torch.float32)
     return ProbeRunner(stage=stage, cache=cache, pipe=pipe, seed=0, fault=fault)
 
@@ -38,11 +30,11 @@ def test_probe_times_every_request_and_leaves_pools_full(one_rank_group):
         assert len(t.stage_ms) == len(t.e2e_ms) == 8
         assert all(0 < s <= e for s, e in zip(t.stage_ms, t.e2e_ms)), f"{t=}"
     assert runner.cache.outstanding() == {"request": 0, "kv": 0, "mamba": 0}
-    assert runner.forward_tokens == sum(p.num_tokens for p in probes)
+    assert runner.forward_tokens == sum(p.forward_tokens for p in probes)
 
 
 def test_grouped_window_serves_the_probe_and_is_closed_after(one_rank_group):
-    runner = make_runner(mamba_slots=16)
+    runner = make_runner(max_mamba_cache_size=16)
     mamba = runner.cache.mamba_alloc
     seen = []
     orig = mamba.alloc
@@ -59,7 +51,7 @@ def test_grouped_window_serves_the_probe_and_is_closed_after(one_rank_group):
 
 
 def test_small_mamba_cache_falls_back_to_per_call_slots(one_rank_group):
-    runner = make_runner(mamba_slots=2)
+    runner = make_runner(max_mamba_cache_size=2)
     t = runner.run_probe(Probe(0, "sweep", tuple(ProbeRequest(i, 0, 8) for i in range(12))))
     assert len(t.stage_ms) == 12
 
@@ -71,7 +63,7 @@ def test_a_failing_forward_releases_the_request_and_stops(one_rank_group, monkey
         raise RuntimeError("kaboom")
 
     monkeypatch.setattr(runner, "stage", boom)
-    with pytest.raises(ProfileError, match=r"rank 0: forward of request 3 \(prefix 0, chunk 8\) raised RuntimeError: "
+    with pytest.raises(RunError, match=r"rank 0: forward of request 3 \(prefix 0, chunk 8\) raised RuntimeError: "
                                            "kaboom"):
         runner.run_probe(Probe(0, "sweep", (ProbeRequest(3, 0, 8),)))
     assert runner.cache.outstanding() == {"request": 0, "kv": 0, "mamba": 0}
@@ -80,12 +72,12 @@ def test_a_failing_forward_releases_the_request_and_stops(one_rank_group, monkey
 
 def test_skipped_mamba_release_is_reported_by_pool_and_count(one_rank_group):
     runner = make_runner(fault=SKIP_MAMBA_RELEASE)
-    with pytest.raises(ProfileError, match="leak check failed after probe 0: rank 0: mamba pool leaked 3 slots"):
+    with pytest.raises(RunError, match="leak check failed after probe 0: rank 0: mamba pool leaked 3 slots"):
         runner.run_probe(Probe(0, "sweep", tuple(ProbeRequest(i, 0, 8) for i in range(3))))
 
 
 def test_kv_shortage_is_a_clear_failure_not_a_hang(one_rank_group):
     runner = make_runner()
-    with pytest.raises(ProfileError, match="KV cache too small for request 0"):
+    with pytest.raises(RunError, match="KV cache too small for request 0"):
         runner.run_probe(Probe(0, "sweep", (ProbeRequest(0, 0, 4096),)))
     assert runner.cache.outstanding() == {"request": 0, "kv": 0, "mamba": 0}

@@ -142,7 +142,7 @@ def test_mlp_act_round_trip(tmp_path):
 
 
 def test_reads_model_json_output(tmp_path):
-    from ppprof.specs.command import describe
+    from ppprof.specs.accounting import describe
 
     s = load_spec("jamba-mini", num_layers=8)
     path = tmp_path / "described.json"

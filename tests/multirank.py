@@ -1,10 +1,10 @@
+"""Helpers of the tests that start real ranks: a free port, the CLI in a subprocess with a timeout, tiny settings."""
+
 import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 180
@@ -25,8 +25,3 @@ def run_cli(*args: str, timeout: float = TIMEOUT_S, cwd: Path | None = None, lau
 
 # Small enough for a 2-core machine: tiny model, few short requests, no fit.
 TINY = ("--base-chunk-size", "32", "--requests-per-probe", "8", "--prefix-lens", "32,64", "--warmup", "1", "--no-fit")
-
-
-@pytest.fixture
-def tiny_args():
-    return TINY

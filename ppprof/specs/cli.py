@@ -8,25 +8,12 @@ import click
 
 from ppprof.specs.spec import ModelSpec
 from ppprof.specs.partition import parse_partition
-from ppprof.specs.accounting import StageAccount, accounting_dtype, stage_accounts
+from ppprof.specs.accounting import StageAccount, accounting_dtype, describe, stage_accounts
 from ppprof.specs.dtypes import AUTO_DTYPE_CPU, AUTO_DTYPE_GPU, DTYPE_BYTES
 from ppprof.specs.load import load_spec
 from ppprof.specs.pattern import format_layers
 
 LAYOUT_LEGEND = "one char or token a layer: * attention, M mamba, - MLP, E MoE; \"*-\" = attention + MLP"
-
-
-def describe(spec: ModelSpec, num_stages: int = 1, partition: list[int] | None = None,
-             dtype: str | None = None) -> dict:
-    """spec.to_dict() plus the byte dtype and one entry per stage (StageAccount.to_dict())."""
-    stages = stage_accounts(spec, num_stages, partition, dtype=dtype)
-    return {
-        **spec.to_dict(),
-        "num_layers": spec.num_layers,
-        "layout": format_layers(spec.layers),
-        "accounting_dtype": accounting_dtype(spec, dtype),
-        "stages": [s.to_dict() for s in stages],
-    }
 
 
 def _count(n: int) -> str:

@@ -4,26 +4,28 @@ from __future__ import annotations
 
 import click
 
-from ppprof.policy.rule import MODEL_NAMES
+from ppprof.fit.settings import DEFAULT_CONTEXT_LEN, DEFAULT_SMOOTH_FACTOR, LATENCY_MODEL_CHOICES
 
 
 @click.command("fit")
 @click.argument("samples", type=click.Path(dir_okay=False))
-@click.option("--latency-model", type=click.Choice(MODEL_NAMES + ("auto",)), default="auto", show_default=True,
+@click.option("--latency-model", type=click.Choice(LATENCY_MODEL_CHOICES), default="auto", show_default=True,
               help="quadratic (SGLang), prefix (ATOM) or auto (lowest k-fold CV error).")
 @click.option("--base-chunk-size", type=int, default=None, help="B; default from run.json (required without it).")
-@click.option("--smooth-factor", type=float, default=None, help="s in (0, 1]  [default: 0.75]")
+@click.option("--smooth-factor", type=float, default=None, help=f"s in (0, 1]  [default: {DEFAULT_SMOOTH_FACTOR:g}]")
 @click.option("--page-size", type=int, default=None, help="KV page size; default from run.json, else 1.")
 @click.option("--alignment", type=int, default=None, help="Chunk alignment  [default: max(page_size, 64)]")
 @click.option("--min-chunk-size", type=int, default=None, help="Floor of a chunk  [default: B // 4]")
 @click.option("--max-chunk-size", type=int, default=None,
               help="Cap of each chunk after the first (max prefill tokens; may be below B)  [default: B]")
-@click.option("--context-len", type=int, default=None, help="Context length; default from run.json, else 131072.")
+@click.option("--context-len", type=int, default=None,
+              help=f"Context length; default from run.json, else {DEFAULT_CONTEXT_LEN}.")
 @click.option("-o", "--out", type=click.Path(dir_okay=False), default=None,
               help="Policy file  [default: policy.json beside SAMPLES]")
 def fit_command(samples, latency_model, out, **options) -> None:
-    """Fit a latency model to SAMPLES (a CSV with prefix_len, chunk_len, latency_ms) and write a policy."""
-    from ppprof.fit.build import fit, summary
+    """Fit a latency model to SAMPLES (a CSV with prefix_len, chunk_size, latency_ms) and write a policy."""
+    from ppprof.fit.build import fit
+    from ppprof.fit.summary import summary
 
     for name in ("alignment", "min_chunk_size", "max_chunk_size"):
         if options[name] is not None and options[name] < 1:

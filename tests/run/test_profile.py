@@ -6,7 +6,7 @@ import sys
 import pandas as pd
 import pytest
 
-from tests.probe.conftest import TINY, free_port, run_cli
+from tests.multirank import TINY, free_port, run_cli
 
 pytestmark = pytest.mark.multirank
 
@@ -32,7 +32,7 @@ def test_profile_with_a_mamba_cache_much_smaller_than_the_requests_completes(tmp
     assert run["config"]["max_mamba_cache_size"] == 8
     # + one sweep-shaped warm-up request of 1.25 x 32 and one warm-up of the prefix probe (its largest chunk, 40)
     assert run["warmup_tokens"] == 80 and run["warmup_requests"] == 2
-    assert run["forward_tokens"] == samples["chunk_len"].sum() + 80
+    assert run["forward_tokens"] == samples["chunk_size"].sum() + 80
     assert "pools back to full capacity" in (out / "rank1.log").read_text()
 
 
@@ -78,14 +78,14 @@ def test_torchrun_started_ranks_write_samples_and_run_json(tmp_path):
     assert run["layer_partition"] == [1, 3]
     assert run["model"]["name"] == "tiny-dense"
     assert len(samples) == 24
-    assert list(samples.columns) == ["probe", "kind", "request", "prefix_len", "chunk_len", "stage0_latency_ms",
+    assert list(samples.columns) == ["probe", "kind", "request", "prefix_len", "chunk_size", "stage0_latency_ms",
                                      "stage1_latency_ms", "latency_ms", "bottleneck_stage"]
 
 
 def test_two_launches_with_nnodes_2_form_one_two_stage_pipeline(tmp_path):
     import subprocess
 
-    from tests.probe.conftest import REPO
+    from tests.multirank import REPO
 
     out = tmp_path / "run"
     port = free_port()

@@ -4,7 +4,7 @@ import pytest
 from click.testing import CliRunner
 
 from ppprof.cli import main
-from ppprof.probe.command import resolve_config
+from ppprof.run.options import resolve_config
 
 
 @pytest.mark.parametrize("args,message", [
@@ -71,7 +71,7 @@ def test_cli_turns_an_unwritable_output_into_one_line(tmp_path):
     blocker = tmp_path / "f"
     blocker.write_text("")
     samples = tmp_path / "s.csv"
-    samples.write_text("prefix_len,chunk_len,latency_ms\n" + "".join(f"0,{c},{1 + c * 0.01}\n" for c in range(1, 200, 5)))
+    samples.write_text("prefix_len,chunk_size,latency_ms\n" + "".join(f"0,{c},{1 + c * 0.01}\n" for c in range(1, 200, 5)))
     r = CliRunner().invoke(main, ["fit", str(samples), "--base-chunk-size", "128", "-o", str(blocker / "p.json")])
     assert r.exit_code == 2, r.output
     assert r.stderr.startswith(f"error: cannot use {blocker / 'p.json'}: ") and r.stderr.count("\n") == 1

@@ -1,0 +1,41 @@
+"""The few lines `ppprof fit` prints about a policy it wrote."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def num(value, spec: str) -> str:
+    """`value` formatted with `spec`, or 'n/a' for None (a number the policy file could not hold)."""
+    return "n/a" if value is None else format(value, spec)
+
+
+def summary(path: Path, policy: dict) -> str:
+    """A few lines for people."""
+    diag = policy["diagnostics"]
+    s = policy["settings"]
+    lines = [f"policy {path}: {policy['status']} ({policy['reason']})"]
+    if policy["latency_model"]:
+        coefs = policy["latency_model"]["coefficients"]
+        terms = ", ".join(f"{k}={v['value']:.4g} {v['unit']}" for k, v in coefs.items())
+        lines.append(f"model {policy['latency_model']['name']}: {terms}; target {policy['target_latency_ms']:.4g} ms")
+        lines.append(f"scored on {diag['rows']}: R^2 {num(diag['r2'], '.4f')}, MAPE {num(diag['mape'], '.2%')}, "
+                     f"worst residual {num(diag['worst_residual']['residual_ms'], '.3g')} ms; CV MAPE "
+                     f"{num(diag['cv_mape'], '.2%')} (every row held out once)")
+        lines.append(f"fitted to {diag['fit']['rows']}: R^2 {num(diag['fit']['r2'], '.4f')}; condition "
+                     f"{num(diag['condition_number'], '.3g')}")
+    others = {k: v for k, v in diag["candidates"].items() if not policy["latency_model"]
+              or k != policy["latency_model"]["name"]}
+    for name, c in others.items():
+        lines.append(f"{name} (not selected): " + (c["error"] if "error" in c else
+                     f"R^2 {num(c['r2'], '.4f')}, CV MAPE {num(c['cv_mape'], '.2%')}"))
+    if diag.get("bottleneck_stage") is not None:
+        lines.append(f"bottleneck stage {diag['bottleneck_stage']} (largest total latency)")
+    shrink = diag.get("predicted_shrink")
+    largest = min(s["base_chunk_size"], s["max_chunk_size"])
+    deep = "" if not shrink else (f", {largest * (1 - shrink['fraction']):.0f} at prefix_len "
+                                  f"{shrink['prefix_len']} if dynamic")
+    lines.append(f"chunks: base {s['base_chunk_size']}{deep}; alignment {s['alignment']}, smooth "
+                 f"{s['smooth_factor']:g}, floor {s['min_chunk_size']}, cap {s['max_chunk_size']}, "
+                 f"{len(policy['table']['chunk_size'])} table entries")
+    return "\n".join(lines)

@@ -1,0 +1,58 @@
+"""Synthetic samples from known coefficients, laid out as `ppprof profile` writes them (tests, demos, benchmarks)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ppprof.config import sweep_chunk_sizes
+from ppprof.io import atomic_write_text
+from ppprof.policy.rule import LatencyModel
+from ppprof.runfiles import RUN_FILE, SAMPLES_FILE, stage_column, write_run_json
+
+
+def make_samples(model: LatencyModel, *, base_chunk_size: int, prefixes=(), chunk_sizes=(), repeats: int = 4,
+                 noise: float = 0.02, num_outliers: int = 0, num_stages: int = 2, bottleneck_stage: int = 0,
+                 seed: int = 0) -> pd.DataFrame:
+    """One sweep probe (prefix 0, SGLang's sizes) and, for each prefix, `repeats` requests of each chunk size.
+
+    Latency = model.chunk_latency_ms(prefix_len, chunk_size) x (1 + noise N(0,1)) (for the quadratic, a prefixed row
+    costs c + f(L + x) - f(L), a prefix-free one f(x)); `num_outliers` rows are multiplied by 3. The bottleneck
+    stage carries that latency, the other stages 60% of it.
+    """
+    rng = np.random.default_rng(seed)
+    rows = [(0, "sweep", i, 0, x) for i, x in enumerate(sweep_chunk_sizes(base_chunk_size))]
+    for probe, prefix in enumerate(prefixes, start=1):
+        request = 0
+        for x in chunk_sizes:
+            for _ in range(repeats):
+                rows.append((probe, "prefix", request, prefix, x))
+                request += 1
+    frame = pd.DataFrame(rows, columns=["probe", "kind", "request", "prefix_len", "chunk_size"])
+    latency = model.chunk_latency_ms(frame.prefix_len, frame.chunk_size) * (1 + noise * rng.standard_normal(len(frame)))
+    if num_outliers:
+        hit = rng.choice(np.arange(1, len(frame)), size=num_outliers, replace=False)
+        latency[hit] *= 3.0
+    for stage in range(num_stages):
+        frame[stage_column(stage)] = latency * (1.0 if stage == bottleneck_stage else 0.6)
+    frame["latency_ms"] = latency * (1.0 + 0.6 * (num_stages - 1))
+    frame["bottleneck_stage"] = bottleneck_stage
+    return frame
+
+
+def write_run_dir(run_dir: str | Path, frame: pd.DataFrame, *, base_chunk_size: int, page_size: int = 64,
+                  context_len: int = 131072, num_layers: int = 4, world_size: int = 2) -> Path:
+    """Write samples.csv and a run.json like `ppprof profile` does; return the samples path."""
+    run_dir = Path(run_dir)
+    samples = atomic_write_text(run_dir / SAMPLES_FILE, frame.to_csv(index=False))
+    write_run_json(
+        run_dir / RUN_FILE,
+        config={"model": "synthetic", "base_chunk_size": base_chunk_size, "page_size": page_size,
+                "context_len": context_len, "requests_per_probe": 128, "num_layers": num_layers, "seed": 0},
+        hardware={"device": "cpu", "device_name": "synthetic"}, torch_version="synthetic", backend="gloo",
+        world_size=world_size, layer_partition=[num_layers // world_size] * world_size, git_revision=None,
+        profile_wall_s=0.0, forward_tokens=int(frame.prefix_len.sum() + frame.chunk_size.sum()),
+    )
+    return samples

@@ -1,0 +1,81 @@
+"""`ppprof plan`, `ppprof export`, `ppprof validate`: the click commands over a policy file and what they print; the
+work is in planners, timeline, export and schema."""
+
+from __future__ import annotations
+
+import json
+from itertools import groupby
+from pathlib import Path
+
+import click
+
+from ppprof.policy.export import FORMATS, export
+from ppprof.policy.planners import STRATEGIES, Plan, default_num_stages, plan_prompt
+from ppprof.policy.schema import load, validate
+from ppprof.policy.timeline import write_timeline
+
+
+def run_length(values, fmt="{}") -> str:
+    """'8192x12 1696': runs of equal values."""
+    parts = []
+    for value, run in groupby(values):
+        n = len(list(run))
+        parts.append(fmt.format(value) + (f"x{n}" if n > 1 else ""))
+    return " ".join(parts)
+
+
+def echo_plan(p: Plan) -> None:
+    """A plan's lines: chunk count and TTFT, chunks, latencies and, for the optimal plan, how exact its search was."""
+    click.echo(f"{p.strategy}: {len(p.chunk_sizes)} chunks, predicted TTFT {p.ttft_ms:.2f} ms "
+               f"(sum {sum(p.latencies_ms):.2f} ms, max {max(p.latencies_ms):.2f} ms)")
+    click.echo(f"  chunks: {run_length(p.chunk_sizes)}")
+    click.echo(f"  latency_ms: {run_length([round(t, 2) for t in p.latencies_ms], '{:.2f}')}")
+    if p.search:
+        search, where = p.search, f"on the {p.search['grid_tokens']}-token grid"
+        quality = f"exact {where}" if search["exact_on_grid"] else \
+            f"within {search['gap_ms']:.2f} ms of the optimum {where}"
+        click.echo(f"  search: {quality} ({search['bounds_evaluated']} of {search['num_chunk_costs']} "
+                   f"chunk-latency bounds)")
+
+
+@click.command("plan")
+@click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False))
+@click.option("--prompt-len", type=int, required=True, help="Prompt length in tokens.")
+@click.option("--pp", "num_stages", type=int, default=None,
+              help="Pipeline stages  [default: the policy's profiled stages, else 1]")
+@click.option("--strategy", type=click.Choice(STRATEGIES + ("all",)), default="all", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@click.option("--png", type=click.Path(dir_okay=False), default=None,
+              help="Timeline PNG  [default: <policy>.plan-<N>-pp<P>.png beside the policy]")
+def plan_command(policy_path, prompt_len, num_stages, strategy, as_json, png) -> None:
+    """Chunk plans of one prompt with predicted per-chunk latency and TTFT = sum t + (P - 1) max t."""
+    policy = load(policy_path)
+    num_stages = default_num_stages(policy) if num_stages is None else num_stages
+    strategies = STRATEGIES if strategy == "all" else (strategy,)
+    plans = plan_prompt(policy, prompt_len, num_stages, strategies)
+    path = Path(policy_path)
+    png = Path(png) if png else path.with_name(f"{path.stem}.plan-{prompt_len}-pp{num_stages}.png")
+    write_timeline(plans, num_stages, png, f"{path.name}: prompt {prompt_len} tokens, {num_stages} stages")
+    if as_json:
+        click.echo(json.dumps({"policy": str(path), "prompt_len": prompt_len, "num_stages": num_stages,
+                               "png": str(png), "plans": [p.to_dict() for p in plans]}, indent=2))
+        return
+    click.echo(f"policy {path} ({policy.status}), prompt {prompt_len} tokens, {num_stages} stages")
+    for p in plans:
+        echo_plan(p)
+    click.echo(f"timeline: {png}")
+
+
+@click.command("export")
+@click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(FORMATS), required=True, help="Target server.")
+def export_command(policy_path, fmt) -> None:
+    """Print the server settings that carry POLICY (SGLang, vllm-ascend or ATOM)."""
+    click.echo(export(load(policy_path), fmt, policy_path))
+
+
+@click.command("validate")
+@click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False))
+def validate_command(policy_path) -> None:
+    """Check POLICY's schema and sanity; print 'ok ...' (exit 0) or one line (exit 2)."""
+    click.echo(f"ok {policy_path}: {validate(load(policy_path))}")

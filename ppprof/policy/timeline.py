@@ -1,0 +1,68 @@
+"""The predicted pipeline timeline of chunk plans: per-stage start times and the PNG that draws them
+(matplotlib, Agg, imported only when drawing)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ppprof.plotting import pyplot, save_figure
+from ppprof.policy.planners import Plan
+
+MAX_DRAWN_STAGES = 16  # stage rows in a timeline PNG; beyond, the first 15 and the last are drawn
+
+
+def schedule(latencies_ms, num_stages: int) -> np.ndarray:
+    """Start times (num_chunks, num_stages): chunk i enters stage s when it left stage s-1 and chunk i-1 left s.
+
+    Every stage takes the bottleneck latency t_i, so the last end is sum t + (P - 1) max t (the TTFT formula).
+    One stage at a time: with T_i = t_0 + ... + t_{i-1}, start[i, s] = T_i + max over k <= i of
+    (start[k, s-1] + t_k - T_k), a running maximum (stage 0: start[i, 0] = T_i).
+    """
+    t = np.asarray(latencies_ms, dtype=float)
+    before = np.concatenate([[0.0], np.cumsum(t)[:-1]])  # T_i
+    start = np.zeros((len(t), num_stages))
+    start[:, 0] = before
+    for s in range(1, num_stages):
+        start[:, s] = before + np.maximum.accumulate(start[:, s - 1] + t - before)
+    return start
+
+
+def drawn_stages(num_stages: int) -> list[int]:
+    """At most MAX_DRAWN_STAGES rows: all stages, or the first ones and the last."""
+    if num_stages <= MAX_DRAWN_STAGES:
+        return list(range(num_stages))
+    return list(range(MAX_DRAWN_STAGES - 1)) + [num_stages - 1]
+
+
+def draw_plan(ax, plan: Plan, num_stages: int, stages: list[int], cmap) -> None:
+    """One plan's chunks as bars, one row per drawn stage."""
+    start = schedule(plan.latencies_ms, num_stages)
+    for row, s in enumerate(stages):
+        bars = [(start[i, s], plan.latencies_ms[i]) for i in range(len(plan.latencies_ms))]
+        ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=[cmap(i % 20) for i in range(len(bars))],
+                       edgecolor="black", linewidth=0.2)
+    ax.set_yticks(range(len(stages)), [f"stage {s}" for s in stages])
+    ax.invert_yaxis()
+    ax.set_title(f"{plan.strategy}: {len(plan.chunk_sizes)} chunks, predicted TTFT {plan.ttft_ms:.1f} ms",
+                 fontsize=9)
+
+
+def write_timeline(plans: list[Plan], num_stages: int, path: str | Path, title: str = "") -> Path:
+    """Draw each plan's pipeline timeline (one panel a plan) into the PNG `path`, atomically."""
+    plt = pyplot()
+    stages = drawn_stages(num_stages)
+    if len(stages) < num_stages:
+        title += (f"{'; ' if title else ''}stages {stages[-2] + 1}..{num_stages - 2} of {num_stages} not drawn")
+    rows = len(stages)
+    fig, axes = plt.subplots(len(plans), 1, figsize=(10, 1.0 + 0.9 * len(plans) + 0.25 * rows * len(plans)),
+                             squeeze=False, sharex=True)
+    cmap = plt.get_cmap("tab20")
+    for ax, plan in zip(axes[:, 0], plans):
+        draw_plan(ax, plan, num_stages, stages, cmap)
+    axes[-1, 0].set_xlabel("time (ms)")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=100)

@@ -1,0 +1,144 @@
+"""The profile job, one rank's view: prepare the run folder and the probes, build the stage, warm up, run the probes
+in lockstep, then (rank 0) write samples.csv and run.json and fit the policy."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ppprof.config import ProfileConfig
+from ppprof.dist.agree import agreed
+from ppprof.model.stage import Stage, build_stage_cache
+from ppprof.probe.loop import ProbeRunner
+from ppprof.probe.output import samples_frame, write_samples
+from ppprof.probe.synth import make_probes, warmup_requests
+from ppprof.run.provenance import default_run_dir, git_revision, hardware
+from ppprof.run.rank import Phase, RankRun, add_log_file, run_phases, run_rank
+from ppprof.specs.spec import layers_pattern
+from ppprof.runfiles import RUN_FILE, SAMPLES_FILE, stage_column, write_run_json
+
+log = logging.getLogger("ppprof")
+
+
+def prepare_run_folder(run: RankRun) -> None:
+    """Rank 0 names and creates the run folder and synthesizes the probes; every rank gets both and logs there."""
+    run_dir = probes = None
+    with agreed(run.pipe, "prepare the run folder and the probes"):
+        if run.rank == 0:
+            run_dir = Path(run.cfg.out) if run.cfg.out else default_run_dir(run.cfg.model)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            probes = make_probes(run.cfg)
+    run_dir, run.state["probes"] = run.pipe.broadcast((str(run_dir), probes))
+    run.run_dir = Path(run_dir)
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    add_log_file(run.run_dir / f"rank{run.rank}.log")
+
+
+def build_stage(run: RankRun) -> None:
+    """This rank's layers (random weights) and its pools: KV, Mamba state and request entries."""
+    cfg, spec, layer_ids = run.cfg, run.spec, run.layer_ids
+    log.info("stage %d/%d: layers %d..%d (%s) of %s on %s, %s, backend %s, %d threads", run.rank,
+             run.info.world_size, layer_ids.start, layer_ids.stop - 1,
+             layers_pattern(spec.layers[layer_ids.start:layer_ids.stop]), spec.name, run.info.device, str(run.dtype).removeprefix("torch."),
+             run.info.backend, torch.get_num_threads())
+    run.stage = Stage(spec, layer_ids, dtype=run.dtype, device=run.info.device, seed=cfg.seed)
+    run.stage.eval()
+    run.cache = build_stage_cache(spec, layer_ids, max_total_tokens=cfg.max_total_tokens, page_size=cfg.page_size,
+                                  max_mamba_cache_size=cfg.max_mamba_cache_size, max_running_requests=cfg.max_running_requests,
+                                  context_len=cfg.context_len, dtype=run.dtype, device=run.info.device)
+    cache = run.cache
+    pool_mib = [0.0 if p is None else p.nbytes() / 2**20 for p in (cache.kv_pool, cache.mamba_pool)]
+    log.info("pools: KV %.1f MiB (%d slots, page %d), Mamba %.1f MiB (%s slots), %d request entries", pool_mib[0],
+             cache.kv_alloc.size, cfg.page_size, pool_mib[1],
+             "no" if cache.mamba_alloc is None else cache.mamba_alloc.size, cfg.max_running_requests)
+
+
+def warm_up(run: RankRun) -> None:
+    """Untimed forwards shaped like the first timed ones, so that no timed request is the first of its kind."""
+    run.state["runner"] = ProbeRunner(stage=run.stage, cache=run.cache, pipe=run.pipe, seed=run.cfg.seed,
+                                      fault=run.fault)
+    run.state["warmup"] = warmup_requests(run.state["probes"], run.cfg.warmup)
+    run.state["t_probes"] = time.perf_counter()
+    run.state["runner"].warm_up(run.state["warmup"])
+
+
+def run_probes(run: RankRun) -> None:
+    """Every probe in lockstep; after each, every stage's latencies are gathered (stage_ms[probe][stage][request])."""
+    probes, runner = run.state["probes"], run.state["runner"]
+    bar = None
+    if run.rank == 0:
+        from tqdm import tqdm
+        bar = tqdm(total=sum(len(p.requests) for p in probes), desc="profile", unit="req", file=sys.stderr,
+                   disable=None, dynamic_ncols=True)
+    stage_ms, e2e_ms = [], []
+    for probe in probes:
+        timings = runner.run_probe(probe, on_request=bar.update if bar is not None else None)
+        stage_ms.append(run.pipe.all_gather(timings.stage_ms))
+        e2e_ms.append(timings.e2e_ms)
+        log.info("probe %d (%s, %d requests, prefix %d): pools back to full capacity", probe.index, probe.kind,
+                 len(probe.requests), probe.requests[0].prefix_len)
+    run.state["probe_wall_s"] = time.perf_counter() - run.state["t_probes"]
+    run.state["forward_tokens"] = run.pipe.all_gather(runner.forward_tokens)
+    run.state["stage_ms"], run.state["e2e_ms"] = stage_ms, e2e_ms
+    if bar is not None:
+        bar.close()
+
+
+def write_results(run: RankRun) -> None:
+    """Rank 0: samples.csv and run.json."""
+    if run.rank != 0:
+        return
+    probes, warmup, forward_tokens = run.state["probes"], run.state["warmup"], run.state["forward_tokens"]
+    frame = samples_frame(probes, run.state["stage_ms"], run.state["e2e_ms"])
+    write_samples(run.run_dir / SAMPLES_FILE, frame)
+    wall_s = time.perf_counter() - run.t_start
+    write_run_json(
+        run.run_dir / RUN_FILE,
+        config=run.cfg.to_dict(), model=run.spec.to_dict(), hardware=hardware(run.info.device),
+        torch_version=torch.__version__, backend=run.info.backend, world_size=run.info.world_size,
+        layer_partition=[len(r) for r in run.stage_ranges], git_revision=git_revision(),
+        dtype=str(run.dtype).removeprefix("torch."), profile_wall_s=round(wall_s, 3),
+        probe_wall_s=round(run.state["probe_wall_s"], 3), forward_tokens=int(forward_tokens[0]),
+        forward_tokens_per_stage=[int(t) for t in forward_tokens],
+        timed_requests=sum(len(p.requests) for p in probes), warmup_requests=len(warmup),
+        warmup_tokens=sum(r.chunk_size for r in warmup),
+    )
+    log_summary(frame, run.info.world_size, wall_s, forward_tokens[0], run.run_dir)
+
+
+def fit_policy(run: RankRun) -> None:
+    """Rank 0, unless --no-fit: policy.json and the plots beside the samples."""
+    if run.rank != 0 or not run.cfg.fit:
+        return
+    from ppprof.fit import fit_run
+
+    log.info("policy: %s", fit_run(run.run_dir))
+
+
+PHASES: tuple[Phase, ...] = (
+    ("prepare the run folder", prepare_run_folder),
+    ("build the stage", build_stage),
+    ("warm up", warm_up),
+    ("run the probes", run_probes),
+    ("write samples.csv and run.json", write_results),
+    ("fit the policy", fit_policy),
+)
+
+
+def profile_rank(cfg: ProfileConfig, fault: str | None = None) -> int:
+    """One rank of `ppprof profile`; returns its exit code."""
+    return run_rank(lambda run: run_phases(run, PHASES), cfg, fault)
+
+
+def log_summary(frame, world_size: int, wall_s: float, forward_tokens: int, run_dir: Path) -> None:
+    sweep = frame[frame["kind"] == "sweep"]
+    big, small = sweep.loc[sweep["chunk_size"].idxmax()], sweep.loc[sweep["chunk_size"].idxmin()]
+    for s in range(world_size):
+        col = stage_column(s)
+        log.info("stage %d: chunk %d -> %.3f ms, chunk %d -> %.3f ms", s, big["chunk_size"], big[col],
+                 small["chunk_size"], small[col])
+    log.info("profile wall time %.2f s, %d forward tokens a stage; wrote %s", wall_s, forward_tokens, run_dir)

@@ -1,0 +1,57 @@
+"""Where a run happened: the run folder's default name, the hardware, and the git revision of ppprof's source."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+
+def default_run_dir(model: str, root: str | os.PathLike = "results") -> Path:
+    """results/<UTC time>-<model name>; a numeric suffix keeps runs started in the same second apart."""
+    stem = Path(model).stem if os.sep in model or model.endswith((".json", ".yaml", ".yml")) else model
+    base = Path(root) / f"{_dt.datetime.now(_dt.timezone.utc):%Y%m%d-%H%M%S}-{stem}"
+    run_dir, k = base, 1
+    while run_dir.exists():
+        run_dir, k = Path(f"{base}-{k}"), k + 1
+    return run_dir
+
+
+def git_revision() -> str | None:
+    """The git commit of the ppprof source tree, when it is a checkout."""
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    rev = out.stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True,
+                           text=True, timeout=10).stdout.strip()
+    return rev + ("-dirty" if dirty else "")
+
+
+def hardware(device: torch.device) -> dict:
+    info = {"device": device.type, "platform": platform.platform(), "machine": platform.machine(),
+            "cpu_count": os.cpu_count(), "hostname": platform.node()}
+    if device.type == "cuda":
+        info["device_name"] = torch.cuda.get_device_name(device)
+        info["device_count"] = torch.cuda.device_count()
+    else:
+        info["device_name"] = _cpu_model() or platform.processor() or platform.machine()
+    return info
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None

@@ -1,0 +1,115 @@
+"""One rank of a distributed job: logging, the process group, the phases in order, each agreed on by every rank."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ppprof.config import ProfileConfig
+from ppprof.dist.agree import RunError, agreed
+from ppprof.dist.group import RankInfo, process_group
+from ppprof.dist.pipe import Pipe
+from ppprof.mem import StageCache
+from ppprof.model.stage import Stage
+from ppprof.probe.malloc import steady_malloc
+from ppprof.specs import ModelSpec, load_spec, split_layers
+from ppprof.specs.dtypes import AUTO_DTYPE_CPU, AUTO_DTYPE_GPU
+
+log = logging.getLogger("ppprof")
+
+
+@dataclass(slots=True)
+class RankRun:
+    """What one rank knows and holds during a job; phases fill it in order."""
+
+    cfg: ProfileConfig
+    info: RankInfo
+    spec: ModelSpec
+    dtype: torch.dtype
+    stage_ranges: list[range]
+    pipe: Pipe
+    fault: str | None = None
+    t_start: float = field(default_factory=time.perf_counter)
+    run_dir: Path | None = None
+    stage: Stage | None = None
+    cache: StageCache | None = None
+    state: dict[str, Any] = field(default_factory=dict)
+    """Job-specific results handed from one phase to the next."""
+
+    @property
+    def rank(self) -> int:
+        return self.info.rank
+
+    @property
+    def layer_ids(self) -> range:
+        return self.stage_ranges[self.info.rank]
+
+
+Phase = tuple[str, Callable[[RankRun], None]]
+"""(what it does, in words that complete "rank N failed to ..."; the function)."""
+
+
+def resolve_dtype(cfg: ProfileConfig, spec_dtype: str | None) -> torch.dtype:
+    """--dtype, else the spec's, else bf16 on GPU and fp32 on CPU (all names already normalised)."""
+    return getattr(torch, cfg.dtype or spec_dtype or (AUTO_DTYPE_GPU if cfg.device == "cuda" else AUTO_DTYPE_CPU))
+
+
+def set_up(cfg: ProfileConfig, info: RankInfo, fault: str | None) -> RankRun:
+    """The model, dtype, layer split and the pipe to the neighbours. No collective: the launcher checked the input."""
+    spec = load_spec(cfg.model, num_layers=cfg.num_layers, dtype=cfg.dtype)
+    dtype = resolve_dtype(cfg, spec.dtype)
+    ranges = split_layers(spec.num_layers, info.world_size, cfg.layer_partition)
+    pipe = Pipe(rank=info.rank, world_size=info.world_size, device=info.device, hidden_size=spec.hidden_size,
+                dtype=dtype)
+    return RankRun(cfg=cfg, info=info, spec=spec, dtype=dtype, stage_ranges=ranges, pipe=pipe, fault=fault)
+
+
+def run_phases(run: RankRun, phases: Sequence[Phase]) -> None:
+    """Each phase in order; at its end every rank agrees that no rank failed in it, or every rank stops. A phase that
+    holds a collective must agree on its local work before the collective (nest `agreed`), so that no rank waits in
+    a collective that a failed rank never joins."""
+    for what, phase in phases:
+        with agreed(run.pipe, what):
+            phase(run)
+
+
+def run_rank(job: Callable[[RankRun], None], cfg: ProfileConfig, fault: str | None = None) -> int:
+    """The body of one rank: join the group, run `job`, leave. Returns the exit code (1 when the job failed on any
+    rank; every rank then prints the same agreed message)."""
+    setup_logging(int(os.environ.get("RANK", 0)))
+    if cfg.device == "cpu" and not steady_malloc():
+        log.warning("could not fix malloc's thresholds (not glibc?): CPU timings may be noisier")
+    with process_group(cfg.device) as info:
+        try:
+            job(set_up(cfg, info, fault))
+        except RunError as e:
+            log.error("%s", e)
+            print(f"error: [rank {info.rank}] {e}", file=sys.stderr, flush=True)
+            return 1
+    return 0
+
+
+def setup_logging(rank: int, level: int = logging.INFO) -> None:
+    fmt = logging.Formatter(f"[rank {rank}] %(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
+    root = logging.getLogger("ppprof")
+    root.setLevel(level)
+    root.handlers.clear()
+    h = logging.StreamHandler(sys.stderr)
+    h.setFormatter(fmt)
+    root.addHandler(h)
+    root.propagate = False
+
+
+def add_log_file(path: Path) -> None:
+    """Also log into `path` (the rank's log in the run folder)."""
+    root = logging.getLogger("ppprof")
+    h = logging.FileHandler(path)
+    h.setFormatter(root.handlers[0].formatter)
+    root.addHandler(h)

@@ -1,0 +1,48 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from ppprof.fit import fit, read_samples
+from ppprof.fit.synthetic import make_samples
+from ppprof.policy.rule import LatencyModel
+
+MODEL = LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=4e-4)
+
+
+def frame():
+    return make_samples(MODEL, base_chunk_size=4096, prefixes=[0, 8192, 32768], chunk_sizes=[1024, 4096],
+                        bottleneck_stage=1)
+
+
+def test_stage_columns_pick_the_bottleneck_stage(tmp_path):
+    data = frame()
+    data.to_csv(tmp_path / "samples.csv", index=False)
+    samples = read_samples(tmp_path / "samples.csv")
+    assert samples.bottleneck_stage == 1
+    np.testing.assert_array_equal(samples.chunk_size, data.chunk_size)
+    np.testing.assert_allclose(samples.latency_ms, data.stage1_latency_ms)
+    assert samples.subset(np.arange(3)).bottleneck_stage == 1 and len(samples.subset(np.arange(3))) == 3
+
+
+def test_chunk_len_column_is_read_as_chunk_size(tmp_path):
+    """Samples written by ppprof 0.1 and other tools name the column chunk_len."""
+    data = frame()
+    old = data[["prefix_len", "chunk_size", "latency_ms"]].rename(columns={"chunk_size": "chunk_len"})
+    old.to_csv(tmp_path / "old.csv", index=False)
+    samples = read_samples(tmp_path / "old.csv")
+    np.testing.assert_array_equal(samples.chunk_size, data.chunk_size)
+    _, policy = fit(tmp_path / "old.csv", base_chunk_size=4096)
+    assert policy["status"] == "dynamic", policy["reason"]
+
+
+def test_chunk_size_wins_over_chunk_len(tmp_path):
+    pd.DataFrame({"prefix_len": [0, 0], "chunk_size": [64, 128], "chunk_len": [1, -5],
+                  "latency_ms": [1.0, 2.0]}).to_csv(tmp_path / "both.csv", index=False)
+    assert read_samples(tmp_path / "both.csv").chunk_size.tolist() == [64, 128]
+
+
+def test_bad_aliased_values_are_reported(tmp_path):
+    pd.DataFrame({"prefix_len": [0, 0], "chunk_len": [64, 0], "latency_ms": [1.0, 2.0]}).to_csv(
+        tmp_path / "bad.csv", index=False)
+    with pytest.raises(ValueError, match=r"column chunk_size row 2 is .*0\.0\)?: use an integer >= 1"):
+        read_samples(tmp_path / "bad.csv")

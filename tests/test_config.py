@@ -1,0 +1,53 @@
+"""Profile settings: checks at construction, resolved defaults, and the sweep's chunk sizes."""
+
+import pytest
+
+from ppprof.config import ProfileConfig, align_down, sweep_chunk_sizes
+
+
+def test_sweep_matches_the_linear_fall_of_sglang():
+    # size_i = int(1.25 B - i * (1.25 B // 128)) for B = 8192: 10240, 10160, ..., 80
+    sizes = sweep_chunk_sizes(8192, 128, 1)
+    assert sizes[:3] == [10240, 10160, 10080]
+    assert sizes[-1] == 10240 - 127 * 80
+    assert all(a > b for a, b in zip(sizes, sizes[1:]))
+
+
+def test_sweep_is_aligned_and_never_below_one_unit():
+    sizes = sweep_chunk_sizes(512, 128, 64)
+    assert all(s % 64 == 0 and s >= 64 for s in sizes), f"{sizes=}"
+    assert sizes[0] == 640
+    assert align_down(5, 64) == 64
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("requests_per_probe", 129, "--requests-per-probe 129 is out of range: use 8..128"),
+    ("requests_per_probe", 7, "--requests-per-probe 7 is out of range"),
+    ("max_total_tokens", 100, "--base-chunk-size 512 does not fit the KV cache: the longest probe request needs 2688"),
+    ("device", "tpu", "--device 'tpu' is not supported"),
+    ("page_size", 0, "--page-size 0 must be an integer >= 1"),
+    ("context_len", 600, "exceeds --context-len 600"),
+])
+def test_bad_settings_name_the_field_and_value(field, value, match):
+    with pytest.raises(ValueError, match=match):
+        ProfileConfig(**{field: value})
+
+
+def test_sweep_reaches_about_b_over_128_whatever_the_number_of_requests():
+    for n in (8, 16, 128):
+        sizes = sweep_chunk_sizes(8192, n, 1)
+        assert sizes[0] == 10240 and sizes[-1] == 80, f"{n=} {sizes[-3:]=}"
+        assert len(sizes) == n
+
+
+def test_with_128_requests_the_sweep_is_exactly_sglangs_for_every_base_chunk():
+    for B in range(103, 20000, 7):
+        top = int(1.25 * B)
+        assert sweep_chunk_sizes(B, 128) == [int(1.25 * B - i * (top // 128)) for i in range(128)], f"{B=}"
+
+
+def test_max_total_tokens_defaults_to_the_longest_probe_request_in_whole_pages():
+    cfg = ProfileConfig(base_chunk_size=512, page_size=16)
+    assert cfg.max_total_tokens == cfg.needed_total_tokens() == 4 * 512 + 640
+    assert cfg.to_dict()["max_total_tokens"] == cfg.max_total_tokens
+    assert ProfileConfig(**cfg.to_dict()).to_dict() == cfg.to_dict()
