@@ -10,50 +10,37 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
-import time
 
 import torch
 
 from ppprof.io import atomic_write_json
 from ppprof.mem.cache import Request
 from ppprof.model import Stage, build_stage_cache
+from ppprof.probe.request import set_up_request
+from ppprof.probe.synth import ProbeRequest
+from ppprof.probe.timer import Timer
 from ppprof.specs import load_spec
 
-CHUNK_LENS = (64, 128, 256, 512)
+CHUNK_SIZES = (64, 128, 256, 512)
 PREFIX_LENS = (0, 512, 1024, 2048)
 WARMUP = 2
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def chunk_latency_ms(stage: Stage, cache, chunk_len: int, prefix_len: int, repeats: int, gen: torch.Generator
+def chunk_latency_ms(stage: Stage, cache, chunk_size: int, prefix_len: int, repeats: int, gen: torch.Generator
                      ) -> float:
-    """Median forward latency of a `chunk_len` chunk after a `prefix_len` prefix, over `repeats` runs after warm-up.
-    Each run is a fresh request, released afterwards (the release is not timed)."""
-    device = cache.device
-    tokens = torch.randint(0, stage.spec.vocab_size, (chunk_len,), generator=gen).to(device)
+    """Median forward latency of a `chunk_size` chunk after a `prefix_len` prefix, over `repeats` runs after warm-up.
+    Each run is a fresh request, set up as a probe's is (ppprof.probe.request) and released afterwards; the set-up
+    and the release are not timed; the timer is the profile's (ppprof.probe.timer)."""
+    tokens = torch.randint(0, stage.spec.vocab_size, (chunk_size,), generator=gen).to(cache.device)
     times_ms = []
     for run in range(WARMUP + repeats):
         req = Request(run)
         try:
-            if not cache.admit(req):
-                raise RuntimeError("the bench cache is too small for one request")
-            if prefix_len:
-                slots = cache.extend(req, prefix_len)
-                if cache.kv_pool is not None:
-                    cache.kv_pool.fill_random(slots, gen)
-            if cache.mamba_pool is not None:
-                cache.mamba_pool.fill_random(cache.mamba_slot(req), gen)
-            cache.extend(req, chunk_len)
-            sync(device)
-            start = time.perf_counter()
-            stage(cache, req, tokens, None, prefix_len)
-            sync(device)
+            set_up_request(cache, req, ProbeRequest(run, prefix_len, chunk_size), gen)
+            with Timer(cache.device) as t:
+                stage(cache, req, tokens, None, prefix_len)
             if run >= WARMUP:
-                times_ms.append((time.perf_counter() - start) * 1e3)
+                times_ms.append(t.elapsed_ms)
         finally:
             cache.release(req)
     cache.check_no_leaks()
@@ -73,28 +60,28 @@ def main() -> None:
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     layer_ids = range(spec.num_layers)
     stage = Stage(spec, layer_ids, dtype=dtype, device=device, seed=0)
-    context_len = max(CHUNK_LENS) + max(PREFIX_LENS)
+    context_len = max(CHUNK_SIZES) + max(PREFIX_LENS)
     cache = build_stage_cache(spec, layer_ids, max_total_tokens=context_len + 64, page_size=1, max_mamba_cache_size=1,
                               max_running_requests=1, context_len=context_len, dtype=dtype, device=device)
     gen = torch.Generator().manual_seed(0)
 
     # One untimed sweep of every chunk size first: the first calls pay for lazy init (kernels, allocator pools),
     # which the per-cell warm-up alone does not absorb for the first cell.
-    for chunk_len in CHUNK_LENS:
-        chunk_latency_ms(stage, cache, chunk_len, 0, 1, gen)
+    for chunk_size in CHUNK_SIZES:
+        chunk_latency_ms(stage, cache, chunk_size, 0, 1, gen)
     print(f"{spec.name} ({spec.pattern}), {dtype}, {device}, {torch.get_num_threads()} threads; median ms")
     print("chunk \\ prefix " + "".join(f"{p:>10d}" for p in PREFIX_LENS))
     rows = []
-    for chunk_len in CHUNK_LENS:
-        line = f"{chunk_len:>15d}"
+    for chunk_size in CHUNK_SIZES:
+        line = f"{chunk_size:>15d}"
         for prefix_len in PREFIX_LENS:
-            latency_ms = chunk_latency_ms(stage, cache, chunk_len, prefix_len, args.repeats, gen)
-            rows.append({"chunk_len": chunk_len, "prefix_len": prefix_len, "latency_ms": round(latency_ms, 3)})
+            latency_ms = chunk_latency_ms(stage, cache, chunk_size, prefix_len, args.repeats, gen)
+            rows.append({"chunk_size": chunk_size, "prefix_len": prefix_len, "latency_ms": round(latency_ms, 3)})
             line += f"{latency_ms:>10.2f}"
         print(line)
 
-    ms = {(r["chunk_len"], r["prefix_len"]): r["latency_ms"] for r in rows}
-    grows = all(ms[c, PREFIX_LENS[-1]] > ms[c, PREFIX_LENS[0]] for c in CHUNK_LENS)
+    ms = {(r["chunk_size"], r["prefix_len"]): r["latency_ms"] for r in rows}
+    grows = all(ms[c, PREFIX_LENS[-1]] > ms[c, PREFIX_LENS[0]] for c in CHUNK_SIZES)
     print(f"latency at prefix {PREFIX_LENS[-1]} > at prefix 0 for every chunk size: {grows}")
     out = {
         "schema_version": 1,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ppprof.checks import require_int
 from ppprof.fit.settings import DEFAULT_CONTEXT_LEN, DEFAULT_SMOOTH_FACTOR, LATENCY_MODEL_CHOICES
 
 
@@ -28,7 +29,7 @@ def fit_command(samples, latency_model, out, **options) -> None:
     from ppprof.fit.summary import summary
 
     for name in ("alignment", "min_chunk_size", "max_chunk_size"):
-        if options[name] is not None and options[name] < 1:
-            raise ValueError(f"--{name.replace('_', '-')} {options[name]} is invalid: use a positive integer")
+        if options[name] is not None:
+            require_int(f"--{name.replace('_', '-')}", options[name], 1)
     path, policy = fit(samples, out, latency_model, **options)
     click.echo(summary(path, policy))

@@ -13,6 +13,8 @@ from ppprof.mem.indices import PAD_SLOT, to_index_list
 
 
 class MambaAllocator:
+    """Free-slot bookkeeping of the Mamba state pool: one slot a request, per call or from a grouped window."""
+
     def __init__(self, size: int) -> None:
         """`size` usable slots, numbered 1..size; state buffers need size + 1 rows."""
         if size < 1:

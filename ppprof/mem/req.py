@@ -14,6 +14,8 @@ NO_MAMBA_SLOT = -1
 
 
 class ReqToTokenPool:
+    """One entry a live request: the KV slot of each of its positions and its Mamba slot."""
+
     def __init__(self, size: int, context_len: int, device: str | torch.device = "cpu") -> None:
         if size < 1:
             raise ValueError(f"request pool size {size} must be >= 1 (--max-running-requests)")

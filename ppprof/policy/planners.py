@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ppprof.checks import is_int
 from ppprof.policy.rule import LatencyModel
 from ppprof.policy.schema import Policy
 
@@ -244,9 +245,9 @@ def default_num_stages(policy: Policy) -> int:
 
 def plan_prompt(policy: Policy, prompt_len: int, num_stages: int, strategies=STRATEGIES) -> list[Plan]:
     """Plans of `prompt_len` tokens for each strategy, with latencies and TTFT predicted by the policy's model."""
-    if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or prompt_len < 1:
+    if not is_int(prompt_len) or prompt_len < 1:
         raise ValueError(f"--prompt-len {prompt_len!r} is invalid: use a positive number of tokens")
-    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or not 1 <= num_stages <= MAX_STAGES:
+    if not is_int(num_stages) or not 1 <= num_stages <= MAX_STAGES:
         raise ValueError(f"--pp {num_stages!r} is invalid: use a number of pipeline stages in 1..{MAX_STAGES}")
     if policy.model is None:
         raise ValueError(f"policy has no latency model ({policy.status}: {policy.reason}): refit with more samples")

@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from ppprof.checks import require_int
+
 MODEL_NAMES = ("quadratic", "prefix")
 COEF_UNITS = {"a": "ms/token^2", "b": "ms/token", "c": "ms", "g": "ms/token"}
 FORMS = {
@@ -159,16 +161,10 @@ class ChunkSettings:
     """Tokens kept free at the end of the context (SGLang's 100)."""
 
     def __post_init__(self) -> None:
-        def whole(name: str, option: str, value, low: int) -> None:
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{option} {value!r} is invalid: use an integer >= {low}")
-
-        whole("base_chunk_size", "--base-chunk-size", self.base_chunk_size, 1)
-        whole("page_size", "--page-size", self.page_size, 1)
-        for name in ("alignment", "min_chunk_size", "max_chunk_size"):
-            whole(name, "--" + name.replace("_", "-"), getattr(self, name), 0)
-        whole("context_len", "--context-len", self.context_len, 1)
-        whole("context_margin", "context_margin", self.context_margin, 0)
+        for name, low in (("base_chunk_size", 1), ("page_size", 1), ("alignment", 0), ("min_chunk_size", 0),
+                          ("max_chunk_size", 0), ("context_len", 1)):
+            require_int("--" + name.replace("_", "-"), getattr(self, name), low)
+        require_int("context_margin", self.context_margin, 0)
         s = self.smooth_factor
         if isinstance(s, bool) or not isinstance(s, (int, float)) or not (0.0 < s <= 1.0):
             raise ValueError(f"--smooth-factor {s!r} is out of range: use a value in (0, 1]")

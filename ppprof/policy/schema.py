@@ -6,6 +6,7 @@ import json
 from bisect import bisect_right
 from pathlib import Path
 
+from ppprof.checks import is_int
 from ppprof.io import atomic_write_json
 from ppprof.policy.rule import ChunkSettings, LatencyModel, build_table, check_rule, next_chunk_size
 
@@ -112,7 +113,7 @@ def check_schema(data) -> None:
     starts, sizes = table["prefix_len"], table["chunk_size"]
     if not isinstance(starts, list) or not isinstance(sizes, list) or len(starts) != len(sizes) or not starts:
         raise ValueError("policy table columns must be non-empty lists of equal length")
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in starts + sizes):
+    if not all(is_int(v) for v in starts + sizes):
         raise ValueError("policy table entries must be integers")
     if starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])):
         raise ValueError("policy table prefix_len must start at 0 and increase strictly")

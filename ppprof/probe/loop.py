@@ -22,6 +22,7 @@ from ppprof.mem import Request, StageCache
 from ppprof.mem.cache import describe_leaks
 from ppprof.mem.req import NO_MAMBA_SLOT
 from ppprof.model.stage import Stage
+from ppprof.probe.request import set_up_request
 from ppprof.probe.synth import Probe, ProbeRequest
 from ppprof.probe.timer import Timer, device_sync
 
@@ -66,30 +67,6 @@ class ProbeRunner:
         self._release: Callable[[StageCache, Request], None] = (
             release_without_mamba if fault == SKIP_MAMBA_RELEASE else StageCache.release)
 
-    def _setup(self, req: Request, pr: ProbeRequest) -> None:
-        cache = self.cache
-        if not cache.admit(req):
-            # No request is live between two requests of the lockstep loop, so whatever is held (beyond the slots
-            # parked in an open Mamba group window) has leaked.
-            held = cache.outstanding()
-            if cache.mamba_alloc is not None:
-                held["mamba"] -= cache.mamba_alloc.group_remaining()
-            leaks = describe_leaks({pool: n for pool, n in held.items() if n}, sep="; ")
-            raise RunError(f"request {pr.rid} cannot be admitted although no request is live: "
-                               + (leaks or "the request or Mamba pool has no slot"))
-        if pr.prefix_len:
-            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + pr.rid * 31 + self.pipe.rank)
-            # The prefix is not computed: random K/V and Mamba state go straight into the allocated slots.
-            slots = cache.extend(req, pr.prefix_len)
-            if slots is None:
-                raise RunError(f"KV cache too small for the prefix of request {pr.rid} ({pr.prefix_len} tokens)")
-            if cache.kv_pool is not None:
-                cache.kv_pool.fill_random(slots, gen)
-            if cache.mamba_pool is not None:
-                cache.mamba_pool.fill_random(cache.mamba_slot(req), gen)
-        if cache.extend(req, pr.chunk_size) is None:
-            raise RunError(f"KV cache too small for request {pr.rid} ({pr.prefix_len} + {pr.chunk_size} tokens)")
-
     def run_request(self, pr: ProbeRequest, timed: bool) -> tuple[float, float, str | None]:
         """One request through this rank's stage: (stage_ms, e2e_ms (rank 0, else nan), error or None)."""
         pipe = self.pipe
@@ -100,7 +77,8 @@ class ProbeRunner:
         try:
             setup_error = None
             try:
-                self._setup(req, pr)
+                gen = torch.Generator().manual_seed(self.seed * 1_000_003 + pr.rid * 31 + pipe.rank)
+                set_up_request(self.cache, req, pr, gen)
                 if pipe.is_first:
                     x = torch.randint(self.vocab_size, (pr.chunk_size,), generator=torch.Generator().manual_seed(
                         self.seed + pr.rid)).to(self.device)

@@ -9,7 +9,7 @@ from typing import Any, Callable
 from ppprof.specs.spec import ATTENTION, MAMBA, MLP, MOE, RELU2, SILU, LayerSpec, ModelSpec
 from ppprof.specs.pattern import layer_kinds, parse_pattern
 
-DENSE_DEFAULTS: dict[str, dict[str, Any]] = {
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                   num_attention_heads=32, num_key_value_heads=None, head_dim=None, rms_norm_eps=1e-6,
                   rope_theta=10000.0),
@@ -22,7 +22,16 @@ DENSE_DEFAULTS: dict[str, dict[str, Any]] = {
     "qwen3": dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
                   num_attention_heads=32, num_key_value_heads=32, head_dim=128, rms_norm_eps=1e-6,
                   rope_theta=10000.0),
+    "nemotron_h": dict(vocab_size=131072, hidden_size=4096, intermediate_size=21504, num_attention_heads=32,
+                       num_key_value_heads=8, head_dim=128, rope_theta=10000.0),
+    "jamba": dict(vocab_size=65536, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-6, rope_theta=10000.0),
+    "bamba": dict(vocab_size=128000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-5, rope_theta=10000.0),
+    "falcon_h1": dict(vocab_size=128000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-5, rope_theta=100000.0),
 }
+"""Each family's defaults (transformers' configuration_*.py) for the fields a config may leave out."""
 
 NEMOTRON_H_8B_PATTERN = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
 """Nemotron-H-8B's hybrid_override_pattern, the default of NemotronHConfig before layers_block_type."""
@@ -95,15 +104,13 @@ def _num_layers(cfg: dict, default: int) -> int:
 
 
 def _dense(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
-    d = DENSE_DEFAULTS[family]
+    d = FAMILY_DEFAULTS[family]
     n = _num_layers(cfg, d["num_hidden_layers"])
     return (LayerSpec(mixers=(ATTENTION,), ffn=MLP),) * n, _attention_fields(cfg, d)
 
 
 def _nemotron_h(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
-    d = dict(vocab_size=131072, hidden_size=4096, intermediate_size=21504, num_attention_heads=32,
-             num_key_value_heads=8, head_dim=128, rope_theta=10000.0)
-    fields = _attention_fields(cfg, d)
+    fields = _attention_fields(cfg, FAMILY_DEFAULTS[family])
     fields["rms_norm_eps"] = float(_get(cfg, "layer_norm_epsilon", _get(cfg, "rms_norm_eps", 1e-5)))
     blocks = cfg.get("layers_block_type") or cfg.get("layer_types")
     if cfg.get("hybrid_override_pattern"):
@@ -130,10 +137,8 @@ def _nemotron_h(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
 
 
 def _jamba(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
-    d = dict(vocab_size=65536, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
-             num_key_value_heads=8, rms_norm_eps=1e-6, rope_theta=10000.0)
-    fields = _attention_fields(cfg, d)
-    n = _num_layers(cfg, 32)
+    fields = _attention_fields(cfg, FAMILY_DEFAULTS[family])
+    n = _num_layers(cfg, FAMILY_DEFAULTS[family]["num_hidden_layers"])
     attn_period, attn_offset = int(_get(cfg, "attn_layer_period", 8)), int(_get(cfg, "attn_layer_offset", 4))
     moe_period, moe_offset = int(_get(cfg, "expert_layer_period", 2)), int(_get(cfg, "expert_layer_offset", 1))
     num_experts = int(_get(cfg, "num_experts", 16))
@@ -185,10 +190,8 @@ def _mamba2_fields(cfg: dict, hidden: int, d_inner: int) -> dict[str, Any]:
 
 
 def _bamba(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
-    d = dict(vocab_size=128000, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
-             num_key_value_heads=8, rms_norm_eps=1e-5, rope_theta=10000.0)
-    fields = _attention_fields(cfg, d)
-    n = _num_layers(cfg, 32)
+    fields = _attention_fields(cfg, FAMILY_DEFAULTS[family])
+    n = _num_layers(cfg, FAMILY_DEFAULTS[family]["num_hidden_layers"])
     attn = set(cfg.get("attn_layer_indices") or ())
     bad = sorted(i for i in attn if not 0 <= int(i) < n)
     if bad:
@@ -200,10 +203,8 @@ def _bamba(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
 
 
 def _falcon_h1(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
-    d = dict(vocab_size=128000, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
-             num_key_value_heads=8, rms_norm_eps=1e-5, rope_theta=100000.0)
-    fields = _attention_fields(cfg, d)
-    n = _num_layers(cfg, 32)
+    fields = _attention_fields(cfg, FAMILY_DEFAULTS[family])
+    n = _num_layers(cfg, FAMILY_DEFAULTS[family]["num_hidden_layers"])
     hidden = fields["hidden_size"]
     # mamba_d_ssm is the Mamba inner size; None means mamba_expand * hidden (FalconH1Config).
     d_inner = cfg.get("mamba_d_ssm", 1024)

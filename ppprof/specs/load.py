@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from ppprof.checks import is_int
 from ppprof.specs.spec import ModelSpec
 from ppprof.specs.dtypes import normalize_dtype
 from ppprof.specs.hf import spec_from_hf_config
@@ -68,7 +69,7 @@ def spec_from_dict(data: dict, *, name: str) -> ModelSpec:
     pattern, tokens = data.pop("pattern", None), data.pop("layers", None)
     layers = parse_pattern(pattern) if has_pattern else parse_layer_tokens(tokens)
     repeat = data.pop("repeat", 1)
-    if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
+    if not is_int(repeat) or repeat < 1:
         raise ValueError(f"{name}: repeat={repeat!r} must be a positive integer")
     data.setdefault("name", name)
     if "family" not in data:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from ppprof.checks import is_int
+
 ATTENTION = "attention"
 MAMBA = "mamba"
 MLP = "mlp"
@@ -176,5 +178,5 @@ class ModelSpec:
 def _positive(spec: ModelSpec, *names: str) -> None:
     for name in names:
         value = getattr(spec, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        if not is_int(value) or value <= 0:
             raise ValueError(f"model {spec.name!r}: {name}={value!r} must be a positive integer; set it in the config")

@@ -29,7 +29,7 @@ def test_bad_options_exit_2_and_write_nothing(tmp_path):
         (["--smooth-factor", "1.5"], "--smooth-factor 1.5 is out of range"),
         (["--smooth-factor", "0"], "--smooth-factor 0.0 is out of range"),
         (["--max-chunk-size", "32"], "--max-chunk-size 32 is below the alignment 64"),
-        (["--alignment", "0"], "--alignment 0 is invalid"),
+        (["--alignment", "0"], "--alignment 0 must be an integer >= 1"),
         (["--alignment", "8192"], "--alignment 8192 is larger than --base-chunk-size 4096"),
         (["--latency-model", "cubic"], "Invalid value for '--latency-model'"),
     ]

@@ -1,0 +1,37 @@
+"""One probe request's set-up in a stage's cache, as a server's prefill would find it: admitted, its prefix already
+cached (written, not computed), and slots for the chunk. Used by the probe loop and by scripts/bench_forward.py."""
+
+from __future__ import annotations
+
+import torch
+
+from ppprof.dist.agree import RunError
+from ppprof.mem import Request, StageCache
+from ppprof.mem.cache import describe_leaks
+from ppprof.probe.synth import ProbeRequest
+
+
+def set_up_request(cache: StageCache, req: Request, pr: ProbeRequest, gen: torch.Generator) -> None:
+    """Admit `req` (request entry, Mamba slot), give it `pr.prefix_len` cached tokens and slots for `pr.chunk_size`
+    more. The prefix is not computed: random K/V (from `gen`) go into its KV slots and a random state into its Mamba
+    slot. With no prefix the Mamba state stays as admission left it, as a fresh request's does. Raises RunError when
+    the cache cannot hold the request; the caller releases `req` either way."""
+    if not cache.admit(req):
+        # Called with no other request live, so whatever is held (beyond the slots parked in an open Mamba group
+        # window) has leaked.
+        held = cache.outstanding()
+        if cache.mamba_alloc is not None:
+            held["mamba"] -= cache.mamba_alloc.group_remaining()
+        leaks = describe_leaks({pool: n for pool, n in held.items() if n}, sep="; ")
+        raise RunError(f"request {pr.rid} cannot be admitted although no request is live: "
+                       + (leaks or "the request or Mamba pool has no slot"))
+    if pr.prefix_len:
+        slots = cache.extend(req, pr.prefix_len)
+        if slots is None:
+            raise RunError(f"KV cache too small for the prefix of request {pr.rid} ({pr.prefix_len} tokens)")
+        if cache.kv_pool is not None:
+            cache.kv_pool.fill_random(slots, gen)
+        if cache.mamba_pool is not None:
+            cache.mamba_pool.fill_random(cache.mamba_slot(req), gen)
+    if cache.extend(req, pr.chunk_size) is None:
+        raise RunError(f"KV cache too small for request {pr.rid} ({pr.prefix_len} + {pr.chunk_size} tokens)")

@@ -1,0 +1,181 @@
+"""The layers of ppprof, written down and kept: every import (inside functions too) goes down or sideways within a
+package, never up, and no two modules import each other through any chain."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "ppprof"
+
+LAYERS = (
+    ("ppprof", "ppprof.checks", "ppprof.io"),
+    ("ppprof.mem",),
+    ("ppprof.plotting", "ppprof.specs"),
+    ("ppprof.config", "ppprof.model", "ppprof.policy", "ppprof.runfiles"),
+    ("ppprof.fit",),
+    ("ppprof.dist",),
+    ("ppprof.probe",),
+    ("ppprof.run",),
+    ("ppprof.cli",),
+    ("ppprof.__main__",),
+)
+"""Lowest first. A module may import modules of its own unit (its subpackage) and of any unit in a lower layer."""
+
+TORCH_FREE = ("ppprof.checks", "ppprof.io", "ppprof.plotting", "ppprof.policy", "ppprof.fit", "ppprof.runfiles",
+              "ppprof.config", "ppprof.specs")
+DISTRIBUTED = ("ppprof.dist", "ppprof.run")
+"""The only units that may touch torch.distributed."""
+
+
+def module_name(path: Path) -> str:
+    """ppprof/probe/loop.py -> ppprof.probe.loop, wherever the ppprof folder lies."""
+    parts = list(path.with_suffix("").parts)
+    parts = parts[len(parts) - 1 - parts[::-1].index("ppprof"):]
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports(path: Path) -> list[tuple[str, int]]:
+    """Every module `path` imports, anywhere in the file (module level, functions, classes), with the line."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            out.append((base, node.lineno))
+            out += [(f"{base}.{alias.name}", node.lineno) for alias in node.names]
+    return out
+
+
+def graph(package: Path = PACKAGE) -> dict[str, dict[str, int]]:
+    """module -> {imported ppprof module: line}; `from pkg import name` counts as importing pkg.name where that
+    is a module, else pkg."""
+    files = {module_name(p): p for p in package.rglob("*.py")}
+    edges = {}
+    for name, path in files.items():
+        edges[name] = {}
+        for target, line in imports(path):
+            if target in files and target != name:
+                edges[name].setdefault(target, line)
+    return edges
+
+
+def unit(module: str) -> str:
+    """The layer unit of a module: the longest unit name in LAYERS that is the module or a package above it."""
+    units = [u for layer in LAYERS for u in layer if module == u or module.startswith(u + ".")]
+    return max(units, key=len)
+
+
+def layer_of(module: str) -> int:
+    u = unit(module)
+    return next(i for i, layer in enumerate(LAYERS) if u in layer)
+
+
+def upward_imports(edges) -> list[str]:
+    bad = []
+    for source, targets in edges.items():
+        for target, line in targets.items():
+            if unit(target) == unit(source) or target == "ppprof":
+                continue
+            if layer_of(target) >= layer_of(source):
+                bad.append(f"{source}:{line} imports {target} (layer {layer_of(target)} >= {layer_of(source)})")
+    return bad
+
+
+def cycles(edges) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            scc = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                scc.append(w)
+                if w == v:
+                    break
+            if len(scc) > 1:
+                out.append(sorted(scc))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def external_imports(prefixes: tuple[str, ...], forbidden: str) -> list[str]:
+    bad = []
+    for path in PACKAGE.rglob("*.py"):
+        name = module_name(path)
+        if any(name == p or name.startswith(p + ".") for p in prefixes):
+            bad += [f"{name}:{line} imports {target}" for target, line in imports(path)
+                    if target == forbidden or target.startswith(forbidden + ".")]
+    return bad
+
+
+def without_package_inits(edges):
+    """A package's __init__ re-exports its modules, and those modules may import siblings through it: that is one
+    unit, not a cycle between modules, so edges into a package's own __init__ from inside it are dropped."""
+    return {s: {t: n for t, n in ts.items() if not (t in edges and s.startswith(t + ".") and t != "ppprof")}
+            for s, ts in edges.items()}
+
+
+def test_every_module_has_a_layer():
+    for name in graph():
+        assert layer_of(name) is not None, f"{name=} is in no layer: add it to LAYERS"
+
+
+def test_no_import_goes_up_a_layer():
+    assert upward_imports(graph()) == []
+
+
+def test_no_import_cycle_between_modules():
+    assert cycles(without_package_inits(graph())) == []
+
+
+def test_mem_imports_nothing_of_ppprof_outside_mem():
+    assert [f"{s} imports {t}" for s, ts in graph().items() if s.startswith("ppprof.mem") for t in ts
+            if not t.startswith("ppprof.mem")] == []
+
+
+def test_pure_layers_never_import_torch_and_only_dist_and_run_touch_torch_distributed():
+    assert external_imports(TORCH_FREE, "torch") == []
+    others = tuple(u for layer in LAYERS for u in layer if u not in DISTRIBUTED and u != "ppprof")
+    assert external_imports(others, "torch.distributed") == []
+
+
+@pytest.mark.parametrize("line", [
+    "from ppprof.run.profile import PHASES",
+    "def phases():\n    from ppprof.run import profile\n    return profile.PHASES",
+])
+def test_the_check_catches_an_upward_import_into_probe_even_inside_a_function(tmp_path, line):
+    import shutil
+
+    copy = tmp_path / "ppprof"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    with (copy / "probe" / "synth.py").open("a") as f:
+        f.write("\n" + line + "\n")
+    edges = graph(copy)
+    bad = upward_imports(edges)
+    assert any(b.startswith("ppprof.probe.synth:") and "ppprof.run" in b for b in bad), f"{bad=}"
+    assert ["ppprof.probe.synth", "ppprof.run.profile"] in [
+        [m for m in c if m in ("ppprof.probe.synth", "ppprof.run.profile")] for c in cycles(without_package_inits(edges))
+    ], "run.profile imports probe.synth, so the new import closes a cycle"
