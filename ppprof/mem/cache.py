@@ -81,17 +81,17 @@ class StageCache:
         req.req_pool_idx = idx
         return True
 
-    def extend(self, req: Request, num_new_tokens: int) -> torch.Tensor | None:
-        """KV slots for the next `num_new_tokens` positions of `req`, recorded in its table; (n,) int64 on the
+    def extend(self, req: Request, n: int) -> torch.Tensor | None:
+        """KV slots for the next `n` positions of `req`, recorded in its table; (n,) int64 on the
         device, or None (nothing taken) when the KV cache is short."""
         if req.req_pool_idx is None:
             raise ValueError(f"request {req.rid} is not admitted")
-        slots = self.kv_alloc.alloc_extend(num_new_tokens, req.last_slot)
+        slots = self.kv_alloc.alloc_extend(n, req.last_slot)
         if slots is None:
             return None
         out = torch.from_numpy(slots).to(self.device, non_blocking=True)
         self.req_pool.write(req.req_pool_idx, req.kv_len, out)
-        req.kv_len += num_new_tokens
+        req.kv_len += n
         if len(slots):
             req.last_slot = int(slots[-1])
         return out

@@ -26,11 +26,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
-def prefix_causal_mask(num_new_tokens: int, prefix_len: int, device: torch.device) -> torch.Tensor:
-    """Boolean mask (num_new_tokens, prefix_len + num_new_tokens), True where a query may attend: new token i sits at
+def prefix_causal_mask(chunk_size: int, prefix_len: int, device: torch.device) -> torch.Tensor:
+    """Boolean mask (chunk_size, prefix_len + chunk_size), True where a query may attend: new token i sits at
     position prefix_len + i and sees every key at positions <= prefix_len + i (the whole prefix, causal in the chunk)."""
-    total = prefix_len + num_new_tokens
-    return torch.ones(num_new_tokens, total, dtype=torch.bool, device=device).tril(diagonal=prefix_len)
+    total = prefix_len + chunk_size
+    return torch.ones(chunk_size, total, dtype=torch.bool, device=device).tril(diagonal=prefix_len)
 
 
 def paged_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor, prefix_len: int,
