@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass
 from ppprof.checks import require_int
 from ppprof.specs.dtypes import normalize_dtype
 
+ATTENTION_BACKENDS = ("auto", "sdpa", "flashinfer", "reference")
+"""What --attention-backend takes (ppprof.model.attention_kernels implements them)."""
 MAX_REQUESTS_PER_PROBE = 128
 MIN_REQUESTS_PER_PROBE = 8
 DEVICES = ("cpu", "cuda")
@@ -53,6 +55,9 @@ class ProfileConfig:
     """Run folder; default results/<run-id>."""
     fit: bool = True
     """Fit the samples and write policy.json and plots at the end of the run."""
+    attention_backend: str = "auto"
+    """Attention kernel the stages run: auto (flashinfer on CUDA when importable, else sdpa), sdpa (torch's fast
+    paths, no dense mask), flashinfer (paged prefill from the KV pages, CUDA), reference (dense mask; the oracle)."""
 
     def __post_init__(self) -> None:
         try:
@@ -61,6 +66,9 @@ class ProfileConfig:
             raise ValueError(f"--dtype: {e}") from None
         if self.device not in DEVICES:
             raise ValueError(f"--device {self.device!r} is not supported: use cpu or cuda")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"--attention-backend {self.attention_backend!r} is unknown: use one of "
+                             f"{', '.join(ATTENTION_BACKENDS)}")
         for name, lo in (("nproc_per_node", 1), ("base_chunk_size", 1), ("page_size", 1), ("max_mamba_cache_size", 1),
                          ("max_running_requests", 1), ("context_len", 1), ("warmup", 0), ("seed", 0)):
             require_int(f"--{name.replace('_', '-')}", getattr(self, name), lo)

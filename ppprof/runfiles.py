@@ -12,7 +12,8 @@ from ppprof.io import atomic_write_json
 
 SAMPLES_FILE = "samples.csv"
 RUN_FILE = "run.json"
-RUN_SCHEMA_VERSION = 1
+RUN_SCHEMA_VERSION = 2
+"""2: dist_backend (was backend), attention_backend, attention_kernel, mamba_kernel, torch_threads."""
 STAGE_COLUMN = re.compile(r"^stage(\d+)_latency_ms$")
 
 
@@ -23,7 +24,8 @@ def stage_column(stage: int) -> str:
 
 def write_run_json(path: str | Path, *, config: dict, **fields) -> Path:
     """run.json: the schema version, the creation time, the resolved `config` and whatever else the run records
-    (model, hardware, torch_version, backend, world_size, layer_partition, git_revision, wall times, token counts)."""
+    (model, hardware, torch_version, dist_backend, world_size, layer_partition, git_revision, the kernels that ran,
+    wall times, token counts)."""
     doc = {"schema_version": RUN_SCHEMA_VERSION,
            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "config": config}
     doc.update(fields)

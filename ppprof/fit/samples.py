@@ -118,7 +118,10 @@ def provenance(run: dict | None, samples: Samples) -> dict:
     return {
         "model": config.get("model"),
         "hardware": run.get("hardware"),
-        "backend": run.get("backend"),
+        "dist_backend": run.get("dist_backend"),
+        "attention_kernel": run.get("attention_kernel"),
+        "mamba_kernel": run.get("mamba_kernel"),
+        "torch_threads": run.get("torch_threads"),
         "world_size": run.get("world_size"),
         "layer_partition": run.get("layer_partition"),
         "torch_version": run.get("torch_version"),

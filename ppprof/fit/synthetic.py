@@ -51,7 +51,7 @@ def write_run_dir(run_dir: str | Path, frame: pd.DataFrame, *, base_chunk_size: 
         run_dir / RUN_FILE,
         config={"model": "synthetic", "base_chunk_size": base_chunk_size, "page_size": page_size,
                 "context_len": context_len, "requests_per_probe": 128, "num_layers": num_layers, "seed": 0},
-        hardware={"device": "cpu", "device_name": "synthetic"}, torch_version="synthetic", backend="gloo",
+        hardware={"device": "cpu", "device_name": "synthetic"}, torch_version="synthetic", dist_backend="gloo",
         world_size=world_size, layer_partition=[num_layers // world_size] * world_size, git_revision=None,
         profile_wall_s=0.0, forward_tokens=int(frame.prefix_len.sum() + frame.chunk_size.sum()),
     )

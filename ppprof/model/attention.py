@@ -1,14 +1,15 @@
 """Grouped-query causal attention with RoPE over the paged KV pool: a chunk writes its K/V at its slots, then attends over
-the request's whole prefix + chunk, gathered from the pool through the request's slot table."""
+the request's whole prefix + chunk through the request's slot table, with the stage's attention kernel
+(ppprof.model.attention_kernels)."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ppprof.specs.spec import ModelSpec
 from ppprof.mem.cache import Request, StageCache
+from ppprof.model.attention_kernels import AttentionKernel
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -26,47 +27,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
-def prefix_causal_mask(chunk_size: int, prefix_len: int, device: torch.device) -> torch.Tensor:
-    """Boolean mask (chunk_size, prefix_len + chunk_size), True where a query may attend: new token i sits at
-    position prefix_len + i and sees every key at positions <= prefix_len + i (the whole prefix, causal in the chunk)."""
-    total = prefix_len + chunk_size
-    return torch.ones(chunk_size, total, dtype=torch.bool, device=device).tril(diagonal=prefix_len)
-
-
-def paged_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor, prefix_len: int,
-                    scale: float | None = None) -> torch.Tensor:
-    """Causal attention of a chunk over prefix + chunk, K/V gathered from paged buffers.
-
-    q: (n, num_heads, head_dim) for positions [prefix_len, prefix_len + n);
-    k_buf, v_buf: (total_slots, num_kv_heads, head_dim); slots: (prefix_len + n,) KV slot of each position.
-    Returns (n, num_heads, head_dim).
-    """
-    n, num_heads, head_dim = q.shape
-    num_kv_heads = k_buf.shape[1]
-    group = num_heads // num_kv_heads
-    total = slots.numel()
-    if total != prefix_len + n:
-        raise ValueError(f"slots has {total} entries but prefix_len + n is {prefix_len + n}")
-    k = k_buf.index_select(0, slots).transpose(0, 1)  # (num_kv_heads, total, head_dim)
-    v = v_buf.index_select(0, slots).transpose(0, 1)  # (num_kv_heads, total, head_dim)
-    # GQA without copying K/V once per query head: the `group` query heads that share a KV head are stacked along the
-    # query axis, so K/V (the long, prefix-sized side) is read once per KV head; the mask is tiled to match.
-    q = q.view(n, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(num_kv_heads, group * n, head_dim)
-    if prefix_len == 0 and group == 1:
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)  # (num_kv_heads, n, head_dim)
-    else:
-        mask = prefix_causal_mask(n, prefix_len, q.device).repeat(group, 1)  # (group * n, total)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # (num_kv_heads, group * n, head_dim)
-    out = out.view(num_kv_heads, group, n, head_dim).permute(2, 0, 1, 3)  # (n, num_kv_heads, group, head_dim)
-    return out.reshape(n, num_heads, head_dim)
-
-
 class Attention(nn.Module):
-    """q/k/v/o projections (no bias), RoPE on q and k, paged causal attention."""
+    """q/k/v/o projections (no bias), RoPE on q and k, paged causal attention through `kernel` (shared by the stage's
+    attention layers)."""
 
-    def __init__(self, spec: ModelSpec, layer_id: int, *, dtype: torch.dtype, device: str | torch.device) -> None:
+    def __init__(self, spec: ModelSpec, layer_id: int, *, dtype: torch.dtype, device: str | torch.device,
+                 kernel: AttentionKernel) -> None:
         super().__init__()
         self.layer_id = layer_id
+        self.kernel = kernel
         self.num_heads = spec.num_attention_heads
         self.num_kv_heads = spec.num_key_value_heads
         self.head_dim = spec.head_dim
@@ -95,5 +64,6 @@ class Attention(nn.Module):
         slots = cache.req_pool.slots(req.req_pool_idx, prefix_len + n)  # (prefix_len + n,)
         pool = cache.kv_pool
         pool.write(self.layer_id, slots[prefix_len:], k, v)
-        out = paged_attention(q, pool.k[self.layer_id], pool.v[self.layer_id], slots, prefix_len)
+        out = self.kernel(q, pool.k[self.layer_id], pool.v[self.layer_id], slots, prefix_len,
+                          page_size=cache.kv_alloc.page_size, chunk_id=(req.rid, req.req_pool_idx, prefix_len, n))
         return self.o_proj(out.reshape(n, self.q_size))  # (n, hidden)

@@ -3,6 +3,7 @@ Mamba slot, so a prompt prefilled chunk by chunk ends in the same state as one p
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import torch
@@ -31,7 +32,7 @@ def segsum(x: torch.Tensor) -> torch.Tensor:
 
 def ssd_chunked(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
                 block_len: int, initial_state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The SSD scan of one sequence, computed block by block (Mamba2's "SSD minimal" structure), in fp32.
+    """The SSD scan of one sequence, computed block by block (Mamba2's "SSD minimal" structure).
 
     Recurrence it computes, per head h:  state_t = exp(dt_t a_h) state_{t-1} + dt_t x_t B_t^T,  y_t = state_t C_t.
     x: (L, heads, head_dim); dt: (L, heads) (after softplus); a: (heads,) (negative); b, c: (L, groups, d_state);
@@ -39,10 +40,14 @@ def ssd_chunked(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Ten
     Returns y: (L, heads, head_dim) and the final state (heads, head_dim, d_state), both fp32.
     A length that is not a multiple of block_len is padded with dt = 0 steps: their decay is exp(0) = 1 and their
     input is 0, so they leave the state unchanged and their outputs are dropped.
+    Precision, as the fused kernels do it: dt, A, the log-decays and the states stay fp32; the contractions with x,
+    B and C (the bulk of the work) run in x's dtype when that is bf16 or fp16, else in fp32.
     """
     seq_len, num_heads, head_dim = x.shape
     num_groups, d_state = b.shape[1], b.shape[2]
-    x, dt, a, b, c = (t.float() for t in (x, dt, a, b, c))
+    cdt = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.float32
+    dt, a = dt.float(), a.float()
+    x, b, c = x.to(cdt), b.to(cdt), c.to(cdt)
     heads_per_group = num_heads // num_groups
     b = b.repeat_interleave(heads_per_group, dim=1)  # (L, heads, d_state)
     c = c.repeat_interleave(heads_per_group, dim=1)  # (L, heads, d_state)
@@ -53,7 +58,7 @@ def ssd_chunked(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Ten
     q = block_len
 
     # Discretize: x_bar = dt * x, a_bar = dt * a; then cut the time axis into blocks of q steps.
-    x = (x * dt[..., None]).view(num_blocks, q, num_heads, head_dim)  # (blocks, q, heads, head_dim)
+    x = (x.float() * dt[..., None]).to(cdt).view(num_blocks, q, num_heads, head_dim)  # (blocks, q, heads, head_dim)
     b = b.view(num_blocks, q, num_heads, d_state)  # (blocks, q, heads, d_state)
     c = c.view(num_blocks, q, num_heads, d_state)  # (blocks, q, heads, d_state)
     a_dt = (dt * a).T.reshape(num_heads, num_blocks, q)  # (heads, blocks, q)
@@ -61,12 +66,12 @@ def ssd_chunked(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Ten
 
     # 1. Intra-block (diagonal blocks): y_l = sum_{s <= l} C_l . B_s  exp(a_s+1 + ... + a_l)  x_bar_s,
     #    the quadratic "attention-like" form with the decay matrix L = exp(segsum(a_dt)).
-    decay = torch.exp(segsum(a_dt))  # (heads, blocks, q, q)
+    decay = torch.exp(segsum(a_dt)).to(cdt)  # (heads, blocks, q, q)
     y_diag = torch.einsum("klhn,kshn,hkls,kshp->klhp", c, b, decay, x)  # (blocks, q, heads, head_dim)
 
     # 2. Each block's own final state (from a zero start): sum_s exp(a_cumsum[-1] - a_cumsum[s]) x_bar_s B_s^T.
-    decay_to_end = torch.exp(a_cumsum[..., -1:] - a_cumsum)  # (heads, blocks, q)
-    block_states = torch.einsum("klhn,hkl,klhp->khpn", b, decay_to_end, x)  # (blocks, heads, head_dim, d_state)
+    decay_to_end = torch.exp(a_cumsum[..., -1:] - a_cumsum).to(cdt)  # (heads, blocks, q)
+    block_states = torch.einsum("klhn,hkl,klhp->khpn", b, decay_to_end, x).float()  # (blocks, heads, hd, d_state)
 
     # 3. Inter-block recurrence: the state entering block k is
     #    S_k = sum_{j <= k} exp(total decay of blocks j..k-1) s_j, with s_0 the initial state and s_j (j >= 1) the state
@@ -79,10 +84,10 @@ def ssd_chunked(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Ten
     entry_states, final_state = states[:-1], states[-1]
 
     # 4. State -> output: the entering state's contribution inside each block, y_l += exp(a_cumsum[l]) S_k C_l.
-    decay_from_start = torch.exp(a_cumsum)  # (heads, blocks, q)
-    y_off = torch.einsum("klhn,khpn,hkl->klhp", c, entry_states, decay_from_start)  # (blocks, q, heads, head_dim)
+    decay_from_start = torch.exp(a_cumsum).to(cdt)  # (heads, blocks, q)
+    y_off = torch.einsum("klhn,khpn,hkl->klhp", c, entry_states.to(cdt), decay_from_start)  # (blocks, q, heads, hd)
 
-    y = (y_diag + y_off).reshape(num_blocks * q, num_heads, head_dim)[:seq_len]  # (L, heads, head_dim)
+    y = (y_diag.float() + y_off.float()).reshape(num_blocks * q, num_heads, head_dim)[:seq_len]  # (L, heads, hd)
     return y, final_state
 
 
@@ -99,12 +104,57 @@ def causal_conv(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
     return out[0].T, seq[:, seq.shape[1] - (kernel - 1):]
 
 
+MAMBA_TORCH = "torch SSD (states fp32, contractions in the pipeline dtype)"
+MAMBA_FUSED = "mamba_ssm chunk scan + causal_conv1d"
+
+
+def fused_mamba_available(device_type: str) -> bool:
+    """mamba_ssm's chunked scan and causal_conv1d run on CUDA when both packages are importable (ppprof[gpu])."""
+    return device_type == "cuda" and all(importlib.util.find_spec(m) is not None
+                                         for m in ("mamba_ssm", "causal_conv1d"))
+
+
+class MambaKernel:
+    """The causal conv and the SSD scan of a stage's Mamba layers: the fused CUDA kernels servers run when they are
+    importable, else the torch path above. `kernel` says which."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.fused = fused_mamba_available(device.type)
+        self.kernel = MAMBA_FUSED if self.fused else MAMBA_TORCH
+
+    def conv(self, xbc: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """SiLU(causal conv) resumed from conv_state. xbc: (n, channels) -> (n, channels), new state."""
+        if not self.fused:
+            out, state = causal_conv(xbc, conv_state, weight, bias)
+            return F.silu(out), state
+        from causal_conv1d import causal_conv1d_fn
+
+        # causal_conv1d takes x and the initial state channel-last: (1, channels, n) with stride 1 along channels.
+        initial = conv_state.to(xbc.dtype).t().contiguous().t()[None]  # (1, channels, kernel - 1)
+        out, state = causal_conv1d_fn(xbc.t()[None], weight, bias, initial_states=initial, return_final_states=True,
+                                      activation="silu")
+        return out[0].t(), state[0]
+
+    def scan(self, x, dt, a, b, c, block_len: int, initial_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """ssd_chunked's arguments and results (y fp32, final state fp32)."""
+        if not self.fused:
+            return ssd_chunked(x, dt, a, b, c, block_len, initial_state=initial_state)
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+
+        y, state = mamba_chunk_scan_combined(x[None], dt[None], a, b[None], c[None], chunk_size=block_len,
+                                             initial_states=initial_state[None], return_final_states=True)
+        return y[0].float(), state[0].float()
+
+
 class Mamba2(nn.Module):
     """in_proj -> (z, xBC, dt); causal conv + SiLU on xBC; SSD scan with D skip; gated RMSNorm with z; out_proj."""
 
-    def __init__(self, spec: ModelSpec, layer_id: int, *, dtype: torch.dtype, device: str | torch.device) -> None:
+    def __init__(self, spec: ModelSpec, layer_id: int, *, dtype: torch.dtype, device: str | torch.device,
+                 kernel: MambaKernel | None = None) -> None:
         super().__init__()
         self.layer_id = layer_id
+        self.kernel = kernel or MambaKernel(torch.device(device))
         self.num_heads = spec.mamba_num_heads
         self.head_dim = spec.mamba_head_dim
         self.d_state = spec.ssm_state_size
@@ -154,9 +204,8 @@ class Mamba2(nn.Module):
 
         zxbcdt = self.in_proj(x)  # (n, d_inner + conv_dim + heads)
         z, xbc, dt = zxbcdt.split([self.d_inner, self.conv_dim, self.num_heads], dim=-1)
-        xbc, new_conv_state = causal_conv(xbc, conv_state, self.conv_weight, self.conv_bias)
+        xbc, new_conv_state = self.kernel.conv(xbc, conv_state, self.conv_weight, self.conv_bias)  # (n, conv_dim)
         conv_state.copy_(new_conv_state)
-        xbc = F.silu(xbc)  # (n, conv_dim)
         group_size = self.num_groups * self.d_state
         xs, b, c = xbc.split([self.d_inner, group_size, group_size], dim=-1)
         xs = xs.view(n, self.num_heads, self.head_dim)  # (n, heads, head_dim)
@@ -165,7 +214,7 @@ class Mamba2(nn.Module):
         dt = F.softplus(dt.float() + self.dt_bias)  # (n, heads)
         a = -torch.exp(self.a_log)  # (heads,)
 
-        y, final_state = ssd_chunked(xs, dt, a, b, c, self.block_len, initial_state=ssm_state)
+        y, final_state = self.kernel.scan(xs, dt, a, b, c, self.block_len, ssm_state)
         ssm_state.copy_(final_state)
         y = y + self.d_skip[:, None] * xs.float()  # (n, heads, head_dim)
 

@@ -13,7 +13,8 @@ from ppprof.mem.mamba import MambaAllocator
 from ppprof.mem.pools import KVPool, MambaPool
 from ppprof.mem.req import ReqToTokenPool
 from ppprof.model.attention import Attention
-from ppprof.model.mamba import Mamba2
+from ppprof.model.attention_kernels import AttentionKernel
+from ppprof.model.mamba import Mamba2, MambaKernel
 from ppprof.model.mlp import MLP, MoE
 
 INIT_STD = 0.02
@@ -40,14 +41,15 @@ class Layer(nn.Module):
     """norm -> mixers in parallel, summed (if any) -> norm -> FFN (if any); each norm adds the pending output into the
     residual stream first."""
 
-    def __init__(self, spec: ModelSpec, layer_id: int, *, dtype: torch.dtype, device: str | torch.device) -> None:
+    def __init__(self, spec: ModelSpec, layer_id: int, *, dtype: torch.dtype, device: str | torch.device,
+                 attention_kernel: AttentionKernel, mamba_kernel: MambaKernel) -> None:
         super().__init__()
         layer = spec.layers[layer_id]
         kw = dict(dtype=dtype, device=device)
         self.layer_id = layer_id
         self.mixer_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, **kw) if layer.mixers else None
-        self.attention = Attention(spec, layer_id, **kw) if layer.has_attention else None
-        self.mamba = Mamba2(spec, layer_id, **kw) if layer.has_mamba else None
+        self.attention = Attention(spec, layer_id, kernel=attention_kernel, **kw) if layer.has_attention else None
+        self.mamba = Mamba2(spec, layer_id, kernel=mamba_kernel, **kw) if layer.has_mamba else None
         self.ffn_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, **kw) if layer.ffn else None
         if layer.ffn == MOE:
             self.ffn = MoE(spec, **kw)
@@ -101,12 +103,15 @@ class Stage(nn.Module):
     """The layers `layer_ids` of `spec`, plus the embedding if it holds layer 0 and final norm + LM head if it holds
     the last layer. Weights are random but a function of (seed, layer id) only: layer i draws from a generator seeded
     with seed + i, the embedding from seed + num_layers, the LM head from seed + num_layers + 1, so stages built
-    separately on different ranks together equal the unsplit model."""
+    separately on different ranks together equal the unsplit model. `attention_backend` is one of
+    ppprof.model.attention_kernels.ATTENTION_BACKENDS."""
 
     def __init__(self, spec: ModelSpec, layer_ids: range, *, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu", seed: int = 0) -> None:
+                 device: str | torch.device = "cpu", seed: int = 0, attention_backend: str = "sdpa") -> None:
         super().__init__()
         _check_layer_ids(spec, layer_ids)
+        self.attention_kernel = AttentionKernel(attention_backend, torch.device(device))
+        self.mamba_kernel = MambaKernel(torch.device(device))
         self.spec = spec
         self.layer_ids = layer_ids
         self.is_first = layer_ids.start == 0
@@ -114,7 +119,9 @@ class Stage(nn.Module):
         kw = dict(dtype=dtype, device=device)
         self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size, **kw) if self.is_first else None
         # Keyed by global layer id, so a stage's state_dict names match the unsplit model's.
-        self.layers = nn.ModuleDict({str(i): Layer(spec, i, **kw) for i in layer_ids})
+        self.layers = nn.ModuleDict({str(i): Layer(spec, i, attention_kernel=self.attention_kernel,
+                                                             mamba_kernel=self.mamba_kernel, **kw)
+                                     for i in layer_ids})
         self.final_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, **kw) if self.is_last else None
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False, **kw) if self.is_last else None
         self._init_weights(seed)

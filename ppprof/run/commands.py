@@ -10,10 +10,10 @@ from typing import Callable
 
 import click
 
-from ppprof.config import ProfileConfig
+from ppprof.config import ATTENTION_BACKENDS, ProfileConfig
 from ppprof.dist.launch import TORCHRUN_OPTIONS, in_worker, launch, num_nodes
 from ppprof.probe.loop import FAULTS
-from ppprof.run.options import check_before_launch, resolve_config
+from ppprof.run.options import check_before_launch, resolve_config, warnings
 from ppprof.run.profile import profile_rank
 
 RESOLVED_CONFIG = "--resolved-config"
@@ -26,10 +26,13 @@ def start(command: str, rank_main: Callable[[ProfileConfig, str | None], int], c
     running `ppprof COMMAND --resolved-config JSON`. Returns the exit code."""
     if in_worker():
         if not resolved:
-            check_before_launch(cfg, int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+            check_before_launch(cfg, int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+                                torchrun)
         return rank_main(cfg, fault)
     world_size = num_nodes(torchrun.get("nnodes")) * cfg.nproc_per_node
-    check_before_launch(cfg, world_size, cfg.nproc_per_node)
+    check_before_launch(cfg, world_size, cfg.nproc_per_node, torchrun)
+    for line in warnings(cfg):
+        click.echo(f"warning: {line}", err=True)
     worker_args = [command, RESOLVED_CONFIG, json.dumps(cfg.to_dict())] + (["--inject-fault", fault] if fault else [])
     return launch(cfg.nproc_per_node, torchrun, worker_args, job=command)
 
@@ -65,6 +68,8 @@ def torchrun_options(f):
 @click.option("--seed", type=int, help="Seed of the synthetic requests and weights. [0]")
 @click.option("--out", help="Run folder. [results/<run-id>]")
 @click.option("--fit/--no-fit", default=None, help="Fit and write policy.json and plots at the end. [--fit]")
+@click.option("--attention-backend", type=click.Choice(ATTENTION_BACKENDS),
+              help="auto (flashinfer on CUDA when installed, else sdpa), sdpa, flashinfer or reference. [auto]")
 @torchrun_options
 @click.option("--resolved-config", hidden=True, help="Internal: the launcher hands each rank the resolved settings.")
 @click.option("--inject-fault", type=click.Choice(FAULTS), hidden=True, help="Testing only: a deliberate fault.")

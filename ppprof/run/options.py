@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from ppprof.config import ProfileConfig
+from ppprof.model.attention_kernels import resolve_attention_backend
 from ppprof.specs import load_spec, parse_partition, split_layers
 
 CONFIG_FIELDS = {f.name for f in dataclasses.fields(ProfileConfig)}
@@ -69,17 +70,38 @@ def check_output_folder(out: str | None) -> None:
         raise ValueError(f"--out {out or path}: {parent} is not a writable folder; choose another --out")
 
 
-def check_before_launch(cfg: ProfileConfig, world_size: int, local_ranks: int) -> None:
+def check_before_launch(cfg: ProfileConfig, world_size: int, local_ranks: int,
+                        torchrun: dict | None = None) -> None:
     """What can be checked without any rank: the output folder, the model resolves and splits over the stages, the
-    device exists."""
+    device exists, the attention backend runs there, and the start method suits it."""
     check_output_folder(cfg.out)
     spec = load_spec(cfg.model, num_layers=cfg.num_layers, dtype=cfg.dtype)
     split_layers(spec.num_layers, world_size, cfg.layer_partition)
+    resolve_attention_backend(cfg.attention_backend, cfg.device)
     if cfg.device == "cuda":
-        import torch  # only here: `ppprof profile --help` and input errors should not wait for torch
+        check_cuda(local_ranks, (torchrun or {}).get("start_method"))
 
-        if not torch.cuda.is_available():
-            raise ValueError("--device cuda: no CUDA device is visible; use --device cpu")
-        if torch.cuda.device_count() < local_ranks:
-            raise ValueError(f"{local_ranks} ranks on this node exceed the {torch.cuda.device_count()} visible GPUs: "
-                             "one rank a GPU; lower --nproc-per-node")
+
+def warnings(cfg: ProfileConfig) -> list[str]:
+    """Settings that run but do not measure what a server does, one line each."""
+    out = []
+    if cfg.max_mamba_cache_size < cfg.requests_per_probe:
+        out.append(f"--max-mamba-cache-size {cfg.max_mamba_cache_size} is below --requests-per-probe "
+                   f"{cfg.requests_per_probe}: a probe's Mamba slots cannot be taken in one grouped window (where the "
+                   "model has Mamba layers), so every request takes its slot one by one; raise it to "
+                   f"{cfg.requests_per_probe} to profile the grouped path")
+    return out
+
+
+def check_cuda(local_ranks: int, start_method: str | None) -> None:
+    """CUDA is visible with a GPU per local rank, and the ranks are not forked from a process that may hold CUDA."""
+    if start_method == "fork":
+        raise ValueError("--start-method fork cannot be used with --device cuda: a forked child cannot use CUDA "
+                         "once the parent touched it; use spawn (the default)")
+    import torch  # only here: input errors should not wait for torch
+
+    if not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is visible; use --device cpu")
+    if torch.cuda.device_count() < local_ranks:
+        raise ValueError(f"{local_ranks} ranks on this node exceed the {torch.cuda.device_count()} visible GPUs: "
+                         "one rank a GPU; lower --nproc-per-node")

@@ -45,7 +45,8 @@ def build_stage(run: RankRun) -> None:
              run.info.world_size, layer_ids.start, layer_ids.stop - 1,
              layers_pattern(spec.layers[layer_ids.start:layer_ids.stop]), spec.name, run.info.device, str(run.dtype).removeprefix("torch."),
              run.info.backend, torch.get_num_threads())
-    run.stage = Stage(spec, layer_ids, dtype=run.dtype, device=run.info.device, seed=cfg.seed)
+    run.stage = Stage(spec, layer_ids, dtype=run.dtype, device=run.info.device, seed=cfg.seed,
+                      attention_backend=cfg.attention_backend)
     run.stage.eval()
     run.cache = build_stage_cache(spec, layer_ids, max_total_tokens=cfg.max_total_tokens, page_size=cfg.page_size,
                                   max_mamba_cache_size=cfg.max_mamba_cache_size, max_running_requests=cfg.max_running_requests,
@@ -64,6 +65,11 @@ def warm_up(run: RankRun) -> None:
     run.state["warmup"] = warmup_requests(run.state["probes"], run.cfg.warmup)
     run.state["t_probes"] = time.perf_counter()
     run.state["runner"].warm_up(run.state["warmup"])
+    # What each stage's attention ran (None on a stage without attention), gathered for run.json.
+    kernels = run.pipe.all_gather(run.stage.attention_kernel.kernel)
+    run.state["attention_kernel"] = next((k for k in kernels if k is not None), None)
+    log.info("attention %s (%s), mamba %s", run.stage.attention_kernel.backend, run.state["attention_kernel"],
+             run.stage.mamba_kernel.kernel)
 
 
 def run_probes(run: RankRun) -> None:
@@ -99,7 +105,10 @@ def write_results(run: RankRun) -> None:
     write_run_json(
         run.run_dir / RUN_FILE,
         config=run.cfg.to_dict(), model=run.spec.to_dict(), hardware=hardware(run.info.device),
-        torch_version=torch.__version__, backend=run.info.backend, world_size=run.info.world_size,
+        torch_version=torch.__version__, dist_backend=run.info.backend, world_size=run.info.world_size,
+        attention_backend=run.stage.attention_kernel.backend, attention_kernel=run.state["attention_kernel"],
+        mamba_kernel=run.stage.mamba_kernel.kernel if any(layer.has_mamba for layer in run.spec.layers) else None,
+        torch_threads=torch.get_num_threads(),
         layer_partition=[len(r) for r in run.stage_ranges], git_revision=git_revision(),
         dtype=str(run.dtype).removeprefix("torch."), profile_wall_s=round(wall_s, 3),
         probe_wall_s=round(run.state["probe_wall_s"], 3), forward_tokens=int(forward_tokens[0]),

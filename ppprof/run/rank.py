@@ -93,6 +93,10 @@ def run_rank(job: Callable[[RankRun], None], cfg: ProfileConfig, fault: str | No
             log.error("%s", e)
             print(f"error: [rank {info.rank}] {e}", file=sys.stderr, flush=True)
             return 1
+        except Exception as e:  # outside the agreed path, e.g. an NCCL or sticky CUDA error inside a collective
+            print(f"error: [rank {info.rank}] {type(e).__name__}: {e}; stopping this rank now (the launcher then "
+                  "stops the others)", file=sys.stderr, flush=True)
+            os._exit(1)  # no destroy_process_group: with a broken communicator it would wait, as would the others
     return 0
 
 

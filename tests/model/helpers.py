@@ -56,3 +56,16 @@ def prefill(stages: list[Stage], caches: list[StageCache], tokens: torch.Tensor,
         prefix_len += n
     assert prefix_len == tokens.numel()
     return logits, reqs
+
+
+def chunked_logits(spec: ModelSpec, chunk_sizes: list[int], page_size: int = 1, attention_backend: str = "sdpa",
+                   dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.Tensor:
+    """Logits of the last chunk of one prompt (random tokens from `seed`) prefilled chunk by chunk through the whole
+    model as one stage."""
+    layers = range(spec.num_layers)
+    stage = Stage(spec, layers, dtype=dtype, seed=seed, attention_backend=attention_backend)
+    cache = build_stage_cache(spec, layers, max_total_tokens=256, page_size=page_size, max_mamba_cache_size=4,
+                              max_running_requests=4, context_len=256, dtype=dtype, device="cpu")
+    tokens = torch.randint(spec.vocab_size, (sum(chunk_sizes),), generator=torch.Generator().manual_seed(seed))
+    logits, _ = prefill([stage], [cache], tokens, chunk_sizes)
+    return logits

@@ -173,3 +173,27 @@ def test_mamba2_without_slot_raises():
         with torch.no_grad():
             m(torch.randn(2, 24, generator=gen), cache, stranger)
     assert torch.equal(cache.mamba_pool.ssm[0][NO_MAMBA_SLOT], last)
+
+
+@pytest.mark.parametrize("seq_len,block_len", [(37, 8), (256, 64), (300, 128)])
+def test_ssd_in_bf16_stays_within_tolerance_of_fp32(seq_len, block_len):
+    """The torch path computes its contractions in bf16 and keeps states fp32: the outputs and the final state stay
+    within a few bf16 ulps (relative to their scale) of the fp32 scan of the same bf16-rounded inputs."""
+    x, dt, a, b, c, state = random_inputs(seq_len, num_heads=8, head_dim=16, num_groups=2, d_state=16, seed=seq_len)
+    x, b, c = (t.bfloat16() for t in (x, b, c))
+    y16, final16 = ssd_chunked(x, dt, a, b, c, block_len, initial_state=state)
+    y32, final32 = ssd_chunked(x.float(), dt, a, b.float(), c.float(), block_len, initial_state=state)
+    assert y16.dtype == final16.dtype == torch.float32
+    for got, want in ((y16, y32), (final16, final32)):
+        rel = (got - want).abs().max() / want.abs().max()
+        assert rel < 2e-2, f"{rel=}"
+
+
+def test_whole_model_in_bf16_stays_close_to_fp32():
+    """Logits of a chunked prefill through the hybrid test model (Mamba, attention, MoE) in bf16 vs fp32."""
+    from tests.model.helpers import chunked_logits, tiny_hybrid
+
+    got = chunked_logits(tiny_hybrid(), [37, 1, 26], dtype=torch.bfloat16).float()
+    want = chunked_logits(tiny_hybrid(), [37, 1, 26], dtype=torch.float32)
+    cos = F.cosine_similarity(got, want, dim=0)
+    assert cos > 0.99, f"{cos=}"

@@ -18,6 +18,9 @@ from ppprof.run.options import resolve_config
     (["--nnodes", "1:4"], "--nnodes '1:4' must be a fixed node count"),
     (["--bogus"], "No such option '--bogus'"),
     (["--dtype", "int8"], "--dtype: dtype 'int8' is not supported: use one of float32, bfloat16, float16"),
+    (["--attention-backend", "flashinfer"], "--attention-backend flashinfer runs on CUDA only"),
+    (["--attention-backend", "fast"], "Invalid value for '--attention-backend'"),
+    (["--device", "cuda", "--start-method", "fork"], "--start-method fork cannot be used with --device cuda"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, message):
     out = tmp_path / "run"
@@ -75,3 +78,12 @@ def test_cli_turns_an_unwritable_output_into_one_line(tmp_path):
     r = CliRunner().invoke(main, ["fit", str(samples), "--base-chunk-size", "128", "-o", str(blocker / "p.json")])
     assert r.exit_code == 2, r.output
     assert r.stderr.startswith(f"error: cannot use {blocker / 'p.json'}: ") and r.stderr.count("\n") == 1
+
+
+def test_a_mamba_cache_below_the_probe_size_is_warned_about():
+    from ppprof.config import ProfileConfig
+    from ppprof.run.options import warnings
+
+    assert warnings(ProfileConfig()) == []
+    (line,) = warnings(ProfileConfig(max_mamba_cache_size=64))
+    assert "--max-mamba-cache-size 64 is below --requests-per-probe 128" in line and "raise it to 128" in line

@@ -27,7 +27,7 @@ def test_profile_with_a_mamba_cache_much_smaller_than_the_requests_completes(tmp
     assert samples[["stage0_latency_ms", "stage1_latency_ms", "latency_ms"]].gt(0).all().all()
     # the end-to-end time covers both stages
     assert (samples["latency_ms"] >= samples[["stage0_latency_ms", "stage1_latency_ms"]].sum(axis=1) * 0.99).all()
-    assert run["world_size"] == 2 and run["backend"] == "gloo"
+    assert run["world_size"] == 2 and run["dist_backend"] == "gloo"
     assert run["layer_partition"] == [4, 4]
     assert run["config"]["max_mamba_cache_size"] == 8
     # + one sweep-shaped warm-up request of 1.25 x 32 and one warm-up of the prefix probe (its largest chunk, 40)
