@@ -16,7 +16,7 @@ from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.probe.loop import ProbeRunner
 from ppprof.probe.output import samples_frame, write_samples
 from ppprof.probe.synth import make_probes, warmup_requests
-from ppprof.run.provenance import default_run_dir, git_revision, hardware
+from ppprof.run.provenance import default_run_dir, git_revision, hardware, peak_memory_bytes
 from ppprof.run.rank import Phase, RankRun, add_log_file, run_phases, run_rank
 from ppprof.specs.spec import layers_pattern
 from ppprof.runfiles import RUN_FILE, SAMPLES_FILE, stage_column, write_run_json
@@ -89,6 +89,7 @@ def run_probes(run: RankRun) -> None:
                  len(probe.requests), probe.requests[0].prefix_len)
     run.state["probe_wall_s"] = time.perf_counter() - run.state["t_probes"]
     run.state["forward_tokens"] = run.pipe.all_gather(runner.forward_tokens)
+    run.state["peak_memory"] = run.pipe.all_gather(peak_memory_bytes(run.info.device))
     run.state["stage_ms"], run.state["e2e_ms"] = stage_ms, e2e_ms
     if bar is not None:
         bar.close()
@@ -113,6 +114,7 @@ def write_results(run: RankRun) -> None:
         dtype=str(run.dtype).removeprefix("torch."), profile_wall_s=round(wall_s, 3),
         probe_wall_s=round(run.state["probe_wall_s"], 3), forward_tokens=int(forward_tokens[0]),
         forward_tokens_per_stage=[int(t) for t in forward_tokens],
+        peak_memory_bytes_per_stage=run.state["peak_memory"],
         timed_requests=sum(len(p.requests) for p in probes), warmup_requests=len(warmup),
         warmup_tokens=sum(r.chunk_size for r in warmup),
     )

@@ -47,6 +47,20 @@ def hardware(device: torch.device) -> dict:
     return info
 
 
+def peak_memory_bytes(device: torch.device) -> int | None:
+    """This process's peak memory so far: CUDA's peak allocation on `device`, or on CPU the peak resident set
+    (VmHWM, which includes the Python interpreter and torch's libraries)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def _cpu_model() -> str | None:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The GPU checks, in one run, for a machine with NVIDIA GPUs: environment report, the CUDA numerics tests, and short
+# profiles with real layer shapes over NCCL (llama3-8b and nemotron-h-8b, few layers per stage), each with its peak
+# memory against ppprof's estimate and the attention / Mamba kernels that ran. Everything lands in one folder.
+#   bash scripts/gpu_check.sh [OUT]        (default results/gpu-check-<UTC time>; about 5-10 minutes on one H200)
+# GPU_CHECK_EXTRAS=1 also tries `pip install flashinfer-python mamba-ssm causal-conv1d` (the `gpu` extra) first.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-results/gpu-check-$(date -u +%Y%m%d-%H%M%S)}
+mkdir -p "$out"
+status=0
+step() { echo "== $*" | tee -a "$out/summary.txt"; }
+
+step "set-up"
+bash scripts/setup.sh > "$out/setup.log" 2>&1 || { echo "setup failed, see $out/setup.log"; exit 1; }
+if [ "${GPU_CHECK_EXTRAS:-0}" = 1 ]; then
+  .venv/bin/python -m pip install -q flashinfer-python mamba-ssm causal-conv1d >> "$out/setup.log" 2>&1 \
+    || echo "optional GPU kernels did not install (see setup.log); the checks run without them" | tee -a "$out/summary.txt"
+fi
+PY=.venv/bin/python
+
+step "environment"
+nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
+$PY - > "$out/env.json" <<'EOF'
+import importlib.util, json, torch
+gpus = [{"name": torch.cuda.get_device_name(i), "total_memory": torch.cuda.get_device_properties(i).total_memory}
+        for i in range(torch.cuda.device_count())]
+print(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+                  "nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None,
+                  "gpus": gpus, "flashinfer": importlib.util.find_spec("flashinfer") is not None,
+                  "mamba_ssm": importlib.util.find_spec("mamba_ssm") is not None,
+                  "causal_conv1d": importlib.util.find_spec("causal_conv1d") is not None}, indent=2))
+EOF
+cat "$out/env.json" | tee -a "$out/summary.txt"
+ngpu=$($PY -c "import torch; print(torch.cuda.device_count())")
+[ "$ngpu" -ge 1 ] || { echo "no CUDA device visible" | tee -a "$out/summary.txt"; exit 1; }
+pp=$(( ngpu >= 4 ? 4 : (ngpu >= 2 ? 2 : 1) ))
+
+step "numerics on CUDA (tests/model/test_cuda.py) and the whole model suite"
+timeout 300 $PY -m pytest -q -p no:cacheprovider tests/model -rs > "$out/numerics.log" 2>&1 || status=1
+tail -n 3 "$out/numerics.log" | tee -a "$out/summary.txt"
+
+profile() {  # name, then ppprof profile options
+  local name=$1; shift
+  step "profile $name: $*"
+  timeout 420 .venv/bin/ppprof profile --device cuda --nproc-per-node "$pp" --out "$out/$name" "$@" \
+    > "$out/$name.log" 2>&1 || { status=1; tail -n 5 "$out/$name.log" | tee -a "$out/summary.txt"; return; }
+  $PY - "$out/$name" <<'EOF' | tee -a "$out/summary.txt"
+import json, sys
+run = json.load(open(f"{sys.argv[1]}/run.json"))
+print(f"  attention {run['attention_backend']} -> {run['attention_kernel']}; mamba {run['mamba_kernel']}")
+print(f"  probing {run['probe_wall_s']:.1f} s, {run['forward_tokens']} forward tokens a stage")
+est = run.get("estimated_memory_bytes_per_stage") or [None] * len(run["peak_memory_bytes_per_stage"])
+for s, (peak, e) in enumerate(zip(run["peak_memory_bytes_per_stage"], est)):
+    ratio = f", estimate / peak {e / peak:.2f}" if e and peak else ""
+    print(f"  stage {s}: peak {peak / 2**30:.2f} GiB" + (f", estimate {e / 2**30:.2f} GiB" if e else "") + ratio)
+EOF
+  .venv/bin/ppprof validate "$out/$name/policy.json" 2>&1 | tee -a "$out/summary.txt"
+}
+
+profile llama3-8b --model llama3-8b --num-layers $((2 * pp)) --dtype bf16 --base-chunk-size 2048 --page-size 64 \
+  --requests-per-probe 32 --prefix-lens 2048,8192,32768
+profile llama3-8b-reference --model llama3-8b --num-layers $((2 * pp)) --dtype bf16 --base-chunk-size 2048 \
+  --page-size 64 --requests-per-probe 32 --prefix-lens 2048,8192 --attention-backend reference --no-fit
+profile nemotron-h-8b --config configs/profile-nemotron-h-8b-gpu.yaml --num-layers $((8 * pp)) \
+  --requests-per-probe 32 --prefix-lens 8192,32768
+
+step "model --memory for the shipped GPU config"
+.venv/bin/ppprof model nemotron-h-8b --memory --config configs/profile-nemotron-h-8b-gpu.yaml \
+  > "$out/memory-nemotron-h-8b.txt" 2>&1 || status=1
+cat "$out/memory-nemotron-h-8b.txt" >> "$out/summary.txt"
+echo "gpu_check: $( [ $status = 0 ] && echo passed || echo FAILED ), results in $out" | tee -a "$out/summary.txt"
+exit $status
