@@ -10,6 +10,9 @@ from ppprof.specs.dtypes import normalize_dtype
 
 ATTENTION_BACKENDS = ("auto", "sdpa", "flashinfer", "reference")
 """What --attention-backend takes (ppprof.model.attention_kernels implements them)."""
+BENCH_STRATEGIES = ("fixed", "fixed-best", "sglang", "greedy", "optimal")
+"""What `ppprof bench --strategies` takes. fixed: B; fixed-best: the best measured of B/4, B/2, B, 2B; sglang:
+SGLang's rule on a quadratic fit of the same samples; greedy: the policy's rule; optimal: the DP plan."""
 MAX_REQUESTS_PER_PROBE = 128
 MIN_REQUESTS_PER_PROBE = 8
 DEVICES = ("cpu", "cuda")
@@ -156,3 +159,66 @@ def sweep_chunk_sizes(base_chunk_size: int, num_requests: int = SGLANG_SWEEP_REQ
     last = SGLANG_SWEEP_REQUESTS - 1
     picks = [round(i * last / (num_requests - 1)) for i in range(num_requests)] if num_requests > 1 else [0]
     return [align_down(int(top - i * step), align) for i in picks]
+
+
+@dataclass(kw_only=True, slots=True)
+class BenchConfig:
+    """Settings of one `ppprof bench` run: the profile's settings (from the policy's run.json, flags win) and what to
+    run on them."""
+
+    policy: str
+    """The policy file; its run folder (run.json, samples.csv) gives the model, split and device."""
+    profile: ProfileConfig
+    """The profile's settings the bench runs under (model, layers, partition, device, dtype, pools, kernels)."""
+    prompt_lens: tuple[int, ...]
+    """Prompt lengths in tokens."""
+    strategies: tuple[str, ...] = BENCH_STRATEGIES
+    repeats: int = 5
+    """Prompts per (prompt length, strategy), interleaved: A B C A B C ..."""
+    pp: int | None = None
+    """Pipeline stages; default: the profile's. More stages than ranks: each rank runs several stages one after the
+    other and only the replay composes the pipeline (the model is repeated so every stage holds a profiled stage's
+    layers)."""
+    out: str | None = None
+    """Run folder; default results/<time>-bench-<model>."""
+    profiled_stages: int = 1
+    """How many stages the profile had (from run.json's layer_partition)."""
+
+    def __post_init__(self) -> None:
+        if not self.prompt_lens:
+            raise ValueError("--prompt-len is required: give at least one prompt length, e.g. --prompt-len 8192")
+        for n in self.prompt_lens:
+            require_int("--prompt-len", n, 1)
+            if n > self.profile.context_len:
+                raise ValueError(f"--prompt-len {n} exceeds the context length {self.profile.context_len} of the "
+                                 "profile: use a shorter prompt or profile with a larger --context-len")
+        unknown = [s for s in self.strategies if s not in BENCH_STRATEGIES]
+        if unknown or not self.strategies:
+            raise ValueError(f"--strategies {','.join(self.strategies)!r} is invalid: use a comma-separated subset "
+                             f"of {','.join(BENCH_STRATEGIES)}")
+        require_int("--repeats", self.repeats, 1)
+        require_int("profiled_stages", self.profiled_stages, 1)
+        if self.pp is not None:
+            require_int("--pp", self.pp, 1)
+            if self.pp % self.profiled_stages:
+                raise ValueError(f"--pp {self.pp} is not a multiple of the profile's {self.profiled_stages} stages: "
+                                 f"use a multiple, e.g. {2 * self.profiled_stages}")
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp or self.profiled_stages
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["profile"] = self.profile.to_dict()
+        d["prompt_lens"], d["strategies"] = list(self.prompt_lens), list(self.strategies)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "BenchConfig":
+        d, profile = dict(d), dict(d["profile"])
+        for key in ("prefix_lens", "layer_partition"):
+            profile[key] = None if profile.get(key) is None else tuple(profile[key])
+        d["profile"] = ProfileConfig(**profile)
+        d["prompt_lens"], d["strategies"] = tuple(d["prompt_lens"]), tuple(d["strategies"])
+        return cls(**d)

@@ -17,6 +17,7 @@ LAYERS = (
     ("ppprof.fit",),
     ("ppprof.dist",),
     ("ppprof.probe",),
+    ("ppprof.bench",),
     ("ppprof.run",),
     ("ppprof.cli",),
     ("ppprof.__main__",),

@@ -6,6 +6,7 @@ still tells its successors, which then skip their forward instead of waiting on 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -13,6 +14,19 @@ import torch.distributed as dist
 
 OK = 0
 FAILED = 1
+
+
+class PendingActivation:
+    """Receives posted for one chunk: wait() gives (status, hidden, residual), the tensors None unless OK."""
+
+    def __init__(self, works: list, header: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor) -> None:
+        self.works, self.header, self.hidden, self.residual = works, header, hidden, residual
+
+    def wait(self) -> tuple[int, torch.Tensor | None, torch.Tensor | None]:
+        for w in self.works:
+            w.wait()
+        status = int(self.header[0].item())
+        return (status, self.hidden, self.residual) if status == OK else (status, None, None)
 
 
 class Pipe:
@@ -61,6 +75,55 @@ class Pipe:
         dist.recv(hidden, src)
         dist.recv(residual, src)
         return status, hidden, residual
+
+    def isend_activation(self, status: int, hidden: torch.Tensor | None, residual: torch.Tensor | None,
+                         chunk_size: int) -> list:
+        """Non-blocking send to the next stage of the header and both tensors, always of shape (chunk_size, hidden),
+        zeros when the status is not OK (the receiver posted its receives for exactly these shapes). Returns the works
+        to wait on."""
+        dst = self.rank + 1
+        if status != OK:
+            hidden = residual = torch.zeros((chunk_size, self.hidden_size), dtype=self.dtype, device=self.device)
+        tensors = (self._header(status, chunk_size), hidden.to(self.dtype).contiguous(),
+                   residual.to(self.dtype).contiguous())
+        return [dist.isend(t, dst) for t in tensors]
+
+    def irecv_activation(self, chunk_size: int) -> "PendingActivation":
+        """Post the receives of the previous stage's next chunk of `chunk_size` tokens; wait() on the result."""
+        src = self.rank - 1
+        header = self._header(OK, 0)
+        hidden = torch.empty((chunk_size, self.hidden_size), dtype=self.dtype, device=self.device)
+        residual = torch.empty_like(hidden)
+        return PendingActivation([dist.irecv(t, src) for t in (header, hidden, residual)], header, hidden, residual)
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def round_trips_ms(self, boundary: int, chunk_size: int, repeats: int) -> list[float]:
+        """Transfer time across the boundary between ranks `boundary` and `boundary + 1`: the first sends one chunk's
+        hidden and residual and waits for them to come back, `repeats` times; returns its round trips (ms), [] on
+        every other rank (the second echoes). Half a round trip is one transfer, whatever the nodes' clocks."""
+        if self.rank not in (boundary, boundary + 1):
+            return []
+        tensors = [torch.zeros((chunk_size, self.hidden_size), dtype=self.dtype, device=self.device)
+                   for _ in range(2)]
+        out = []
+        for _ in range(repeats):
+            if self.rank == boundary:
+                start = time.perf_counter()
+                for t in tensors:
+                    dist.send(t, boundary + 1)
+                for t in tensors:
+                    dist.recv(t, boundary + 1)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                out.append((time.perf_counter() - start) * 1e3)
+            else:
+                for t in tensors:
+                    dist.recv(t, boundary)
+                for t in tensors:
+                    dist.send(t, boundary)
+        return out
 
     def send_done(self, status: int) -> None:
         """Last stage -> first stage: the request has left the pipeline (ends the end-to-end timing)."""

@@ -66,3 +66,25 @@ def write_timeline(plans: list[Plan], num_stages: int, path: str | Path, title: 
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return save_figure(fig, path, dpi=100)
+
+
+def replay(stage_ms, transfer_ms=0.0) -> tuple[np.ndarray, np.ndarray]:
+    """Measured per-stage chunk latencies composed through the pipeline recurrence.
+
+    stage_ms: (P, n), stage s's latency for chunk k; transfer_ms: a scalar or (n,), the time to move chunk k's
+    activations from one stage to the next. Stage s starts chunk k when it has finished chunk k-1 and chunk k has
+    arrived from stage s-1:
+        start[s][k] = max(finish[s][k-1], finish[s-1][k] + transfer[k]),  finish[s][k] = start[s][k] + t[s][k]
+    (stage 0 starts chunk 0 at 0). Returns start and finish, both (P, n); the TTFT is finish[-1, -1].
+    """
+    t = np.asarray(stage_ms, dtype=float)
+    num_stages, n = t.shape
+    transfer = np.broadcast_to(np.asarray(transfer_ms, dtype=float), (n,))
+    start, finish = np.zeros_like(t), np.zeros_like(t)
+    for s in range(num_stages):
+        for k in range(n):
+            ready = finish[s, k - 1] if k else 0.0
+            arrived = finish[s - 1, k] + transfer[k] if s else 0.0
+            start[s, k] = max(ready, arrived)
+            finish[s, k] = start[s, k] + t[s, k]
+    return start, finish

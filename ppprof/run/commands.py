@@ -1,4 +1,4 @@
-"""`ppprof profile`: the click command that starts a distributed job: resolve and check the settings before any rank
+"""`ppprof profile` and `ppprof bench`: the click commands that start distributed jobs: resolve and check the settings before any rank
 starts, then launch this node's ranks, or, started by torchrun, be one of them."""
 
 from __future__ import annotations
@@ -6,35 +6,43 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Callable
 
 import click
 
-from ppprof.config import ATTENTION_BACKENDS, ProfileConfig
+from ppprof.config import ATTENTION_BACKENDS, BENCH_STRATEGIES, BenchConfig, ProfileConfig
 from ppprof.dist.launch import TORCHRUN_OPTIONS, in_worker, launch, num_nodes
 from ppprof.probe.loop import FAULTS
-from ppprof.run.options import check_before_launch, resolve_config, warnings
+from ppprof.run.bench import bench_rank
+from ppprof.run.options import CONFIG_FIELDS, check_before_launch, resolve_config, warnings
 from ppprof.run.profile import profile_rank
+from ppprof.runfiles import RUN_FILE, read_run_json
 
 RESOLVED_CONFIG = "--resolved-config"
 
 
-def start(command: str, rank_main: Callable[[ProfileConfig, str | None], int], cfg: ProfileConfig, torchrun: dict,
-          resolved: bool, fault: str | None) -> int:
+def start(command: str, rank_main: Callable, settings, profile: ProfileConfig, torchrun: dict, resolved: bool,
+          fault: str | None, world_check: Callable[[int], None] | None = None) -> int:
     """Run `ppprof COMMAND` as a job: under torchrun this process is one rank (each rank checks the input before it
     joins the group, so each exits 2 alike and none waits); otherwise check once and launch this node's ranks, each
-    running `ppprof COMMAND --resolved-config JSON`. Returns the exit code."""
+    running `ppprof COMMAND --resolved-config JSON`. `settings` is the job's config (ProfileConfig or BenchConfig),
+    `profile` the profile settings in it; `world_check(world_size)` checks what depends on the ranks. Returns the exit
+    code."""
     if in_worker():
         if not resolved:
-            check_before_launch(cfg, int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
-                                torchrun)
-        return rank_main(cfg, fault)
-    world_size = num_nodes(torchrun.get("nnodes")) * cfg.nproc_per_node
-    check_before_launch(cfg, world_size, cfg.nproc_per_node, torchrun)
-    for line in warnings(cfg):
+            world_size = int(os.environ["WORLD_SIZE"])
+            (world_check or (lambda n: None))(world_size)
+            check_before_launch(profile, world_size, int(os.environ.get("LOCAL_WORLD_SIZE", 1)), torchrun)
+        return rank_main(settings, fault)
+    world_size = num_nodes(torchrun.get("nnodes")) * profile.nproc_per_node
+    (world_check or (lambda n: None))(world_size)
+    check_before_launch(profile, world_size, profile.nproc_per_node, torchrun)
+    for line in warnings(profile):
         click.echo(f"warning: {line}", err=True)
-    worker_args = [command, RESOLVED_CONFIG, json.dumps(cfg.to_dict())] + (["--inject-fault", fault] if fault else [])
-    return launch(cfg.nproc_per_node, torchrun, worker_args, job=command)
+    worker_args = [command, RESOLVED_CONFIG, json.dumps(settings.to_dict())] + (["--inject-fault", fault] if fault
+                                                                                else [])
+    return launch(profile.nproc_per_node, torchrun, worker_args, job=command)
 
 
 def torchrun_options(f):
@@ -84,4 +92,64 @@ def profile(config_path, resolved_config, inject_fault, **options) -> None:
         cfg = resolve_config(None, json.loads(resolved_config))
     else:
         cfg = resolve_config(config_path, options)
-    sys.exit(start("profile", profile_rank, cfg, torchrun, resolved_config is not None, inject_fault))
+    sys.exit(start("profile", profile_rank, cfg, cfg, torchrun, resolved_config is not None, inject_fault))
+
+
+def resolve_bench(policy_path: str, flags: dict) -> BenchConfig:
+    """The bench's settings: the profile's (run.json beside the policy), the flags winning."""
+    run_file = Path(policy_path).parent / RUN_FILE
+    if not Path(policy_path).is_file():
+        raise ValueError(f"policy file {policy_path} does not exist: give a policy.json written by `ppprof profile`")
+    if not run_file.is_file():
+        raise ValueError(f"{run_file} does not exist: `ppprof bench` needs the run.json of the profile that wrote "
+                         f"{policy_path} (the model, split and device come from it)")
+    run = read_run_json(run_file)
+    profile = {k: v for k, v in run["config"].items() if k in CONFIG_FIELDS}
+    profile.update({k: v for k, v in flags.pop("profile").items() if v is not None})
+    profile["out"] = flags.get("out")
+    profile = resolve_config(None, profile)
+    strategies = flags.pop("strategies")
+    strategies = tuple(s.strip() for s in strategies.split(",") if s.strip()) if strategies else BENCH_STRATEGIES
+    stages = run.get("layer_partition") or [None] * run.get("world_size", 1)
+    return BenchConfig(policy=str(policy_path), profile=profile, strategies=strategies,
+                       profiled_stages=len(stages), **{k: v for k, v in flags.items() if v is not None})
+
+
+def bench_world_check(bench: BenchConfig) -> Callable[[int], None]:
+    def check(world_size: int) -> None:
+        if bench.num_stages % world_size:
+            raise ValueError(f"--pp {bench.num_stages} is not a multiple of the {world_size} ranks: use a multiple of "
+                             f"{world_size} (each rank runs --pp / ranks stages), or change --nproc-per-node")
+    return check
+
+
+@click.command("bench")
+@click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False), required=False)
+@click.option("--prompt-len", "prompt_lens", type=int, multiple=True, help="Prompt length in tokens (repeatable).")
+@click.option("--strategies", help=f"Comma-separated subset of {','.join(BENCH_STRATEGIES)}. [all]")
+@click.option("--repeats", type=int, help="Prompts per strategy and prompt length, interleaved. [5]")
+@click.option("--pp", type=int, help="Pipeline stages; more than the ranks: replay only. [the profile's]")
+@click.option("--out", help="Run folder. [results/<time>-bench-<model>]")
+@click.option("--nproc-per-node", type=int, help="Ranks on this node. [the profile's]")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), help="[the profile's]")
+@click.option("--dtype", help="[the profile's]")
+@click.option("--attention-backend", type=click.Choice(ATTENTION_BACKENDS), help="[the profile's]")
+@torchrun_options
+@click.option("--resolved-config", hidden=True, help="Internal: the launcher hands each rank the resolved settings.")
+def bench(policy_path, prompt_lens, strategies, repeats, pp, out, resolved_config, **options) -> None:
+    """Run real chunked prefills of synthetic prompts through the pipeline under each strategy (fixed, fixed-best,
+    sglang, greedy, optimal) and compare measured TTFT with the policy's prediction. Writes bench.csv, bench.json
+    and a timeline PNG per prompt length.
+
+    Example: ppprof bench results/<run>/policy.json --prompt-len 8192 --prompt-len 32768 --pp 4
+    """
+    torchrun = {name: options.pop(name) for name, _ in TORCHRUN_OPTIONS}
+    if resolved_config is not None:
+        cfg = BenchConfig.from_dict(json.loads(resolved_config))
+    elif policy_path is None:
+        raise click.UsageError("Missing argument 'POLICY': give the policy.json of a profile")
+    else:
+        cfg = resolve_bench(policy_path, {"profile": options, "strategies": strategies, "out": out, "pp": pp,
+                                          "repeats": repeats, "prompt_lens": tuple(prompt_lens)})
+    sys.exit(start("bench", bench_rank, cfg, cfg.profile, torchrun, resolved_config is not None, None,
+                   bench_world_check(cfg)))

@@ -17,7 +17,7 @@ from ppprof.probe.loop import ProbeRunner
 from ppprof.probe.output import samples_frame, write_samples
 from ppprof.probe.synth import make_probes, warmup_requests
 from ppprof.run.provenance import default_run_dir, git_revision, hardware, peak_memory_bytes
-from ppprof.run.rank import Phase, RankRun, add_log_file, run_phases, run_rank
+from ppprof.run.rank import Phase, RankRun, add_log_file, run_phases, run_rank, set_up
 from ppprof.specs.spec import layers_pattern
 from ppprof.runfiles import RUN_FILE, SAMPLES_FILE, stage_column, write_run_json
 
@@ -142,7 +142,7 @@ PHASES: tuple[Phase, ...] = (
 
 def profile_rank(cfg: ProfileConfig, fault: str | None = None) -> int:
     """One rank of `ppprof profile`; returns its exit code."""
-    return run_rank(lambda run: run_phases(run, PHASES), cfg, fault)
+    return run_rank(lambda info: run_phases(set_up(cfg, info, fault), PHASES), cfg.device)
 
 
 def log_summary(frame, world_size: int, wall_s: float, forward_tokens: int, run_dir: Path) -> None:

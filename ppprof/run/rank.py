@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -61,11 +62,17 @@ def resolve_dtype(cfg: ProfileConfig, spec_dtype: str | None) -> torch.dtype:
     return getattr(torch, cfg.dtype or spec_dtype or (AUTO_DTYPE_GPU if cfg.device == "cuda" else AUTO_DTYPE_CPU))
 
 
-def set_up(cfg: ProfileConfig, info: RankInfo, fault: str | None) -> RankRun:
-    """The model, dtype, layer split and the pipe to the neighbours. No collective: the launcher checked the input."""
+def set_up(cfg: ProfileConfig, info: RankInfo, fault: str | None, *, repeat: int = 1, num_stages: int | None = None
+           ) -> RankRun:
+    """The model, dtype, layer split and the pipe to the neighbours. No collective: the launcher checked the input.
+    `repeat` > 1 repeats the model's layers (and the partition), split over `num_stages` stages (default: a stage a
+    rank)."""
     spec = load_spec(cfg.model, num_layers=cfg.num_layers, dtype=cfg.dtype)
+    if repeat > 1:
+        spec = dataclasses.replace(spec, name=f"{spec.name} x{repeat}", layers=spec.layers * repeat)
     dtype = resolve_dtype(cfg, spec.dtype)
-    ranges = split_layers(spec.num_layers, info.world_size, cfg.layer_partition)
+    partition = None if cfg.layer_partition is None else tuple(cfg.layer_partition) * repeat
+    ranges = split_layers(spec.num_layers, num_stages or info.world_size, partition)
     pipe = Pipe(rank=info.rank, world_size=info.world_size, device=info.device, hidden_size=spec.hidden_size,
                 dtype=dtype)
     return RankRun(cfg=cfg, info=info, spec=spec, dtype=dtype, stage_ranges=ranges, pipe=pipe, fault=fault)
@@ -80,15 +87,15 @@ def run_phases(run: RankRun, phases: Sequence[Phase]) -> None:
             phase(run)
 
 
-def run_rank(job: Callable[[RankRun], None], cfg: ProfileConfig, fault: str | None = None) -> int:
-    """The body of one rank: join the group, run `job`, leave. Returns the exit code (1 when the job failed on any
-    rank; every rank then prints the same agreed message)."""
+def run_rank(job: Callable[[RankInfo], None], device: str) -> int:
+    """The body of one rank: join the group on `device` (cpu or cuda), run `job`, leave. Returns the exit code (1 when
+    the job failed on any rank; every rank then prints the same agreed message)."""
     setup_logging(int(os.environ.get("RANK", 0)))
-    if cfg.device == "cpu" and not steady_malloc():
+    if device == "cpu" and not steady_malloc():
         log.warning("could not fix malloc's thresholds (not glibc?): CPU timings may be noisier")
-    with process_group(cfg.device) as info:
+    with process_group(device) as info:
         try:
-            job(set_up(cfg, info, fault))
+            job(info)
         except RunError as e:
             log.error("%s", e)
             print(f"error: [rank {info.rank}] {e}", file=sys.stderr, flush=True)

@@ -146,3 +146,22 @@ def test_plan_prompt_rejects_bad_input():
     with pytest.raises(ValueError, match=r"--pp 100000 is invalid: .* 1\.\.1024"):
         plan_prompt(p, 100, 100000)
     assert len(plan_prompt(p, 100, 1024)) == 3
+
+
+def test_replay_of_a_hand_made_latency_table_gives_the_hand_computed_ttft():
+    from ppprof.policy.timeline import replay
+
+    # Two stages, three chunks; stage 1 is slow on chunk 0, then fast; 0.5 ms to move a chunk.
+    #   stage 0: [0, 3] [3, 5] [5, 9]
+    #   stage 1: chunk 0 arrives 3.5 -> [3.5, 9.5]; chunk 1 arrives 5.5, stage free at 9.5 -> [9.5, 10.5];
+    #            chunk 2 arrives 9.5, free at 10.5 -> [10.5, 11.5]
+    start, finish = replay([[3, 2, 4], [6, 1, 1]], 0.5)
+    assert start.tolist() == [[0, 3, 5], [3.5, 9.5, 10.5]]
+    assert finish[-1, -1] == 11.5
+    # Equal stages and no transfer: the planner's formula sum t + (P - 1) max t.
+    t = [4.0, 3.0, 2.0, 2.5]
+    _, finish = replay([t] * 3, 0.0)
+    assert finish[-1, -1] == sum(t) + 2 * max(t)
+    # Per-chunk transfer times.
+    _, finish = replay([[1, 1], [1, 1]], [2.0, 0.0])
+    assert finish.tolist() == [[1, 2], [4, 5]]

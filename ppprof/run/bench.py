@@ -1,0 +1,152 @@
+"""The bench job, one rank's view: prepare the run folder and the schedule of prompts (rank 0 plans every strategy),
+build this rank's stages, measure the transfer time between ranks, run the prompts in lockstep, then (rank 0) write
+bench.csv, bench.json and the timelines."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ppprof.bench.executor import BenchPrompt, BenchStage, PromptRunner
+from ppprof.bench.plans import arms
+from ppprof.bench.report import write_report
+from ppprof.config import BenchConfig
+from ppprof.dist.agree import agreed
+from ppprof.fit.samples import read_run
+from ppprof.model.stage import Stage, build_stage_cache
+from ppprof.policy.schema import load
+from ppprof.run.provenance import default_run_dir
+from ppprof.run.rank import Phase, RankRun, add_log_file, run_phases, run_rank, set_up
+
+log = logging.getLogger("ppprof")
+WARMUP = -1
+TRANSFER_REPEATS = 7
+
+
+def schedule(plans, repeats: int) -> list[BenchPrompt]:
+    """Per prompt length: one warm-up prompt, then every plan once per repeat, interleaved (A B C A B C ...)."""
+    out = []
+    for prompt_len in dict.fromkeys(a.prompt_len for a in plans):
+        group = [a for a in plans if a.prompt_len == prompt_len]
+        out.append(BenchPrompt(len(out), group[0].name, WARMUP, prompt_len, group[0].chunk_sizes))
+        for r in range(repeats):
+            out += [BenchPrompt(len(out) + i, a.name, r, prompt_len, a.chunk_sizes) for i, a in enumerate(group)]
+    return out
+
+
+def prepare(run: RankRun) -> None:
+    """Rank 0: the run folder, the plans of every strategy and the schedule; every rank gets them."""
+    bench: BenchConfig = run.state["bench"]
+    run_dir = plans = None
+    with agreed(run.pipe, "prepare the run folder and the plans"):
+        if run.rank == 0:
+            policy = load(bench.policy)
+            if policy.model is None:
+                raise ValueError(f"policy {bench.policy} has no latency model ({policy.reason}): profile again")
+            samples = Path(bench.policy).parent / "samples.csv"
+            plans = arms(policy, samples if samples.is_file() else None, bench.prompt_lens, bench.strategies,
+                         bench.num_stages)
+            run_dir = Path(bench.out) if bench.out else default_run_dir(f"bench-{run.cfg.model}")
+            run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir, run.state["plans"] = run.pipe.broadcast((str(run_dir), plans))
+    run.state["schedule"] = schedule(run.state["plans"], bench.repeats)
+    run.run_dir = Path(run_dir)
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    add_log_file(run.run_dir / f"rank{run.rank}.log")
+
+
+def build_stages(run: RankRun) -> None:
+    """This rank's stages (a run of consecutive ones when there are more stages than ranks), each with a cache that
+    holds the longest prompt."""
+    cfg, bench = run.cfg, run.state["bench"]
+    per_rank = bench.num_stages // run.info.world_size
+    longest = -(-max(bench.prompt_lens) // cfg.page_size) * cfg.page_size
+    stages = []
+    for index in range(run.rank * per_rank, (run.rank + 1) * per_rank):
+        layer_ids = run.stage_ranges[index]
+        stage = Stage(run.spec, layer_ids, dtype=run.dtype, device=run.info.device, seed=cfg.seed,
+                      attention_backend=cfg.attention_backend)
+        cache = build_stage_cache(run.spec, layer_ids, max_total_tokens=longest, page_size=cfg.page_size,
+                                  max_mamba_cache_size=1, max_running_requests=1,
+                                  context_len=max(longest, cfg.context_len), dtype=run.dtype, device=run.info.device)
+        stages.append(BenchStage(index, stage.eval(), cache))
+    run.state["runner"] = PromptRunner(stages=stages, pipe=run.pipe, seed=cfg.seed)
+    log.info("stages %s of %d (%s) on rank %d", [s.index for s in stages], bench.num_stages, run.spec.name, run.rank)
+
+
+def measure_transfers(run: RankRun) -> None:
+    """Transfer time of a chunk's activations between neighbouring ranks, fitted as a + b * chunk_size (ms): half the
+    median round trip at the smallest, middle and largest chunk the plans use."""
+    sizes = sorted({c for a in run.state["plans"] for c in a.chunk_sizes})
+    probe = sorted({sizes[0], sizes[len(sizes) // 2], sizes[-1]})
+    points = []
+    for boundary in range(run.info.world_size - 1):
+        for n in probe:
+            trips = run.pipe.round_trips_ms(boundary, n, TRANSFER_REPEATS)
+            points += [(n, float(np.median(trips[1:])) / 2)] if trips else []
+    points = [p for per_rank in run.pipe.all_gather(points) for p in per_rank]
+    if not points:
+        run.state["transfer"] = {"a_ms": 0.0, "b_ms_per_token": 0.0, "points": []}
+        return
+    x, y = np.array([p[0] for p in points], float), np.array([p[1] for p in points], float)
+    b, a = np.polyfit(x, y, 1) if len(set(x)) > 1 else (0.0, float(y.mean()))
+    run.state["transfer"] = {"a_ms": max(float(a), 0.0), "b_ms_per_token": max(float(b), 0.0), "points": points}
+    log.info("transfer between ranks: %.3f ms + %.2e ms/token", run.state["transfer"]["a_ms"],
+             run.state["transfer"]["b_ms_per_token"])
+
+
+def run_prompts(run: RankRun) -> None:
+    """The schedule in order, every rank together; rows and TTFTs are gathered to rank 0 at the end."""
+    runner, prompts = run.state["runner"], run.state["schedule"]
+    bar = None
+    if run.rank == 0:
+        from tqdm import tqdm
+        bar = tqdm(total=len(prompts), desc="bench", unit="prompt", file=sys.stderr, disable=None, dynamic_ncols=True)
+    rows, ttft = [], {}
+    for prompt in prompts:
+        result = runner.run(prompt)
+        rows += result.rows
+        ttft[prompt.index] = result.ttft_ms
+        if bar is not None:
+            bar.update()
+    if bar is not None:
+        bar.close()
+    gathered = run.pipe.all_gather(rows)
+    run.state["rows"] = [row for per_rank in gathered for row in per_rank]
+    run.state["ttft"] = ttft
+
+
+def write_results(run: RankRun) -> None:
+    """Rank 0: bench.csv, bench.json, a timeline PNG per prompt length, and the summary table on stderr."""
+    if run.rank != 0:
+        return
+    bench = run.state["bench"]
+    run_json = read_run(Path(bench.policy).parent / "samples.csv") or {}
+    summary = write_report(run.run_dir, bench=bench, plans=run.state["plans"], schedule=run.state["schedule"],
+                           rows=run.state["rows"], ttft=run.state["ttft"], transfer=run.state["transfer"],
+                           world_size=run.info.world_size, profile_run=run_json)
+    print(summary, file=sys.stderr)
+    log.info("wrote %s", run.run_dir)
+
+
+PHASES: tuple[Phase, ...] = (
+    ("prepare the run folder and the plans", prepare),
+    ("build the stages", build_stages),
+    ("measure the transfers", measure_transfers),
+    ("run the prompts", run_prompts),
+    ("write bench.csv, bench.json and the timelines", write_results),
+)
+
+
+def bench_rank(bench: BenchConfig, fault: str | None = None) -> int:
+    """One rank of `ppprof bench`; returns its exit code."""
+    def job(info) -> None:
+        run = set_up(bench.profile, info, fault, repeat=bench.num_stages // bench.profiled_stages,
+                     num_stages=bench.num_stages)
+        run.state["bench"] = bench
+        run_phases(run, PHASES)
+
+    return run_rank(job, bench.profile.device)
