@@ -16,6 +16,7 @@ from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.probe.loop import ProbeRunner
 from ppprof.probe.output import samples_frame, write_samples
 from ppprof.probe.synth import make_probes, warmup_requests
+from ppprof.run.options import profile_memory
 from ppprof.run.provenance import default_run_dir, git_revision, hardware, peak_memory_bytes
 from ppprof.run.rank import Phase, RankRun, add_log_file, run_phases, run_rank, set_up
 from ppprof.specs.spec import layers_pattern
@@ -115,6 +116,7 @@ def write_results(run: RankRun) -> None:
         probe_wall_s=round(run.state["probe_wall_s"], 3), forward_tokens=int(forward_tokens[0]),
         forward_tokens_per_stage=[int(t) for t in forward_tokens],
         peak_memory_bytes_per_stage=run.state["peak_memory"],
+        estimated_memory_bytes_per_stage=[m.total for m in profile_memory(run.cfg, run.info.world_size, run.spec)],
         timed_requests=sum(len(p.requests) for p in probes), warmup_requests=len(warmup),
         warmup_tokens=sum(r.chunk_size for r in warmup),
     )

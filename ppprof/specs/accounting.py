@@ -9,6 +9,7 @@ Parameter counts (no biases except the Mamba conv's; what ppprof's synthetic mod
 - mlp: 3*hidden*intermediate when gated (mlp_act silu), 2*hidden*intermediate for relu2 (up, down);
   moe: router hidden*experts + experts*(3 or 2)*hidden*moe_intermediate, the experts gated as the MLP;
 - norm: one RMSNorm (hidden) before the mixers and one before the FFN of each layer that has them.
+Bytes: every parameter in the pipeline dtype except Mamba's A_log, dt_bias and D, which stay fp32.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from ppprof.specs.dtypes import AUTO_DTYPE_GPU, SSM_STATE_BYTES, dtype_bytes, no
 from ppprof.specs.pattern import format_layers
 
 PARAM_KEYS = ("embedding", "attention", "mamba", "mlp", "moe", "norm", "lm_head")
+MAMBA_FP32_PARAMS_PER_HEAD = 3
+"""A_log, dt_bias and D: one value a head each, kept fp32 whatever the dtype (ppprof.model.mamba.Mamba2)."""
+FP32_BYTES = 4
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,6 +96,13 @@ def stage_params(spec: ModelSpec, layers: range) -> dict[str, int]:
         out["norm"] += spec.hidden_size
     out["total"] = sum(out[k] for k in PARAM_KEYS)
     return out
+
+
+def stage_weight_bytes(spec: ModelSpec, layers: range, *, dtype: str | None = None) -> int:
+    """Bytes of the stage's parameters (stage_params): the pipeline dtype, except Mamba's fp32 A_log, dt_bias, D."""
+    fp32 = MAMBA_FP32_PARAMS_PER_HEAD * spec.mamba_num_heads * sum(spec.layers[i].has_mamba for i in layers)
+    rest = stage_params(spec, layers)["total"] - fp32
+    return rest * dtype_bytes(accounting_dtype(spec, dtype)) + fp32 * FP32_BYTES
 
 
 def kv_bytes_per_token(spec: ModelSpec, layers: range | None = None, *, dtype: str | None = None) -> int:

@@ -1,4 +1,5 @@
-"""`ppprof model`: print the resolved model spec and what each pipeline stage will hold, before any rank starts."""
+"""`ppprof model`: print the resolved model spec and what each pipeline stage will hold, before any rank starts; and
+the text of its memory table (`--memory`, whose settings ppprof.run.options.with_memory resolves as a profile's)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from ppprof.specs.partition import parse_partition
 from ppprof.specs.accounting import StageAccount, accounting_dtype, describe, stage_accounts
 from ppprof.specs.dtypes import AUTO_DTYPE_CPU, AUTO_DTYPE_GPU, DTYPE_BYTES
 from ppprof.specs.load import load_spec
+from ppprof.specs.memory import StageMemory, format_bytes
 from ppprof.specs.pattern import format_layers
 
 LAYOUT_LEGEND = "one char or token a layer: * attention, M mamba, - MLP, E MoE; \"*-\" = attention + MLP"
@@ -21,13 +23,6 @@ def _count(n: int) -> str:
         if n >= size:
             return f"{n / size:.2f}{unit}"
     return str(n)
-
-
-def _bytes(n: int) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
 
 
 def format_text(spec: ModelSpec, stages: list[StageAccount], dtype: str) -> str:
@@ -55,13 +50,49 @@ def format_text(spec: ModelSpec, stages: list[StageAccount], dtype: str) -> str:
     header = ("stage", "layers", "params", "KV/token", "Mamba/slot", "layout")
     rows = [
         (str(s.stage_idx), f"{s.layers.start}-{s.layers.stop - 1}", _count(s.num_params["total"]),
-         _bytes(s.kv_bytes_per_token), _bytes(s.mamba_bytes_per_slot), s.layout)
+         format_bytes(s.kv_bytes_per_token), format_bytes(s.mamba_bytes_per_slot), s.layout)
         for s in stages
     ]
+    return "\n".join(lines + _table(header, rows))
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """Columns padded to their widest cell; the last column unpadded."""
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header) - 1)]
-    for r in (header, *rows):
-        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in (header, *rows)]
+
+
+def format_memory_text(stages: list[StageMemory], settings: str, limit: str, problem: str | None, *,
+                       checked: bool = True) -> str:
+    """The memory table of `ppprof model --memory`: one row a stage, then the limit and the verdict (`problem`, None
+    when they fit; `checked` False when the limit is unknown here). `settings` says what the pools are sized for."""
+    first = stages[0]
+    mamba = f", mamba {first.mamba_kernel}" if any(s.mamba_kernel for s in stages) else ""
+    lines = [
+        f"memory      the largest probe request: chunk {first.chunk_size} after {first.prefix_len} cached tokens; "
+        f"{first.dtype} on {first.device}, attention {first.attention_backend}{mamba}",
+        f"            {settings}",
+        "",
+    ]
+    header = ("stage", "weights", "init draws", "KV pool", "Mamba pool", "requests", "activations", "total",
+              "peak in")
+    rows = [
+        (str(s.stage_idx), format_bytes(s.weights), f"+{format_bytes(s.weights_init)}" if s.weights_init else "-",
+         *(format_bytes(getattr(s, key)) for key in ("kv_pool", "mamba_pool", "request_table", "activation_peak")),
+         format_bytes(s.total), f"layer {s.activation_layer} ({_peak_part(s)})")
+        for s in stages
+    ]
+    lines += _table(header, rows)
+    if any(s.weights + s.weights_init > s.running for s in stages):
+        lines.append("(total: the weights and their init draws, where that is more than the run's need)")
+    verdict = ("not checked here" if not checked else "fits" if problem is None else f"does not fit: {problem}")
+    lines += ["", f"limit       {limit}", f"check       {verdict}"]
     return "\n".join(lines)
+
+
+def _peak_part(s: StageMemory) -> str:
+    """The part of the layer whose transient wins: 'attention', 'mamba', 'mlp', 'moe' or 'norm'."""
+    return next((k for k in s.activation_terms if k in ("attention", "mamba", "mlp", "moe", "norm")), "-")
 
 
 @click.command("model")

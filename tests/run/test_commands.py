@@ -87,3 +87,152 @@ def test_a_mamba_cache_below_the_probe_size_is_warned_about():
     assert warnings(ProfileConfig()) == []
     (line,) = warnings(ProfileConfig(max_mamba_cache_size=64))
     assert "--max-mamba-cache-size 64 is below --requests-per-probe 128" in line and "raise it to 128" in line
+
+
+# Memory checked before launch (ppprof.run.options: profile_memory, memory_verdict, check_memory; `model --memory`).
+
+def test_a_profile_too_big_for_this_host_is_refused_before_any_rank(tmp_path):
+    """Llama-3-8B over 2 CPU ranks in fp32 with 8M KV slots a stage: about 1 TiB of KV a stage, refused on any host
+    with less than 2 TiB available, in one line naming the stages, the estimate, the limit and the fix."""
+    from ppprof.run.options import host_available_bytes
+
+    if host_available_bytes() is None:
+        pytest.skip("no /proc/meminfo: the host check is skipped here, and the profile would start")
+    out = tmp_path / "run"
+    r = CliRunner().invoke(main, ["profile", "--model", "llama3-8b", "--dtype", "fp32", "--nproc-per-node", "2",
+                                  "--max-total-tokens", str(8 * 2**20), "--out", str(out)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: stages 0-1 of this host need ~2.0 TiB (")
+    for needle in ("KV 1.0 TiB", "at chunk 640 after 2048 tokens", "available (MemAvailable)",
+                   ": lower --max-total-tokens (the probes need 2688), fewer/shorter --prefix-lens, keep fewer layers "
+                   "(--num-layers), use --dtype bfloat16, or spread the stages over more hosts"):
+        assert needle in r.stderr, needle
+    assert not out.exists()
+
+
+def fake_limits(monkeypatch, *, host=None, gpus=None):
+    import ppprof.run.options as options
+
+    monkeypatch.setattr(options, "host_available_bytes", lambda: host)
+    monkeypatch.setattr(options, "gpu_total_bytes", lambda count: gpus)
+
+
+def test_cpu_stages_of_one_host_are_checked_together_against_its_available_memory(monkeypatch):
+    from ppprof.config import ProfileConfig
+    from ppprof.run.options import check_memory, memory_verdict, profile_memory
+
+    cfg = ProfileConfig(model="tiny-hybrid", nproc_per_node=2)
+    stages = profile_memory(cfg, 4)
+    need = stages[2].total + stages[3].total
+    fake_limits(monkeypatch, host=need)
+    assert memory_verdict(cfg, stages, 2, range(2, 4)).problem is None
+    fake_limits(monkeypatch, host=need - 1)
+    verdict = memory_verdict(cfg, stages, 2, range(2, 4))
+    assert verdict.checked and verdict.problem.startswith("stages 2-3 of this host need ~")
+    # Nodes unknown (c10d rendezvous): the largest stage x the local ranks.
+    largest = max(s.total for s in stages)
+    fake_limits(monkeypatch, host=2 * largest - 1)
+    assert memory_verdict(cfg, stages, 2, None).problem.startswith("the 2 stages of this host need up to ~")
+    fake_limits(monkeypatch, host=None)  # no /proc/meminfo: not checked, no error
+    assert memory_verdict(cfg, stages, 2, range(2)).checked is False
+    check_memory(cfg, 2, 2)
+
+
+def test_each_cuda_stage_is_checked_against_its_gpu(monkeypatch):
+    import ppprof.specs.memory as memory
+    from ppprof.config import ProfileConfig
+    from ppprof.run.options import memory_verdict, profile_memory
+
+    monkeypatch.setattr(memory, "mamba_kernel", lambda device: memory.MAMBA_TORCH)  # also where mamba_ssm is installed
+    cfg = ProfileConfig(model="nemotron-h-8b", device="cuda", nproc_per_node=4, base_chunk_size=8192, page_size=64,
+                        prefix_lens=(8192, 32768, 65536), context_len=131072, attention_backend="sdpa")
+    stages = profile_memory(cfg, 4)
+    fake_limits(monkeypatch, gpus=[80 * 2**30] * 4)
+    assert memory_verdict(cfg, stages, 4, range(4)).problem is None
+    fake_limits(monkeypatch, gpus=[80 * 2**30, 8 * 2**30, 80 * 2**30, 80 * 2**30])
+    problem = memory_verdict(cfg, stages, 4, range(4)).problem
+    assert problem.startswith("stage 1 needs ~10.7 GiB (weights 3.3 GiB, KV 296.2 MiB, Mamba 3.1 GiB, requests "
+                              "128.0 MiB, activations 3.9 GiB at chunk 10240 after 65536 tokens) but its GPU (cuda:1) "
+                              "has 8.0 GiB: "), problem
+    assert "lower --base-chunk-size" in problem and "use more stages (--nproc-per-node)" in problem
+    fake_limits(monkeypatch, gpus=None)
+    assert memory_verdict(cfg, stages, 4, range(4)).checked is False
+
+
+def test_the_stages_of_this_node(monkeypatch):
+    from ppprof.run.options import node_stages
+
+    for key in ("RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    assert node_stages(4, 4, {}) == range(4)
+    assert node_stages(8, 4, {"node_rank": "1"}) == range(4, 8)
+    assert node_stages(8, 4, {"node_rank": "1", "rdzv_backend": "c10d"}) is None
+    monkeypatch.setenv("RANK", "6")
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    assert node_stages(8, 4, {"rdzv_backend": "c10d"}) == range(4, 8)
+
+
+def test_host_available_bytes_reads_meminfo(tmp_path):
+    from ppprof.run.options import host_available_bytes
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24684092 kB\nMemFree:  100 kB\nMemAvailable:   23266540 kB\n")
+    assert host_available_bytes(meminfo) == 23266540 * 1024
+    assert host_available_bytes(tmp_path / "missing") is None
+
+
+def model_memory(*args):
+    """`ppprof model` as ppprof/cli.py registers it with the memory option (ppprof.run.options.with_memory)."""
+    from ppprof.cli import PpprofGroup
+    from ppprof.run.commands import profile
+    from ppprof.run.options import with_memory
+    from ppprof.specs.cli import model
+
+    group = PpprofGroup()
+    group.add_command(with_memory(model, profile))
+    return CliRunner().invoke(group, ["model", *args])
+
+
+def test_model_memory_prints_each_stage_and_the_limit():
+    r = model_memory("tiny-hybrid", "--memory", "--base-chunk-size", "256")
+    assert r.exit_code == 0, r.output
+    assert "stage  layers  params" in r.stdout, "the model's own table comes first"
+    assert "chunk 320 after 1024 cached tokens; float32 on cpu, attention sdpa, mamba torch SSD" in r.stdout
+    import re
+
+    table = re.search(r"^stage +weights +init draws +KV pool +Mamba pool +requests +activations +total +peak in$(.*?)^$",
+                      r.stdout, re.M | re.S)
+    assert table, r.stdout
+    assert len([line for line in table.group(1).splitlines() if line[:1].isdigit()]) == 2
+    assert "limit       " in r.stdout and ("check       fits" in r.stdout or "not checked here" in r.stdout)
+
+
+def test_model_memory_json_and_the_shipped_gpu_config():
+    import json
+    from pathlib import Path
+
+    config = Path(__file__).resolve().parents[2] / "configs" / "profile-nemotron-h-8b-gpu.yaml"
+    r = model_memory("nemotron-h-8b", "--memory", "--config", str(config), "--attention-backend", "sdpa", "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["name"] == "nemotron-h-8b" and len(d["stages"]) == 4
+    memory = d["memory"]
+    assert memory["settings"]["base_chunk_size"] == 8192 and memory["settings"]["prefix_lens"] == [8192, 32768, 65536]
+    assert [s["stage_idx"] for s in memory["stages"]] == [0, 1, 2, 3]
+    for s in memory["stages"]:
+        assert (s["dtype"], s["device"], s["chunk_size"], s["prefix_len"]) == ("bfloat16", "cuda", 10240, 65536)
+        assert s["total"] == sum(s[k] for k in ("weights", "kv_pool", "mamba_pool", "request_table",
+                                                "activation_peak"))
+    # --pp wins over the config's nproc_per_node.
+    assert len(json.loads(model_memory("nemotron-h-8b", "--memory", "--config", str(config), "--pp", "2",
+                                       "--json").stdout)["memory"]["stages"]) == 2
+
+
+def test_model_without_memory_is_unchanged_and_refuses_the_sizing_options():
+    r = model_memory("tiny-dense", "--json")
+    assert r.exit_code == 0 and "memory" not in r.stdout
+    r = model_memory("tiny-dense", "--base-chunk-size", "256")
+    assert r.exit_code == 2
+    assert r.stderr == "error: --base-chunk-size sizes the memory table only: add --memory\n"
+    r = model_memory("tiny-dense", "--memory", "--base-chunk-size", "100000")
+    assert r.exit_code == 2 and "exceeds --context-len 32768" in r.stderr

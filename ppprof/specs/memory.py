@@ -1,0 +1,306 @@
+"""What one pipeline stage needs in memory before any rank starts: its weights (and, on CPU, the draws that initialise
+them), its KV / Mamba / request pools as ppprof allocates them, and the activation peak of the largest probe request
+(the model: activation_peak). No torch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+
+from ppprof.checks import require_int
+from ppprof.specs.accounting import FP32_BYTES, kv_bytes_per_token, mamba_bytes_per_slot, stage_weight_bytes
+from ppprof.specs.dtypes import AUTO_DTYPE_CPU, AUTO_DTYPE_GPU, dtype_bytes, normalize_dtype
+from ppprof.specs.spec import MOE, LayerSpec, ModelSpec
+
+ATTENTION_BACKENDS = ("auto", "sdpa", "flashinfer", "reference")
+"""What --attention-backend takes (ppprof.config.ATTENTION_BACKENDS, a layer above this one)."""
+DEVICES = ("cpu", "cuda")
+INDEX_BYTES = 8
+"""The request table is int64."""
+FLASHINFER_WORKSPACE_BYTES = 128 * 2**20
+"""FlashInfer's workspace buffer (ppprof.model.attention_kernels), allocated by every stage that uses the backend."""
+MAMBA_TORCH = "torch SSD"
+MAMBA_FUSED = "mamba_ssm fused"
+PARTS = ("weights", "kv_pool", "mamba_pool", "request_table", "activation_peak")
+INIT_DRAW_BYTES = 2 * FP32_BYTES
+"""Stage._init_weights draws each parameter as (torch.randn(shape) * std): two fp32 tensors of its size at once."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageMemory:
+    """Bytes one stage needs: weights, pools, and the activation peak of the largest probe request."""
+
+    stage_idx: int
+    layers: range
+    weights: int
+    kv_pool: int
+    mamba_pool: int
+    request_table: int
+    activation_peak: int
+    weights_init: int = 0
+    """Bytes on top of the weights while they are drawn at start, before the pools exist: the random draws of the
+    largest parameter (INIT_DRAW_BYTES a value). On CPU only: on CUDA they are drawn on the host."""
+    chunk_size: int
+    prefix_len: int
+    dtype: str
+    device: str
+    attention_backend: str
+    """The backend after `auto` is resolved."""
+    mamba_kernel: str | None
+    """MAMBA_TORCH or MAMBA_FUSED; None on a stage without Mamba layers."""
+    activation_layer: int
+    """The layer whose peak wins."""
+    activation_terms: dict = field(default_factory=dict)
+    """The named terms of activation_peak: held, the winning part of the winning layer, the prefix's noise, ..."""
+
+    @property
+    def running(self) -> int:
+        """Weights, pools and the activation peak: what the stage holds during its largest forward."""
+        return self.weights + self.kv_pool + self.mamba_pool + self.request_table + self.activation_peak
+
+    @property
+    def total(self) -> int:
+        """The stage's peak: while it runs, or while its weights are drawn if that is more."""
+        return max(self.running, self.weights + self.weights_init)
+
+    def to_dict(self) -> dict:
+        return {
+            "stage_idx": self.stage_idx, "layer_start": self.layers.start, "layer_stop": self.layers.stop,
+            **{part: getattr(self, part) for part in PARTS}, "weights_init": self.weights_init,
+            "running": self.running, "total": self.total,
+            "chunk_size": self.chunk_size, "prefix_len": self.prefix_len, "dtype": self.dtype, "device": self.device,
+            "attention_backend": self.attention_backend, "mamba_kernel": self.mamba_kernel,
+            "activation_layer": self.activation_layer, "activation_terms": dict(self.activation_terms),
+        }
+
+
+def format_bytes(n: int) -> str:
+    """1536 -> '1.5 KiB'; binary units up to TiB."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def resolve_backend(name: str, device: str) -> str:
+    """`auto` as ppprof.model.attention_kernels.resolve_attention_backend resolves it, without importing torch:
+    flashinfer on CUDA when the package is installed here, else sdpa."""
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"--attention-backend {name!r} is unknown: use one of {', '.join(ATTENTION_BACKENDS)}")
+    if name == "auto":
+        return "flashinfer" if device == "cuda" and importlib.util.find_spec("flashinfer") else "sdpa"
+    if name == "flashinfer" and device != "cuda":
+        raise ValueError("--attention-backend flashinfer runs on CUDA only: use sdpa (or auto) with --device cpu")
+    return name
+
+
+def mamba_kernel(device: str) -> str:
+    """The fused kernels on CUDA when mamba_ssm and causal_conv1d are installed here (as ppprof.model.mamba picks)."""
+    fused = device == "cuda" and all(importlib.util.find_spec(m) for m in ("mamba_ssm", "causal_conv1d"))
+    return MAMBA_FUSED if fused else MAMBA_TORCH
+
+
+def largest_parameter(spec: ModelSpec, layers: range) -> int:
+    """Values of the stage's largest parameter tensor, as ppprof.model registers them: the embedding and LM head
+    (vocab x hidden), fused qkv, Mamba's in_proj, the MLP's fused gate+up, and each MoE's experts stacked in one."""
+    h, out = spec.hidden_size, []
+    if layers.start == 0 or layers.stop == spec.num_layers:
+        out.append(spec.vocab_size * h)
+    for layer in (spec.layers[i] for i in layers):
+        if layer.has_attention:
+            out.append(h * (spec.num_attention_heads + 2 * spec.num_key_value_heads) * spec.head_dim)
+        if layer.has_mamba:
+            out.append(h * (spec.mamba_d_inner + spec.mamba_conv_dim + spec.mamba_num_heads))
+        inner_width = 2 if spec.mlp_gated else 1
+        if layer.ffn == MOE:
+            out.append(spec.num_experts * inner_width * spec.moe_intermediate_size * h)
+        elif layer.ffn:
+            out.append(inner_width * spec.intermediate_size * h)
+    return max(out, default=h)
+
+
+def kv_pool_bytes(spec: ModelSpec, layers: range, *, dtype: str, max_total_tokens: int, page_size: int) -> int:
+    """K and V of every slot of the stage's attention layers, as build_stage_cache allocates them: max_total_tokens
+    / page_size pages and the reserved page 0. (The allocators' host-side numpy arrays, about 33 bytes a KV slot,
+    are left out.)"""
+    if max_total_tokens < page_size or max_total_tokens % page_size:
+        raise ValueError(f"--max-total-tokens {max_total_tokens} must be a positive multiple of --page-size "
+                         f"{page_size}")
+    total_slots = (max_total_tokens // page_size + 1) * page_size
+    return total_slots * kv_bytes_per_token(spec, layers, dtype=dtype)
+
+
+def mamba_pool_bytes(spec: ModelSpec, layers: range, *, dtype: str, max_mamba_cache_size: int) -> int:
+    """Conv (pipeline dtype) and SSM (fp32) state of max_mamba_cache_size + 1 slots (slot 0 reserved) of the stage's
+    Mamba layers."""
+    return (max_mamba_cache_size + 1) * mamba_bytes_per_slot(spec, layers, dtype=dtype)
+
+
+def attention_bytes(spec: ModelSpec, n: int, total: int, b: int, backend: str, device: str) -> int:
+    """Transient of one attention layer: n query tokens over `total` = L + n keys (see activation_peak)."""
+    heads, kv_heads, d = spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
+    group = heads // kv_heads
+    out = n * (2 * heads + 3 * kv_heads) * d * b  # qkv, roped q and k
+    if backend == "flashinfer":
+        return out + n * heads * d * b
+    out += 2 * kv_heads * total * d * b  # K/V gathered from the pool
+    if backend == "sdpa":
+        if device == "cuda" or total == n:  # one flash call (no prefix on CPU: no second call, no merge)
+            return out + n * heads * d * b
+        return out + 2 * n * heads * d * b + 3 * n * heads * d * FP32_BYTES
+    upcast = (n * heads * d + 2 * kv_heads * total * d) * FP32_BYTES if b < FP32_BYTES else 0
+    return (out + n * heads * d * (b + FP32_BYTES) + group * n * total * (1 + FP32_BYTES)
+            + heads * n * total * (2 * FP32_BYTES + 1) + upcast)
+
+
+def mamba_bytes(spec: ModelSpec, n: int, b: int, kernel: str) -> int:
+    """Transient of one Mamba2 mixer on n tokens (see activation_peak)."""
+    heads, head_dim, state = spec.mamba_num_heads, spec.mamba_head_dim, spec.ssm_state_size
+    conv_dim, q = spec.mamba_conv_dim, spec.mamba_chunk_size
+    d_inner = spec.mamba_d_inner
+    in_width = d_inner + conv_dim + heads
+    padded = -(-n // q) * q
+    decay = heads * padded * q  # Q
+    states = (padded // q + 1) * heads * head_dim * state  # S
+    fused = kernel == MAMBA_FUSED
+    io = n * (in_width + (1 if fused else 2) * conv_dim) * b
+    if fused:
+        scan = (2 * states * FP32_BYTES + spec.mamba_n_groups * padded * q * FP32_BYTES
+                + n * d_inner * (b + FP32_BYTES))
+    else:
+        scan = padded * heads * (head_dim + 2 * state) * b + max(
+            3 * decay * FP32_BYTES,
+            3 * decay * b + 2 * padded * heads * state * b,
+            decay * b + 4 * states * FP32_BYTES + padded * heads * head_dim * b,
+        )
+    gated_norm = 4 * n * d_inner * FP32_BYTES
+    return io + max(scan, gated_norm)
+
+
+def ffn_bytes(spec: ModelSpec, layer: LayerSpec, n: int, b: int) -> int:
+    """Transient of the layer's MLP or MoE on n tokens (see activation_peak)."""
+    inner = 4 if spec.mlp_gated else 3
+    if layer.ffn != MOE:
+        return inner * n * spec.intermediate_size * b
+    h, experts, top_k = spec.hidden_size, spec.num_experts, spec.num_experts_per_tok
+    routing = n * experts * (b + 2 * FP32_BYTES) + 6 * INDEX_BYTES * n * top_k + n * h * b
+    return routing + n * (3 * h * b + inner * spec.moe_intermediate_size * b)
+
+
+def layer_terms(spec: ModelSpec, layer: LayerSpec, *, n: int, prefix_len: int, b: int, backend: str, device: str,
+                kernel: str) -> dict[str, int]:
+    """The transient of each part of `layer` that it has: norm, attention, mamba, mlp or moe."""
+    out = {"norm": 2 * n * spec.hidden_size * FP32_BYTES}
+    if layer.has_attention:
+        out["attention"] = attention_bytes(spec, n, prefix_len + n, b, backend, device)
+    if layer.has_mamba:
+        out["mamba"] = mamba_bytes(spec, n, b, kernel)
+    if layer.ffn:
+        out[layer.ffn] = ffn_bytes(spec, layer, n, b)
+    return out
+
+
+def prefix_noise_bytes(spec: ModelSpec, layers: range, prefix_len: int, b: int) -> int:
+    """The random prefix a probe writes: one block of L K/V rows (KVPool.fill_random keeps it) and one Mamba slot's
+    conv and SSM state (MambaPool.fill_random), held on every stage that has such layers."""
+    if not prefix_len:
+        return 0
+    out = 0
+    if any(spec.layers[i].has_attention for i in layers):
+        out += prefix_len * spec.num_key_value_heads * spec.head_dim * b
+    if any(spec.layers[i].has_mamba for i in layers):
+        out += (spec.mamba_conv_dim * (spec.conv_kernel - 1) * b
+                + spec.mamba_num_heads * spec.mamba_head_dim * spec.ssm_state_size * FP32_BYTES)
+    return out
+
+
+def activation_peak(spec: ModelSpec, layers: range, *, n: int, prefix_len: int, b: int, backend: str, device: str,
+                    kernel: str) -> tuple[int, int, dict[str, int]]:
+    """(peak bytes, the layer whose peak wins, its named terms) of a chunk of n tokens after L = prefix_len cached
+    ones (T = L + n), hidden h, the pipeline dtype b bytes, fp32 4 bytes.
+
+    Every layer's peak is `held` plus the largest transient of one of its parts; the largest layer's peak wins.
+    - held, 5 n h b: the pending output and residual handed in, the new residual, the normed input, and a mixer's
+      output while the FFN (or a second mixer) runs.
+    - norm, 2 n h 4: RMSNorm's fp32 copy and its scaled result.
+    - attention (H heads, K kv heads of d, group g = H / K): qkv and the roped q, k, n (2 H + 3 K) d b; then
+      sdpa: K/V of the T positions gathered, 2 K T d b, and on CPU two flash calls (prefix, chunk), 2 n H d b, merged
+      by log-sum-exp in fp32, 3 n H d 4; on CUDA one flash or memory-efficient call, n H d b (no score matrix while
+      torch picks one of those for the lower-right causal bias: run.json names the kernel);
+      reference: the gather, the regrouped and scaled q, n H d (b + 4), the dense bool mask tiled over the group
+      and its fp32 form, g n T 5, and SDPA's math path: fp32 scores, their softmax and a bool test for fully masked
+      rows, 9 H n T (plus fp32 copies of q, K, V below fp32);
+      flashinfer: reads the pages in place: its output, n H d b, and a 128 MiB workspace on every stage.
+    - mamba (Hm heads of P, state N, G groups, C conv channels, in_proj width W, SSD block q, n' = n rounded up to q;
+      Q = Hm n' q, the (heads, blocks, q, q) decay tensors; S = (n' / q + 1) Hm P N, the block states): in_proj
+      output and the conv's output, n (W + C) b, the torch conv's input copy (kept), n C b, and the largest of
+      torch SSD: x dt, B and C per head, n' Hm (P + 2 N) b, plus the largest of segsum (masked copy, cumsum,
+      result), 3 Q 4; the diagonal einsum (decay, two intermediates, operand copies), 3 Q b + 2 n' Hm N b; the
+      block states (decay kept; fp32 states, their cat, einsum and copy), Q b + 4 S 4 + n' Hm P b;
+      fused (mamba_ssm, CUDA): fp32 chunk states twice, 2 S 4, C.B per group, G n' q 4, y and its fp32 copy,
+      n Hm P (b + 4), far below the torch path's decay tensors;
+      the gated norm after the scan, 4 n Hm P 4.
+    - mlp (I inner): silu: gate+up, silu(gate), their product, 4 n I b; relu2: up, relu, square, 3 n I b.
+    - moe (E experts, top k): router logits and fp32 probabilities n E (b + 8), routing indices 48 n k, the output
+      n h b, and one expert on every token (the worst case; a random router gives each about n k / E): gathered
+      input, inner, down and weighted outputs, n (3 h + m I) b, m = 4 (silu) or 3 (relu2).
+    Beyond the layers: a probe's synthetic prefix (the random K/V block of L rows that KVPool.fill_random keeps, one
+    Mamba slot's state) and FlashInfer's workspace. Not modelled: allocator caching and fragmentation (CUDA caching
+    allocator, glibc heaps), the CUDA context, each rank's torch runtime. On CPU in fp32 (tiny presets, both
+    backends, scripts/bench_memory.py) the estimate is 1.00-1.06 of the measured peak of the live tensors, 0.76-1.00
+    of the RSS peak under glibc's default malloc (freed heap memory stays resident); CPU bf16 takes more (matmuls
+    upcast internally)."""
+    held = 5 * n * spec.hidden_size * b
+    best_layer, best = layers.start, {}
+    for i in layers:
+        parts = layer_terms(spec, spec.layers[i], n=n, prefix_len=prefix_len, b=b, backend=backend, device=device,
+                            kernel=kernel)
+        part = max(parts, key=parts.get)
+        if not best or parts[part] > max(best.values()):
+            best_layer, best = i, {part: parts[part]}
+    terms = {"held": held, **best}
+    noise = prefix_noise_bytes(spec, layers, prefix_len, b)
+    if noise:
+        terms["prefix_noise"] = noise
+    if backend == "flashinfer":
+        terms["flashinfer_workspace"] = FLASHINFER_WORKSPACE_BYTES
+    return sum(terms.values()), best_layer, terms
+
+
+def stage_memory(spec: ModelSpec, layer_ids: range, *, dtype: str | None, max_total_tokens: int, page_size: int,
+                 max_mamba_cache_size: int, max_running_requests: int, context_len: int, chunk_size: int,
+                 prefix_len: int, attention_backend: str = "auto", device: str = "cpu",
+                 stage_idx: int = 0) -> StageMemory:
+    """What the stage holding `layer_ids` needs for a profile whose largest probe request is a `chunk_size` chunk
+    after `prefix_len` cached tokens (ProfileConfig.max_probe_chunk_size, max(resolved_prefix_lens())). `dtype` None
+    means the spec's, else bf16 on CUDA and fp32 on CPU (as ppprof.run.rank.resolve_dtype resolves it)."""
+    for label, value, low in (("--max-total-tokens", max_total_tokens, 1), ("--page-size", page_size, 1),
+                              ("--max-mamba-cache-size", max_mamba_cache_size, 1),
+                              ("--max-running-requests", max_running_requests, 1), ("--context-len", context_len, 1),
+                              ("chunk_size", chunk_size, 1), ("prefix_len", prefix_len, 0)):
+        require_int(label, value, low)
+    if device not in DEVICES:
+        raise ValueError(f"--device {device!r} is not supported: use cpu or cuda")
+    if len(layer_ids) == 0 or layer_ids.step != 1 or layer_ids.start < 0 or layer_ids.stop > spec.num_layers:
+        raise ValueError(f"layer_ids {layer_ids} must be a non-empty contiguous range inside [0, {spec.num_layers}): "
+                         "use a range from ppprof.specs.partition.split_layers")
+    dtype = normalize_dtype(dtype) or spec.dtype or (AUTO_DTYPE_GPU if device == "cuda" else AUTO_DTYPE_CPU)
+    b = dtype_bytes(dtype)
+    backend = resolve_backend(attention_backend, device)
+    has_mamba = any(spec.layers[i].has_mamba for i in layer_ids)
+    kernel = mamba_kernel(device)
+    peak, layer, terms = activation_peak(spec, layer_ids, n=chunk_size, prefix_len=prefix_len, b=b, backend=backend,
+                                         device=device, kernel=kernel)
+    return StageMemory(
+        stage_idx=stage_idx, layers=layer_ids,
+        weights=stage_weight_bytes(spec, layer_ids, dtype=dtype),
+        kv_pool=kv_pool_bytes(spec, layer_ids, dtype=dtype, max_total_tokens=max_total_tokens, page_size=page_size),
+        mamba_pool=mamba_pool_bytes(spec, layer_ids, dtype=dtype, max_mamba_cache_size=max_mamba_cache_size),
+        request_table=max_running_requests * context_len * INDEX_BYTES,
+        activation_peak=peak,
+        weights_init=INIT_DRAW_BYTES * largest_parameter(spec, layer_ids) if device == "cpu" else 0,
+        chunk_size=chunk_size, prefix_len=prefix_len, dtype=dtype, device=device,
+        attention_backend=backend, mamba_kernel=kernel if has_mamba else None, activation_layer=layer,
+        activation_terms=terms,
+    )
