@@ -58,6 +58,9 @@ class ProfileConfig:
     """Run folder; default results/<run-id>."""
     fit: bool = True
     """Fit the samples and write policy.json and plots at the end of the run."""
+    torch_threads: int | None = None
+    """torch's intra-op threads on each rank; default: OMP_NUM_THREADS, which the launcher sets to the cores of this
+    node divided by its ranks. `ppprof bench` runs with the profile's, so that both measure under the same."""
     attention_backend: str = "auto"
     """Attention kernel the stages run: auto (flashinfer on CUDA when importable, else sdpa), sdpa (torch's fast
     paths, no dense mask), flashinfer (paged prefill from the KV pages, CUDA), reference (dense mask; the oracle)."""
@@ -80,6 +83,8 @@ class ProfileConfig:
                 f"--requests-per-probe {self.requests_per_probe} is out of range: use "
                 f"{MIN_REQUESTS_PER_PROBE}..{MAX_REQUESTS_PER_PROBE}"
             )
+        if self.torch_threads is not None:
+            require_int("--torch-threads", self.torch_threads, 1)
         if self.num_layers is not None and self.num_layers < 1:
             raise ValueError(f"--num-layers {self.num_layers} must be >= 1")
         if self.base_chunk_size < self.page_size:

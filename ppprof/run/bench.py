@@ -149,4 +149,4 @@ def bench_rank(bench: BenchConfig, fault: str | None = None) -> int:
         run.state["bench"] = bench
         run_phases(run, PHASES)
 
-    return run_rank(job, bench.profile.device)
+    return run_rank(job, bench.profile.device, bench.profile.torch_threads)

@@ -78,6 +78,7 @@ def torchrun_options(f):
 @click.option("--fit/--no-fit", default=None, help="Fit and write policy.json and plots at the end. [--fit]")
 @click.option("--attention-backend", type=click.Choice(ATTENTION_BACKENDS),
               help="auto (flashinfer on CUDA when installed, else sdpa), sdpa, flashinfer or reference. [auto]")
+@click.option("--torch-threads", type=int, help="Intra-op threads per rank. [cores of the node / its ranks]")
 @torchrun_options
 @click.option("--resolved-config", hidden=True, help="Internal: the launcher hands each rank the resolved settings.")
 @click.option("--inject-fault", type=click.Choice(FAULTS), hidden=True, help="Testing only: a deliberate fault.")
@@ -105,6 +106,7 @@ def resolve_bench(policy_path: str, flags: dict) -> BenchConfig:
                          f"{policy_path} (the model, split and device come from it)")
     run = read_run_json(run_file)
     profile = {k: v for k, v in run["config"].items() if k in CONFIG_FIELDS}
+    profile["torch_threads"] = run.get("torch_threads")  # measure under the profile's conditions
     profile.update({k: v for k, v in flags.pop("profile").items() if v is not None})
     profile["out"] = flags.get("out")
     profile = resolve_config(None, profile)
@@ -134,6 +136,7 @@ def bench_world_check(bench: BenchConfig) -> Callable[[int], None]:
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), help="[the profile's]")
 @click.option("--dtype", help="[the profile's]")
 @click.option("--attention-backend", type=click.Choice(ATTENTION_BACKENDS), help="[the profile's]")
+@click.option("--torch-threads", type=int, help="Intra-op threads per rank. [the profile's]")
 @torchrun_options
 @click.option("--resolved-config", hidden=True, help="Internal: the launcher hands each rank the resolved settings.")
 def bench(policy_path, prompt_lens, strategies, repeats, pp, out, resolved_config, **options) -> None:

@@ -144,7 +144,7 @@ PHASES: tuple[Phase, ...] = (
 
 def profile_rank(cfg: ProfileConfig, fault: str | None = None) -> int:
     """One rank of `ppprof profile`; returns its exit code."""
-    return run_rank(lambda info: run_phases(set_up(cfg, info, fault), PHASES), cfg.device)
+    return run_rank(lambda info: run_phases(set_up(cfg, info, fault), PHASES), cfg.device, cfg.torch_threads)
 
 
 def log_summary(frame, world_size: int, wall_s: float, forward_tokens: int, run_dir: Path) -> None:

@@ -87,10 +87,13 @@ def run_phases(run: RankRun, phases: Sequence[Phase]) -> None:
             phase(run)
 
 
-def run_rank(job: Callable[[RankInfo], None], device: str) -> int:
-    """The body of one rank: join the group on `device` (cpu or cuda), run `job`, leave. Returns the exit code (1 when
-    the job failed on any rank; every rank then prints the same agreed message)."""
+def run_rank(job: Callable[[RankInfo], None], device: str, threads: int | None = None) -> int:
+    """The body of one rank: join the group on `device` (cpu or cuda) with `threads` intra-op threads (None: as the
+    environment says), run `job`, leave. Returns the exit code (1 when the job failed on any rank; every rank then
+    prints the same agreed message)."""
     setup_logging(int(os.environ.get("RANK", 0)))
+    if threads is not None:
+        torch.set_num_threads(threads)
     if device == "cpu" and not steady_malloc():
         log.warning("could not fix malloc's thresholds (not glibc?): CPU timings may be noisier")
     with process_group(device) as info:
