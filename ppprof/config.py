@@ -48,7 +48,10 @@ class ProfileConfig:
     context_len: int = 32768
     """Longest request the served model takes; recorded for the policy's caps and bounds the prefix probes."""
     prefix_lens: tuple[int, ...] | None = None
-    """Prefix lengths of the prefix probes; default: B, 2B, 4B (capped by the context length)."""
+    """Prefix lengths of the prefix probes; default: num_prefix_lens lengths log-spaced from B to the context length
+    less the largest probe chunk, so that the fit covers every prefix a plan will meet instead of extrapolating."""
+    num_prefix_lens: int = 6
+    """How many default prefix lengths (ignored when prefix_lens is given)."""
     warmup: int = 3
     """Untimed forwards before the first timed one."""
     layer_partition: tuple[int, ...] | None = None
@@ -83,6 +86,7 @@ class ProfileConfig:
                 f"--requests-per-probe {self.requests_per_probe} is out of range: use "
                 f"{MIN_REQUESTS_PER_PROBE}..{MAX_REQUESTS_PER_PROBE}"
             )
+        require_int("--num-prefix-lens", self.num_prefix_lens, 1)
         if self.torch_threads is not None:
             require_int("--torch-threads", self.torch_threads, 1)
         if self.num_layers is not None and self.num_layers < 1:
@@ -127,12 +131,17 @@ class ProfileConfig:
     def resolved_prefix_lens(self) -> tuple[int, ...]:
         if self.prefix_lens is not None:
             return tuple(self.prefix_lens)
-        out = []
-        for k in (1, 2, 4):
-            p = k * self.base_chunk_size // self.page_size * self.page_size
-            if p + self.max_probe_chunk_size <= self.context_len:
-                out.append(p)
-        return tuple(out)
+        page = self.page_size
+        top = (self.context_len - self.max_probe_chunk_size) // page * page
+        bottom = min(max(page, self.base_chunk_size // page * page), top)
+        if top < page:
+            return ()
+        n = self.num_prefix_lens
+        ratio = top / bottom
+        if n == 1:
+            return (top,)
+        levels = {max(page, round(bottom * ratio ** (i / (n - 1))) // page * page) for i in range(n)}
+        return tuple(sorted(levels))
 
     def needed_total_tokens(self) -> int:
         """KV slots the longest probe request holds (prefix + the largest chunk), in whole pages."""

@@ -23,7 +23,7 @@ def test_sweep_is_aligned_and_never_below_one_unit():
 @pytest.mark.parametrize("field,value,match", [
     ("requests_per_probe", 129, "--requests-per-probe 129 is out of range: use 8..128"),
     ("requests_per_probe", 7, "--requests-per-probe 7 is out of range"),
-    ("max_total_tokens", 100, "--base-chunk-size 512 does not fit the KV cache: the longest probe request needs 2688"),
+    ("max_total_tokens", 100, "--base-chunk-size 512 does not fit the KV cache: the longest probe request needs 32768"),
     ("device", "tpu", "--device 'tpu' is not supported"),
     ("page_size", 0, "--page-size 0 must be an integer >= 1"),
     ("context_len", 600, "exceeds --context-len 600"),
@@ -48,6 +48,17 @@ def test_with_128_requests_the_sweep_is_exactly_sglangs_for_every_base_chunk():
 
 def test_max_total_tokens_defaults_to_the_longest_probe_request_in_whole_pages():
     cfg = ProfileConfig(base_chunk_size=512, page_size=16)
-    assert cfg.max_total_tokens == cfg.needed_total_tokens() == 4 * 512 + 640
+    assert cfg.max_total_tokens == cfg.needed_total_tokens() == 32768
     assert cfg.to_dict()["max_total_tokens"] == cfg.max_total_tokens
     assert ProfileConfig(**cfg.to_dict()).to_dict() == cfg.to_dict()
+
+
+def test_default_prefix_lengths_span_the_context_log_spaced_on_the_page():
+    cfg = ProfileConfig(base_chunk_size=8192, page_size=64, context_len=131072)
+    lens = cfg.resolved_prefix_lens()
+    assert lens[0] == 8192 and lens[-1] == 131072 - 10240 and len(lens) == 6
+    assert all(p % 64 == 0 for p in lens) and list(lens) == sorted(set(lens))
+    ratios = [b / a for a, b in zip(lens, lens[1:])]
+    assert max(ratios) / min(ratios) < 1.01, f"{ratios=}"
+    assert ProfileConfig(num_prefix_lens=1).resolved_prefix_lens() == (32768 - 640,)
+    assert ProfileConfig(prefix_lens=(100,)).resolved_prefix_lens() == (100,)

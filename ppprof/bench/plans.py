@@ -72,10 +72,11 @@ def arms(policy: Policy, samples_path: Path | None, prompt_lens, strategies, num
         if "greedy" in strategies:
             plans["greedy"] = policy.plan(prompt_len)
         if "optimal" in strategies:
-            largest = max(settings.base_chunk_size, settings.max_chunk_size)
-            plans["optimal"], _ = optimal_chunks(model, prompt_len, num_stages, settings.alignment, largest,
-                                                 [fixed_chunks(settings.base_chunk_size, prompt_len),
-                                                  policy.plan(prompt_len)])
+            # The DP may use chunks as large as any other plan here (2 B with the fixed sweep), and starts from all
+            # of them: it is the bound no plan of the bench beats, by the policy's model.
+            seeds = [c for name, c in plans.items()] or [fixed_chunks(settings.base_chunk_size, prompt_len)]
+            largest = max([settings.base_chunk_size, settings.max_chunk_size] + [max(c) for c in seeds])
+            plans["optimal"], _ = optimal_chunks(model, prompt_len, num_stages, settings.alignment, largest, seeds)
         for name, chunks in plans.items():
             plan = predicted(model, name, chunks, num_stages)
             out.append(Arm(name, prompt_len, tuple(plan.chunk_sizes), plan.ttft_ms, tuple(plan.latencies_ms)))

@@ -95,8 +95,8 @@ def paired_ratios(prompts: pd.DataFrame, names: dict[str, str], key: str) -> dic
     return out
 
 
-def write_report(run_dir: Path, *, bench, plans: list[Arm], schedule: list, rows: list[dict], ttft: dict,
-                 transfer: dict, world_size: int, profile_run: dict) -> str:
+def write_report(run_dir: Path, *, bench, plans: list[Arm], rows: list[dict], ttft: dict, transfer: dict,
+                 world_size: int, profile_run: dict, notes: dict[int, str | None]) -> str:
     """Write bench.csv, bench.json and the timelines into `run_dir`; return the summary table."""
     num_stages = bench.num_stages
     real = num_stages == world_size
@@ -121,9 +121,10 @@ def write_report(run_dir: Path, *, bench, plans: list[Arm], schedule: list, rows
         entry = {"strategies": summarize(p, here, names, key),
                  "fixed_sweep": summarize(p, here, {a.name: a.name for a in here if a.name.startswith("fixed-")},
                                           key),
-                 "ratios": paired_ratios(p, names, key)}
+                 "ratios": paired_ratios(p, names, key), "extrapolation": notes.get(prompt_len)}
         doc["prompt_lens"][str(prompt_len)] = entry
         lines += table(prompt_len, entry)
+        lines += [f"  note: {notes[prompt_len]}"] if notes.get(prompt_len) else []
         draw(run_dir / f"timeline-{prompt_len}.png", frame, p, here, names, num_stages, key)
     atomic_write_json(run_dir / BENCH_JSON, json.loads(json.dumps(doc, default=float)))
     return "\n".join(lines)

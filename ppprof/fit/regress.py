@@ -151,20 +151,31 @@ def cv_splits(prefix_len, folds: int):
     return KFold(n_splits=folds, shuffle=True, random_state=CV_SEED).split(free)
 
 
-def cross_validate(names, prefix_len, chunk_size, latency_ms, folds: int = CV_FOLDS) -> dict[str, float]:
+def band_splits(prefix_len) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Leave one prefix band out: each prefixed band (one probe's prefix length) is held out in turn and the rest,
+    the prefix-free sweep always among them, trains. [] with fewer than two prefixed bands."""
+    prefix_len = np.asarray(prefix_len)
+    bands = np.unique(prefix_len[prefix_len > 0])
+    if len(bands) < 2:
+        return []
+    rows = np.arange(len(prefix_len))
+    return [(rows[prefix_len != band], rows[prefix_len == band]) for band in bands]
+
+
+def cross_validate(names, prefix_len, chunk_size, latency_ms, folds: int = CV_FOLDS, splits=None) -> dict[str, float]:
     """k-fold cross-validated mean absolute percentage error (a fraction) of each model, on the same rows.
 
-    Every row is held out once; in each fold every model is fitted (with trimming) on its admissible training rows
-    and scored on all the fold's held-out rows with chunk_latency_ms, as the planner uses it. A model that cannot be
-    fitted in some fold scores inf.
+    Every row is held out once (with `splits`, e.g. band_splits, the rows those hold out); in each fold every model
+    is fitted (with trimming) on its admissible training rows and scored on all the fold's held-out rows with
+    chunk_latency_ms, as the planner uses it. A model that cannot be fitted in some fold scores inf.
     """
     n = len(latency_ms)
     folds = min(folds, n)
     if folds < 2:
         return {name: float("inf") for name in names}
-    errors = {name: np.empty(n) for name in names}
+    errors = {name: np.full(n, np.nan) for name in names}
     unfittable = set()
-    for train, test in cv_splits(prefix_len, folds):
+    for train, test in (splits if splits is not None else cv_splits(prefix_len, folds)):
         for name in set(names) - unfittable:
             try:
                 model, _ = fit_trimmed(name, prefix_len[train], chunk_size[train], latency_ms[train])
@@ -173,7 +184,7 @@ def cross_validate(names, prefix_len, chunk_size, latency_ms, folds: int = CV_FO
                 continue
             pred = model.chunk_latency_ms(prefix_len[test], chunk_size[test])
             errors[name][test] = np.abs(latency_ms[test] - pred) / latency_ms[test]
-    return {name: float("inf") if name in unfittable else float(errors[name].mean()) for name in names}
+    return {name: float("inf") if name in unfittable else float(np.nanmean(errors[name])) for name in names}
 
 
 def condition_number(name: str, prefix_len, chunk_size) -> float:
@@ -240,6 +251,8 @@ class Fit:
     model: LatencyModel
     fit_rows: np.ndarray  # (n,) bool: admissible, not an outlier
     cv_mape: float
+    band_cv_mape: float = float("nan")
+    """MAPE on each prefix band when it is held out (band_splits): what predicts prefixes the fit never saw."""
 
 
 def fit_candidates(prefix_len, chunk_size, latency_ms, requested: str) -> tuple[dict[str, Fit], dict[str, str]]:
@@ -255,6 +268,9 @@ def fit_candidates(prefix_len, chunk_size, latency_ms, requested: str) -> tuple[
         except Unfittable as e:
             failed[name] = str(e)
     cv = cross_validate(tuple(fitted), prefix_len, chunk_size, latency_ms)
+    bands = band_splits(prefix_len)
+    band_cv = cross_validate(tuple(fitted), prefix_len, chunk_size, latency_ms, splits=bands) if bands else {}
     for name, value in cv.items():
         fitted[name].cv_mape = value
+        fitted[name].band_cv_mape = band_cv.get(name, float("nan"))
     return fitted, failed

@@ -11,7 +11,7 @@ import click
 
 from ppprof.policy.export import FORMATS, export
 from ppprof.policy.planners import STRATEGIES, Plan, default_num_stages, plan_prompt
-from ppprof.policy.schema import load, validate
+from ppprof.policy.schema import extrapolation, load, validate
 from ppprof.policy.timeline import write_timeline
 
 
@@ -56,10 +56,14 @@ def plan_command(policy_path, prompt_len, num_stages, strategy, as_json, png) ->
     path = Path(policy_path)
     png = Path(png) if png else path.with_name(f"{path.stem}.plan-{prompt_len}-pp{num_stages}.png")
     write_timeline(plans, num_stages, png, f"{path.name}: prompt {prompt_len} tokens, {num_stages} stages")
+    notes = [n for n in (extrapolation(policy, prompt_len, p.chunk_sizes) for p in plans) if n]
     if as_json:
         click.echo(json.dumps({"policy": str(path), "prompt_len": prompt_len, "num_stages": num_stages,
-                               "png": str(png), "plans": [p.to_dict() for p in plans]}, indent=2))
+                               "png": str(png), "extrapolation": notes[0] if notes else None,
+                               "plans": [p.to_dict() for p in plans]}, indent=2))
         return
+    if notes:
+        click.echo(f"warning: {notes[0]}", err=True)
     click.echo(f"policy {path} ({policy.status}), prompt {prompt_len} tokens, {num_stages} stages")
     for p in plans:
         echo_plan(p)

@@ -71,6 +71,27 @@ class Policy:
         return next_chunk_size(self.model, self.settings, self.target_ms, prefix_len)
 
 
+def extrapolation(policy: Policy, prompt_len: int, chunk_sizes: list[int] | None = None) -> str | None:
+    """A one-line note when a prompt's chunks lie outside what the profile measured (policy["domain"]): how far past
+    the largest profiled prefix (or chunk) the latency model is asked; None inside the domain or without one."""
+    dom = policy.data.get("domain")
+    if not isinstance(dom, dict) or not dom.get("prefix_len") or not dom.get("chunk_size"):
+        return None
+    chunks = chunk_sizes or policy.plan(prompt_len)
+    deepest, largest = prompt_len - chunks[-1], max(chunks)
+    (_, max_prefix), (_, max_chunk) = dom["prefix_len"], dom["chunk_size"]
+    notes = []
+    if deepest > max_prefix:
+        notes.append(f"prefixes up to {deepest}, {deepest / max(max_prefix, 1):.1f}x the largest profiled prefix "
+                     f"({max_prefix})")
+    if largest > max_chunk:
+        notes.append(f"chunks up to {largest}, {largest / max_chunk:.1f}x the largest profiled chunk ({max_chunk})")
+    if not notes:
+        return None
+    return (f"prompt {prompt_len} reaches " + " and ".join(notes) + ": the latency model is extrapolated there; "
+            "profile with --prefix-lens (or --context-len) covering it")
+
+
 def static_table(base_chunk_size: int) -> dict:
     """The one-entry table of a static policy: B from prefix 0 on."""
     return {"prefix_len": [0], "chunk_size": [base_chunk_size]}
@@ -119,6 +140,11 @@ def check_schema(data) -> None:
         raise ValueError("policy table prefix_len must start at 0 and increase strictly")
     if any(v < 1 for v in sizes):
         raise ValueError("policy table chunk sizes must be positive")
+    dom = data.get("domain")
+    if dom is not None:
+        pairs = [dom.get(k) if isinstance(dom, dict) else None for k in ("prefix_len", "chunk_size")]
+        if not all(isinstance(p, list) and len(p) == 2 and all(is_int(v) for v in p) and p[0] <= p[1] for p in pairs):
+            raise ValueError("policy domain must be {'prefix_len': [min, max], 'chunk_size': [min, max]} of integers")
 
 
 def from_dict(data) -> Policy:
@@ -155,7 +181,7 @@ def validate(policy: Policy) -> str:
     if policy.status == "static":
         if policy._starts != [0] or policy._sizes != [B]:
             raise ValueError(f"static policy table must be one entry (0 -> {B})")
-        return f"static (base chunk {B}): {policy.reason}"
+        return f"static (base chunk {B}): {policy.reason}{domain_text(policy)}"
     check_rule(policy.model, policy.settings, policy.target_ms)
     expected = make_table(policy.model, policy.settings, policy.target_ms, "dynamic")
     if expected != {"prefix_len": policy._starts, "chunk_size": policy._sizes}:
@@ -165,4 +191,13 @@ def validate(policy: Policy) -> str:
         if size != B and size % align:
             raise ValueError(f"table chunk size {size} at prefix_len {L} is not a multiple of alignment {align}")
     smallest = min(policy._sizes)
-    return f"dynamic ({policy.model.name}), {len(policy._sizes)} table entries, chunk {B} -> {smallest}"
+    return (f"dynamic ({policy.model.name}), {len(policy._sizes)} table entries, chunk {B} -> {smallest}"
+            f"{domain_text(policy)}")
+
+
+def domain_text(policy: Policy) -> str:
+    dom = policy.data.get("domain")
+    if not isinstance(dom, dict):
+        return ""
+    (p0, p1), (c0, c1) = dom["prefix_len"], dom["chunk_size"]
+    return f"; profiled prefixes {p0}-{p1}, chunks {c0}-{c1}"

@@ -17,7 +17,7 @@ from ppprof.config import BenchConfig
 from ppprof.dist.agree import agreed
 from ppprof.fit.samples import read_run
 from ppprof.model.stage import Stage, build_stage_cache
-from ppprof.policy.schema import load
+from ppprof.policy.schema import extrapolation, load
 from ppprof.run.provenance import default_run_dir
 from ppprof.run.rank import Phase, RankRun, add_log_file, run_phases, run_rank, set_up
 
@@ -125,9 +125,13 @@ def write_results(run: RankRun) -> None:
         return
     bench = run.state["bench"]
     run_json = read_run(Path(bench.policy).parent / "samples.csv") or {}
-    summary = write_report(run.run_dir, bench=bench, plans=run.state["plans"], schedule=run.state["schedule"],
-                           rows=run.state["rows"], ttft=run.state["ttft"], transfer=run.state["transfer"],
-                           world_size=run.info.world_size, profile_run=run_json)
+    policy = load(bench.policy)
+    notes = {n: extrapolation(policy, n, max((a.chunk_sizes for a in run.state["plans"] if a.prompt_len == n),
+                                             key=lambda c: n - c[-1]))
+             for n in bench.prompt_lens}
+    summary = write_report(run.run_dir, bench=bench, plans=run.state["plans"], rows=run.state["rows"],
+                           ttft=run.state["ttft"], transfer=run.state["transfer"], world_size=run.info.world_size,
+                           profile_run=run_json, notes=notes)
     print(summary, file=sys.stderr)
     log.info("wrote %s", run.run_dir)
 

@@ -144,3 +144,18 @@ def test_cross_validation_and_condition_number():
     assert condition_number("prefix", L, x) < 100
     assert condition_number("prefix", np.zeros_like(L), x) == float("inf")  # an all-zero column
     assert condition_number("quadratic", L, x) < 100  # on its prefix-free rows
+
+
+def test_the_band_splitter_never_trains_on_a_held_out_band():
+    from ppprof.fit.regress import band_splits
+
+    prefix = np.array([0] * 10 + [512] * 6 + [2048] * 6 + [8192] * 6)
+    splits = band_splits(prefix)
+    assert len(splits) == 3
+    for train, test in splits:
+        held = set(prefix[test])
+        assert len(held) == 1 and 0 not in held, f"{held=}"
+        assert not held & set(prefix[train]), f"{held=}"
+        assert sorted(np.concatenate([train, test]).tolist()) == list(range(len(prefix)))
+    assert band_splits(np.array([0] * 5 + [512] * 5)) == []
+

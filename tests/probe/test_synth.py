@@ -17,10 +17,11 @@ def test_probes_are_deterministic_from_the_seed_and_ids_unique():
     assert a == b
     c = make_probes(ProfileConfig(requests_per_probe=16, base_chunk_size=128, seed=1))
     assert [r.chunk_size for r in c[1].requests] != [r.chunk_size for r in a[1].requests]
-    assert [p.kind for p in a] == [SWEEP, PREFIX, PREFIX, PREFIX]
-    assert [p.requests[0].prefix_len for p in a] == [0, 128, 256, 512]
+    assert [p.kind for p in a] == [SWEEP] + [PREFIX] * 6
+    # Six prefix lengths log-spaced from B to the context length (32768) less the largest probe chunk (160).
+    assert [p.requests[0].prefix_len for p in a] == [0, 128, 388, 1174, 3555, 10767, 32608]
     rids = [r.rid for p in a for r in p.requests]
-    assert len(rids) == len(set(rids)) == 64
+    assert len(rids) == len(set(rids)) == 16 * 7
     assert all(len(p.requests) == 16 for p in a)
 
 
