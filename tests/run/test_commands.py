@@ -100,7 +100,8 @@ def test_a_profile_too_big_for_this_host_is_refused_before_any_rank(tmp_path):
         pytest.skip("no /proc/meminfo: the host check is skipped here, and the profile would start")
     out = tmp_path / "run"
     r = CliRunner().invoke(main, ["profile", "--model", "llama3-8b", "--dtype", "fp32", "--nproc-per-node", "2",
-                                  "--max-total-tokens", str(8 * 2**20), "--out", str(out)])
+                                  "--prefix-lens", "512,1024,2048", "--max-total-tokens", str(8 * 2**20), "--out",
+                                  str(out)])
     assert r.exit_code == 2, r.output
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: stages 0-1 of this host need ~2.0 TiB (")
     for needle in ("KV 1.0 TiB", "at chunk 640 after 2048 tokens", "available (MemAvailable)",
