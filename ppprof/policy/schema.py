@@ -82,10 +82,10 @@ def extrapolation(policy: Policy, prompt_len: int, chunk_sizes: list[int] | None
     (_, max_prefix), (_, max_chunk) = dom["prefix_len"], dom["chunk_size"]
     notes = []
     if deepest > max_prefix:
-        notes.append(f"prefixes up to {deepest}, {deepest / max(max_prefix, 1):.1f}x the largest profiled prefix "
+        notes.append(f"prefixes up to {deepest}, {deepest / max(max_prefix, 1):.2f}x the largest profiled prefix "
                      f"({max_prefix})")
     if largest > max_chunk:
-        notes.append(f"chunks up to {largest}, {largest / max_chunk:.1f}x the largest profiled chunk ({max_chunk})")
+        notes.append(f"chunks up to {largest}, {largest / max_chunk:.2f}x the largest profiled chunk ({max_chunk})")
     if not notes:
         return None
     return (f"prompt {prompt_len} reaches " + " and ".join(notes) + ": the latency model is extrapolated there; "
