@@ -195,7 +195,7 @@ def model_memory(*args):
 
 
 def test_model_memory_prints_each_stage_and_the_limit():
-    r = model_memory("tiny-hybrid", "--memory", "--base-chunk-size", "256")
+    r = model_memory("tiny-hybrid", "--memory", "--base-chunk-size", "256", "--prefix-lens", "256,512,1024")
     assert r.exit_code == 0, r.output
     assert "stage  layers  params" in r.stdout, "the model's own table comes first"
     assert "chunk 320 after 1024 cached tokens; float32 on cpu, attention sdpa, mamba torch SSD" in r.stdout
