@@ -11,7 +11,7 @@ from ppprof.fit.settings import DEFAULT_CONTEXT_LEN, DEFAULT_SMOOTH_FACTOR, LATE
 @click.command("fit")
 @click.argument("samples", type=click.Path(dir_okay=False))
 @click.option("--latency-model", type=click.Choice(LATENCY_MODEL_CHOICES), default="auto", show_default=True,
-              help="quadratic (SGLang), prefix (ATOM) or auto (lowest k-fold CV error).")
+              help="quadratic (SGLang), prefix (ATOM), pairs (prefix + h L x^2) or auto (best on held-out prefix bands).")
 @click.option("--base-chunk-size", type=int, default=None, help="B; default from run.json (required without it).")
 @click.option("--smooth-factor", type=float, default=None, help=f"s in (0, 1]  [default: {DEFAULT_SMOOTH_FACTOR:g}]")
 @click.option("--page-size", type=int, default=None, help="KV page size; default from run.json, else 1.")

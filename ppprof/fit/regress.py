@@ -6,6 +6,9 @@
 - prefix (ATOM): t(L, x) = c + g L + b x + a (2 L x + x^2) on all rows; >= 2 distinct chunk sizes and >= 3 distinct
   prefixes. Coefficients must be non-negative: the most negative term (by its share of the mean latency) is dropped
   from the design and the rest refitted, until none is negative (a refit, not a clamp, so the others absorb its share).
+- pairs: the prefix form plus h L x^2, a per-pair attention cost a + h x / 2 that grows with the chunk (cache and
+  tile effects); exact non-negative least squares (scipy's nnls) on all five terms, so it never fits worse than the
+  prefix model it contains (h = 0).
 Every prediction, for scoring and diagnostics alike, is the planner's: model.chunk_latency_ms(prefix_len, chunk_size)
 (for the quadratic, c + f(L + x) - f(L), which is f(x) on a prefix-free row).
 Robustness: after a first fit, rows whose relative residual lies more than OUTLIER_MADS robust sigmas (1.4826 MAD,
@@ -36,10 +39,12 @@ MIN_OUTLIER_REL = 0.05
 MAX_OUTLIER_FRACTION = 0.10
 MAD_TO_SIGMA = 1.4826
 PREFIX_TERMS = ("c", "g", "b", "a")
+MODEL_TERMS = {"prefix": PREFIX_TERMS, "pairs": PREFIX_TERMS + ("h",)}
 OUTLIER_RULE = (f"after a first fit, drop points whose relative residual is more than {OUTLIER_MADS:g} x 1.4826 MAD "
                 f"(at least {MIN_OUTLIER_REL:.0%}) from the median, at most {MAX_OUTLIER_FRACTION:.0%} of points, "
                 f"then refit")
-ADMISSIBLE_ROWS = {"quadratic": "prefix-free rows (prefix_len == 0)", "prefix": "rows, prefix-free and prefixed"}
+ADMISSIBLE_ROWS = {"quadratic": "prefix-free rows (prefix_len == 0)", "prefix": "rows, prefix-free and prefixed",
+                   "pairs": "rows, prefix-free and prefixed"}
 
 
 class Unfittable(Exception):
@@ -65,7 +70,7 @@ def ineligible(name: str, prefix_len: np.ndarray, chunk_size: np.ndarray) -> str
         return None
     num_chunks, num_prefixes = len(np.unique(chunk_size)), len(np.unique(prefix_len))
     if num_chunks < MIN_PREFIX_CHUNK_SIZES or num_prefixes < MIN_PREFIX_PREFIXES:
-        return (f"prefix needs >= {MIN_PREFIX_CHUNK_SIZES} distinct chunk sizes and >= {MIN_PREFIX_PREFIXES} distinct "
+        return (f"{name} needs >= {MIN_PREFIX_CHUNK_SIZES} distinct chunk sizes and >= {MIN_PREFIX_PREFIXES} distinct "
                 f"prefixes, has {num_chunks} and {num_prefixes}")
     return None
 
@@ -79,8 +84,8 @@ def design(name: str, prefix_len, chunk_size, terms=None) -> np.ndarray:
     x = np.asarray(chunk_size, dtype=float)
     if name == "quadratic":
         return np.column_stack([np.ones_like(x), x, x * x])
-    cols = {"c": np.ones_like(L), "g": L, "b": x, "a": 2.0 * L * x + x * x}
-    return np.column_stack([cols[t] for t in (terms or PREFIX_TERMS)])
+    cols = {"c": np.ones_like(L), "g": L, "b": x, "a": 2.0 * L * x + x * x, "h": L * x * x}
+    return np.column_stack([cols[t] for t in (terms or MODEL_TERMS[name])])
 
 
 def fit_model(name: str, prefix_len: np.ndarray, chunk_size: np.ndarray, latency_ms: np.ndarray) -> LatencyModel:
@@ -98,12 +103,14 @@ def fit_model(name: str, prefix_len: np.ndarray, chunk_size: np.ndarray, latency
                              f"linearly in the prefix-free samples)")
         return LatencyModel("quadratic", a=a, b=max(b, 0.0), c=float(reg.intercept_))
 
-    terms = list(PREFIX_TERMS)
+    if name == "pairs":
+        return fit_nnls(name, prefix_len, chunk_size, latency_ms)
+    terms = list(MODEL_TERMS[name])
     mean = float(np.mean(latency_ms))
     while True:
         cols = [t for t in terms if t != "c"]
         if not cols:
-            raise Unfittable("prefix fit has no term left with a non-negative coefficient")
+            raise Unfittable(f"{name} fit has no term left with a non-negative coefficient")
         X = design(name, prefix_len, chunk_size, cols)
         reg = LinearRegression(fit_intercept="c" in terms).fit(X, latency_ms)
         coefs = dict(zip(cols, (float(v) for v in reg.coef_)))
@@ -114,8 +121,19 @@ def fit_model(name: str, prefix_len: np.ndarray, chunk_size: np.ndarray, latency
         if not negative:
             break
         terms.remove(min(negative, key=lambda t: shares[t]))
-    values = {t: coefs.get(t, 0.0) for t in PREFIX_TERMS}
-    return LatencyModel("prefix", **values)
+    values = {t: coefs.get(t, 0.0) for t in MODEL_TERMS[name]}
+    return LatencyModel(name, **values)
+
+
+def fit_nnls(name: str, prefix_len, chunk_size, latency_ms) -> LatencyModel:
+    """Non-negative least squares on the model's terms, columns scaled to unit length for conditioning."""
+    from scipy.optimize import nnls
+
+    X = design(name, prefix_len, chunk_size)
+    norms = np.linalg.norm(X, axis=0)
+    norms[norms == 0] = 1.0
+    coef, _ = nnls(X / norms, np.asarray(latency_ms, dtype=float))
+    return LatencyModel(name, **{t: float(v) for t, v in zip(MODEL_TERMS[name], coef / norms)})
 
 
 def outlier_mask(model: LatencyModel, prefix_len, chunk_size, latency_ms) -> np.ndarray:

@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 import shlex
 
+from ppprof.policy.rule import FORMS, MODEL_COEFS
 from ppprof.policy.schema import Policy
 
 FORMATS = ("sglang", "vllm-ascend", "atom")
+SERVER_FORMS = {"SGLang": "quadratic", "vllm-ascend": "quadratic", "ATOM": "prefix"}
+"""The latency model each server fits at start (ppprof.policy.rule.FORMS)."""
 
 
 def header(policy: Policy, server: str, source: str) -> list[str]:
@@ -17,8 +20,12 @@ def header(policy: Policy, server: str, source: str) -> list[str]:
              f"# (policy {policy.status}: {policy.reason});",
              "# the policy's coefficients inform them, they are not loaded."]
     if policy.model is not None:
-        coefs = ", ".join(f"{k}={getattr(policy.model, k):.4g}" for k in ("a", "b", "c", "g"))
+        coefs = ", ".join(f"{k}={getattr(policy.model, k):.4g}" for k in MODEL_COEFS[policy.model.name])
         lines.append(f"# ppprof model {policy.model.name}: {coefs} (ms, tokens); target {policy.target_ms:.4g} ms")
+        form = SERVER_FORMS[server]
+        if policy.model.name != form:
+            lines.append(f"# note: {server} can carry only the {form} form ({FORMS[form]}); ppprof's "
+                         f"{policy.model.name} model does not carry over, only the settings below do")
     return lines
 
 

@@ -30,33 +30,38 @@ import numpy as np
 
 from ppprof.checks import require_int
 
-MODEL_NAMES = ("quadratic", "prefix")
-COEF_UNITS = {"a": "ms/token^2", "b": "ms/token", "c": "ms", "g": "ms/token"}
+MODEL_NAMES = ("quadratic", "prefix", "pairs")
+COEF_UNITS = {"a": "ms/token^2", "b": "ms/token", "c": "ms", "g": "ms/token", "h": "ms/token^3"}
+MODEL_COEFS = {"quadratic": ("a", "b", "c"), "prefix": ("a", "b", "c", "g"), "pairs": ("a", "b", "c", "g", "h")}
 FORMS = {
     "quadratic": "f(l) = a*l^2 + b*l + c, fitted on prefix-free samples (l = chunk_size); chunk c + f(L+x) - f(L)",
     "prefix": "t(L, x) = c + g*L + b*x + a*(2*L*x + x^2), L = prefix_len, x = chunk_size",
+    "pairs": "t(L, x) = c + g*L + b*x + a*(2*L*x + x^2) + h*L*x^2: the cost of a query-key pair across the prefix, "
+             "a + h*x/2, grows with the chunk size",
 }
 
 
 @dataclass(frozen=True, slots=True)
 class LatencyModel:
-    """Fitted coefficients (ms, ms/token, ms/token^2) of one of MODEL_NAMES."""
+    """Fitted coefficients (COEF_UNITS) of one of MODEL_NAMES; those the model lacks (MODEL_COEFS) are 0."""
 
     name: str
     a: float
     b: float
     c: float
     g: float = 0.0
+    h: float = 0.0
 
     def __post_init__(self) -> None:
         if self.name not in MODEL_NAMES:
             raise ValueError(f"latency model {self.name!r} is unknown: use one of {', '.join(MODEL_NAMES)}")
-        for key in ("a", "b", "c", "g"):
+        for key in COEF_UNITS:
             value = getattr(self, key)
             if not math.isfinite(value):
                 raise ValueError(f"latency model coefficient {key}={value} is not finite: refit the samples")
-        if self.name == "quadratic" and self.g != 0.0:
-            raise ValueError(f"quadratic latency model has g={self.g}: g must be 0 (use the prefix model)")
+            if key not in MODEL_COEFS[self.name] and value != 0.0:
+                raise ValueError(f"{self.name} latency model has {key}={value}: {key} must be 0 (use a model with "
+                                 f"that term)")
 
     def chunk_latency_ms(self, prefix_len, chunk_size):
         """Latency of a chunk of `chunk_size` new tokens after `prefix_len` cached tokens (works on arrays).
@@ -66,13 +71,14 @@ class LatencyModel:
         """
         L = np.asarray(prefix_len, dtype=float)
         x = np.asarray(chunk_size, dtype=float)
-        return self.c + self.g * L + self.b * x + self.a * (2.0 * L * x + x * x)
+        t = self.c + self.g * L + self.b * x + self.a * (2.0 * L * x + x * x)
+        return t + self.h * L * x * x if self.h else t
 
     def target_ms(self, base_chunk_size: int) -> float:
         """Target T of the equal-latency rule: the variable latency of a B-token first chunk.
 
         quadratic: T = f(B) - f(0), computed literally as SGLang does (so floats round the same way).
-        prefix:    T = t(0, B) - c = b B + a B^2 (the fixed cost c is paid by every chunk and drops out).
+        prefix, pairs: T = t(0, B) - c = b B + a B^2 (the fixed cost c is paid by every chunk and drops out).
         """
         B = base_chunk_size
         if self.name == "quadratic":
@@ -83,13 +89,13 @@ class LatencyModel:
     def equal_latency_chunk(self, prefix_len: int, target_ms: float) -> float | None:
         """Chunk size x whose variable latency after `prefix_len` tokens equals the target.
 
-        Solves a x^2 + (2 a L + b) x + (g L - T) = 0, i.e. t(L, x) - c = T (for quadratic, g = 0 and this is
-        f(L + x) - f(L) = T, SGLang's equation). Returns the positive root; 0.0 when the prefix cost g L alone
+        Solves (a + h L) x^2 + (2 a L + b) x + (g L - T) = 0, i.e. t(L, x) - c = T (for quadratic, g = h = 0 and
+        this is f(L + x) - f(L) = T, SGLang's equation). Returns the positive root; 0.0 when the prefix cost g L alone
         already reaches T (then the shortest chunk is best, and the caller's floor applies); None when there is
         no root (the caller then uses the base chunk size, as SGLang does).
         """
         L = float(prefix_len)
-        qa = self.a
+        qa = self.a + self.h * L if self.h else self.a
         qb = 2.0 * self.a * L + self.b
         qc = self.g * L - target_ms
         if qc >= 0.0:
@@ -103,9 +109,7 @@ class LatencyModel:
         return x if x > 0.0 else None
 
     def to_dict(self) -> dict:
-        coefs = {k: {"value": getattr(self, k), "unit": COEF_UNITS[k]} for k in ("a", "b", "c", "g")}
-        if self.name == "quadratic":
-            del coefs["g"]
+        coefs = {k: {"value": getattr(self, k), "unit": COEF_UNITS[k]} for k in MODEL_COEFS[self.name]}
         return {"name": self.name, "form": FORMS[self.name], "coefficients": coefs}
 
     @classmethod
@@ -114,8 +118,8 @@ class LatencyModel:
             raise ValueError("latency_model must be an object with 'name' and 'coefficients': refit the samples")
         coefs = d["coefficients"]
         values = {}
-        for key in ("a", "b", "c", "g"):
-            entry = coefs.get(key, {"value": 0.0} if key == "g" else None)
+        for key in COEF_UNITS:
+            entry = coefs.get(key, {"value": 0.0} if key in ("g", "h") else None)
             if not isinstance(entry, dict) or not isinstance(entry.get("value"), (int, float)):
                 raise ValueError(f"latency_model.coefficients.{key} must be {{'value': number, 'unit': str}}")
             if key in coefs and entry.get("unit") != COEF_UNITS[key]:

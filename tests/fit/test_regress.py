@@ -78,7 +78,7 @@ def test_quadratic_needs_8_prefix_free_rows():
     with pytest.raises(Unfittable, match=r"quadratic needs >= 8 prefix-free samples \(prefix_len == 0\), has 7"):
         fit_model("quadratic", L, x, y)
     fitted, failed = fit_candidates(L, x, y, "auto")
-    assert set(fitted) == {"prefix"} and "8 prefix-free" in failed["quadratic"]
+    assert set(fitted) == {"prefix", "pairs"} and "8 prefix-free" in failed["quadratic"]
 
 
 def test_outliers_are_dropped_and_fit_survives():
@@ -159,3 +159,20 @@ def test_the_band_splitter_never_trains_on_a_held_out_band():
         assert sorted(np.concatenate([train, test]).tolist()) == list(range(len(prefix)))
     assert band_splits(np.array([0] * 5 + [512] * 5)) == []
 
+
+
+def test_a_chunk_dependent_per_pair_cost_is_recovered_by_the_pairs_form_and_not_by_the_prefix_form():
+    """Synthetic surface whose cost per query-key pair across the prefix grows with the chunk (h L x^2): the pairs
+    form recovers its coefficients and predicts held-out prefix bands; the four-coefficient form cannot."""
+    from ppprof.fit.regress import band_splits, cross_validate, fit_model
+
+    truth = LatencyModel("pairs", a=1e-6, b=0.01, c=1.0, g=5e-5, h=4e-9)
+    rng = np.random.default_rng(0)
+    L = np.repeat([0, 512, 1172, 2681, 6135, 14040, 32128], 64)
+    x = np.tile(np.linspace(64, 640, 8).astype(int), len(L) // 8)
+    y = truth.chunk_latency_ms(L, x) * (1 + 0.01 * rng.standard_normal(len(L)))
+    pairs = fit_model("pairs", L, x, y)
+    for k in ("a", "b", "c", "g", "h"):
+        assert abs(getattr(pairs, k) - getattr(truth, k)) <= 0.1 * getattr(truth, k), f"{k}: {pairs=}"
+    held_out = cross_validate(("prefix", "pairs"), L, x, y, splits=band_splits(L))
+    assert held_out["pairs"] < 0.02 < 0.05 < held_out["prefix"], f"{held_out=}"

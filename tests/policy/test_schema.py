@@ -62,3 +62,29 @@ def test_load_reports_missing_and_broken_files(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(ValueError, match="not readable JSON"):
         load(tmp_path / "bad.json")
+
+
+@pytest.mark.parametrize("model", [
+    LatencyModel("quadratic", a=2e-6, b=0.05, c=3.0),
+    LatencyModel("prefix", a=2e-6, b=0.05, c=3.0, g=1e-4),
+    LatencyModel("pairs", a=2e-6, b=0.05, c=3.0, g=1e-4, h=3e-11),
+])
+def test_every_model_round_trips_and_drives_the_rule_the_table_and_the_planners(tmp_path, model):
+    from ppprof.policy.planners import plan_prompt
+    from ppprof.policy.rule import next_chunk_size
+    from tests.policy.policy_helpers import policy_dict
+
+    path = save(tmp_path / "policy.json", policy_dict(model))
+    policy = load(path)
+    assert policy.model == model
+    assert validate(policy).startswith(f"dynamic ({model.name})")
+    for L in (1, 777, 8192, 50_000, 120_000):
+        assert policy.next_chunk_size(L) == next_chunk_size(model, policy.settings, policy.target_ms, L), f"{L=}"
+    plans = {p.strategy: p for p in plan_prompt(policy, 65536, 4)}
+    assert sum(plans["greedy"].chunk_sizes) == sum(plans["optimal"].chunk_sizes) == 65536
+    assert plans["optimal"].ttft_ms <= min(plans["greedy"].ttft_ms, plans["fixed"].ttft_ms) + 1e-9
+
+
+def test_a_coefficient_the_model_lacks_is_refused():
+    with pytest.raises(ValueError, match="prefix latency model has h=1e-09: h must be 0"):
+        LatencyModel("prefix", a=1e-6, b=0.01, c=1.0, h=1e-9)
