@@ -20,7 +20,7 @@ from ppprof.policy.schema import RULE_TEXT, SCHEMA_VERSION, make_table, save
 from ppprof.runfiles import SAMPLES_FILE
 
 POLICY_FILE = "policy.json"
-CANDIDATE_KEYS = ("cv_mape", "band_cv_mape", "r2", "mape", "num_outliers_dropped", "rows")
+CANDIDATE_KEYS = ("cv_mape", "held_out_mape", "r2", "mape", "num_outliers_dropped", "rows")
 
 
 def warmup_rows(prefix_len: np.ndarray) -> list[int]:
@@ -38,7 +38,7 @@ def fit_used_rows(used: Samples, latency_model: str) -> tuple[dict[str, Fit], di
         return {}, {latency_model: "no samples left after dropping the warm-up row"}, {}
     L, x, y = used.prefix_len, used.chunk_size, used.latency_ms
     fitted, failed = fit_candidates(L, x, y, latency_model)
-    per_model = {name: diagnostics(f.model, f.fit_rows, L, x, y, f.cv_mape) | {"band_cv_mape": f.band_cv_mape}
+    per_model = {name: diagnostics(f.model, f.fit_rows, L, x, y, f.cv_mape) | {"held_out_mape": f.held_out_mape}
                  for name, f in fitted.items()}
     return fitted, failed, per_model
 
@@ -53,13 +53,14 @@ def candidate_table(per_model: dict[str, dict], failed: dict[str, str]) -> dict[
 
 def select_and_gate(fitted: dict[str, Fit], failed: dict[str, str], per_model: dict[str, dict], diag: dict,
                     settings: ChunkSettings, latency_model: str) -> tuple[LatencyModel | None, float | None, str, str]:
-    """Pick the fitted model that best predicts prefix bands it never saw (held-out-band CV error; the row-wise CV
-    error where there are fewer than two prefix bands; ties: MODEL_NAMES order), gate it and add its diagnostics to
-    `diag`. Returns (model, target latency, status, reason); a model that fails a gate is kept, with status static."""
+    """Pick the fitted model that best predicts work it never saw (held_out_mape: prefix bands and chunk ranges held
+    out; the row-wise CV error where there are fewer than two prefix bands; ties: MODEL_NAMES order), gate it and add
+    its diagnostics to `diag`. Returns (model, target latency, status, reason); a model that fails a gate is kept,
+    with status static."""
     if not fitted:
         return None, None, "static", "; ".join(failed.values())  # each reason names its model
-    by_band = all(np.isfinite(f.band_cv_mape) for f in fitted.values())
-    key = "band_cv_mape" if by_band else "cv_mape"
+    held_out = all(np.isfinite(f.held_out_mape) for f in fitted.values())
+    key = "held_out_mape" if held_out else "cv_mape"
     name = min(fitted, key=lambda k: (getattr(fitted[k], key), MODEL_NAMES.index(k)))
     model = fitted[name].model
     diag["selected_by"] = key if latency_model == "auto" else "requested"

@@ -180,18 +180,43 @@ def band_splits(prefix_len) -> list[tuple[np.ndarray, np.ndarray]]:
     return [(rows[prefix_len != band], rows[prefix_len == band]) for band in bands]
 
 
+def chunk_range_splits(prefix_len, chunk_size) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Hold out the smallest and then the largest third of the prefixed rows' chunk sizes (every prefix at once), so
+    the fit must reach chunk sizes it did not see. [] with fewer than three distinct prefixed chunk sizes."""
+    prefix_len, chunk_size = np.asarray(prefix_len), np.asarray(chunk_size)
+    sizes = np.unique(chunk_size[prefix_len > 0])
+    if len(sizes) < 3:
+        return []
+    third = max(1, len(sizes) // 3)
+    rows = np.arange(len(prefix_len))
+    out = []
+    for held in (sizes[:third], sizes[-third:]):
+        test = (prefix_len > 0) & np.isin(chunk_size, held)
+        out.append((rows[~test], rows[test]))
+    return out
+
+
+def held_out_splits(prefix_len, chunk_size) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Every prefix band held out in turn, then the smallest and the largest chunk sizes: what the model is asked
+    beyond its samples. [] where there are fewer than two prefix bands."""
+    bands = band_splits(prefix_len)
+    return bands + chunk_range_splits(prefix_len, chunk_size) if bands else []
+
+
 def cross_validate(names, prefix_len, chunk_size, latency_ms, folds: int = CV_FOLDS, splits=None) -> dict[str, float]:
     """k-fold cross-validated mean absolute percentage error (a fraction) of each model, on the same rows.
 
-    Every row is held out once (with `splits`, e.g. band_splits, the rows those hold out); in each fold every model
-    is fitted (with trimming) on its admissible training rows and scored on all the fold's held-out rows with
-    chunk_latency_ms, as the planner uses it. A model that cannot be fitted in some fold scores inf.
+    Every row is held out once, and the score is the mean over rows; with `splits` (e.g. held_out_splits, whose
+    folds may overlap) it is the mean over folds of each fold's MAPE. In each fold every model is fitted (with
+    trimming) on its admissible training rows and scored on all the fold's held-out rows with chunk_latency_ms, as
+    the planner uses it. A model that cannot be fitted in some fold scores inf.
     """
     n = len(latency_ms)
     folds = min(folds, n)
     if folds < 2:
         return {name: float("inf") for name in names}
     errors = {name: np.full(n, np.nan) for name in names}
+    fold_means: dict[str, list[float]] = {name: [] for name in names}
     unfittable = set()
     for train, test in (splits if splits is not None else cv_splits(prefix_len, folds)):
         for name in set(names) - unfittable:
@@ -202,6 +227,9 @@ def cross_validate(names, prefix_len, chunk_size, latency_ms, folds: int = CV_FO
                 continue
             pred = model.chunk_latency_ms(prefix_len[test], chunk_size[test])
             errors[name][test] = np.abs(latency_ms[test] - pred) / latency_ms[test]
+            fold_means[name].append(float(errors[name][test].mean()))
+    if splits is not None:
+        return {name: float("inf") if name in unfittable else float(np.mean(fold_means[name])) for name in names}
     return {name: float("inf") if name in unfittable else float(np.nanmean(errors[name])) for name in names}
 
 
@@ -269,8 +297,8 @@ class Fit:
     model: LatencyModel
     fit_rows: np.ndarray  # (n,) bool: admissible, not an outlier
     cv_mape: float
-    band_cv_mape: float = float("nan")
-    """MAPE on each prefix band when it is held out (band_splits): what predicts prefixes the fit never saw."""
+    held_out_mape: float = float("nan")
+    """MAPE on prefix bands and chunk ranges held out (held_out_splits): what predicts work the fit never saw."""
 
 
 def fit_candidates(prefix_len, chunk_size, latency_ms, requested: str) -> tuple[dict[str, Fit], dict[str, str]]:
@@ -286,9 +314,9 @@ def fit_candidates(prefix_len, chunk_size, latency_ms, requested: str) -> tuple[
         except Unfittable as e:
             failed[name] = str(e)
     cv = cross_validate(tuple(fitted), prefix_len, chunk_size, latency_ms)
-    bands = band_splits(prefix_len)
-    band_cv = cross_validate(tuple(fitted), prefix_len, chunk_size, latency_ms, splits=bands) if bands else {}
+    splits = held_out_splits(prefix_len, chunk_size)
+    held = cross_validate(tuple(fitted), prefix_len, chunk_size, latency_ms, splits=splits) if splits else {}
     for name, value in cv.items():
         fitted[name].cv_mape = value
-        fitted[name].band_cv_mape = band_cv.get(name, float("nan"))
+        fitted[name].held_out_mape = held.get(name, float("nan"))
     return fitted, failed

@@ -85,7 +85,7 @@ def test_quadratic_is_fitted_on_prefix_free_rows_and_scored_on_all(tmp_path):
     candidates = data["diagnostics"]["candidates"]
     assert candidates["prefix"]["cv_mape"] < candidates["quadratic"]["cv_mape"], candidates
     assert candidates["quadratic"]["rows"].startswith("all 191 evaluation rows"), candidates
-    assert data["latency_model"]["name"] == "prefix" and data["diagnostics"]["selected_by"] == "band_cv_mape"
+    assert data["latency_model"]["name"] == "prefix" and data["diagnostics"]["selected_by"] == "held_out_mape"
 
 
 def test_quadratic_without_enough_prefix_free_rows_is_static(tmp_path):

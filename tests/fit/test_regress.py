@@ -176,3 +176,16 @@ def test_a_chunk_dependent_per_pair_cost_is_recovered_by_the_pairs_form_and_not_
         assert abs(getattr(pairs, k) - getattr(truth, k)) <= 0.1 * getattr(truth, k), f"{k}: {pairs=}"
     held_out = cross_validate(("prefix", "pairs"), L, x, y, splits=band_splits(L))
     assert held_out["pairs"] < 0.02 < 0.05 < held_out["prefix"], f"{held_out=}"
+
+
+def test_the_chunk_range_splits_hold_out_the_smallest_and_largest_prefixed_chunks():
+    from ppprof.fit.regress import chunk_range_splits, held_out_splits
+
+    prefix = np.array([0] * 6 + [512] * 6 + [2048] * 6)
+    chunk = np.array([10, 20, 30, 40, 50, 60] * 3)
+    (train_small, test_small), (train_large, test_large) = chunk_range_splits(prefix, chunk)
+    assert sorted(set(chunk[test_small])) == [10, 20] and sorted(set(chunk[test_large])) == [50, 60]
+    for train, test in ((train_small, test_small), (train_large, test_large)):
+        assert (prefix[test] > 0).all() and not set(test) & set(train)
+        assert not (np.isin(chunk[train], chunk[test]) & (prefix[train] > 0)).any()
+    assert len(held_out_splits(prefix, chunk)) == 2 + 2
