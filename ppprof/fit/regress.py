@@ -197,10 +197,10 @@ def chunk_range_splits(prefix_len, chunk_size) -> list[tuple[np.ndarray, np.ndar
 
 
 def held_out_splits(prefix_len, chunk_size) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Every prefix band held out in turn, then the smallest and the largest chunk sizes: what the model is asked
-    beyond its samples. [] where there are fewer than two prefix bands."""
-    bands = band_splits(prefix_len)
-    return bands + chunk_range_splits(prefix_len, chunk_size) if bands else []
+    """Every prefix band held out in turn (with at least three, so that two remain to fit the prefix terms), then the
+    smallest and the largest chunk sizes: what the model is asked beyond its samples. [] where neither applies."""
+    bands = band_splits(prefix_len) if len(np.unique(np.asarray(prefix_len)[np.asarray(prefix_len) > 0])) >= 3 else []
+    return bands + chunk_range_splits(prefix_len, chunk_size)
 
 
 def cross_validate(names, prefix_len, chunk_size, latency_ms, folds: int = CV_FOLDS, splits=None) -> dict[str, float]:

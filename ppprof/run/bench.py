@@ -126,9 +126,11 @@ def write_results(run: RankRun) -> None:
     bench = run.state["bench"]
     run_json = read_run(Path(bench.policy).parent / "samples.csv") or {}
     policy = load(bench.policy)
-    notes = {n: extrapolation(policy, n, max((a.chunk_sizes for a in run.state["plans"] if a.prompt_len == n),
-                                             key=lambda c: n - c[-1]))
-             for n in bench.prompt_lens}
+    notes = {}
+    for n in bench.prompt_lens:
+        plans = [a.chunk_sizes for a in run.state["plans"] if a.prompt_len == n]
+        # The deepest prefix and the largest chunk any plan of this prompt reaches.
+        notes[n] = extrapolation(policy, n, [max(max(c) for c in plans), min(c[-1] for c in plans)])
     summary = write_report(run.run_dir, bench=bench, plans=run.state["plans"], rows=run.state["rows"],
                            ttft=run.state["ttft"], transfer=run.state["transfer"], world_size=run.info.world_size,
                            profile_run=run_json, notes=notes)

@@ -71,7 +71,10 @@ def set_up(cfg: ProfileConfig, info: RankInfo, fault: str | None, *, repeat: int
     if repeat > 1:
         spec = dataclasses.replace(spec, name=f"{spec.name} x{repeat}", layers=spec.layers * repeat)
     dtype = resolve_dtype(cfg, spec.dtype)
-    partition = None if cfg.layer_partition is None else tuple(cfg.layer_partition) * repeat
+    partition = cfg.layer_partition
+    if repeat > 1:  # every stage holds the layers of one profiled stage, in the profile's split
+        base = partition or [len(r) for r in split_layers(spec.num_layers // repeat, (num_stages or 1) // repeat)]
+        partition = tuple(base) * repeat
     ranges = split_layers(spec.num_layers, num_stages or info.world_size, partition)
     pipe = Pipe(rank=info.rank, world_size=info.world_size, device=info.device, hidden_size=spec.hidden_size,
                 dtype=dtype)

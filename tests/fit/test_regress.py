@@ -188,4 +188,6 @@ def test_the_chunk_range_splits_hold_out_the_smallest_and_largest_prefixed_chunk
     for train, test in ((train_small, test_small), (train_large, test_large)):
         assert (prefix[test] > 0).all() and not set(test) & set(train)
         assert not (np.isin(chunk[train], chunk[test]) & (prefix[train] > 0)).any()
-    assert len(held_out_splits(prefix, chunk)) == 2 + 2
+    assert len(held_out_splits(prefix, chunk)) == 2, "two prefix bands: too few to hold one out"
+    three = np.array([0] * 6 + [512] * 6 + [2048] * 6 + [8192] * 6)
+    assert len(held_out_splits(three, np.array([10, 20, 30, 40, 50, 60] * 4))) == 3 + 2
