@@ -11,6 +11,7 @@ import numpy as np
 
 from ppprof import __version__
 from ppprof.fit.gates import failure_reason, gates, predicted_shrink
+from ppprof.fit.parity import sglang_fit
 from ppprof.fit.plots import write_plots
 from ppprof.fit.regress import Fit, diagnostics, fit_candidates
 from ppprof.fit.samples import Samples, provenance, read_run, read_samples
@@ -77,10 +78,20 @@ def select_and_gate(fitted: dict[str, Fit], failed: dict[str, str], per_model: d
     return model, target, "dynamic", f"{name} model passed all quality gates"
 
 
-def fit_samples(samples: Samples, run: dict | None, settings: ChunkSettings, latency_model: str = "auto") -> dict:
-    """Fit and gate; return the policy dict (nothing is written)."""
+def fit_samples(samples: Samples, run: dict | None, settings: ChunkSettings, latency_model: str = "auto",
+                parity: str | None = None) -> dict:
+    """Fit and gate; return the policy dict (nothing is written). parity "sglang": SGLang's own fit instead
+    (ppprof.fit.parity), for the quadratic model only."""
     if latency_model not in LATENCY_MODEL_CHOICES:
         raise ValueError(f"--latency-model {latency_model} is unknown: use one of {', '.join(LATENCY_MODEL_CHOICES)}")
+    if parity is not None:
+        if parity != "sglang" or latency_model != "quadratic":
+            raise ValueError(f"--parity {parity} with --latency-model {latency_model}: parity is 'sglang' and needs "
+                             "--latency-model quadratic (the only model SGLang fits)")
+        model, reason, diag = sglang_fit(samples)
+        diag.update({"requested_model": latency_model, "bottleneck_stage": samples.bottleneck_stage})
+        target = None if model is None else model.target_ms(settings.base_chunk_size)
+        return assemble(samples, run, settings, model, target, "dynamic" if model else "static", reason, diag)
     # The first timed request ran cold (no warm-up), and SGLang drops the first of its prefix-free probes: both go
     # (one row when the file starts with a prefix-free request, as `ppprof profile` writes it).
     dropped = warmup_rows(samples.prefix_len)
@@ -90,6 +101,12 @@ def fit_samples(samples: Samples, run: dict | None, settings: ChunkSettings, lat
             "candidates": candidate_table(per_model, failed), "bottleneck_stage": samples.bottleneck_stage,
             "stage_totals_ms": samples.stage_totals_ms}
     model, target, status, reason = select_and_gate(fitted, failed, per_model, diag, settings, latency_model)
+    return assemble(samples, run, settings, model, target, status, reason, diag)
+
+
+def assemble(samples: Samples, run: dict | None, settings: ChunkSettings, model: LatencyModel | None,
+             target: float | None, status: str, reason: str, diag: dict) -> dict:
+    """The policy dict: the model, the rule's settings, diagnostics, provenance, domain and table."""
     prov = provenance(run, samples)
     prov.update({"created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                  "ppprof_version": __version__})
@@ -128,14 +145,14 @@ def finite(obj):
 
 
 def fit(samples_path: str | Path, out: str | Path | None = None, latency_model: str = "auto", *,
-        plots: bool = False, **options) -> tuple[Path, dict]:
+        plots: bool = False, parity: str | None = None, **options) -> tuple[Path, dict]:
     """Read, fit, gate and write the policy (default: policy.json beside the samples); with `plots`, also fit.png
     and chunks.png beside the policy. Returns (path, policy)."""
     samples_path = Path(samples_path)
     samples = read_samples(samples_path)
     run = read_run(samples_path)
     settings = resolve_settings(run, samples_path, **options)
-    policy = fit_samples(samples, run, settings, latency_model)
+    policy = fit_samples(samples, run, settings, latency_model, parity)
     out = Path(out) if out is not None else samples_path.parent / POLICY_FILE
     path = save(out, policy)
     if plots:

@@ -23,7 +23,9 @@ from ppprof.fit.settings import DEFAULT_CONTEXT_LEN, DEFAULT_SMOOTH_FACTOR, LATE
               help=f"Context length; default from run.json, else {DEFAULT_CONTEXT_LEN}.")
 @click.option("-o", "--out", type=click.Path(dir_okay=False), default=None,
               help="Policy file  [default: policy.json beside SAMPLES]")
-def fit_command(samples, latency_model, out, **options) -> None:
+@click.option("--parity", type=click.Choice(["sglang"]), default=None,
+              help="With --latency-model quadratic: SGLang's own fit, nothing else (no trimming, no gates but a > 0).")
+def fit_command(samples, latency_model, out, parity, **options) -> None:
     """Fit a latency model to SAMPLES (a CSV with prefix_len, chunk_size, latency_ms) and write a policy."""
     from ppprof.fit.build import fit
     from ppprof.fit.summary import summary
@@ -31,5 +33,5 @@ def fit_command(samples, latency_model, out, **options) -> None:
     for name in ("alignment", "min_chunk_size", "max_chunk_size"):
         if options[name] is not None:
             require_int(f"--{name.replace('_', '-')}", options[name], 1)
-    path, policy = fit(samples, out, latency_model, **options)
+    path, policy = fit(samples, out, latency_model, parity=parity, **options)
     click.echo(summary(path, policy))

@@ -15,6 +15,12 @@ def summary(path: Path, policy: dict) -> str:
     diag = policy["diagnostics"]
     s = policy["settings"]
     lines = [f"policy {path}: {policy['status']} ({policy['reason']})"]
+    if diag.get("parity"):
+        if policy["latency_model"]:
+            coefs = policy["latency_model"]["coefficients"]
+            lines.append("model quadratic: " + ", ".join(f"{k}={v['value']!r} {v['unit']}" for k, v in coefs.items()))
+        lines.append(f"{diag['parity']} parity: {diag['parity_rule']}; {diag['fit_rows']} rows fitted")
+        return "\n".join(lines)
     if policy["latency_model"]:
         coefs = policy["latency_model"]["coefficients"]
         terms = ", ".join(f"{k}={v['value']:.4g} {v['unit']}" for k, v in coefs.items())

@@ -35,6 +35,12 @@ def export(policy: Policy, fmt: str, source: str = "the policy") -> str:
     dynamic = policy.status == "dynamic"
     if fmt == "sglang":
         lines = header(policy, "SGLang", source)
+        if (policy.data.get("diagnostics") or {}).get("parity") == "sglang":
+            lines.append("# fit: SGLang's own (ppprof fit --parity sglang): its start-up fit of these samples gives "
+                         "these coefficients")
+        else:
+            lines.append("# fit: ppprof's (warm-up rows dropped, outliers trimmed, gated); SGLang's own fit of the "
+                         "same samples may differ (ppprof fit --latency-model quadratic --parity sglang gives it)")
         if s.min_chunk_size != s.base_chunk_size // 4:
             lines.append(f"# note: SGLang floors chunks at B // 4 = {s.base_chunk_size // 4}, not at "
                          f"min_chunk_size {s.min_chunk_size}")
