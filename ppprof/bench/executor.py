@@ -18,9 +18,14 @@ from ppprof.model.stage import Stage
 from ppprof.probe.timer import Timer, device_sync
 
 
+WARMUP_REPEAT = -1
+"""The repeat number of a warm-up prompt (run, not reported)."""
+
+
 @dataclass(frozen=True, slots=True)
 class BenchPrompt:
-    """One prompt of the schedule: a plan (`arm`) of `prompt_len` tokens in `chunk_sizes`; repeat -1 is a warm-up."""
+    """One prompt of the schedule: a plan (`arm`) of `prompt_len` tokens in `chunk_sizes`; WARMUP_REPEAT marks a
+    warm-up."""
 
     index: int
     arm: str

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ppprof.bench.executor import WARMUP_REPEAT
 from ppprof.bench.plans import Arm
 from ppprof.io import atomic_write, atomic_write_json
 from ppprof.plotting import pyplot, save_figure
@@ -102,7 +103,7 @@ def write_report(run_dir: Path, *, bench, plans: list[Arm], rows: list[dict], tt
     real = num_stages == world_size
     key = "ttft_ms" if real else "replay_ttft_ms"
     frame = pd.DataFrame(rows)
-    frame = frame[frame.repeat >= 0].sort_values(["prompt", "stage", "chunk"]).reset_index(drop=True)
+    frame = frame[frame.repeat != WARMUP_REPEAT].sort_values(["prompt", "stage", "chunk"]).reset_index(drop=True)
     atomic_write(run_dir / BENCH_CSV, lambda p: frame.to_csv(p, index=False))
     prompts = per_prompt(frame, ttft, transfer, num_stages, real)
     doc = {"schema_version": BENCH_SCHEMA_VERSION, "policy": str(bench.policy), "num_stages": num_stages,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ppprof.bench.executor import BenchPrompt, BenchStage, PromptRunner
+from ppprof.bench.executor import WARMUP_REPEAT, BenchPrompt, BenchStage, PromptRunner
 from ppprof.bench.plans import arms
 from ppprof.bench.report import write_report
 from ppprof.config import BenchConfig
@@ -22,7 +22,6 @@ from ppprof.run.provenance import default_run_dir
 from ppprof.run.rank import Phase, RankRun, add_log_file, run_phases, run_rank, set_up
 
 log = logging.getLogger("ppprof")
-WARMUP = -1
 TRANSFER_REPEATS = 7
 
 
@@ -31,7 +30,7 @@ def schedule(plans, repeats: int) -> list[BenchPrompt]:
     out = []
     for prompt_len in dict.fromkeys(a.prompt_len for a in plans):
         group = [a for a in plans if a.prompt_len == prompt_len]
-        out.append(BenchPrompt(len(out), group[0].name, WARMUP, prompt_len, group[0].chunk_sizes))
+        out.append(BenchPrompt(len(out), group[0].name, WARMUP_REPEAT, prompt_len, group[0].chunk_sizes))
         for r in range(repeats):
             out += [BenchPrompt(len(out) + i, a.name, r, prompt_len, a.chunk_sizes) for i, a in enumerate(group)]
     return out

@@ -20,6 +20,8 @@ from ppprof.run.profile import profile_rank
 from ppprof.runfiles import RUN_FILE, read_run_json
 
 RESOLVED_CONFIG = "--resolved-config"
+resolved_config_option = click.option(RESOLVED_CONFIG, hidden=True,
+                                      help="Internal: the launcher hands each rank the resolved settings.")
 
 
 def start(command: str, rank_main: Callable, settings, profile: ProfileConfig, torchrun: dict, resolved: bool,
@@ -81,7 +83,7 @@ def torchrun_options(f):
               help="auto (flashinfer on CUDA when installed, else sdpa), sdpa, flashinfer or reference. [auto]")
 @click.option("--torch-threads", type=int, help="Intra-op threads per rank. [cores of the node / its ranks]")
 @torchrun_options
-@click.option("--resolved-config", hidden=True, help="Internal: the launcher hands each rank the resolved settings.")
+@resolved_config_option
 @click.option("--inject-fault", type=click.Choice(FAULTS), hidden=True, help="Testing only: a deliberate fault.")
 def profile(config_path, resolved_config, inject_fault, **options) -> None:
     """Profile prefill chunks on every stage of a pipeline and write samples.csv, run.json and policy.json.
@@ -139,7 +141,7 @@ def bench_world_check(bench: BenchConfig) -> Callable[[int], None]:
 @click.option("--attention-backend", type=click.Choice(ATTENTION_BACKENDS), help="[the profile's]")
 @click.option("--torch-threads", type=int, help="Intra-op threads per rank. [the profile's]")
 @torchrun_options
-@click.option("--resolved-config", hidden=True, help="Internal: the launcher hands each rank the resolved settings.")
+@resolved_config_option
 def bench(policy_path, prompt_lens, strategies, repeats, pp, out, resolved_config, **options) -> None:
     """Run real chunked prefills of synthetic prompts through the pipeline under each strategy (fixed, fixed-best,
     sglang, greedy, optimal) and compare measured TTFT with the policy's prediction. Writes bench.csv, bench.json

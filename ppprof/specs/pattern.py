@@ -8,7 +8,7 @@ Two notations, both built from Nemotron-H's characters (M mamba, * attention, - 
 
 from __future__ import annotations
 
-from ppprof.specs.spec import ATTENTION, FFN_CHARS, MAMBA, MIXER_CHARS, MLP, MOE, LayerSpec
+from ppprof.specs.spec import ATTENTION, FFN_CHARS, MAMBA, MIXER_CHARS, MLP, MOE, LayerSpec, token_separator
 
 # Kinds a shortened model keeps if the full one has them, most important first.
 KEEP_PRIORITY = (ATTENTION, MAMBA, MOE, MLP)
@@ -103,7 +103,7 @@ def format_layers(layers: tuple[LayerSpec, ...] | list[LayerSpec]) -> str:
     """Layers in the preset notation, shortest first: a Nemotron-H pattern ("M-M*") when every layer holds one thing,
     else space-separated tokens ("M- ME *-"); a list that repeats one block prints as "(block) xK"."""
     tokens = [layer.token for layer in layers]
-    sep = "" if all(len(t) == 1 for t in tokens) else " "
+    sep = token_separator(tokens)
     n = len(tokens)
     for period in range(1, n // 2 + 1):
         if n % period == 0 and tokens == tokens[:period] * (n // period):

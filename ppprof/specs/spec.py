@@ -66,7 +66,12 @@ def layers_pattern(layers) -> str:
     """Layers in the layer notation, uncompressed: one character a layer when every layer holds one thing ("M-M*E"),
     else space-separated tokens ("M- ME *-")."""
     tokens = [layer.token for layer in layers]
-    return ("" if all(len(t) == 1 for t in tokens) else " ").join(tokens)
+    return token_separator(tokens).join(tokens)
+
+
+def token_separator(tokens: list[str]) -> str:
+    """"" when every layer is one character (a Nemotron-H pattern), else " " between layer tokens."""
+    return "" if all(len(t) == 1 for t in tokens) else " "
 
 
 @dataclass(kw_only=True, slots=True)
