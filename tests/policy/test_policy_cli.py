@@ -51,12 +51,15 @@ def test_export_formats(tmp_path):
     assert "--enable-dynamic-chunking --chunked-prefill-size 8192" in out and "re-profiles" in out
     out = CliRunner().invoke(main, ["export", path, "--format", "vllm-ascend"]).output
     config = json.loads(out.strip().splitlines()[-1].split("--additional-config ")[1].strip("'"))
-    assert config == {"profiling_chunk_config": {"enabled": True, "smooth_factor": 0.7, "min_chunk": 2048}}
+    assert config == {"scheduler_config": {"profiling_chunk_config": {"enabled": True, "smooth_factor": 0.7,
+                                                                      "min_chunk": 2048}}}
     out = CliRunner().invoke(main, ["export", path, "--format", "atom"]).output
     assert "--dynamic-chunking-smooth-factor 0.7 --dynamic-chunking-min-chunk-size 2048" in out
+    assert "--dynamic-chunking-calibration " in out
     static = write(tmp_path, status="static")
     out = CliRunner().invoke(main, ["export", static, "--format", "sglang"]).output
-    assert "--enable-dynamic-chunking" not in out and "--chunked-prefill-size 8192" in out
+    command = out.strip().splitlines()[-1]
+    assert "--enable-dynamic-chunking" not in command and "--chunked-prefill-size 8192" in command
     result = CliRunner().invoke(main, ["export", static, "--format", "trt"])
     assert result.exit_code == 2
 
