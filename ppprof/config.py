@@ -3,9 +3,10 @@ the probe chunk sizes they imply."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 
-from ppprof.checks import require_int
+from ppprof.checks import is_int, require_int
 from ppprof.specs.dtypes import normalize_dtype
 
 ATTENTION_BACKENDS = ("auto", "sdpa", "flashinfer", "reference")
@@ -197,6 +198,9 @@ class BenchConfig:
     """Run folder; default results/<time>-bench-<model>."""
     profiled_stages: int = 1
     """How many stages the profile had (from run.json's layer_partition)."""
+    plans: dict | None = None
+    """Extra chunk plans to run beside the strategies, {"<prompt_len>": {name: [chunk sizes]}} (`--plans`, e.g. the
+    plans of `ppprof tune --json`); each runs as the arm plan-<name>."""
 
     def __post_init__(self) -> None:
         if not self.prompt_lens:
@@ -212,6 +216,8 @@ class BenchConfig:
                              f"of {','.join(BENCH_STRATEGIES)}")
         require_int("--repeats", self.repeats, 1)
         require_int("profiled_stages", self.profiled_stages, 1)
+        if self.plans is not None:
+            check_plans(self.plans, self.prompt_lens)
         if self.pp is not None:
             require_int("--pp", self.pp, 1)
             if self.pp % self.profiled_stages:
@@ -236,3 +242,26 @@ class BenchConfig:
         d["profile"] = ProfileConfig(**profile)
         d["prompt_lens"], d["strategies"] = tuple(d["prompt_lens"]), tuple(d["strategies"])
         return cls(**d)
+
+
+def check_plans(plans, prompt_lens) -> None:
+    """ValueError (one line) unless `plans` is {"<prompt_len>": {name: [chunk sizes summing to prompt_len]}} with a
+    plan for every prompt length."""
+    if not isinstance(plans, dict) or not plans:
+        raise ValueError("--plans must hold {\"<prompt_len>\": {name: [chunk sizes]}}: give the JSON of `ppprof tune "
+                         "--json` or such an object")
+    for n in prompt_lens:
+        if str(n) not in plans:
+            raise ValueError(f"--plans has no plan for --prompt-len {n}: it has {', '.join(plans)}; tune or give that "
+                             f"length")
+    for key, named in plans.items():
+        if not isinstance(named, dict) or not named:
+            raise ValueError(f"--plans[{key!r}] must be an object of named chunk lists")
+        for name, chunks in named.items():
+            if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,31}", name):
+                raise ValueError(f"--plans[{key!r}] name {name!r} is invalid: use lower-case letters, digits, - or _")
+            if not isinstance(chunks, list) or not chunks or not all(is_int(c) and c >= 1 for c in chunks):
+                raise ValueError(f"--plans[{key!r}][{name!r}] must be a non-empty list of positive integers")
+            if str(sum(chunks)) != key:
+                raise ValueError(f"--plans[{key!r}][{name!r}] chunks sum to {sum(chunks)}, not the prompt length "
+                                 f"{key}: fix the plan")

@@ -55,8 +55,10 @@ def sglang_model(policy: Policy, samples_path: Path) -> tuple[LatencyModel, floa
     return (model, fitted["target_latency_ms"]) if model.a > 0 else None
 
 
-def arms(policy: Policy, samples_path: Path | None, prompt_lens, strategies, num_stages: int) -> list[Arm]:
-    """Every plan to run: for each prompt length, each requested strategy (fixed-best as its fixed sweep)."""
+def arms(policy: Policy, samples_path: Path | None, prompt_lens, strategies, num_stages: int,
+         extra: dict | None = None) -> list[Arm]:
+    """Every plan to run: for each prompt length, each requested strategy (fixed-best as its fixed sweep), and the
+    `extra` plans ({"<prompt_len>": {name: chunks}}, `--plans`) as plan-<name>."""
     settings, model = policy.settings, policy.model
     sglang = sglang_model(policy, samples_path) if "sglang" in strategies and samples_path else None
     out = []
@@ -71,6 +73,8 @@ def arms(policy: Policy, samples_path: Path | None, prompt_lens, strategies, num
                                else fixed_chunks(settings.base_chunk_size, prompt_len))
         if "greedy" in strategies:
             plans["greedy"] = policy.plan(prompt_len)
+        for name, chunks in ((extra or {}).get(str(prompt_len)) or {}).items():
+            plans[f"plan-{name}"] = list(chunks)
         if "optimal" in strategies:
             # The DP may use chunks as large as any other plan here (2 B with the fixed sweep), and starts from all
             # of them: it is the bound no plan of the bench beats, by the policy's model.

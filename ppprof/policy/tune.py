@@ -33,7 +33,7 @@ B_STEPS_PER_OCTAVE = 4
 PROMPT_COLUMNS = ("prompt_len", "prompt_lens", "prompt_length", "prompt_tokens", "num_prompt_tokens", "input_len",
                   "input_length", "input_tokens", "isl")
 WEIGHT_COLUMNS = ("weight", "count", "frequency")
-LIST_SPEC = re.compile(r"^\s*\d+(\s*:\s*[0-9.eE+-]+)?(\s*,\s*\d+(\s*:\s*[0-9.eE+-]+)?)*\s*,?\s*$")
+LIST_SPEC = re.compile(r"^\s*\d+(\s*:\s*[^,:\s]+)?(\s*,\s*\d+(\s*:\s*[^,:\s]+)?)*\s*,?\s*$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +91,7 @@ def read_prompt_file(path: Path) -> list[tuple[str, str, str]]:
         raise ValueError(f"--prompt-lens file {path} holds no prompt length: one a line, or a CSV with a "
                          f"{PROMPT_COLUMNS[0]} column")
     header = [c.lower() for c in rows[0][1]]
-    length_col, weight_col = 0, (1 if len(header) > 1 else None)
+    length_col, weight_col = 0, (1 if any(len(r) > 1 for _, r in rows) else None)
     if not all(re.fullmatch(r"[0-9.eE+-]+", c) for c in header):
         found = [i for i, c in enumerate(header) if c in PROMPT_COLUMNS]
         if not found:

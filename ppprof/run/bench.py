@@ -47,7 +47,7 @@ def prepare(run: RankRun) -> None:
                 raise ValueError(f"policy {bench.policy} has no latency model ({policy.reason}): profile again")
             samples = Path(bench.policy).parent / "samples.csv"
             plans = arms(policy, samples if samples.is_file() else None, bench.prompt_lens, bench.strategies,
-                         bench.num_stages)
+                         bench.num_stages, bench.plans)
             run_dir = Path(bench.out) if bench.out else default_run_dir(f"bench-{run.cfg.model}")
             run_dir.mkdir(parents=True, exist_ok=True)
     run_dir, run.state["plans"] = run.pipe.broadcast((str(run_dir), plans))

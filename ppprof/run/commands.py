@@ -115,9 +115,26 @@ def resolve_bench(policy_path: str, flags: dict) -> BenchConfig:
     profile = resolve_config(None, profile)
     strategies = flags.pop("strategies")
     strategies = tuple(s.strip() for s in strategies.split(",") if s.strip()) if strategies else BENCH_STRATEGIES
+    if flags.get("plans") is not None:
+        flags["plans"] = read_plans(flags["plans"])
+        if not flags.get("prompt_lens") and isinstance(flags["plans"], dict):
+            flags["prompt_lens"] = tuple(sorted(int(n) for n in flags["plans"] if n.isdigit()))
     stages = run.get("layer_partition") or [None] * run.get("world_size", 1)
     return BenchConfig(policy=str(policy_path), profile=profile, strategies=strategies,
                        profiled_stages=len(stages), **{k: v for k, v in flags.items() if v is not None})
+
+
+def read_plans(path: str) -> dict:
+    """The plans of a `--plans` file: `ppprof tune --json` output (its "plans") or {"<prompt_len>": {name: chunks}}."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"--plans file {path} does not exist: write it with `ppprof tune ... --json > {path}`") \
+            from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"--plans file {path} is not readable JSON ({e.__class__.__name__}): give the JSON of "
+                         f"`ppprof tune --json`") from None
+    return data.get("plans", data) if isinstance(data, dict) else data
 
 
 def bench_world_check(bench: BenchConfig) -> Callable[[int], None]:
@@ -132,6 +149,8 @@ def bench_world_check(bench: BenchConfig) -> Callable[[int], None]:
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False), required=False)
 @click.option("--prompt-len", "prompt_lens", type=int, multiple=True, help="Prompt length in tokens (repeatable).")
 @click.option("--strategies", help=f"Comma-separated subset of {','.join(BENCH_STRATEGIES)}. [all]")
+@click.option("--plans", "plans", help="JSON of extra chunk plans to run as arms plan-<name> (e.g. `ppprof tune "
+              "--json` output); its prompt lengths are the default --prompt-len.")
 @click.option("--repeats", type=int, help="Prompts per strategy and prompt length, interleaved. [5]")
 @click.option("--pp", type=int, help="Pipeline stages; more than the ranks: replay only. [the profile's]")
 @click.option("--out", help="Run folder. [results/<time>-bench-<model>]")
@@ -142,7 +161,7 @@ def bench_world_check(bench: BenchConfig) -> Callable[[int], None]:
 @click.option("--torch-threads", type=int, help="Intra-op threads per rank. [the profile's]")
 @torchrun_options
 @resolved_config_option
-def bench(policy_path, prompt_lens, strategies, repeats, pp, out, resolved_config, **options) -> None:
+def bench(policy_path, prompt_lens, strategies, plans, repeats, pp, out, resolved_config, **options) -> None:
     """Run real chunked prefills of synthetic prompts through the pipeline under each strategy (fixed, fixed-best,
     sglang, greedy, optimal) and compare measured TTFT with the policy's prediction. Writes bench.csv, bench.json
     and a timeline PNG per prompt length.
@@ -156,6 +175,7 @@ def bench(policy_path, prompt_lens, strategies, repeats, pp, out, resolved_confi
         raise click.UsageError("Missing argument 'POLICY': give the policy.json of a profile")
     else:
         cfg = resolve_bench(policy_path, {"profile": options, "strategies": strategies, "out": out, "pp": pp,
-                                          "repeats": repeats, "prompt_lens": tuple(prompt_lens)})
+                                          "repeats": repeats, "prompt_lens": tuple(prompt_lens),
+                                          "plans": plans})
     sys.exit(start("bench", bench_rank, cfg, cfg.profile, torchrun, resolved_config is not None, None,
                    bench_world_check(cfg)))

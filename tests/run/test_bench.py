@@ -86,3 +86,36 @@ def test_a_policy_without_its_run_folder_is_refused(tmp_path):
     (tmp_path / "policy.json").write_text("{}")
     r = CliRunner().invoke(main, ["bench", str(tmp_path / "policy.json"), "--prompt-len", "256"])
     assert r.exit_code == 2 and "run.json does not exist" in r.stderr
+
+
+def test_tune_plans_run_as_arms_beside_the_strategies(policy, tmp_path):
+    """`ppprof tune --json` then `ppprof bench --plans`: the recommendation measured on the pipeline."""
+    tuned = tmp_path / "tune.json"
+    r = CliRunner().invoke(main, ["tune", str(policy), "--prompt-lens", "1000", "--json", "--png",
+                                  str(tmp_path / "t.png")])
+    assert r.exit_code == 0, r.output
+    tuned.write_text(r.stdout)
+    out = tmp_path / "bench"
+    r = run_cli("bench", str(policy), "--plans", str(tuned), "--strategies", "fixed", "--repeats", "1",
+                "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads((out / "bench.json").read_text())
+    arms = set(doc["prompt_lens"]["1000"]["strategies"])
+    assert {"plan-recommended", "plan-best-fixed", "plan-optimal", "plan-current", "fixed"} <= arms, arms
+    planned = json.loads(tuned.read_text())["plans"]["1000"]["recommended"]
+    frame = pd.read_csv(out / "bench.csv")
+    g = frame[(frame.arm == "plan-recommended") & (frame.stage == 0)]
+    assert g[g.prompt == g.prompt.min()].sort_values("chunk").chunk_size.tolist() == planned
+
+
+@pytest.mark.parametrize("plans,message", [
+    ({"1000": {"x": [500, 400]}}, "chunks sum to 900, not the prompt length 1000"),
+    ({"999": {"x": [999]}}, "--plans has no plan for --prompt-len 1000"),
+    ({"1000": {"Bad Name": [1000]}}, "name 'Bad Name' is invalid"),
+    ({"1000": {"x": [1000.0]}}, "must be a non-empty list of positive integers"),
+])
+def test_bad_plans_are_one_line_exit_2(policy, tmp_path, plans, message):
+    path = tmp_path / "plans.json"
+    path.write_text(json.dumps(plans))
+    r = CliRunner().invoke(main, ["bench", str(policy), "--plans", str(path), "--prompt-len", "1000"])
+    assert r.exit_code == 2 and message in r.stderr and r.stderr.count("\n") == 1, r.output

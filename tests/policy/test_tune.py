@@ -1,0 +1,122 @@
+"""`ppprof tune`: the workload SPEC, the search and its guarantees (never worse than the current setting, never
+better than the DP bound), and the command."""
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ppprof.cli import main
+from ppprof.policy import LatencyModel, from_dict
+from ppprof.policy.tune import MAX_LENGTHS, parse_prompt_spec, tune
+
+from .policy_helpers import policy_dict
+
+PREFIX = LatencyModel("prefix", a=1.5e-6, b=0.01, c=2.0, g=4e-4)
+DOMAIN = {"prefix_len": [0, 60000], "chunk_size": [64, 16384]}
+
+
+def policy(model=PREFIX, **settings):
+    data = policy_dict(model, **{"base_chunk_size": 4096, "context_len": 65536, **settings})
+    data["domain"] = DOMAIN
+    return from_dict(data)
+
+
+def test_spec_lists_weights_and_files(tmp_path):
+    w = parse_prompt_spec("8192,32768,8192")
+    assert w.prompt_lens == (8192, 32768) and w.weights == pytest.approx((2 / 3, 1 / 3))
+    assert parse_prompt_spec("1000:3, 2000:1").weights == pytest.approx((0.75, 0.25))
+    lines = tmp_path / "lens.txt"
+    lines.write_text("# prompt lengths\n4096\n\n8192,3\n")
+    assert parse_prompt_spec(str(lines)).weights == pytest.approx((0.25, 0.75))
+    trace = tmp_path / "trace.csv"
+    rng = np.random.default_rng(0)
+    trace.write_text("request_id,input_len,output_len\n" +
+                     "".join(f"r{i},{n},10\n" for i, n in enumerate(rng.integers(100, 60000, 500))))
+    w = parse_prompt_spec(str(trace), 65536)
+    assert len(w.prompt_lens) <= MAX_LENGTHS and "grouped into" in w.note and sum(w.weights) == pytest.approx(1)
+    weighted = tmp_path / "w.csv"
+    weighted.write_text("prompt_len,weight\n1000,1\n2000,4\n")
+    assert parse_prompt_spec(str(weighted)).weights == pytest.approx((0.2, 0.8))
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("", "--prompt-lens is empty"),
+    ("8192;32768", "is neither a list of token counts"),
+    ("8192.5", "is neither a list"),
+    ("0", "must be at least 1 token"),
+    ("100000", "beyond the policy's context length 65536"),
+    ("1000:-1", "weight -1 must be a positive finite number"),
+    ("1000:nan", "weight nan must be a positive finite number"),
+    ("10^12", "is neither a list"),
+])
+def test_bad_specs_are_one_line(spec, message):
+    with pytest.raises(ValueError) as e:
+        parse_prompt_spec(spec, 65536)
+    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_bad_spec_files_are_one_line(tmp_path):
+    cases = {"empty.txt": ("# nothing\n", "holds no prompt length"),
+             "cols.csv": ("request,output\nr1,10\n", "no prompt-length column"),
+             "float.txt": ("4096.0\n", "line 1: prompt length '4096.0' is not a whole number"),
+             "gap.csv": ("prompt_len,weight\n4096,1\n,2\n", "line 3 has no prompt length")}
+    for name, (text, message) in cases.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ValueError) as e:
+            parse_prompt_spec(str(tmp_path / name))
+        assert message in str(e.value), (name, str(e.value))
+
+
+@pytest.mark.parametrize("server", ["sglang", "vllm-ascend", "atom"])
+def test_recommendation_beats_current_and_never_the_bound(server):
+    p = policy()
+    workload = parse_prompt_spec("8192:2,24576,60000", 65536)
+    currents = {"sglang": "--chunked-prefill-size 4096 --enable-dynamic-chunking",
+                "vllm-ascend": "--max-num-batched-tokens 16384",
+                "atom": "--max-num-batched-tokens 8192"}
+    for current in (None, currents[server]):
+        r = tune(p, workload, 4, server, current)
+        settings = r["settings"]
+        first = "current" if current else "server default"
+        rec, cur, fixed = settings["recommended"], settings[first], settings["best fixed"]
+        assert rec["mean_ttft_ms"] <= cur["mean_ttft_ms"] + 1e-9
+        assert rec["mean_ttft_ms"] <= fixed["mean_ttft_ms"] + 1e-9
+        for mine, bound in zip(rec["per_prompt"], r["optimal"]["per_prompt"]):
+            assert bound["ttft_ms"] <= mine["ttft_ms"] + 1e-9
+        for n, plans in r["plans"].items():
+            assert all(sum(c) == int(n) for c in plans.values())
+            assert max(plans["recommended"]) <= DOMAIN["chunk_size"][1]
+        assert r["gain"]["vs_current"] >= 0 and r["gap_to_optimal"] >= -1e-12
+
+
+def test_a_prefix_heavy_model_is_told_to_chunk_dynamically():
+    """With a large attention term, equal-latency chunks beat every fixed chunk over long prompts."""
+    r = tune(policy(LatencyModel("prefix", a=2e-5, b=0.005, c=1.0, g=0.0)), parse_prompt_spec("60000"), 8)
+    assert r["recommended"]["setting"]["dynamic"]
+    assert r["settings"]["recommended"]["mean_ttft_ms"] < r["settings"]["best fixed"]["mean_ttft_ms"]
+    assert "--enable-dynamic-chunking" in r["recommended"]["command"]
+
+
+def test_tune_command_text_json_plot_and_bad_input(tmp_path):
+    path = tmp_path / "policy.json"
+    data = policy_dict(PREFIX, base_chunk_size=4096, context_len=65536)
+    data["domain"] = DOMAIN
+    path.write_text(json.dumps(data))
+    r = CliRunner().invoke(main, ["tune", str(path), "--prompt-lens", "8192,32768", "--pp", "4"])
+    assert r.exit_code == 0, r.output
+    assert "recommended SGLang flags:" in r.stdout and "DP-optimal bound" in r.stdout
+    assert (tmp_path / "policy.tune-sglang.png").stat().st_size > 0
+    r = CliRunner().invoke(main, ["tune", str(path), "--prompt-lens", "8192", "--server", "atom", "--json",
+                                  "--png", str(tmp_path / "a.png")])
+    doc = json.loads(r.stdout)
+    assert doc["server"] == "atom" and set(doc["plans"]["8192"]) == {"current", "policy", "recommended",
+                                                                      "best-fixed", "optimal"}
+    before = sorted(tmp_path.iterdir())
+    for args, message in [(["--prompt-lens", "8192;1"], "--prompt-lens '8192;1' is neither"),
+                          (["--prompt-lens", "8192", "--pp", "0"], "--pp 0 is invalid"),
+                          (["--prompt-lens", "8192", "--current", "--chunked-prefill-size x"], "is not an integer")]:
+        r = CliRunner().invoke(main, ["tune", str(path), *args])
+        assert r.exit_code == 2 and message in r.stderr and r.stderr.count("\n") == 1, (args, r.output)
+    assert sorted(tmp_path.iterdir()) == before
