@@ -113,7 +113,10 @@ def validate_command(policy_path) -> None:
 def tune_command(policy_path, spec, num_stages, server, current, extrapolate, as_json, png) -> None:
     """Recommend server flags (base chunk, smoothing factor, floor or cap) that minimise the predicted TTFT of your
     prompt lengths, as that server would chunk them; compare with your current flags, the best fixed chunk and the
-    DP-optimal bound."""
+    DP-optimal bound.
+
+    Example: ppprof tune results/<run>/policy.json --prompt-lens 8192,32768,131072 --pp 4 --server sglang
+    """
     policy = load(policy_path)
     workload = parse_prompt_spec(spec, policy.settings.context_len)
     num_stages = default_num_stages(policy) if num_stages is None else num_stages
