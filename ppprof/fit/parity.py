@@ -30,3 +30,20 @@ def sglang_fit(samples: Samples) -> tuple[LatencyModel | None, str, dict]:
     if a <= 0:
         return None, f"quadratic coefficient a = {a:.4g} <= 0: SGLang turns dynamic chunking off", diag
     return LatencyModel("quadratic", a=float(a), b=max(float(b), 0.0), c=float(c)), "SGLang parity fit", diag
+
+
+def vllm_ascend_fit(samples: Samples) -> LatencyModel | None:
+    """vllm-ascend's boot fit of the same rows: least squares on [l^2, l, 1] (at least 8 points), a negative a set to
+    1e-9, b kept as fitted; None where it has too few points (it then keeps fixed chunks)."""
+    rows = np.flatnonzero(samples.prefix_len == 0)[1:]
+    if len(rows) < SGLANG_MIN_POINTS:
+        return None
+    length = samples.chunk_size[rows].astype(np.float64)
+    design = np.column_stack([length * length, length, np.ones_like(length)])
+    (a, b, c), *_ = np.linalg.lstsq(design, samples.latency_ms[rows], rcond=None)
+    return LatencyModel("quadratic", a=float(a) if a >= 0 else 1e-9, b=float(b), c=float(c))
+
+
+def boot_fits(samples: Samples) -> dict[str, LatencyModel | None]:
+    """The model SGLang and vllm-ascend would fit at boot to these prefix-free forwards (None: fixed chunks)."""
+    return {"sglang": sglang_fit(samples)[0], "vllm-ascend": vllm_ascend_fit(samples)}

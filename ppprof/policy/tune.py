@@ -178,7 +178,7 @@ class Tuner:
     """Scores settings of one server on one workload with the policy's model."""
 
     def __init__(self, policy: Policy, workload: Workload, num_stages: int, server: str,
-                 calibration: LatencyModel | None = None, extrapolate: bool = False):
+                 calibration: LatencyModel | None = None, extrapolate: bool = False, boot: dict | None = None):
         if server not in SERVERS:
             raise ValueError(f"--server {server!r} is unknown: use one of {', '.join(SERVERS)}")
         if not is_int(num_stages) or not 1 <= num_stages <= MAX_STAGES:
@@ -191,7 +191,9 @@ class Tuner:
         self.lengths = np.asarray(workload.prompt_lens, dtype=np.int64)
         self.weights = np.asarray(workload.weights, dtype=float)
         self.longest = int(self.lengths.max())
-        self.model = server_model(policy, server)
+        # The model the server sizes chunks with: its boot fit of the profile's samples where given, else derived
+        # from the policy's model (servers.boot_model).
+        self.model = boot[server] if boot and server in boot else server_model(policy, server)
         # ATOM sizes with the calibration its flags carry: the user's (--current) or ppprof's.
         self.calibration = calibration
         self.cache: dict[ServerSetting, Scored] = {}
@@ -268,10 +270,12 @@ class Tuner:
         align = self.policy.settings.alignment
         grid = self.base_grid([s.base_chunk_size for s in extra])
         fixed = [self.score(self.fixed_setting(B)) for B in grid]
-        dynamic = [self.score(st) for B in grid for st in self.dynamic_settings(B, SMOOTH_FACTORS)]
-        extras = [self.score(st) for st in extra]
+        # With no model (SGLang's boot fit has a <= 0) dynamic chunking stays off: its candidates would be fixed ones.
+        dynamic = [] if self.model is None else \
+            [self.score(st) for B in grid for st in self.dynamic_settings(B, SMOOTH_FACTORS)]
+        extras = [self.score(st) for st in extra if st.dynamic is False or self.model is not None]
         best_fixed = min(fixed, key=lambda r: r.mean_ms)
-        best = min(dynamic + fixed + extras, key=lambda r: r.mean_ms)
+        best = min(fixed + dynamic + extras, key=lambda r: r.mean_ms)  # fixed first: a tie goes to fixed chunks
         # Refine: every aligned B between the grid neighbours of the best, smoothing factors 0.01 apart.
         for pick, is_fixed in ((best_fixed, True), (best, not best.setting.dynamic)):
             B = pick.setting.base_chunk_size
@@ -317,9 +321,10 @@ class Tuner:
 
 
 def tune(policy: Policy, workload: Workload, num_stages: int, server: str = "sglang",
-         current: str | None = None, extrapolate: bool = False) -> dict:
-    """The recommendation and its comparison (what `ppprof tune --json` prints, less the plot path)."""
-    tuner = Tuner(policy, workload, num_stages, server, extrapolate=extrapolate)
+         current: str | None = None, extrapolate: bool = False, boot: dict | None = None) -> dict:
+    """The recommendation and its comparison (what `ppprof tune --json` prints, less the plot path). `boot`: the
+    model the server fits at boot ({server: model or None}), where known from the profile's samples."""
+    tuner = Tuner(policy, workload, num_stages, server, extrapolate=extrapolate, boot=boot)
     page = policy.settings.page_size
     if current is not None:
         current_setting, calibration, ignored = parse_flags(server, current, page)
@@ -330,7 +335,9 @@ def tune(policy: Policy, workload: Workload, num_stages: int, server: str = "sgl
     current_setting = with_context(current_setting, policy.settings.context_len)
     scored_current = tuner.score(current_setting, current_label, calibration)
     own = server_setting(policy, server)
-    scored_policy = tuner.score(own if tuner.model is not None else replace(own, dynamic=False), "policy")
+    if tuner.model is None:
+        own = replace(own, dynamic=False)
+    scored_policy = tuner.score(own, "policy")
     inside = [st for st in (own, current_setting)
               if tuner.max_chunk is None or max(st.base_chunk_size, st.fixed_chunk_size) <= tuner.max_chunk]
     best, best_fixed = tuner.search(inside)
@@ -347,6 +354,11 @@ def tune(policy: Policy, workload: Workload, num_stages: int, server: str = "sgl
     env, args = format_flags(best.setting, calibration_out)
     rows = [scored_current, scored_policy, best, best_fixed]
     notes = []
+    if boot and server in boot:
+        m = boot[server]
+        notes.append(f"{LABELS[server]}'s boot fit of the profile's prefix-free samples: " +
+                     (f"a={m.a:.4g}, b={m.b:.4g}, c={m.c:.4g}" if m is not None else
+                      "none it would use (a <= 0 or too few points): it keeps fixed chunks"))
     if tuner.max_chunk is not None:
         notes.append(f"candidates keep chunks within the profiled chunk sizes (up to {tuner.max_chunk} tokens); "
                      f"profile with a larger --base-chunk-size, or pass --extrapolate, to search beyond")
@@ -362,6 +374,7 @@ def tune(policy: Policy, workload: Workload, num_stages: int, server: str = "sgl
     mean_opt = float(opt_ttft @ tuner.weights)
     return {
         "server": server, "num_stages": num_stages, "latency_model": policy.model.name,
+        "boot_fit": "samples" if boot and server in boot else "model",
         "workload": {"prompt_lens": list(workload.prompt_lens), "weights": list(workload.weights)},
         "recommended": {"env": env, "args": args, "command": command_line(env, args),
                         "setting": best.setting.to_dict()},

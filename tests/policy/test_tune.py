@@ -120,3 +120,24 @@ def test_tune_command_text_json_plot_and_bad_input(tmp_path):
         r = CliRunner().invoke(main, ["tune", str(path), *args])
         assert r.exit_code == 2 and message in r.stderr and r.stderr.count("\n") == 1, (args, r.output)
     assert sorted(tmp_path.iterdir()) == before
+
+
+def test_the_servers_boot_fit_comes_from_the_profiles_samples(tmp_path):
+    """Beside samples.csv, SGLang's boot fit is SGLang's fit of them: a concave prefix-free curve turns it off."""
+    from ppprof.fit.synthetic import make_samples, write_run_dir
+
+    truth = LatencyModel("prefix", a=-2e-8, b=0.01, c=3.0, g=2e-4)
+    frame = make_samples(truth, base_chunk_size=2048, prefixes=(2048, 8192, 16384), chunk_sizes=(256, 1024, 2048),
+                         noise=0.0)
+    csv = write_run_dir(tmp_path, frame, base_chunk_size=2048)
+    r = CliRunner().invoke(main, ["fit", str(csv), "--latency-model", "quadratic", "-o", str(tmp_path / "q.json")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["fit", str(csv), "--latency-model", "prefix"])
+    assert r.exit_code == 0, r.output
+    policy_path = str(tmp_path / "policy.json")
+    r = CliRunner().invoke(main, ["tune", policy_path, "--prompt-lens", "8000", "--json"])
+    doc = json.loads(r.stdout)
+    assert doc["boot_fit"] == "samples" and "it keeps fixed chunks" in doc["notes"][0]
+    assert not doc["recommended"]["setting"]["dynamic"] and not doc["settings"]["policy"]["setting"]["dynamic"]
+    r = CliRunner().invoke(main, ["tune", policy_path, "--prompt-lens", "8000", "--json", "--boot-fit", "model"])
+    assert json.loads(r.stdout)["boot_fit"] == "model"
