@@ -73,7 +73,8 @@ def plan_command(policy_path, prompt_len, num_stages, strategy, as_json, png) ->
 @click.command("export")
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", type=click.Choice(FORMATS), required=True, help="Target server.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON: flags, comments and where the server's rule differs.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print JSON: flags, comments and where the server's rule differs.")
 def export_command(policy_path, fmt, as_json) -> None:
     """Print the server settings that carry POLICY (SGLang, vllm-ascend or ATOM), and where that server's own rule
     would size chunks differently with them."""

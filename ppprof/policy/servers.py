@@ -17,9 +17,9 @@ ATOM (`--enable-dynamic-chunking`, `--max-num-batched-tokens` (the ceiling; fixe
 `--dynamic-chunking-base-size` B (0: the ceiling), `--dynamic-chunking-smooth-factor`,
 `--dynamic-chunking-min-chunk-size` (default 4096), `--dynamic-chunking-calibration a,b,c,gamma` (ms, tokens)): the
 prefix model t(L, x) = c + gamma L + b x + a (2 L x + x^2) given by the calibration flag (a > 0, b >= 0, gamma >= 0);
-the first chunk is min(B, ceiling); after L tokens x solves a (2 L x + x^2) + b x = a B^2 + b B - gamma L (nothing left: B); smoothed; floored at max(block, min chunk,
-the chunk whose prefix cost gamma L is at most 20% of its latency); at most min(B, ceiling); aligned down to the KV
-block size.
+the first chunk is min(B, ceiling); after L tokens x solves a (2 L x + x^2) + b x = a B^2 + b B - gamma L (nothing
+left: B); smoothed; floored at max(block, min chunk, the chunk whose prefix cost gamma L is at most 20% of its
+latency); at most min(B, ceiling); aligned down to the KV block size.
 
 Pure Python and numpy; no torch.
 """
