@@ -354,6 +354,9 @@ def tune(policy: Policy, workload: Workload, num_stages: int, server: str = "sgl
     env, args = format_flags(best.setting, calibration_out)
     rows = [scored_current, scored_policy, best, best_fixed]
     notes = []
+    if policy.status != "dynamic":
+        notes.append(f"the policy is {policy.status} ({policy.reason}): its model failed ppprof's quality gates, so "
+                     f"these predictions are less reliable; profile again on a quiet machine")
     if boot and server in boot:
         m = boot[server]
         notes.append(f"{LABELS[server]}'s boot fit of the profile's prefix-free samples: " +
