@@ -410,15 +410,22 @@ def parse_calibration(name: str, value: str) -> LatencyModel:
     return LatencyModel("prefix", a=a, b=b, c=c, g=g)
 
 
+def flag_name(server: str, field: str) -> str:
+    """The flag that sets `field` on `server` (for messages)."""
+    names = {v: k for k, v in FLAG_KEYS[server].items()}
+    if server == "vllm-ascend" and field == "max_chunk_size":
+        return "--max-num-batched-tokens"
+    return names.get(field, field)
+
+
 def check_setting(s: ServerSetting, context_len: int | None = None) -> None:
     """ValueError (one line) for settings the server would refuse or ppprof cannot plan."""
     label = LABELS[s.server]
-    if not is_int(s.base_chunk_size) or s.base_chunk_size < s.alignment:
-        raise ValueError(f"{label} base chunk {s.base_chunk_size} is below the alignment {s.alignment}: use at least "
-                         f"{s.alignment}")
-    if s.max_chunk_size < s.alignment:
-        raise ValueError(f"{label} max chunk {s.max_chunk_size} is below the alignment {s.alignment}: use at least "
-                         f"{s.alignment}")
+    for field in ("base_chunk_size", "max_chunk_size"):
+        value = getattr(s, field)
+        if not is_int(value) or value < s.alignment:
+            raise ValueError(f"{label} {flag_name(s.server, field)} {value} is below the alignment {s.alignment}: use "
+                             f"at least {s.alignment}")
     if context_len is not None and s.fixed_chunk_size > context_len:
         raise ValueError(f"{label} chunk {s.fixed_chunk_size} is above the context length {context_len}: use at most "
                          f"{context_len}")
