@@ -40,8 +40,9 @@ SERVERS = ("sglang", "vllm-ascend", "atom")
 LABELS = {"sglang": "SGLang", "vllm-ascend": "vllm-ascend", "atom": "ATOM"}
 TARGETS = {
     "sglang": "SGLang's documented dynamic chunking (--enable-dynamic-chunking, SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR)",
-    "vllm-ascend": "vllm-ascend's current docs (additional_config scheduler_config.profiling_chunk_config; releases "
-                   "before the move read the top-level profiling_chunk_config key, still accepted but deprecated)",
+    "vllm-ascend": "vllm-ascend's latest docs (2026-11: --additional-config scheduler_config.profiling_chunk_config, "
+                   "smooth_factor default 1.0, min_chunk 4096); the v0.20.2rc and v0.22.1rc guides show the top-level "
+                   "profiling_chunk_config, which later releases still read (deprecated)",
     "atom": "ATOM's Dynamic CPP guide (--enable-dynamic-chunking with --dynamic-chunking-calibration)",
 }
 SGLANG_SMOOTH_ENV = "SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR"
