@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 
 from ppprof.checks import is_int, require_bool, require_int, require_str, short
 from ppprof.specs.dtypes import normalize_dtype
+from ppprof.specs.spec import MAX_LAYERS
 
 ATTENTION_BACKENDS = ("auto", "sdpa", "flashinfer", "reference")
 """What --attention-backend takes (ppprof.model.attention_kernels implements them)."""
@@ -23,8 +24,6 @@ MAX_SLOTS = 2**31 - 1
 """The most Mamba slots or request entries a stage takes (memory is checked before launch too)."""
 MAX_STAGES = 1024
 """The most ranks (pipeline stages) a node starts."""
-MAX_LAYERS = 4096
-"""The most decoder layers a model keeps (--num-layers)."""
 MAX_WARMUP = 1000
 """The most untimed warm-up forwards."""
 MAX_SEED = 2**32 - 1
