@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ppprof.checks import is_int, require_bool, require_int, require_str, short
+from ppprof.checks import a_type, is_int, require_bool, require_int, require_str, short
 from ppprof.specs.dtypes import normalize_dtype
 from ppprof.specs.spec import MAX_LAYERS
 
@@ -50,17 +50,18 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def int_tuple(name: str, value, low: int) -> tuple[int, ...] | None:
-    """A list setting (prefix_lens, layer_partition) as a tuple of integers >= low; None stays None. A float (4.5,
-    4096.0), a bool or a string element is refused, not truncated."""
+def int_tuple(name: str, value, low: int | None) -> tuple[int, ...] | None:
+    """A list setting (prefix_lens, layer_partition) as a tuple of integers (>= low unless low is None); None stays
+    None. A float (4.5, 4096.0), a bool or a string element is refused, not truncated."""
     if value is None:
         return None
     if not isinstance(value, (list, tuple)):
         raise ValueError(f"{flag(name)} {short(value)} must be a list of integers, e.g. 512,1024")
     for v in value:
-        if not is_int(v) or v < low:
-            raise ValueError(f"{flag(name)} value {short(v)} must be an integer >= {low}"
-                             + ("" if is_int(v) else f", not a {type(v).__name__}"))
+        if not is_int(v):
+            raise ValueError(f"{flag(name)} value {short(v)} must be an integer, not {a_type(v)}")
+        if low is not None and v < low:
+            raise ValueError(f"{flag(name)} value {v} must be an integer >= {low}")
     return tuple(value)
 
 
@@ -81,7 +82,7 @@ def check_types(cfg: "ProfileConfig") -> None:
     cfg.prefix_lens = int_tuple("prefix_lens", cfg.prefix_lens, 0)
     if cfg.prefix_lens and max(cfg.prefix_lens) > MAX_TOKENS:
         raise ValueError(f"--prefix-lens value {max(cfg.prefix_lens)} must be an integer in 0..{MAX_TOKENS}")
-    cfg.layer_partition = int_tuple("layer_partition", cfg.layer_partition, 0)  # 0: split_layers says why
+    cfg.layer_partition = int_tuple("layer_partition", cfg.layer_partition, None)  # split_layers says why < 1
     if cfg.layer_partition is not None and len(cfg.layer_partition) > MAX_STAGES:
         raise ValueError(f"--layer-partition has {len(cfg.layer_partition)} stages: use at most {MAX_STAGES}")
 

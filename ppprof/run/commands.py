@@ -105,10 +105,10 @@ def resolve_bench(policy_path: str, flags: dict) -> BenchConfig:
     run_file = Path(policy_path).parent / RUN_FILE
     if not Path(policy_path).is_file():
         raise ValueError(f"policy file {policy_path} does not exist: give a policy.json written by `ppprof profile`")
+    load_policy(policy_path)  # checked as `ppprof validate` checks it, before any rank starts
     if not run_file.is_file():
         raise ValueError(f"{run_file} does not exist: `ppprof bench` needs the run.json of the profile that wrote "
                          f"{policy_path} (the model, split and device come from it)")
-    load_policy(policy_path)  # checked as `ppprof validate` checks it, before any rank starts
     run = read_run_json(run_file)
     profile = {k: v for k, v in run["config"].items() if k in CONFIG_FIELDS}
     profile["torch_threads"] = run.get("torch_threads")  # measure under the profile's conditions

@@ -110,7 +110,7 @@ def check_master_port(torchrun: dict) -> None:
     except ValueError:
         number = -1
     if not 1 <= number <= MAX_PORT:
-        raise ValueError(f"--master-port {port!r} must be a port number in 1..{MAX_PORT}")
+        raise ValueError(f"--master-port {port} must be a port number in 1..{MAX_PORT}")
     if torchrun.get("master_addr") not in LOCAL_HOSTS or str(torchrun.get("node_rank") or 0) != "0":
         return
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from ppprof.checks import is_int, short
+from ppprof.checks import a_type, is_int, short
 from ppprof.specs.spec import ATTENTION, MAMBA, MAX_LAYERS, MLP, MOE, RELU2, SILU, LayerSpec, ModelSpec
 from ppprof.specs.pattern import layer_kinds, parse_pattern
 
@@ -73,7 +73,7 @@ def _int(cfg: dict, *keys: str, default: Any) -> int:
     key = next((k for k in keys if cfg.get(k) is not None), None)
     value = default if key is None else cfg[key]
     if not is_int(value):
-        raise ValueError(f"{key or keys[0]}={short(value)} must be an integer, not a {type(value).__name__}; "
+        raise ValueError(f"{key or keys[0]}={short(value)} must be an integer, not {a_type(value)}; "
                          "fix the config")
     return value
 

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 import math
 from dataclasses import fields
 
-from ppprof.checks import is_int, short
+from ppprof.checks import a_type, is_int, short
 
 ATTENTION = "attention"
 MAMBA = "mamba"
@@ -207,7 +207,7 @@ def check_types(spec: ModelSpec) -> None:
         value = getattr(spec, f.name)
         if f.type == "int" and (not is_int(value) or value < 0):
             raise ValueError(f"model {spec.name!r}: {f.name}={short(value)} must be an integer >= 0"
-                             + ("" if is_int(value) else f", not a {type(value).__name__}") + "; fix the config")
+                             + ("" if is_int(value) else f", not {a_type(value)}") + "; fix the config")
     for name in FLOAT_FIELDS:
         value = getattr(spec, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
