@@ -6,8 +6,9 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
-from ppprof.checks import is_int, require_int
+from ppprof.checks import a_type, is_int, require_bool, require_int, require_str, short
 from ppprof.specs.dtypes import normalize_dtype
+from ppprof.specs.spec import MAX_LAYERS
 
 ATTENTION_BACKENDS = ("auto", "sdpa", "flashinfer", "reference")
 """What --attention-backend takes (ppprof.model.attention_kernels implements them)."""
@@ -17,6 +18,74 @@ SGLang's rule on a quadratic fit of the same samples; greedy: the policy's rule;
 MAX_REQUESTS_PER_PROBE = 128
 MIN_REQUESTS_PER_PROBE = 8
 DEVICES = ("cpu", "cuda")
+MAX_TOKENS = 2**31 - 1
+"""The largest token count a setting takes (context, chunk, prefix, KV slots): servers index tokens with int32. What
+a machine holds is checked before launch too (ppprof.run.options.check_memory)."""
+MAX_SLOTS = 2**31 - 1
+"""The most Mamba slots or request entries a stage takes (memory is checked before launch too)."""
+MAX_STAGES = 1024
+"""The most ranks (pipeline stages) a node starts."""
+MAX_WARMUP = 1000
+"""The most untimed warm-up forwards."""
+MAX_SEED = 2**32 - 1
+MAX_REPEATS = 1000
+"""The most prompts a bench runs per (prompt length, strategy)."""
+MAX_TORCH_THREADS = 1024
+MAX_PREFIX_LENS = 64
+"""The most prefix probes (each holds up to 128 requests)."""
+INT_FIELDS = (
+    # (field, low, high, may be None)
+    ("num_layers", 1, MAX_LAYERS, True), ("nproc_per_node", 1, MAX_STAGES, False),
+    ("base_chunk_size", 1, MAX_TOKENS, False), ("requests_per_probe", MIN_REQUESTS_PER_PROBE, MAX_REQUESTS_PER_PROBE,
+                                                 False),
+    ("page_size", 1, MAX_TOKENS, False), ("max_mamba_cache_size", 1, MAX_SLOTS, False),
+    ("max_running_requests", 1, MAX_SLOTS, False), ("max_total_tokens", 1, MAX_TOKENS, True),
+    ("context_len", 1, MAX_TOKENS, False), ("num_prefix_lens", 1, MAX_PREFIX_LENS, False),
+    ("warmup", 0, MAX_WARMUP, False), ("seed", 0, MAX_SEED, False), ("torch_threads", 1, MAX_TORCH_THREADS, True),
+)
+"""ProfileConfig's integer fields and their bounds (a float, 4096.0 too, a string, a bool or a list is refused)."""
+
+
+def flag(name: str) -> str:
+    """A setting's flag: max_total_tokens -> --max-total-tokens (a YAML key is the same name with underscores)."""
+    return "--" + name.replace("_", "-")
+
+
+def int_tuple(name: str, value, low: int | None) -> tuple[int, ...] | None:
+    """A list setting (prefix_lens, layer_partition) as a tuple of integers (>= low unless low is None); None stays
+    None. A float (4.5, 4096.0), a bool or a string element is refused, not truncated."""
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{flag(name)} {short(value)} must be a list of integers, e.g. 512,1024")
+    for v in value:
+        if not is_int(v):
+            raise ValueError(f"{flag(name)} value {short(v)} must be an integer, not {a_type(v)}")
+        if low is not None and v < low:
+            raise ValueError(f"{flag(name)} value {v} must be an integer >= {low}")
+    return tuple(value)
+
+
+def check_types(cfg: "ProfileConfig") -> None:
+    """Every field of the right type and within its bounds (INT_FIELDS), lists as tuples of integers."""
+    require_str("--model", cfg.model, "a preset name or a path to a model spec / HF config")
+    for name, low, high, optional in INT_FIELDS:
+        value = getattr(cfg, name)
+        if not (optional and value is None):
+            require_int(flag(name), value, low, high)
+    for name in ("device", "attention_backend"):
+        require_str(flag(name), getattr(cfg, name))
+    if cfg.dtype is not None:
+        require_str("--dtype", cfg.dtype, "a dtype name, e.g. bfloat16")
+    if cfg.out is not None:
+        require_str("--out", cfg.out, "a folder path")
+    require_bool("fit (--fit/--no-fit)", cfg.fit)
+    cfg.prefix_lens = int_tuple("prefix_lens", cfg.prefix_lens, 0)
+    if cfg.prefix_lens and max(cfg.prefix_lens) > MAX_TOKENS:
+        raise ValueError(f"--prefix-lens value {max(cfg.prefix_lens)} must be an integer in 0..{MAX_TOKENS}")
+    cfg.layer_partition = int_tuple("layer_partition", cfg.layer_partition, None)  # split_layers says why < 1
+    if cfg.layer_partition is not None and len(cfg.layer_partition) > MAX_STAGES:
+        raise ValueError(f"--layer-partition has {len(cfg.layer_partition)} stages: use at most {MAX_STAGES}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -70,28 +139,16 @@ class ProfileConfig:
     paths, no dense mask), flashinfer (paged prefill from the KV pages, CUDA), reference (dense mask; the oracle)."""
 
     def __post_init__(self) -> None:
+        check_types(self)
         try:
             self.dtype = normalize_dtype(self.dtype)
         except ValueError as e:
             raise ValueError(f"--dtype: {e}") from None
         if self.device not in DEVICES:
-            raise ValueError(f"--device {self.device!r} is not supported: use cpu or cuda")
+            raise ValueError(f"--device {short(self.device)} is not supported: use cpu or cuda")
         if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"--attention-backend {self.attention_backend!r} is unknown: use one of "
+            raise ValueError(f"--attention-backend {short(self.attention_backend)} is unknown: use one of "
                              f"{', '.join(ATTENTION_BACKENDS)}")
-        for name, lo in (("nproc_per_node", 1), ("base_chunk_size", 1), ("page_size", 1), ("max_mamba_cache_size", 1),
-                         ("max_running_requests", 1), ("context_len", 1), ("warmup", 0), ("seed", 0)):
-            require_int(f"--{name.replace('_', '-')}", getattr(self, name), lo)
-        if not MIN_REQUESTS_PER_PROBE <= self.requests_per_probe <= MAX_REQUESTS_PER_PROBE:
-            raise ValueError(
-                f"--requests-per-probe {self.requests_per_probe} is out of range: use "
-                f"{MIN_REQUESTS_PER_PROBE}..{MAX_REQUESTS_PER_PROBE}"
-            )
-        require_int("--num-prefix-lens", self.num_prefix_lens, 1)
-        if self.torch_threads is not None:
-            require_int("--torch-threads", self.torch_threads, 1)
-        if self.num_layers is not None and self.num_layers < 1:
-            raise ValueError(f"--num-layers {self.num_layers} must be >= 1")
         if self.base_chunk_size < self.page_size:
             raise ValueError(
                 f"--base-chunk-size {self.base_chunk_size} is smaller than --page-size {self.page_size}: "
@@ -103,7 +160,7 @@ class ProfileConfig:
                 f"--context-len {self.context_len}: lower the base chunk or raise the context length"
             )
         for p in self.resolved_prefix_lens():
-            if p < 0 or p + self.max_probe_chunk_size > self.context_len:
+            if p + self.max_probe_chunk_size > self.context_len:
                 raise ValueError(
                     f"--prefix-lens value {p} plus the largest probe chunk {self.max_probe_chunk_size} exceeds "
                     f"--context-len {self.context_len}: use prefixes below "
@@ -214,12 +271,14 @@ class BenchConfig:
         if unknown or not self.strategies:
             raise ValueError(f"--strategies {','.join(self.strategies)!r} is invalid: use a comma-separated subset "
                              f"of {','.join(BENCH_STRATEGIES)}")
-        require_int("--repeats", self.repeats, 1)
+        require_int("--repeats", self.repeats, 1, MAX_REPEATS)
         require_int("profiled_stages", self.profiled_stages, 1)
         if self.plans is not None:
             check_plans(self.plans, self.prompt_lens)
+        if self.out is not None:
+            require_str("--out", self.out, "a folder path")
         if self.pp is not None:
-            require_int("--pp", self.pp, 1)
+            require_int("--pp", self.pp, 1, MAX_STAGES)
             if self.pp % self.profiled_stages:
                 raise ValueError(f"--pp {self.pp} is not a multiple of the profile's {self.profiled_stages} stages: "
                                  f"use a multiple, e.g. {2 * self.profiled_stages}")

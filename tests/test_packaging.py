@@ -11,6 +11,7 @@ def test_every_subpackage_is_listed_and_presets_map_to_configs():
     on_disk = {"ppprof"} | {f"ppprof.{p.parent.name}" for p in (REPO / "ppprof").glob("*/__init__.py")}
     assert on_disk | {"ppprof.presets"} == set(conf["packages"]), f"{on_disk=}"
     assert conf["package-dir"]["ppprof.presets"] == "configs/models"
+    assert conf["package-data"]["ppprof.policy"] == ["policy.schema.json"]  # the policy contract ships
     assert sorted(p.name for p in (REPO / "configs" / "models").glob("*.yaml"))
 
 
@@ -22,8 +23,9 @@ def test_installed_copy_finds_presets_without_the_repository(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                         "--target", str(target), str(REPO)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    code = "from ppprof.specs import load_spec; print(load_spec('tiny-hybrid').pattern)"
+    code = ("from ppprof.specs import load_spec; from ppprof.policy.schema import policy_schema; "
+            "print(load_spec('tiny-hybrid').pattern, policy_schema()['$schema'])")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120,
                        env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"})
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.strip() == "M-*EM-*-"
+    assert r.stdout.strip() == "M-*EM-*- https://json-schema.org/draft/2020-12/schema"

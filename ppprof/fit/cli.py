@@ -11,7 +11,7 @@ import click
 from ppprof.checks import require_int
 from ppprof.fit.settings import DEFAULT_CONTEXT_LEN, DEFAULT_SMOOTH_FACTOR, LATENCY_MODEL_CHOICES
 from ppprof.policy.planners import default_num_stages
-from ppprof.policy.schema import load
+from ppprof.policy.schema import load_policy
 from ppprof.policy.servers import LABELS, SERVERS
 from ppprof.policy.tune import draw, parse_prompt_spec, tune
 
@@ -76,7 +76,7 @@ def tune_command(policy_path, spec, num_stages, server, current, boot_fit, extra
     from ppprof.fit.parity import boot_fits
     from ppprof.fit.samples import read_samples
 
-    policy = load(policy_path)
+    policy = load_policy(policy_path)
     workload = parse_prompt_spec(spec, policy.settings.context_len)
     num_stages = default_num_stages(policy) if num_stages is None else num_stages
     samples = Path(policy_path).parent / "samples.csv"

@@ -56,20 +56,52 @@ def read_samples(path: str | Path) -> Samples:
         v = numeric[col]
         bad = np.flatnonzero((v != np.round(v)) | (v < low))
         if bad.size:
-            raise ValueError(f"samples file {path} column {col} row {bad[0] + 1} is {v[bad[0]]!r}: "
+            raise ValueError(f"samples file {path} column {col} row {bad[0] + 1} is {float(v[bad[0]])!r}: "
                              f"use an integer >= {low}")
+    for col in ["latency_ms"] + [c for _, c in stage_cols]:
+        check_latencies(path, col, numeric[col], numeric["chunk_size"])
     bottleneck_stage, totals, latency = None, None, numeric["latency_ms"]
     if stage_cols:
         totals = [float(numeric[c].sum()) for _, c in stage_cols]
         pick = int(np.argmax(totals))
         bottleneck_stage, latency = stage_cols[pick][0], numeric[stage_cols[pick][1]]
-    bad = np.flatnonzero(latency <= 0)
-    if bad.size:
-        raise ValueError(f"samples file {path} row {bad[0] + 1} has latency {latency[bad[0]]!r} ms: "
-                         f"latencies must be positive")
+    for col in ["latency_ms"] + [c for _, c in stage_cols]:
+        bad = np.flatnonzero(numeric[col] <= 0)
+        if bad.size:
+            raise ValueError(f"samples file {path} column {col} row {bad[0] + 1} has latency "
+                             f"{float(numeric[col][bad[0]])!r} ms: latencies must be positive")
     kind = frame["kind"].astype(str).to_numpy() if "kind" in frame.columns else None
     return Samples(numeric["prefix_len"].astype(np.int64), numeric["chunk_size"].astype(np.int64), latency, kind,
                    bottleneck_stage, totals, path, hashlib.sha256(raw).hexdigest())
+
+
+ABSURD_RATIO = 1000.0
+"""A latency this many times above (or below) the median of the rows at nearby chunk sizes is not a measurement."""
+MIN_NEIGHBOURS = 3
+
+
+def check_latencies(path: Path, col: str, latency: np.ndarray, chunk_size: np.ndarray) -> None:
+    """ValueError naming the first positive latency of `col` that is ABSURD_RATIO times above or below the median
+    latency of the rows at nearby chunk sizes (the same power-of-two band of chunk_size and the bands either side;
+    MIN_NEIGHBOURS rows at least, the row itself included, so that one absurd row cannot move the median): one such
+    row (1e300 ms) would otherwise pick the bottleneck stage and drag the fit."""
+    ok = latency > 0  # a non-positive latency is reported as such, after this check
+    if ok.sum() < MIN_NEIGHBOURS:
+        return
+    band = np.floor(np.log2(np.maximum(chunk_size, 1))).astype(np.int64)
+    for b in np.unique(band[ok]):
+        near = ok & (np.abs(band - b) <= 1)
+        if near.sum() < MIN_NEIGHBOURS:
+            continue
+        median = float(np.median(latency[near]))
+        rows = np.flatnonzero(ok & (band == b) & ((latency > ABSURD_RATIO * median) |
+                                                   (latency * ABSURD_RATIO < median)))
+        if rows.size:
+            r = int(rows[0])
+            lo, hi = int(chunk_size[near].min()), int(chunk_size[near].max())
+            raise ValueError(f"samples file {path} column {col} row {r + 1} has latency {float(latency[r])!r} ms, "
+                             f"{latency[r] / median:.3g}x the median {median:.4g} ms of the {int(near.sum())} rows "
+                             f"at chunk sizes {lo}-{hi}: not a measurement; remove or re-measure that row")
 
 
 def read_frame(path: Path) -> tuple[bytes, pd.DataFrame]:
@@ -99,8 +131,9 @@ def numeric_columns(path: Path, frame: pd.DataFrame, columns: list[str]) -> dict
         values = pd.to_numeric(frame[col], errors="coerce").to_numpy(dtype=float)
         bad = np.flatnonzero(~np.isfinite(values))
         if bad.size:
-            raise ValueError(f"samples file {path} column {col} row {bad[0] + 1} is {frame[col].iloc[bad[0]]!r}: "
-                             f"use a finite number")
+            value = frame[col].iloc[bad[0]]
+            value = value.item() if hasattr(value, "item") else value  # 'nan', not np.float64(nan)
+            raise ValueError(f"samples file {path} column {col} row {bad[0] + 1} is {value!r}: use a finite number")
         numeric[col] = values
     return numeric
 

@@ -11,7 +11,7 @@ import click
 
 from ppprof.policy.export import FORMATS, export, export_data
 from ppprof.policy.planners import STRATEGIES, Plan, default_num_stages, plan_prompt
-from ppprof.policy.schema import extrapolation, load, validate
+from ppprof.policy.schema import SCHEMA_FILE, extrapolation, load_policy, summary
 from ppprof.policy.timeline import write_timeline
 
 
@@ -49,7 +49,7 @@ def echo_plan(p: Plan) -> None:
               help="Timeline PNG  [default: <policy>.plan-<N>-pp<P>.png beside the policy]")
 def plan_command(policy_path, prompt_len, num_stages, strategy, as_json, png) -> None:
     """Chunk plans of one prompt with predicted per-chunk latency and TTFT = sum t + (P - 1) max t."""
-    policy = load(policy_path)
+    policy = load_policy(policy_path)
     num_stages = default_num_stages(policy) if num_stages is None else num_stages
     strategies = STRATEGIES if strategy == "all" else (strategy,)
     plans = plan_prompt(policy, prompt_len, num_stages, strategies)
@@ -77,8 +77,11 @@ def plan_command(policy_path, prompt_len, num_stages, strategy, as_json, png) ->
               help="Print JSON: flags, comments and where the server's rule differs.")
 def export_command(policy_path, fmt, as_json) -> None:
     """Print the server settings that carry POLICY (SGLang, vllm-ascend or ATOM), and where that server's own rule
-    would size chunks differently with them."""
-    policy = load(policy_path)
+    would size chunks differently with them.
+
+    Example: ppprof export results/<run>/policy.json --format sglang
+    """
+    policy = load_policy(policy_path)
     if as_json:
         click.echo(json.dumps(export_data(policy, fmt, policy_path), indent=2))
     else:
@@ -86,8 +89,20 @@ def export_command(policy_path, fmt, as_json) -> None:
 
 
 @click.command("validate")
-@click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False))
-def validate_command(policy_path) -> None:
-    """Check POLICY's schema and sanity; print 'ok ...' (exit 0) or one line (exit 2)."""
-    click.echo(f"ok {policy_path}: {validate(load(policy_path))}")
+@click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False), required=False)
+@click.option("--schema", "show_schema", is_flag=True,
+              help="Print the policy's JSON Schema (draft 2020-12), the contract servers validate against.")
+def validate_command(policy_path, show_schema) -> None:
+    """Check POLICY against the policy schema and the rule; print 'ok ...' (exit 0) or one line naming the field
+    (exit 2). With --schema, print the JSON Schema instead.
 
+    Example: ppprof validate results/<run>/policy.json
+    """
+    if show_schema:
+        if policy_path is not None:
+            raise click.UsageError("--schema prints the schema and takes no POLICY: give one or the other")
+        click.echo(SCHEMA_FILE.read_text(), nl=False)
+        return
+    if policy_path is None:
+        raise click.UsageError("Missing argument 'POLICY': give a policy.json, or --schema to print the schema")
+    click.echo(f"ok {policy_path}: {summary(load_policy(policy_path))}")

@@ -14,7 +14,7 @@ import numpy as np
 
 from ppprof.checks import is_int
 from ppprof.policy.rule import LatencyModel
-from ppprof.policy.schema import Policy
+from ppprof.policy.schema import Policy, check_prompt_len
 
 STRATEGIES = ("fixed", "greedy", "optimal")
 MAX_STAGES = 1024  # --pp range is 1..MAX_STAGES
@@ -249,6 +249,7 @@ def plan_prompt(policy: Policy, prompt_len: int, num_stages: int, strategies=STR
         raise ValueError(f"--prompt-len {prompt_len!r} is invalid: use a positive number of tokens")
     if not is_int(num_stages) or not 1 <= num_stages <= MAX_STAGES:
         raise ValueError(f"--pp {num_stages!r} is invalid: use a number of pipeline stages in 1..{MAX_STAGES}")
+    check_prompt_len(policy, prompt_len)  # before any chunk list: a prompt past the context would not end
     if policy.model is None:
         raise ValueError(f"policy has no latency model ({policy.status}: {policy.reason}): refit with more samples")
     unknown = [s for s in strategies if s not in STRATEGIES]

@@ -13,6 +13,7 @@ import click
 
 from ppprof.config import ATTENTION_BACKENDS, BENCH_STRATEGIES, BenchConfig, ProfileConfig
 from ppprof.dist.launch import TORCHRUN_OPTIONS, in_worker, launch, num_nodes
+from ppprof.policy.schema import load_policy
 from ppprof.probe.loop import FAULTS
 from ppprof.run.bench import bench_rank
 from ppprof.run.options import CONFIG_FIELDS, check_before_launch, resolve_config, warnings
@@ -104,6 +105,7 @@ def resolve_bench(policy_path: str, flags: dict) -> BenchConfig:
     run_file = Path(policy_path).parent / RUN_FILE
     if not Path(policy_path).is_file():
         raise ValueError(f"policy file {policy_path} does not exist: give a policy.json written by `ppprof profile`")
+    load_policy(policy_path)  # checked as `ppprof validate` checks it, before any rank starts
     if not run_file.is_file():
         raise ValueError(f"{run_file} does not exist: `ppprof bench` needs the run.json of the profile that wrote "
                          f"{policy_path} (the model, split and device come from it)")

@@ -6,12 +6,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 from pathlib import Path
 
 import click
 import yaml
 
+from ppprof.checks import is_int
 from ppprof.config import ProfileConfig
+from ppprof.dist.launch import in_worker
 from ppprof.model.attention_kernels import resolve_attention_backend
 from ppprof.specs import ModelSpec, load_spec, parse_partition, split_layers
 from ppprof.specs.accounting import describe, stage_accounts
@@ -42,14 +45,16 @@ def read_config_file(path: str) -> dict:
 
 
 def resolve_config(config_path: str | None, flags: dict) -> ProfileConfig:
+    """The settings of a job: flags > --config YAML > defaults, each field typed and bounded (ProfileConfig); the
+    list settings (layer_partition, prefix_lens) also as comma-separated text ("3,5") or, from YAML, one integer."""
     merged = read_config_file(config_path) if config_path else {}
     merged.update({k: v for k, v in flags.items() if v is not None})
     for key in ("layer_partition", "prefix_lens"):
         value = merged.get(key)
-        if isinstance(value, (str, int)):
-            merged[key] = parse_partition(str(value)) if key == "layer_partition" else _int_list(str(value), key)
-        if merged.get(key) is not None:
-            merged[key] = tuple(int(v) for v in merged[key])
+        if isinstance(value, str):
+            merged[key] = parse_partition(value) if key == "layer_partition" else _int_list(value, key)
+        elif is_int(value):
+            merged[key] = [value]
     try:
         return ProfileConfig(**merged)
     except TypeError as e:  # a YAML value of the wrong type
@@ -81,12 +86,40 @@ def check_before_launch(cfg: ProfileConfig, world_size: int, local_ranks: int,
     device exists, the attention backend runs there, the start method suits it, and this node's stages fit in its
     memory (check_memory)."""
     check_output_folder(cfg.out)
+    check_master_port(torchrun or {})
     spec = load_spec(cfg.model, num_layers=cfg.num_layers, dtype=cfg.dtype)
     split_layers(spec.num_layers, world_size, cfg.layer_partition)
     resolve_attention_backend(cfg.attention_backend, cfg.device)
     if cfg.device == "cuda":
         check_cuda(local_ranks, (torchrun or {}).get("start_method"))
     check_memory(cfg, world_size, local_ranks, torchrun, spec=spec)
+
+
+LOCAL_HOSTS = (None, "", "localhost", "127.0.0.1", "::1", "0.0.0.0")
+MAX_PORT = 65535
+
+
+def check_master_port(torchrun: dict) -> None:
+    """--master-port is a port number and, where this launcher's node 0 hosts the rendezvous store on this host, free
+    (else every rank fails later on a bind error). Not under torchrun, which holds the port itself."""
+    port = torchrun.get("master_port")
+    if port is None or in_worker():
+        return
+    try:
+        number = int(str(port))
+    except ValueError:
+        number = -1
+    if not 1 <= number <= MAX_PORT:
+        raise ValueError(f"--master-port {port} must be a port number in 1..{MAX_PORT}")
+    if torchrun.get("master_addr") not in LOCAL_HOSTS or str(torchrun.get("node_rank") or 0) != "0":
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store binds it
+        try:
+            sock.bind(("", number))
+        except OSError as e:
+            raise ValueError(f"--master-port {number} is in use on this host ({e.strerror}): choose a free port, or "
+                             "leave --master-port out for a one-node run") from None
 
 
 def warnings(cfg: ProfileConfig) -> list[str]:

@@ -4,9 +4,11 @@ that family's default."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
-from ppprof.specs.spec import ATTENTION, MAMBA, MLP, MOE, RELU2, SILU, LayerSpec, ModelSpec
+from ppprof.checks import a_type, is_int, short
+from ppprof.specs.spec import ATTENTION, MAMBA, MAX_LAYERS, MLP, MOE, RELU2, SILU, LayerSpec, ModelSpec
 from ppprof.specs.pattern import layer_kinds, parse_pattern
 
 FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -65,20 +67,44 @@ def _get(cfg: dict, key: str, default: Any) -> Any:
     return default if value is None else value
 
 
+def _int(cfg: dict, *keys: str, default: Any) -> int:
+    """The first of `keys` the config gives (else `default`) as an integer; ValueError naming the key unless it is one
+    (a float, 4096.0 too, a string, a bool or a list is refused, not truncated)."""
+    key = next((k for k in keys if cfg.get(k) is not None), None)
+    value = default if key is None else cfg[key]
+    if not is_int(value):
+        raise ValueError(f"{key or keys[0]}={short(value)} must be an integer, not {a_type(value)}; "
+                         "fix the config")
+    return value
+
+
+def _float(cfg: dict, *keys: str, default: Any) -> float:
+    """The first of `keys` the config gives (else `default`) as a finite number; ValueError naming the key."""
+    key = next((k for k in keys if cfg.get(k) is not None), None)
+    return _number(key or keys[0], default if key is None else cfg[key])
+
+
+def _number(key: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{key}={short(value)} must be a finite number; fix the config")
+    return float(value)
+
+
 def _rope_theta(cfg: dict, default: float) -> float:
     # Newer transformers move rope_theta into rope_parameters (or the older rope_scaling).
     for holder in (cfg, cfg.get("rope_parameters") or {}, cfg.get("rope_scaling") or {}):
         if isinstance(holder, dict) and holder.get("rope_theta") is not None:
-            return float(holder["rope_theta"])
+            return _number("rope_theta", holder["rope_theta"])
     return float(default)
 
 
 def _attention_fields(cfg: dict, d: dict[str, Any]) -> dict[str, Any]:
     """Attention fields with the family defaults `d`; head_dim = hidden / heads unless given."""
-    hidden = int(_get(cfg, "hidden_size", d["hidden_size"]))
-    heads = int(_get(cfg, "num_attention_heads", d["num_attention_heads"]))
-    kv_heads = _get(cfg, "num_key_value_heads", d["num_key_value_heads"])
-    head_dim = _get(cfg, "head_dim", d.get("head_dim"))
+    hidden = _int(cfg, "hidden_size", default=d["hidden_size"])
+    heads = _int(cfg, "num_attention_heads", default=d["num_attention_heads"])
+    kv_heads = _int(cfg, "num_key_value_heads", default=d["num_key_value_heads"] or heads)
+    head_dim = None if cfg.get("head_dim") is None and d.get("head_dim") is None else \
+        _int(cfg, "head_dim", default=d.get("head_dim"))
     if head_dim is None:
         if heads <= 0 or hidden % heads:
             raise ValueError(f"hidden_size ({hidden}) is not a multiple of num_attention_heads ({heads}): "
@@ -86,20 +112,20 @@ def _attention_fields(cfg: dict, d: dict[str, Any]) -> dict[str, Any]:
         head_dim = hidden // heads
     return dict(
         hidden_size=hidden,
-        vocab_size=int(_get(cfg, "vocab_size", d["vocab_size"])),
-        intermediate_size=int(_get(cfg, "intermediate_size", d["intermediate_size"])),
+        vocab_size=_int(cfg, "vocab_size", default=d["vocab_size"]),
+        intermediate_size=_int(cfg, "intermediate_size", default=d["intermediate_size"]),
         num_attention_heads=heads,
-        num_key_value_heads=int(heads if kv_heads is None else kv_heads),
-        head_dim=int(head_dim),
-        rms_norm_eps=float(_get(cfg, "rms_norm_eps", d.get("rms_norm_eps", 1e-5))),
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=_float(cfg, "rms_norm_eps", default=d.get("rms_norm_eps", 1e-5)),
         rope_theta=_rope_theta(cfg, d.get("rope_theta", 10000.0)),
     )
 
 
 def _num_layers(cfg: dict, default: int) -> int:
-    n = int(_get(cfg, "num_hidden_layers", default))
-    if n < 1:
-        raise ValueError(f"num_hidden_layers={n} must be >= 1; fix the config")
+    n = _int(cfg, "num_hidden_layers", default=default)
+    if not 1 <= n <= MAX_LAYERS:
+        raise ValueError(f"num_hidden_layers={n} must be in 1..{MAX_LAYERS}; fix the config")
     return n
 
 
@@ -111,11 +137,16 @@ def _dense(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
 
 def _nemotron_h(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
     fields = _attention_fields(cfg, FAMILY_DEFAULTS[family])
-    fields["rms_norm_eps"] = float(_get(cfg, "layer_norm_epsilon", _get(cfg, "rms_norm_eps", 1e-5)))
+    fields["rms_norm_eps"] = _float(cfg, "layer_norm_epsilon", "rms_norm_eps", default=1e-5)
     blocks = cfg.get("layers_block_type") or cfg.get("layer_types")
     if cfg.get("hybrid_override_pattern"):
+        if not isinstance(cfg["hybrid_override_pattern"], str):
+            raise ValueError(f"hybrid_override_pattern={short(cfg['hybrid_override_pattern'])} must be a string of "
+                             "layer characters, e.g. \"M-M*-\"; fix the config")
         layers = parse_pattern(cfg["hybrid_override_pattern"])
     elif blocks:
+        if not isinstance(blocks, list) or not all(isinstance(b, str) for b in blocks):
+            raise ValueError(f"layers_block_type={short(blocks)} must be a list of block names; fix the config")
         unknown = sorted(set(blocks) - set(NEMOTRON_BLOCK_TYPES))
         if unknown:
             raise ValueError(f"layers_block_type has unknown types {unknown}: use {', '.join(NEMOTRON_BLOCK_TYPES)}")
@@ -123,15 +154,15 @@ def _nemotron_h(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
     else:
         layers = parse_pattern(NEMOTRON_H_8B_PATTERN)
     fields.update(
-        mamba_num_heads=int(_get(cfg, "mamba_num_heads", 128)),
-        mamba_head_dim=int(_get(cfg, "mamba_head_dim", 64)),
-        ssm_state_size=int(_get(cfg, "ssm_state_size", _get(cfg, "mamba_d_state", 128))),
-        mamba_n_groups=int(_get(cfg, "n_groups", _get(cfg, "mamba_n_groups", 8))),
-        conv_kernel=int(_get(cfg, "conv_kernel", _get(cfg, "mamba_d_conv", 4))),
-        mamba_chunk_size=int(_get(cfg, "chunk_size", _get(cfg, "mamba_chunk_size", 128))),
-        num_experts=int(_get(cfg, "n_routed_experts", _get(cfg, "num_local_experts", 8))),
-        num_experts_per_tok=int(_get(cfg, "num_experts_per_tok", 2)),
-        moe_intermediate_size=int(_get(cfg, "moe_intermediate_size", 7688)),
+        mamba_num_heads=_int(cfg, "mamba_num_heads", default=128),
+        mamba_head_dim=_int(cfg, "mamba_head_dim", default=64),
+        ssm_state_size=_int(cfg, "ssm_state_size", "mamba_d_state", default=128),
+        mamba_n_groups=_int(cfg, "n_groups", "mamba_n_groups", default=8),
+        conv_kernel=_int(cfg, "conv_kernel", "mamba_d_conv", default=4),
+        mamba_chunk_size=_int(cfg, "chunk_size", "mamba_chunk_size", default=128),
+        num_experts=_int(cfg, "n_routed_experts", "num_local_experts", default=8),
+        num_experts_per_tok=_int(cfg, "num_experts_per_tok", default=2),
+        moe_intermediate_size=_int(cfg, "moe_intermediate_size", default=7688),
     )
     return layers, fields
 
@@ -139,9 +170,9 @@ def _nemotron_h(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
 def _jamba(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
     fields = _attention_fields(cfg, FAMILY_DEFAULTS[family])
     n = _num_layers(cfg, FAMILY_DEFAULTS[family]["num_hidden_layers"])
-    attn_period, attn_offset = int(_get(cfg, "attn_layer_period", 8)), int(_get(cfg, "attn_layer_offset", 4))
-    moe_period, moe_offset = int(_get(cfg, "expert_layer_period", 2)), int(_get(cfg, "expert_layer_offset", 1))
-    num_experts = int(_get(cfg, "num_experts", 16))
+    attn_period, attn_offset = _int(cfg, "attn_layer_period", default=8), _int(cfg, "attn_layer_offset", default=4)
+    moe_period, moe_offset = _int(cfg, "expert_layer_period", default=2), _int(cfg, "expert_layer_offset", default=1)
+    num_experts = _int(cfg, "num_experts", default=16)
     for what, period, offset in (("attn", attn_period, attn_offset), ("expert", moe_period, moe_offset)):
         if not 0 <= offset < period:
             raise ValueError(f"{what}_layer_offset ({offset}) must be in 0..{what}_layer_period-1 ({period - 1}); "
@@ -151,7 +182,7 @@ def _jamba(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
                   ffn=MOE if num_experts > 1 and i % moe_period == moe_offset else MLP)
         for i in range(n)
     )
-    d_inner = int(_get(cfg, "mamba_expand", 2)) * fields["hidden_size"]
+    d_inner = _int(cfg, "mamba_expand", default=2) * fields["hidden_size"]
     if d_inner % JAMBA_MAMBA_HEAD_DIM:
         raise ValueError(f"Jamba d_inner = mamba_expand * hidden_size = {d_inner} is not a multiple of "
                          f"{JAMBA_MAMBA_HEAD_DIM}, the Mamba2 head dim ppprof uses for Jamba: use a hidden_size "
@@ -159,11 +190,11 @@ def _jamba(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
     fields.update(
         mamba_num_heads=d_inner // JAMBA_MAMBA_HEAD_DIM,
         mamba_head_dim=JAMBA_MAMBA_HEAD_DIM,
-        ssm_state_size=int(_get(cfg, "mamba_d_state", 16)),
+        ssm_state_size=_int(cfg, "mamba_d_state", default=16),
         mamba_n_groups=1,
-        conv_kernel=int(_get(cfg, "mamba_d_conv", 4)),
+        conv_kernel=_int(cfg, "mamba_d_conv", default=4),
         num_experts=num_experts,
-        num_experts_per_tok=int(_get(cfg, "num_experts_per_tok", 2)),
+        num_experts_per_tok=_int(cfg, "num_experts_per_tok", default=2),
         # Jamba's experts are full-size MLPs.
         moe_intermediate_size=fields["intermediate_size"],
     )
@@ -172,8 +203,8 @@ def _jamba(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
 
 def _mamba2_fields(cfg: dict, hidden: int, d_inner: int) -> dict[str, Any]:
     """Bamba / FalconH1 Mamba2 fields; mamba_d_head "auto" (or missing) means d_inner / mamba_n_heads."""
-    heads = int(_get(cfg, "mamba_n_heads", 128))
-    head_dim = _get(cfg, "mamba_d_head", "auto")
+    heads = _int(cfg, "mamba_n_heads", default=128)
+    head_dim = "auto" if cfg.get("mamba_d_head") in (None, "auto") else _int(cfg, "mamba_d_head", default=None)
     if head_dim == "auto":
         if heads <= 0 or d_inner % heads:
             raise ValueError(f"mamba_n_heads ({heads}) does not divide the mamba inner size ({d_inner}): "
@@ -181,24 +212,27 @@ def _mamba2_fields(cfg: dict, hidden: int, d_inner: int) -> dict[str, Any]:
         head_dim = d_inner // heads
     return dict(
         mamba_num_heads=heads,
-        mamba_head_dim=int(head_dim),
-        ssm_state_size=int(_get(cfg, "mamba_d_state", 256)),
-        mamba_n_groups=int(_get(cfg, "mamba_n_groups", 1)),
-        conv_kernel=int(_get(cfg, "mamba_d_conv", 4)),
-        mamba_chunk_size=int(_get(cfg, "mamba_chunk_size", 256)),
+        mamba_head_dim=head_dim,
+        ssm_state_size=_int(cfg, "mamba_d_state", default=256),
+        mamba_n_groups=_int(cfg, "mamba_n_groups", default=1),
+        conv_kernel=_int(cfg, "mamba_d_conv", default=4),
+        mamba_chunk_size=_int(cfg, "mamba_chunk_size", default=256),
     )
 
 
 def _bamba(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
     fields = _attention_fields(cfg, FAMILY_DEFAULTS[family])
     n = _num_layers(cfg, FAMILY_DEFAULTS[family]["num_hidden_layers"])
-    attn = set(cfg.get("attn_layer_indices") or ())
-    bad = sorted(i for i in attn if not 0 <= int(i) < n)
+    attn = cfg.get("attn_layer_indices") or []
+    if not isinstance(attn, list) or not all(is_int(i) for i in attn):
+        raise ValueError(f"attn_layer_indices={short(attn)} must be a list of integer layer indices; fix the config")
+    attn = set(attn)
+    bad = sorted(i for i in attn if not 0 <= i < n)
     if bad:
         raise ValueError(f"attn_layer_indices {bad} are outside 0..{n - 1}: fix the config")
     layers = tuple(LayerSpec(mixers=(ATTENTION,) if i in attn else (MAMBA,), ffn=MLP) for i in range(n))
     hidden = fields["hidden_size"]
-    fields.update(_mamba2_fields(cfg, hidden, int(_get(cfg, "mamba_expand", 2)) * hidden))
+    fields.update(_mamba2_fields(cfg, hidden, _int(cfg, "mamba_expand", default=2) * hidden))
     return layers, fields
 
 
@@ -207,8 +241,10 @@ def _falcon_h1(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
     n = _num_layers(cfg, FAMILY_DEFAULTS[family]["num_hidden_layers"])
     hidden = fields["hidden_size"]
     # mamba_d_ssm is the Mamba inner size; None means mamba_expand * hidden (FalconH1Config).
-    d_inner = cfg.get("mamba_d_ssm", 1024)
-    d_inner = int(_get(cfg, "mamba_expand", 2)) * hidden if d_inner is None else int(d_inner)
+    if "mamba_d_ssm" in cfg and cfg["mamba_d_ssm"] is None:
+        d_inner = _int(cfg, "mamba_expand", default=2) * hidden
+    else:
+        d_inner = _int(cfg, "mamba_d_ssm", default=1024)
     fields.update(_mamba2_fields(cfg, hidden, d_inner))
     return (LayerSpec(mixers=(ATTENTION, MAMBA), ffn=MLP),) * n, fields
 
@@ -228,12 +264,17 @@ ARCHITECTURES = {
 def hf_family(cfg: dict) -> str:
     """The family of a HF config: its model_type, else its first known architecture."""
     model_type = cfg.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise ValueError(f"model_type={short(model_type)} must be a string, e.g. \"llama\"; fix the config")
     if model_type:
         if model_type not in FAMILIES:
             raise ValueError(f"model_type {model_type!r} is not supported: use a config with model_type one of "
                              f"{', '.join(SUPPORTED_MODEL_TYPES)}")
         return model_type
     archs = cfg.get("architectures") or []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise ValueError(f"architectures={short(archs)} must be a list of class names, e.g. [\"LlamaForCausalLM\"]; "
+                         "fix the config")
     for arch in archs:
         if arch in ARCHITECTURES:
             return ARCHITECTURES[arch]
@@ -245,8 +286,11 @@ def spec_from_hf_config(cfg: dict, *, name: str) -> ModelSpec:
     """A ModelSpec from a parsed HF config.json; fields of layer kinds the model lacks keep ModelSpec's defaults."""
     if not isinstance(cfg, dict):
         raise ValueError(f"{name}: a HF config.json must hold a JSON object, got {type(cfg).__name__}")
-    family = hf_family(cfg)
-    layers, fields = FAMILIES[family](cfg, family)
+    try:
+        family = hf_family(cfg)
+        layers, fields = FAMILIES[family](cfg, family)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
     kinds = set().union(*(layer_kinds(layer) for layer in layers))
     unused = {
         ATTENTION: ("num_attention_heads", "num_key_value_heads", "head_dim", "rope_theta"),

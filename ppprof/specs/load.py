@@ -12,8 +12,8 @@ from pathlib import Path
 
 import yaml
 
-from ppprof.checks import is_int
-from ppprof.specs.spec import ModelSpec
+from ppprof.checks import is_int, short
+from ppprof.specs.spec import MAX_LAYERS, ModelSpec
 from ppprof.specs.dtypes import normalize_dtype
 from ppprof.specs.hf import spec_from_hf_config
 from ppprof.specs.pattern import parse_layer_tokens, parse_pattern, shorten_layers
@@ -67,14 +67,22 @@ def spec_from_dict(data: dict, *, name: str) -> ModelSpec:
     if has_pattern == has_layers:
         raise ValueError(f"{name}: give exactly one of `pattern` (e.g. 'M-*-') or `layers` (e.g. '*- *-')")
     pattern, tokens = data.pop("pattern", None), data.pop("layers", None)
+    if has_pattern and not isinstance(pattern, str):
+        raise ValueError(f"{name}: pattern={short(pattern)} must be a string of layer characters, e.g. 'M-*-'")
+    if has_layers and not isinstance(tokens, (str, list)):
+        raise ValueError(f"{name}: layers={short(tokens)} must be layer tokens, e.g. '*- *-' or ['*-', '*-']")
     layers = parse_pattern(pattern) if has_pattern else parse_layer_tokens(tokens)
     repeat = data.pop("repeat", 1)
-    if not is_int(repeat) or repeat < 1:
-        raise ValueError(f"{name}: repeat={repeat!r} must be a positive integer")
+    if not is_int(repeat) or not 1 <= repeat <= MAX_LAYERS:
+        raise ValueError(f"{name}: repeat={short(repeat)} must be an integer in 1..{MAX_LAYERS}")
+    if len(layers) * repeat > MAX_LAYERS:
+        raise ValueError(f"{name}: {len(layers)} layers x repeat {repeat} exceeds {MAX_LAYERS} layers: lower repeat")
     data.setdefault("name", name)
     if "family" not in data:
         raise ValueError(f"{name}: missing `family`: give one, e.g. llama or nemotron_h")
     data["dtype"] = normalize_dtype(data.get("dtype"))
+    if not isinstance(data.get("extra") or {}, dict):
+        raise ValueError(f"{name}: extra={short(data['extra'])} must be a mapping")
     data["extra"] = dict(data.get("extra") or {})
     try:
         return ModelSpec(layers=layers * repeat, **data)
@@ -90,7 +98,10 @@ def read_spec_file(path: Path, *, name: str | None = None) -> ModelSpec:
             raise ValueError(f"folder {path} holds no {HF_CONFIG_NAME}: give a HF model folder or a config file")
         path = path / HF_CONFIG_NAME
     label = name or str(path)
-    text = path.read_text()
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise ValueError(f"model file {path} is not text: give a YAML spec or a HF config.json") from None
     if path.suffix == ".json":
         try:
             data = json.loads(text)

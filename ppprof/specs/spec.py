@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ppprof.checks import is_int
+import math
+from dataclasses import fields
+
+from ppprof.checks import a_type, is_int, short
 
 ATTENTION = "attention"
 MAMBA = "mamba"
@@ -24,6 +27,10 @@ down(relu(up x)^2), 2 matrices)."""
 MIXER_CHARS = {"*": ATTENTION, "M": MAMBA}
 FFN_CHARS = {"-": MLP, "E": MOE}
 """The layer notation's characters (Nemotron-H's): M mamba, * attention, - MLP, E MoE."""
+MAX_LAYERS = 4096
+"""The most decoder layers a model spec holds (a pattern, repeat or num_hidden_layers beyond it is refused)."""
+FLOAT_FIELDS = ("rms_norm_eps", "rope_theta")
+TEXT_FIELDS = ("name", "family", "mlp_act")
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +126,7 @@ class ModelSpec:
     """Fields read from a HuggingFace config that ppprof keeps for the record only."""
 
     def __post_init__(self) -> None:
+        check_types(self)
         if not self.layers:
             raise ValueError(f"model {self.name!r} has no layers: give at least one layer")
         _positive(self, "hidden_size", "vocab_size")
@@ -185,3 +193,29 @@ def _positive(spec: ModelSpec, *names: str) -> None:
         value = getattr(spec, name)
         if not is_int(value) or value <= 0:
             raise ValueError(f"model {spec.name!r}: {name}={value!r} must be a positive integer; set it in the config")
+
+
+def check_types(spec: ModelSpec) -> None:
+    """Every field of its type: integer fields integers >= 0 (a float, 4096.0 too, a string, a bool or a list is
+    refused; those a layer kind uses must be positive, checked after), float fields finite positive numbers, names
+    strings, at most MAX_LAYERS layers."""
+    for name in TEXT_FIELDS:
+        value = getattr(spec, name)
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"model {short(spec.name)}: {name}={short(value)} must be a non-empty string")
+    for f in fields(spec):
+        value = getattr(spec, f.name)
+        if f.type == "int" and (not is_int(value) or value < 0):
+            raise ValueError(f"model {spec.name!r}: {f.name}={short(value)} must be an integer >= 0"
+                             + ("" if is_int(value) else f", not {a_type(value)}") + "; fix the config")
+    for name in FLOAT_FIELDS:
+        value = getattr(spec, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"model {spec.name!r}: {name}={short(value)} must be a finite positive number; fix the "
+                             "config")
+    if not isinstance(spec.layers, tuple) or not all(isinstance(layer, LayerSpec) for layer in spec.layers):
+        raise ValueError(f"model {spec.name!r}: layers must be layer specs (give `pattern` or `layers`)")
+    if len(spec.layers) > MAX_LAYERS:
+        raise ValueError(f"model {spec.name!r} has {len(spec.layers)} layers: use at most {MAX_LAYERS}")
+    if not isinstance(spec.extra, dict):
+        raise ValueError(f"model {spec.name!r}: extra={short(spec.extra)} must be a mapping")

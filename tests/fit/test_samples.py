@@ -46,3 +46,23 @@ def test_bad_aliased_values_are_reported(tmp_path):
         tmp_path / "bad.csv", index=False)
     with pytest.raises(ValueError, match=r"column chunk_size row 2 is .*0\.0\)?: use an integer >= 1"):
         read_samples(tmp_path / "bad.csv")
+
+
+@pytest.mark.parametrize("factor", [1e300, 2000.0, 1 / 2000.0])
+def test_an_absurd_latency_is_refused_naming_its_row_before_it_picks_the_bottleneck(tmp_path, factor):
+    data = frame()
+    data.to_csv(tmp_path / "clean.csv", index=False)
+    assert read_samples(tmp_path / "clean.csv").bottleneck_stage == 1  # real spread (prefix 0..32768) passes
+    row = 7
+    data.loc[row, "stage0_latency_ms"] *= factor  # would make stage 0 the bottleneck
+    data.to_csv(tmp_path / "samples.csv", index=False)
+    with pytest.raises(ValueError, match=rf"column stage0_latency_ms row {row + 1} has latency .* the median .* "
+                                         r"not a measurement; remove or re-measure that row"):
+        read_samples(tmp_path / "samples.csv")
+
+
+def test_a_latency_500x_its_neighbours_is_still_a_measurement(tmp_path):
+    data = frame()
+    data.loc[7, "latency_ms"] *= 500
+    data.to_csv(tmp_path / "samples.csv", index=False)
+    assert len(read_samples(tmp_path / "samples.csv")) == len(data)

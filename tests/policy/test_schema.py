@@ -21,11 +21,12 @@ def test_save_load_roundtrip(tmp_path):
 
 @pytest.mark.parametrize("mutate, message", [
     (lambda d: d.update(schema_version=3), "schema_version 3 is not supported"),
-    (lambda d: d.pop("table"), "lacks table"),
-    (lambda d: d.update(status="maybe"), "status 'maybe' is invalid"),
-    (lambda d: d["settings"].update(smooth_factor=2.0), "--smooth-factor 2.0 is out of range"),
-    (lambda d: d["latency_model"]["coefficients"]["a"].update(unit="s"), "unit 's'"),
-    (lambda d: d["table"].update(prefix_len=[1] + d["table"]["prefix_len"][1:]), "must start at 0"),
+    (lambda d: d.pop("table"), r"\$\.table: missing"),
+    (lambda d: d.update(status="maybe"), r"\$\.status: 'maybe' is not one of"),
+    (lambda d: d["settings"].update(smooth_factor=2.0), r"\$\.settings\.smooth_factor: 2\.0 is greater than the maximum"),
+    (lambda d: d["latency_model"]["coefficients"]["a"].update(unit="s"),
+     r"\$\.latency_model\.coefficients\.a\.unit: 's' given, 'ms/token\^2' expected"),
+    (lambda d: d["table"].update(prefix_len=[1] + d["table"]["prefix_len"][1:]), r"\$\.table\.prefix_len\[0\]: 1 given"),
 ])
 def test_schema_errors(tmp_path, mutate, message):
     data = copy.deepcopy(policy_dict(MODEL))

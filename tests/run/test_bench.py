@@ -83,9 +83,15 @@ def test_bad_bench_input_is_one_line_exit_2(policy, tmp_path, args, message):
 
 
 def test_a_policy_without_its_run_folder_is_refused(tmp_path):
-    (tmp_path / "policy.json").write_text("{}")
+    from pathlib import Path
+
+    committed = Path(__file__).resolve().parents[2] / "results" / "profile-tiny-hybrid" / "policy.json"
+    (tmp_path / "policy.json").write_text(committed.read_text())
     r = CliRunner().invoke(main, ["bench", str(tmp_path / "policy.json"), "--prompt-len", "256"])
     assert r.exit_code == 2 and "run.json does not exist" in r.stderr
+    (tmp_path / "policy.json").write_text("{}")  # the policy itself is checked first, as `ppprof validate` does
+    r = CliRunner().invoke(main, ["bench", str(tmp_path / "policy.json"), "--prompt-len", "256"])
+    assert r.exit_code == 2 and "$.schema_version: missing" in r.stderr
 
 
 def test_tune_plans_run_as_arms_beside_the_strategies(policy, tmp_path):

@@ -10,8 +10,8 @@ from ppprof.run.options import resolve_config
 @pytest.mark.parametrize("args,message", [
     (["--model", "no-such-model"], "no-such-model"),
     (["--model", "tiny-dense", "--nproc-per-node", "9"], "number of stages (9) cannot be greater than layers"),
-    (["--requests-per-probe", "200"], "--requests-per-probe 200 is out of range: use 8..128"),
-    (["--requests-per-probe", "4"], "--requests-per-probe 4 is out of range"),
+    (["--requests-per-probe", "200"], "--requests-per-probe 200 must be an integer in 8..128"),
+    (["--requests-per-probe", "4"], "--requests-per-probe 4 must be an integer in 8..128"),
     (["--max-total-tokens", "256"], "does not fit the KV cache"),
     (["--layer-partition", "3,3"], "--layer-partition 3,3 adds up to 6 layers but the model has 8"),
     (["--layer-partition", "8,0"], "would leave a stage empty"),
