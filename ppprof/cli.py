@@ -41,12 +41,12 @@ def main() -> None:
     """Profile prefill chunks on a pipeline-parallel model and write a dynamic-chunk policy for servers."""
 
 
-from ppprof.fit.cli import fit_command  # noqa: E402
+from ppprof.fit.cli import compare_command, fit_command  # noqa: E402
 from ppprof.policy.cli import export_command, plan_command, validate_command  # noqa: E402
 from ppprof.run.commands import bench as bench_command, profile as profile_command  # noqa: E402
 from ppprof.run.options import with_memory  # noqa: E402
 from ppprof.specs.cli import model as model_command  # noqa: E402
 
 for command in (with_memory(model_command, profile_command), profile_command, fit_command, plan_command, export_command, validate_command,
-                bench_command):
+                bench_command, compare_command):
     main.add_command(command)
