@@ -35,7 +35,8 @@ class PpprofGroup(click.Group):
             sys.exit(EXIT_BAD_INPUT)
 
 
-@click.group(cls=PpprofGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=PpprofGroup, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog="Example: ppprof profile --out results/my-run")
 @click.version_option(__version__, prog_name="ppprof")
 def main() -> None:
     """Profile prefill chunks on a pipeline-parallel model and write a dynamic-chunk policy for servers."""

@@ -10,7 +10,7 @@ from ppprof.fit.settings import DEFAULT_CONTEXT_LEN, DEFAULT_SMOOTH_FACTOR, LATE
 from ppprof.policy.compare import DEFAULT_TOLERANCES
 
 
-@click.command("fit")
+@click.command("fit", epilog="Example: ppprof fit results/my-run/samples.csv -o policy.json")
 @click.argument("samples", type=click.Path(dir_okay=False))
 @click.option("--latency-model", type=click.Choice(LATENCY_MODEL_CHOICES), default="auto", show_default=True,
               help="quadratic (SGLang), prefix (ATOM), pairs (prefix + h L x^2) or auto (best on held-out prefix bands).")

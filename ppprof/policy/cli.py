@@ -38,7 +38,7 @@ def echo_plan(p: Plan) -> None:
                    f"chunk-latency bounds)")
 
 
-@click.command("plan")
+@click.command("plan", epilog="Example: ppprof plan results/my-run/policy.json --prompt-len 32768 --pp 4")
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False))
 @click.option("--prompt-len", type=int, required=True, help="Prompt length in tokens.")
 @click.option("--pp", "num_stages", type=int, default=None,
@@ -70,7 +70,7 @@ def plan_command(policy_path, prompt_len, num_stages, strategy, as_json, png) ->
     click.echo(f"timeline: {png}")
 
 
-@click.command("export")
+@click.command("export", epilog="Example: ppprof export results/my-run/policy.json --format sglang")
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", type=click.Choice(FORMATS), required=True, help="Target server.")
 def export_command(policy_path, fmt) -> None:
@@ -78,7 +78,7 @@ def export_command(policy_path, fmt) -> None:
     click.echo(export(load(policy_path), fmt, policy_path))
 
 
-@click.command("validate")
+@click.command("validate", epilog="Example: ppprof validate results/my-run/policy.json")
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False))
 def validate_command(policy_path) -> None:
     """Check POLICY's schema and sanity; print 'ok ...' (exit 0) or one line (exit 2)."""
