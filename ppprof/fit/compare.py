@@ -72,8 +72,8 @@ def write_compare_plot(base: Policy, cand: Policy, samples: tuple[Samples, Sampl
     end = table_end(base, cand)
     styles = (("baseline", base, "-", "tab:blue"), ("candidate", cand, "--", "tab:orange"))
     for label, pol, ls, color in styles:
-        starts = [s for s in pol._starts if s <= end]
-        sizes = pol._sizes[:len(starts)]
+        starts = [s for s in pol.data["table"]["prefix_len"] if s <= end]
+        sizes = pol.data["table"]["chunk_size"][:len(starts)]
         left.step(starts + [end], sizes + [sizes[-1]], where="post", ls=ls, color=color,
                   label=f"{label}: {pol.status}, B {pol.base_chunk_size}")
     left.set_xlabel("prefix_len (tokens)")

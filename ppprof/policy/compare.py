@@ -82,7 +82,8 @@ def side(policy: Policy, label: str) -> dict:
     s = policy.settings
     return {"label": label, "status": policy.status, "reason": policy.reason,
             "latency_model": policy.model.name if policy.model else None, "base_chunk_size": s.base_chunk_size,
-            "alignment": s.alignment, "context_len": s.context_len, "num_table_entries": len(policy._sizes)}
+            "alignment": s.alignment, "context_len": s.context_len,
+            "num_table_entries": len(policy.data["table"]["chunk_size"])}
 
 
 def compare_coefficients(base: Policy, cand: Policy) -> list[dict]:
@@ -110,7 +111,8 @@ def compare_tables(base: Policy, cand: Policy, tol: dict[str, float]) -> dict:
     they are constant between the union of their breakpoints. Counts the prefix lengths whose size changed and
     those beyond the tolerance (max(table_units alignment units, table x the baseline size))."""
     end = table_end(base, cand)
-    points = sorted({0, *(p for p in base._starts + cand._starts if p <= end)})
+    starts = base.data["table"]["prefix_len"] + cand.data["table"]["prefix_len"]
+    points = sorted({0, *(p for p in starts if p <= end)})
     unit = base.settings.alignment
     rows, changed, beyond, worst = [], 0, 0, None
     for lo, nxt in zip(points, points[1:] + [end + 1]):
