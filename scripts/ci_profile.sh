@@ -11,7 +11,7 @@
 # $PPPROF_ARTIFACTS  the artifacts folder (default ci-artifacts/<UTC time>): run/ (samples.csv, run.json,
 #           policy.json, plots, rank logs), compare.txt, compare.json, compare.png.
 # $PPPROF_TOLERANCE  `ppprof compare --tolerance` items, e.g. ttft=0.1,samples=0.1.
-# $PPPROF_CI_ATTEMPTS  profiles a drift must show in, one after the other, to fail (default 2: a shared machine has
+# $PPPROF_CI_ATTEMPTS  profiles a drift must show in, one after the other, to fail (default 3: a shared machine has
 #           noisy runs; a real drift shows in both). Later attempts leave run-N/ and compare-N.* beside the first.
 # $PPPROF_CI_SETUP=0 skips scripts/setup.sh (an environment already set up).
 # Exit: 0 within tolerance; 1 drift beyond tolerance, or a profile or policy that failed; 2 bad input.
@@ -24,7 +24,7 @@ extra=("$@")
 [ ${#positional[@]} -le 2 ] || { echo "ci_profile: too many arguments (${positional[*]}): use [CONFIG [BASELINE]] [-- PROFILE_OPTIONS]" >&2; exit 2; }
 config=${positional[0]:-${PPPROF_CONFIG:-}}
 baseline=${positional[1]:-${PPPROF_BASELINE:-results/baseline}}
-attempts=${PPPROF_CI_ATTEMPTS:-2}
+attempts=${PPPROF_CI_ATTEMPTS:-3}
 [ -z "$config" ] || [ -f "$config" ] || { echo "ci_profile: CONFIG $config does not exist: pass a profile YAML (e.g. configs/profile-default.yaml) or nothing for the default" >&2; exit 2; }
 [ "$baseline" = none ] || [ -e "$baseline" ] || { echo "ci_profile: BASELINE $baseline does not exist: pass a run folder or policy file, or 'none' to profile without comparing" >&2; exit 2; }
 [[ "$attempts" =~ ^[1-9][0-9]*$ ]] || { echo "ci_profile: PPPROF_CI_ATTEMPTS $attempts is invalid: use a positive integer" >&2; exit 2; }
