@@ -175,6 +175,12 @@ def checks(report: dict, tol: dict[str, float]) -> list[dict]:
     b, c = report["baseline"], report["candidate"]
     out = [{"figure": "status", "value": None, "limit": None, "passed": b["status"] == c["status"],
             "detail": f"{b['status']} -> {c['status']}"}]
+    drift = report.get("samples")
+    if b["status"] != c["status"] and drift and drift.get("median_ratio") is not None \
+            and abs(drift["median_ratio"] - 1.0) <= tol["samples"]:
+        out[0]["detail"] += (f"; yet the samples agree (median latency ratio {drift['median_ratio']:.3f}): a noisy "
+                             f"profile may have failed the quality gates (see its reason); profile it again on a "
+                             f"quiet machine")
     tgt = report["target_latency_ms"]
     if tgt["change"] is not None:
         out.append(check("target", abs(tgt["change"]), tol["target"],
@@ -193,7 +199,6 @@ def checks(report: dict, tol: dict[str, float]) -> list[dict]:
         out.append(check("ttft", abs(r["change"]), tol["ttft"],
                          f"{r['strategy']} at {r['prompt_len']} tokens: {r['baseline_ms']:.1f} -> "
                          f"{r['candidate_ms']:.1f} ms ({pct(r['change'])})"))
-    drift = report.get("samples")
     if drift and drift.get("median_ratio") is not None:
         out.append(check("samples", abs(drift["median_ratio"] - 1.0), tol["samples"],
                          f"median latency ratio {drift['median_ratio']:.3f} over {drift['num_cells']} common "

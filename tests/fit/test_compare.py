@@ -98,6 +98,20 @@ def test_doubled_a_drifts_and_says_which_figure(runs, tmp_path):
                    "--tolerance", "coef=50%").exit_code == 1
 
 
+def test_status_change_with_agreeing_samples_says_so(runs, tmp_path):
+    base, _ = runs
+    static = tmp_path / "static"
+    shutil.copytree(base, static)
+    data = json.loads((static / "policy.json").read_text())
+    data.update(status="static", reason="gate rms_residual_fraction fails", table=make_table(
+        None, load(base / "policy.json").settings, None, "static"))
+    atomic_write_json(static / "policy.json", data)
+    result = compare(base, static)
+    assert result.exit_code == 1, result.output
+    line = next(s for s in result.output.splitlines() if s.startswith("DRIFT status"))
+    assert "dynamic -> static; yet the samples agree (median latency ratio 1.000)" in line
+
+
 def test_bad_input_exit_2_one_line_nothing_written(runs, tmp_path):
     base, cand = runs
     empty = tmp_path / "empty"
