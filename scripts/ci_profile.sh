@@ -16,6 +16,7 @@
 # $PPPROF_CI_SETUP=0 skips scripts/setup.sh (an environment already set up).
 # Exit: 0 within tolerance; 1 drift beyond tolerance, or a profile or policy that failed; 2 bad input.
 set -euo pipefail
+caller=$PWD
 cd "$(dirname "$0")/.."
 positional=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do positional+=("$1"); shift; done
@@ -25,10 +26,15 @@ extra=("$@")
 config=${positional[0]:-${PPPROF_CONFIG:-}}
 baseline=${positional[1]:-${PPPROF_BASELINE:-results/baseline}}
 attempts=${PPPROF_CI_ATTEMPTS:-3}
+# Paths the caller gives are relative to where it ran, else to the repository root (where the defaults are).
+from_caller() { case $1 in /*|none|"") echo "$1" ;; *) if [ -e "$caller/$1" ]; then echo "$caller/$1"; else echo "$1"; fi ;; esac; }
+config=$(from_caller "$config")
+baseline=$(from_caller "$baseline")
 [ -z "$config" ] || [ -f "$config" ] || { echo "ci_profile: CONFIG $config does not exist: pass a profile YAML (e.g. configs/profile-default.yaml) or nothing for the default" >&2; exit 2; }
 [ "$baseline" = none ] || [ -e "$baseline" ] || { echo "ci_profile: BASELINE $baseline does not exist: pass a run folder or policy file, or 'none' to profile without comparing" >&2; exit 2; }
 [[ "$attempts" =~ ^[1-9][0-9]*$ ]] || { echo "ci_profile: PPPROF_CI_ATTEMPTS $attempts is invalid: use a positive integer" >&2; exit 2; }
 artifacts=${PPPROF_ARTIFACTS:-ci-artifacts/$(date -u +%Y%m%d-%H%M%S)}
+if [ -n "${PPPROF_ARTIFACTS:-}" ] && [[ "$artifacts" != /* ]]; then artifacts="$caller/$artifacts"; fi
 mkdir -p "$artifacts"
 echo "ci_profile: artifacts in $artifacts"
 
