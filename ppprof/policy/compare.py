@@ -14,25 +14,16 @@ from ppprof.policy.rule import COEF_UNITS, MODEL_COEFS
 from ppprof.policy.schema import Policy, load, validate
 
 DEFAULT_TOLERANCES = {
-    "ttft": 0.20,
-    "table": 0.20,
-    "table_units": 1.0,
-    "target": 0.25,
-    "samples": 0.20,
-    "coef": math.inf,
+    "ttft": 0.20,  # relative change of each predicted TTFT (fixed, greedy, optimal at each prompt length)
+    "table": 0.20,  # change of the next chunk size at any prefix length, relative to the baseline's size ...
+    "table_units": 1.0,  # ... or in the baseline's alignment units, whichever allows more
+    "target": 0.25,  # relative change of the target latency T
+    "samples": 0.20,  # |median of the cells' latency ratios - 1| at each prefix length (fit.drift)
+    "coef": math.inf,  # relative change of each coefficient: off, since b, c and g trade off between fits
 }
 """Sized for a shared CPU, where a whole profile can run 10-15% slower than the last and a different seed moves b and
 c by 20%: two profiles of the same config pass, a doubled quadratic coefficient a fails (on ttft). On a dedicated GPU
 runner, tighter limits suit (e.g. --tolerance ttft=0.1,samples=0.1)."""
-TOLERANCE_HELP = {
-    "ttft": "relative change of each predicted TTFT (fixed, greedy, optimal at each prompt length)",
-    "table": "relative change of the next chunk size at any prefix length (with table_units, the larger allowance wins)",
-    "table_units": "change of the next chunk size at any prefix length, in the baseline's alignment units",
-    "target": "relative change of the target latency T",
-    "samples": "|median ratio - 1| at each prefix length, the ratio of each (prefix_len, chunk_size) cell being "
-               "candidate median / baseline median",
-    "coef": "relative change of each fitted coefficient (off by default: coefficients trade off against each other)",
-}
 PROMPT_LEN_MULTIPLES = (4, 16, 64)  # default prompt lengths: these multiples of the baseline's B, within the context
 
 
@@ -128,7 +119,7 @@ def compare_tables(base: Policy, cand: Policy, tol: dict[str, float]) -> dict:
             changed += n
         if abs(c - b) > allowed:
             beyond += n
-        excess = abs(c - b) / allowed if allowed else math.inf * (c != b)
+        excess = abs(c - b) / allowed if allowed else (math.inf if c != b else 0.0)  # 1: at the allowance
         if b != c and (worst is None or excess > worst["excess"]):
             worst = {"prefix_len": lo, "baseline": b, "candidate": c, "change_tokens": c - b,
                      "change_units": (c - b) / unit, "change": relative(b, c), "allowed_tokens": allowed,
