@@ -18,21 +18,31 @@
 set -euo pipefail
 caller=$PWD
 cd "$(dirname "$0")/.."
+bad_input() { echo "ci_profile: $*" >&2; exit 2; }
+failed() { echo "ci_profile: $*" >&2; exit 1; }
 positional=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do positional+=("$1"); shift; done
 [ $# -gt 0 ] && shift  # the "--"
 extra=("$@")
-[ ${#positional[@]} -le 2 ] || { echo "ci_profile: too many arguments (${positional[*]}): use [CONFIG [BASELINE]] [-- PROFILE_OPTIONS]" >&2; exit 2; }
+[ ${#positional[@]} -le 2 ] \
+  || bad_input "too many arguments (${positional[*]}): use [CONFIG [BASELINE]] [-- PROFILE_OPTIONS]"
 config=${positional[0]:-${PPPROF_CONFIG:-}}
 baseline=${positional[1]:-${PPPROF_BASELINE:-results/baseline}}
 attempts=${PPPROF_CI_ATTEMPTS:-3}
 # Paths the caller gives are relative to where it ran, else to the repository root (where the defaults are).
-from_caller() { case $1 in /*|none|"") echo "$1" ;; *) if [ -e "$caller/$1" ]; then echo "$caller/$1"; else echo "$1"; fi ;; esac; }
+from_caller() {
+  case $1 in
+    /*|none|"") echo "$1" ;;
+    *) if [ -e "$caller/$1" ]; then echo "$caller/$1"; else echo "$1"; fi ;;
+  esac
+}
 config=$(from_caller "$config")
 baseline=$(from_caller "$baseline")
-[ -z "$config" ] || [ -f "$config" ] || { echo "ci_profile: CONFIG $config does not exist: pass a profile YAML (e.g. configs/profile-default.yaml) or nothing for the default" >&2; exit 2; }
-[ "$baseline" = none ] || [ -e "$baseline" ] || { echo "ci_profile: BASELINE $baseline does not exist: pass a run folder or policy file, or 'none' to profile without comparing" >&2; exit 2; }
-[[ "$attempts" =~ ^[1-9][0-9]*$ ]] || { echo "ci_profile: PPPROF_CI_ATTEMPTS $attempts is invalid: use a positive integer" >&2; exit 2; }
+[ -z "$config" ] || [ -f "$config" ] || bad_input "CONFIG $config does not exist: pass a profile YAML" \
+  "(e.g. configs/profile-default.yaml) or nothing for the default"
+[ "$baseline" = none ] || [ -e "$baseline" ] || bad_input "BASELINE $baseline does not exist: pass a run folder" \
+  "or policy file, or 'none' to profile without comparing"
+[[ "$attempts" =~ ^[1-9][0-9]*$ ]] || bad_input "PPPROF_CI_ATTEMPTS $attempts is invalid: use a positive integer"
 artifacts=${PPPROF_ARTIFACTS:-ci-artifacts/$(date -u +%Y%m%d-%H%M%S)}
 if [ -n "${PPPROF_ARTIFACTS:-}" ] && [[ "$artifacts" != /* ]]; then artifacts="$caller/$artifacts"; fi
 mkdir -p "$artifacts"
@@ -46,15 +56,17 @@ tolerance=(${PPPROF_TOLERANCE:+--tolerance "$PPPROF_TOLERANCE"})
 for attempt in $(seq 1 "$attempts"); do
   suffix=$([ "$attempt" = 1 ] && echo "" || echo "-$attempt")
   run="$artifacts/run$suffix"
+  log="$artifacts/profile$suffix.log"
   echo "ci_profile: profiling into $run (attempt $attempt of $attempts): ppprof profile ${profile_options[*]}"
-  ppprof profile "${profile_options[@]}" --out "$run" > "$artifacts/profile$suffix.log" 2>&1 \
-    || { tail -n 20 "$artifacts/profile$suffix.log" >&2; echo "ci_profile: the profile failed (log: $artifacts/profile$suffix.log)" >&2; exit 1; }
+  ppprof profile "${profile_options[@]}" --out "$run" > "$log" 2>&1 \
+    || { tail -n 20 "$log" >&2; failed "the profile failed (log: $log)"; }
   for f in samples.csv run.json policy.json fit.png chunks.png rank0.log; do
-    test -s "$run/$f" || { echo "ci_profile: the profile did not write $run/$f" >&2; exit 1; }
+    test -s "$run/$f" || failed "the profile did not write $run/$f"
   done
-  ppprof validate "$run/policy.json" || { echo "ci_profile: the policy $run/policy.json is not valid" >&2; exit 1; }
+  ppprof validate "$run/policy.json" || failed "the policy $run/policy.json is not valid"
   if [ "$baseline" = none ]; then
-    echo "ci_profile: no baseline given; to make this run the baseline: cp -r $run results/<name> && git add -f results/<name>"
+    echo "ci_profile: no baseline given; to make this run the baseline:" \
+      "cp -r $run results/<name> && git add -f results/<name>"
     exit 0
   fi
   set +e
@@ -64,11 +76,13 @@ for attempt in $(seq 1 "$attempts"); do
   set -e
   cat "$artifacts/compare$suffix.txt"
   [ "$rc" = 1 ] || break
-  [ "$attempt" = "$attempts" ] || echo "ci_profile: drift beyond tolerance; profiling again to tell a drift from a noisy run"
+  [ "$attempt" = "$attempts" ] \
+    || echo "ci_profile: drift beyond tolerance; profiling again to tell a drift from a noisy run"
 done
 case $rc in
   0) echo "ci_profile: ok: $run is within tolerance of $baseline (artifacts in $artifacts)" ;;
-  1) echo "ci_profile: drift beyond tolerance of $baseline in $attempts profile(s) in a row (artifacts in $artifacts)" >&2 ;;
+  1) echo "ci_profile: drift beyond tolerance of $baseline in $attempts profile(s) in a row" \
+       "(artifacts in $artifacts)" >&2 ;;
   *) echo "ci_profile: ppprof compare failed (exit $rc)" >&2 ;;
 esac
 exit "$rc"
