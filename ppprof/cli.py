@@ -35,19 +35,19 @@ class PpprofGroup(click.Group):
             sys.exit(EXIT_BAD_INPUT)
 
 
-@click.group(cls=PpprofGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=PpprofGroup, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog="Example: ppprof profile --out results/my-run")
 @click.version_option(__version__, prog_name="ppprof")
 def main() -> None:
     """Profile prefill chunks on a pipeline-parallel model and write a dynamic-chunk policy for servers."""
 
 
-from ppprof.fit.cli import fit_command, tune_command  # noqa: E402
+from ppprof.fit.cli import compare_command, fit_command, tune_command  # noqa: E402
 from ppprof.policy.cli import export_command, plan_command, validate_command  # noqa: E402
 from ppprof.run.commands import bench as bench_command, profile as profile_command  # noqa: E402
 from ppprof.run.options import with_memory  # noqa: E402
 from ppprof.specs.cli import model as model_command  # noqa: E402
 
-for command in (with_memory(model_command, profile_command), profile_command, fit_command, plan_command, export_command, tune_command,
-                validate_command,
-                bench_command):
+for command in (with_memory(model_command, profile_command), profile_command, fit_command, plan_command,
+                export_command, tune_command, validate_command, bench_command, compare_command):
     main.add_command(command)

@@ -9,14 +9,16 @@ from pathlib import Path
 import click
 
 from ppprof.checks import require_int
+from ppprof.io import atomic_write_json
 from ppprof.fit.settings import DEFAULT_CONTEXT_LEN, DEFAULT_SMOOTH_FACTOR, LATENCY_MODEL_CHOICES
+from ppprof.policy.compare import DEFAULT_TOLERANCES
 from ppprof.policy.planners import default_num_stages
 from ppprof.policy.schema import load_policy
 from ppprof.policy.servers import LABELS, SERVERS
 from ppprof.policy.tune import draw, parse_prompt_spec, tune
 
 
-@click.command("fit")
+@click.command("fit", epilog="Example: ppprof fit results/my-run/samples.csv -o policy.json")
 @click.argument("samples", type=click.Path(dir_okay=False))
 @click.option("--latency-model", type=click.Choice(LATENCY_MODEL_CHOICES), default="auto", show_default=True,
               help="quadratic (SGLang), prefix (ATOM), pairs (prefix + h L x^2) or auto (best on held-out prefix bands).")
@@ -45,7 +47,8 @@ def fit_command(samples, latency_model, out, parity, **options) -> None:
     click.echo(summary(path, policy))
 
 
-@click.command("tune")
+@click.command("tune", epilog="Example: ppprof tune results/my-run/policy.json --prompt-lens 8192,32768,131072 --pp 4 "
+                                "--server sglang")
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False))
 @click.option("--prompt-lens", "spec", required=True, metavar="SPEC",
               help="Prompt lengths: a list (8192,32768; weights as 8192:3,32768:1) or a file (one a line, or a CSV "
@@ -69,10 +72,7 @@ def fit_command(samples, latency_model, out, parity, **options) -> None:
 def tune_command(policy_path, spec, num_stages, server, current, boot_fit, extrapolate, as_json, png) -> None:
     """Recommend server flags (base chunk, smoothing factor, floor or cap) that minimise the predicted TTFT of your
     prompt lengths, as that server would chunk them; compare with your current flags, the best fixed chunk and the
-    DP-optimal bound.
-
-    Example: ppprof tune results/<run>/policy.json --prompt-lens 8192,32768,131072 --pp 4 --server sglang
-    """
+    DP-optimal bound."""
     from ppprof.fit.parity import boot_fits
     from ppprof.fit.samples import read_samples
 
@@ -127,3 +127,39 @@ def echo_tune(result: dict, path: Path) -> None:
                f"settings {gain['vs_policy']:+.1%}; vs the best fixed chunk {gain['vs_best_fixed']:+.1%}; "
                f"{result['gap_to_optimal']:.1%} above the DP-optimal bound")
     click.echo(f"plot: {result['png']}")
+
+
+@click.command("compare", epilog="Example: ppprof compare results/baseline results/my-run --plot compare.png")
+@click.argument("baseline", type=click.Path())
+@click.argument("candidate", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print the whole comparison as JSON.")
+@click.option("--tolerance", "tolerances", multiple=True, metavar="NAME=VALUE",
+              help="Override a tolerance (repeat, or separate with commas); NAME [default]: " + ", ".join(
+                  f"{k} [{'none' if v == float('inf') else f'{v:g}'}]" for k, v in DEFAULT_TOLERANCES.items())
+              + ". Values are fractions (0.1), percentages (10%) or none.")
+@click.option("--prompt-len", "prompt_lens", type=int, multiple=True,
+              help="Prompt length whose predicted TTFT is compared (repeat)  [default: 4, 16 and 64 x B]")
+@click.option("--pp", "num_stages", type=int, default=None,
+              help="Pipeline stages of the predicted TTFT  [default: the baseline's profiled stages]")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="PNG of both chunk-size tables and both latency models.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Also write the JSON comparison to this file (written even when the policy drifted).")
+def compare_command(baseline, candidate, as_json, tolerances, prompt_lens, num_stages, plot, out) -> None:
+    """Compare CANDIDATE with BASELINE (run folders or policy files): coefficients, target, chunk-size table,
+    predicted TTFT, status and, for run folders, the samples. Exit 0 within tolerance, 1 on drift, 2 on bad input."""
+    import json
+    import sys
+
+    from ppprof.fit.compare import compare
+    from ppprof.policy.compare import parse_tolerances, render
+
+    for n in prompt_lens:
+        require_int("--prompt-len", n, 1)
+    report = compare(baseline, candidate, parse_tolerances(tolerances), prompt_lens=sorted(set(prompt_lens)) or None,
+                     num_stages=num_stages, plot=plot)
+    if out:
+        atomic_write_json(out, report)
+    click.echo(json.dumps(report, indent=2) if as_json else render(report))
+    if report["drifted"]:
+        sys.exit(1)

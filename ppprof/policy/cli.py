@@ -38,7 +38,7 @@ def echo_plan(p: Plan) -> None:
                    f"chunk-latency bounds)")
 
 
-@click.command("plan")
+@click.command("plan", epilog="Example: ppprof plan results/my-run/policy.json --prompt-len 32768 --pp 4")
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False))
 @click.option("--prompt-len", type=int, required=True, help="Prompt length in tokens.")
 @click.option("--pp", "num_stages", type=int, default=None,
@@ -70,17 +70,14 @@ def plan_command(policy_path, prompt_len, num_stages, strategy, as_json, png) ->
     click.echo(f"timeline: {png}")
 
 
-@click.command("export")
+@click.command("export", epilog="Example: ppprof export results/my-run/policy.json --format sglang")
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", type=click.Choice(FORMATS), required=True, help="Target server.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print JSON: flags, comments and where the server's rule differs.")
 def export_command(policy_path, fmt, as_json) -> None:
     """Print the server settings that carry POLICY (SGLang, vllm-ascend or ATOM), and where that server's own rule
-    would size chunks differently with them.
-
-    Example: ppprof export results/<run>/policy.json --format sglang
-    """
+    would size chunks differently with them."""
     policy = load_policy(policy_path)
     if as_json:
         click.echo(json.dumps(export_data(policy, fmt, policy_path), indent=2))
@@ -88,16 +85,13 @@ def export_command(policy_path, fmt, as_json) -> None:
         click.echo(export(policy, fmt, policy_path))
 
 
-@click.command("validate")
+@click.command("validate", epilog="Example: ppprof validate results/my-run/policy.json")
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False), required=False)
 @click.option("--schema", "show_schema", is_flag=True,
               help="Print the policy's JSON Schema (draft 2020-12), the contract servers validate against.")
 def validate_command(policy_path, show_schema) -> None:
     """Check POLICY against the policy schema and the rule; print 'ok ...' (exit 0) or one line naming the field
-    (exit 2). With --schema, print the JSON Schema instead.
-
-    Example: ppprof validate results/<run>/policy.json
-    """
+    (exit 2). With --schema, print the JSON Schema instead."""
     if show_schema:
         if policy_path is not None:
             raise click.UsageError("--schema prints the schema and takes no POLICY: give one or the other")

@@ -59,7 +59,7 @@ def torchrun_options(f):
     return f
 
 
-@click.command("profile")
+@click.command("profile", epilog="Example: ppprof profile --model tiny-dense --out results/my-run")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="YAML file of settings (flags win).")
 @click.option("--model", help="Preset name, YAML spec, or HuggingFace config.json / folder. [tiny-hybrid]")
 @click.option("--num-layers", type=int, help="Keep the layer pattern with this many layers.")
@@ -147,7 +147,7 @@ def bench_world_check(bench: BenchConfig) -> Callable[[int], None]:
     return check
 
 
-@click.command("bench")
+@click.command("bench", epilog="Example: ppprof bench results/my-run/policy.json --prompt-len 8192")
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False), required=False)
 @click.option("--prompt-len", "prompt_lens", type=int, multiple=True, help="Prompt length in tokens (repeatable).")
 @click.option("--strategies", help=f"Comma-separated subset of {','.join(BENCH_STRATEGIES)}. [all]")

@@ -342,7 +342,7 @@ def with_memory(model: click.Command, profile: click.Command) -> click.Command:
 
     params = [*model.params, flag, *(by_name[name] for name in MEMORY_OPTIONS)]
     return click.Command(model.name, params=params, callback=callback, help=model.help,
-                         context_settings=model.context_settings)
+                         context_settings=model.context_settings, epilog=model.epilog)
 
 
 def show_memory(options: dict, sizing: dict) -> None:

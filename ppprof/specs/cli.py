@@ -95,7 +95,7 @@ def _peak_part(s: StageMemory) -> str:
     return next((k for k in s.activation_terms if k in ("attention", "mamba", "mlp", "moe", "norm")), "-")
 
 
-@click.command("model")
+@click.command("model", epilog="Example: ppprof model nemotron-h-8b --pp 4 --memory --device cuda")
 @click.argument("model")
 @click.option("--num-layers", type=int, default=None, help="Keep N layers of the model (its mix of layer kinds kept).")
 @click.option("--pp", "num_stages", type=int, default=1, show_default=True, help="Pipeline stages.")

@@ -1,0 +1,104 @@
+"""`ppprof compare` behind its click command: resolve two run folders or policy files, compare the policies
+(ppprof.policy.compare) and, where both have samples, their cells (ppprof.fit.drift); draw the comparison."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ppprof.fit.build import POLICY_FILE
+from ppprof.fit.drift import samples_drift
+from ppprof.fit.samples import Samples, read_samples
+from ppprof.plotting import pyplot, save_figure
+from ppprof.policy.compare import compare_policies, load_checked, table_end
+from ppprof.policy.schema import Policy
+from ppprof.runfiles import SAMPLES_FILE
+
+NUM_FIT_PREFIXES = 3  # latency curves drawn per policy: prefix 0, the middle and the largest profiled prefix
+
+
+def resolve(path: str | Path, label: str) -> tuple[Path, Path | None]:
+    """(policy file, samples file or None) of a run folder (its policy.json and samples.csv) or a policy file."""
+    path = Path(path)
+    if path.is_dir():
+        policy = path / POLICY_FILE
+        if not policy.is_file():
+            raise ValueError(f"{label} run folder {path} has no {POLICY_FILE}: fit it first with "
+                             f"`ppprof fit {path / SAMPLES_FILE}`")
+        samples = path / SAMPLES_FILE
+        return policy, samples if samples.is_file() else None
+    if not path.exists():
+        raise ValueError(f"{label} {path} does not exist: pass a run folder (policy.json, samples.csv) or a "
+                         f"policy file")
+    return path, None
+
+
+def compare(baseline: str | Path, candidate: str | Path, tolerances: dict[str, float], *,
+            prompt_lens: list[int] | None = None, num_stages: int | None = None, plot: str | Path | None = None
+            ) -> dict:
+    """The comparison report (ppprof.policy.compare.compare_policies) of two run folders or policy files, with
+    samples-level drift where both are run folders with samples; the PNG `plot` is written last, only when every
+    input was good."""
+    (bp, bs), (cp, cs) = resolve(baseline, "baseline"), resolve(candidate, "candidate")
+    base, cand = load_checked(bp), load_checked(cp)
+    samples = (read_samples(bs), read_samples(cs)) if bs and cs else None
+    report = compare_policies(base, cand, tolerances, prompt_lens=prompt_lens, num_stages=num_stages,
+                              samples=samples_drift(*samples) if samples else None,
+                              labels=(str(baseline), str(candidate)))
+    report["baseline"].update(policy=str(bp), samples=str(bs) if bs else None)
+    report["candidate"].update(policy=str(cp), samples=str(cs) if cs else None)
+    if plot:
+        report["plot"] = str(write_compare_plot(base, cand, samples, plot))
+    return report
+
+
+def fit_prefixes(base: Policy, cand: Policy) -> list[int]:
+    """Prefix lengths whose latency curves are drawn: the smallest, a middle and the largest of the profiled prefix
+    lengths (the policies' domains), else 0, the middle and the end of the compared range."""
+    profiled = sorted({int(L) for p in (base, cand) if isinstance(p.data.get("domain"), dict)
+                       for L in p.data["domain"].get("prefix_lens") or ()})
+    if len(profiled) < NUM_FIT_PREFIXES:
+        end = table_end(base, cand)
+        profiled = sorted({0, end // 2, end})
+    return sorted({profiled[0], profiled[len(profiled) // 2], profiled[-1]})
+
+
+def write_compare_plot(base: Policy, cand: Policy, samples: tuple[Samples, Samples] | None, path) -> Path:
+    """Left: both chunk-size tables (next chunk size vs prefix_len). Right: both latency models against chunk_size
+    at a few prefix lengths, with the samples of the nearest measured prefix where there are samples."""
+    plt = pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    end = table_end(base, cand)
+    styles = (("baseline", base, "-", "tab:blue"), ("candidate", cand, "--", "tab:orange"))
+    for label, pol, ls, color in styles:
+        starts = [s for s in pol.data["table"]["prefix_len"] if s <= end]
+        sizes = pol.data["table"]["chunk_size"][:len(starts)]
+        left.step(starts + [end], sizes + [sizes[-1]], where="post", ls=ls, color=color,
+                  label=f"{label}: {pol.status}, B {pol.base_chunk_size}")
+    left.set_xlabel("prefix_len (tokens)")
+    left.set_ylabel("next chunk size (tokens)")
+    left.set_ylim(bottom=0)
+    left.legend(fontsize=8)
+    left.set_title("chunk-size tables", fontsize=9)
+    prefixes = fit_prefixes(base, cand)
+    shades = plt.cm.viridis(np.linspace(0, 0.85, len(prefixes)))
+    largest = max(base.settings.max_chunk_size, base.base_chunk_size, cand.base_chunk_size,
+                  cand.settings.max_chunk_size)
+    x = np.linspace(1, 1.25 * largest, 100)
+    for (label, pol, ls, _), marker, sam in zip(styles, ("o", "x"), samples or (None, None)):
+        for prefix, shade in zip(prefixes, shades):
+            if pol.model is not None:
+                right.plot(x, pol.model.chunk_latency_ms(np.full_like(x, prefix), x), ls=ls, color=shade, lw=1.2,
+                           label=f"{label} ({pol.model.name}), prefix {prefix}")
+            if sam is not None:
+                measured = np.unique(sam.prefix_len)
+                near = measured[np.argmin(np.abs(measured - prefix))]
+                sel = sam.prefix_len == near
+                right.scatter(sam.chunk_size[sel], sam.latency_ms[sel], s=8, marker=marker, color=shade, alpha=0.6)
+    right.set_xlabel("chunk_size (tokens)")
+    right.set_ylabel("chunk latency (ms)")
+    right.set_title("latency models (lines) and samples (o baseline, x candidate)", fontsize=9)
+    right.legend(fontsize=7)
+    fig.tight_layout()
+    return save_figure(fig, path, bbox_inches="tight")

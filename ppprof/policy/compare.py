@@ -1,0 +1,289 @@
+"""Two policies side by side (`ppprof compare`): coefficients, target, chunk-size table, predicted TTFT of each
+planner, status; the tolerances that decide whether the candidate drifted from the baseline, and the text report.
+
+Samples-level drift is computed in ppprof.fit.drift (it reads samples.csv) and judged here with the rest.
+Pure Python and numpy; no torch, pandas or matplotlib.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ppprof.policy.planners import STRATEGIES, default_num_stages, plan_prompt
+from ppprof.policy.rule import COEF_UNITS, MODEL_COEFS
+from ppprof.policy.schema import Policy, load_policy
+
+DEFAULT_TOLERANCES = {
+    "ttft": 0.20,  # relative change of each predicted TTFT (fixed, greedy, optimal at each prompt length)
+    "table": 0.20,  # change of the next chunk size at any prefix length, relative to the baseline's size ...
+    "table_units": 1.0,  # ... or in the baseline's alignment units, whichever allows more
+    "target": 0.25,  # relative change of the target latency T
+    "samples": 0.20,  # |median of the cells' latency ratios - 1| at each prefix length (fit.drift)
+    "coef": math.inf,  # relative change of each coefficient: off, since b, c and g trade off between fits
+}
+"""Sized for a shared CPU, where a whole profile can run 10-15% slower than the last and a different seed moves b and
+c by 20%: two profiles of the same config pass, a doubled quadratic coefficient a fails (on ttft). On a dedicated GPU
+runner, tighter limits suit (e.g. --tolerance ttft=0.1,samples=0.1)."""
+PROMPT_LEN_MULTIPLES = (4, 16, 64)  # default prompt lengths: these multiples of the baseline's B, within the context
+
+
+def load_checked(path) -> Policy:
+    """A policy file loaded and checked exactly as `ppprof validate` checks it (ValueError, one line, otherwise)."""
+    return load_policy(path)
+
+
+def parse_tolerances(specs) -> dict[str, float]:
+    """DEFAULT_TOLERANCES updated by NAME=VALUE items ('ttft=0.05', 'table=15%', 'coef=none'; commas separate
+    several); ValueError naming the item otherwise."""
+    tol = dict(DEFAULT_TOLERANCES)
+    for spec in specs or ():
+        for item in filter(None, (s.strip() for s in str(spec).split(","))):
+            name, sep, text = item.partition("=")
+            name = name.strip()
+            if not sep or name not in tol:
+                raise ValueError(f"--tolerance {item!r} is invalid: use NAME=VALUE with NAME one of "
+                                 f"{', '.join(tol)} (e.g. ttft=0.1 or ttft=10%)")
+            text = text.strip()
+            try:
+                value = math.inf if text.lower() in ("none", "inf") else (
+                    float(text[:-1]) / 100 if text.endswith("%") else float(text))
+            except ValueError:
+                value = math.nan
+            if not value >= 0:
+                raise ValueError(f"--tolerance {item!r} is invalid: the value must be a number >= 0, a percentage or "
+                                 f"none")
+            tol[name] = value
+    return tol
+
+
+def relative(base: float | None, cand: float | None) -> float | None:
+    """cand / base - 1; 0 when both are 0, inf when only the baseline is 0, None when either is missing."""
+    if base is None or cand is None:
+        return None
+    if base == 0:
+        return 0.0 if cand == 0 else math.inf
+    return cand / base - 1.0
+
+
+def side(policy: Policy, label: str) -> dict:
+    s = policy.settings
+    return {"label": label, "status": policy.status, "reason": policy.reason,
+            "latency_model": policy.model.name if policy.model else None, "base_chunk_size": s.base_chunk_size,
+            "alignment": s.alignment, "context_len": s.context_len,
+            "num_table_entries": len(policy.data["table"]["chunk_size"])}
+
+
+def compare_coefficients(base: Policy, cand: Policy) -> list[dict]:
+    """Each coefficient either model has (MODEL_COEFS order), with both values and the relative change."""
+    names = [k for k in COEF_UNITS if any(m and k in MODEL_COEFS[m.name] for m in (base.model, cand.model))]
+    rows = []
+    for k in names:
+        b = getattr(base.model, k) if base.model else None
+        c = getattr(cand.model, k) if cand.model else None
+        rows.append({"name": k, "unit": COEF_UNITS[k], "baseline": b, "candidate": c, "change": relative(b, c)})
+    return rows
+
+
+def table_end(base: Policy, cand: Policy) -> int:
+    """The last prefix length compared: the largest profiled prefix of either policy (their domains), else the
+    smaller context less its margin."""
+    ends = [p.data["domain"]["prefix_len"][1] for p in (base, cand) if isinstance(p.data.get("domain"), dict)]
+    if ends:
+        return max(ends)
+    return min(p.settings.context_len - p.settings.context_margin for p in (base, cand))
+
+
+def compare_tables(base: Policy, cand: Policy, tol: dict[str, float]) -> dict:
+    """Both policies' next_chunk_size on every integer prefix length 0..end, exactly: both are step functions, so
+    they are constant between the union of their breakpoints. Counts the prefix lengths whose size changed and
+    those beyond the tolerance (max(table_units alignment units, table x the baseline size))."""
+    end = table_end(base, cand)
+    starts = base.data["table"]["prefix_len"] + cand.data["table"]["prefix_len"]
+    points = sorted({0, *(p for p in starts if p <= end)})
+    unit = base.settings.alignment
+    rows, changed, beyond, worst = [], 0, 0, None
+    for lo, nxt in zip(points, points[1:] + [end + 1]):
+        b, c = base.next_chunk_size(lo), cand.next_chunk_size(lo)
+        n = nxt - lo
+        allowed = max(tol["table_units"] * unit, tol["table"] * b)
+        if rows and rows[-1]["baseline"] == b and rows[-1]["candidate"] == c:
+            rows[-1]["prefix_len"][1] = nxt - 1
+        else:
+            rows.append({"prefix_len": [lo, nxt - 1], "baseline": b, "candidate": c})
+        if b != c:
+            changed += n
+        if abs(c - b) > allowed:
+            beyond += n
+        excess = abs(c - b) / allowed if allowed else (math.inf if c != b else 0.0)  # 1: at the allowance
+        if b != c and (worst is None or excess > worst["excess"]):
+            worst = {"prefix_len": lo, "baseline": b, "candidate": c, "change_tokens": c - b,
+                     "change_units": (c - b) / unit, "change": relative(b, c), "allowed_tokens": allowed,
+                     "excess": excess}
+    return {"prefix_len_range": [0, end], "num_prefix_lens": end + 1, "num_changed": changed, "num_beyond": beyond,
+            "alignment": unit, "worst": worst, "rows": rows}
+
+
+def default_prompt_lens(base: Policy, cand: Policy) -> list[int]:
+    """PROMPT_LEN_MULTIPLES x the baseline's B, each capped at the smaller context length."""
+    cap = min(p.settings.context_len for p in (base, cand))
+    return sorted({min(k * base.base_chunk_size, cap) for k in PROMPT_LEN_MULTIPLES})
+
+
+def compare_ttft(base: Policy, cand: Policy, prompt_lens: list[int], num_stages: int) -> dict:
+    """Predicted TTFT of each planner at each prompt length under each policy's own model, and the change."""
+    missing = [lab for lab, p in (("baseline", base), ("candidate", cand)) if p.model is None]
+    if missing:
+        return {"num_stages": num_stages, "rows": [], "note": f"{' and '.join(missing)} has no latency model"}
+    rows = []
+    for n in prompt_lens:
+        plans = {lab: {p.strategy: p for p in plan_prompt(pol, n, num_stages, STRATEGIES)}
+                 for lab, pol in (("baseline", base), ("candidate", cand))}
+        for s in STRATEGIES:
+            b, c = plans["baseline"][s], plans["candidate"][s]
+            rows.append({"prompt_len": n, "strategy": s, "baseline_ms": b.ttft_ms, "candidate_ms": c.ttft_ms,
+                         "change": relative(b.ttft_ms, c.ttft_ms), "baseline_chunks": len(b.chunk_sizes),
+                         "candidate_chunks": len(c.chunk_sizes)})
+    return {"num_stages": num_stages, "rows": rows, "note": None}
+
+
+def check(figure: str, value: float | None, limit: float, detail: str) -> dict:
+    return {"figure": figure, "value": value, "limit": limit,
+            "passed": value is None or value <= limit, "detail": detail}
+
+
+def pct(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return "inf" if math.isinf(value) else f"{value:+.1%}"
+
+
+def checks(report: dict, tol: dict[str, float]) -> list[dict]:
+    """One check per figure the tolerances cover: status, target, table, ttft, samples, coef (largest deviation)."""
+    b, c = report["baseline"], report["candidate"]
+    out = [{"figure": "status", "value": None, "limit": None, "passed": b["status"] == c["status"],
+            "detail": f"{b['status']} -> {c['status']}"}]
+    drift = report.get("samples")
+    if b["status"] != c["status"] and drift and drift.get("worst_prefix") is not None \
+            and abs(drift["worst_prefix"]["median_ratio"] - 1.0) <= tol["samples"]:
+        out[0]["detail"] += (f"; yet the samples agree (median latency ratios within {tol['samples']:.0%}): a noisy "
+                             f"profile may have failed the quality gates (see its reason); profile it again on a "
+                             f"quiet machine")
+    tgt = report["target_latency_ms"]
+    if tgt["change"] is not None:
+        out.append(check("target", abs(tgt["change"]), tol["target"],
+                         f"{tgt['baseline']:.4g} -> {tgt['candidate']:.4g} ms ({pct(tgt['change'])})"))
+    table = report["table"]
+    w = table["worst"]
+    out.append(check("table", w["excess"] if w else 0.0, 1.0,
+                     "no prefix length changed" if not w else
+                     f"{table['num_beyond']} of {table['num_prefix_lens']} prefix lengths beyond the allowance; "
+                     f"largest at prefix_len {w['prefix_len']}: {w['baseline']} -> {w['candidate']} "
+                     f"({w['change_tokens']:+d} tokens, {w['change_units']:+.2g} units, {pct(w['change'])}; "
+                     f"allowed {w['allowed_tokens']:.0f})"))
+    rows = report["ttft"]["rows"]
+    if rows:
+        r = max(rows, key=lambda r: abs(r["change"]))
+        out.append(check("ttft", abs(r["change"]), tol["ttft"],
+                         f"{r['strategy']} at {r['prompt_len']} tokens: {r['baseline_ms']:.1f} -> "
+                         f"{r['candidate_ms']:.1f} ms ({pct(r['change'])})"))
+    if drift and drift.get("worst_prefix") is not None:
+        w = drift["worst_prefix"]
+        out.append(check("samples", abs(w["median_ratio"] - 1.0), tol["samples"],
+                         f"median latency ratio {w['median_ratio']:.3f} over the {w['num_cells']} common cells at "
+                         f"prefix_len {w['prefix_len']} (the prefix length furthest from 1; "
+                         f"{drift['median_ratio']:.3f} over all {drift['num_cells']} cells)"))
+    coefs = [r for r in report["coefficients"] if r["change"] is not None]
+    if coefs and report["baseline"]["latency_model"] == report["candidate"]["latency_model"]:
+        r = max(coefs, key=lambda r: abs(r["change"]))
+        out.append(check("coef", abs(r["change"]), tol["coef"],
+                         f"{r['name']}: {r['baseline']:.4g} -> {r['candidate']:.4g} {r['unit']} ({pct(r['change'])})"))
+    return out
+
+
+def compare_policies(base: Policy, cand: Policy, tol: dict[str, float], *, prompt_lens: list[int] | None = None,
+                     num_stages: int | None = None, samples: dict | None = None,
+                     labels: tuple[str, str] = ("baseline", "candidate")) -> dict:
+    """The whole comparison as a JSON-ready dict; `drifted` is True when any check failed. `samples`: the
+    samples-level drift (ppprof.fit.drift), judged with the rest."""
+    num_stages = default_num_stages(base) if num_stages is None else num_stages
+    prompt_lens = prompt_lens or default_prompt_lens(base, cand)
+    report = {
+        "baseline": side(base, labels[0]),
+        "candidate": side(cand, labels[1]),
+        "tolerances": {k: (None if math.isinf(v) else v) for k, v in tol.items()},
+        "coefficients": compare_coefficients(base, cand),
+        "target_latency_ms": {"baseline": base.target_ms, "candidate": cand.target_ms,
+                              "change": relative(base.target_ms, cand.target_ms)},
+        "table": compare_tables(base, cand, tol),
+        "ttft": compare_ttft(base, cand, prompt_lens, num_stages),
+        "samples": samples,
+    }
+    report["checks"] = checks(report, tol)
+    report["drifted"] = not all(c["passed"] for c in report["checks"])
+    return finite(report)
+
+
+def finite(obj):
+    """`obj` with every non-finite float (an infinite relative change, an unset limit) as None, so that the JSON is
+    standard."""
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [finite(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def render(report: dict) -> str:
+    """The report for people: what changed, then one line per check and the verdict."""
+    b, c = report["baseline"], report["candidate"]
+    lines = [f"baseline  {b['label']}: {b['status']} ({b['latency_model']}, B {b['base_chunk_size']}): {b['reason']}",
+             f"candidate {c['label']}: {c['status']} ({c['latency_model']}, B {c['base_chunk_size']}): {c['reason']}"]
+    coefs = report["coefficients"]
+    if coefs:
+        lines.append("coefficients: " + ", ".join(
+            f"{r['name']} {fmt(r['baseline'])} -> {fmt(r['candidate'])} ({pct(r['change'])})" for r in coefs)
+            + "  [" + ", ".join(f"{r['name']} {r['unit']}" for r in coefs) + "]")
+    t = report["target_latency_ms"]
+    lines.append(f"target latency: {fmt(t['baseline'])} -> {fmt(t['candidate'])} ms ({pct(t['change'])})")
+    table = report["table"]
+    lo, hi = table["prefix_len_range"]
+    lines.append(f"chunk-size table on prefix_len {lo}..{hi}: {table['num_changed']} of {table['num_prefix_lens']} "
+                 f"prefix lengths changed, {table['num_beyond']} beyond the allowance")
+    lines.append("  prefix_len         baseline  candidate")
+    for r in table["rows"]:
+        span = f"{r['prefix_len'][0]}-{r['prefix_len'][1]}"
+        mark = "" if r["baseline"] == r["candidate"] else f"  ({r['candidate'] - r['baseline']:+d})"
+        lines.append(f"  {span:<17} {r['baseline']:>9}  {r['candidate']:>9}{mark}")
+    ttft = report["ttft"]
+    if ttft["rows"]:
+        lines.append(f"predicted TTFT, {ttft['num_stages']} stages (ms):")
+        lines.append("  prompt_len  strategy   baseline  candidate  change")
+        for r in ttft["rows"]:
+            lines.append(f"  {r['prompt_len']:>10}  {r['strategy']:<8} {r['baseline_ms']:>9.1f}  "
+                         f"{r['candidate_ms']:>9.1f}  {pct(r['change'])}")
+    else:
+        lines.append(f"predicted TTFT: not compared ({ttft['note']})")
+    drift = report.get("samples")
+    if drift:
+        if drift.get("median_ratio") is None:
+            lines.append(f"samples: {drift['note']}")
+        else:
+            w = drift["worst_cell"]
+            lines.append(f"samples: {drift['num_cells']} common (prefix_len, chunk_size) cells, median latency ratio "
+                         f"{drift['median_ratio']:.3f} (candidate / baseline, bottleneck stages "
+                         f"{drift['bottleneck_stage'][0]} / {drift['bottleneck_stage'][1]}); largest at prefix_len "
+                         f"{w['prefix_len']} chunk_size {w['chunk_size']}: {w['ratio']:.3f}")
+            lines.append("  median ratio by prefix_len: " + ", ".join(
+                f"{r['prefix_len']}: {r['median_ratio']:.3f}" for r in drift["by_prefix"]))
+    for ch in report["checks"]:
+        limit = "" if ch["limit"] is None or ch["figure"] == "table" else f" (limit {ch['limit']:.0%})"
+        lines.append(f"{'ok   ' if ch['passed'] else 'DRIFT'} {ch['figure']}: {ch['detail']}{limit}")
+    failed = [ch["figure"] for ch in report["checks"] if not ch["passed"]]
+    lines.append(f"drift beyond tolerance: {', '.join(failed)}" if failed else "within tolerance")
+    return "\n".join(lines)
+
+
+def fmt(value) -> str:
+    return "n/a" if value is None else f"{value:.4g}"

@@ -1,0 +1,164 @@
+"""`ppprof compare` end to end on run folders fitted from synthetic samples (real fits, real files), on the committed
+profiles, and on bad input; samples-level drift against exact expectations."""
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ppprof.cli import main
+from ppprof.fit.build import fit_run
+from ppprof.fit.drift import samples_drift
+from ppprof.fit.samples import read_samples
+from ppprof.fit.synthetic import make_samples, write_run_dir
+from ppprof.io import atomic_write_json
+from ppprof.policy.schema import load, make_table
+
+from ppprof.policy.rule import LatencyModel
+
+REPO = Path(__file__).resolve().parents[2]
+TRUE = LatencyModel("prefix", a=2e-6, b=0.008, c=1.5, g=8e-5)  # about what tiny-hybrid costs on 2 CPU cores, in ms
+B = 512
+PREFIXES = [512, 1172, 2681, 6135, 14040, 32128]  # the default profile's prefix probes
+CHUNKS = [640, 560, 480, 400, 320, 240, 160, 64]
+
+
+def profile(run_dir: Path, seed: int, model: LatencyModel = TRUE) -> Path:
+    """A run folder as `ppprof profile` leaves it, from samples with 5% noise drawn with `seed`."""
+    frame = make_samples(model, base_chunk_size=B, prefixes=PREFIXES, chunk_sizes=CHUNKS, noise=0.05, seed=seed)
+    write_run_dir(run_dir, frame, base_chunk_size=B, page_size=1, context_len=32768)
+    fit_run(run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    return profile(root / "seed0", 0), profile(root / "seed1", 1)
+
+
+def doubled_a(policy_path: Path, out: Path) -> Path:
+    """The policy with its quadratic coefficient a doubled, and its target and table recomputed (a valid policy)."""
+    policy = load(policy_path)
+    model = dataclasses.replace(policy.model, a=2 * policy.model.a)
+    target = model.target_ms(policy.base_chunk_size)
+    data = dict(policy.data, latency_model=model.to_dict(), target_latency_ms=target,
+                table=make_table(model, policy.settings, target, policy.status))
+    return atomic_write_json(out, data)
+
+
+def compare(*args):
+    return CliRunner().invoke(main, ["compare", *map(str, args)])
+
+
+def test_two_seeds_pass_within_default_tolerance(runs, tmp_path):
+    base, cand = runs
+    assert load(base / "policy.json").status == load(cand / "policy.json").status == "dynamic"
+    png, out = tmp_path / "compare.png", tmp_path / "compare.json"
+    result = compare(base, cand, "--plot", png, "--out", out)
+    assert result.exit_code == 0, result.output
+    assert result.output.rstrip().endswith("within tolerance")
+    for word in ("coefficients: a ", "target latency:", "chunk-size table on prefix_len 0..32128",
+                 "predicted TTFT, 2 stages", "samples: ", "ok    ttft"):
+        assert word in result.output, word
+    report = json.loads(out.read_text())
+    assert report["drifted"] is False and png.stat().st_size > 10_000
+    assert {c["figure"] for c in report["checks"]} >= {"status", "target", "table", "ttft", "samples"}
+    assert [(r["prompt_len"], r["strategy"]) for r in report["ttft"]["rows"]][:3] == [
+        (2048, "fixed"), (2048, "greedy"), (2048, "optimal")]
+    assert abs(report["samples"]["median_ratio"] - 1) < 0.03
+    sweep = read_samples(base / "samples.csv")
+    assert report["samples"]["num_cells"] == len(set(sweep.chunk_size[sweep.prefix_len == 0])) + \
+        len(PREFIXES) * len(CHUNKS)
+    as_json = json.loads(compare(base, cand, "--json").output)
+    assert as_json["table"] == report["table"] and as_json["checks"] == report["checks"]
+
+
+def test_doubled_a_drifts_and_says_which_figure(runs, tmp_path):
+    base, _ = runs
+    doubled = doubled_a(base / "policy.json", tmp_path / "doubled.json")
+    assert CliRunner().invoke(main, ["validate", str(doubled)]).exit_code == 0
+    for baseline in (base, base / "policy.json"):
+        result = compare(baseline, doubled)
+        assert result.exit_code == 1, result.output
+        assert "DRIFT ttft: " in result.output and "drift beyond tolerance: " in result.output
+        line = next(s for s in result.output.splitlines() if s.startswith("DRIFT ttft"))
+        assert "(limit 20%)" in line and "+" in line
+    report = json.loads(compare(base, doubled, "--json").output)
+    worst = next(c for c in report["checks"] if c["figure"] == "ttft")
+    assert worst["value"] > 0.3 and report["samples"] is None  # a policy file brings no samples
+    a = next(r for r in report["coefficients"] if r["name"] == "a")
+    assert a["change"] == pytest.approx(1.0)
+    # A tolerance wide enough lets it through; a tighter one on another figure catches it again.
+    assert compare(base, doubled, "--tolerance", "ttft=none,target=none,table=none,table_units=100").exit_code == 0
+    assert compare(base, doubled, "--tolerance", "ttft=none,target=none,table=none,table_units=100",
+                   "--tolerance", "coef=50%").exit_code == 1
+
+
+def test_status_change_with_agreeing_samples_says_so(runs, tmp_path):
+    base, _ = runs
+    static = tmp_path / "static"
+    shutil.copytree(base, static)
+    data = json.loads((static / "policy.json").read_text())
+    data.update(status="static", reason="gate rms_residual_fraction fails", table=make_table(
+        None, load(base / "policy.json").settings, None, "static"))
+    atomic_write_json(static / "policy.json", data)
+    result = compare(base, static)
+    assert result.exit_code == 1, result.output
+    line = next(s for s in result.output.splitlines() if s.startswith("DRIFT status"))
+    assert "dynamic -> static; yet the samples agree (median latency ratios within 20%)" in line
+
+
+def test_bad_input_exit_2_one_line_nothing_written(runs, tmp_path):
+    base, cand = runs
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    broken = tmp_path / "broken.json"
+    data = json.loads((base / "policy.json").read_text())
+    data["table"]["chunk_size"][1] += 64  # no longer the table of its own rule
+    atomic_write_json(broken, data)
+    bad_samples = tmp_path / "bad-samples"
+    shutil.copytree(cand, bad_samples)
+    (bad_samples / "samples.csv").write_text("prefix_len,chunk_size\n0,1\n")
+    png = tmp_path / "c.png"
+    cases = [
+        ((tmp_path / "missing", cand), "does not exist"),
+        ((empty, cand), "has no policy.json"),
+        ((base, broken), "$.table: policy table does not match the rule"),
+        ((base, bad_samples), "lacks column(s) latency_ms"),
+        ((base, cand, "--tolerance", "speed=0.1"), "--tolerance 'speed=0.1' is invalid"),
+        ((base, cand, "--tolerance", "ttft=-1"), "--tolerance 'ttft=-1' is invalid"),
+        ((base, cand, "--prompt-len", "0"), "--prompt-len 0 must be an integer >= 1"),
+        ((base, cand, "--pp", "0"), "--pp 0 is invalid"),
+    ]
+    for args, message in cases:
+        result = compare(*args, "--plot", png, "--out", tmp_path / "c.json")
+        assert result.exit_code == 2 and message in result.output, (args, result.output)
+        assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+    assert not png.exists() and not (tmp_path / "c.json").exists()
+
+
+def test_committed_baseline_and_default_profile_agree():
+    """Two real profiles of the default config (the committed baseline and results/profile-tiny-hybrid)."""
+    result = compare(REPO / "results/baseline", REPO / "results/profile-tiny-hybrid")
+    assert result.exit_code == 0, result.output
+
+
+def test_samples_drift_exact(tmp_path):
+    frame = make_samples(TRUE, base_chunk_size=B, prefixes=[1024], chunk_sizes=[128, 256], noise=0.0)
+    write_run_dir(tmp_path / "a", frame, base_chunk_size=B)
+    slower = frame.copy()
+    slower.loc[slower.prefix_len > 0, ["stage0_latency_ms", "stage1_latency_ms", "latency_ms"]] *= 1.5
+    slower = slower[slower.chunk_size != 640]  # one sweep cell only in the baseline
+    write_run_dir(tmp_path / "b", slower, base_chunk_size=B)
+    drift = samples_drift(read_samples(tmp_path / "a/samples.csv"), read_samples(tmp_path / "b/samples.csv"))
+    num_sweep = int((frame.kind == "sweep").sum())
+    assert drift["num_cells_baseline"] == num_sweep + 2 and drift["num_cells"] == num_sweep + 1
+    assert drift["median_ratio"] == pytest.approx(1.0)
+    assert drift["worst_cell"]["prefix_len"] == 1024 and drift["worst_cell"]["ratio"] == pytest.approx(1.5)
+    assert [(r["prefix_len"], r["num_cells"]) for r in drift["by_prefix"]] == [(0, num_sweep - 1), (1024, 2)]
+    assert [r["median_ratio"] for r in drift["by_prefix"]] == pytest.approx([1.0, 1.5])
+    assert drift["worst_prefix"]["prefix_len"] == 1024  # the sweep's many cells do not hide it

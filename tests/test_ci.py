@@ -1,0 +1,84 @@
+"""The CI files: the GitHub Actions workflow parses, is triggered by hand and nightly, runs scripts/ci_profile.sh with
+a config that exists, names only real ppprof commands and options, uploads its artifacts and fails on drift; the
+profile job refuses bad input in one line, exit 2, before any setup."""
+
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from ppprof.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+WORKFLOW = REPO / ".github/workflows/profile.yml"
+SCRIPT = REPO / "scripts/ci_profile.sh"
+
+
+def workflow() -> dict:
+    doc = yaml.safe_load(WORKFLOW.read_text())
+    doc["on"] = doc.pop(True, doc.get("on"))  # YAML 1.1 reads the key `on` as true
+    return doc
+
+
+def ppprof_calls(text: str) -> list[list[str]]:
+    """Each `ppprof SUBCOMMAND ...` call in shell text (also `python -m ppprof ...`), as its words up to a pipe,
+    redirection or the end of the line (continuation lines joined)."""
+    calls = []
+    for line in text.replace("\\\n", " ").splitlines():
+        for m in re.finditer(r"(?:^|[\s;(|&])(?:\S*/)?ppprof\s+([a-z][a-z-]*)\b(.*)", line):
+            rest = re.split(r"[|>;]|\|\||&&", m.group(2))[0]
+            calls.append([m.group(1)] + re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", rest))
+    return calls
+
+
+def test_workflow_triggers_artifacts_and_failure_on_drift():
+    doc = workflow()
+    assert set(doc["on"]) == {"workflow_dispatch", "schedule"} and doc["on"]["schedule"][0]["cron"]
+    (job,) = doc["jobs"].values()
+    steps = job["steps"]
+    upload = [s for s in steps if str(s.get("uses", "")).startswith("actions/upload-artifact@")]
+    assert upload and upload[0]["if"] == "always()" and upload[0]["with"]["path"] == "${{ env.PPPROF_ARTIFACTS }}"
+    assert "PPPROF_ARTIFACTS" in job["env"]
+    runs = [s["run"] for s in steps if "run" in s]
+    profile = next(r for r in runs if "scripts/ci_profile.sh" in r)
+    assert not any(s.get("continue-on-error") for s in steps)  # the script's exit 1 on drift fails the job
+    assert "set +e" not in profile and "|| true" not in profile
+
+
+def test_workflow_command_exists():
+    doc = workflow()
+    (job,) = doc["jobs"].values()
+    profile = next(s["run"] for s in job["steps"] if "scripts/ci_profile.sh" in s.get("run", ""))
+    words = shlex.split(next(line for line in profile.splitlines() if "scripts/ci_profile.sh" in line))
+    script = words[words.index("bash") + 1]
+    assert (REPO / script).is_file()
+    configs = {doc["on"]["workflow_dispatch"]["inputs"]["config"]["default"]}
+    configs |= set(re.findall(r"'([^']+\.yaml)'", job["env"]["CONFIG"]))
+    assert configs and all((REPO / c).is_file() for c in configs), configs
+    # Options after `--` go to `ppprof profile`: each must be one of its options.
+    profile_options = {o for p in main.commands["profile"].params for o in p.opts}
+    after = words[words.index("--") + 1:]
+    assert [w for w in after if w.startswith("--")] and all(w in profile_options for w in after if w.startswith("--"))
+
+
+def test_every_ppprof_call_in_the_ci_files_is_a_real_command_and_option():
+    texts = [SCRIPT.read_text(), (REPO / ".ci/run").read_text(), WORKFLOW.read_text()]
+    calls = [c for t in texts for c in ppprof_calls(t)]
+    assert {c[0] for c in calls} >= {"profile", "validate", "compare"}, calls
+    for name, *options in calls:
+        assert name in main.commands, name
+        known = {o for p in main.commands[name].params for o in p.opts}
+        assert all(o in known for o in options), (name, options)
+    assert "bash scripts/test.sh" in texts[1] and "scripts/ci_profile.sh" in texts[1]
+
+
+def test_profile_job_refuses_bad_input_before_setup(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "PPPROF_ARTIFACTS": str(tmp_path / "artifacts")}
+    for args, message in [(["missing.yaml"], "CONFIG missing.yaml does not exist"),
+                          (["", str(tmp_path / "none")], "does not exist: pass a run folder or policy file"),
+                          (["a", "b", "c"], "too many arguments")]:
+        out = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=60)
+        assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out
+    assert not (tmp_path / "artifacts").exists()
