@@ -16,6 +16,10 @@ SGLang's rule on a quadratic fit of the same samples; greedy: the policy's rule;
 MAX_REQUESTS_PER_PROBE = 128
 MIN_REQUESTS_PER_PROBE = 8
 DEVICES = ("cpu", "cuda")
+DESIGNS = ("grid", "adaptive")
+"""What --design takes. grid: the sweep and one probe per prefix length; adaptive: a small D-optimal design for the
+prefix model, then the requests that most reduce the policy's uncertainty, until its table is stable or a budget is
+spent (ppprof.fit.design, ppprof.fit.uncertainty)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -67,6 +71,13 @@ class ProfileConfig:
     attention_backend: str = "auto"
     """Attention kernel the stages run: auto (flashinfer on CUDA when importable, else sdpa), sdpa (torch's fast
     paths, no dense mask), flashinfer (paged prefill from the KV pages, CUDA), reference (dense mask; the oracle)."""
+    design: str = "grid"
+    """Probe design: grid (the sweep, then one probe per prefix length) or adaptive (a small D-optimal design, then
+    the requests that most reduce the uncertainty of the policy's table, until it is stable or a budget is spent)."""
+    max_requests: int | None = None
+    """Adaptive design: stop after this many timed requests (default: no limit but the stopping rule)."""
+    max_seconds: float | None = None
+    """Adaptive design: stop choosing probes once probing has taken this many seconds (default: no limit)."""
 
     def __post_init__(self) -> None:
         try:
@@ -87,6 +98,7 @@ class ProfileConfig:
                 f"{MIN_REQUESTS_PER_PROBE}..{MAX_REQUESTS_PER_PROBE}"
             )
         require_int("--num-prefix-lens", self.num_prefix_lens, 1)
+        self.check_design()
         if self.torch_threads is not None:
             require_int("--torch-threads", self.torch_threads, 1)
         if self.num_layers is not None and self.num_layers < 1:
@@ -123,12 +135,30 @@ class ProfileConfig:
         else:
             self.max_total_tokens = self.needed_total_tokens()
 
+    def check_design(self) -> None:
+        if self.design not in DESIGNS:
+            raise ValueError(f"--design {self.design!r} is unknown: use one of {', '.join(DESIGNS)}")
+        if self.max_requests is not None:
+            require_int("--max-requests", self.max_requests, 1)
+        if self.max_seconds is not None:
+            s = self.max_seconds
+            if isinstance(s, bool) or not isinstance(s, (int, float)) or not (0 < s < float("inf")):
+                raise ValueError(f"--max-seconds {s!r} must be a positive number of seconds")
+            self.max_seconds = float(s)
+        if self.design != "adaptive":
+            for flag, value in (("--max-requests", self.max_requests), ("--max-seconds", self.max_seconds)):
+                if value is not None:
+                    raise ValueError(f"{flag} {value} bounds the adaptive design only: add --design adaptive or "
+                                     f"drop {flag}")
+
     @property
     def max_probe_chunk_size(self) -> int:
         """The largest probe chunk: 1.25 x B, aligned down to the page."""
         return max(self.page_size, int(1.25 * self.base_chunk_size) // self.page_size * self.page_size)
 
-    def resolved_prefix_lens(self) -> tuple[int, ...]:
+    def resolved_prefix_lens(self, num: int | None = None) -> tuple[int, ...]:
+        """--prefix-lens, else `num` (default num_prefix_lens) lengths log-spaced from B to the context length less
+        the largest probe chunk."""
         if self.prefix_lens is not None:
             return tuple(self.prefix_lens)
         page = self.page_size
@@ -136,7 +166,7 @@ class ProfileConfig:
         bottom = min(max(page, self.base_chunk_size // page * page), top)
         if top < page:
             return ()
-        n = self.num_prefix_lens
+        n = num or self.num_prefix_lens
         ratio = top / bottom
         if n == 1:
             return (top,)

@@ -140,6 +140,10 @@ def check_schema(data) -> None:
         raise ValueError("policy table prefix_len must start at 0 and increase strictly")
     if any(v < 1 for v in sizes):
         raise ValueError("policy table chunk sizes must be positive")
+    design = data.get("design")
+    if design is not None and not (isinstance(design, dict) and isinstance(design.get("design"), str)
+                                   and isinstance(design.get("stopping_reason"), str)):
+        raise ValueError("policy design must be an object with 'design' and 'stopping_reason' strings")
     dom = data.get("domain")
     if dom is not None:
         pairs = [dom.get(k) if isinstance(dom, dict) else None for k in ("prefix_len", "chunk_size")]

@@ -81,12 +81,30 @@ def check_before_launch(cfg: ProfileConfig, world_size: int, local_ranks: int,
     device exists, the attention backend runs there, the start method suits it, and this node's stages fit in its
     memory (check_memory)."""
     check_output_folder(cfg.out)
+    check_design(cfg)
     spec = load_spec(cfg.model, num_layers=cfg.num_layers, dtype=cfg.dtype)
     split_layers(spec.num_layers, world_size, cfg.layer_partition)
     resolve_attention_backend(cfg.attention_backend, cfg.device)
     if cfg.device == "cuda":
         check_cuda(local_ranks, (torchrun or {}).get("start_method"))
     check_memory(cfg, world_size, local_ranks, torchrun, spec=spec)
+
+
+def check_design(cfg: ProfileConfig) -> None:
+    """The adaptive design's initial design exists on the candidate grid and fits in --max-requests."""
+    if cfg.design != "adaptive":
+        return
+    from ppprof.fit.design import INITIAL_REQUESTS
+    from ppprof.probe.synth import make_probes
+
+    try:
+        make_probes(cfg)
+    except ValueError as e:
+        raise ValueError(f"--design adaptive with --prefix-lens {','.join(map(str, cfg.resolved_prefix_lens()))}: "
+                         f"{e}; give at least two prefix lengths (or none, for the default)") from None
+    if cfg.max_requests is not None and cfg.max_requests < INITIAL_REQUESTS:
+        raise ValueError(f"--max-requests {cfg.max_requests} is below the {INITIAL_REQUESTS} requests of the "
+                         f"adaptive design's initial design: use at least {INITIAL_REQUESTS}")
 
 
 def warnings(cfg: ProfileConfig) -> list[str]:
