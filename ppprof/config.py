@@ -75,7 +75,8 @@ class ProfileConfig:
     """Probe design: grid (the sweep, then one probe per prefix length) or adaptive (a small D-optimal design, then
     the requests that most reduce the uncertainty of the policy's table, until it is stable or a budget is spent)."""
     max_requests: int | None = None
-    """Adaptive design: stop after this many timed requests (default: no limit but the stopping rule)."""
+    """Adaptive design: stop after this many timed requests (default: as many as the grid design would run,
+    requests_per_probe x (1 + the number of prefix lengths))."""
     max_seconds: float | None = None
     """Adaptive design: stop choosing probes once probing has taken this many seconds (default: no limit)."""
 
@@ -150,6 +151,13 @@ class ProfileConfig:
                 if value is not None:
                     raise ValueError(f"{flag} {value} bounds the adaptive design only: add --design adaptive or "
                                      f"drop {flag}")
+
+    @property
+    def request_budget(self) -> int:
+        """The adaptive design's --max-requests, or by default what the grid design runs."""
+        if self.max_requests is not None:
+            return self.max_requests
+        return self.requests_per_probe * (1 + len(self.resolved_prefix_lens()))
 
     @property
     def max_probe_chunk_size(self) -> int:

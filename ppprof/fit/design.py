@@ -42,6 +42,9 @@ overstates long prefixes on most models and keeps the initial design cheap there
 BATCH_GROWTH = 0.5
 """Each next batch is predicted to cost this fraction of the probing time so far (few fits, little overshoot)."""
 MIN_BATCH = 4
+MAX_REPEATS_PER_BATCH = 8
+"""A candidate appears at most this often in one batch: the greedy gain would otherwise pile a batch onto one point,
+and a design that leans on one point is at the mercy of the model's misfit there."""
 MIN_BATCH_SECONDS = 0.05
 
 
@@ -76,6 +79,10 @@ def d_optimal(prefix_len, chunk_size, num_points: int, cost=None) -> list[int]:
     if cost is not None:
         Z = Z / np.sqrt(np.asarray(cost, dtype=float))[:, None]
     m, p = Z.shape
+    levels, sizes = len(np.unique(L)), len(np.unique(x))
+    if levels < MIN_PREFIX_LEVELS or sizes < 2:
+        raise ValueError(f"the candidate grid has {levels} prefix lengths and {sizes} chunk sizes: the prefix model "
+                         f"needs >= {MIN_PREFIX_LEVELS} and >= 2")
     if num_points > m:
         raise ValueError(f"the candidate grid has {m} points, fewer than the {num_points} the design needs")
     ridge = 1e-6 * np.eye(p)
@@ -193,12 +200,15 @@ def next_batch(u: Uncertainty, settings: ChunkSettings, num_stages: int, rows_L,
     M += 1e-12 * np.trace(M) * np.eye(len(scale))
     G = np.array(unstable_gradients(u, settings, num_stages)) / scale  # d q / d(theta * scale)
     picks: list[tuple[int, int]] = []
+    taken = np.zeros(len(cand_L), dtype=int)
     spent = 0.0
     while len(picks) < max_count and (spent < budget_s or len(picks) < MIN_BATCH):
         Minv = np.linalg.inv(M)
         A = G @ Minv @ Zc.T  # (quantities, candidates): g^T M^-1 z
         gain = w_cand * (A ** 2).sum(axis=0) / (1.0 + w_cand * np.einsum("ij,jk,ik->i", Zc, Minv, Zc))
-        j = int(np.argmax(gain / cost_s))
+        score = np.where(taken < MAX_REPEATS_PER_BATCH, gain / cost_s, -np.inf)
+        j = int(np.argmax(score))
+        taken[j] += 1
         picks.append((int(cand_L[j]), int(cand_x[j])))
         spent += float(cost_s[j])
         M += w_cand[j] * np.outer(Zc[j], Zc[j])

@@ -37,7 +37,7 @@ MAX_REQUESTS = "max-requests"
 MAX_SECONDS = "max-seconds"
 STOPPING_REASONS = {
     STABLE: "every table entry stable to one alignment unit and predicted TTFT to 2%, at 95% confidence",
-    MAX_REQUESTS: "the --max-requests budget is spent",
+    MAX_REQUESTS: "the request budget is spent (--max-requests; default: the grid design's number of requests)",
     MAX_SECONDS: "the --max-seconds budget is spent",
 }
 
@@ -194,7 +194,7 @@ def bootstrap(L, x, y, settings: ChunkSettings, num_stages: int, replicates: int
     return Uncertainty(
         model=model, fit_rows=fit_rows, target_ms=target, starts=starts, sizes=sizes, alignment=align,
         within_one_unit=[float(np.mean(dev[:, i] <= TABLE_TOLERANCE_UNITS)) for i in range(len(starts))],
-        deviation_units_p95=[float(np.percentile(dev[:, i], 95)) for i in range(len(starts))],
+        deviation_units_p95=[float(np.percentile(dev[:, i], 95, method="higher")) for i in range(len(starts))],
         prompt_lens=prompts, ttft_ms=[float(v) for v in point_ttft], ttft_half_width=half, coefficients=coefs,
         replicates=replicates, failed_replicates=failed, residual_rel_std=float(r.std()))
 

@@ -12,6 +12,7 @@ from typing import Iterator
 import numpy as np
 
 from ppprof.dist.agree import agreed
+from ppprof.fit.build import finite
 from ppprof.fit.design import Decision, decide
 from ppprof.fit.regress import Unfittable
 from ppprof.fit.settings import resolve_settings
@@ -62,7 +63,7 @@ def choose(run: RankRun, probes: list[Probe], stage_ms: list, e2e_ms: list, last
     cost_s = (e2e_per_stage_ms * u.model.chunk_latency_ms(cand_L, cand_x) + overhead_ms) / 1e3
     return decide(u, chunk_settings(run), run.info.world_size, L, x, cand_L, cand_x, cost_s=cost_s,
                   requests_run=len(L), seconds_spent=time.perf_counter() - run.state["t_probes"],
-                  requests_per_probe=cfg.requests_per_probe, max_requests=cfg.max_requests,
+                  requests_per_probe=cfg.requests_per_probe, max_requests=cfg.request_budget,
                   max_seconds=cfg.max_seconds)
 
 
@@ -114,9 +115,9 @@ def design_record(run: RankRun, probes: list[Probe], stage_ms: list, e2e_ms: lis
     if u is None:
         fitted, error = fit_uncertainty(run, *timed_rows(probes, stage_ms, e2e_ms)[:3])
         u = None if fitted is None else fitted.to_dict()
-    return {"design": run.cfg.design, "steps": 1 + max(p.design_step for p in probes),
+    return finite({"design": run.cfg.design, "steps": 1 + max(p.design_step for p in probes),
             "requests": sum(len(p.requests) for p in probes), "forward_tokens": forward_tokens,
             "probe_wall_s": round(run.state["probe_wall_s"], 3), "stopping_reason": reason,
-            "stopping_rule": STOPPING_REASONS_ALL[reason], "max_requests": run.cfg.max_requests,
+            "stopping_rule": STOPPING_REASONS_ALL[reason], "max_requests": run.cfg.request_budget if run.cfg.design == "adaptive" else None,
             "max_seconds": run.cfg.max_seconds, "uncertainty": u, "uncertainty_error": error,
-            "history": run.state.get("design_history", [])}
+            "history": run.state.get("design_history", [])})

@@ -81,7 +81,7 @@ def run_probes(run: RankRun) -> None:
     bar = None
     if run.rank == 0:
         from tqdm import tqdm
-        bar = tqdm(total=sum(len(p.requests) for p in probes) if run.cfg.design == "grid" else run.cfg.max_requests,
+        bar = tqdm(total=sum(len(p.requests) for p in probes) if run.cfg.design == "grid" else run.cfg.request_budget,
                    desc="profile", unit="req", file=sys.stderr, disable=None, dynamic_ncols=True)
     stage_ms, e2e_ms = [], []
     for probe in probe_sequence(run, stage_ms, e2e_ms):
