@@ -52,3 +52,11 @@ def test_the_adaptive_design_starts_with_one_probe_of_its_initial_design():
     deep = sorted({r.prefix_len for r in probe.requests} - {0})
     assert [(r.prefix_len, r.chunk_size) for r in w[:2]] == [(0, largest)] * 2
     assert [r.prefix_len for r in w[2:]] == deep and all(r.rid < 0 for r in w)
+
+
+def test_empty_prefix_lens_profile_the_sweep_only_as_sglang_does():
+    from ppprof.run.options import resolve_config
+
+    cfg = resolve_config(None, {"prefix_lens": ""})
+    assert cfg.prefix_lens == () and cfg.resolved_prefix_lens() == ()
+    assert [p.kind for p in make_probes(cfg)] == [SWEEP] and len(make_probes(cfg)[0].requests) == 128
