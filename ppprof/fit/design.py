@@ -12,8 +12,9 @@ Pure numpy; no torch.
    entry's chunk size at both ends of the entry, in alignment units; predicted TTFT, in units of 2% of it), its
    gradient in the coefficients, and Var(q) = sigma^2 g^T M^-1 g with M = sum w z z^T, w = 1 / y_hat^2 (timing noise
    is relative). Adding a request at z lowers sum Var(q) / tol_q^2 by w (g^T M^-1 z)^2 / (1 + w z^T M^-1 z)
-   (Sherman-Morrison); candidates are taken greedily by that gain per predicted second, until the batch costs
-   BATCH_GROWTH x the probing time so far.
+   (Sherman-Morrison); candidates are taken greedily by that gain per predicted second, until every such variance
+   has shrunk by the factor the bootstrap's spread asks for (NEED_MARGIN of it), or the batch costs BATCH_GROWTH x
+   the probing time so far.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ overstates long prefixes on most models and keeps the initial design cheap there
 BATCH_GROWTH = 0.5
 """Each next batch is predicted to cost this fraction of the probing time so far (few fits, little overshoot)."""
 MIN_BATCH = 4
+NEED_MARGIN = 0.8
+"""A batch aims at this fraction of the variance the bootstrap says would just be stable."""
 MAX_REPEATS_PER_BATCH = 8
 """A candidate appears at most this often in one batch: the greedy gain would otherwise pile a batch onto one point,
 and a design that leans on one point is at the mercy of the model's misfit there."""
@@ -163,32 +166,35 @@ def ttft_gradient(model: LatencyModel, starts: list[int], sizes: list[int], prom
     return Z.sum(axis=0) + (num_stages - 1) * Z[slowest]
 
 
-def unstable_gradients(u: Uncertainty, settings: ChunkSettings, num_stages: int) -> list[np.ndarray]:
-    """Gradients of the quantities not yet stable, each divided by its tolerance (all quantities when none is)."""
-    out = []
+def unstable_gradients(u: Uncertainty, settings: ChunkSettings, num_stages: int) -> tuple[np.ndarray, np.ndarray]:
+    """Gradients of the quantities not yet stable, each divided by its tolerance (all quantities when none is), and
+    for each the factor by which its variance must shrink to be stable (from the bootstrap's spread, with a margin:
+    a table entry's 95th-percentile deviation must come down to one unit, a TTFT's half-width to 2%)."""
+    grads, need = [], []
     ends = u.starts[1:] + [u.starts[-1] + 1]
     for want_unstable in (True, False):
         for i, f in enumerate(u.within_one_unit):
             if want_unstable and f >= CONFIDENCE:
                 continue
             for L in {u.starts[i], ends[i] - 1}:
-                if L < 1:
-                    continue
-                g = chunk_size_gradient(u.model, settings, u.target_ms, L)
+                g = chunk_size_gradient(u.model, settings, u.target_ms, L) if L >= 1 else None
                 if g is not None:
-                    out.append(g / u.alignment)
+                    grads.append(g / u.alignment)
+                    need.append(NEED_MARGIN / max(u.deviation_units_p95[i], 1.0) ** 2)
         for n, half, ttft in zip(u.prompt_lens, u.ttft_half_width, u.ttft_ms):
             if not want_unstable or half > TTFT_TOLERANCE:
-                out.append(ttft_gradient(u.model, u.starts, u.sizes, n, num_stages) / (TTFT_TOLERANCE * ttft))
-        if out:
+                grads.append(ttft_gradient(u.model, u.starts, u.sizes, n, num_stages) / (TTFT_TOLERANCE * ttft))
+                need.append(NEED_MARGIN * min(1.0, (TTFT_TOLERANCE / half) ** 2) if half > 0 else NEED_MARGIN)
+        if grads:
             break
-    return out
+    return np.array(grads), np.array(need)
 
 
 def next_batch(u: Uncertainty, settings: ChunkSettings, num_stages: int, rows_L, rows_x, cand_L, cand_x,
                cost_s: np.ndarray, budget_s: float, max_count: int) -> list[tuple[int, int]]:
     """Greedy batch of candidates (repeats allowed) by uncertainty reduction per second (module docstring, step 2),
-    until it is predicted to cost `budget_s` (at least MIN_BATCH requests) or holds `max_count`."""
+    until the linearized variances have shrunk as much as the bootstrap says they must (at least MIN_BATCH
+    requests), or the batch is predicted to cost `budget_s`, or holds `max_count`."""
     cand_L, cand_x = np.asarray(cand_L), np.asarray(cand_x)
     rows_L, rows_x = np.asarray(rows_L)[u.fit_rows], np.asarray(rows_x)[u.fit_rows]
     scale = np.abs(regressors(cand_L, cand_x)).max(axis=0)
@@ -198,11 +204,19 @@ def next_batch(u: Uncertainty, settings: ChunkSettings, num_stages: int, rows_L,
     w_cand = 1.0 / u.model.chunk_latency_ms(cand_L, cand_x) ** 2
     M = (Zr * w_rows[:, None]).T @ Zr
     M += 1e-12 * np.trace(M) * np.eye(len(scale))
-    G = np.array(unstable_gradients(u, settings, num_stages)) / scale  # d q / d(theta * scale)
+    G, need = unstable_gradients(u, settings, num_stages)
+    G = G / scale  # d q / d(theta * scale)
+
+    def variances(M: np.ndarray) -> np.ndarray:
+        return np.einsum("ij,jk,ik->i", G, np.linalg.inv(M), G)
+
+    start = variances(M)
     picks: list[tuple[int, int]] = []
     taken = np.zeros(len(cand_L), dtype=int)
     spent = 0.0
-    while len(picks) < max_count and (spent < budget_s or len(picks) < MIN_BATCH):
+    while len(picks) < max_count and spent < budget_s:
+        if len(picks) >= MIN_BATCH and np.all(variances(M) <= need * start):
+            break
         Minv = np.linalg.inv(M)
         A = G @ Minv @ Zc.T  # (quantities, candidates): g^T M^-1 z
         gain = w_cand * (A ** 2).sum(axis=0) / (1.0 + w_cand * np.einsum("ij,jk,ik->i", Zc, Minv, Zc))
