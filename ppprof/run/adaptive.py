@@ -42,10 +42,11 @@ def timed_rows(probes: list[Probe], stage_ms: list, e2e_ms: list) -> tuple[np.nd
 
 
 def fit_uncertainty(run: RankRun, L, x, y) -> tuple[Uncertainty | None, str | None]:
-    """The bootstrap of the samples so far, or (None, why the prefix model cannot be fitted)."""
+    """The bootstrap of the samples so far, or (None, why the prefix model or the rule's settings do not hold; a grid
+    run records that instead, an adaptive one was checked before launch)."""
     try:
         return bootstrap(L, x, y, chunk_settings(run), run.info.world_size), None
-    except Unfittable as e:
+    except (Unfittable, ValueError) as e:
         return None, str(e)
 
 
