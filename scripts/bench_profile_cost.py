@@ -109,8 +109,9 @@ def summarize(per_kind: dict[str, list[dict]]) -> dict:
             return float(np.median(values)) if values else None
         out[kind] = {key: med(key) for key in ("ratio_to_sweep", "probe_wall_s", "requests", "mape_prefixed",
                                                "mape_prefix_free", "table_within_one_unit")}
-    if out["adaptive"]["mape_prefixed"] and out["sweep"]["mape_prefixed"]:
-        out["adaptive"]["accuracy_vs_sweep_quadratic"] = out["sweep"]["mape_prefixed"] / out["adaptive"]["mape_prefixed"]
+    adaptive, sweep = out["adaptive"], out["sweep"]
+    if adaptive["mape_prefixed"] and sweep["mape_prefixed"]:
+        adaptive["accuracy_vs_sweep_quadratic"] = sweep["mape_prefixed"] / adaptive["mape_prefixed"]
     return out
 
 

@@ -119,6 +119,7 @@ def design_record(run: RankRun, probes: list[Probe], stage_ms: list, e2e_ms: lis
     return finite({"design": run.cfg.design, "steps": 1 + max(p.design_step for p in probes),
             "requests": sum(len(p.requests) for p in probes), "forward_tokens": forward_tokens,
             "probe_wall_s": round(run.state["probe_wall_s"], 3), "stopping_reason": reason,
-            "stopping_rule": STOPPING_REASONS_ALL[reason], "max_requests": run.cfg.request_budget if run.cfg.design == "adaptive" else None,
+            "stopping_rule": STOPPING_REASONS_ALL[reason],
+            "max_requests": run.cfg.request_budget if run.cfg.design == "adaptive" else None,
             "max_seconds": run.cfg.max_seconds, "uncertainty": u, "uncertainty_error": error,
             "history": run.state.get("design_history", [])})

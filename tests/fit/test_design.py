@@ -1,4 +1,4 @@
-"""The adaptive design (pure): D-optimal initial design, identifiability, the bootstrap's stopping rule, next batches."""
+"""The adaptive design (pure): D-optimal initial design, identifiability, the bootstrap's stopping rule, batches."""
 
 import itertools
 
