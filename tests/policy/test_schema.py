@@ -26,6 +26,8 @@ def test_save_load_roundtrip(tmp_path):
     (lambda d: d["settings"].update(smooth_factor=2.0), "--smooth-factor 2.0 is out of range"),
     (lambda d: d["latency_model"]["coefficients"]["a"].update(unit="s"), "unit 's'"),
     (lambda d: d["table"].update(prefix_len=[1] + d["table"]["prefix_len"][1:]), "must start at 0"),
+    (lambda d: d.update(design={"design": "adaptive"}), "design must be an object with 'design' and 'stopping_reason'"),
+    (lambda d: d.update(design=[]), "design must be an object"),
 ])
 def test_schema_errors(tmp_path, mutate, message):
     data = copy.deepcopy(policy_dict(MODEL))
