@@ -16,7 +16,7 @@ from ppprof.fit.build import finite
 from ppprof.fit.design import Decision, decide
 from ppprof.fit.regress import Unfittable
 from ppprof.fit.settings import resolve_settings
-from ppprof.fit.uncertainty import STOPPING_REASONS, Uncertainty, bootstrap
+from ppprof.fit.uncertainty import MAX_REQUESTS, MAX_SECONDS, STOPPING_REASONS, Uncertainty, bootstrap
 from ppprof.policy.rule import ChunkSettings
 from ppprof.probe.synth import Probe, candidate_grid, design_probe
 from ppprof.run.rank import RankRun
@@ -55,8 +55,15 @@ def choose(run: RankRun, probes: list[Probe], stage_ms: list, e2e_ms: list, last
     cfg = run.cfg
     L, x, y, e2e = timed_rows(probes, stage_ms, e2e_ms)
     u, why = fit_uncertainty(run, L, x, y)
-    if u is None:
-        raise RuntimeError(f"the adaptive design's samples do not fit the prefix model ({why})")
+    if u is None:  # e.g. noise so large that no term keeps a non-negative coefficient: measure the start again
+        log.warning("the samples so far do not determine the prefix model (%s): the initial design runs again", why)
+        seconds = time.perf_counter() - run.state["t_probes"]
+        if cfg.max_seconds is not None and seconds >= cfg.max_seconds:
+            return Decision(stop_reason=MAX_SECONDS)
+        left = min(cfg.request_budget - len(L), cfg.requests_per_probe)
+        if left <= 0:
+            return Decision(stop_reason=MAX_REQUESTS)
+        return Decision(points=[(r.prefix_len, r.chunk_size) for r in probes[0].requests][:left])
     cand_L, cand_x = (np.array(v) for v in candidate_grid(cfg))
     last = probes[len(stage_ms) - 1]
     overhead_ms = max(0.0, (last_probe_s * 1e3 - float(np.sum(e2e_ms[-1]))) / len(last.requests))
@@ -93,13 +100,15 @@ def probe_sequence(run: RankRun, stage_ms: list, e2e_ms: list) -> Iterator[Probe
         u = decision.uncertainty
         history.append({"design_step": probes[-1].design_step, "requests": sum(len(p.requests) for p in probes),
                         "seconds": round(time.perf_counter() - run.state["t_probes"], 3),
-                        "table_within_one_unit": min(u["table"]["within_one_unit"]),
-                        "ttft_half_width": u["ttft"]["half_width"]})
-        log.info("design step %d: %d requests, table entries within one unit in >= %.0f%% of refits, predicted TTFT "
-                 "+-%s; %s", probes[-1].design_step, history[-1]["requests"],
-                 100 * history[-1]["table_within_one_unit"],
-                 ", ".join(f"{h:.1%}" for h in u["ttft"]["half_width"]),
-                 f"stop: {decision.stop_reason}" if decision.stop_reason else f"next {len(decision.points)} requests")
+                        "table_within_one_unit": None if u is None else min(u["table"]["within_one_unit"]),
+                        "ttft_half_width": None if u is None else u["ttft"]["half_width"]})
+        if u is not None:
+            log.info("design step %d: %d requests, table entries within one unit in >= %.0f%% of refits, predicted "
+                     "TTFT +-%s; %s", probes[-1].design_step, history[-1]["requests"],
+                     100 * history[-1]["table_within_one_unit"],
+                     ", ".join(f"{h:.1%}" for h in u["ttft"]["half_width"]),
+                     f"stop: {decision.stop_reason}" if decision.stop_reason else
+                     f"next {len(decision.points)} requests")
         if decision.stop_reason:
             run.state["stopping_reason"], run.state["uncertainty"] = decision.stop_reason, u
             return
