@@ -10,7 +10,7 @@ ratio to the median sweep profile's; held-out MAPE of its policy's latency model
 and prefix-free apart (the sweep's policy is static when its quadratic has a <= 0: its unconstrained quadratic,
 SGLang's f on [1, l, l^2], is scored instead); and how many entries of its chunk-size table differ from the
 validation profile's by more than one alignment unit (entries: stretches of prefix_len on which neither table
-changes).
+changes). For adaptive profiles also when (probing seconds, and as a ratio to the sweep) the table alone was stable.
 
     python scripts/bench_profile_cost.py [--seeds 0,1,2] [--out results/bench_profile_cost]
     python scripts/bench_profile_cost.py --small --seeds 0 --out /tmp/bench_profile_cost   # a quick check
@@ -91,6 +91,9 @@ def judge(folder: Path, run: dict, validation: pd.DataFrame, dense_table: dict, 
     prefixed, free = validation[validation.prefix_len > 0], validation[validation.prefix_len == 0]
     diff, entries = table_differences(policy.data["table"], dense_table, policy.settings.alignment)
     design = run.get("design") or {}
+    # When the adaptive design's table alone was stable (the TTFT criterion is what runs it longer).
+    table_at = next((h["seconds"] for h in design.get("history", []) if (h.get("table_within_one_unit") or 0) >= 0.95),
+                    None)
     return {"status": policy.status, "model": None if policy.model is None else policy.model.name, "scored": scored,
             "probe_wall_s": run["probe_wall_s"], "ratio_to_sweep": run["probe_wall_s"] / sweep_wall_s,
             "process_wall_s": round(run["process_wall_s"], 2), "requests": run["timed_requests"],
@@ -98,7 +101,8 @@ def judge(folder: Path, run: dict, validation: pd.DataFrame, dense_table: dict, 
             "mape_prefixed": None if model is None else mape(model, prefixed, column),
             "mape_prefix_free": None if model is None else mape(model, free, column),
             "table_entries": entries, "table_entries_off_by_more_than_one_unit": diff,
-            "table_within_one_unit": 1 - diff / entries}
+            "table_within_one_unit": 1 - diff / entries, "table_stable_at_s": table_at,
+            "table_stable_ratio_to_sweep": None if table_at is None else table_at / sweep_wall_s}
 
 
 def summarize(per_kind: dict[str, list[dict]]) -> dict:
@@ -108,7 +112,8 @@ def summarize(per_kind: dict[str, list[dict]]) -> dict:
             values = [r[key] for r in rows if r[key] is not None]
             return float(np.median(values)) if values else None
         out[kind] = {key: med(key) for key in ("ratio_to_sweep", "probe_wall_s", "requests", "mape_prefixed",
-                                               "mape_prefix_free", "table_within_one_unit")}
+                                               "mape_prefix_free", "table_within_one_unit",
+                                               "table_stable_ratio_to_sweep")}
     adaptive, sweep = out["adaptive"], out["sweep"]
     if adaptive["mape_prefixed"] and sweep["mape_prefixed"]:
         adaptive["accuracy_vs_sweep_quadratic"] = sweep["mape_prefixed"] / adaptive["mape_prefixed"]
