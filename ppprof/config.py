@@ -86,6 +86,12 @@ def check_types(cfg: "ProfileConfig") -> None:
     cfg.layer_partition = int_tuple("layer_partition", cfg.layer_partition, None)  # split_layers says why < 1
     if cfg.layer_partition is not None and len(cfg.layer_partition) > MAX_STAGES:
         raise ValueError(f"--layer-partition has {len(cfg.layer_partition)} stages: use at most {MAX_STAGES}")
+MAX_DESIGN_REQUESTS = 1_000_000
+"""The most requests --max-requests allows the adaptive design."""
+DESIGNS = ("grid", "adaptive")
+"""What --design takes. grid: the sweep and one probe per prefix length; adaptive: a small D-optimal design for the
+prefix model, then the requests that most reduce the policy's uncertainty, until its table is stable or a budget is
+spent (ppprof.fit.design, ppprof.fit.uncertainty)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -137,6 +143,14 @@ class ProfileConfig:
     attention_backend: str = "auto"
     """Attention kernel the stages run: auto (flashinfer on CUDA when importable, else sdpa), sdpa (torch's fast
     paths, no dense mask), flashinfer (paged prefill from the KV pages, CUDA), reference (dense mask; the oracle)."""
+    design: str = "grid"
+    """Probe design: grid (the sweep, then one probe per prefix length) or adaptive (a small D-optimal design, then
+    the requests that most reduce the uncertainty of the policy's table, until it is stable or a budget is spent)."""
+    max_requests: int | None = None
+    """Adaptive design: stop after this many timed requests (default: as many as the grid design would run,
+    requests_per_probe x (1 + the number of prefix lengths))."""
+    max_seconds: float | None = None
+    """Adaptive design: stop choosing probes once probing has taken this many seconds (default: no limit)."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -149,6 +163,7 @@ class ProfileConfig:
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"--attention-backend {short(self.attention_backend)} is unknown: use one of "
                              f"{', '.join(ATTENTION_BACKENDS)}")
+        self.check_design()
         if self.base_chunk_size < self.page_size:
             raise ValueError(
                 f"--base-chunk-size {self.base_chunk_size} is smaller than --page-size {self.page_size}: "
@@ -181,12 +196,37 @@ class ProfileConfig:
         else:
             self.max_total_tokens = self.needed_total_tokens()
 
+    def check_design(self) -> None:
+        if self.design not in DESIGNS:
+            raise ValueError(f"--design {self.design!r} is unknown: use one of {', '.join(DESIGNS)}")
+        if self.max_requests is not None:
+            require_int("--max-requests", self.max_requests, 1, MAX_DESIGN_REQUESTS)
+        if self.max_seconds is not None:
+            s = self.max_seconds
+            if isinstance(s, bool) or not isinstance(s, (int, float)) or not (0 < s < float("inf")):
+                raise ValueError(f"--max-seconds {s!r} must be a positive number of seconds")
+            self.max_seconds = float(s)
+        if self.design != "adaptive":
+            for flag, value in (("--max-requests", self.max_requests), ("--max-seconds", self.max_seconds)):
+                if value is not None:
+                    raise ValueError(f"{flag} {value} bounds the adaptive design only: add --design adaptive or "
+                                     f"drop {flag}")
+
+    @property
+    def request_budget(self) -> int:
+        """The adaptive design's --max-requests, or by default what the grid design runs."""
+        if self.max_requests is not None:
+            return self.max_requests
+        return self.requests_per_probe * (1 + len(self.resolved_prefix_lens()))
+
     @property
     def max_probe_chunk_size(self) -> int:
         """The largest probe chunk: 1.25 x B, aligned down to the page."""
         return max(self.page_size, int(1.25 * self.base_chunk_size) // self.page_size * self.page_size)
 
-    def resolved_prefix_lens(self) -> tuple[int, ...]:
+    def resolved_prefix_lens(self, num: int | None = None) -> tuple[int, ...]:
+        """--prefix-lens, else `num` (default num_prefix_lens) lengths log-spaced from B to the context length less
+        the largest probe chunk."""
         if self.prefix_lens is not None:
             return tuple(self.prefix_lens)
         page = self.page_size
@@ -194,7 +234,7 @@ class ProfileConfig:
         bottom = min(max(page, self.base_chunk_size // page * page), top)
         if top < page:
             return ()
-        n = self.num_prefix_lens
+        n = num or self.num_prefix_lens
         ratio = top / bottom
         if n == 1:
             return (top,)

@@ -62,3 +62,20 @@ def test_default_prefix_lengths_span_the_context_log_spaced_on_the_page():
     assert max(ratios) / min(ratios) < 1.01, f"{ratios=}"
     assert ProfileConfig(num_prefix_lens=1).resolved_prefix_lens() == (32768 - 640,)
     assert ProfileConfig(prefix_lens=(100,)).resolved_prefix_lens() == (100,)
+
+
+def test_design_settings_are_checked():
+    import pytest
+
+    from ppprof.config import ProfileConfig
+
+    assert ProfileConfig().design == "grid"
+    with pytest.raises(ValueError, match="--design 'dense' is unknown: use one of grid, adaptive"):
+        ProfileConfig(design="dense")
+    with pytest.raises(ValueError, match="--max-requests 64 bounds the adaptive design only"):
+        ProfileConfig(max_requests=64)
+    with pytest.raises(ValueError, match="--max-seconds 0 must be a positive number"):
+        ProfileConfig(design="adaptive", max_seconds=0)
+    cfg = ProfileConfig(design="adaptive", requests_per_probe=64, max_seconds=3)
+    assert cfg.max_seconds == 3.0 and cfg.request_budget == 64 * 7  # the grid's requests by default
+    assert ProfileConfig(design="adaptive", max_requests=100).request_budget == 100

@@ -110,6 +110,8 @@ def assemble(samples: Samples, run: dict | None, settings: ChunkSettings, model:
     prov = provenance(run, samples)
     prov.update({"created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                  "ppprof_version": __version__})
+    # How the samples were collected, as run.json records it (absent for a plain CSV or an older run).
+    design = {"design": (run or {})["design"]} if isinstance((run or {}).get("design"), dict) else {}
     return finite({
         "schema_version": SCHEMA_VERSION,
         "status": status,
@@ -123,6 +125,7 @@ def assemble(samples: Samples, run: dict | None, settings: ChunkSettings, model:
         "provenance": prov,
         "domain": domain(samples),
         "table": make_table(model, settings, target, status),
+        **design,
     })
 
 

@@ -11,7 +11,7 @@ from typing import Callable
 
 import click
 
-from ppprof.config import ATTENTION_BACKENDS, BENCH_STRATEGIES, BenchConfig, ProfileConfig
+from ppprof.config import ATTENTION_BACKENDS, BENCH_STRATEGIES, DESIGNS, BenchConfig, ProfileConfig
 from ppprof.dist.launch import TORCHRUN_OPTIONS, in_worker, launch, num_nodes
 from ppprof.policy.schema import load_policy
 from ppprof.probe.loop import FAULTS
@@ -83,6 +83,12 @@ def torchrun_options(f):
 @click.option("--attention-backend", type=click.Choice(ATTENTION_BACKENDS),
               help="auto (flashinfer on CUDA when installed, else sdpa), sdpa, flashinfer or reference. [auto]")
 @click.option("--torch-threads", type=int, help="Intra-op threads per rank. [cores of the node / its ranks]")
+@click.option("--design", type=click.Choice(DESIGNS),
+              help="grid: the sweep and a probe per prefix length; adaptive: a small D-optimal design, then the "
+                   "requests that most reduce the policy's uncertainty, until its table is stable. [grid]")
+@click.option("--max-requests", type=int, help="Adaptive design: at most this many timed requests. [no limit]")
+@click.option("--max-seconds", type=float, help="Adaptive design: stop adding probes after this much probing. "
+                                                 "[no limit]")
 @torchrun_options
 @resolved_config_option
 @click.option("--inject-fault", type=click.Choice(FAULTS), hidden=True, help="Testing only: a deliberate fault.")

@@ -87,6 +87,7 @@ def check_before_launch(cfg: ProfileConfig, world_size: int, local_ranks: int,
     memory (check_memory)."""
     check_output_folder(cfg.out)
     check_master_port(torchrun or {})
+    check_design(cfg)
     spec = load_spec(cfg.model, num_layers=cfg.num_layers, dtype=cfg.dtype)
     split_layers(spec.num_layers, world_size, cfg.layer_partition)
     resolve_attention_backend(cfg.attention_backend, cfg.device)
@@ -120,6 +121,28 @@ def check_master_port(torchrun: dict) -> None:
         except OSError as e:
             raise ValueError(f"--master-port {number} is in use on this host ({e.strerror}): choose a free port, or "
                              "leave --master-port out for a one-node run") from None
+
+
+def check_design(cfg: ProfileConfig) -> None:
+    """The adaptive design's initial design exists on the candidate grid and fits in --max-requests."""
+    if cfg.design != "adaptive":
+        return
+    from ppprof.fit.design import INITIAL_REQUESTS
+    from ppprof.fit.settings import resolve_settings
+    from ppprof.probe.synth import make_probes
+
+    try:
+        resolve_settings({"config": cfg.to_dict()}, Path("."))  # the policy's rule the design makes certain
+    except ValueError as e:
+        raise ValueError(f"--design adaptive: {e}") from None
+    try:
+        make_probes(cfg)
+    except ValueError as e:
+        raise ValueError(f"--design adaptive with --prefix-lens {','.join(map(str, cfg.resolved_prefix_lens()))}: "
+                         f"{e}; give at least two prefix lengths (or none, for the default)") from None
+    if cfg.max_requests is not None and cfg.max_requests < INITIAL_REQUESTS:
+        raise ValueError(f"--max-requests {cfg.max_requests} is below the {INITIAL_REQUESTS} requests of the "
+                         f"adaptive design's initial design: use at least {INITIAL_REQUESTS}")
 
 
 def warnings(cfg: ProfileConfig) -> list[str]:

@@ -16,6 +16,7 @@ from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.probe.loop import ProbeRunner
 from ppprof.probe.output import samples_frame, write_samples
 from ppprof.probe.synth import make_probes, warmup_requests
+from ppprof.run.adaptive import design_record, probe_sequence
 from ppprof.run.options import profile_memory
 from ppprof.run.provenance import default_run_dir, git_revision, hardware, peak_memory_bytes
 from ppprof.run.rank import Phase, RankRun, add_log_file, run_phases, run_rank, set_up
@@ -74,15 +75,16 @@ def warm_up(run: RankRun) -> None:
 
 
 def run_probes(run: RankRun) -> None:
-    """Every probe in lockstep; after each, every stage's latencies are gathered (stage_ms[probe][stage][request])."""
+    """Every probe in lockstep; after each, every stage's latencies are gathered (stage_ms[probe][stage][request]).
+    The adaptive design chooses each next probe from the latencies so far (probe_sequence)."""
     probes, runner = run.state["probes"], run.state["runner"]
     bar = None
     if run.rank == 0:
         from tqdm import tqdm
-        bar = tqdm(total=sum(len(p.requests) for p in probes), desc="profile", unit="req", file=sys.stderr,
-                   disable=None, dynamic_ncols=True)
+        bar = tqdm(total=sum(len(p.requests) for p in probes) if run.cfg.design == "grid" else run.cfg.request_budget,
+                   desc="profile", unit="req", file=sys.stderr, disable=None, dynamic_ncols=True)
     stage_ms, e2e_ms = [], []
-    for probe in probes:
+    for probe in probe_sequence(run, stage_ms, e2e_ms):
         timings = runner.run_probe(probe, on_request=bar.update if bar is not None else None)
         stage_ms.append(run.pipe.all_gather(timings.stage_ms))
         e2e_ms.append(timings.e2e_ms)
@@ -119,6 +121,7 @@ def write_results(run: RankRun) -> None:
         estimated_memory_bytes_per_stage=[m.total for m in profile_memory(run.cfg, run.info.world_size, run.spec)],
         timed_requests=sum(len(p.requests) for p in probes), warmup_requests=len(warmup),
         warmup_tokens=sum(r.chunk_size for r in warmup),
+        design=design_record(run, probes, run.state["stage_ms"], run.state["e2e_ms"], int(forward_tokens[0])),
     )
     log_summary(frame, run.info.world_size, wall_s, forward_tokens[0], run.run_dir)
 
@@ -148,7 +151,7 @@ def profile_rank(cfg: ProfileConfig, fault: str | None = None) -> int:
 
 
 def log_summary(frame, world_size: int, wall_s: float, forward_tokens: int, run_dir: Path) -> None:
-    sweep = frame[frame["kind"] == "sweep"]
+    sweep = frame[frame["prefix_len"] == frame["prefix_len"].min()]
     big, small = sweep.loc[sweep["chunk_size"].idxmax()], sweep.loc[sweep["chunk_size"].idxmin()]
     for s in range(world_size):
         col = stage_column(s)

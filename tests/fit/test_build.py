@@ -103,3 +103,18 @@ def test_warmup_rows():
     assert warmup_rows(np.array([0, 0, 5])) == [0]
     assert warmup_rows(np.array([5, 5, 0, 0])) == [0, 2]  # the cold row, and SGLang's first prefix-free one
     assert warmup_rows(np.array([5, 5])) == [0]
+
+
+def test_the_policy_carries_the_design_run_json_records(tmp_path):
+    from ppprof.runfiles import RUN_FILE
+
+    frame = make_samples(LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=4e-4), base_chunk_size=4096,
+                         prefixes=[8192, 32768, 65536], chunk_sizes=[512, 2048, 4096])
+    samples = write_run_dir(tmp_path, frame, base_chunk_size=4096)
+    _, policy = fit(samples)
+    assert "design" not in policy  # a run.json without one: nothing invented
+    run = json.loads((tmp_path / RUN_FILE).read_text())
+    run["design"] = {"design": "adaptive", "stopping_reason": "stable", "requests": 40, "uncertainty": None}
+    (tmp_path / RUN_FILE).write_text(json.dumps(run))
+    _, policy = fit(samples)
+    assert policy["design"] == run["design"]

@@ -27,6 +27,8 @@ def test_save_load_roundtrip(tmp_path):
     (lambda d: d["latency_model"]["coefficients"]["a"].update(unit="s"),
      r"\$\.latency_model\.coefficients\.a\.unit: 's' given, 'ms/token\^2' expected"),
     (lambda d: d["table"].update(prefix_len=[1] + d["table"]["prefix_len"][1:]), r"\$\.table\.prefix_len\[0\]: 1 given"),
+    (lambda d: d.update(design={"design": "adaptive"}), r"\$\.design\.stopping_reason: missing"),
+    (lambda d: d.update(design=[]), r"\$\.design: \[\] is not of type 'object'"),
 ])
 def test_schema_errors(tmp_path, mutate, message):
     data = copy.deepcopy(policy_dict(MODEL))

@@ -21,6 +21,16 @@ from ppprof.run.options import resolve_config
     (["--attention-backend", "flashinfer"], "--attention-backend flashinfer runs on CUDA only"),
     (["--attention-backend", "fast"], "Invalid value for '--attention-backend'"),
     (["--device", "cuda", "--start-method", "fork"], "--start-method fork cannot be used with --device cuda"),
+    (["--design", "random"], "Invalid value for '--design'"),
+    (["--max-requests", "100"], "--max-requests 100 bounds the adaptive design only: add --design adaptive"),
+    (["--max-seconds", "5"], "--max-seconds 5.0 bounds the adaptive design only"),
+    (["--design", "adaptive", "--max-requests", "5"], "--max-requests 5 is below the 12 requests of the adaptive"),
+    (["--design", "adaptive", "--max-requests", "0"], "--max-requests 0 must be an integer in 1..1000000"),
+    (["--design", "adaptive", "--max-seconds", "-1"], "--max-seconds -1.0 must be a positive number of seconds"),
+    (["--design", "adaptive", "--prefix-lens", "512"], "--design adaptive with --prefix-lens 512: the candidate "
+                                                        "grid has 2 prefix lengths"),
+    (["--design", "adaptive", "--base-chunk-size", "32"], "--design adaptive: --alignment 64 is larger than "
+                                                          "--base-chunk-size 32"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, message):
     out = tmp_path / "run"

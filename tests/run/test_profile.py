@@ -79,7 +79,10 @@ def test_torchrun_started_ranks_write_samples_and_run_json(tmp_path):
     assert run["model"]["name"] == "tiny-dense"
     assert len(samples) == 24
     assert list(samples.columns) == ["probe", "kind", "request", "prefix_len", "chunk_size", "stage0_latency_ms",
-                                     "stage1_latency_ms", "latency_ms", "bottleneck_stage"]
+                                     "stage1_latency_ms", "latency_ms", "bottleneck_stage", "design_step"]
+    assert samples["design_step"].eq(0).all()  # the grid is one fixed design
+    assert run["design"]["design"] == "grid" and run["design"]["stopping_reason"] == "grid"
+    assert run["design"]["requests"] == 24
 
 
 def test_two_launches_with_nnodes_2_form_one_two_stage_pipeline(tmp_path):
@@ -105,3 +108,32 @@ def test_two_launches_with_nnodes_2_form_one_two_stage_pipeline(tmp_path):
     samples, run = read_run(out)
     assert run["world_size"] == 2
     assert samples["stage1_latency_ms"].gt(0).all()
+
+
+def test_adaptive_design_chooses_probes_on_rank_0_and_every_rank_runs_them_without_a_leak(tmp_path):
+    out = tmp_path / "run"
+    r = run_cli("profile", "--out", str(out), "--model", "tiny-hybrid", "--base-chunk-size", "64", "--prefix-lens",
+                "64,128,256", "--context-len", "1024", "--warmup", "1", "--design", "adaptive", "--max-requests", "40",
+                "--requests-per-probe", "16", "--max-mamba-cache-size", "8")
+    assert r.returncode == 0, r.stderr[-3000:]
+    samples, run = read_run(out)
+    design = run["design"]
+    assert design["design"] == "adaptive"
+    assert design["stopping_reason"] in ("stable", "max-requests")
+    assert design["requests"] == len(samples) == run["timed_requests"] <= 40
+    steps = sorted(samples["design_step"].unique())
+    assert steps == list(range(design["steps"])) and design["steps"] == samples["probe"].nunique()
+    assert samples.groupby("probe")["design_step"].nunique().eq(1).all()
+    assert samples.groupby("probe").size().le(16).all()  # --requests-per-probe bounds every batch
+    assert samples["request"].is_unique
+    assert set(samples.prefix_len) <= {0, 64, 128, 256}  # the candidate grid: prefix 0 and --prefix-lens ...
+    assert set(samples.chunk_size) <= {80, 73, 67, 60, 54, 47, 41, 34, 28, 21, 15, 8}  # ... x 1.25 B down to B / 8
+    u = design["uncertainty"]
+    assert set(u["coefficients"]) == {"a", "b", "c", "g"}
+    assert len(u["table"]["within_one_unit"]) == len(u["table"]["prefix_len"])
+    assert len(design["history"]) == design["steps"]
+    for rank in (0, 1):  # every probe's leak check passed on every rank, the design's probes included
+        log = (out / f"rank{rank}.log").read_text()
+        assert log.count("pools back to full capacity") == design["steps"], log[-2000:]
+    policy = json.loads((out / "policy.json").read_text())
+    assert policy["design"] == design

@@ -1,0 +1,259 @@
+"""The adaptive probe design for the prefix model t(L, x) = c + g L + b x + a (2 L x + x^2): a small D-optimal initial
+design on a candidate grid of (prefix_len, chunk_size), the identifiability check, and each next batch: the
+candidates that most reduce the uncertainty of the chunk-size table and of the predicted TTFT per second they cost.
+Pure numpy; no torch.
+
+1. Initial design: INITIAL_POINTS distinct candidates maximizing log det(Z^T Z), Z the model's regressors (columns
+   scaled to the grid's largest value) each divided by sqrt(prior cost): the D-optimal design for a fixed probing
+   time (a point that costs k times more must carry k times the information). Greedy, then Fedorov exchange;
+   at least MIN_PREFIX_LEVELS prefix lengths and two chunk sizes (what the fit needs). Each point INITIAL_REPEATS
+   times, so that the first fit sees the noise.
+2. Next batch (after a fit and its bootstrap, ppprof.fit.uncertainty): for each quantity q not yet stable (a table
+   entry's chunk size at both ends of the entry, in alignment units; predicted TTFT, in units of 2% of it), its
+   gradient in the coefficients, and Var(q) = sigma^2 g^T M^-1 g with M = sum w z z^T, w = 1 / y_hat^2 (timing noise
+   is relative). Adding a request at z lowers sum Var(q) / tol_q^2 by w (g^T M^-1 z)^2 / (1 + w z^T M^-1 z)
+   (Sherman-Morrison); candidates are taken greedily by that gain per predicted second, until every such variance
+   has shrunk by the factor the bootstrap's spread asks for (NEED_MARGIN of it), or the batch costs BATCH_GROWTH x
+   the probing time so far.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ppprof.fit.regress import PREFIX_TERMS, design
+from ppprof.fit.uncertainty import (CONFIDENCE, MAX_REQUESTS, MAX_SECONDS, STABLE, TTFT_TOLERANCE, Uncertainty,
+                                    plan_sizes)
+from ppprof.policy.rule import ChunkSettings, LatencyModel
+
+INITIAL_POINTS = 6
+INITIAL_REPEATS = 2
+INITIAL_REQUESTS = INITIAL_POINTS * INITIAL_REPEATS
+MIN_PREFIX_LEVELS = 3
+"""Distinct prefix lengths (0 counts) the fit needs (ppprof.fit.regress.MIN_PREFIX_PREFIXES)."""
+MAX_CONDITION = 1e6
+"""Largest condition number of the scaled regressors an identifiable design may have."""
+PRIOR_ATTENTION_SPAN = 2
+"""Prior cost of a request before anything is measured, in tokens of forward work: B/4 fixed, plus x (1 + (L + x/2)
+/ (PRIOR_ATTENTION_SPAN B)): attention over 2B cached tokens taken to cost as much as the rest of the forward, which
+overstates long prefixes on most models and keeps the initial design cheap there."""
+BATCH_GROWTH = 0.5
+"""Each next batch is predicted to cost this fraction of the probing time so far (few fits, little overshoot)."""
+MIN_BATCH = 4
+NEED_MARGIN = 0.8
+"""A batch aims at this fraction of the variance the bootstrap says would just be stable."""
+MAX_REPEATS_PER_BATCH = 8
+"""A candidate appears at most this often in one batch: the greedy gain would otherwise pile a batch onto one point,
+and a design that leans on one point is at the mercy of the model's misfit there."""
+MIN_BATCH_SECONDS = 0.05
+
+
+def regressors(prefix_len, chunk_size) -> np.ndarray:
+    """(n, 4) regressors of the prefix model, in PREFIX_TERMS order: [1, L, x, 2 L x + x^2]."""
+    return design("prefix", prefix_len, chunk_size, PREFIX_TERMS)
+
+
+def prior_cost(prefix_len, chunk_size, base_chunk_size: int) -> np.ndarray:
+    L = np.asarray(prefix_len, dtype=float)
+    x = np.asarray(chunk_size, dtype=float)
+    return base_chunk_size / 4 + x * (1.0 + (L + x / 2) / (PRIOR_ATTENTION_SPAN * base_chunk_size))
+
+
+def log_det(Z: np.ndarray) -> float:
+    sign, value = np.linalg.slogdet(Z.T @ Z)
+    return float(value) if sign > 0 else -math.inf
+
+
+def feasible(prefix_len: np.ndarray, chunk_size: np.ndarray, picks: list[int]) -> bool:
+    return (len(set(prefix_len[picks].tolist())) >= MIN_PREFIX_LEVELS
+            and len(set(chunk_size[picks].tolist())) >= 2)
+
+
+def d_optimal(prefix_len, chunk_size, num_points: int, cost=None) -> list[int]:
+    """Indices of `num_points` distinct candidates maximizing log det(Z^T Z) (Z: regressors scaled, / sqrt(cost)),
+    with at least MIN_PREFIX_LEVELS prefix lengths and two chunk sizes. Greedy (a small ridge until the design has
+    rank 4), then exchanges while one improves the determinant."""
+    L, x = np.asarray(prefix_len), np.asarray(chunk_size)
+    Z = regressors(L, x)
+    Z = Z / np.abs(Z).max(axis=0)
+    if cost is not None:
+        Z = Z / np.sqrt(np.asarray(cost, dtype=float))[:, None]
+    m, p = Z.shape
+    levels, sizes = len(np.unique(L)), len(np.unique(x))
+    if levels < MIN_PREFIX_LEVELS or sizes < 2:
+        raise ValueError(f"the candidate grid has {levels} prefix lengths and {sizes} chunk sizes: the prefix model "
+                         f"needs >= {MIN_PREFIX_LEVELS} and >= 2")
+    if num_points > m:
+        raise ValueError(f"the candidate grid has {m} points, fewer than the {num_points} the design needs")
+    ridge = 1e-6 * np.eye(p)
+    picks: list[int] = []
+    for k in range(num_points):
+        missing_levels = MIN_PREFIX_LEVELS - len(set(L[picks].tolist()))
+        pool = [j for j in range(m) if j not in picks
+                and (missing_levels < num_points - k or L[j] not in set(L[picks].tolist()))]
+        M = Z[picks].T @ Z[picks] + ridge
+        picks.append(max(pool, key=lambda j: np.linalg.slogdet(M + np.outer(Z[j], Z[j]))[1]))
+    best = log_det(Z[picks])
+    improved = True
+    while improved:
+        improved = False
+        for i in range(num_points):
+            for j in range(m):
+                if j in picks:
+                    continue
+                trial = picks[:i] + [j] + picks[i + 1:]
+                if not feasible(L, x, trial):
+                    continue
+                value = log_det(Z[trial])
+                if value > best + 1e-9:
+                    picks, best, improved = trial, value, True
+    return picks
+
+
+def check_identifiable(prefix_len, chunk_size) -> None:
+    """ValueError (one line, naming what is missing) unless the design determines the four coefficients."""
+    L, x = np.asarray(prefix_len), np.asarray(chunk_size)
+    levels, sizes = len(np.unique(L)), len(np.unique(x))
+    if levels < MIN_PREFIX_LEVELS or sizes < 2:
+        raise ValueError(f"design has {levels} prefix lengths and {sizes} chunk sizes: the prefix model needs >= "
+                         f"{MIN_PREFIX_LEVELS} and >= 2")
+    Z = regressors(L, x)
+    Z = Z / np.maximum(np.abs(Z).max(axis=0), 1e-300)
+    rank = int(np.linalg.matrix_rank(Z))
+    cond = float(np.linalg.cond(Z)) if rank == Z.shape[1] else math.inf
+    if rank < Z.shape[1] or cond > MAX_CONDITION:
+        raise ValueError(f"design does not determine the prefix model's {Z.shape[1]} coefficients (rank {rank}, "
+                         f"condition number {cond:.3g}): add points at other prefix lengths and chunk sizes")
+
+
+def initial_design(prefix_len, chunk_size, base_chunk_size: int, num_points: int = INITIAL_POINTS,
+                   repeats: int = INITIAL_REPEATS) -> list[tuple[int, int]]:
+    """(prefix_len, chunk_size) of the initial design: D-optimal for a fixed probing time under the prior cost, each
+    point `repeats` times; checked identifiable."""
+    L, x = np.asarray(prefix_len), np.asarray(chunk_size)
+    picks = d_optimal(L, x, num_points, prior_cost(L, x, base_chunk_size))
+    points = [(int(L[j]), int(x[j])) for j in picks for _ in range(repeats)]
+    check_identifiable([p for p, _ in points], [c for _, c in points])
+    return points
+
+
+def chunk_size_gradient(model: LatencyModel, settings: ChunkSettings, target_ms: float, prefix_len: int
+                        ) -> np.ndarray | None:
+    """d(smoothed chunk size)/d(c, g, b, a) at `prefix_len`, by implicit differentiation of the equal-latency
+    equation F = a x^2 + (2 a L + b) x + g L - (b B + a B^2) = 0; None where the rule has no root there."""
+    x = model.equal_latency_chunk(prefix_len, target_ms)
+    if not x:
+        return None
+    L, B = float(prefix_len), float(settings.base_chunk_size)
+    dF_dx = 2 * model.a * x + 2 * model.a * L + model.b
+    if dF_dx <= 0:
+        return None
+    dF = np.array([0.0, L, x - B, x * x + 2 * L * x - B * B])
+    return -settings.smooth_factor * dF / dF_dx
+
+
+def ttft_gradient(model: LatencyModel, starts: list[int], sizes: list[int], prompt_len: int, num_stages: int
+                  ) -> np.ndarray:
+    """d(predicted TTFT)/d(c, g, b, a) with the plan held: the chunks' regressors summed, the slowest's P - 1 times
+    more."""
+    chunks = plan_sizes(starts, sizes, prompt_len)
+    pos = np.concatenate([[0], np.cumsum(chunks)[:-1]])
+    Z = regressors(pos, chunks)
+    slowest = int(np.argmax(model.chunk_latency_ms(pos, chunks)))
+    return Z.sum(axis=0) + (num_stages - 1) * Z[slowest]
+
+
+def unstable_gradients(u: Uncertainty, settings: ChunkSettings, num_stages: int) -> tuple[np.ndarray, np.ndarray]:
+    """Gradients of the quantities not yet stable, each divided by its tolerance (all quantities when none is), and
+    for each the factor by which its variance must shrink to be stable (from the bootstrap's spread, with a margin:
+    a table entry's 95th-percentile deviation must come down to one unit, a TTFT's half-width to 2%)."""
+    grads, need = [], []
+    ends = u.starts[1:] + [u.starts[-1] + 1]
+    for want_unstable in (True, False):
+        for i, f in enumerate(u.within_one_unit):
+            if want_unstable and f >= CONFIDENCE:
+                continue
+            for L in {u.starts[i], ends[i] - 1}:
+                g = chunk_size_gradient(u.model, settings, u.target_ms, L) if L >= 1 else None
+                if g is not None:
+                    grads.append(g / u.alignment)
+                    need.append(NEED_MARGIN / max(u.deviation_units_p95[i], 1.0) ** 2)
+        for n, half, ttft in zip(u.prompt_lens, u.ttft_half_width, u.ttft_ms):
+            if not want_unstable or half > TTFT_TOLERANCE:
+                grads.append(ttft_gradient(u.model, u.starts, u.sizes, n, num_stages) / (TTFT_TOLERANCE * ttft))
+                need.append(NEED_MARGIN * min(1.0, (TTFT_TOLERANCE / half) ** 2) if half > 0 else NEED_MARGIN)
+        if grads:
+            break
+    return np.array(grads), np.array(need)
+
+
+def next_batch(u: Uncertainty, settings: ChunkSettings, num_stages: int, rows_L, rows_x, cand_L, cand_x,
+               cost_s: np.ndarray, budget_s: float, max_count: int) -> list[tuple[int, int]]:
+    """Greedy batch of candidates (repeats allowed) by uncertainty reduction per second (module docstring, step 2),
+    until the linearized variances have shrunk as much as the bootstrap says they must (at least MIN_BATCH
+    requests), or the batch is predicted to cost `budget_s`, or holds `max_count`."""
+    cand_L, cand_x = np.asarray(cand_L), np.asarray(cand_x)
+    rows_L, rows_x = np.asarray(rows_L)[u.fit_rows], np.asarray(rows_x)[u.fit_rows]
+    scale = np.abs(regressors(cand_L, cand_x)).max(axis=0)
+    Zr = regressors(rows_L, rows_x) / scale
+    Zc = regressors(cand_L, cand_x) / scale
+    w_rows = 1.0 / u.model.chunk_latency_ms(rows_L, rows_x) ** 2
+    w_cand = 1.0 / u.model.chunk_latency_ms(cand_L, cand_x) ** 2
+    M = (Zr * w_rows[:, None]).T @ Zr
+    M += 1e-12 * np.trace(M) * np.eye(len(scale))
+    G, need = unstable_gradients(u, settings, num_stages)
+    G = G / scale  # d q / d(theta * scale)
+
+    def variances(M: np.ndarray) -> np.ndarray:
+        return np.einsum("ij,jk,ik->i", G, np.linalg.inv(M), G)
+
+    start = variances(M)
+    picks: list[tuple[int, int]] = []
+    taken = np.zeros(len(cand_L), dtype=int)
+    spent = 0.0
+    while len(picks) < max_count and spent < budget_s:
+        if len(picks) >= MIN_BATCH and np.all(variances(M) <= need * start):
+            break
+        Minv = np.linalg.inv(M)
+        A = G @ Minv @ Zc.T  # (quantities, candidates): g^T M^-1 z
+        gain = w_cand * (A ** 2).sum(axis=0) / (1.0 + w_cand * np.einsum("ij,jk,ik->i", Zc, Minv, Zc))
+        score = np.where(taken < MAX_REPEATS_PER_BATCH, gain / cost_s, -np.inf)
+        j = int(np.argmax(score))
+        taken[j] += 1
+        picks.append((int(cand_L[j]), int(cand_x[j])))
+        spent += float(cost_s[j])
+        M += w_cand[j] * np.outer(Zc[j], Zc[j])
+    return picks
+
+
+@dataclass(slots=True)
+class Decision:
+    """What rank 0 decided after a design step: the next batch, or why it stopped; and the uncertainty so far."""
+
+    points: list[tuple[int, int]] = field(default_factory=list)
+    stop_reason: str | None = None
+    uncertainty: dict | None = None
+
+
+def decide(u: Uncertainty, settings: ChunkSettings, num_stages: int, rows_L, rows_x, cand_L, cand_x, *,
+           cost_s: np.ndarray, requests_run: int, seconds_spent: float, requests_per_probe: int,
+           max_requests: int | None, max_seconds: float | None) -> Decision:
+    """Stop when the policy is stable or a budget is spent; else the next batch, sized to BATCH_GROWTH x the time
+    spent and to what the budgets leave."""
+    record = u.to_dict()
+    if u.stable:
+        return Decision(stop_reason=STABLE, uncertainty=record)
+    left_requests = requests_per_probe if max_requests is None else min(requests_per_probe,
+                                                                       max_requests - requests_run)
+    if left_requests <= 0:
+        return Decision(stop_reason=MAX_REQUESTS, uncertainty=record)
+    budget = max(BATCH_GROWTH * seconds_spent, MIN_BATCH_SECONDS)
+    if max_seconds is not None:
+        if seconds_spent >= max_seconds:
+            return Decision(stop_reason=MAX_SECONDS, uncertainty=record)
+        budget = min(budget, max_seconds - seconds_spent)
+    points = next_batch(u, settings, num_stages, rows_L, rows_x, cand_L, cand_x, cost_s, budget, left_requests)
+    return Decision(points=points, uncertainty=record)

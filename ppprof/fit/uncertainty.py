@@ -1,0 +1,212 @@
+"""How certain a prefix-model fit makes the policy: a residual bootstrap of the fit (refit REPLICATES times), the
+spread of the chunk-size table per entry in alignment units and of the predicted TTFT, and the stopping rule of the
+adaptive design. Pure numpy / scikit-learn; no torch.
+
+Residual bootstrap: the rows the fit kept are refitted with y* = y_hat (1 + r*), where r* are drawn with replacement
+from the fit's relative residuals (centred, scaled by sqrt(n / (n - p)) for the p coefficients fitted). It keeps the
+design as it was run (a row bootstrap of a small design would often drop a whole design point and leave the model
+unidentifiable), and relative residuals match timing noise, which grows with the latency.
+Table stability: entry i of the point table holds chunk_size s_i on [start_i, start_{i+1}); a replicate's size is
+non-increasing in prefix_len there, so its largest deviation on the entry is at one of the two ends. The entry is
+stable when at least CONFIDENCE of the replicates stay within one alignment unit on the whole entry.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from dataclasses import dataclass
+
+import numpy as np
+
+from ppprof.fit.regress import PREFIX_TERMS, Unfittable, design, fit_model, fit_trimmed
+from ppprof.policy.planners import ttft_ms
+from ppprof.policy.rule import ChunkSettings, LatencyModel, build_table
+
+DESIGN_MODEL = "prefix"
+"""The model the adaptive design determines (four coefficients, PREFIX_TERMS)."""
+REPLICATES = 200
+CONFIDENCE = 0.95
+TABLE_TOLERANCE_UNITS = 1
+"""A table entry is stable when it stays within this many alignment units."""
+TTFT_TOLERANCE = 0.02
+"""Predicted TTFT is stable when the half-width of its CONFIDENCE interval is at most this fraction of it."""
+BOOTSTRAP_SEED = 0
+STABLE = "stable"
+MAX_REQUESTS = "max-requests"
+MAX_SECONDS = "max-seconds"
+STOPPING_REASONS = {
+    STABLE: "every table entry stable to one alignment unit and predicted TTFT to 2%, at 95% confidence",
+    MAX_REQUESTS: "the request budget is spent (--max-requests; default: the grid design's number of requests)",
+    MAX_SECONDS: "the --max-seconds budget is spent",
+}
+
+
+def ttft_prompt_lens(settings: ChunkSettings) -> tuple[int, ...]:
+    """The prompts whose predicted TTFT must be stable: 16 x B and the whole context (bench's default lengths)."""
+    return tuple(sorted({min(16 * settings.base_chunk_size, settings.context_len), settings.context_len}))
+
+
+def plan_sizes(starts: list[int], sizes: list[int], prompt_len: int) -> list[int]:
+    """The chunk list of a prompt under a breakpoint table (Policy.plan without a Policy)."""
+    out, done = [], 0
+    while done < prompt_len:
+        size = min(sizes[bisect_right(starts, done) - 1], prompt_len - done)
+        out.append(size)
+        done += size
+    return out
+
+
+def plan_ttft_ms(model: LatencyModel, starts: list[int], sizes: list[int], prompt_len: int, num_stages: int
+                 ) -> tuple[float, list[int]]:
+    """Predicted TTFT of the greedy plan of `prompt_len` tokens, and the plan."""
+    chunks = plan_sizes(starts, sizes, prompt_len)
+    pos = np.concatenate([[0], np.cumsum(chunks)[:-1]])
+    return ttft_ms(model.chunk_latency_ms(pos, chunks), num_stages), chunks
+
+
+def relative_residuals(model: LatencyModel, L, x, y, num_terms: int) -> np.ndarray:
+    """y / y_hat - 1, centred and scaled by sqrt(n / (n - p)) (the fit's residuals understate the noise)."""
+    r = np.asarray(y, dtype=float) / model.chunk_latency_ms(L, x) - 1.0
+    r = r - r.mean()
+    n = len(r)
+    return r * math.sqrt(n / (n - num_terms)) if n > num_terms else r
+
+
+def refit_all(L, x, Y: np.ndarray) -> list[LatencyModel | None]:
+    """The prefix model fitted to each row of Y (replicates, rows): one least-squares solve for all, the
+    replicates with a negative coefficient refitted one by one as fit_model does (the term dropped); None where a
+    replicate cannot be fitted."""
+    X = design(DESIGN_MODEL, L, x)
+    norms = np.linalg.norm(X, axis=0)
+    norms[norms == 0] = 1.0
+    coefs = np.linalg.lstsq(X / norms, Y.T, rcond=None)[0] / norms[:, None]  # (terms, replicates)
+    out: list[LatencyModel | None] = []
+    for b in range(Y.shape[0]):
+        if np.all(coefs[:, b] >= 0.0):
+            out.append(LatencyModel(DESIGN_MODEL, **dict(zip(PREFIX_TERMS, (float(v) for v in coefs[:, b])))))
+            continue
+        try:
+            out.append(fit_model(DESIGN_MODEL, L, x, Y[b]))
+        except (Unfittable, ValueError):
+            out.append(None)
+    return out
+
+
+@dataclass(slots=True)
+class Uncertainty:
+    """The point fit, its table, and how far the bootstrap replicates move them."""
+
+    model: LatencyModel
+    fit_rows: np.ndarray  # (n,) bool: the rows the point fit kept
+    target_ms: float
+    starts: list[int]
+    sizes: list[int]
+    alignment: int
+    within_one_unit: list[float]  # per table entry: fraction of replicates within one unit on the whole entry
+    deviation_units_p95: list[float]  # per table entry: 95th percentile of the replicates' largest deviation
+    prompt_lens: tuple[int, ...]
+    ttft_ms: list[float]
+    ttft_half_width: list[float]  # per prompt: half the 95% interval, as a fraction of ttft_ms
+    coefficients: dict[str, dict]
+    replicates: int
+    failed_replicates: int
+    residual_rel_std: float
+
+    @property
+    def table_stable(self) -> bool:
+        return min(self.within_one_unit) >= CONFIDENCE
+
+    @property
+    def ttft_stable(self) -> bool:
+        return max(self.ttft_half_width) <= TTFT_TOLERANCE
+
+    @property
+    def stable(self) -> bool:
+        return self.failed_replicates <= (1 - CONFIDENCE) * self.replicates and self.table_stable and self.ttft_stable
+
+    def unstable_entries(self) -> list[int]:
+        return [i for i, f in enumerate(self.within_one_unit) if f < CONFIDENCE]
+
+    def to_dict(self) -> dict:
+        """What run.json and policy.json record (the `uncertainty` of their `design`)."""
+        return {
+            "model": self.model.name,
+            "method": (f"residual bootstrap, {self.replicates} refits ({self.failed_replicates} failed); "
+                       f"{CONFIDENCE:.0%} confidence"),
+            "residual_rel_std": self.residual_rel_std,
+            "coefficients": self.coefficients,
+            "table": {"alignment": self.alignment, "prefix_len": self.starts, "chunk_size": self.sizes,
+                      "within_one_unit": self.within_one_unit, "deviation_units_p95": self.deviation_units_p95,
+                      "stable": self.table_stable},
+            "ttft": {"prompt_len": list(self.prompt_lens), "ttft_ms": self.ttft_ms,
+                     "half_width": self.ttft_half_width, "tolerance": TTFT_TOLERANCE, "stable": self.ttft_stable},
+            "stable": self.stable,
+        }
+
+
+def bootstrap(L, x, y, settings: ChunkSettings, num_stages: int, replicates: int = REPLICATES,
+              seed: int = BOOTSTRAP_SEED) -> Uncertainty:
+    """Fit the prefix model (with the policy's outlier trimming) and bootstrap it; raises Unfittable where the samples
+    do not determine it."""
+    L, x, y = (np.asarray(v) for v in (L, x, y))
+    model, fit_rows = fit_trimmed(DESIGN_MODEL, L, x, y)
+    target = model.target_ms(settings.base_chunk_size)
+    if not target > 0:
+        raise Unfittable(f"target latency {target:.4g} ms is not positive")
+    starts, sizes = build_table(model, settings, target)
+    Lk, xk, yk = L[fit_rows], x[fit_rows], y[fit_rows]
+    num_terms = sum(getattr(model, t) != 0.0 for t in PREFIX_TERMS)
+    r = relative_residuals(model, Lk, xk, yk, num_terms)
+    rng = np.random.default_rng(seed)
+    Y = model.chunk_latency_ms(Lk, xk)[None, :] * (1.0 + r[rng.integers(len(r), size=(replicates, len(r)))])
+    models = refit_all(Lk, xk, Y)
+    prompts = ttft_prompt_lens(settings)
+    point_ttft = [plan_ttft_ms(model, starts, sizes, n, num_stages)[0] for n in prompts]
+    ends = starts[1:] + [starts[-1] + 1]
+    align = settings.alignment
+    dev = np.full((replicates, len(starts)), np.inf)
+    ttfts = np.full((replicates, len(prompts)), np.nan)
+    for b, m in enumerate(models):
+        t = None if m is None else m.target_ms(settings.base_chunk_size)
+        if m is None or not t > 0:
+            continue
+        bs, bz = build_table(m, settings, t)
+        for i, (lo, hi, size) in enumerate(zip(starts, ends, sizes)):
+            ends_sizes = (bz[bisect_right(bs, lo) - 1], bz[bisect_right(bs, hi - 1) - 1])
+            dev[b, i] = max(abs(s - size) for s in ends_sizes) / align
+        ttfts[b] = [plan_ttft_ms(m, bs, bz, n, num_stages)[0] for n in prompts]
+    ok = np.array([m is not None for m in models])
+    failed = int((~np.isfinite(dev[:, 0])).sum())
+    good = ttfts[np.isfinite(ttfts[:, 0])]
+    if len(good):
+        lo, hi = np.percentile(good, [100 * (1 - CONFIDENCE) / 2, 100 * (1 + CONFIDENCE) / 2], axis=0)
+        half = [float((h - l) / 2 / p) for l, h, p in zip(lo, hi, point_ttft)]
+    else:
+        half = [math.inf] * len(prompts)
+    coefs = {}
+    for term in PREFIX_TERMS:
+        values = np.array([getattr(m, term) for m, k in zip(models, ok) if k])
+        point = getattr(model, term)
+        q = np.percentile(values, [2.5, 97.5]) if len(values) else (math.nan, math.nan)
+        coefs[term] = {"value": point, "std": float(values.std()) if len(values) else math.nan,
+                       "interval_95": [float(q[0]), float(q[1])]}
+    return Uncertainty(
+        model=model, fit_rows=fit_rows, target_ms=target, starts=starts, sizes=sizes, alignment=align,
+        within_one_unit=[float(np.mean(dev[:, i] <= TABLE_TOLERANCE_UNITS)) for i in range(len(starts))],
+        deviation_units_p95=[float(np.percentile(dev[:, i], 95, method="higher")) for i in range(len(starts))],
+        prompt_lens=prompts, ttft_ms=[float(v) for v in point_ttft], ttft_half_width=half, coefficients=coefs,
+        replicates=replicates, failed_replicates=failed, residual_rel_std=float(r.std()))
+
+
+def table_differences(a: dict, b: dict, alignment: int) -> tuple[int, int]:
+    """(entries that differ by more than one alignment unit, entries) between two breakpoint tables
+    {"prefix_len": starts, "chunk_size": sizes}, an entry being a stretch of prefix_len on which neither table
+    changes (the union of both tables' breakpoints)."""
+    starts = sorted(set(a["prefix_len"]) | set(b["prefix_len"]))
+
+    def size(t: dict, L: int) -> int:
+        return t["chunk_size"][bisect_right(t["prefix_len"], L) - 1]
+
+    diff = sum(abs(size(a, L) - size(b, L)) > TABLE_TOLERANCE_UNITS * alignment for L in starts)
+    return diff, len(starts)
