@@ -16,6 +16,8 @@ SGLang's rule on a quadratic fit of the same samples; greedy: the policy's rule;
 MAX_REQUESTS_PER_PROBE = 128
 MIN_REQUESTS_PER_PROBE = 8
 DEVICES = ("cpu", "cuda")
+MIN_TIMEOUT_S, MAX_TIMEOUT_S = 0.5, 86400.0
+"""--timeout's range: below half a second a heartbeat could not tell a stopped rank; above a day no fault is bounded."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -67,6 +69,9 @@ class ProfileConfig:
     attention_backend: str = "auto"
     """Attention kernel the stages run: auto (flashinfer on CUDA when importable, else sdpa), sdpa (torch's fast
     paths, no dense mask), flashinfer (paged prefill from the KV pages, CUDA), reference (dense mask; the oracle)."""
+    timeout: float = 60.0
+    """Seconds: the least time a rank waits on another before the run stops with "rank N did not answer"; a wait
+    may take longer when the requests measured so far are slow (ppprof.dist.watchdog: 20 x the slowest)."""
 
     def __post_init__(self) -> None:
         try:
@@ -87,6 +92,10 @@ class ProfileConfig:
                 f"{MIN_REQUESTS_PER_PROBE}..{MAX_REQUESTS_PER_PROBE}"
             )
         require_int("--num-prefix-lens", self.num_prefix_lens, 1)
+        if (isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float))
+                or not MIN_TIMEOUT_S <= self.timeout <= MAX_TIMEOUT_S):
+            raise ValueError(f"--timeout {self.timeout!r} must be a number of seconds in {MIN_TIMEOUT_S:g}.."
+                             f"{MAX_TIMEOUT_S:g}, e.g. 60")
         if self.torch_threads is not None:
             require_int("--torch-threads", self.torch_threads, 1)
         if self.num_layers is not None and self.num_layers < 1:

@@ -154,4 +154,4 @@ def bench_rank(bench: BenchConfig, fault: str | None = None) -> int:
         run.state["bench"] = bench
         run_phases(run, PHASES)
 
-    return run_rank(job, bench.profile.device, bench.profile.torch_threads)
+    return run_rank(job, bench.profile.device, bench.profile.torch_threads, bench.profile.timeout)

@@ -17,6 +17,7 @@ from ppprof.config import ProfileConfig
 from ppprof.dist.agree import RunError, agreed
 from ppprof.dist.group import RankInfo, process_group
 from ppprof.dist.pipe import Pipe
+from ppprof.dist.watchdog import DEFAULT_TIMEOUT_S
 from ppprof.mem import StageCache
 from ppprof.model.stage import Stage
 from ppprof.probe.malloc import steady_malloc
@@ -77,7 +78,7 @@ def set_up(cfg: ProfileConfig, info: RankInfo, fault: str | None, *, repeat: int
         partition = tuple(base) * repeat
     ranges = split_layers(spec.num_layers, num_stages or info.world_size, partition)
     pipe = Pipe(rank=info.rank, world_size=info.world_size, device=info.device, hidden_size=spec.hidden_size,
-                dtype=dtype)
+                dtype=dtype, watchdog=info.watchdog)
     return RankRun(cfg=cfg, info=info, spec=spec, dtype=dtype, stage_ranges=ranges, pipe=pipe, fault=fault)
 
 
@@ -86,20 +87,23 @@ def run_phases(run: RankRun, phases: Sequence[Phase]) -> None:
     holds a collective must agree on its local work before the collective (nest `agreed`), so that no rank waits in
     a collective that a failed rank never joins."""
     for what, phase in phases:
+        if run.pipe.watchdog is not None:
+            run.pipe.watchdog.phase = what  # named by "rank N did not answer within T s during <phase>"
         with agreed(run.pipe, what):
             phase(run)
 
 
-def run_rank(job: Callable[[RankInfo], None], device: str, threads: int | None = None) -> int:
+def run_rank(job: Callable[[RankInfo], None], device: str, threads: int | None = None,
+             timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
     """The body of one rank: join the group on `device` (cpu or cuda) with `threads` intra-op threads (None: as the
-    environment says), run `job`, leave. Returns the exit code (1 when the job failed on any rank; every rank then
-    prints the same agreed message)."""
+    environment says) and a watchdog giving each wait at least `timeout_s`, run `job`, leave. Returns the exit code
+    (1 when the job failed on any rank; every rank then prints the same agreed message)."""
     setup_logging(int(os.environ.get("RANK", 0)))
     if threads is not None:
         torch.set_num_threads(threads)
     if device == "cpu" and not steady_malloc():
         log.warning("could not fix malloc's thresholds (not glibc?): CPU timings may be noisier")
-    with process_group(device) as info:
+    with process_group(device, timeout_s) as info:
         try:
             job(info)
         except RunError as e:
@@ -107,9 +111,12 @@ def run_rank(job: Callable[[RankInfo], None], device: str, threads: int | None =
             print(f"error: [rank {info.rank}] {e}", file=sys.stderr, flush=True)
             return 1
         except Exception as e:  # outside the agreed path, e.g. an NCCL or sticky CUDA error inside a collective
-            print(f"error: [rank {info.rank}] {type(e).__name__}: {e}; stopping this rank now (the launcher then "
-                  "stops the others)", file=sys.stderr, flush=True)
-            os._exit(1)  # no destroy_process_group: with a broken communicator it would wait, as would the others
+            message = (f"{type(e).__name__}: {e}; stopping this rank now (the launcher then stops the others)"
+                       .replace("\n", " "))
+            # A broken transfer is most often a rank that stopped or was stopped: the watchdog names the agreed
+            # verdict or the signal; no destroy_process_group, which would wait on a broken communicator.
+            info.watchdog.failed(message)
+            os._exit(1)
     return 0
 
 
