@@ -32,11 +32,12 @@ def stage_column(stage: int) -> str:
 
 
 def write_run_json(path: str | Path, *, config: dict, **fields) -> Path:
-    """run.json: the schema version, the creation time, the resolved `config` and whatever else the run records
-    (model, hardware, torch_version, dist_backend, world_size, layer_partition, git_revision, the kernels that ran,
+    """run.json: the schema version, the creation time, the resolved `config`, the status (COMPLETE unless given)
+    and whatever else the run records (model, hardware, torch_version, dist_backend, world_size, layer_partition, git_revision, the kernels that ran,
     wall times, token counts)."""
     doc = {"schema_version": RUN_SCHEMA_VERSION,
-           "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "config": config}
+           "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "config": config,
+           "status": COMPLETE}
     doc.update(fields)
     return atomic_write_json(path, doc)
 
@@ -54,7 +55,7 @@ def read_run_json(path: str | Path) -> dict:
                          f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))}")
     if not isinstance(run.get("config"), dict):
         raise ValueError(f"run file {path} lacks its 'config' object: regenerate it with `ppprof profile`")
-    if run["schema_version"] < 3:
+    if run["schema_version"] < 3:  # written once, at the end of a run that completed
         run.setdefault("status", COMPLETE)
     if not isinstance(run.get("status"), str):
         raise ValueError(f"run file {path} has status {run.get('status')!r}: regenerate it with `ppprof profile`")
