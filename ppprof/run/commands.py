@@ -39,18 +39,20 @@ def start(command: str, rank_main: Callable, settings, profile: ProfileConfig, t
         if not resolved:
             world_size = int(os.environ["WORLD_SIZE"])
             (world_check or (lambda n: None))(world_size)
-            check_before_launch(profile, world_size, int(os.environ.get("LOCAL_WORLD_SIZE", 1)), torchrun,
-                                overwrite, resume)
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+            # Across nodes a rank may start after rank 0 wrote into --out: rank 0 checks it (ppprof.run.profile).
+            check_before_launch(profile, world_size, local, torchrun, overwrite, resume, folder=world_size == local)
         return rank_main(settings, fault)
     world_size = num_nodes(torchrun.get("nnodes")) * profile.nproc_per_node
+    one_node = world_size == profile.nproc_per_node
     (world_check or (lambda n: None))(world_size)
-    check_before_launch(profile, world_size, profile.nproc_per_node, torchrun, overwrite, resume)
+    check_before_launch(profile, world_size, profile.nproc_per_node, torchrun, overwrite, resume, folder=one_node)
     for line in warnings(profile):
         click.echo(f"warning: {line}", err=True)
     worker_args = ([command, RESOLVED_CONFIG, json.dumps(settings.to_dict())] + (["--inject-fault", fault] if fault
                                                                                  else [])
-                   + (["--resume", profile.out] if resume else []))
-    if not profile.out:  # rank 0 names a new folder (and, under torchrun, takes its lock)
+                   + (["--resume", profile.out] if resume else []) + (["--overwrite"] if overwrite else []))
+    if not profile.out or not one_node:  # rank 0 names a new folder, or checks and locks it for every node
         return launch(profile.nproc_per_node, torchrun, worker_args, job=command)
     Path(profile.out).mkdir(parents=True, exist_ok=True)
     take_lock(profile.out)
@@ -128,7 +130,7 @@ def profile(config_path, resolved_config, inject_fault, overwrite, resume_dir, *
         cfg = resume_config(resume_dir, config_path, options)
     else:
         cfg = resolve_config(config_path, options)
-    rank_main = functools.partial(profile_rank, resume=resume_dir is not None)
+    rank_main = functools.partial(profile_rank, resume=resume_dir is not None, overwrite=overwrite)
     sys.exit(start("profile", rank_main, cfg, cfg, torchrun, resolved_config is not None, inject_fault,
                    overwrite=overwrite, resume=resume_dir is not None))
 

@@ -64,9 +64,9 @@ def _int_list(text: str, key: str) -> list[int]:
         raise ValueError(f"--{key.replace('_', '-')} {text!r} must be comma-separated integers, e.g. 512,1024") from None
 
 
-def check_output_folder(out: str | None, overwrite: bool = False, resume: bool = False) -> None:
-    """The run folder (or, by default, results/) can be created and written, no live run holds it, and it holds no
-    files unless `overwrite` (replace its run) or `resume` (finish its run)."""
+def check_output_folder(out: str | None, overwrite: bool = False, resume: bool = False, folder: bool = True) -> None:
+    """The run folder (or, by default, results/) can be created and written and (unless not `folder`) no live run
+    holds it, and it holds no files unless `overwrite` (replace its run) or `resume` (finish its run)."""
     path = Path(out) if out else Path("results")
     if path.exists() and not path.is_dir():
         raise ValueError(f"--out {out or path}: exists and is not a folder; give a folder path")
@@ -75,7 +75,7 @@ def check_output_folder(out: str | None, overwrite: bool = False, resume: bool =
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise ValueError(f"--out {out or path}: {parent} is not a writable folder; choose another --out")
-    if not out or not path.is_dir():
+    if not out or not path.is_dir() or not folder:
         return
     owner = lock_owner(path)
     if owner is not None:
@@ -125,11 +125,12 @@ def resume_config(run_dir: str, config_path: str | None, flags: dict) -> Profile
 
 
 def check_before_launch(cfg: ProfileConfig, world_size: int, local_ranks: int,
-                        torchrun: dict | None = None, overwrite: bool = False, resume: bool = False) -> None:
-    """What can be checked without any rank: the output folder (check_output_folder), the model resolves and splits
-    over the stages, the device exists, the attention backend runs there, the start method suits it, and this node's
-    stages fit in its memory (check_memory)."""
-    check_output_folder(cfg.out, overwrite, resume)
+                        torchrun: dict | None = None, overwrite: bool = False, resume: bool = False,
+                        folder: bool = True) -> None:
+    """What can be checked without any rank: the output folder (check_output_folder; what it holds only where
+    `folder`), the model resolves and splits over the stages, the device exists, the attention backend runs there,
+    the start method suits it, and this node's stages fit in its memory (check_memory)."""
+    check_output_folder(cfg.out, overwrite, resume, folder)
     spec = load_spec(cfg.model, num_layers=cfg.num_layers, dtype=cfg.dtype)
     split_layers(spec.num_layers, world_size, cfg.layer_partition)
     resolve_attention_backend(cfg.attention_backend, cfg.device)

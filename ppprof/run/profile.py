@@ -18,7 +18,7 @@ from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.probe.loop import ProbeRunner
 from ppprof.probe.output import append_samples, complete_probes, samples_frame
 from ppprof.probe.synth import make_probes, warmup_requests
-from ppprof.run.options import profile_memory
+from ppprof.run.options import check_output_folder, profile_memory
 from ppprof.run.provenance import default_run_dir, git_revision, hardware, peak_memory_bytes
 from ppprof.run.rank import Phase, RankRun, add_log_file, run_phases, run_rank, set_up
 from ppprof.specs.spec import layers_pattern
@@ -43,7 +43,9 @@ def prepare_run_folder(run: RankRun) -> None:
         if run.rank == 0:
             run_dir = Path(run.cfg.out) if run.cfg.out else default_run_dir(run.cfg.model)
             run_dir.mkdir(parents=True, exist_ok=True)
-            if LOCK_HELD_ENV not in os.environ:  # under torchrun: no ppprof launcher took it
+            if LOCK_HELD_ENV not in os.environ:  # under torchrun, or across nodes: no launcher took it
+                if run.cfg.out:
+                    check_output_folder(run.cfg.out, run.state.get("overwrite"), run.state.get("resume"))
                 take_lock(run_dir)
                 run.state["own_lock"] = True
             probes = make_probes(run.cfg)
@@ -193,12 +195,12 @@ PHASES: tuple[Phase, ...] = (
 )
 
 
-def profile_rank(cfg: ProfileConfig, fault: str | None = None, resume: bool = False) -> int:
-    """One rank of `ppprof profile` (`resume`: finish the interrupted run in cfg.out); returns its exit code. A run
-    that fails records it in run.json (status "failed: <reason>")."""
+def profile_rank(cfg: ProfileConfig, fault: str | None = None, resume: bool = False, overwrite: bool = False) -> int:
+    """One rank of `ppprof profile` (`resume`: finish the interrupted run in cfg.out; `overwrite`: it may hold
+    files); returns its exit code. A run that fails records it in run.json (status "failed: <reason>")."""
     def job(info) -> None:
         run = set_up(cfg, info, fault)
-        run.state["resume"] = resume
+        run.state["resume"], run.state["overwrite"] = resume, overwrite
         try:
             run_phases(run, PHASES)
         except RunError as e:
