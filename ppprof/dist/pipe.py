@@ -28,10 +28,10 @@ class PendingActivation:
         self.waiting = waiting
 
     def wait(self) -> tuple[int, torch.Tensor | None, torch.Tensor | None]:
-        with self.waiting:
+        with self.waiting:  # on CUDA the wait ends at .item(), when the stream has the header
             for w in self.works:
                 w.wait()
-        status = int(self.header[0].item())
+            status = int(self.header[0].item())
         return (status, self.hidden, self.residual) if status == OK else (status, None, None)
 
 
@@ -121,10 +121,13 @@ class Pipe:
                                  self.waiting(src))
 
     def wait_sends(self, works: list) -> None:
-        """Wait for the works of isend_activation (the next stage receives them)."""
+        """Wait for the works of isend_activation (the next stage receives them); on CUDA until they are done, so that
+        a next stage that never receives is met here, under the deadline, not in a later unwatched sync."""
         with self.waiting(self.rank + 1):
             for w in works:
                 w.wait()
+            if self.device.type == "cuda":
+                torch.cuda.current_stream(self.device).synchronize()
 
     def barrier(self) -> None:
         with self.waiting():
@@ -167,14 +170,14 @@ class Pipe:
         header = self._header(OK, 0)
         with self.waiting(self.world_size - 1):
             dist.recv(header, self.world_size - 1)
-        return int(header[0].item())
+            return int(header[0].item())
 
     def any_true(self, flag: bool) -> bool:
         """True on every rank when `flag` is true on any rank."""
         t = torch.tensor([int(flag)], dtype=torch.int64, device=self.device)
         with self.waiting():
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item())
+            return bool(t.item())
 
     def all_gather(self, obj: Any) -> list[Any]:
         """`obj` of every rank, on every rank (picklable objects)."""

@@ -237,6 +237,8 @@ def test_a_run_folder_in_use_or_holding_a_run_is_refused_unless_overwrite(tmp_pa
     (["--timeout", "nan"], "--timeout nan must be a number of seconds"),
     (["--timeout", "x"], "Invalid value for '--timeout'"),
     (["--resume", "/no/such/run"], "--resume /no/such/run: /no/such/run/run.json does not exist"),
+    (["--resume", "/a", "--out", "/b"], "--out /b with --resume /a: a resumed run writes into the folder it resumes"),
+    (["--resume", "/a", "--overwrite"], "--overwrite with --resume /a: a resumed run keeps the samples it has"),
 ])
 def test_bad_fault_flags_are_one_line_before_any_rank(tmp_path, args, message):
     r = CliRunner().invoke(main, ["profile", *args])
