@@ -123,7 +123,8 @@ class Watchdog:
         self._signum: int | None = None
         self._signal_fd: int | None = None
         self._exit_lock = threading.Lock()
-        self._seen: dict[int, tuple[int, float]] = {}  # rank -> (heartbeat, when it last changed)
+        self._watched: tuple[float, int] | None = None  # the wait observed
+        self._seen: dict[int, tuple[int, float]] = {}  # rank -> (heartbeat, when it last changed), in that wait
         self._states: dict[int, RankState] = {}
         self._watch = threading.Event()  # a wait nears its deadline: the heartbeat thread reads the others
         prefix = f"ppprof/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}"
@@ -205,8 +206,10 @@ class Watchdog:
 
     def _check_wait(self) -> None:
         wait = self._wait
-        if wait is None:
+        if wait != self._watched:  # another wait: its observations start afresh
             self._watch.clear()
+            self._watched, self._seen, self._states = wait, {}, {}
+        if wait is None:
             return
         start, peer = wait
         now, deadline = time.monotonic(), self.deadline_s
