@@ -71,8 +71,7 @@ class PromptRunner:
                                 for s, req in zip(self.stages, reqs) if not s.cache.admit(req)), None)
             stop_if_any_failed(self.pipe, admit_error)  # no rank goes on to wait for a chunk that will not come
             self.pipe.barrier()  # every rank starts the prompt's clock together
-            with self.pipe.lockstep():
-                error = self._chunks(prompt, reqs, result)
+            error = self._chunks(prompt, reqs, result)
         finally:
             for s, req in zip(self.stages, reqs):
                 s.cache.release(req)

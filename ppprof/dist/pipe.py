@@ -53,10 +53,6 @@ class Pipe:
         """Around a wait on rank `peer` (EVERY_RANK: a collective): the watchdog's deadline applies."""
         return self.watchdog.waiting(peer) if self.watchdog is not None else nullcontext()
 
-    def lockstep(self) -> AbstractContextManager:
-        """Around a loop of measured requests run by every rank together (Watchdog.lockstep)."""
-        return self.watchdog.lockstep() if self.watchdog is not None else nullcontext()
-
     def measured(self, seconds: float) -> None:
         """One request took `seconds` on this rank: the deadlines of later waits follow it."""
         if self.watchdog is not None:

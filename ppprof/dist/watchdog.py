@@ -3,10 +3,11 @@ collective), ends the rank in one line when a rank does not answer, on SIGINT/SI
 
 The deadline is the larger of --timeout and REQUEST_FACTOR x the slowest request measured so far. A heartbeat thread
 publishes, through the launcher's store, that this rank is alive and what it waits on, so that a rank that is stopped
-(SIGSTOP, a paused VM, a dead host) is told apart from one that is busy (a cold first forward, a JIT compile): inside
-the lockstep loops, once a request has been measured, a wait past the deadline ends the run whatever the heartbeats
-say (a stuck kernel beats but never answers); elsewhere (building a stage, fitting) it ends the run at the deadline
-only when the rank waited on stopped beating, and otherwise after LENIENT_FACTOR deadlines."""
+(SIGSTOP, a paused VM, a dead host) is told apart from one that is busy (a cold first forward, a JIT compile): in a
+phase that has measured a request (the warm-up, the probes, the bench's prompts: every rank runs the same requests),
+a wait past the deadline ends the run whatever the heartbeats say (a stuck kernel beats but never answers); in the
+others (building a stage, fitting) it ends the run at the deadline only when the rank waited on stopped beating, and
+otherwise after LENIENT_FACTOR deadlines."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ DEFAULT_TIMEOUT_S = 60.0
 REQUEST_FACTOR = 20
 """A wait may take this many times the slowest request (or bench prompt) measured so far."""
 LENIENT_FACTOR = 10
-"""Outside the lockstep loops, a rank that still beats is given this many deadlines."""
+"""In a phase that has measured no request, a rank that still beats is given this many deadlines."""
 HEARTBEAT_S = 0.5
 STALE_S = 2.0
 """A rank whose heartbeat has not changed for this long does not answer."""
@@ -108,14 +109,14 @@ def launcher_store(timeout_s: float = 30.0):
 
 class Watchdog:
     """The deadlines, heartbeat, signals and parent watch of one rank. `waiting(peer)` around every blocking wait,
-    `lockstep()` around the loops whose waits `measured()` bounds, `phase` names what the run does."""
+    `measured()` after every request, `phase` names what the run does (a new phase has measured nothing yet)."""
 
     def __init__(self, rank: int, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S, store=None) -> None:
         self.rank, self.world_size, self.timeout_s, self.store = rank, world_size, float(timeout_s), store
-        self.phase = "start"
+        self._phase = "start"
+        self._phase_measured = False
         self.slowest_s = 0.0
         self.on_stop: list[StopCallback] = []
-        self._lockstep = 0
         self._wait: tuple[float, int] | None = None
         self._beat = 0
         self._host = socket.gethostname()
@@ -136,18 +137,19 @@ class Watchdog:
     def deadline_s(self) -> float:
         return max(self.timeout_s, REQUEST_FACTOR * self.slowest_s)
 
-    def measured(self, seconds: float) -> None:
-        """One request (or bench prompt) took `seconds` on this rank: later waits may take REQUEST_FACTOR times it."""
-        self.slowest_s = max(self.slowest_s, seconds)
+    @property
+    def phase(self) -> str:
+        return self._phase
 
-    @contextmanager
-    def lockstep(self) -> Iterator[None]:
-        """Inside: every rank runs the same measured requests, so that a wait past the deadline is a fault."""
-        self._lockstep += 1
-        try:
-            yield
-        finally:
-            self._lockstep -= 1
+    @phase.setter
+    def phase(self, what: str) -> None:
+        self._phase, self._phase_measured = what, False
+
+    def measured(self, seconds: float) -> None:
+        """One request (or bench prompt) took `seconds` on this rank: later waits may take REQUEST_FACTOR times it,
+        and in this phase, every rank running the same requests, a wait past the deadline is a fault."""
+        self.slowest_s = max(self.slowest_s, seconds)
+        self._phase_measured = True
 
     @contextmanager
     def waiting(self, peer: int) -> Iterator[None]:
@@ -224,7 +226,7 @@ class Watchdog:
             return
         others = [r for r in range(self.world_size) if r != self.rank]
         stale = {r for r in others if r in self._seen and now - self._seen[r][1] >= STALE_S}
-        strict = self._lockstep > 0 and self.slowest_s > 0
+        strict = self._phase_measured
         if not (stale or strict or elapsed >= LENIENT_FACTOR * deadline):
             return
         who = culprit(self.rank, peer, self.world_size, dict(self._states), stale)

@@ -120,7 +120,7 @@ class ProbeRunner:
                 error = error or f"release of request {pr.rid} raised {type(e).__name__}: {e}"
         if timed:
             self._timed_requests += 1
-        pipe.measured(time.perf_counter() - start)
+        pipe.measured(time.perf_counter() - start)  # the deadlines of later waits follow it
         return stage_ms, e2e_ms, error
 
     def check_leaks(self, when: str) -> None:
@@ -131,11 +131,10 @@ class ProbeRunner:
             raise RunError(f"leak check failed {when}: " + "; ".join(parts))
 
     def warm_up(self, requests: list[ProbeRequest]) -> None:
-        with self.pipe.lockstep():
-            for pr in requests:
-                _, _, error = self.run_request(pr, timed=False)
-                stop_if_any_failed(self.pipe, error)
-            self.check_leaks("after the warm-up")
+        for pr in requests:
+            _, _, error = self.run_request(pr, timed=False)
+            stop_if_any_failed(self.pipe, error)
+        self.check_leaks("after the warm-up")
 
     def run_probe(self, probe: Probe, on_request: Callable[[], None] | None = None) -> ProbeTimings:
         """All requests of `probe`; their Mamba slots are taken in one grouped window."""
@@ -146,17 +145,16 @@ class ProbeRunner:
             if not grouped:
                 log.debug("probe %d: %d Mamba slots free for %d requests; slots taken one by one",
                           probe.index, mamba.available_size(), len(probe.requests))
-        with self.pipe.lockstep():
-            try:
-                for pr in probe.requests:
-                    stage_ms, e2e_ms, error = self.run_request(pr, timed=True)
-                    stop_if_any_failed(self.pipe, error)
-                    timings.stage_ms.append(stage_ms)
-                    timings.e2e_ms.append(e2e_ms)
-                    if on_request is not None:
-                        on_request()
-            finally:
-                if mamba is not None and mamba.group_open:
-                    mamba.alloc_group_end()
-            self.check_leaks(f"after probe {probe.index}")
+        try:
+            for pr in probe.requests:
+                stage_ms, e2e_ms, error = self.run_request(pr, timed=True)
+                stop_if_any_failed(self.pipe, error)
+                timings.stage_ms.append(stage_ms)
+                timings.e2e_ms.append(e2e_ms)
+                if on_request is not None:
+                    on_request()
+        finally:
+            if mamba is not None and mamba.group_open:
+                mamba.alloc_group_end()
+        self.check_leaks(f"after probe {probe.index}")
         return timings
