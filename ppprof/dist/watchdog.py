@@ -7,7 +7,7 @@ publishes, through the launcher's store, that this rank is alive and what it wai
 phase that has measured a request (the warm-up, the probes, the bench's prompts: every rank runs the same requests),
 a wait past the deadline ends the run whatever the heartbeats say (a stuck kernel beats but never answers); in the
 others (building a stage, fitting) it ends the run at the deadline only when the rank waited on stopped beating, and
-otherwise after LENIENT_FACTOR deadlines."""
+otherwise after LENIENT_FACTOR deadlines (at least LENIENT_MIN_S)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,9 @@ DEFAULT_TIMEOUT_S = 60.0
 REQUEST_FACTOR = 20
 """A wait may take this many times the slowest request (or bench prompt) measured so far."""
 LENIENT_FACTOR = 10
-"""In a phase that has measured no request, a rank that still beats is given this many deadlines."""
+LENIENT_MIN_S = 300.0
+"""In a phase that has measured no request, a rank that still beats is given LENIENT_FACTOR deadlines, at least
+LENIENT_MIN_S: a fit or a large stage's build takes what it takes, whatever --timeout says."""
 HEARTBEAT_S = 0.5
 STALE_S = 2.0
 """A rank whose heartbeat has not changed for this long does not answer."""
@@ -111,8 +113,10 @@ class Watchdog:
     """The deadlines, heartbeat, signals and parent watch of one rank. `waiting(peer)` around every blocking wait,
     `measured()` after every request, `phase` names what the run does (a new phase has measured nothing yet)."""
 
-    def __init__(self, rank: int, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S, store=None) -> None:
+    def __init__(self, rank: int, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S, store=None,
+                 lenient_min_s: float = LENIENT_MIN_S) -> None:
         self.rank, self.world_size, self.timeout_s, self.store = rank, world_size, float(timeout_s), store
+        self.lenient_min_s = lenient_min_s
         self._phase = "start"
         self._phase_measured = False
         self.slowest_s = 0.0
@@ -227,10 +231,11 @@ class Watchdog:
         others = [r for r in range(self.world_size) if r != self.rank]
         stale = {r for r in others if r in self._seen and now - self._seen[r][1] >= STALE_S}
         strict = self._phase_measured
-        if not (stale or strict or elapsed >= LENIENT_FACTOR * deadline):
+        lenient = max(LENIENT_FACTOR * deadline, self.lenient_min_s)
+        if not (stale or strict or elapsed >= lenient):
             return
         who = culprit(self.rank, peer, self.world_size, dict(self._states), stale)
-        within = deadline if (stale or strict) else LENIENT_FACTOR * deadline
+        within = deadline if (stale or strict) else lenient
         message = f"rank {who} did not answer within {within:g} s during {self.phase}"
         verdict = self._publish_verdict(message)
         state = self._states.get(who)

@@ -55,7 +55,7 @@ def test_the_deadline_follows_the_slowest_request_above_the_floor():
 RANK_SCRIPT = """
 import sys, time
 from ppprof.dist.watchdog import Watchdog
-w = Watchdog(0, 2, timeout_s={timeout}).start()
+w = Watchdog(0, 2, timeout_s={timeout}, lenient_min_s=0).start()
 w.phase = "test phase"
 w.on_stop.append(lambda status, sig: print("status:", status, sig, flush=True))
 {body}
@@ -92,6 +92,7 @@ def test_a_wait_past_the_deadline_in_a_phase_that_measured_a_request_ends_the_ra
 
 @pytest.mark.timeout(60)
 def test_in_a_phase_without_a_measured_request_a_rank_of_unknown_state_gets_lenient_factor_deadlines():
+    # (and at least LENIENT_MIN_S, 0 here)
     body = """
     w.measured(0.01)
     w.phase = "test phase"  # a new phase: nothing measured in it yet
