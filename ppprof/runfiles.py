@@ -17,6 +17,8 @@ from ppprof.io import atomic_write_json
 SAMPLES_FILE = "samples.csv"
 RUN_FILE = "run.json"
 LOCK_FILE = ".ppprof.lock"
+LOCK_HELD_ENV = "PPPROF_LOCK_HELD"
+"""Set by ppprof's launcher for its ranks when it took the run folder's lock (else rank 0 takes it)."""
 RUN_SCHEMA_VERSION = 3
 """2: dist_backend (was backend), attention_backend, attention_kernel, mamba_kernel, torch_threads.
 3: status (RUNNING, COMPLETE, INTERRUPTED, "failed: <reason>"); run.json is written when the run starts."""

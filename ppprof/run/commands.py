@@ -18,8 +18,8 @@ from ppprof.probe.loop import FAULTS
 from ppprof.run.bench import bench_rank
 from ppprof.run.options import CONFIG_FIELDS, check_before_launch, resolve_config, warnings
 from ppprof.run.options import resume_config
-from ppprof.run.profile import LOCK_HELD_ENV, profile_rank
-from ppprof.runfiles import RUN_FILE, read_run_json, release_lock, take_lock
+from ppprof.run.profile import profile_rank
+from ppprof.runfiles import LOCK_HELD_ENV, RUN_FILE, read_run_json, release_lock, take_lock
 
 RESOLVED_CONFIG = "--resolved-config"
 resolved_config_option = click.option(RESOLVED_CONFIG, hidden=True,
@@ -196,5 +196,5 @@ def bench(policy_path, prompt_lens, strategies, repeats, pp, out, resolved_confi
     else:
         cfg = resolve_bench(policy_path, {"profile": options, "strategies": strategies, "out": out, "pp": pp,
                                           "repeats": repeats, "prompt_lens": tuple(prompt_lens)})
-    sys.exit(start("bench", bench_rank, cfg, cfg.profile, torchrun, resolved_config is not None, None,
-                   bench_world_check(cfg), overwrite=overwrite))
+    sys.exit(start("bench", functools.partial(bench_rank, overwrite=overwrite), cfg, cfg.profile, torchrun,
+                   resolved_config is not None, None, bench_world_check(cfg), overwrite=overwrite))

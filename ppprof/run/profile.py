@@ -4,7 +4,6 @@ in lockstep, then (rank 0) write samples.csv and run.json and fit the policy."""
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -18,15 +17,12 @@ from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.probe.loop import ProbeRunner
 from ppprof.probe.output import append_samples, complete_probes, samples_frame
 from ppprof.probe.synth import make_probes, warmup_requests
-from ppprof.run.options import check_output_folder, profile_memory
+from ppprof.run.options import profile_memory
 from ppprof.run.provenance import default_run_dir, git_revision, hardware, peak_memory_bytes
-from ppprof.run.rank import Phase, RankRun, add_log_file, run_phases, run_rank, set_up
+from ppprof.run.rank import (Phase, RankRun, add_log_file, claim_folder, release_folder, run_phases, run_rank,
+                             set_up)
 from ppprof.specs.spec import layers_pattern
-from ppprof.runfiles import (COMPLETE, FAILED, RUN_FILE, SAMPLES_FILE, RunRecord, release_lock, stage_column,
-                              take_lock)
-
-LOCK_HELD_ENV = "PPPROF_LOCK_HELD"
-"""Set by `ppprof profile`'s launcher, which took the run folder's lock for its ranks (under torchrun, rank 0 takes it)."""
+from ppprof.runfiles import COMPLETE, FAILED, RUN_FILE, SAMPLES_FILE, RunRecord, stage_column
 RUN_OUTPUTS = (SAMPLES_FILE, RUN_FILE, "policy.json", "fit.png", "chunks.png")
 """What a profile writes in its run folder besides the rank logs; an older run's are removed when --overwrite."""
 
@@ -43,11 +39,7 @@ def prepare_run_folder(run: RankRun) -> None:
         if run.rank == 0:
             run_dir = Path(run.cfg.out) if run.cfg.out else default_run_dir(run.cfg.model)
             run_dir.mkdir(parents=True, exist_ok=True)
-            if LOCK_HELD_ENV not in os.environ:  # under torchrun, or across nodes: no launcher took it
-                if run.cfg.out:
-                    check_output_folder(run.cfg.out, run.state.get("overwrite"), run.state.get("resume"))
-                take_lock(run_dir)
-                run.state["own_lock"] = True
+            claim_folder(run, run_dir, run.cfg.out, run.state.get("overwrite"), run.state.get("resume"))
             probes = make_probes(run.cfg)
             if run.state.get("resume"):
                 first = complete_probes(run_dir / SAMPLES_FILE, probes)
@@ -82,8 +74,6 @@ def start_record(run: RankRun, run_dir: Path, probes: list, first: int) -> None:
             print(f"interrupted by {signal_name}: {run_dir} keeps the samples of {run.state['probes_done']} of "
                   f"{len(probes)} probes; finish it with: ppprof profile --resume {run_dir}", file=sys.stderr,
                   flush=True)
-        if run.state.get("own_lock"):
-            release_lock(run_dir)
 
     if run.pipe.watchdog is not None:
         run.pipe.watchdog.on_stop.append(on_stop)
@@ -208,8 +198,7 @@ def profile_rank(cfg: ProfileConfig, fault: str | None = None, resume: bool = Fa
                 run.state["record"].write(status=f"{FAILED}: {e}")
             raise
         finally:
-            if run.state.get("own_lock"):
-                release_lock(run.run_dir)
+            release_folder(run)
 
     return run_rank(job, cfg.device, cfg.torch_threads, cfg.timeout)
 

@@ -21,6 +21,8 @@ from ppprof.dist.watchdog import DEFAULT_TIMEOUT_S
 from ppprof.mem import StageCache
 from ppprof.model.stage import Stage
 from ppprof.probe.malloc import steady_malloc
+from ppprof.run.options import check_output_folder
+from ppprof.runfiles import LOCK_HELD_ENV, release_lock, take_lock
 from ppprof.specs import ModelSpec, load_spec, split_layers
 from ppprof.specs.dtypes import AUTO_DTYPE_CPU, AUTO_DTYPE_GPU
 
@@ -80,6 +82,25 @@ def set_up(cfg: ProfileConfig, info: RankInfo, fault: str | None, *, repeat: int
     pipe = Pipe(rank=info.rank, world_size=info.world_size, device=info.device, hidden_size=spec.hidden_size,
                 dtype=dtype, watchdog=info.watchdog)
     return RankRun(cfg=cfg, info=info, spec=spec, dtype=dtype, stage_ranges=ranges, pipe=pipe, fault=fault)
+
+
+def claim_folder(run: RankRun, run_dir: Path, out: str | None, overwrite: bool = False, resume: bool = False) -> None:
+    """Rank 0, where no launcher holds the run folder's lock (under torchrun; across nodes, where no launcher can tell
+    what rank 0 already wrote): check what --out holds and take the lock, released when the job ends or stops."""
+    if LOCK_HELD_ENV in os.environ:
+        return
+    if out:
+        check_output_folder(out, overwrite, resume)
+    take_lock(run_dir)
+    run.state["own_lock"] = run_dir
+    if run.pipe.watchdog is not None:
+        run.pipe.watchdog.on_stop.append(lambda status, signal_name: release_lock(run_dir))
+
+
+def release_folder(run: RankRun) -> None:
+    """The lock claim_folder took, if it took one."""
+    if run.state.get("own_lock"):
+        release_lock(run.state.pop("own_lock"))
 
 
 def run_phases(run: RankRun, phases: Sequence[Phase]) -> None:

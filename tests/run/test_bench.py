@@ -86,3 +86,14 @@ def test_a_policy_without_its_run_folder_is_refused(tmp_path):
     (tmp_path / "policy.json").write_text("{}")
     r = CliRunner().invoke(main, ["bench", str(tmp_path / "policy.json"), "--prompt-len", "256"])
     assert r.exit_code == 2 and "run.json does not exist" in r.stderr
+
+
+def test_a_bench_out_that_holds_files_is_refused_unless_overwrite_and_timeout_is_checked(policy, tmp_path):
+    out = tmp_path / "bench"
+    out.mkdir()
+    (out / "bench.csv").write_text("old")
+    r = CliRunner().invoke(main, ["bench", str(policy), "--prompt-len", "1024", "--out", str(out)])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1
+    assert f"--out {out} is not empty (it holds bench.csv)" in r.stderr
+    r = CliRunner().invoke(main, ["bench", str(policy), "--prompt-len", "1024", "--timeout", "-1"])
+    assert r.exit_code == 2 and "--timeout -1.0 must be a number of seconds" in r.stderr
