@@ -195,7 +195,10 @@ def profile_rank(cfg: ProfileConfig, fault: str | None = None, resume: bool = Fa
             run_phases(run, PHASES)
         except RunError as e:
             if "record" in run.state:
-                run.state["record"].write(status=f"{FAILED}: {e}")
+                try:
+                    run.state["record"].write(status=f"{FAILED}: {e}")
+                except OSError as write_error:  # a full disk: the error below still says what failed
+                    log.error("could not record the status in run.json: %s", write_error)
             raise
         finally:
             release_folder(run)
