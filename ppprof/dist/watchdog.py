@@ -126,6 +126,9 @@ class Watchdog:
         self._host = socket.gethostname()
         self._parent = os.getppid()
         self._signum: int | None = None
+        self._signal_at = 0.0
+        self._broken: int | None = None
+        self._failing = False
         self._signal_fd: int | None = None
         self._exit_lock = threading.Lock()
         self._watched: tuple[float, int] | None = None  # the wait observed
@@ -161,6 +164,9 @@ class Watchdog:
         previous, self._wait = self._wait, (time.monotonic(), peer)
         try:
             yield
+        except Exception:
+            self._broken = peer  # the wait failed (a rank that died closes its connections)
+            raise
         finally:
             self._wait = previous
 
@@ -185,26 +191,35 @@ class Watchdog:
 
     def failed(self, message: str) -> None:
         """The main thread met an error it cannot agree on (a broken transfer): end this rank in one line, naming the
-        agreed verdict where another rank found one, or the signal that stopped the run. Does not return."""
-        time.sleep(2 * TICK_S)  # a signal that arrived with the error wins
-        if self._signum is not None:
+        agreed verdict where another rank found one, the signal that stopped the run (SIGINT, or one that came before
+        the error: the ranks it reached first broke the transfer), or the rank whose connection broke. Does not
+        return."""
+        error_at, self._failing = time.monotonic(), True
+        time.sleep(2 * TICK_S)  # a SIGINT forwarded to every rank breaks the transfers of the others too
+        if self._signum is not None and (self._signum == signal.SIGINT or self._signal_at <= error_at):
             self._stop_on_signal(self._signum)
         verdict = self._read_verdict()
+        if verdict is None and self._broken is not None and self._broken >= 0:
+            message = f"the connection to rank {self._broken} broke during {self.phase}: {message}"
         self._exit(verdict or message, EXIT_FAILED)
 
     # --- the threads ----------------------------------------------------------------------------------------------
 
     def _note_signal(self, signum, frame) -> None:
-        self._signum = signum  # the monitor thread acts: the main thread may be inside a wait that ignores signals
+        if self._signum is None:
+            self._signum, self._signal_at = signum, time.monotonic()
+        # the monitor thread acts: the main thread may be inside a wait that ignores signals
 
     def _monitor(self) -> None:
         while True:
             ready, _, _ = select.select([self._signal_fd], [], [], TICK_S)
             if ready:
-                data = os.read(self._signal_fd, 64)
-                if data and data[-1] in SIGNAL_EXIT.keys():
-                    self._stop_on_signal(data[-1])
-            if self._signum is not None:
+                for signum in os.read(self._signal_fd, 64):
+                    if signum in SIGNAL_EXIT.keys():
+                        self._note_signal(signum, None)
+            # A SIGTERM that finds the main thread failing is most often the launcher stopping the ranks after one
+            # died: the main thread tells which (failed()).
+            if self._signum is not None and not (self._failing and self._signum != signal.SIGINT):
                 self._stop_on_signal(self._signum)
             if os.getppid() != self._parent:
                 self._stop_on_signal(signal.SIGTERM)

@@ -105,6 +105,25 @@ def test_a_stopped_rank_ends_the_run_within_the_deadline(tmp_path):
     assert set(samples["probe"]) >= {0, 1}  # what was measured stays
 
 
+def test_a_killed_rank_fails_the_run_at_once_and_is_not_taken_for_an_interrupt(tmp_path):
+    out = tmp_path / "run"
+    p = start("profile", "--out", str(out), *LONG)
+    try:
+        read_until(p, "probe 1 (prefix")
+        ranks = rank_pids(p.pid)
+        os.kill(ranks[1], signal.SIGKILL)  # the launcher then SIGTERMs rank 0: still a failure, not an interrupt
+        killed = time.monotonic()
+        rest = p.stderr.read()
+        p.wait(timeout=60)
+        took = time.monotonic() - killed
+    finally:
+        p.kill()
+    assert p.returncode == 1, rest[-3000:]
+    assert "error: [rank 0] " in rest and "interrupted by" not in rest
+    assert took < 15
+    assert json.loads((out / "run.json").read_text())["status"].startswith("failed: ")
+
+
 @pytest.mark.parametrize("launcher", ["ppprof", "torchrun"])
 def test_a_sigkilled_launcher_leaves_no_process(tmp_path, launcher):
     out = tmp_path / "run"
