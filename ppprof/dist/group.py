@@ -52,4 +52,5 @@ def process_group(device_type: str, timeout_s: float = _watchdog.DEFAULT_TIMEOUT
     try:
         yield RankInfo(rank, world_size, local_rank, device, backend, watchdog)
     finally:
+        watchdog.close()
         dist.destroy_process_group()

@@ -135,6 +135,8 @@ class Watchdog:
         self._seen: dict[int, tuple[int, float]] = {}  # rank -> (heartbeat, when it last changed), in that wait
         self._states: dict[int, RankState] = {}
         self._watch = threading.Event()  # a wait nears its deadline: the heartbeat thread reads the others
+        self._closing = threading.Event()
+        self._heartbeat_thread: threading.Thread | None = None
         prefix = f"ppprof/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}"
         self._state_key, self._verdict_key = prefix + "/state/", prefix + "/verdict"
 
@@ -187,7 +189,16 @@ class Watchdog:
     def attach(self, store) -> None:
         """Publish this rank's heartbeat through `store` (once the group is formed) and read the others'."""
         self.store = store
-        threading.Thread(target=self._heartbeat, name="ppprof-heartbeat", daemon=True).start()
+        self._heartbeat_thread = threading.Thread(target=self._heartbeat, name="ppprof-heartbeat", daemon=True)
+        self._heartbeat_thread.start()
+
+    def close(self) -> None:
+        """Stop the heartbeat and let go of the store before the process leaves: a store call still in flight while
+        the interpreter finalizes would abort the process ("terminate called without an active exception")."""
+        self._closing.set()
+        if self._heartbeat_thread is not None:
+            self._heartbeat_thread.join(timeout=10)
+        self.store = None
 
     def failed(self, message: str) -> None:
         """The main thread met an error it cannot agree on (a broken transfer): end this rank in one line, naming the
@@ -265,7 +276,7 @@ class Watchdog:
         self._exit(verdict, EXIT_FAILED)
 
     def _heartbeat(self) -> None:
-        while True:
+        while not self._closing.is_set():
             self._beat += 1
             wait = self._wait
             state = RankState(self._beat, self._host, os.getpid(), WORKING if wait is None else wait[1], self.phase)
@@ -275,7 +286,7 @@ class Watchdog:
                     self._states = self._read_states()
             except Exception:  # the store went away with the launcher: the parent watch ends this rank
                 pass
-            time.sleep(HEARTBEAT_S)
+            self._closing.wait(HEARTBEAT_S)
 
     def _read_states(self) -> dict[int, RankState]:
         out = {}

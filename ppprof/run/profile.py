@@ -23,6 +23,7 @@ from ppprof.run.rank import (Phase, RankRun, add_log_file, claim_folder, release
                              set_up)
 from ppprof.specs.spec import layers_pattern
 from ppprof.runfiles import COMPLETE, FAILED, RUN_FILE, SAMPLES_FILE, RunRecord, stage_column
+
 RUN_OUTPUTS = (SAMPLES_FILE, RUN_FILE, "policy.json", "fit.png", "chunks.png")
 """What a profile writes in its run folder besides the rank logs; an older run's are removed when --overwrite."""
 
@@ -114,7 +115,8 @@ def warm_up(run: RankRun) -> None:
 
 
 def run_probes(run: RankRun) -> None:
-    """Every probe in lockstep; after each, every stage's latencies are gathered (stage_ms[probe][stage][request])."""
+    """Every probe in lockstep (from the first not yet complete); after each, every stage's latencies are gathered
+    (stage_ms[stage][request]) and rank 0 appends the probe's rows to samples.csv."""
     probes, runner = run.state["probes"][run.state["first_probe"]:], run.state["runner"]
     bar = None
     if run.rank == 0:
