@@ -92,6 +92,8 @@ DESIGNS = ("grid", "adaptive")
 """What --design takes. grid: the sweep and one probe per prefix length; adaptive: a small D-optimal design for the
 prefix model, then the requests that most reduce the policy's uncertainty, until its table is stable or a budget is
 spent (ppprof.fit.design, ppprof.fit.uncertainty)."""
+MIN_TIMEOUT_S, MAX_TIMEOUT_S = 0.5, 86400.0
+"""--timeout's range: below half a second a heartbeat could not tell a stopped rank; above a day no fault is bounded."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -151,6 +153,9 @@ class ProfileConfig:
     requests_per_probe x (1 + the number of prefix lengths))."""
     max_seconds: float | None = None
     """Adaptive design: stop choosing probes once probing has taken this many seconds (default: no limit)."""
+    timeout: float = 60.0
+    """Seconds: the least time a rank waits on another before the run stops with "rank N did not answer"; a wait
+    may take longer when the requests measured so far are slow (ppprof.dist.watchdog: 20 x the slowest)."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -164,6 +169,10 @@ class ProfileConfig:
             raise ValueError(f"--attention-backend {short(self.attention_backend)} is unknown: use one of "
                              f"{', '.join(ATTENTION_BACKENDS)}")
         self.check_design()
+        if (isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float))
+                or not MIN_TIMEOUT_S <= self.timeout <= MAX_TIMEOUT_S):
+            raise ValueError(f"--timeout {self.timeout!r} must be a number of seconds in {MIN_TIMEOUT_S:g}.."
+                             f"{MAX_TIMEOUT_S:g}, e.g. 60")
         if self.base_chunk_size < self.page_size:
             raise ValueError(
                 f"--base-chunk-size {self.base_chunk_size} is smaller than --page-size {self.page_size}: "

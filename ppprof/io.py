@@ -23,6 +23,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path
         write(tmp_path)
         os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the mode open() would
         os.replace(tmp_path, path)
+    except OSError as e:  # disk full, permission: name the file asked for and the cause
+        tmp_path.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from None
     except BaseException:
         tmp_path.unlink(missing_ok=True)
         raise

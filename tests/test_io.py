@@ -36,3 +36,15 @@ def test_written_files_get_the_usual_mode(tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "p.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_a_failed_write_names_the_target_and_the_cause_not_the_temporary_file(tmp_path):
+    target = tmp_path / "samples.csv"
+
+    def disk_full(tmp):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp))
+
+    with pytest.raises(OSError) as e:
+        atomic_write(target, disk_full)
+    assert e.value.filename == str(target) and e.value.errno == errno.ENOSPC
+    assert os.listdir(tmp_path) == []

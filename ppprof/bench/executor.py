@@ -65,6 +65,7 @@ class PromptRunner:
         every rank when any rank failed or leaked."""
         reqs = [Request(prompt.index) for _ in self.stages]
         result, error = PromptResult(), None
+        start = time.perf_counter()
         try:
             admit_error = next((f"stage {s.index} cannot admit prompt {prompt.index}: {s.cache.outstanding()}"
                                 for s, req in zip(self.stages, reqs) if not s.cache.admit(req)), None)
@@ -74,6 +75,7 @@ class PromptRunner:
         finally:
             for s, req in zip(self.stages, reqs):
                 s.cache.release(req)
+        self.pipe.measured(time.perf_counter() - start)
         stop_if_any_failed(self.pipe, error)
         leaks = self.pipe.all_gather([(s.index, s.cache.leaks()) for s in self.stages])
         found = [f"stage {i}: {describe_leaks(lk)}" for per_rank in leaks for i, lk in per_rank if lk]
@@ -122,8 +124,7 @@ class PromptRunner:
                 sends.append(pipe.isend_activation(status, x, residual, n))
             prefix_len += n
         for works in sends:
-            for w in works:
-                w.wait()
+            pipe.wait_sends(works)
         self._finish(result, status, first_start)
         return error
 

@@ -11,8 +11,11 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
+from ppprof.dist import watchdog as _watchdog
+from ppprof.dist.watchdog import Watchdog, die_with_parent, launcher_store
+
 DEFAULT_TIMEOUT_S = 600
-"""How long a collective may wait (PPPROF_DIST_TIMEOUT overrides it, e.g. in tests)."""
+"""How long gloo / NCCL let a collective wait (PPPROF_DIST_TIMEOUT overrides it): a backstop behind the watchdog."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,12 +27,17 @@ class RankInfo:
     local_rank: int
     device: torch.device
     backend: str
+    watchdog: Watchdog | None = None
+    """Deadlines on this rank's waits, its signals and its parent (ppprof.dist.watchdog)."""
 
 
 @contextmanager
-def process_group(device_type: str) -> Iterator[RankInfo]:
-    """Join the group that torchrun (or the elastic launcher) described in the environment; leave it on exit."""
+def process_group(device_type: str, timeout_s: float = _watchdog.DEFAULT_TIMEOUT_S) -> Iterator[RankInfo]:
+    """Join the group that torchrun (or the elastic launcher) described in the environment; leave it on exit. The
+    rank dies with its launcher, and its watchdog (deadlines from `timeout_s`, SIGINT/SIGTERM) runs from the start."""
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    die_with_parent()
+    watchdog = Watchdog(rank, world_size, timeout_s).start()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if device_type == "cuda":
         torch.cuda.set_device(local_rank)
@@ -38,7 +46,11 @@ def process_group(device_type: str) -> Iterator[RankInfo]:
         device, backend = torch.device("cpu"), "gloo"
     timeout = _dt.timedelta(seconds=int(os.environ.get("PPPROF_DIST_TIMEOUT", DEFAULT_TIMEOUT_S)))
     dist.init_process_group(backend, timeout=timeout)
+    store = launcher_store()
+    if store is not None:
+        watchdog.attach(store)
     try:
-        yield RankInfo(rank, world_size, local_rank, device, backend)
+        yield RankInfo(rank, world_size, local_rank, device, backend, watchdog)
     finally:
+        watchdog.close()
         dist.destroy_process_group()

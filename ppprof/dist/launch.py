@@ -4,7 +4,9 @@ Job-agnostic: the caller gives the arguments each rank runs after `python -m ppp
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import sys
 
 # torchrun options `ppprof profile` accepts and passes to the launcher unchanged: (option, takes a value).
@@ -13,6 +15,11 @@ TORCHRUN_OPTIONS = (
     ("rdzv_conf", True), ("standalone", False), ("max_restarts", True), ("master_addr", True), ("master_port", True),
     ("local_addr", True), ("log_dir", True), ("start_method", True),
 )
+
+
+SHUTDOWN_TIMEOUT_S = 5
+"""After forwarding SIGINT/SIGTERM to the ranks, how long the launcher waits before it SIGKILLs one."""
+SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 def num_nodes(nnodes: str | None) -> int:
@@ -49,21 +56,39 @@ def launcher_argv(nproc_per_node: int, torchrun: dict, worker_args: list[str]) -
             continue
         flag = "--" + name.replace("_", "-")
         argv += [flag, str(value)] if takes_value else [flag]
+    # Ranks end within a second of SIGINT/SIGTERM (ppprof.dist.watchdog); a stopped one gets SIGKILL soon after.
+    argv += ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]
     return argv + ["--module", "ppprof", *worker_args]
 
 
 def launch(nproc_per_node: int, torchrun: dict, worker_args: list[str], job: str) -> int:
-    """Run `python -m ppprof WORKER_ARGS...` on this node's ranks; returns the exit code (1 when any rank failed)."""
+    """Run `python -m ppprof WORKER_ARGS...` on this node's ranks; returns the exit code (1 when any rank failed;
+    130 / 143 when SIGINT / SIGTERM stopped the job: the launcher forwards it to the ranks, which stop within
+    seconds, rank 0 saying in one line what the run folder keeps)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
     args = get_args_parser().parse_args(launcher_argv(nproc_per_node, torchrun, worker_args))
     if "OMP_NUM_THREADS" not in os.environ:  # share the cores among this node's ranks (torchrun would pick 1)
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc_per_node))
+    quiet_launcher_logs()
     try:
         run(args)
     except ChildFailedError as e:
         ranks = ", ".join(str(r) for r in sorted(e.failures))
         print(f"error: the {job} failed on rank {ranks}; the [rank N] lines above say why", file=sys.stderr)
         return 1
+    except SignalException as e:
+        return SIGNAL_EXIT.get(e.sigval, 128 + int(e.sigval))
     return 0
+
+
+def quiet_launcher_logs() -> None:
+    """Only the elastic launcher's errors: its warnings on stopping the ranks ("Closing process ... via signal") would
+    bury the one line that says what happened."""
+    import torch.distributed.elastic  # noqa: F401  (creates its loggers)
+
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic") or name.startswith("torch.distributed.run"):
+            logging.getLogger(name).setLevel(logging.ERROR)

@@ -7,10 +7,13 @@ still tells its successors, which then skip their forward instead of waiting on 
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from ppprof.dist.watchdog import EVERY_RANK, Watchdog
 
 OK = 0
 FAILED = 1
@@ -19,27 +22,41 @@ FAILED = 1
 class PendingActivation:
     """Receives posted for one chunk: wait() gives (status, hidden, residual), the tensors None unless OK."""
 
-    def __init__(self, works: list, header: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor) -> None:
+    def __init__(self, works: list, header: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor,
+                 waiting: AbstractContextManager) -> None:
         self.works, self.header, self.hidden, self.residual = works, header, hidden, residual
+        self.waiting = waiting
 
     def wait(self) -> tuple[int, torch.Tensor | None, torch.Tensor | None]:
-        for w in self.works:
-            w.wait()
-        status = int(self.header[0].item())
+        with self.waiting:  # on CUDA the wait ends at .item(), when the stream has the header
+            for w in self.works:
+                w.wait()
+            status = int(self.header[0].item())
         return (status, self.hidden, self.residual) if status == OK else (status, None, None)
 
 
 class Pipe:
     """This rank's links to its neighbours in the pipeline (activations down, "done" back to rank 0), and the few
-    collectives of a run (agreement, gather, broadcast)."""
+    collectives of a run (agreement, gather, broadcast). With a watchdog, every wait on another rank has a deadline
+    (ppprof.dist.watchdog)."""
 
     def __init__(self, *, rank: int, world_size: int, device: torch.device, hidden_size: int,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, watchdog: Watchdog | None = None) -> None:
         self.rank = rank
         self.world_size = world_size
         self.device = device
         self.hidden_size = hidden_size
         self.dtype = dtype
+        self.watchdog = watchdog
+
+    def waiting(self, peer: int = EVERY_RANK) -> AbstractContextManager:
+        """Around a wait on rank `peer` (EVERY_RANK: a collective): the watchdog's deadline applies."""
+        return self.watchdog.waiting(peer) if self.watchdog is not None else nullcontext()
+
+    def measured(self, seconds: float) -> None:
+        """One request took `seconds` on this rank: the deadlines of later waits follow it."""
+        if self.watchdog is not None:
+            self.watchdog.measured(seconds)
 
     @property
     def is_first(self) -> bool:
@@ -56,24 +73,26 @@ class Pipe:
         """To the next stage: the header, then (when OK) hidden and residual, each (chunk_size, hidden_size)."""
         dst = self.rank + 1
         chunk_size = 0 if status != OK else hidden.shape[0]
-        dist.send(self._header(status, chunk_size), dst)
-        if status == OK:
-            # The receiver allocates buffers of the pipeline dtype, so send exactly that.
-            dist.send(hidden.to(self.dtype).contiguous(), dst)
-            dist.send(residual.to(self.dtype).contiguous(), dst)
+        with self.waiting(dst):
+            dist.send(self._header(status, chunk_size), dst)
+            if status == OK:
+                # The receiver allocates buffers of the pipeline dtype, so send exactly that.
+                dist.send(hidden.to(self.dtype).contiguous(), dst)
+                dist.send(residual.to(self.dtype).contiguous(), dst)
 
     def recv_activation(self) -> tuple[int, torch.Tensor | None, torch.Tensor | None]:
         """From the previous stage: (status, hidden, residual); the tensors are None when the status is not OK."""
         src = self.rank - 1
         header = self._header(OK, 0)
-        dist.recv(header, src)
-        status, chunk_size = (int(v) for v in header.tolist())
-        if status != OK:
-            return status, None, None
-        hidden = torch.empty((chunk_size, self.hidden_size), dtype=self.dtype, device=self.device)
-        residual = torch.empty_like(hidden)
-        dist.recv(hidden, src)
-        dist.recv(residual, src)
+        with self.waiting(src):
+            dist.recv(header, src)
+            status, chunk_size = (int(v) for v in header.tolist())
+            if status != OK:
+                return status, None, None
+            hidden = torch.empty((chunk_size, self.hidden_size), dtype=self.dtype, device=self.device)
+            residual = torch.empty_like(hidden)
+            dist.recv(hidden, src)
+            dist.recv(residual, src)
         return status, hidden, residual
 
     def isend_activation(self, status: int, hidden: torch.Tensor | None, residual: torch.Tensor | None,
@@ -94,10 +113,21 @@ class Pipe:
         header = self._header(OK, 0)
         hidden = torch.empty((chunk_size, self.hidden_size), dtype=self.dtype, device=self.device)
         residual = torch.empty_like(hidden)
-        return PendingActivation([dist.irecv(t, src) for t in (header, hidden, residual)], header, hidden, residual)
+        return PendingActivation([dist.irecv(t, src) for t in (header, hidden, residual)], header, hidden, residual,
+                                 self.waiting(src))
+
+    def wait_sends(self, works: list) -> None:
+        """Wait for the works of isend_activation (the next stage receives them); on CUDA until they are done, so that
+        a next stage that never receives is met here, under the deadline, not in a later unwatched sync."""
+        with self.waiting(self.rank + 1):
+            for w in works:
+                w.wait()
+            if self.device.type == "cuda":
+                torch.cuda.current_stream(self.device).synchronize()
 
     def barrier(self) -> None:
-        dist.barrier()
+        with self.waiting():
+            dist.barrier()
 
     def round_trips_ms(self, boundary: int, chunk_size: int, repeats: int) -> list[float]:
         """Transfer time across the boundary between ranks `boundary` and `boundary + 1`: the first sends one chunk's
@@ -108,46 +138,53 @@ class Pipe:
         tensors = [torch.zeros((chunk_size, self.hidden_size), dtype=self.dtype, device=self.device)
                    for _ in range(2)]
         out = []
-        for _ in range(repeats):
-            if self.rank == boundary:
-                start = time.perf_counter()
-                for t in tensors:
-                    dist.send(t, boundary + 1)
-                for t in tensors:
-                    dist.recv(t, boundary + 1)
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)
-                out.append((time.perf_counter() - start) * 1e3)
-            else:
-                for t in tensors:
-                    dist.recv(t, boundary)
-                for t in tensors:
-                    dist.send(t, boundary)
+        peer = boundary + 1 if self.rank == boundary else boundary
+        with self.waiting(peer):
+            for _ in range(repeats):
+                if self.rank == boundary:
+                    start = time.perf_counter()
+                    for t in tensors:
+                        dist.send(t, boundary + 1)
+                    for t in tensors:
+                        dist.recv(t, boundary + 1)
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize(self.device)
+                    out.append((time.perf_counter() - start) * 1e3)
+                else:
+                    for t in tensors:
+                        dist.recv(t, boundary)
+                    for t in tensors:
+                        dist.send(t, boundary)
         return out
 
     def send_done(self, status: int) -> None:
         """Last stage -> first stage: the request has left the pipeline (ends the end-to-end timing)."""
-        dist.send(self._header(status, 0), 0)
+        with self.waiting(0):
+            dist.send(self._header(status, 0), 0)
 
     def recv_done(self) -> int:
         header = self._header(OK, 0)
-        dist.recv(header, self.world_size - 1)
-        return int(header[0].item())
+        with self.waiting(self.world_size - 1):
+            dist.recv(header, self.world_size - 1)
+            return int(header[0].item())
 
     def any_true(self, flag: bool) -> bool:
         """True on every rank when `flag` is true on any rank."""
         t = torch.tensor([int(flag)], dtype=torch.int64, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item())
+        with self.waiting():
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            return bool(t.item())
 
     def all_gather(self, obj: Any) -> list[Any]:
         """`obj` of every rank, on every rank (picklable objects)."""
         out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj)
+        with self.waiting():
+            dist.all_gather_object(out, obj)
         return out
 
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's `obj`, on every rank."""
         box = [obj]
-        dist.broadcast_object_list(box, src=0)
+        with self.waiting():
+            dist.broadcast_object_list(box, src=0)
         return box[0]

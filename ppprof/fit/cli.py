@@ -44,6 +44,9 @@ def fit_command(samples, latency_model, out, parity, **options) -> None:
         if options[name] is not None:
             require_int(f"--{name.replace('_', '-')}", options[name], 1)
     path, policy = fit(samples, out, latency_model, parity=parity, **options)
+    note = incomplete_run_note(samples)
+    if note:
+        click.echo(f"warning: {note}", err=True)
     click.echo(summary(path, policy))
 
 
@@ -163,3 +166,21 @@ def compare_command(baseline, candidate, as_json, tolerances, prompt_lens, num_s
     click.echo(json.dumps(report, indent=2) if as_json else render(report))
     if report["drifted"]:
         sys.exit(1)
+
+
+def incomplete_run_note(samples_path: str) -> str | None:
+    """One line when the run that wrote SAMPLES did not complete (run.json's status): what the fit stands on."""
+    import pandas as pd
+
+    from ppprof.fit.samples import read_run
+    from ppprof.runfiles import COMPLETE
+
+    run = read_run(samples_path)
+    if run is None or run["status"] == COMPLETE:
+        return None
+    frame = pd.read_csv(samples_path)
+    probes = frame["probe"].nunique() if "probe" in frame.columns else None
+    total = run.get("num_probes")
+    kept = f"the {len(frame)} samples of {probes} of {total} probes" if probes and total else f"its {len(frame)} samples"
+    return (f"the run in {Path(samples_path).parent} is {run['status']} (run.json), not complete: fitted {kept}; "
+            f"`ppprof profile --resume {Path(samples_path).parent}` finishes it")

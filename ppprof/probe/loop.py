@@ -70,6 +70,7 @@ class ProbeRunner:
     def run_request(self, pr: ProbeRequest, timed: bool) -> tuple[float, float, str | None]:
         """One request through this rank's stage: (stage_ms, e2e_ms (rank 0, else nan), error or None)."""
         pipe = self.pipe
+        start = time.perf_counter()
         req = Request(pr.rid)
         stage_ms = e2e_ms = math.nan
         error = None
@@ -119,6 +120,7 @@ class ProbeRunner:
                 error = error or f"release of request {pr.rid} raised {type(e).__name__}: {e}"
         if timed:
             self._timed_requests += 1
+        pipe.measured(time.perf_counter() - start)  # the deadlines of later waits follow it
         return stage_ms, e2e_ms, error
 
     def check_leaks(self, when: str) -> None:

@@ -1,7 +1,9 @@
-"""samples.csv of a profile run: one row per timed request, every stage's latency and the bottleneck stage."""
+"""samples.csv of a profile run: one row per timed request, every stage's latency and the bottleneck stage; appended
+and flushed to disk as each probe completes, so that an interrupted or failed run keeps what it measured."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -30,3 +32,34 @@ def samples_frame(probes: list[Probe], stage_ms: list[list[list[float]]], e2e_ms
 
 def write_samples(path: Path, frame: pd.DataFrame) -> Path:
     return atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
+
+
+def append_samples(path: Path, frame: pd.DataFrame) -> None:
+    """Append one probe's rows to samples.csv (the header with the first) in one write, flushed to the disk; an
+    OSError names the file and the cause (disk full, permission)."""
+    text = frame.to_csv(index=False, header=not path.exists() or path.stat().st_size == 0)
+    try:
+        with open(path, "a") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from None
+
+
+def complete_probes(path: Path, probes: list[Probe]) -> int:
+    """How many probes, from the first, samples.csv holds whole (every request of the probe, in order): where an
+    interrupted run resumes. Rows past them (a probe cut short) are dropped from the file, atomically."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return 0
+    frame = pd.read_csv(path)
+    done, end = 0, 0
+    for probe in probes:
+        rows = frame.iloc[end:end + len(probe.requests)]
+        if (len(rows) < len(probe.requests) or list(rows["probe"]) != [probe.index] * len(probe.requests)
+                or list(rows["request"]) != [r.rid for r in probe.requests]):
+            break
+        done, end = done + 1, end + len(probe.requests)
+    if end < len(frame):
+        write_samples(path, frame.iloc[:end])
+    return done

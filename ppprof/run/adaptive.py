@@ -75,13 +75,14 @@ def choose(run: RankRun, probes: list[Probe], stage_ms: list, e2e_ms: list, last
                   max_seconds=cfg.max_seconds)
 
 
-def probe_sequence(run: RankRun, stage_ms: list, e2e_ms: list) -> Iterator[Probe]:
-    """The probes to run, in order. Grid: run.state["probes"]. Adaptive: the initial design, then after each probe
+def probe_sequence(run: RankRun, stage_ms: list, e2e_ms: list, first: int = 0) -> Iterator[Probe]:
+    """The probes to run, in order. Grid: run.state["probes"] from `first` (a resumed run's first probe not yet
+    complete). Adaptive (never resumed): the initial design, then after each probe
     (once the caller has gathered its latencies into `stage_ms` and `e2e_ms`) the next one rank 0 chooses, appended
     to run.state["probes"], until it stops; every rank gets the same probe or the stop."""
     probes = run.state["probes"]
     if run.cfg.design != "adaptive":
-        yield from list(probes)
+        yield from list(probes[first:])
         run.state["stopping_reason"] = GRID_DONE
         return
     history = run.state.setdefault("design_history", [])

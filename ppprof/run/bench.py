@@ -19,7 +19,7 @@ from ppprof.fit.samples import read_run
 from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.policy.schema import extrapolation, load
 from ppprof.run.provenance import default_run_dir
-from ppprof.run.rank import Phase, RankRun, add_log_file, run_phases, run_rank, set_up
+from ppprof.run.rank import Phase, RankRun, add_log_file, claim_folder, release_folder, run_phases, run_rank, set_up
 
 log = logging.getLogger("ppprof")
 TRANSFER_REPEATS = 7
@@ -50,6 +50,7 @@ def prepare(run: RankRun) -> None:
                          bench.num_stages, bench.plans)
             run_dir = Path(bench.out) if bench.out else default_run_dir(f"bench-{run.cfg.model}")
             run_dir.mkdir(parents=True, exist_ok=True)
+            claim_folder(run, run_dir, bench.out, run.state.get("overwrite"))
     run_dir, run.state["plans"] = run.pipe.broadcast((str(run_dir), plans))
     run.state["schedule"] = schedule(run.state["plans"], bench.repeats)
     run.run_dir = Path(run_dir)
@@ -146,12 +147,15 @@ PHASES: tuple[Phase, ...] = (
 )
 
 
-def bench_rank(bench: BenchConfig, fault: str | None = None) -> int:
-    """One rank of `ppprof bench`; returns its exit code."""
+def bench_rank(bench: BenchConfig, fault: str | None = None, overwrite: bool = False) -> int:
+    """One rank of `ppprof bench` (`overwrite`: --out may hold files); returns its exit code."""
     def job(info) -> None:
         run = set_up(bench.profile, info, fault, repeat=bench.num_stages // bench.profiled_stages,
                      num_stages=bench.num_stages)
-        run.state["bench"] = bench
-        run_phases(run, PHASES)
+        run.state["bench"], run.state["overwrite"] = bench, overwrite
+        try:
+            run_phases(run, PHASES)
+        finally:
+            release_folder(run)
 
-    return run_rank(job, bench.profile.device, bench.profile.torch_threads)
+    return run_rank(job, bench.profile.device, bench.profile.torch_threads, bench.profile.timeout)

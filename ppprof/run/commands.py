@@ -3,6 +3,7 @@ starts, then launch this node's ranks, or, started by torchrun, be one of them."
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -17,8 +18,9 @@ from ppprof.policy.schema import load_policy
 from ppprof.probe.loop import FAULTS
 from ppprof.run.bench import bench_rank
 from ppprof.run.options import CONFIG_FIELDS, check_before_launch, resolve_config, warnings
+from ppprof.run.options import resume_config
 from ppprof.run.profile import profile_rank
-from ppprof.runfiles import RUN_FILE, read_run_json
+from ppprof.runfiles import LOCK_HELD_ENV, RUN_FILE, read_run_json, release_lock, take_lock
 
 RESOLVED_CONFIG = "--resolved-config"
 resolved_config_option = click.option(RESOLVED_CONFIG, hidden=True,
@@ -26,26 +28,45 @@ resolved_config_option = click.option(RESOLVED_CONFIG, hidden=True,
 
 
 def start(command: str, rank_main: Callable, settings, profile: ProfileConfig, torchrun: dict, resolved: bool,
-          fault: str | None, world_check: Callable[[int], None] | None = None) -> int:
+          fault: str | None, world_check: Callable[[int], None] | None = None, *, overwrite: bool = False,
+          resume: bool = False) -> int:
     """Run `ppprof COMMAND` as a job: under torchrun this process is one rank (each rank checks the input before it
-    joins the group, so each exits 2 alike and none waits); otherwise check once and launch this node's ranks, each
-    running `ppprof COMMAND --resolved-config JSON`. `settings` is the job's config (ProfileConfig or BenchConfig),
-    `profile` the profile settings in it; `world_check(world_size)` checks what depends on the ranks. Returns the exit
+    joins the group, so each exits 2 alike and none waits); otherwise check once, take the run folder's lock and
+    launch this node's ranks, each running `ppprof COMMAND --resolved-config JSON`. `settings` is the job's config
+    (ProfileConfig or BenchConfig), `profile` the profile settings in it; `world_check(world_size)` checks what
+    depends on the ranks; `overwrite` lets --out hold files, `resume` finishes the run there. Returns the exit
     code."""
     if in_worker():
         if not resolved:
             world_size = int(os.environ["WORLD_SIZE"])
             (world_check or (lambda n: None))(world_size)
-            check_before_launch(profile, world_size, int(os.environ.get("LOCAL_WORLD_SIZE", 1)), torchrun)
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+            # Across nodes a rank may start after rank 0 wrote into --out: rank 0 checks it (ppprof.run.profile).
+            check_before_launch(profile, world_size, local, torchrun, overwrite, resume, folder=world_size == local)
         return rank_main(settings, fault)
     world_size = num_nodes(torchrun.get("nnodes")) * profile.nproc_per_node
+    one_node = world_size == profile.nproc_per_node
     (world_check or (lambda n: None))(world_size)
-    check_before_launch(profile, world_size, profile.nproc_per_node, torchrun)
+    check_before_launch(profile, world_size, profile.nproc_per_node, torchrun, overwrite, resume, folder=one_node)
     for line in warnings(profile):
         click.echo(f"warning: {line}", err=True)
-    worker_args = [command, RESOLVED_CONFIG, json.dumps(settings.to_dict())] + (["--inject-fault", fault] if fault
-                                                                                else [])
-    return launch(profile.nproc_per_node, torchrun, worker_args, job=command)
+    worker_args = ([command, RESOLVED_CONFIG, json.dumps(settings.to_dict())] + (["--inject-fault", fault] if fault
+                                                                                 else [])
+                   + (["--resume", profile.out] if resume else []) + (["--overwrite"] if overwrite else []))
+    if not profile.out or not one_node:  # rank 0 names a new folder, or checks and locks it for every node
+        return launch(profile.nproc_per_node, torchrun, worker_args, job=command)
+    Path(profile.out).mkdir(parents=True, exist_ok=True)
+    take_lock(profile.out)
+    os.environ[LOCK_HELD_ENV] = "1"  # the ranks inherit it: their launcher holds the lock
+    try:
+        return launch(profile.nproc_per_node, torchrun, worker_args, job=command)
+    finally:
+        release_lock(profile.out)
+
+
+timeout_option = click.option(
+    "--timeout", type=float, help="Seconds a rank waits on another at least before the run stops with \"rank N did "
+    "not answer\"; more where requests are slow (20 x the slowest so far). [60]")
 
 
 def torchrun_options(f):
@@ -89,10 +110,15 @@ def torchrun_options(f):
 @click.option("--max-requests", type=int, help="Adaptive design: at most this many timed requests. [no limit]")
 @click.option("--max-seconds", type=float, help="Adaptive design: stop adding probes after this much probing. "
                                                  "[no limit]")
+@timeout_option
+@click.option("--overwrite", is_flag=True, default=False,
+              help="Let --out name a folder that holds files: an older run's results there are replaced.")
+@click.option("--resume", "resume_dir", metavar="DIR",
+              help="Finish the interrupted run in DIR from its last complete probe, with its recorded settings.")
 @torchrun_options
 @resolved_config_option
 @click.option("--inject-fault", type=click.Choice(FAULTS), hidden=True, help="Testing only: a deliberate fault.")
-def profile(config_path, resolved_config, inject_fault, **options) -> None:
+def profile(config_path, resolved_config, inject_fault, overwrite, resume_dir, **options) -> None:
     """Profile prefill chunks on every stage of a pipeline and write samples.csv, run.json and policy.json.
 
     Without torchrun it starts its own ranks (--nproc-per-node per node; torchrun's multi-node options work too).
@@ -101,9 +127,19 @@ def profile(config_path, resolved_config, inject_fault, **options) -> None:
     torchrun = {name: options.pop(name) for name, _ in TORCHRUN_OPTIONS}
     if resolved_config is not None:
         cfg = resolve_config(None, json.loads(resolved_config))
+    elif resume_dir is not None:
+        if options.get("out") is not None and Path(options["out"]) != Path(resume_dir):
+            raise ValueError(f"--out {options['out']} with --resume {resume_dir}: a resumed run writes into the "
+                             "folder it resumes; drop --out")
+        if overwrite:
+            raise ValueError(f"--overwrite with --resume {resume_dir}: a resumed run keeps the samples it has; drop "
+                             "--overwrite (or start anew with --out DIR --overwrite)")
+        cfg = resume_config(resume_dir, config_path, options)
     else:
         cfg = resolve_config(config_path, options)
-    sys.exit(start("profile", profile_rank, cfg, cfg, torchrun, resolved_config is not None, inject_fault))
+    rank_main = functools.partial(profile_rank, resume=resume_dir is not None, overwrite=overwrite)
+    sys.exit(start("profile", rank_main, cfg, cfg, torchrun, resolved_config is not None, inject_fault,
+                   overwrite=overwrite, resume=resume_dir is not None))
 
 
 def resolve_bench(policy_path: str, flags: dict) -> BenchConfig:
@@ -167,9 +203,13 @@ def bench_world_check(bench: BenchConfig) -> Callable[[int], None]:
 @click.option("--dtype", help="[the profile's]")
 @click.option("--attention-backend", type=click.Choice(ATTENTION_BACKENDS), help="[the profile's]")
 @click.option("--torch-threads", type=int, help="Intra-op threads per rank. [the profile's]")
+@timeout_option
+@click.option("--overwrite", is_flag=True, default=False,
+              help="Let --out name a folder that holds files: an older bench's results there are replaced.")
 @torchrun_options
 @resolved_config_option
-def bench(policy_path, prompt_lens, strategies, plans, repeats, pp, out, resolved_config, **options) -> None:
+def bench(policy_path, prompt_lens, strategies, plans, repeats, pp, out, resolved_config, overwrite,
+          **options) -> None:
     """Run real chunked prefills of synthetic prompts through the pipeline under each strategy (fixed, fixed-best,
     sglang, greedy, optimal) and compare measured TTFT with the policy's prediction. Writes bench.csv, bench.json
     and a timeline PNG per prompt length.
@@ -185,5 +225,5 @@ def bench(policy_path, prompt_lens, strategies, plans, repeats, pp, out, resolve
         cfg = resolve_bench(policy_path, {"profile": options, "strategies": strategies, "out": out, "pp": pp,
                                           "repeats": repeats, "prompt_lens": tuple(prompt_lens),
                                           "plans": plans})
-    sys.exit(start("bench", bench_rank, cfg, cfg.profile, torchrun, resolved_config is not None, None,
-                   bench_world_check(cfg)))
+    sys.exit(start("bench", functools.partial(bench_rank, overwrite=overwrite), cfg, cfg.profile, torchrun,
+                   resolved_config is not None, None, bench_world_check(cfg), overwrite=overwrite))

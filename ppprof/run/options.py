@@ -15,6 +15,7 @@ import yaml
 from ppprof.checks import is_int
 from ppprof.config import ProfileConfig
 from ppprof.dist.launch import in_worker
+from ppprof.runfiles import COMPLETE, LOCK_FILE, RUN_FILE, lock_owner, read_run_json
 from ppprof.model.attention_kernels import resolve_attention_backend
 from ppprof.specs import ModelSpec, load_spec, parse_partition, split_layers
 from ppprof.specs.accounting import describe, stage_accounts
@@ -68,8 +69,9 @@ def _int_list(text: str, key: str) -> list[int]:
         raise ValueError(f"--{key.replace('_', '-')} {text!r} must be comma-separated integers, e.g. 512,1024") from None
 
 
-def check_output_folder(out: str | None) -> None:
-    """The run folder (or, by default, results/) can be created and written."""
+def check_output_folder(out: str | None, overwrite: bool = False, resume: bool = False, folder: bool = True) -> None:
+    """The run folder (or, by default, results/) can be created and written and (unless not `folder`) no live run
+    holds it, and it holds no files unless `overwrite` (replace its run) or `resume` (finish its run)."""
     path = Path(out) if out else Path("results")
     if path.exists() and not path.is_dir():
         raise ValueError(f"--out {out or path}: exists and is not a folder; give a folder path")
@@ -78,14 +80,65 @@ def check_output_folder(out: str | None) -> None:
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise ValueError(f"--out {out or path}: {parent} is not a writable folder; choose another --out")
+    if not out or not path.is_dir() or not folder:
+        return
+    owner = lock_owner(path)
+    if owner is not None:
+        raise ValueError(f"--out {out} is in use by another ppprof run ({owner}, lock {path / LOCK_FILE}): wait for "
+                         "it to end or choose another --out")
+    held = sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE)
+    if held and not (overwrite or resume):
+        shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+        raise ValueError(f"--out {out} is not empty (it holds {shown}): choose a new folder, add --overwrite to "
+                         f"replace its run, or finish an interrupted run with --resume {out}")
+
+
+RESUMABLE_FIELDS = ("timeout", "fit")
+"""Settings a resumed run may change: they do not change what is measured."""
+
+
+def resume_config(run_dir: str, config_path: str | None, flags: dict) -> ProfileConfig:
+    """The settings of the interrupted run in `run_dir` (its run.json), out set to `run_dir`. A flag or --config
+    setting that differs from the recorded one (but --timeout, --fit) is refused: the resumed probes must be those
+    of the uninterrupted run."""
+    run_file = Path(run_dir) / RUN_FILE
+    if not run_file.is_file():
+        raise ValueError(f"--resume {run_dir}: {run_file} does not exist; give the run folder of an interrupted "
+                         "`ppprof profile`")
+    run = read_run_json(run_file)
+    if run["status"] == COMPLETE:
+        raise ValueError(f"--resume {run_dir}: the run is complete (status in {run_file}); nothing to resume")
+    if run["config"].get("design") == "adaptive":
+        raise ValueError(f"--resume {run_dir}: an adaptive design chose its probes from what it had measured and "
+                         f"cannot be resumed; start a new run with another --out (it costs a fraction of the grid)")
+    recorded = {k: v for k, v in run["config"].items() if k in CONFIG_FIELDS}
+    recorded["out"] = str(run_dir)
+    base = resolve_config(None, recorded)
+    given = read_config_file(config_path) if config_path else {}
+    given.update({k: v for k, v in flags.items() if v is not None})
+    given.pop("out", None)
+    for key, value in given.items():
+        if key in RESUMABLE_FIELDS:
+            continue
+        try:
+            same = getattr(resolve_config(None, {**recorded, key: value}), key) == getattr(base, key)
+        except ValueError:
+            same = False
+        if not same:
+            flag = "--" + key.replace("_", "-")
+            raise ValueError(f"--resume {run_dir}: {flag} {value} differs from the run's recorded "
+                             f"{getattr(base, key)!r}; drop {flag} (a resumed run keeps its settings) or start a new "
+                             "run with another --out")
+    return resolve_config(None, {**recorded, **given})
 
 
 def check_before_launch(cfg: ProfileConfig, world_size: int, local_ranks: int,
-                        torchrun: dict | None = None) -> None:
-    """What can be checked without any rank: the output folder, the model resolves and splits over the stages, the
-    device exists, the attention backend runs there, the start method suits it, and this node's stages fit in its
-    memory (check_memory)."""
-    check_output_folder(cfg.out)
+                        torchrun: dict | None = None, overwrite: bool = False, resume: bool = False,
+                        folder: bool = True) -> None:
+    """What can be checked without any rank: the output folder (check_output_folder; what it holds only where
+    `folder`), the model resolves and splits over the stages, the device exists, the attention backend runs there,
+    the start method suits it, and this node's stages fit in its memory (check_memory)."""
+    check_output_folder(cfg.out, overwrite, resume, folder)
     check_master_port(torchrun or {})
     check_design(cfg)
     spec = load_spec(cfg.model, num_layers=cfg.num_layers, dtype=cfg.dtype)

@@ -8,36 +8,77 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 from ppprof.config import ProfileConfig
-from ppprof.dist.agree import agreed
+from ppprof.dist.agree import RunError, agreed
 from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.probe.loop import ProbeRunner
-from ppprof.probe.output import samples_frame, write_samples
+from ppprof.probe.output import append_samples, complete_probes, samples_frame
 from ppprof.probe.synth import make_probes, warmup_requests
 from ppprof.run.adaptive import design_record, probe_sequence
 from ppprof.run.options import profile_memory
 from ppprof.run.provenance import default_run_dir, git_revision, hardware, peak_memory_bytes
-from ppprof.run.rank import Phase, RankRun, add_log_file, run_phases, run_rank, set_up
+from ppprof.run.rank import (Phase, RankRun, add_log_file, claim_folder, release_folder, run_phases, run_rank,
+                             set_up)
 from ppprof.specs.spec import layers_pattern
-from ppprof.runfiles import RUN_FILE, SAMPLES_FILE, stage_column, write_run_json
+from ppprof.runfiles import COMPLETE, FAILED, RUN_FILE, SAMPLES_FILE, RunRecord, stage_column
+
+RUN_OUTPUTS = (SAMPLES_FILE, RUN_FILE, "policy.json", "fit.png", "chunks.png")
+"""What a profile writes in its run folder besides the rank logs; an older run's are removed when --overwrite."""
 
 log = logging.getLogger("ppprof")
 
 
 def prepare_run_folder(run: RankRun) -> None:
-    """Rank 0 names and creates the run folder and synthesizes the probes; every rank gets both and logs there."""
+    """Rank 0 names and creates the run folder (its lock, where no launcher holds it), synthesizes the probes, and
+    writes run.json (status running); resuming, it keeps the probes samples.csv holds whole. Every rank gets the
+    folder, the probes and the first probe to run, and logs there."""
     run_dir = probes = None
+    first = 0
     with agreed(run.pipe, "prepare the run folder and the probes"):
         if run.rank == 0:
             run_dir = Path(run.cfg.out) if run.cfg.out else default_run_dir(run.cfg.model)
             run_dir.mkdir(parents=True, exist_ok=True)
+            claim_folder(run, run_dir, run.cfg.out, run.state.get("overwrite"), run.state.get("resume"))
             probes = make_probes(run.cfg)
-    run_dir, run.state["probes"] = run.pipe.broadcast((str(run_dir), probes))
+            if run.state.get("resume"):
+                first = complete_probes(run_dir / SAMPLES_FILE, probes)
+            else:
+                for name in RUN_OUTPUTS:  # --overwrite: none of an older run's results stays beside this one's
+                    (run_dir / name).unlink(missing_ok=True)
+            start_record(run, run_dir, probes, first)
+    run_dir, run.state["probes"], run.state["first_probe"] = run.pipe.broadcast((str(run_dir), probes, first))
     run.run_dir = Path(run_dir)
     run.run_dir.mkdir(parents=True, exist_ok=True)
     add_log_file(run.run_dir / f"rank{run.rank}.log")
+    if first:
+        log.info("resuming %s: probes 0..%d are complete, %d to run", run.run_dir, first - 1,
+                 len(run.state["probes"]) - first)
+
+
+def start_record(run: RankRun, run_dir: Path, probes: list, first: int) -> None:
+    """Rank 0: run.json with status running, and what records the status when the rank is stopped (a signal, a rank
+    that does not answer)."""
+    record = RunRecord(run_dir / RUN_FILE, config=run.cfg.to_dict(), model=run.spec.to_dict(),
+                       hardware=hardware(run.info.device), torch_version=torch.__version__,
+                       dist_backend=run.info.backend, world_size=run.info.world_size,
+                       layer_partition=[len(r) for r in run.stage_ranges], git_revision=git_revision(),
+                       dtype=str(run.dtype).removeprefix("torch."), num_probes=len(probes),
+                       **({"resumed_from_probe": first} if run.state.get("resume") else {}))
+    record.write()
+    run.state["record"], run.state["probes_done"] = record, first
+
+    def on_stop(status: str, signal_name: str | None) -> None:
+        record.write(status=status)
+        if signal_name is not None:
+            print(f"interrupted by {signal_name}: {run_dir} keeps the samples of {run.state['probes_done']} of "
+                  f"{len(probes)} probes; finish it with: ppprof profile --resume {run_dir}", file=sys.stderr,
+                  flush=True)
+
+    if run.pipe.watchdog is not None:
+        run.pipe.watchdog.on_stop.append(on_stop)
 
 
 def build_stage(run: RankRun) -> None:
@@ -75,19 +116,23 @@ def warm_up(run: RankRun) -> None:
 
 
 def run_probes(run: RankRun) -> None:
-    """Every probe in lockstep; after each, every stage's latencies are gathered (stage_ms[probe][stage][request]).
-    The adaptive design chooses each next probe from the latencies so far (probe_sequence)."""
-    probes, runner = run.state["probes"], run.state["runner"]
+    """Every probe in lockstep (from the first not yet complete, for --resume); after each, every stage's latencies
+    are gathered (stage_ms[probe][stage][request]) and rank 0 appends the probe's rows to samples.csv. The adaptive
+    design chooses each next probe from the latencies so far (probe_sequence)."""
+    first, runner = run.state["first_probe"], run.state["runner"]
     bar = None
     if run.rank == 0:
         from tqdm import tqdm
-        bar = tqdm(total=sum(len(p.requests) for p in probes) if run.cfg.design == "grid" else run.cfg.request_budget,
-                   desc="profile", unit="req", file=sys.stderr, disable=None, dynamic_ncols=True)
+        total = sum(len(p.requests) for p in run.state["probes"][first:]) if run.cfg.design == "grid" else \
+            run.cfg.request_budget
+        bar = tqdm(total=total, desc="profile", unit="req", file=sys.stderr, disable=None, dynamic_ncols=True)
     stage_ms, e2e_ms = [], []
-    for probe in probe_sequence(run, stage_ms, e2e_ms):
+    for probe in probe_sequence(run, stage_ms, e2e_ms, first):
         timings = runner.run_probe(probe, on_request=bar.update if bar is not None else None)
         stage_ms.append(run.pipe.all_gather(timings.stage_ms))
         e2e_ms.append(timings.e2e_ms)
+        if run.rank == 0:
+            keep_samples(run, probe, stage_ms[-1], timings.e2e_ms)
         log.info("probe %d (%s, %d requests, prefix %d): pools back to full capacity", probe.index, probe.kind,
                  len(probe.requests), probe.requests[0].prefix_len)
     run.state["probe_wall_s"] = time.perf_counter() - run.state["t_probes"]
@@ -98,23 +143,27 @@ def run_probes(run: RankRun) -> None:
         bar.close()
 
 
+def keep_samples(run: RankRun, probe, stage_ms: list[list[float]], e2e_ms: list[float]) -> None:
+    """Rank 0: one probe's rows (stage_ms[stage][request]) appended to samples.csv and flushed to the disk."""
+    record = run.state["record"]
+    with record.lock:
+        append_samples(run.run_dir / SAMPLES_FILE, samples_frame([probe], [stage_ms], [e2e_ms]))
+        run.state["probes_done"] += 1
+
+
 def write_results(run: RankRun) -> None:
     """Rank 0: samples.csv and run.json."""
     if run.rank != 0:
         return
     probes, warmup, forward_tokens = run.state["probes"], run.state["warmup"], run.state["forward_tokens"]
-    frame = samples_frame(probes, run.state["stage_ms"], run.state["e2e_ms"])
-    write_samples(run.run_dir / SAMPLES_FILE, frame)
+    probes = probes[run.state["first_probe"]:]
+    frame = pd.read_csv(run.run_dir / SAMPLES_FILE)  # every probe's rows, appended as each completed
     wall_s = time.perf_counter() - run.t_start
-    write_run_json(
-        run.run_dir / RUN_FILE,
-        config=run.cfg.to_dict(), model=run.spec.to_dict(), hardware=hardware(run.info.device),
-        torch_version=torch.__version__, dist_backend=run.info.backend, world_size=run.info.world_size,
+    run.state["record"].write(
+        status=COMPLETE,
         attention_backend=run.stage.attention_kernel.backend, attention_kernel=run.state["attention_kernel"],
         mamba_kernel=run.stage.mamba_kernel.kernel if any(layer.has_mamba for layer in run.spec.layers) else None,
-        torch_threads=torch.get_num_threads(),
-        layer_partition=[len(r) for r in run.stage_ranges], git_revision=git_revision(),
-        dtype=str(run.dtype).removeprefix("torch."), profile_wall_s=round(wall_s, 3),
+        torch_threads=torch.get_num_threads(), profile_wall_s=round(wall_s, 3),
         probe_wall_s=round(run.state["probe_wall_s"], 3), forward_tokens=int(forward_tokens[0]),
         forward_tokens_per_stage=[int(t) for t in forward_tokens],
         peak_memory_bytes_per_stage=run.state["peak_memory"],
@@ -145,9 +194,25 @@ PHASES: tuple[Phase, ...] = (
 )
 
 
-def profile_rank(cfg: ProfileConfig, fault: str | None = None) -> int:
-    """One rank of `ppprof profile`; returns its exit code."""
-    return run_rank(lambda info: run_phases(set_up(cfg, info, fault), PHASES), cfg.device, cfg.torch_threads)
+def profile_rank(cfg: ProfileConfig, fault: str | None = None, resume: bool = False, overwrite: bool = False) -> int:
+    """One rank of `ppprof profile` (`resume`: finish the interrupted run in cfg.out; `overwrite`: it may hold
+    files); returns its exit code. A run that fails records it in run.json (status "failed: <reason>")."""
+    def job(info) -> None:
+        run = set_up(cfg, info, fault)
+        run.state["resume"], run.state["overwrite"] = resume, overwrite
+        try:
+            run_phases(run, PHASES)
+        except RunError as e:
+            if "record" in run.state:
+                try:
+                    run.state["record"].write(status=f"{FAILED}: {e}")
+                except OSError as write_error:  # a full disk: the error below still says what failed
+                    log.error("could not record the status in run.json: %s", write_error)
+            raise
+        finally:
+            release_folder(run)
+
+    return run_rank(job, cfg.device, cfg.torch_threads, cfg.timeout)
 
 
 def log_summary(frame, world_size: int, wall_s: float, forward_tokens: int, run_dir: Path) -> None:

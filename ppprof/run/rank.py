@@ -17,9 +17,12 @@ from ppprof.config import ProfileConfig
 from ppprof.dist.agree import RunError, agreed
 from ppprof.dist.group import RankInfo, process_group
 from ppprof.dist.pipe import Pipe
+from ppprof.dist.watchdog import DEFAULT_TIMEOUT_S
 from ppprof.mem import StageCache
 from ppprof.model.stage import Stage
 from ppprof.probe.malloc import steady_malloc
+from ppprof.run.options import check_output_folder
+from ppprof.runfiles import LOCK_HELD_ENV, release_lock, take_lock
 from ppprof.specs import ModelSpec, load_spec, split_layers
 from ppprof.specs.dtypes import AUTO_DTYPE_CPU, AUTO_DTYPE_GPU
 
@@ -77,8 +80,27 @@ def set_up(cfg: ProfileConfig, info: RankInfo, fault: str | None, *, repeat: int
         partition = tuple(base) * repeat
     ranges = split_layers(spec.num_layers, num_stages or info.world_size, partition)
     pipe = Pipe(rank=info.rank, world_size=info.world_size, device=info.device, hidden_size=spec.hidden_size,
-                dtype=dtype)
+                dtype=dtype, watchdog=info.watchdog)
     return RankRun(cfg=cfg, info=info, spec=spec, dtype=dtype, stage_ranges=ranges, pipe=pipe, fault=fault)
+
+
+def claim_folder(run: RankRun, run_dir: Path, out: str | None, overwrite: bool = False, resume: bool = False) -> None:
+    """Rank 0, where no launcher holds the run folder's lock (under torchrun; across nodes, where no launcher can tell
+    what rank 0 already wrote): check what --out holds and take the lock, released when the job ends or stops."""
+    if LOCK_HELD_ENV in os.environ:
+        return
+    if out:
+        check_output_folder(out, overwrite, resume)
+    take_lock(run_dir)
+    run.state["own_lock"] = run_dir
+    if run.pipe.watchdog is not None:
+        run.pipe.watchdog.on_stop.append(lambda status, signal_name: release_lock(run_dir))
+
+
+def release_folder(run: RankRun) -> None:
+    """The lock claim_folder took, if it took one."""
+    if run.state.get("own_lock"):
+        release_lock(run.state.pop("own_lock"))
 
 
 def run_phases(run: RankRun, phases: Sequence[Phase]) -> None:
@@ -86,20 +108,23 @@ def run_phases(run: RankRun, phases: Sequence[Phase]) -> None:
     holds a collective must agree on its local work before the collective (nest `agreed`), so that no rank waits in
     a collective that a failed rank never joins."""
     for what, phase in phases:
+        if run.pipe.watchdog is not None:
+            run.pipe.watchdog.phase = what  # named by "rank N did not answer within T s during <phase>"
         with agreed(run.pipe, what):
             phase(run)
 
 
-def run_rank(job: Callable[[RankInfo], None], device: str, threads: int | None = None) -> int:
+def run_rank(job: Callable[[RankInfo], None], device: str, threads: int | None = None,
+             timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
     """The body of one rank: join the group on `device` (cpu or cuda) with `threads` intra-op threads (None: as the
-    environment says), run `job`, leave. Returns the exit code (1 when the job failed on any rank; every rank then
-    prints the same agreed message)."""
+    environment says) and a watchdog giving each wait at least `timeout_s`, run `job`, leave. Returns the exit code
+    (1 when the job failed on any rank; every rank then prints the same agreed message)."""
     setup_logging(int(os.environ.get("RANK", 0)))
     if threads is not None:
         torch.set_num_threads(threads)
     if device == "cpu" and not steady_malloc():
         log.warning("could not fix malloc's thresholds (not glibc?): CPU timings may be noisier")
-    with process_group(device) as info:
+    with process_group(device, timeout_s) as info:
         try:
             job(info)
         except RunError as e:
@@ -107,9 +132,12 @@ def run_rank(job: Callable[[RankInfo], None], device: str, threads: int | None =
             print(f"error: [rank {info.rank}] {e}", file=sys.stderr, flush=True)
             return 1
         except Exception as e:  # outside the agreed path, e.g. an NCCL or sticky CUDA error inside a collective
-            print(f"error: [rank {info.rank}] {type(e).__name__}: {e}; stopping this rank now (the launcher then "
-                  "stops the others)", file=sys.stderr, flush=True)
-            os._exit(1)  # no destroy_process_group: with a broken communicator it would wait, as would the others
+            message = (f"{type(e).__name__}: {e}; stopping this rank now (the launcher then stops the others)"
+                       .replace("\n", " "))
+            # A broken transfer is most often a rank that stopped or was stopped: the watchdog names the agreed
+            # verdict or the signal; no destroy_process_group, which would wait on a broken communicator.
+            info.watchdog.failed(message)
+            os._exit(1)
     return 0
 
 

@@ -25,3 +25,40 @@ def test_samples_are_written_whole(tmp_path):
     write_samples(tmp_path / "samples.csv", pd.DataFrame({"a": [1, 2]}))
     assert pd.read_csv(tmp_path / "samples.csv")["a"].tolist() == [1, 2]
     assert [p.name for p in tmp_path.iterdir()] == ["samples.csv"]  # no temporary files left
+
+
+def probes_of(sizes: list[int]) -> list[Probe]:
+    """Probes of 2 requests each: probe k has requests 2k, 2k+1."""
+    return [Probe(k, "sweep" if k == 0 else "prefix", (ProbeRequest(2 * k, 0, 8), ProbeRequest(2 * k + 1, 0, 4)))
+            for k in range(len(sizes))]
+
+
+def test_probes_appended_one_by_one_read_back_whole_and_a_probe_cut_short_is_dropped(tmp_path):
+    from ppprof.probe.output import append_samples, complete_probes
+
+    path = tmp_path / "samples.csv"
+    probes = probes_of([0, 1, 2])
+    for p in probes[:2]:
+        append_samples(path, samples_frame([p], [[[1.0, 2.0], [1.5, 0.5]]], [[3.0, 4.0]]))
+    whole = pd.read_csv(path)
+    assert whole["probe"].tolist() == [0, 0, 1, 1] and whole["request"].tolist() == [0, 1, 2, 3]
+    assert complete_probes(path, probes) == 2
+    with open(path, "a") as f:  # the first row of probe 2, then the run stopped
+        f.write("2,prefix,4,0,8,1.0,1.5,3.0,1,0\n")
+    assert complete_probes(path, probes) == 2
+    assert pd.read_csv(path).equals(whole)  # the cut probe's row is gone, the rest as it was
+    assert complete_probes(tmp_path / "none.csv", probes) == 0
+
+
+def test_an_append_that_cannot_be_written_names_the_file_and_the_cause():
+    import errno
+    from pathlib import Path
+
+    import pytest
+
+    from ppprof.probe.output import append_samples
+
+    with pytest.raises(OSError) as e:
+        append_samples(Path("/dev/full"), pd.DataFrame({"a": [1]}))
+    assert e.value.errno == errno.ENOSPC and e.value.filename == "/dev/full"
+    assert "No space left on device" in str(e.value)

@@ -125,3 +125,14 @@ def test_bad_plans_are_one_line_exit_2(policy, tmp_path, plans, message):
     path.write_text(json.dumps(plans))
     r = CliRunner().invoke(main, ["bench", str(policy), "--plans", str(path), "--prompt-len", "1000"])
     assert r.exit_code == 2 and message in r.stderr and r.stderr.count("\n") == 1, r.output
+
+
+def test_a_bench_out_that_holds_files_is_refused_unless_overwrite_and_timeout_is_checked(policy, tmp_path):
+    out = tmp_path / "bench"
+    out.mkdir()
+    (out / "bench.csv").write_text("old")
+    r = CliRunner().invoke(main, ["bench", str(policy), "--prompt-len", "1024", "--out", str(out)])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1
+    assert f"--out {out} is not empty (it holds bench.csv)" in r.stderr
+    r = CliRunner().invoke(main, ["bench", str(policy), "--prompt-len", "1024", "--timeout", "-1"])
+    assert r.exit_code == 2 and "--timeout -1.0 must be a number of seconds" in r.stderr

@@ -1,0 +1,349 @@
+"""Bounded time for one rank: a monitor thread puts a deadline on every wait of this rank on another (a transfer or a
+collective), ends the rank in one line when a rank does not answer, on SIGINT/SIGTERM, and when its launcher dies.
+
+The deadline is the larger of --timeout and REQUEST_FACTOR x the slowest request measured so far. A heartbeat thread
+publishes, through the launcher's store, that this rank is alive and what it waits on, so that a rank that is stopped
+(SIGSTOP, a paused VM, a dead host) is told apart from one that is busy (a cold first forward, a JIT compile): in a
+phase that has measured a request (the warm-up, the probes, the bench's prompts: every rank runs the same requests),
+a wait past the deadline ends the run whatever the heartbeats say (a stuck kernel beats but never answers); in the
+others (building a stage, fitting) it ends the run at the deadline only when the rank waited on stopped beating, and
+otherwise after LENIENT_FACTOR deadlines (at least LENIENT_MIN_S)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Callable, Iterator
+
+DEFAULT_TIMEOUT_S = 60.0
+"""--timeout: the least time any wait is given."""
+REQUEST_FACTOR = 20
+"""A wait may take this many times the slowest request (or bench prompt) measured so far."""
+LENIENT_FACTOR = 10
+LENIENT_MIN_S = 300.0
+"""In a phase that has measured no request, a rank that still beats is given LENIENT_FACTOR deadlines, at least
+LENIENT_MIN_S: a fit or a large stage's build takes what it takes, whatever --timeout says."""
+HEARTBEAT_S = 0.5
+STALE_S = 2.0
+"""A rank whose heartbeat has not changed for this long does not answer."""
+TICK_S = 0.1
+EXIT_FAILED = 1
+WORKING = -2
+"""A rank's published wait: none (it is working)."""
+EVERY_RANK = -1
+"""A rank's published wait: a collective (it waits on every rank)."""
+PR_SET_PDEATHSIG = 1
+SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+StopCallback = Callable[[str, str | None], None]
+"""Called before the rank exits: (run status: "interrupted" or "failed: <reason>", signal name or None)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankState:
+    """What a rank last published: its heartbeat count, where it runs, and what it waits on."""
+
+    beat: int
+    host: str
+    pid: int
+    peer: int
+    """The rank it waits on, EVERY_RANK in a collective, WORKING when not waiting."""
+    phase: str
+
+    def encode(self) -> str:
+        return f"{self.beat} {self.host} {self.pid} {self.peer} {self.phase}"
+
+    @classmethod
+    def decode(cls, text: str) -> "RankState":
+        beat, host, pid, peer, phase = text.split(" ", 4)
+        return cls(int(beat), host, int(pid), int(peer), phase)
+
+
+def culprit(me: int, peer: int, world_size: int, states: dict[int, RankState], stale: set[int]) -> int:
+    """The rank that does not answer, seen from rank `me` waiting on `peer` (EVERY_RANK in a collective): a stopped
+    rank (its heartbeat stale) first, the awaited one among them if it is; else follow the published waits from the
+    awaited ranks to the first one that is working (or whose state is unknown)."""
+    if stale:
+        return peer if peer in stale else min(stale)
+    todo = [peer] if peer >= 0 else [r for r in range(world_size) if r != me]
+    seen = {me}
+    while todo:
+        r = todo.pop(0)
+        if r in seen:
+            continue
+        seen.add(r)
+        state = states.get(r)
+        if state is None or state.peer == WORKING:
+            return r
+        if state.peer >= 0:
+            todo.insert(0, state.peer)
+    return peer if peer >= 0 else (me + 1) % world_size
+
+
+def die_with_parent() -> None:
+    """Ask Linux to send this process SIGTERM when its parent (the launcher) dies; the monitor thread also watches
+    the parent, so that elsewhere, or where the parent died before this call, the rank goes too."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+
+def launcher_store(timeout_s: float = 30.0):
+    """A client of the store the launcher (or rank 0) serves at MASTER_ADDR:MASTER_PORT; None where there is none."""
+    import torch.distributed as dist  # here only: the module's pure parts need no torch
+
+    try:
+        return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                             timeout=timedelta(seconds=timeout_s))
+    except (KeyError, ValueError, RuntimeError, OSError):
+        return None
+
+
+class Watchdog:
+    """The deadlines, heartbeat, signals and parent watch of one rank. `waiting(peer)` around every blocking wait,
+    `measured()` after every request, `phase` names what the run does (a new phase has measured nothing yet)."""
+
+    def __init__(self, rank: int, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S, store=None,
+                 lenient_min_s: float = LENIENT_MIN_S) -> None:
+        self.rank, self.world_size, self.timeout_s, self.store = rank, world_size, float(timeout_s), store
+        self.lenient_min_s = lenient_min_s
+        self._phase = "start"
+        self._phase_measured = False
+        self.slowest_s = 0.0
+        self.on_stop: list[StopCallback] = []
+        self._wait: tuple[float, int] | None = None
+        self._beat = 0
+        self._host = socket.gethostname()
+        self._parent = os.getppid()
+        self._signum: int | None = None
+        self._signal_at = 0.0
+        self._broken: int | None = None
+        self._failing = False
+        self._signal_fd: int | None = None
+        self._exit_lock = threading.Lock()
+        self._watched: tuple[float, int] | None = None  # the wait observed
+        self._seen: dict[int, tuple[int, float]] = {}  # rank -> (heartbeat, when it last changed), in that wait
+        self._states: dict[int, RankState] = {}
+        self._watch = threading.Event()  # a wait nears its deadline: the heartbeat thread reads the others
+        self._closing = threading.Event()
+        self._heartbeat_thread: threading.Thread | None = None
+        prefix = f"ppprof/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}"
+        self._state_key, self._verdict_key = prefix + "/state/", prefix + "/verdict"
+
+    # --- what the main thread calls -------------------------------------------------------------------------------
+
+    @property
+    def deadline_s(self) -> float:
+        return max(self.timeout_s, REQUEST_FACTOR * self.slowest_s)
+
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, what: str) -> None:
+        self._phase, self._phase_measured = what, False
+
+    def measured(self, seconds: float) -> None:
+        """One request (or bench prompt) took `seconds` on this rank: later waits may take REQUEST_FACTOR times it,
+        and in this phase, every rank running the same requests, a wait past the deadline is a fault."""
+        self.slowest_s = max(self.slowest_s, seconds)
+        self._phase_measured = True
+
+    @contextmanager
+    def waiting(self, peer: int) -> Iterator[None]:
+        """Inside: this rank waits on `peer` (EVERY_RANK: a collective)."""
+        previous, self._wait = self._wait, (time.monotonic(), peer)
+        try:
+            yield
+        except Exception:
+            self._broken = peer  # the wait failed (a rank that died closes its connections)
+            raise
+        finally:
+            self._wait = previous
+
+    def start(self) -> "Watchdog":
+        """Take SIGINT and SIGTERM (from the main thread) and start the monitor and heartbeat threads."""
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(read_fd, False)
+        os.set_blocking(write_fd, False)
+        for sig in SIGNAL_EXIT:
+            signal.signal(sig, self._note_signal)
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        self._signal_fd = read_fd
+        threading.Thread(target=self._monitor, name="ppprof-watchdog", daemon=True).start()
+        if self.store is not None:
+            self.attach(self.store)
+        return self
+
+    def attach(self, store) -> None:
+        """Publish this rank's heartbeat through `store` (once the group is formed) and read the others'."""
+        self.store = store
+        self._heartbeat_thread = threading.Thread(target=self._heartbeat, name="ppprof-heartbeat", daemon=True)
+        self._heartbeat_thread.start()
+
+    def close(self) -> None:
+        """Stop the heartbeat and let go of the store before the process leaves: a store call still in flight while
+        the interpreter finalizes would abort the process ("terminate called without an active exception")."""
+        self._closing.set()
+        if self._heartbeat_thread is not None:
+            self._heartbeat_thread.join(timeout=10)
+        self.store = None
+
+    def failed(self, message: str) -> None:
+        """The main thread met an error it cannot agree on (a broken transfer): end this rank in one line, naming the
+        agreed verdict where another rank found one, the signal that stopped the run (SIGINT, or one that came before
+        the error: the ranks it reached first broke the transfer), or the rank whose connection broke. Does not
+        return."""
+        error_at, self._failing = time.monotonic(), True
+        time.sleep(2 * TICK_S)  # a SIGINT forwarded to every rank breaks the transfers of the others too
+        if self._signum is not None and (self._signum == signal.SIGINT or self._signal_at <= error_at):
+            self._stop_on_signal(self._signum)
+        verdict = self._read_verdict()
+        if verdict is None and self._broken is not None and self._broken >= 0:
+            message = f"the connection to rank {self._broken} broke during {self.phase}: {message}"
+        self._exit(verdict or message, EXIT_FAILED)
+
+    # --- the threads ----------------------------------------------------------------------------------------------
+
+    def _note_signal(self, signum, frame) -> None:
+        if self._signum is None:
+            self._signum, self._signal_at = signum, time.monotonic()
+        # the monitor thread acts: the main thread may be inside a wait that ignores signals
+
+    def _monitor(self) -> None:
+        while True:
+            ready, _, _ = select.select([self._signal_fd], [], [], TICK_S)
+            if ready:
+                for signum in os.read(self._signal_fd, 64):
+                    if signum in SIGNAL_EXIT.keys():
+                        self._note_signal(signum, None)
+            # A SIGTERM that finds the main thread failing is most often the launcher stopping the ranks after one
+            # died: the main thread tells which (failed()).
+            if self._signum is not None and not (self._failing and self._signum != signal.SIGINT):
+                self._stop_on_signal(self._signum)
+            if os.getppid() != self._parent:
+                self._stop_on_signal(signal.SIGTERM)
+            self._check_wait()
+
+    def _check_wait(self) -> None:
+        wait = self._wait
+        if wait != self._watched:  # another wait: its observations start afresh
+            self._watch.clear()
+            self._watched, self._seen, self._states = wait, {}, {}
+        if wait is None:
+            return
+        start, peer = wait
+        now, deadline = time.monotonic(), self.deadline_s
+        elapsed = now - start
+        if elapsed < deadline - STALE_S:
+            return
+        self._watch.set()
+        for r, state in self._states.items():
+            if r not in self._seen or self._seen[r][0] != state.beat:
+                self._seen[r] = (state.beat, now)
+        if elapsed < deadline:
+            return
+        others = [r for r in range(self.world_size) if r != self.rank]
+        stale = {r for r in others if r in self._seen and now - self._seen[r][1] >= STALE_S}
+        strict = self._phase_measured
+        lenient = max(LENIENT_FACTOR * deadline, self.lenient_min_s)
+        if not (stale or strict or elapsed >= lenient):
+            return
+        who = culprit(self.rank, peer, self.world_size, dict(self._states), stale)
+        within = deadline if (stale or strict) else lenient
+        message = f"rank {who} did not answer within {within:g} s during {self.phase}"
+        verdict = self._publish_verdict(message)
+        state = self._states.get(who)
+        if state is not None and state.host == self._host:
+            # A stopped rank takes SIGTERM only once continued (the launcher would wait 30 s, then SIGKILL it); so
+            # continued, it records the verdict and ends like the others.
+            for sig in (signal.SIGTERM, signal.SIGCONT):
+                try:
+                    os.kill(state.pid, sig)
+                except OSError:
+                    pass
+        self._exit(verdict, EXIT_FAILED)
+
+    def _heartbeat(self) -> None:
+        while not self._closing.is_set():
+            self._beat += 1
+            wait = self._wait
+            state = RankState(self._beat, self._host, os.getpid(), WORKING if wait is None else wait[1], self.phase)
+            try:
+                self.store.set(self._state_key + str(self.rank), state.encode())
+                if self._watch.is_set():
+                    self._states = self._read_states()
+            except Exception:  # the store went away with the launcher: the parent watch ends this rank
+                pass
+            self._closing.wait(HEARTBEAT_S)
+
+    def _read_states(self) -> dict[int, RankState]:
+        out = {}
+        for r in range(self.world_size):
+            key = self._state_key + str(r)
+            if r != self.rank and self.store.check([key]):
+                out[r] = RankState.decode(self.store.get(key).decode())
+        return out
+
+    # --- ending the rank ------------------------------------------------------------------------------------------
+
+    def _bounded(self, fn: Callable[[], str | None], timeout_s: float = 2.0) -> str | None:
+        """fn() in a helper thread, None when it fails or does not return in time (a store that does not answer)."""
+        box: list = [None]
+
+        def run() -> None:
+            try:
+                box[0] = fn()
+            except Exception:
+                pass
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        t.join(timeout_s)
+        return box[0]
+
+    def _publish_verdict(self, message: str) -> str:
+        """The first verdict any rank published (this one's when it is the first), so that every rank says the same."""
+        if self.store is None:
+            return message
+        return self._bounded(lambda: self.store.compare_set(self._verdict_key, "", message).decode()) or message
+
+    def _read_verdict(self) -> str | None:
+        if self.store is None:
+            return None
+        key = self._verdict_key
+        return self._bounded(lambda: self.store.get(key).decode() if self.store.check([key]) else None)
+
+    def _stop_on_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        verdict = self._read_verdict()  # the launcher stops the others when one rank found a rank not answering
+        if verdict:
+            self._exit(verdict, EXIT_FAILED)
+        self._exit(None, SIGNAL_EXIT[signal.Signals(signum)], signal_name=name)
+
+    def _exit(self, message: str | None, code: int, signal_name: str | None = None) -> None:
+        """Tell the callbacks (rank 0 records the run's status), print the one line, leave now: no destroy of the
+        process group, which would wait on the rank that does not answer."""
+        if not self._exit_lock.acquire(blocking=False):
+            time.sleep(3600)  # another thread is ending this rank
+        status = "interrupted" if message is None else f"failed: {message}"
+        for callback in self.on_stop:
+            try:
+                callback(status, signal_name)
+            except Exception as e:  # the line below still tells what happened
+                print(f"error: [rank {self.rank}] could not record the run's status: {e}", file=sys.stderr)
+        if message is not None:
+            print(f"error: [rank {self.rank}] {message}", file=sys.stderr, flush=True)
+        sys.stderr.flush()
+        os._exit(code)

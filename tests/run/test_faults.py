@@ -1,0 +1,276 @@
+"""Faults of a real profile (gloo ranks in subprocesses, a small --timeout so that each test takes seconds): a stopped
+rank ends the run within the deadline, a killed launcher leaves no rank, SIGINT / SIGTERM keep the samples so far in
+a resumable folder, and --resume gives the probes of an uninterrupted run. The run folder is never clobbered."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from ppprof.cli import main
+from ppprof.runfiles import LOCK_FILE
+from tests.multirank import REPO, TINY
+
+pytestmark = [pytest.mark.multirank, pytest.mark.timeout(300)]
+
+TIMEOUT_S = 3
+# Nine probes of 32 requests on the 4-layer tiny-dense model: long enough to stop a rank in the middle.
+LONG = ("--model", "tiny-dense", "--base-chunk-size", "32", "--requests-per-probe", "32",
+        "--prefix-lens", "32,64,96,128,160,192,224,256", "--warmup", "1", "--no-fit", "--seed", "5")
+PROBE_COLUMNS = ["probe", "kind", "request", "prefix_len", "chunk_size"]
+
+
+def start(*args: str, launcher=None) -> subprocess.Popen:
+    cmd = (launcher or [sys.executable, "-m", "ppprof"]) + list(args)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+
+
+def read_until(p: subprocess.Popen, text: str) -> list[str]:
+    """stderr lines of `p` up to the first that holds `text`."""
+    lines = []
+    for line in p.stderr:
+        lines.append(line)
+        if text in line:
+            return lines
+    raise AssertionError(f"{text!r} never came:\n" + "".join(lines[-30:]))
+
+
+def descendants(pid: int) -> list[int]:
+    children = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                children.setdefault(int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(int(d.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def rank_pids(launcher_pid: int) -> dict[int, int]:
+    """{rank: pid} of the ranks below the launcher (from their environment)."""
+    out = {}
+    for pid in descendants(launcher_pid):
+        try:
+            env = dict(e.split(b"=", 1) for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in e)
+        except OSError:
+            continue
+        if b"RANK" in env and b"TORCHELASTIC_RUN_ID" in env:
+            out[int(env[b"RANK"])] = pid
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_stopped_rank_ends_the_run_within_the_deadline(tmp_path):
+    out = tmp_path / "run"
+    p = start("profile", "--out", str(out), *LONG, "--timeout", str(TIMEOUT_S))
+    try:
+        read_until(p, "probe 1 (prefix")
+        ranks = rank_pids(p.pid)
+        os.kill(ranks[1], signal.SIGSTOP)
+        stopped = time.monotonic()
+        rest = p.stderr.read()
+        p.wait(timeout=120)
+        took = time.monotonic() - stopped
+    finally:
+        p.kill()
+    assert p.returncode == 1, rest[-3000:]
+    line = f"rank 1 did not answer within {TIMEOUT_S} s during run the probes"
+    assert f"error: [rank 0] {line}" in rest, rest[-3000:]
+    assert "Traceback" not in rest
+    # the deadline, a heartbeat to tell the rank stopped, the launcher's stop: seconds, not gloo's 600 s
+    assert took < TIMEOUT_S + 15, took
+    assert not any(alive(pid) for pid in ranks.values())
+    run = json.loads((out / "run.json").read_text())
+    assert run["status"] == f"failed: {line}"
+    samples = pd.read_csv(out / "samples.csv")
+    assert set(samples["probe"]) >= {0, 1}  # what was measured stays
+
+
+def test_a_killed_rank_fails_the_run_at_once_and_is_not_taken_for_an_interrupt(tmp_path):
+    out = tmp_path / "run"
+    p = start("profile", "--out", str(out), *LONG)
+    try:
+        read_until(p, "probe 1 (prefix")
+        ranks = rank_pids(p.pid)
+        os.kill(ranks[1], signal.SIGKILL)  # the launcher then SIGTERMs rank 0: still a failure, not an interrupt
+        killed = time.monotonic()
+        rest = p.stderr.read()
+        p.wait(timeout=60)
+        took = time.monotonic() - killed
+    finally:
+        p.kill()
+    assert p.returncode == 1, rest[-3000:]
+    assert "error: [rank 0] " in rest and "interrupted by" not in rest
+    assert took < 15
+    assert json.loads((out / "run.json").read_text())["status"].startswith("failed: ")
+
+
+@pytest.mark.parametrize("launcher", ["ppprof", "torchrun"])
+def test_a_sigkilled_launcher_leaves_no_process(tmp_path, launcher):
+    out = tmp_path / "run"
+    if launcher == "torchrun":
+        p = start("--standalone", "--nproc-per-node", "2", "-m", "ppprof", "profile", "--out", str(out), *LONG,
+                  launcher=[sys.executable, "-m", "torch.distributed.run"])
+    else:
+        p = start("profile", "--out", str(out), *LONG)
+    try:
+        read_until(p, "probe 0 (sweep")
+        ranks = rank_pids(p.pid)
+        assert len(ranks) == 2
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(alive(pid) for pid in ranks.values()):
+            time.sleep(0.05)
+    finally:
+        p.kill()
+    assert not any(alive(pid) for pid in ranks.values())
+    # the ranks went as if interrupted: the folder can be resumed
+    assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
+
+
+def test_sigint_keeps_the_samples_and_resume_gives_the_probes_of_an_uninterrupted_run(tmp_path):
+    out, whole = tmp_path / "run", tmp_path / "whole"
+    p = start("profile", "--out", str(out), *LONG)
+    try:
+        read_until(p, "probe 1 (prefix")
+        p.send_signal(signal.SIGINT)
+        interrupted = time.monotonic()
+        rest = p.stderr.read()
+        p.wait(timeout=60)
+        took = time.monotonic() - interrupted
+    finally:
+        p.kill()
+    assert p.returncode == 130, rest[-3000:]
+    assert took < 15
+    assert "Traceback" not in rest and "SignalException" not in rest
+    lines = [line for line in rest.splitlines() if line.startswith("interrupted by SIGINT")]
+    assert len(lines) == 1 and f"finish it with: ppprof profile --resume {out}" in lines[0], rest[-3000:]
+    run = json.loads((out / "run.json").read_text())
+    assert run["status"] == "interrupted"
+    kept = pd.read_csv(out / "samples.csv")
+    assert kept["probe"].nunique() >= 2 and len(kept) % 32 == 0
+
+    # a changed setting is refused, in one line, before any rank starts
+    r = CliRunner().invoke(main, ["profile", "--resume", str(out), "--seed", "6"])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1
+    assert f"--resume {out}: --seed 6 differs from the run's recorded 5" in r.stderr
+
+    r = subprocess.run([sys.executable, "-m", "ppprof", "profile", "--resume", str(out), "--timeout", "30"],
+                       cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = json.loads((out / "run.json").read_text())
+    assert run["status"] == "complete" and run["resumed_from_probe"] == kept["probe"].nunique()
+    resumed = pd.read_csv(out / "samples.csv")
+    assert resumed.iloc[:len(kept)].equals(kept)  # the samples kept are kept as they were
+
+    r = subprocess.run([sys.executable, "-m", "ppprof", "profile", "--out", str(whole), *LONG], cwd=REPO,
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    uninterrupted = pd.read_csv(whole / "samples.csv")
+    assert len(resumed) == len(uninterrupted) == 9 * 32
+    pd.testing.assert_frame_equal(resumed[PROBE_COLUMNS], uninterrupted[PROBE_COLUMNS])
+
+
+def test_sigterm_ends_every_rank_with_143_and_an_interrupted_folder(tmp_path):
+    out = tmp_path / "run"
+    p = start("profile", "--out", str(out), *LONG)
+    try:
+        read_until(p, "probe 0 (sweep")
+        ranks = rank_pids(p.pid)
+        p.send_signal(signal.SIGTERM)
+        rest = p.stderr.read()
+        p.wait(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 143, rest[-3000:]
+    assert "Traceback" not in rest
+    assert not any(alive(pid) for pid in ranks.values())
+    assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
+    assert not (out / LOCK_FILE).exists()
+
+
+def test_an_incomplete_run_is_fitted_and_said_so(tmp_path):
+    out = tmp_path / "run"
+    p = start("profile", "--out", str(out), *LONG)
+    try:
+        read_until(p, "probe 2 (prefix")
+        p.send_signal(signal.SIGINT)
+        p.communicate(timeout=60)
+    finally:
+        p.kill()
+    r = CliRunner().invoke(main, ["fit", str(out / "samples.csv"), "--alignment", "8", "--latency-model",
+                                  "quadratic"])
+    assert r.exit_code == 0, r.output
+    assert f"warning: the run in {out} is interrupted (run.json), not complete: fitted the" in r.stderr
+    assert (out / "policy.json").is_file()
+
+
+def test_a_run_folder_in_use_or_holding_a_run_is_refused_unless_overwrite(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    r = CliRunner().invoke(main, ["profile", "--out", str(out), *TINY])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1
+    assert r.stderr.startswith(f"error: --out {out} is not empty (it holds notes.txt): choose a new folder, add "
+                               "--overwrite")
+    # a live process holds the lock: refused even with --overwrite
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (out / LOCK_FILE).write_text(f"{holder.pid} {os.uname().nodename}\n")
+        r = CliRunner().invoke(main, ["profile", "--out", str(out), "--overwrite", *TINY])
+        assert r.exit_code == 2 and r.stderr.count("\n") == 1
+        assert f"error: --out {out} is in use by another ppprof run (pid {holder.pid} on" in r.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    # its holder gone, the lock is stale; --overwrite replaces the run and leaves other files alone
+    r = subprocess.run([sys.executable, "-m", "ppprof", "profile", "--out", str(out), "--overwrite", *TINY],
+                       cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (out / "notes.txt").read_text() == "mine" and not (out / LOCK_FILE).exists()
+    assert json.loads((out / "run.json").read_text())["status"] == "complete"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--timeout", "0"], "--timeout 0.0 must be a number of seconds in 0.5..86400"),
+    (["--timeout", "nan"], "--timeout nan must be a number of seconds"),
+    (["--timeout", "x"], "Invalid value for '--timeout'"),
+    (["--resume", "/no/such/run"], "--resume /no/such/run: /no/such/run/run.json does not exist"),
+    (["--resume", "/a", "--out", "/b"], "--out /b with --resume /a: a resumed run writes into the folder it resumes"),
+    (["--resume", "/a", "--overwrite"], "--overwrite with --resume /a: a resumed run keeps the samples it has"),
+])
+def test_bad_fault_flags_are_one_line_before_any_rank(tmp_path, args, message):
+    r = CliRunner().invoke(main, ["profile", *args])
+    assert r.exit_code == 2, r.output
+    assert message in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_timeout_is_read_from_yaml(tmp_path):
+    from ppprof.run.options import resolve_config
+
+    cfg_file = tmp_path / "p.yaml"
+    cfg_file.write_text("timeout: 12.5\n")
+    assert resolve_config(str(cfg_file), {}).timeout == 12.5
+    cfg_file.write_text("timeout: soon\n")
+    r = CliRunner().invoke(main, ["profile", "--config", str(cfg_file)])
+    assert r.exit_code == 2 and "--timeout 'soon' must be a number of seconds" in r.stderr
