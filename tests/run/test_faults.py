@@ -274,3 +274,14 @@ def test_timeout_is_read_from_yaml(tmp_path):
     cfg_file.write_text("timeout: soon\n")
     r = CliRunner().invoke(main, ["profile", "--config", str(cfg_file)])
     assert r.exit_code == 2 and "--timeout 'soon' must be a number of seconds" in r.stderr
+
+
+def test_an_adaptive_run_is_not_resumed(tmp_path):
+    """The adaptive design chose its probes from its own measurements: resuming would change them."""
+    run = json.loads((Path(__file__).resolve().parents[2] / "results" / "baseline" / "run.json").read_text())
+    run.update(schema_version=3, status="interrupted")
+    run["config"]["design"] = "adaptive"
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    r = CliRunner().invoke(main, ["profile", "--resume", str(tmp_path)])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1
+    assert "an adaptive design chose its probes from what it had measured" in r.stderr
