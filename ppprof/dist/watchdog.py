@@ -36,6 +36,30 @@ HEARTBEAT_S = 0.5
 STALE_S = 2.0
 """A rank whose heartbeat has not changed for this long does not answer."""
 TICK_S = 0.1
+SIGTERM_GRACE_S = 3.0
+"""How long a SIGTERM, where a rank of this node is gone, waits for the main thread to report its failed wait before
+it counts as an interrupt; the launcher SIGKILLs a rank only 5 s after its SIGTERM."""
+
+
+def local_rank_gone(parent: int) -> bool:
+    """Whether fewer of this node's ranks (the launcher's children, LOCAL_WORLD_SIZE of them) are alive than it
+    started: a SIGTERM then most likely follows a rank's death, not an interrupt. Linux (/proc); False elsewhere."""
+    try:
+        expected = int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
+        alive = 0
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == parent and fields[0] != "Z":
+                alive += 1
+    except (OSError, ValueError):
+        return False
+    return 0 < alive < expected
 EXIT_FAILED = 1
 WORKING = -2
 """A rank's published wait: none (it is working)."""
@@ -230,7 +254,12 @@ class Watchdog:
                         self._note_signal(signum, None)
             # A SIGTERM that finds the main thread failing is most often the launcher stopping the ranks after one
             # died: the main thread tells which (failed()).
-            if self._signum is not None and not (self._failing and self._signum != signal.SIGINT):
+            # The launcher's SIGTERM can also come before the main thread's wait on the dead rank has failed: where
+            # a rank of this node is gone, a SIGTERM waits up to SIGTERM_GRACE_S for that failure before it stops the
+            # rank as an interrupt.
+            if self._signum is not None and not (self._failing and self._signum != signal.SIGINT) and not (
+                    self._signum == signal.SIGTERM and time.monotonic() - self._signal_at < SIGTERM_GRACE_S
+                    and local_rank_gone(self._parent)):
                 self._stop_on_signal(self._signum)
             if os.getppid() != self._parent:
                 self._stop_on_signal(signal.SIGTERM)
