@@ -419,7 +419,7 @@ def flag_name(server: str, field: str) -> str:
     return names.get(field, field)
 
 
-def check_setting(s: ServerSetting, context_len: int | None = None) -> None:
+def check_setting(s: ServerSetting) -> None:
     """ValueError (one line) for settings the server would refuse or ppprof cannot plan."""
     label = LABELS[s.server]
     for field in ("base_chunk_size", "max_chunk_size"):
@@ -427,9 +427,6 @@ def check_setting(s: ServerSetting, context_len: int | None = None) -> None:
         if not is_int(value) or value < s.alignment:
             raise ValueError(f"{label} {flag_name(s.server, field)} {value} is below the alignment {s.alignment}: use "
                              f"at least {s.alignment}")
-    if context_len is not None and s.fixed_chunk_size > context_len:
-        raise ValueError(f"{label} chunk {s.fixed_chunk_size} is above the context length {context_len}: use at most "
-                         f"{context_len}")
 
 
 def with_context(setting: ServerSetting, context_len: int) -> ServerSetting:

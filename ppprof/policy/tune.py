@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ppprof.checks import is_int
+from ppprof.config import align_down
 from ppprof.policy.export import server_model, server_setting
 from ppprof.policy.planners import MAX_STAGES, chunk_latencies_ms, optimal_chunks, ttft_ms
 from ppprof.policy.rule import LatencyModel
@@ -177,15 +178,15 @@ def weighted_p90(values: np.ndarray, weights: np.ndarray) -> float:
 class Tuner:
     """Scores settings of one server on one workload with the policy's model."""
 
-    def __init__(self, policy: Policy, workload: Workload, num_stages: int, server: str,
-                 calibration: LatencyModel | None = None, extrapolate: bool = False, boot: dict | None = None):
+    def __init__(self, policy: Policy, workload: Workload, num_stages: int, server: str, extrapolate: bool = False,
+                 boot: dict | None = None):
         if server not in SERVERS:
             raise ValueError(f"--server {server!r} is unknown: use one of {', '.join(SERVERS)}")
         if not is_int(num_stages) or not 1 <= num_stages <= MAX_STAGES:
             raise ValueError(f"--pp {num_stages!r} is invalid: use a number of pipeline stages in 1..{MAX_STAGES}")
         if policy.model is None:
             raise ValueError(f"policy has no latency model ({policy.status}: {policy.reason}): refit with more samples")
-        self.policy, self.workload, self.num_stages, self.server = policy, workload, num_stages, server
+        self.policy, self.num_stages, self.server = policy, num_stages, server
         self.truth = policy.model
         self.context = policy.settings.context_len
         self.lengths = np.asarray(workload.prompt_lens, dtype=np.int64)
@@ -194,14 +195,13 @@ class Tuner:
         # The model the server sizes chunks with: its boot fit of the profile's samples where given, else derived
         # from the policy's model (servers.boot_model).
         self.model = boot[server] if boot and server in boot else server_model(policy, server)
-        # ATOM sizes with the calibration its flags carry: the user's (--current) or ppprof's.
-        self.calibration = calibration
         self.cache: dict[ServerSetting, Scored] = {}
         # Candidates keep their chunks within the profiled chunk sizes unless asked to extrapolate.
         dom = policy.data.get("domain") or {}
         self.max_chunk = None if extrapolate or not dom.get("chunk_size") else int(dom["chunk_size"][1])
 
-    def model_for(self, setting: ServerSetting, calibration: LatencyModel | None = None) -> LatencyModel | None:
+    def model_for(self, calibration: LatencyModel | None = None) -> LatencyModel | None:
+        """The model the server sizes chunks with; for ATOM, the calibration its flags carry where given."""
         if self.server == "atom" and calibration is not None:
             return boot_model("atom", calibration)
         return self.model
@@ -210,7 +210,7 @@ class Tuner:
         if calibration is None and setting in self.cache:
             hit = self.cache[setting]
             return Scored(hit.setting, label or hit.label, hit.ttft_ms, hit.mean_ms, hit.p90_ms, hit.plans)
-        rule = ServerRule(setting, self.model_for(setting, calibration), self.context)
+        rule = ServerRule(setting, self.model_for(calibration), self.context)
         chunks = chunk_sequence(rule.next if setting.dynamic else (lambda L: setting.fixed_chunk_size), self.longest)
         plans = [cut(chunks, int(n)) for n in self.lengths]
         ttft = np.array([ttft_ms(chunk_latencies_ms(self.truth, p), self.num_stages) for p in plans])
@@ -233,7 +233,7 @@ class Tuner:
         if hi >= lo:
             steps = int(math.ceil(math.log2(hi / lo) * B_STEPS_PER_OCTAVE))
             for v in np.geomspace(lo, hi, steps + 1):
-                sizes.add(max(align, int(v) - int(v) % align))
+                sizes.add(align_down(int(v), align))
         sizes.update(e for e in extra if align <= e <= hi)
         return sorted(sizes)
 
@@ -244,13 +244,12 @@ class Tuner:
         out = []
         if self.server == "sglang":
             default_cap = default_setting("sglang").max_chunk_size
-            caps = sorted({max(B, default_cap)} | {v for v in (B // 2 - (B // 2) % align, 3 * B // 4 - (3 * B // 4)
-                                                                % align) if v >= align})
+            caps = sorted({max(B, default_cap)} | {align_down(v, align) for v in (B // 2, 3 * B // 4) if v >= align})
             for s in smooth_factors:
                 for cap in caps:
                     out.append(ServerSetting("sglang", B, True, s, max(B // 4, 1), cap, page))
         else:
-            floors = sorted({max(align, B // k - (B // k) % align) for k in (8, 4, 2)} |
+            floors = sorted({align_down(B // k, align) for k in (8, 4, 2)} |
                             ({default_setting(self.server).min_chunk_size} if
                              default_setting(self.server).min_chunk_size <= B else set()))
             for s in smooth_factors:
@@ -259,10 +258,10 @@ class Tuner:
         return out
 
     def fixed_setting(self, size: int) -> ServerSetting:
-        page = self.policy.settings.page_size
+        page, d = self.policy.settings.page_size, default_setting(self.server)
         if self.server == "sglang":
-            return ServerSetting("sglang", size, False, 0.75, max(size // 4, 1), max(size, 16384), page)
-        d = default_setting(self.server)
+            return ServerSetting("sglang", size, False, d.smooth_factor, max(size // 4, 1), max(size, d.max_chunk_size),
+                                 page)
         return ServerSetting(self.server, size, False, d.smooth_factor, min(d.min_chunk_size, size), size, page)
 
     def search(self, extra: list[ServerSetting]) -> tuple[Scored, Scored]:
