@@ -1,8 +1,9 @@
-"""Atomic file output: every file ppprof writes appears whole or not at all."""
+"""Atomic file output: every file ppprof writes appears whole or not at all; and strict JSON (`finite`)."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -44,3 +45,15 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def finite(obj):
+    """`obj` with every non-finite float (inf, nan: a change that could not be computed, an unset limit) as None, in
+    nested dicts and lists, so that its JSON is strict."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [finite(v) for v in obj]
+    return obj

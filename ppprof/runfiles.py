@@ -99,6 +99,14 @@ def lock_owner(folder: str | Path) -> str | None:
     return f"pid {pid} on {host}"
 
 
+def check_lock(folder: str | Path) -> None:
+    """ValueError naming the holder when a live ppprof run holds the folder's lock file."""
+    owner = lock_owner(folder)
+    if owner is not None:
+        raise ValueError(f"--out {folder} is in use by another ppprof run ({owner}, lock {Path(folder) / LOCK_FILE}): "
+                         "wait for it to end or choose another --out")
+
+
 def take_lock(folder: str | Path) -> Path:
     """Take the run folder's lock file (O_EXCL: one taker wins), replacing a stale one (its pid is dead on this
     host); ValueError naming the holder when a live run holds it. Returns the lock's path."""
@@ -107,10 +115,7 @@ def take_lock(folder: str | Path) -> Path:
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
-            owner = lock_owner(folder)
-            if owner is not None:
-                raise ValueError(f"--out {folder} is in use by another ppprof run ({owner}, lock {path}): wait for it "
-                                 "to end or choose another --out") from None
+            check_lock(folder)
             path.unlink(missing_ok=True)
             continue
         except OSError as e:

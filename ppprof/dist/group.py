@@ -11,10 +11,9 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from ppprof.dist import watchdog as _watchdog
-from ppprof.dist.watchdog import Watchdog, die_with_parent, launcher_store
+from ppprof.dist.watchdog import DEFAULT_TIMEOUT_S, Watchdog, die_with_parent, launcher_store
 
-DEFAULT_TIMEOUT_S = 600
+DIST_TIMEOUT_S = 600
 """How long gloo / NCCL let a collective wait (PPPROF_DIST_TIMEOUT overrides it): a backstop behind the watchdog."""
 
 
@@ -32,7 +31,7 @@ class RankInfo:
 
 
 @contextmanager
-def process_group(device_type: str, timeout_s: float = _watchdog.DEFAULT_TIMEOUT_S) -> Iterator[RankInfo]:
+def process_group(device_type: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[RankInfo]:
     """Join the group that torchrun (or the elastic launcher) described in the environment; leave it on exit. The
     rank dies with its launcher, and its watchdog (deadlines from `timeout_s`, SIGINT/SIGTERM) runs from the start."""
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -44,7 +43,7 @@ def process_group(device_type: str, timeout_s: float = _watchdog.DEFAULT_TIMEOUT
         device, backend = torch.device("cuda", local_rank), "nccl"
     else:
         device, backend = torch.device("cpu"), "gloo"
-    timeout = _dt.timedelta(seconds=int(os.environ.get("PPPROF_DIST_TIMEOUT", DEFAULT_TIMEOUT_S)))
+    timeout = _dt.timedelta(seconds=int(os.environ.get("PPPROF_DIST_TIMEOUT", DIST_TIMEOUT_S)))
     dist.init_process_group(backend, timeout=timeout)
     store = launcher_store()
     if store is not None:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
+
+from ppprof.dist.watchdog import SIGNAL_EXIT
 
 # torchrun options `ppprof profile` accepts and passes to the launcher unchanged: (option, takes a value).
 TORCHRUN_OPTIONS = (
@@ -19,7 +20,6 @@ TORCHRUN_OPTIONS = (
 
 SHUTDOWN_TIMEOUT_S = 5
 """After forwarding SIGINT/SIGTERM to the ranks, how long the launcher waits before it SIGKILLs one."""
-SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 def num_nodes(nnodes: str | None) -> int:

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Callable, Iterator
 
+from ppprof.runfiles import FAILED, INTERRUPTED
+
 DEFAULT_TIMEOUT_S = 60.0
 """--timeout: the least time any wait is given."""
 REQUEST_FACTOR = 20
@@ -137,9 +139,10 @@ class Watchdog:
     """The deadlines, heartbeat, signals and parent watch of one rank. `waiting(peer)` around every blocking wait,
     `measured()` after every request, `phase` names what the run does (a new phase has measured nothing yet)."""
 
-    def __init__(self, rank: int, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S, store=None,
+    def __init__(self, rank: int, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S,
                  lenient_min_s: float = LENIENT_MIN_S) -> None:
-        self.rank, self.world_size, self.timeout_s, self.store = rank, world_size, float(timeout_s), store
+        self.rank, self.world_size, self.timeout_s = rank, world_size, float(timeout_s)
+        self.store = None  # attach() gives it, once the group is formed
         self.lenient_min_s = lenient_min_s
         self._phase = "start"
         self._phase_measured = False
@@ -206,8 +209,6 @@ class Watchdog:
         signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
         self._signal_fd = read_fd
         threading.Thread(target=self._monitor, name="ppprof-watchdog", daemon=True).start()
-        if self.store is not None:
-            self.attach(self.store)
         return self
 
     def attach(self, store) -> None:
@@ -366,7 +367,7 @@ class Watchdog:
         process group, which would wait on the rank that does not answer."""
         if not self._exit_lock.acquire(blocking=False):
             time.sleep(3600)  # another thread is ending this rank
-        status = "interrupted" if message is None else f"failed: {message}"
+        status = INTERRUPTED if message is None else f"{FAILED}: {message}"
         for callback in self.on_stop:
             try:
                 callback(status, signal_name)

@@ -4,13 +4,13 @@ policy dict and write it (with the plots where asked)."""
 from __future__ import annotations
 
 import datetime as dt
-import math
 from pathlib import Path
 
 import numpy as np
 
 from ppprof import __version__
 from ppprof.fit.gates import failure_reason, gates, predicted_shrink
+from ppprof.io import finite
 from ppprof.fit.parity import sglang_fit
 from ppprof.fit.plots import write_plots
 from ppprof.fit.regress import Fit, diagnostics, fit_candidates
@@ -134,17 +134,6 @@ def domain(samples: Samples) -> dict:
     return {"prefix_len": [int(samples.prefix_len.min()), int(samples.prefix_len.max())],
             "chunk_size": [int(samples.chunk_size.min()), int(samples.chunk_size.max())],
             "prefix_lens": sorted(int(p) for p in set(samples.prefix_len.tolist()))}
-
-
-def finite(obj):
-    """Replace inf / nan (e.g. a CV error that could not be computed) by None, so the file is strict JSON."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: finite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [finite(v) for v in obj]
-    return obj
 
 
 def fit(samples_path: str | Path, out: str | Path | None = None, latency_model: str = "auto", *,

@@ -11,7 +11,8 @@ from ppprof.fit.build import POLICY_FILE
 from ppprof.fit.drift import samples_drift
 from ppprof.fit.samples import Samples, read_samples
 from ppprof.plotting import pyplot, save_figure
-from ppprof.policy.compare import compare_policies, load_checked, table_end
+from ppprof.policy.compare import compare_policies, table_end
+from ppprof.policy.schema import load_policy
 from ppprof.policy.schema import Policy
 from ppprof.runfiles import SAMPLES_FILE
 
@@ -41,7 +42,7 @@ def compare(baseline: str | Path, candidate: str | Path, tolerances: dict[str, f
     samples-level drift where both are run folders with samples; the PNG `plot` is written last, only when every
     input was good."""
     (bp, bs), (cp, cs) = resolve(baseline, "baseline"), resolve(candidate, "candidate")
-    base, cand = load_checked(bp), load_checked(cp)
+    base, cand = load_policy(bp), load_policy(cp)
     samples = (read_samples(bs), read_samples(cs)) if bs and cs else None
     report = compare_policies(base, cand, tolerances, prompt_lens=prompt_lens, num_stages=num_stages,
                               samples=samples_drift(*samples) if samples else None,

@@ -125,9 +125,6 @@ class Uncertainty:
     def stable(self) -> bool:
         return self.failed_replicates <= (1 - CONFIDENCE) * self.replicates and self.table_stable and self.ttft_stable
 
-    def unstable_entries(self) -> list[int]:
-        return [i for i, f in enumerate(self.within_one_unit) if f < CONFIDENCE]
-
     def to_dict(self) -> dict:
         """What run.json and policy.json record (the `uncertainty` of their `design`)."""
         return {

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import math
 
+from ppprof.io import finite
 from ppprof.policy.planners import STRATEGIES, default_num_stages, plan_prompt
 from ppprof.policy.rule import COEF_UNITS, MODEL_COEFS
-from ppprof.policy.schema import Policy, load_policy
+from ppprof.policy.schema import Policy
 
 DEFAULT_TOLERANCES = {
     "ttft": 0.20,  # relative change of each predicted TTFT (fixed, greedy, optimal at each prompt length)
@@ -25,11 +26,6 @@ DEFAULT_TOLERANCES = {
 c by 20%: two profiles of the same config pass, a doubled quadratic coefficient a fails (on ttft). On a dedicated GPU
 runner, tighter limits suit (e.g. --tolerance ttft=0.1,samples=0.1)."""
 PROMPT_LEN_MULTIPLES = (4, 16, 64)  # default prompt lengths: these multiples of the baseline's B, within the context
-
-
-def load_checked(path) -> Policy:
-    """A policy file loaded and checked exactly as `ppprof validate` checks it (ValueError, one line, otherwise)."""
-    return load_policy(path)
 
 
 def parse_tolerances(specs) -> dict[str, float]:
@@ -221,18 +217,6 @@ def compare_policies(base: Policy, cand: Policy, tol: dict[str, float], *, promp
     report["checks"] = checks(report, tol)
     report["drifted"] = not all(c["passed"] for c in report["checks"])
     return finite(report)
-
-
-def finite(obj):
-    """`obj` with every non-finite float (an infinite relative change, an unset limit) as None, so that the JSON is
-    standard."""
-    if isinstance(obj, dict):
-        return {k: finite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [finite(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
 
 
 def render(report: dict) -> str:

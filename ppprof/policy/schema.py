@@ -13,7 +13,6 @@ from ppprof.io import atomic_write_json
 from ppprof.policy.rule import ChunkSettings, LatencyModel, build_table, check_rule, next_chunk_size
 
 SCHEMA_VERSION = 2  # 2: the table's prefix column is named prefix_len
-STATUSES = ("dynamic", "static")
 MAX_PLAN_CHUNKS = 1_000_000
 """The most chunks a plan holds (Policy.plan, `ppprof plan`): its lists stay a few MB whatever the prompt."""
 RULE_TEXT = (

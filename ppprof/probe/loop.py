@@ -78,7 +78,8 @@ class ProbeRunner:
         try:
             setup_error = None
             try:
-                gen = torch.Generator().manual_seed(self.seed * 1_000_003 + pr.rid * 31 + pipe.rank)
+                gen = torch.Generator().manual_seed(self.seed * 1_000_003 + pr.rid * 31 + pipe.rank) \
+                    if pr.prefix_len else None  # only a prefix is filled with random values
                 set_up_request(self.cache, req, pr, gen)
                 if pipe.is_first:
                     x = torch.randint(self.vocab_size, (pr.chunk_size,), generator=torch.Generator().manual_seed(

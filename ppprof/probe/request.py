@@ -11,7 +11,7 @@ from ppprof.mem.cache import describe_leaks
 from ppprof.probe.synth import ProbeRequest
 
 
-def set_up_request(cache: StageCache, req: Request, pr: ProbeRequest, gen: torch.Generator) -> None:
+def set_up_request(cache: StageCache, req: Request, pr: ProbeRequest, gen: torch.Generator | None) -> None:
     """Admit `req` (request entry, Mamba slot), give it `pr.prefix_len` cached tokens and slots for `pr.chunk_size`
     more. The prefix is not computed: random K/V (from `gen`) go into its KV slots and a random state into its Mamba
     slot. With no prefix the Mamba state stays as admission left it, as a fresh request's does. Raises RunError when

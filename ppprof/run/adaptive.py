@@ -12,7 +12,7 @@ from typing import Iterator
 import numpy as np
 
 from ppprof.dist.agree import agreed
-from ppprof.fit.build import finite
+from ppprof.io import finite
 from ppprof.fit.design import Decision, decide
 from ppprof.fit.regress import Unfittable
 from ppprof.fit.settings import resolve_settings
@@ -82,7 +82,7 @@ def probe_sequence(run: RankRun, stage_ms: list, e2e_ms: list, first: int = 0) -
     to run.state["probes"], until it stops; every rank gets the same probe or the stop."""
     probes = run.state["probes"]
     if run.cfg.design != "adaptive":
-        yield from list(probes[first:])
+        yield from probes[first:]
         run.state["stopping_reason"] = GRID_DONE
         return
     history = run.state.setdefault("design_history", [])

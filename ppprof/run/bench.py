@@ -19,6 +19,7 @@ from ppprof.fit.samples import read_run
 from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.policy.schema import extrapolation, load
 from ppprof.run.provenance import default_run_dir
+from ppprof.runfiles import SAMPLES_FILE
 from ppprof.run.rank import Phase, RankRun, add_log_file, claim_folder, release_folder, run_phases, run_rank, set_up
 
 log = logging.getLogger("ppprof")
@@ -42,10 +43,10 @@ def prepare(run: RankRun) -> None:
     run_dir = plans = None
     with agreed(run.pipe, "prepare the run folder and the plans"):
         if run.rank == 0:
-            policy = load(bench.policy)
+            policy = run.state["policy"] = load(bench.policy)
             if policy.model is None:
                 raise ValueError(f"policy {bench.policy} has no latency model ({policy.reason}): profile again")
-            samples = Path(bench.policy).parent / "samples.csv"
+            samples = Path(bench.policy).parent / SAMPLES_FILE
             plans = arms(policy, samples if samples.is_file() else None, bench.prompt_lens, bench.strategies,
                          bench.num_stages, bench.plans)
             run_dir = Path(bench.out) if bench.out else default_run_dir(f"bench-{run.cfg.model}")
@@ -124,8 +125,8 @@ def write_results(run: RankRun) -> None:
     if run.rank != 0:
         return
     bench = run.state["bench"]
-    run_json = read_run(Path(bench.policy).parent / "samples.csv") or {}
-    policy = load(bench.policy)
+    run_json = read_run(Path(bench.policy).parent / SAMPLES_FILE) or {}
+    policy = run.state["policy"]  # loaded by rank 0 in prepare
     notes = {}
     for n in bench.prompt_lens:
         plans = [a.chunk_sizes for a in run.state["plans"] if a.prompt_len == n]

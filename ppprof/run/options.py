@@ -15,7 +15,7 @@ import yaml
 from ppprof.checks import is_int
 from ppprof.config import ProfileConfig
 from ppprof.dist.launch import in_worker
-from ppprof.runfiles import COMPLETE, LOCK_FILE, RUN_FILE, lock_owner, read_run_json
+from ppprof.runfiles import COMPLETE, LOCK_FILE, RUN_FILE, check_lock, read_run_json
 from ppprof.model.attention_kernels import resolve_attention_backend
 from ppprof.specs import ModelSpec, load_spec, parse_partition, split_layers
 from ppprof.specs.accounting import describe, stage_accounts
@@ -45,11 +45,17 @@ def read_config_file(path: str) -> dict:
     return out
 
 
+def given_settings(config_path: str | None, flags: dict) -> dict:
+    """The settings a user gave: the --config YAML's, the flags that were given (not None) winning."""
+    merged = read_config_file(config_path) if config_path else {}
+    merged.update({k: v for k, v in flags.items() if v is not None})
+    return merged
+
+
 def resolve_config(config_path: str | None, flags: dict) -> ProfileConfig:
     """The settings of a job: flags > --config YAML > defaults, each field typed and bounded (ProfileConfig); the
     list settings (layer_partition, prefix_lens) also as comma-separated text ("3,5") or, from YAML, one integer."""
-    merged = read_config_file(config_path) if config_path else {}
-    merged.update({k: v for k, v in flags.items() if v is not None})
+    merged = given_settings(config_path, flags)
     for key in ("layer_partition", "prefix_lens"):
         value = merged.get(key)
         if isinstance(value, str):
@@ -82,10 +88,7 @@ def check_output_folder(out: str | None, overwrite: bool = False, resume: bool =
         raise ValueError(f"--out {out or path}: {parent} is not a writable folder; choose another --out")
     if not out or not path.is_dir() or not folder:
         return
-    owner = lock_owner(path)
-    if owner is not None:
-        raise ValueError(f"--out {out} is in use by another ppprof run ({owner}, lock {path / LOCK_FILE}): wait for "
-                         "it to end or choose another --out")
+    check_lock(path)
     held = sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE)
     if held and not (overwrite or resume):
         shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
@@ -114,8 +117,7 @@ def resume_config(run_dir: str, config_path: str | None, flags: dict) -> Profile
     recorded = {k: v for k, v in run["config"].items() if k in CONFIG_FIELDS}
     recorded["out"] = str(run_dir)
     base = resolve_config(None, recorded)
-    given = read_config_file(config_path) if config_path else {}
-    given.update({k: v for k, v in flags.items() if v is not None})
+    given = given_settings(config_path, flags)
     given.pop("out", None)
     for key, value in given.items():
         if key in RESUMABLE_FIELDS:

@@ -62,11 +62,6 @@ def _mlp_act(cfg: dict, family: str) -> str:
     return RELU2 if RELU2 in (cfg.get("hidden_act"), cfg.get("mlp_hidden_act")) else SILU
 
 
-def _get(cfg: dict, key: str, default: Any) -> Any:
-    value = cfg.get(key)
-    return default if value is None else value
-
-
 def _int(cfg: dict, *keys: str, default: Any) -> int:
     """The first of `keys` the config gives (else `default`) as an integer; ValueError naming the key unless it is one
     (a float, 4096.0 too, a string, a bool or a list is refused, not truncated)."""
