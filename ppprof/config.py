@@ -231,7 +231,7 @@ class ProfileConfig:
     @property
     def max_probe_chunk_size(self) -> int:
         """The largest probe chunk: 1.25 x B, aligned down to the page."""
-        return max(self.page_size, int(1.25 * self.base_chunk_size) // self.page_size * self.page_size)
+        return align_down(int(1.25 * self.base_chunk_size), self.page_size)
 
     def resolved_prefix_lens(self, num: int | None = None) -> tuple[int, ...]:
         """--prefix-lens, else `num` (default num_prefix_lens) lengths log-spaced from B to the context length less
@@ -240,14 +240,14 @@ class ProfileConfig:
             return tuple(self.prefix_lens)
         page = self.page_size
         top = (self.context_len - self.max_probe_chunk_size) // page * page
-        bottom = min(max(page, self.base_chunk_size // page * page), top)
+        bottom = min(align_down(self.base_chunk_size, page), top)
         if top < page:
             return ()
         n = num or self.num_prefix_lens
         ratio = top / bottom
         if n == 1:
             return (top,)
-        levels = {max(page, round(bottom * ratio ** (i / (n - 1))) // page * page) for i in range(n)}
+        levels = {align_down(round(bottom * ratio ** (i / (n - 1))), page) for i in range(n)}
         return tuple(sorted(levels))
 
     def needed_total_tokens(self) -> int:

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ppprof.fit.regress import PREFIX_TERMS, design
-from ppprof.fit.uncertainty import (CONFIDENCE, MAX_REQUESTS, MAX_SECONDS, STABLE, TTFT_TOLERANCE, Uncertainty,
-                                    plan_sizes)
+from ppprof.fit.uncertainty import CONFIDENCE, MAX_REQUESTS, MAX_SECONDS, STABLE, TTFT_TOLERANCE, Uncertainty
 from ppprof.policy.rule import ChunkSettings, LatencyModel
+from ppprof.policy.schema import table_plan
 
 INITIAL_POINTS = 6
 INITIAL_REPEATS = 2
@@ -159,7 +159,7 @@ def ttft_gradient(model: LatencyModel, starts: list[int], sizes: list[int], prom
                   ) -> np.ndarray:
     """d(predicted TTFT)/d(c, g, b, a) with the plan held: the chunks' regressors summed, the slowest's P - 1 times
     more."""
-    chunks = plan_sizes(starts, sizes, prompt_len)
+    chunks = table_plan(starts, sizes, prompt_len)
     pos = np.concatenate([[0], np.cumsum(chunks)[:-1]])
     Z = regressors(pos, chunks)
     slowest = int(np.argmax(model.chunk_latency_ms(pos, chunks)))

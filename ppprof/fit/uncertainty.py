@@ -14,14 +14,14 @@ stable when at least CONFIDENCE of the replicates stay within one alignment unit
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
 from dataclasses import dataclass
 
 import numpy as np
 
 from ppprof.fit.regress import PREFIX_TERMS, Unfittable, design, fit_model, fit_trimmed
-from ppprof.policy.planners import ttft_ms
+from ppprof.policy.planners import chunk_latencies_ms, ttft_ms
 from ppprof.policy.rule import ChunkSettings, LatencyModel, build_table
+from ppprof.policy.schema import table_chunk_size, table_plan
 
 DESIGN_MODEL = "prefix"
 """The model the adaptive design determines (four coefficients, PREFIX_TERMS)."""
@@ -47,22 +47,11 @@ def ttft_prompt_lens(settings: ChunkSettings) -> tuple[int, ...]:
     return tuple(sorted({min(16 * settings.base_chunk_size, settings.context_len), settings.context_len}))
 
 
-def plan_sizes(starts: list[int], sizes: list[int], prompt_len: int) -> list[int]:
-    """The chunk list of a prompt under a breakpoint table (Policy.plan without a Policy)."""
-    out, done = [], 0
-    while done < prompt_len:
-        size = min(sizes[bisect_right(starts, done) - 1], prompt_len - done)
-        out.append(size)
-        done += size
-    return out
-
-
 def plan_ttft_ms(model: LatencyModel, starts: list[int], sizes: list[int], prompt_len: int, num_stages: int
                  ) -> tuple[float, list[int]]:
     """Predicted TTFT of the greedy plan of `prompt_len` tokens, and the plan."""
-    chunks = plan_sizes(starts, sizes, prompt_len)
-    pos = np.concatenate([[0], np.cumsum(chunks)[:-1]])
-    return ttft_ms(model.chunk_latency_ms(pos, chunks), num_stages), chunks
+    chunks = table_plan(starts, sizes, prompt_len)
+    return ttft_ms(chunk_latencies_ms(model, chunks), num_stages), chunks
 
 
 def relative_residuals(model: LatencyModel, L, x, y, num_terms: int) -> np.ndarray:
@@ -170,7 +159,7 @@ def bootstrap(L, x, y, settings: ChunkSettings, num_stages: int, replicates: int
             continue
         bs, bz = build_table(m, settings, t)
         for i, (lo, hi, size) in enumerate(zip(starts, ends, sizes)):
-            ends_sizes = (bz[bisect_right(bs, lo) - 1], bz[bisect_right(bs, hi - 1) - 1])
+            ends_sizes = (table_chunk_size(bs, bz, lo), table_chunk_size(bs, bz, hi - 1))
             dev[b, i] = max(abs(s - size) for s in ends_sizes) / align
         ttfts[b] = [plan_ttft_ms(m, bs, bz, n, num_stages)[0] for n in prompts]
     ok = np.array([m is not None for m in models])
@@ -203,7 +192,7 @@ def table_differences(a: dict, b: dict, alignment: int) -> tuple[int, int]:
     starts = sorted(set(a["prefix_len"]) | set(b["prefix_len"]))
 
     def size(t: dict, L: int) -> int:
-        return t["chunk_size"][bisect_right(t["prefix_len"], L) - 1]
+        return table_chunk_size(t["prefix_len"], t["chunk_size"], L)
 
     diff = sum(abs(size(a, L) - size(b, L)) > TABLE_TOLERANCE_UNITS * alignment for L in starts)
     return diff, len(starts)

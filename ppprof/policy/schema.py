@@ -22,6 +22,22 @@ RULE_TEXT = (
 )
 
 
+def table_chunk_size(starts: list[int], sizes: list[int], prefix_len: int) -> int:
+    """The breakpoint table's chunk size after `prefix_len` tokens: sizes[i] for the last i with starts[i] <= it
+    (Policy.next_chunk_size, less its argument checks)."""
+    return sizes[bisect_right(starts, prefix_len) - 1]
+
+
+def table_plan(starts: list[int], sizes: list[int], prompt_len: int) -> list[int]:
+    """The chunk list of a `prompt_len`-token prompt under a breakpoint table (the last chunk takes the rest)."""
+    chunks, done = [], 0
+    while done < prompt_len:
+        size = min(table_chunk_size(starts, sizes, done), prompt_len - done)
+        chunks.append(size)
+        done += size
+    return chunks
+
+
 class Policy:
     """A loaded policy. `next_chunk_size(prefix_len)` is one bisect in the precomputed breakpoint table."""
 
@@ -70,12 +86,7 @@ class Policy:
         if prompt_len < 1:
             raise ValueError(f"--prompt-len {prompt_len} is invalid: use a positive number of tokens")
         check_prompt_len(self, prompt_len)
-        chunks, done = [], 0
-        while done < prompt_len:
-            size = min(self.next_chunk_size(done), prompt_len - done)
-            chunks.append(size)
-            done += size
-        return chunks
+        return table_plan(self._starts, self._sizes, prompt_len)
 
     def rule(self, prefix_len: int) -> int:
         """The rule evaluated directly from the coefficients (slow path; equals next_chunk_size)."""

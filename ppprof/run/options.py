@@ -13,7 +13,7 @@ import click
 import yaml
 
 from ppprof.checks import is_int
-from ppprof.config import ProfileConfig
+from ppprof.config import ProfileConfig, flag as config_flag
 from ppprof.dist.launch import in_worker
 from ppprof.runfiles import COMPLETE, LOCK_FILE, RUN_FILE, check_lock, read_run_json
 from ppprof.model.attention_kernels import resolve_attention_backend
@@ -127,7 +127,7 @@ def resume_config(run_dir: str, config_path: str | None, flags: dict) -> Profile
         except ValueError:
             same = False
         if not same:
-            flag = "--" + key.replace("_", "-")
+            flag = config_flag(key)
             raise ValueError(f"--resume {run_dir}: {flag} {value} differs from the run's recorded "
                              f"{getattr(base, key)!r}; drop {flag} (a resumed run keeps its settings) or start a new "
                              "run with another --out")
