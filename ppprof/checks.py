@@ -8,6 +8,11 @@ def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def is_number(value) -> bool:
+    """An int or a float and not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def require_int(label: str, value, low: int, high: int | None = None) -> int:
     """`value` if it is an integer in low..high (high None: no upper bound), else ValueError naming `label` (e.g.
     "--page-size"), the value and the fix. A float (4096.0 too), a string, a bool or a list is not an integer."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
-from ppprof.checks import a_type, is_int, require_bool, require_int, require_str, short
+from ppprof.checks import a_type, is_int, is_number, require_bool, require_int, require_str, short
 from ppprof.specs.dtypes import normalize_dtype
 from ppprof.specs.spec import MAX_LAYERS
 
@@ -169,8 +169,7 @@ class ProfileConfig:
             raise ValueError(f"--attention-backend {short(self.attention_backend)} is unknown: use one of "
                              f"{', '.join(ATTENTION_BACKENDS)}")
         self.check_design()
-        if (isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float))
-                or not MIN_TIMEOUT_S <= self.timeout <= MAX_TIMEOUT_S):
+        if not is_number(self.timeout) or not MIN_TIMEOUT_S <= self.timeout <= MAX_TIMEOUT_S:
             raise ValueError(f"--timeout {self.timeout!r} must be a number of seconds in {MIN_TIMEOUT_S:g}.."
                              f"{MAX_TIMEOUT_S:g}, e.g. 60")
         if self.base_chunk_size < self.page_size:
@@ -212,7 +211,7 @@ class ProfileConfig:
             require_int("--max-requests", self.max_requests, 1, MAX_DESIGN_REQUESTS)
         if self.max_seconds is not None:
             s = self.max_seconds
-            if isinstance(s, bool) or not isinstance(s, (int, float)) or not (0 < s < float("inf")):
+            if not is_number(s) or not (0 < s < float("inf")):
                 raise ValueError(f"--max-seconds {s!r} must be a positive number of seconds")
             self.max_seconds = float(s)
         if self.design != "adaptive":

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ppprof.checks import require_int
+from ppprof.checks import is_number, require_int
 
 MODEL_NAMES = ("quadratic", "prefix", "pairs")
 COEF_UNITS = {"a": "ms/token^2", "b": "ms/token", "c": "ms", "g": "ms/token", "h": "ms/token^3"}
@@ -170,7 +170,7 @@ class ChunkSettings:
             require_int("--" + name.replace("_", "-"), getattr(self, name), low)
         require_int("context_margin", self.context_margin, 0)
         s = self.smooth_factor
-        if isinstance(s, bool) or not isinstance(s, (int, float)) or not (0.0 < s <= 1.0):
+        if not is_number(s) or not (0.0 < s <= 1.0):
             raise ValueError(f"--smooth-factor {s!r} is out of range: use a value in (0, 1]")
         self.smooth_factor = float(s)
         B = self.base_chunk_size

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from ppprof.checks import a_type, is_int, short
+from ppprof.checks import a_type, is_int, is_number, short
 from ppprof.specs.spec import ATTENTION, MAMBA, MAX_LAYERS, MLP, MOE, RELU2, SILU, LayerSpec, ModelSpec
 from ppprof.specs.pattern import layer_kinds, parse_pattern
 
@@ -80,7 +80,7 @@ def _float(cfg: dict, *keys: str, default: Any) -> float:
 
 
 def _number(key: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not is_number(value) or not math.isfinite(value):
         raise ValueError(f"{key}={short(value)} must be a finite number; fix the config")
     return float(value)
 

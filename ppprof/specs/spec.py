@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 import math
 from dataclasses import fields
 
-from ppprof.checks import a_type, is_int, short
+from ppprof.checks import a_type, is_int, is_number, short
 
 ATTENTION = "attention"
 MAMBA = "mamba"
@@ -210,7 +210,7 @@ def check_types(spec: ModelSpec) -> None:
                              + ("" if is_int(value) else f", not {a_type(value)}") + "; fix the config")
     for name in FLOAT_FIELDS:
         value = getattr(spec, name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        if not is_number(value) or not math.isfinite(value) or value <= 0:
             raise ValueError(f"model {spec.name!r}: {name}={short(value)} must be a finite positive number; fix the "
                              "config")
     if not isinstance(spec.layers, tuple) or not all(isinstance(layer, LayerSpec) for layer in spec.layers):
