@@ -91,9 +91,10 @@ def d_optimal(prefix_len, chunk_size, num_points: int, cost=None) -> list[int]:
     ridge = 1e-6 * np.eye(p)
     picks: list[int] = []
     for k in range(num_points):
-        missing_levels = MIN_PREFIX_LEVELS - len(set(L[picks].tolist()))
+        picked_levels = set(L[picks].tolist())
+        missing_levels = MIN_PREFIX_LEVELS - len(picked_levels)
         pool = [j for j in range(m) if j not in picks
-                and (missing_levels < num_points - k or L[j] not in set(L[picks].tolist()))]
+                and (missing_levels < num_points - k or L[j] not in picked_levels)]
         M = Z[picks].T @ Z[picks] + ridge
         picks.append(max(pool, key=lambda j: np.linalg.slogdet(M + np.outer(Z[j], Z[j]))[1]))
     best = log_det(Z[picks])
@@ -197,9 +198,10 @@ def next_batch(u: Uncertainty, settings: ChunkSettings, num_stages: int, rows_L,
     requests), or the batch is predicted to cost `budget_s`, or holds `max_count`."""
     cand_L, cand_x = np.asarray(cand_L), np.asarray(cand_x)
     rows_L, rows_x = np.asarray(rows_L)[u.fit_rows], np.asarray(rows_x)[u.fit_rows]
-    scale = np.abs(regressors(cand_L, cand_x)).max(axis=0)
+    Zc = regressors(cand_L, cand_x)
+    scale = np.abs(Zc).max(axis=0)
+    Zc = Zc / scale
     Zr = regressors(rows_L, rows_x) / scale
-    Zc = regressors(cand_L, cand_x) / scale
     w_rows = 1.0 / u.model.chunk_latency_ms(rows_L, rows_x) ** 2
     w_cand = 1.0 / u.model.chunk_latency_ms(cand_L, cand_x) ** 2
     M = (Zr * w_rows[:, None]).T @ Zr
@@ -207,17 +209,17 @@ def next_batch(u: Uncertainty, settings: ChunkSettings, num_stages: int, rows_L,
     G, need = unstable_gradients(u, settings, num_stages)
     G = G / scale  # d q / d(theta * scale)
 
-    def variances(M: np.ndarray) -> np.ndarray:
-        return np.einsum("ij,jk,ik->i", G, np.linalg.inv(M), G)
+    def variances(Minv: np.ndarray) -> np.ndarray:
+        return np.einsum("ij,jk,ik->i", G, Minv, G)
 
-    start = variances(M)
+    start = variances(np.linalg.inv(M))
     picks: list[tuple[int, int]] = []
     taken = np.zeros(len(cand_L), dtype=int)
     spent = 0.0
     while len(picks) < max_count and spent < budget_s:
-        if len(picks) >= MIN_BATCH and np.all(variances(M) <= need * start):
-            break
         Minv = np.linalg.inv(M)
+        if len(picks) >= MIN_BATCH and np.all(variances(Minv) <= need * start):
+            break
         A = G @ Minv @ Zc.T  # (quantities, candidates): g^T M^-1 z
         gain = w_cand * (A ** 2).sum(axis=0) / (1.0 + w_cand * np.einsum("ij,jk,ik->i", Zc, Minv, Zc))
         score = np.where(taken < MAX_REPEATS_PER_BATCH, gain / cost_s, -np.inf)
