@@ -7,6 +7,7 @@ import re
 from dataclasses import asdict, dataclass
 
 from ppprof.checks import a_type, is_int, is_number, require_bool, require_int, require_str, short
+from ppprof.chunks import align_down, align_up
 from ppprof.specs.dtypes import normalize_dtype
 from ppprof.specs.spec import MAX_LAYERS
 
@@ -252,18 +253,13 @@ class ProfileConfig:
     def needed_total_tokens(self) -> int:
         """KV slots the longest probe request holds (prefix + the largest chunk), in whole pages."""
         longest = max((*self.resolved_prefix_lens(), 0)) + self.max_probe_chunk_size
-        return -(-longest // self.page_size) * self.page_size
+        return align_up(longest, self.page_size)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["prefix_lens"] = list(self.resolved_prefix_lens())
         d["layer_partition"] = None if self.layer_partition is None else list(self.layer_partition)
         return d
-
-
-def align_down(x: int, unit: int) -> int:
-    """x rounded down to a multiple of unit, but at least one unit."""
-    return max(unit, x // unit * unit)
 
 
 SGLANG_SWEEP_REQUESTS = 128

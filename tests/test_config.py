@@ -2,7 +2,8 @@
 
 import pytest
 
-from ppprof.config import ProfileConfig, align_down, sweep_chunk_sizes
+from ppprof.chunks import align_down
+from ppprof.config import ProfileConfig, sweep_chunk_sizes
 
 
 def test_sweep_matches_the_linear_fall_of_sglang():

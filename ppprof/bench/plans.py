@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ppprof.config import align_down
+from ppprof.chunks import align_down, walk
 from ppprof.fit.build import fit_samples
 from ppprof.fit.samples import read_run, read_samples
 from ppprof.policy.planners import fixed_chunks, optimal_chunks, predicted
@@ -36,12 +36,7 @@ def fixed_sizes(base_chunk_size: int, alignment: int, sweep: bool) -> list[int]:
 
 def rule_chunks(model: LatencyModel, settings: ChunkSettings, target_ms: float, prompt_len: int) -> list[int]:
     """The chunks the equal-latency rule gives with this model (the last chunk takes the rest)."""
-    chunks, done = [], 0
-    while done < prompt_len:
-        size = min(next_chunk_size(model, settings, target_ms, done), prompt_len - done)
-        chunks.append(size)
-        done += size
-    return chunks
+    return walk(lambda done: next_chunk_size(model, settings, target_ms, done), prompt_len)
 
 
 def sglang_model(policy: Policy, samples_path: Path) -> tuple[LatencyModel, float] | None:

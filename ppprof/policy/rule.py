@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ppprof.checks import is_number, require_int
+from ppprof.chunks import default_alignment, default_floor, positive_root
 
 MODEL_NAMES = ("quadratic", "prefix", "pairs")
 COEF_UNITS = {"a": "ms/token^2", "b": "ms/token", "c": "ms", "g": "ms/token", "h": "ms/token^3"}
@@ -102,11 +103,7 @@ class LatencyModel:
             return 0.0 if self.g > 0.0 else None
         if qa == 0.0:
             return -qc / qb if qb > 0.0 else None
-        disc = qb * qb - 4.0 * qa * qc
-        if disc < 0.0:
-            return None
-        x = (-qb + math.sqrt(disc)) / (2.0 * qa)
-        return x if x > 0.0 else None
+        return positive_root(qa, qb, qc)
 
     def to_dict(self) -> dict:
         coefs = {k: {"value": getattr(self, k), "unit": COEF_UNITS[k]} for k in MODEL_COEFS[self.name]}
@@ -136,11 +133,6 @@ def sglang_f(model: LatencyModel, l):
 
 
 CONTEXT_MARGIN = 100  # tokens SGLang keeps free at the end of the context
-MIN_ALIGNMENT = 64  # SGLang aligns to max(page_size, 64)
-
-
-def default_alignment(page_size: int) -> int:
-    return max(page_size, MIN_ALIGNMENT)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -175,7 +167,7 @@ class ChunkSettings:
         self.smooth_factor = float(s)
         B = self.base_chunk_size
         self.alignment = self.alignment or default_alignment(self.page_size)
-        self.min_chunk_size = self.min_chunk_size or max(B // 4, 1)
+        self.min_chunk_size = self.min_chunk_size or default_floor(B)
         self.max_chunk_size = self.max_chunk_size or B
         if self.alignment > B:
             raise ValueError(

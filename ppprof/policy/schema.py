@@ -9,6 +9,7 @@ from bisect import bisect_right
 from pathlib import Path
 
 from ppprof.checks import is_int, short
+from ppprof.chunks import walk
 from ppprof.io import atomic_write_json
 from ppprof.policy.rule import ChunkSettings, LatencyModel, build_table, check_rule, next_chunk_size
 
@@ -30,12 +31,7 @@ def table_chunk_size(starts: list[int], sizes: list[int], prefix_len: int) -> in
 
 def table_plan(starts: list[int], sizes: list[int], prompt_len: int) -> list[int]:
     """The chunk list of a `prompt_len`-token prompt under a breakpoint table (the last chunk takes the rest)."""
-    chunks, done = [], 0
-    while done < prompt_len:
-        size = min(table_chunk_size(starts, sizes, done), prompt_len - done)
-        chunks.append(size)
-        done += size
-    return chunks
+    return walk(lambda done: table_chunk_size(starts, sizes, done), prompt_len)
 
 
 class Policy:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ppprof.checks import is_int
+from ppprof.chunks import align_up, positive_root, walk
 from ppprof.policy.rule import ChunkSettings, LatencyModel, next_chunk_size
 
 SERVERS = ("sglang", "vllm-ascend", "atom")
@@ -187,12 +188,12 @@ class ServerRule:
             budget = max(1, min(s.base_chunk_size, self.context_len - CONTEXT_MARGIN["vllm-ascend"] - L))
             if self.target is None or L == 0 or m.a <= 0:
                 return budget
-            x = positive_root(m.a, 2.0 * m.a * L + m.b, -self.target)
+            x = concave_free_root(m.a, 2.0 * m.a * L + m.b, -self.target)
             if x is None:
                 return budget
             size = max(int(s.base_chunk_size + s.smooth_factor * (x - s.base_chunk_size)), s.min_chunk_size)
             align = s.alignment
-            size = max(-(-size // align) * align, align)
+            size = max(align_up(size, align), align)
             return min(size, budget)
         # atom
         ceiling = s.max_chunk_size
@@ -205,13 +206,13 @@ class ServerRule:
         budget = self.target - m.g * L
         if budget <= 0:
             return fallback
-        x = positive_root(m.a, 2.0 * m.a * L + m.b, -budget)
+        x = concave_free_root(m.a, 2.0 * m.a * L + m.b, -budget)
         if x is None:
             return fallback
         smoothed = B + s.smooth_factor * (x - B)
         floor = 0.0
         if m.g > 0 and L > 0:
-            floor = positive_root(m.a, 2.0 * m.a * L + m.b, -m.g * L * (1 - ATOM_PREFIX_SHARE) / ATOM_PREFIX_SHARE) or 0
+            floor = concave_free_root(m.a, 2.0 * m.a * L + m.b, -m.g * L * (1 - ATOM_PREFIX_SHARE) / ATOM_PREFIX_SHARE) or 0
         align = s.alignment
         lower = max(align, s.min_chunk_size, int(floor))
         size = min(max(int(smoothed), lower), B, ceiling)
@@ -219,25 +220,14 @@ class ServerRule:
         return size if size >= align else fallback
 
 
-def positive_root(qa: float, qb: float, qc: float) -> float | None:
-    """The positive root of qa x^2 + qb x + qc = 0 (qa > 0), or None."""
-    disc = qb * qb - 4.0 * qa * qc
-    if qa <= 0 or disc < 0:
-        return None
-    x = (-qb + math.sqrt(disc)) / (2.0 * qa)
-    return x if math.isfinite(x) and x > 0 else None
+def concave_free_root(qa: float, qb: float, qc: float) -> float | None:
+    """positive_root where the quadratic term is positive (the servers' rules solve no concave model), else None."""
+    return positive_root(qa, qb, qc) if qa > 0 else None
 
 
 def chunk_sequence(rule, length: int) -> np.ndarray:
     """The chunks `rule` gives a prompt of `length` tokens; a shorter prompt's chunks are these, cut at its length."""
-    chunks, done = [], 0
-    while done < length:
-        size = min(rule(done), length - done)
-        if size < 1:
-            raise ValueError(f"rule gave a chunk of {size} tokens after {done}: check the settings")
-        chunks.append(size)
-        done += size
-    return np.asarray(chunks, dtype=np.int64)
+    return np.asarray(walk(rule, length), dtype=np.int64)
 
 
 def cut(chunks: np.ndarray, prompt_len: int) -> np.ndarray:

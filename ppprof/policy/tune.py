@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ppprof.checks import is_int
-from ppprof.config import align_down
+from ppprof.chunks import align_down, align_up
 from ppprof.policy.export import server_model, server_setting
 from ppprof.policy.planners import MAX_STAGES, chunk_latencies_ms, optimal_chunks, ttft_ms
 from ppprof.policy.rule import LatencyModel
@@ -224,7 +224,7 @@ class Tuner:
         """Aligned base chunk sizes, about B_STEPS_PER_OCTAVE an octave, from 2 alignment units to the longest
         prompt (or the context), with `extra` sizes added."""
         align = self.policy.settings.alignment
-        hi = max(2 * align, min(self.context - CONTEXT_MARGIN["sglang"] - align, -(-self.longest // align) * align))
+        hi = max(2 * align, min(self.context - CONTEXT_MARGIN["sglang"] - align, align_up(self.longest, align)))
         if self.max_chunk is not None:
             hi = min(hi, self.max_chunk)
         hi -= hi % align

@@ -6,7 +6,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from ppprof.config import ProfileConfig, align_down, sweep_chunk_sizes
+from ppprof.chunks import align_down
+from ppprof.config import ProfileConfig, sweep_chunk_sizes
 from ppprof.fit.design import initial_design
 
 SWEEP = "sweep"

@@ -13,6 +13,7 @@ import numpy as np
 from ppprof.bench.executor import WARMUP_REPEAT, BenchPrompt, BenchStage, PromptRunner
 from ppprof.bench.plans import arms
 from ppprof.bench.report import write_report
+from ppprof.chunks import align_up
 from ppprof.config import BenchConfig
 from ppprof.dist.agree import agreed
 from ppprof.fit.samples import read_run
@@ -64,7 +65,7 @@ def build_stages(run: RankRun) -> None:
     holds the longest prompt."""
     cfg, bench = run.cfg, run.state["bench"]
     per_rank = bench.num_stages // run.info.world_size
-    longest = -(-max(bench.prompt_lens) // cfg.page_size) * cfg.page_size
+    longest = align_up(max(bench.prompt_lens), cfg.page_size)
     stages = []
     for index in range(run.rank * per_rank, (run.rank + 1) * per_rank):
         layer_ids = run.stage_ranges[index]

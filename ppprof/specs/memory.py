@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass, field
 
+from ppprof.chunks import align_up
 from ppprof.checks import require_int
 from ppprof.specs.accounting import FP32_BYTES, kv_bytes_per_token, mamba_bytes_per_slot, stage_weight_bytes
 from ppprof.specs.dtypes import AUTO_DTYPE_CPU, AUTO_DTYPE_GPU, dtype_bytes, normalize_dtype
@@ -160,7 +161,7 @@ def mamba_bytes(spec: ModelSpec, n: int, b: int, kernel: str) -> int:
     conv_dim, q = spec.mamba_conv_dim, spec.mamba_chunk_size
     d_inner = spec.mamba_d_inner
     in_width = d_inner + conv_dim + heads
-    padded = -(-n // q) * q
+    padded = align_up(n, q)
     decay = heads * padded * q  # Q
     states = (padded // q + 1) * heads * head_dim * state  # S
     fused = kernel == MAMBA_FUSED
