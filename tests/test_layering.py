@@ -9,7 +9,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "ppprof"
 
 LAYERS = (
-    ("ppprof", "ppprof.checks", "ppprof.chunks", "ppprof.io"),
+    ("ppprof", "ppprof.bounds", "ppprof.checks", "ppprof.chunks", "ppprof.io"),
     ("ppprof.mem",),
     ("ppprof.plotting", "ppprof.specs"),
     ("ppprof.config",),
@@ -24,7 +24,7 @@ LAYERS = (
 )
 """Lowest first. A module may import modules of its own unit (its subpackage) and of any unit in a lower layer."""
 
-TORCH_FREE = ("ppprof.checks", "ppprof.chunks", "ppprof.io", "ppprof.plotting", "ppprof.policy", "ppprof.fit", "ppprof.runfiles",
+TORCH_FREE = ("ppprof.bounds", "ppprof.checks", "ppprof.chunks", "ppprof.io", "ppprof.plotting", "ppprof.policy", "ppprof.fit", "ppprof.runfiles",
               "ppprof.config", "ppprof.specs")
 DISTRIBUTED = ("ppprof.dist", "ppprof.run")
 """The only units that may touch torch.distributed."""

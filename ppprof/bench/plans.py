@@ -11,7 +11,8 @@ from ppprof.chunks import align_down, walk
 from ppprof.fit.build import fit_samples
 from ppprof.fit.samples import read_run, read_samples
 from ppprof.policy.planners import fixed_chunks, optimal_chunks, predicted
-from ppprof.policy.rule import ChunkSettings, LatencyModel, next_chunk_size
+from ppprof.config import ChunkSettings
+from ppprof.policy.rule import LatencyModel, next_chunk_size
 from ppprof.policy.schema import Policy
 
 

@@ -16,7 +16,8 @@ from ppprof.fit.plots import write_plots
 from ppprof.fit.regress import Fit, diagnostics, fit_candidates
 from ppprof.fit.samples import Samples, provenance, read_run, read_samples
 from ppprof.fit.settings import LATENCY_MODEL_CHOICES, resolve_settings
-from ppprof.policy.rule import MODEL_NAMES, ChunkSettings, LatencyModel
+from ppprof.config import ChunkSettings
+from ppprof.policy.rule import MODEL_NAMES, LatencyModel
 from ppprof.policy.schema import RULE_TEXT, SCHEMA_VERSION, make_table, save
 from ppprof.runfiles import SAMPLES_FILE
 

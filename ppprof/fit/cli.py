@@ -10,7 +10,8 @@ import click
 
 from ppprof.checks import require_int
 from ppprof.io import atomic_write_json
-from ppprof.fit.settings import DEFAULT_CONTEXT_LEN, DEFAULT_SMOOTH_FACTOR, LATENCY_MODEL_CHOICES
+from ppprof.config import DEFAULT_CONTEXT_LEN, DEFAULT_SMOOTH_FACTOR
+from ppprof.fit.settings import LATENCY_MODEL_CHOICES
 from ppprof.policy.compare import DEFAULT_TOLERANCES
 from ppprof.policy.planners import default_num_stages
 from ppprof.policy.schema import load_policy

@@ -26,7 +26,8 @@ import numpy as np
 
 from ppprof.fit.regress import PREFIX_TERMS, design
 from ppprof.fit.uncertainty import CONFIDENCE, MAX_REQUESTS, MAX_SECONDS, STABLE, TTFT_TOLERANCE, Uncertainty
-from ppprof.policy.rule import ChunkSettings, LatencyModel
+from ppprof.config import ChunkSettings
+from ppprof.policy.rule import LatencyModel
 from ppprof.policy.schema import table_plan
 
 INITIAL_POINTS = 6

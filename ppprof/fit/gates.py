@@ -7,7 +7,8 @@ failure gives a `static` policy with the reason:
 
 from __future__ import annotations
 
-from ppprof.policy.rule import ChunkSettings, LatencyModel, next_chunk_size
+from ppprof.config import ChunkSettings
+from ppprof.policy.rule import LatencyModel, next_chunk_size
 
 MAX_RMS_FRACTION = 0.25
 MAX_CONDITION_NUMBER = 100.0

@@ -20,7 +20,8 @@ import numpy as np
 
 from ppprof.fit.regress import PREFIX_TERMS, Unfittable, design, fit_model, fit_trimmed
 from ppprof.policy.planners import chunk_latencies_ms, ttft_ms
-from ppprof.policy.rule import ChunkSettings, LatencyModel, build_table
+from ppprof.config import ChunkSettings
+from ppprof.policy.rule import LatencyModel, build_table
 from ppprof.policy.schema import table_chunk_size, table_plan
 
 DESIGN_MODEL = "prefix"

@@ -19,7 +19,7 @@ import importlib.util
 import torch
 import torch.nn.functional as F
 
-from ppprof.config import ATTENTION_BACKENDS
+from ppprof.bounds import ATTENTION_BACKENDS
 
 CPU_FLASH = "cpu-flash (prefix and chunk parts merged by log-sum-exp)"
 FLASHINFER_WORKSPACE_BYTES = 128 * 2**20

@@ -3,7 +3,8 @@
 Servers call `ppprof.policy.load(path)` and then `next_chunk_size(prefix_len)` or `plan(prompt_len)`.
 """
 
-from ppprof.policy.rule import ChunkSettings, LatencyModel, next_chunk_size
+from ppprof.config import ChunkSettings
+from ppprof.policy.rule import LatencyModel, next_chunk_size
 from ppprof.policy.schema import SCHEMA_VERSION, Policy, from_dict, load, save, validate
 
 __all__ = ["SCHEMA_VERSION", "ChunkSettings", "LatencyModel", "Policy", "from_dict", "load", "next_chunk_size", "save",

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ppprof.bounds import MAX_STAGES
 from ppprof.checks import is_int
 from ppprof.policy.rule import LatencyModel
 from ppprof.policy.schema import Policy, check_prompt_len
 
 STRATEGIES = ("fixed", "greedy", "optimal")
-MAX_STAGES = 1024  # --pp range is 1..MAX_STAGES
 MAX_GRID_POINTS = 32768  # DP positions; a coarser multiple of the alignment is used beyond this
 MAX_WINDOW = 256  # DP predecessors per position (largest chunk / grid step)
 MAX_DP_CELLS = 1 << 22  # positions x bounds of one DP pass (8 bytes a cell)

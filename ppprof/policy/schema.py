@@ -11,7 +11,8 @@ from pathlib import Path
 from ppprof.checks import is_int, short
 from ppprof.chunks import walk
 from ppprof.io import atomic_write_json
-from ppprof.policy.rule import ChunkSettings, LatencyModel, build_table, check_rule, next_chunk_size
+from ppprof.config import ChunkSettings
+from ppprof.policy.rule import LatencyModel, build_table, check_rule, next_chunk_size
 
 SCHEMA_VERSION = 2  # 2: the table's prefix column is named prefix_len
 MAX_PLAN_CHUNKS = 1_000_000

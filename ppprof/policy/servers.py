@@ -35,7 +35,8 @@ import numpy as np
 
 from ppprof.checks import is_int
 from ppprof.chunks import align_up, positive_root, walk
-from ppprof.policy.rule import ChunkSettings, LatencyModel, next_chunk_size
+from ppprof.config import ChunkSettings
+from ppprof.policy.rule import LatencyModel, next_chunk_size
 
 SERVERS = ("sglang", "vllm-ascend", "atom")
 LABELS = {"sglang": "SGLang", "vllm-ascend": "vllm-ascend", "atom": "ATOM"}

@@ -21,7 +21,8 @@ import numpy as np
 from ppprof.checks import is_int
 from ppprof.chunks import align_down, align_up
 from ppprof.policy.export import server_model, server_setting
-from ppprof.policy.planners import MAX_STAGES, chunk_latencies_ms, optimal_chunks, ttft_ms
+from ppprof.bounds import MAX_STAGES
+from ppprof.policy.planners import chunk_latencies_ms, optimal_chunks, ttft_ms
 from ppprof.policy.rule import LatencyModel
 from ppprof.policy.schema import Policy, extrapolation
 from ppprof.policy.servers import (CONTEXT_MARGIN, LABELS, SERVERS, ServerRule, ServerSetting, boot_model,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -15,9 +14,8 @@ from ppprof.dist.agree import agreed
 from ppprof.io import finite
 from ppprof.fit.design import Decision, decide
 from ppprof.fit.regress import Unfittable
-from ppprof.fit.settings import resolve_settings
 from ppprof.fit.uncertainty import MAX_REQUESTS, MAX_SECONDS, STOPPING_REASONS, Uncertainty, bootstrap
-from ppprof.policy.rule import ChunkSettings
+from ppprof.config import ChunkSettings
 from ppprof.probe.synth import Probe, candidate_grid, design_probe
 from ppprof.run.rank import RankRun
 
@@ -28,7 +26,7 @@ STOPPING_REASONS_ALL = {**STOPPING_REASONS, GRID_DONE: "the grid design: every p
 
 def chunk_settings(run: RankRun) -> ChunkSettings:
     """The rule's settings the policy will be fitted with (ppprof.fit.settings defaults on the run's config)."""
-    return resolve_settings({"config": run.cfg.to_dict()}, Path("."))
+    return run.cfg.chunk_settings()
 
 
 def timed_rows(probes: list[Probe], stage_ms: list, e2e_ms: list) -> tuple[np.ndarray, ...]:

@@ -12,7 +12,8 @@ from typing import Callable
 
 import click
 
-from ppprof.config import ATTENTION_BACKENDS, BENCH_STRATEGIES, DESIGNS, BenchConfig, ProfileConfig
+from ppprof.bounds import ATTENTION_BACKENDS
+from ppprof.config import BENCH_STRATEGIES, DESIGNS, BenchConfig, ProfileConfig
 from ppprof.dist.launch import TORCHRUN_OPTIONS, in_worker, launch, num_nodes
 from ppprof.policy.schema import load_policy
 from ppprof.probe.loop import FAULTS

@@ -8,15 +8,13 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass, field
 
+from ppprof.bounds import ATTENTION_BACKENDS, DEVICES
 from ppprof.chunks import align_up
 from ppprof.checks import require_int
 from ppprof.specs.accounting import FP32_BYTES, kv_bytes_per_token, mamba_bytes_per_slot, stage_weight_bytes
 from ppprof.specs.dtypes import AUTO_DTYPE_CPU, AUTO_DTYPE_GPU, dtype_bytes, normalize_dtype
 from ppprof.specs.spec import MOE, LayerSpec, ModelSpec
 
-ATTENTION_BACKENDS = ("auto", "sdpa", "flashinfer", "reference")
-"""What --attention-backend takes (ppprof.config.ATTENTION_BACKENDS, a layer above this one)."""
-DEVICES = ("cpu", "cuda")
 INDEX_BYTES = 8
 """The request table is int64."""
 FLASHINFER_WORKSPACE_BYTES = 128 * 2**20

@@ -9,7 +9,8 @@ from ppprof.fit.design import (INITIAL_REQUESTS, MAX_REPEATS_PER_BATCH, check_id
                                feasible, initial_design, log_det, prior_cost, regressors)
 from ppprof.fit.regress import fit_model
 from ppprof.fit.uncertainty import MAX_REQUESTS, MAX_SECONDS, STABLE, bootstrap, table_differences
-from ppprof.policy.rule import ChunkSettings, LatencyModel, build_table
+from ppprof.config import ChunkSettings
+from ppprof.policy.rule import LatencyModel, build_table
 
 TRUTH = LatencyModel("prefix", a=2.1e-6, b=0.0071, c=1.9, g=7e-5)  # tiny-hybrid on 2 CPU cores, B = 512
 SETTINGS = ChunkSettings(base_chunk_size=512, context_len=32768)

@@ -1,6 +1,7 @@
 """Policy dicts built straight from coefficients (no fit), for the policy tests."""
 
-from ppprof.policy.rule import ChunkSettings, LatencyModel
+from ppprof.config import ChunkSettings
+from ppprof.policy.rule import LatencyModel
 from ppprof.policy.schema import SCHEMA_VERSION, make_table
 
 

@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppprof.policy import ChunkSettings, LatencyModel, from_dict, next_chunk_size, validate
+from ppprof.config import ChunkSettings
+from ppprof.policy import LatencyModel, from_dict, next_chunk_size, validate
 from ppprof.policy.rule import check_rule
 
 from .policy_helpers import policy_dict

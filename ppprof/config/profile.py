@@ -1,36 +1,24 @@
-"""Settings of one profile run (flags > --config YAML > defaults), checked at construction before any rank starts, and
+"""Settings of one `ppprof profile` run (flags > --config YAML > defaults), checked at construction before any rank starts, and
 the probe chunk sizes they imply."""
 
 from __future__ import annotations
 
-import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
+from ppprof.bounds import ATTENTION_BACKENDS, DEVICES, MAX_STAGES, MAX_TOKENS
 from ppprof.checks import a_type, is_int, is_number, require_bool, require_int, require_str, short
 from ppprof.chunks import align_down, align_up
+from ppprof.config.chunk import DEFAULT_CONTEXT_LEN, ChunkSettings
 from ppprof.specs.dtypes import normalize_dtype
 from ppprof.specs.spec import MAX_LAYERS
 
-ATTENTION_BACKENDS = ("auto", "sdpa", "flashinfer", "reference")
-"""What --attention-backend takes (ppprof.model.attention_kernels implements them)."""
-BENCH_STRATEGIES = ("fixed", "fixed-best", "sglang", "greedy", "optimal")
-"""What `ppprof bench --strategies` takes. fixed: B; fixed-best: the best measured of B/4, B/2, B, 2B; sglang:
-SGLang's rule on a quadratic fit of the same samples; greedy: the policy's rule; optimal: the DP plan."""
 MAX_REQUESTS_PER_PROBE = 128
 MIN_REQUESTS_PER_PROBE = 8
-DEVICES = ("cpu", "cuda")
-MAX_TOKENS = 2**31 - 1
-"""The largest token count a setting takes (context, chunk, prefix, KV slots): servers index tokens with int32. What
-a machine holds is checked before launch too (ppprof.run.options.check_memory)."""
 MAX_SLOTS = 2**31 - 1
 """The most Mamba slots or request entries a stage takes (memory is checked before launch too)."""
-MAX_STAGES = 1024
-"""The most ranks (pipeline stages) a node starts."""
 MAX_WARMUP = 1000
 """The most untimed warm-up forwards."""
 MAX_SEED = 2**32 - 1
-MAX_REPEATS = 1000
-"""The most prompts a bench runs per (prompt length, strategy)."""
 MAX_TORCH_THREADS = 1024
 MAX_PREFIX_LENS = 64
 """The most prefix probes (each holds up to 128 requests)."""
@@ -124,7 +112,7 @@ class ProfileConfig:
     max_total_tokens: int | None = None
     """KV cache capacity per stage, in token slots; default (None, resolved at construction): the longest probe request
     (prefix + chunk), rounded up to a page."""
-    context_len: int = 32768
+    context_len: int = DEFAULT_CONTEXT_LEN
     """Longest request the served model takes; recorded for the policy's caps and bounds the prefix probes."""
     prefix_lens: tuple[int, ...] | None = None
     """Prefix lengths of the prefix probes; default: num_prefix_lens lengths log-spaced from B to the context length
@@ -178,6 +166,7 @@ class ProfileConfig:
                 f"--base-chunk-size {self.base_chunk_size} is smaller than --page-size {self.page_size}: "
                 "use a base chunk of at least one page"
             )
+        self.chunk_settings()  # the rule the policy will carry: its checks too run before any rank starts
         if self.max_probe_chunk_size > self.context_len:
             raise ValueError(
                 f"--base-chunk-size {self.base_chunk_size} (largest probe chunk {self.max_probe_chunk_size}) exceeds "
@@ -255,11 +244,34 @@ class ProfileConfig:
         longest = max((*self.resolved_prefix_lens(), 0)) + self.max_probe_chunk_size
         return align_up(longest, self.page_size)
 
+    def chunk_settings(self, **given) -> ChunkSettings:
+        """The settings of the rule this profile's policy carries: its B, page size and context length, the rule's
+        own defaults for the rest, what `given` sets (not None) winning (`ppprof fit`'s options)."""
+        chunk = {"base_chunk_size": self.base_chunk_size, "page_size": self.page_size, "context_len": self.context_len}
+        chunk.update({k: v for k, v in given.items() if v is not None})
+        return ChunkSettings(**chunk)
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["prefix_lens"] = list(self.resolved_prefix_lens())
         d["layer_partition"] = None if self.layer_partition is None else list(self.layer_partition)
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "run.json") -> "ProfileConfig":
+        """The settings a run recorded (`to_dict`, the config of its run.json), typed and checked again; keys of
+        other ppprof versions are left out. ValueError naming `where` when they are no longer valid."""
+        if not isinstance(d, dict):
+            raise ValueError(f"{where}: config must be an object of settings; profile again")
+        known = {f.name for f in fields(cls)}
+        d = {k: v for k, v in d.items() if k in known}
+        for key in ("prefix_lens", "layer_partition"):
+            if isinstance(d.get(key), list):
+                d[key] = tuple(d[key])
+        try:
+            return cls(**d)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
 
 
 SGLANG_SWEEP_REQUESTS = 128
@@ -275,96 +287,3 @@ def sweep_chunk_sizes(base_chunk_size: int, num_requests: int = SGLANG_SWEEP_REQ
     last = SGLANG_SWEEP_REQUESTS - 1
     picks = [round(i * last / (num_requests - 1)) for i in range(num_requests)] if num_requests > 1 else [0]
     return [align_down(int(top - i * step), align) for i in picks]
-
-
-@dataclass(kw_only=True, slots=True)
-class BenchConfig:
-    """Settings of one `ppprof bench` run: the profile's settings (from the policy's run.json, flags win) and what to
-    run on them."""
-
-    policy: str
-    """The policy file; its run folder (run.json, samples.csv) gives the model, split and device."""
-    profile: ProfileConfig
-    """The profile's settings the bench runs under (model, layers, partition, device, dtype, pools, kernels)."""
-    prompt_lens: tuple[int, ...]
-    """Prompt lengths in tokens."""
-    strategies: tuple[str, ...] = BENCH_STRATEGIES
-    repeats: int = 5
-    """Prompts per (prompt length, strategy), interleaved: A B C A B C ..."""
-    pp: int | None = None
-    """Pipeline stages; default: the profile's. More stages than ranks: each rank runs several stages one after the
-    other and only the replay composes the pipeline (the model is repeated so every stage holds a profiled stage's
-    layers)."""
-    out: str | None = None
-    """Run folder; default results/<time>-bench-<model>."""
-    profiled_stages: int = 1
-    """How many stages the profile had (from run.json's layer_partition)."""
-    plans: dict | None = None
-    """Extra chunk plans to run beside the strategies, {"<prompt_len>": {name: [chunk sizes]}} (`--plans`, e.g. the
-    plans of `ppprof tune --json`); each runs as the arm plan-<name>."""
-
-    def __post_init__(self) -> None:
-        if not self.prompt_lens:
-            raise ValueError("--prompt-len is required: give at least one prompt length, e.g. --prompt-len 8192")
-        for n in self.prompt_lens:
-            require_int("--prompt-len", n, 1)
-            if n > self.profile.context_len:
-                raise ValueError(f"--prompt-len {n} exceeds the context length {self.profile.context_len} of the "
-                                 "profile: use a shorter prompt or profile with a larger --context-len")
-        unknown = [s for s in self.strategies if s not in BENCH_STRATEGIES]
-        if unknown or not self.strategies:
-            raise ValueError(f"--strategies {','.join(self.strategies)!r} is invalid: use a comma-separated subset "
-                             f"of {','.join(BENCH_STRATEGIES)}")
-        require_int("--repeats", self.repeats, 1, MAX_REPEATS)
-        require_int("profiled_stages", self.profiled_stages, 1)
-        if self.plans is not None:
-            check_plans(self.plans, self.prompt_lens)
-        if self.out is not None:
-            require_str("--out", self.out, "a folder path")
-        if self.pp is not None:
-            require_int("--pp", self.pp, 1, MAX_STAGES)
-            if self.pp % self.profiled_stages:
-                raise ValueError(f"--pp {self.pp} is not a multiple of the profile's {self.profiled_stages} stages: "
-                                 f"use a multiple, e.g. {2 * self.profiled_stages}")
-
-    @property
-    def num_stages(self) -> int:
-        return self.pp or self.profiled_stages
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["profile"] = self.profile.to_dict()
-        d["prompt_lens"], d["strategies"] = list(self.prompt_lens), list(self.strategies)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "BenchConfig":
-        d, profile = dict(d), dict(d["profile"])
-        for key in ("prefix_lens", "layer_partition"):
-            profile[key] = None if profile.get(key) is None else tuple(profile[key])
-        d["profile"] = ProfileConfig(**profile)
-        d["prompt_lens"], d["strategies"] = tuple(d["prompt_lens"]), tuple(d["strategies"])
-        return cls(**d)
-
-
-def check_plans(plans, prompt_lens) -> None:
-    """ValueError (one line) unless `plans` is {"<prompt_len>": {name: [chunk sizes summing to prompt_len]}} with a
-    plan for every prompt length."""
-    if not isinstance(plans, dict) or not plans:
-        raise ValueError("--plans must hold {\"<prompt_len>\": {name: [chunk sizes]}}: give the JSON of `ppprof tune "
-                         "--json` or such an object")
-    for n in prompt_lens:
-        if str(n) not in plans:
-            raise ValueError(f"--plans has no plan for --prompt-len {n}: it has {', '.join(plans)}; tune or give that "
-                             f"length")
-    for key, named in plans.items():
-        if not isinstance(named, dict) or not named:
-            raise ValueError(f"--plans[{key!r}] must be an object of named chunk lists")
-        for name, chunks in named.items():
-            if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,31}", name):
-                raise ValueError(f"--plans[{key!r}] name {name!r} is invalid: use lower-case letters, digits, - or _")
-            if not isinstance(chunks, list) or not chunks or not all(is_int(c) and c >= 1 for c in chunks):
-                raise ValueError(f"--plans[{key!r}][{name!r}] must be a non-empty list of positive integers")
-            if str(sum(chunks)) != key:
-                raise ValueError(f"--plans[{key!r}][{name!r}] chunks sum to {sum(chunks)}, not the prompt length "
-                                 f"{key}: fix the plan")

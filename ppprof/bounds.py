@@ -1,0 +1,11 @@
+"""The bounds and choices of settings that more than one layer checks, each defined once. Pure; imports nothing."""
+
+DEVICES = ("cpu", "cuda")
+"""What --device takes: cpu (gloo) or cuda (NCCL, one GPU a rank)."""
+ATTENTION_BACKENDS = ("auto", "sdpa", "flashinfer", "reference")
+"""What --attention-backend takes (ppprof.model.attention_kernels implements them, ppprof.specs.memory sizes them)."""
+MAX_TOKENS = 2**31 - 1
+"""The largest token count a setting takes (context, chunk, prefix, KV slots): servers index tokens with int32. What
+a machine holds is checked before launch too (ppprof.run.memory)."""
+MAX_STAGES = 1024
+"""The most pipeline stages a command takes (ranks a node starts, --pp of plan, tune and bench)."""

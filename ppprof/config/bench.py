@@ -1,0 +1,109 @@
+"""Settings of one `ppprof bench` run: the profile's settings it runs under and what it runs on them."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+from ppprof.bounds import MAX_STAGES
+from ppprof.checks import is_int, require_int, require_str
+from ppprof.config.profile import ProfileConfig
+
+BENCH_STRATEGIES = ("fixed", "fixed-best", "sglang", "greedy", "optimal")
+"""What `ppprof bench --strategies` takes. fixed: B; fixed-best: the best measured of B/4, B/2, B, 2B; sglang:
+SGLang's rule on a quadratic fit of the same samples; greedy: the policy's rule; optimal: the DP plan."""
+MAX_REPEATS = 1000
+"""The most prompts a bench runs per (prompt length, strategy)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class BenchConfig:
+    """Settings of one `ppprof bench` run: the profile's settings (from the policy's run.json, flags win) and what to
+    run on them."""
+
+    policy: str
+    """The policy file; its run folder (run.json, samples.csv) gives the model, split and device."""
+    profile: ProfileConfig
+    """The profile's settings the bench runs under (model, layers, partition, device, dtype, pools, kernels)."""
+    prompt_lens: tuple[int, ...]
+    """Prompt lengths in tokens."""
+    strategies: tuple[str, ...] = BENCH_STRATEGIES
+    repeats: int = 5
+    """Prompts per (prompt length, strategy), interleaved: A B C A B C ..."""
+    pp: int | None = None
+    """Pipeline stages; default: the profile's. More stages than ranks: each rank runs several stages one after the
+    other and only the replay composes the pipeline (the model is repeated so every stage holds a profiled stage's
+    layers)."""
+    out: str | None = None
+    """Run folder; default results/<time>-bench-<model>."""
+    profiled_stages: int = 1
+    """How many stages the profile had (from run.json's layer_partition)."""
+    plans: dict | None = None
+    """Extra chunk plans to run beside the strategies, {"<prompt_len>": {name: [chunk sizes]}} (`--plans`, e.g. the
+    plans of `ppprof tune --json`); each runs as the arm plan-<name>."""
+
+    def __post_init__(self) -> None:
+        if not self.prompt_lens:
+            raise ValueError("--prompt-len is required: give at least one prompt length, e.g. --prompt-len 8192")
+        for n in self.prompt_lens:
+            require_int("--prompt-len", n, 1)
+            if n > self.profile.context_len:
+                raise ValueError(f"--prompt-len {n} exceeds the context length {self.profile.context_len} of the "
+                                 "profile: use a shorter prompt or profile with a larger --context-len")
+        unknown = [s for s in self.strategies if s not in BENCH_STRATEGIES]
+        if unknown or not self.strategies:
+            raise ValueError(f"--strategies {','.join(self.strategies)!r} is invalid: use a comma-separated subset "
+                             f"of {','.join(BENCH_STRATEGIES)}")
+        require_int("--repeats", self.repeats, 1, MAX_REPEATS)
+        require_int("profiled_stages", self.profiled_stages, 1)
+        if self.plans is not None:
+            check_plans(self.plans, self.prompt_lens)
+        if self.out is not None:
+            require_str("--out", self.out, "a folder path")
+        if self.pp is not None:
+            require_int("--pp", self.pp, 1, MAX_STAGES)
+            if self.pp % self.profiled_stages:
+                raise ValueError(f"--pp {self.pp} is not a multiple of the profile's {self.profiled_stages} stages: "
+                                 f"use a multiple, e.g. {2 * self.profiled_stages}")
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp or self.profiled_stages
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["profile"] = self.profile.to_dict()
+        d["prompt_lens"], d["strategies"] = list(self.prompt_lens), list(self.strategies)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "BenchConfig":
+        d, profile = dict(d), dict(d["profile"])
+        for key in ("prefix_lens", "layer_partition"):
+            profile[key] = None if profile.get(key) is None else tuple(profile[key])
+        d["profile"] = ProfileConfig(**profile)
+        d["prompt_lens"], d["strategies"] = tuple(d["prompt_lens"]), tuple(d["strategies"])
+        return cls(**d)
+
+
+def check_plans(plans, prompt_lens) -> None:
+    """ValueError (one line) unless `plans` is {"<prompt_len>": {name: [chunk sizes summing to prompt_len]}} with a
+    plan for every prompt length."""
+    if not isinstance(plans, dict) or not plans:
+        raise ValueError("--plans must hold {\"<prompt_len>\": {name: [chunk sizes]}}: give the JSON of `ppprof tune "
+                         "--json` or such an object")
+    for n in prompt_lens:
+        if str(n) not in plans:
+            raise ValueError(f"--plans has no plan for --prompt-len {n}: it has {', '.join(plans)}; tune or give that "
+                             f"length")
+    for key, named in plans.items():
+        if not isinstance(named, dict) or not named:
+            raise ValueError(f"--plans[{key!r}] must be an object of named chunk lists")
+        for name, chunks in named.items():
+            if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,31}", name):
+                raise ValueError(f"--plans[{key!r}] name {name!r} is invalid: use lower-case letters, digits, - or _")
+            if not isinstance(chunks, list) or not chunks or not all(is_int(c) and c >= 1 for c in chunks):
+                raise ValueError(f"--plans[{key!r}][{name!r}] must be a non-empty list of positive integers")
+            if str(sum(chunks)) != key:
+                raise ValueError(f"--plans[{key!r}][{name!r}] chunks sum to {sum(chunks)}, not the prompt length "
+                                 f"{key}: fix the plan")
