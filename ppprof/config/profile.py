@@ -166,7 +166,6 @@ class ProfileConfig:
                 f"--base-chunk-size {self.base_chunk_size} is smaller than --page-size {self.page_size}: "
                 "use a base chunk of at least one page"
             )
-        self.chunk_settings()  # the rule the policy will carry: its checks too run before any rank starts
         if self.max_probe_chunk_size > self.context_len:
             raise ValueError(
                 f"--base-chunk-size {self.base_chunk_size} (largest probe chunk {self.max_probe_chunk_size}) exceeds "
@@ -193,6 +192,7 @@ class ProfileConfig:
                 )
         else:
             self.max_total_tokens = self.needed_total_tokens()
+        self.chunk_settings()  # the rule the policy will carry: its checks too run before any rank starts
 
     def check_design(self) -> None:
         if self.design not in DESIGNS:

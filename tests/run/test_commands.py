@@ -29,8 +29,10 @@ from ppprof.run.options import resolve_config
     (["--design", "adaptive", "--max-seconds", "-1"], "--max-seconds -1.0 must be a positive number of seconds"),
     (["--design", "adaptive", "--prefix-lens", "512"], "--design adaptive with --prefix-lens 512: the candidate "
                                                         "grid has 2 prefix lengths"),
-    (["--design", "adaptive", "--base-chunk-size", "32"], "--design adaptive: --alignment 64 is larger than "
-                                                          "--base-chunk-size 32"),
+    (["--design", "adaptive", "--base-chunk-size", "32"], "--base-chunk-size 32 is below the chunk alignment 64 = "
+                                                          "max(--page-size 1, 64)"),
+    (["--base-chunk-size", "32"], "--base-chunk-size 32 is below the chunk alignment 64 = max(--page-size 1, 64) "
+                                  "that dynamic chunks are multiples of: use --base-chunk-size 64 or more"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, message):
     out = tmp_path / "run"
