@@ -34,7 +34,7 @@ from ppprof.io import atomic_write_json
 from ppprof.policy import load
 from ppprof.policy.rule import LatencyModel
 from ppprof.runfiles import stage_column
-from ppprof.fit.uncertainty import table_differences
+from ppprof.adaptive.uncertainty import table_differences
 
 PPPROF = [sys.executable, "-m", "ppprof", "profile"]
 KINDS = {"sweep": ["--prefix-lens", ""], "grid": ["--design", "grid"], "adaptive": ["--design", "adaptive"]}

@@ -17,6 +17,7 @@ LAYERS = (
     ("ppprof.fit",),
     ("ppprof.dist",),
     ("ppprof.probe",),
+    ("ppprof.adaptive",),
     ("ppprof.bench",),
     ("ppprof.run",),
     ("ppprof.cli",),
@@ -25,7 +26,8 @@ LAYERS = (
 """Lowest first. A module may import modules of its own unit (its subpackage) and of any unit in a lower layer."""
 
 TORCH_FREE = ("ppprof.bounds", "ppprof.checks", "ppprof.chunks", "ppprof.io", "ppprof.plotting", "ppprof.policy", "ppprof.fit", "ppprof.runfiles",
-              "ppprof.config", "ppprof.specs")
+              "ppprof.config", "ppprof.specs", "ppprof.adaptive.design", "ppprof.adaptive.uncertainty",
+              "ppprof.adaptive.probes", "ppprof.adaptive.step")
 DISTRIBUTED = ("ppprof.dist", "ppprof.run")
 """The only units that may touch torch.distributed."""
 

@@ -22,6 +22,8 @@ from ppprof.policy.schema import RULE_TEXT, SCHEMA_VERSION, make_table, save
 from ppprof.runfiles import SAMPLES_FILE
 
 POLICY_FILE = "policy.json"
+PROFILE_LATENCY_MODEL = "auto"
+"""The latency model a profile's own fit (fit_run) asks for, and so the one its adaptive design judges."""
 CANDIDATE_KEYS = ("cv_mape", "held_out_mape", "r2", "mape", "num_outliers_dropped", "rows")
 
 
@@ -32,6 +34,23 @@ def warmup_rows(prefix_len: np.ndarray) -> list[int]:
     if free.size:
         rows.add(int(free[0]))
     return sorted(rows)
+
+
+def without_warmup(samples: Samples) -> tuple[Samples, list[int]]:
+    """The rows fitted (warmup_rows dropped) and the 0-based rows dropped: what the policy's fit and the adaptive
+    design's bootstrap both read."""
+    dropped = warmup_rows(samples.prefix_len)
+    return samples.subset(~np.isin(np.arange(len(samples)), dropped)), dropped
+
+
+def select_model(fitted: dict[str, Fit]) -> tuple[str, str] | None:
+    """(name, score) of the fitted model that best predicts work it never saw (held_out_mape: prefix bands and chunk
+    ranges held out; the row-wise cv_mape where there are fewer than two prefix bands; ties: MODEL_NAMES order);
+    None where none fitted. The policy's choice, and the model the adaptive design bootstraps."""
+    if not fitted:
+        return None
+    key = "held_out_mape" if all(np.isfinite(f.held_out_mape) for f in fitted.values()) else "cv_mape"
+    return min(fitted, key=lambda k: (getattr(fitted[k], key), MODEL_NAMES.index(k))), key
 
 
 def fit_used_rows(used: Samples, latency_model: str) -> tuple[dict[str, Fit], dict[str, str], dict[str, dict]]:
@@ -55,15 +74,11 @@ def candidate_table(per_model: dict[str, dict], failed: dict[str, str]) -> dict[
 
 def select_and_gate(fitted: dict[str, Fit], failed: dict[str, str], per_model: dict[str, dict], diag: dict,
                     settings: ChunkSettings, latency_model: str) -> tuple[LatencyModel | None, float | None, str, str]:
-    """Pick the fitted model that best predicts work it never saw (held_out_mape: prefix bands and chunk ranges held
-    out; the row-wise CV error where there are fewer than two prefix bands; ties: MODEL_NAMES order), gate it and add
-    its diagnostics to `diag`. Returns (model, target latency, status, reason); a model that fails a gate is kept,
-    with status static."""
+    """Pick the fitted model (select_model), gate it and add its diagnostics to `diag`. Returns (model, target
+    latency, status, reason); a model that fails a gate is kept, with status static."""
     if not fitted:
         return None, None, "static", "; ".join(failed.values())  # each reason names its model
-    held_out = all(np.isfinite(f.held_out_mape) for f in fitted.values())
-    key = "held_out_mape" if held_out else "cv_mape"
-    name = min(fitted, key=lambda k: (getattr(fitted[k], key), MODEL_NAMES.index(k)))
+    name, key = select_model(fitted)
     model = fitted[name].model
     diag["selected_by"] = key if latency_model == "auto" else "requested"
     diag.update(per_model[name])
@@ -95,9 +110,8 @@ def fit_samples(samples: Samples, run: dict | None, settings: ChunkSettings, lat
         return assemble(samples, run, settings, model, target, "dynamic" if model else "static", reason, diag)
     # The first timed request ran cold (no warm-up), and SGLang drops the first of its prefix-free probes: both go
     # (one row when the file starts with a prefix-free request, as `ppprof profile` writes it).
-    dropped = warmup_rows(samples.prefix_len)
-    fitted, failed, per_model = fit_used_rows(samples.subset(~np.isin(np.arange(len(samples)), dropped)),
-                                              latency_model)
+    used, dropped = without_warmup(samples)
+    fitted, failed, per_model = fit_used_rows(used, latency_model)
     diag = {"requested_model": latency_model, "dropped_warmup_rows": [int(i) + 1 for i in dropped],
             "candidates": candidate_table(per_model, failed), "bottleneck_stage": samples.bottleneck_stage,
             "stage_totals_ms": samples.stage_totals_ms}
@@ -160,4 +174,4 @@ def fit_run(run_dir: str | Path) -> Path:
     Signature: fit_run(run_dir: str | Path) -> Path of the policy written. Raises ValueError on unreadable input,
     before anything is written. A model that fails the quality gates still gives a (static) policy, not an error.
     """
-    return fit(Path(run_dir) / SAMPLES_FILE, plots=True)[0]
+    return fit(Path(run_dir) / SAMPLES_FILE, latency_model=PROFILE_LATENCY_MODEL, plots=True)[0]

@@ -1,5 +1,5 @@
-"""Synthesis of probe requests (pure, deterministic from the seed): the prefix-free sweep and the prefix grid, or the
-adaptive design's probes (ppprof.fit.design chooses their points)."""
+"""Synthesis of probe requests (pure, deterministic from the seed): the grid design's prefix-free sweep and prefix
+grid, and the warm-up requests of any design (ppprof.adaptive chooses the adaptive design's probes)."""
 
 from __future__ import annotations
 
@@ -8,17 +8,12 @@ from dataclasses import dataclass
 
 from ppprof.chunks import align_down
 from ppprof.config import ProfileConfig, sweep_chunk_sizes
-from ppprof.fit.design import initial_design
 
 SWEEP = "sweep"
 PREFIX = "prefix"
 DESIGN = "design"
 NUM_GRID_CHUNKS = 8
 """Distinct chunk sizes in a prefix probe."""
-NUM_CANDIDATE_CHUNKS = 12
-NUM_CANDIDATE_PREFIXES = 12
-"""The adaptive design's candidate grid: prefix 0 and 12 prefix lengths log-spaced from B to the context (or
---prefix-lens where given), times 12 chunk sizes from 1.25 B down to B / 8."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,30 +48,9 @@ def grid_chunk_sizes(base_chunk_size: int, align: int, num_sizes: int = NUM_GRID
     return sorted(sizes, reverse=True)
 
 
-def candidate_grid(cfg: ProfileConfig) -> tuple[list[int], list[int]]:
-    """(prefix_len, chunk_size) of every candidate of the adaptive design, as two lists."""
-    prefixes = (0,) + (cfg.resolved_prefix_lens() if cfg.prefix_lens is not None
-                       else cfg.resolved_prefix_lens(NUM_CANDIDATE_PREFIXES))
-    chunks = grid_chunk_sizes(cfg.base_chunk_size, cfg.page_size, NUM_CANDIDATE_CHUNKS)
-    pairs = [(p, c) for p in sorted(set(prefixes)) for c in chunks]
-    return [p for p, _ in pairs], [c for _, c in pairs]
-
-
-def design_probe(index: int, step: int, points: list[tuple[int, int]], first_rid: int, seed: int) -> Probe:
-    """A probe of the adaptive design: `points` (prefix_len, chunk_size) in a seeded random order, so that repeats
-    of a point are not run back to back."""
-    order = list(points)
-    random.Random(seed * 7919 + index).shuffle(order)
-    return Probe(index, DESIGN, tuple(ProbeRequest(first_rid + i, p, c) for i, (p, c) in enumerate(order)), step)
-
-
 def make_probes(cfg: ProfileConfig) -> list[Probe]:
-    """Grid design: probe 0 is the prefix-free sweep; then one probe per prefix length, its requests cycling through
-    the grid's chunk sizes in a seeded random order. Adaptive design: the initial design's one probe (the next ones
-    are chosen as the run goes). Request ids are unique across the run."""
-    if cfg.design == "adaptive":
-        L, x = candidate_grid(cfg)
-        return [design_probe(0, 0, initial_design(L, x, cfg.base_chunk_size), 0, cfg.seed)]
+    """The grid design's probes: probe 0 is the prefix-free sweep; then one probe per prefix length, its requests
+    cycling through the grid's chunk sizes in a seeded random order. Request ids are unique across the run."""
     n, align = cfg.requests_per_probe, cfg.page_size
     probes = [Probe(0, SWEEP, tuple(ProbeRequest(i, 0, c)
                                     for i, c in enumerate(sweep_chunk_sizes(cfg.base_chunk_size, n, align))))]

@@ -6,25 +6,50 @@ from __future__ import annotations
 
 import logging
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ppprof.bench.executor import WARMUP_REPEAT, BenchPrompt, BenchStage, PromptRunner
-from ppprof.bench.plans import arms
+from ppprof.bench.plans import Arm, arms
 from ppprof.bench.report import write_report
 from ppprof.chunks import align_up
 from ppprof.config import BenchConfig
 from ppprof.dist.agree import agreed
 from ppprof.fit.samples import read_run
 from ppprof.model.stage import Stage, build_stage_cache
-from ppprof.policy.schema import extrapolation, load
+from ppprof.policy.schema import Policy, extrapolation, load
 from ppprof.run.provenance import default_run_dir
 from ppprof.runfiles import SAMPLES_FILE
 from ppprof.run.rank import Phase, RankRun, add_log_file, claim_folder, release_folder, run_phases, run_rank, set_up
 
 log = logging.getLogger("ppprof")
 TRANSFER_REPEATS = 7
+
+
+@dataclass(slots=True)
+class BenchState:
+    """What the bench job's phases hand on, in the order they fill it."""
+
+    bench: BenchConfig
+    """The bench's settings (its profile's among them)."""
+    overwrite: bool = False
+    """--overwrite: bench.out may hold files."""
+    policy: Policy | None = None
+    """Rank 0: the policy benched, loaded in prepare."""
+    plans: list[Arm] = field(default_factory=list)
+    """Every strategy's chunks for every prompt length."""
+    schedule: list[BenchPrompt] = field(default_factory=list)
+    """The prompts in the order they run, warm-ups included."""
+    runner: PromptRunner | None = None
+    """This rank's stages and the loop that runs a prompt through them."""
+    transfer: dict = field(default_factory=dict)
+    """The fitted transfer time between ranks: a_ms, b_ms_per_token and the points measured."""
+    rows: list[dict] = field(default_factory=list)
+    """Every stage's timed chunks of every prompt, gathered from every rank."""
+    ttft: dict[int, float] = field(default_factory=dict)
+    """TTFT (ms) of each prompt, by its index in the schedule."""
 
 
 def schedule(plans, repeats: int) -> list[BenchPrompt]:
@@ -38,13 +63,13 @@ def schedule(plans, repeats: int) -> list[BenchPrompt]:
     return out
 
 
-def prepare(run: RankRun) -> None:
+def prepare(run: RankRun[BenchState]) -> None:
     """Rank 0: the run folder, the plans of every strategy and the schedule; every rank gets them."""
-    bench: BenchConfig = run.state["bench"]
+    bench = run.state.bench
     run_dir = plans = None
     with agreed(run.pipe, "prepare the run folder and the plans"):
         if run.rank == 0:
-            policy = run.state["policy"] = load(bench.policy)
+            policy = run.state.policy = load(bench.policy)
             if policy.model is None:
                 raise ValueError(f"policy {bench.policy} has no latency model ({policy.reason}): profile again")
             samples = Path(bench.policy).parent / SAMPLES_FILE
@@ -52,18 +77,18 @@ def prepare(run: RankRun) -> None:
                          bench.num_stages, bench.plans)
             run_dir = Path(bench.out) if bench.out else default_run_dir(f"bench-{run.cfg.model}")
             run_dir.mkdir(parents=True, exist_ok=True)
-            claim_folder(run, run_dir, bench.out, run.state.get("overwrite"))
-    run_dir, run.state["plans"] = run.pipe.broadcast((str(run_dir), plans))
-    run.state["schedule"] = schedule(run.state["plans"], bench.repeats)
+            claim_folder(run, run_dir, bench.out, run.state.overwrite)
+    run_dir, run.state.plans = run.pipe.broadcast((str(run_dir), plans))
+    run.state.schedule = schedule(run.state.plans, bench.repeats)
     run.run_dir = Path(run_dir)
     run.run_dir.mkdir(parents=True, exist_ok=True)
     add_log_file(run.run_dir / f"rank{run.rank}.log")
 
 
-def build_stages(run: RankRun) -> None:
+def build_stages(run: RankRun[BenchState]) -> None:
     """This rank's stages (a run of consecutive ones when there are more stages than ranks), each with a cache that
     holds the longest prompt."""
-    cfg, bench = run.cfg, run.state["bench"]
+    cfg, bench = run.cfg, run.state.bench
     per_rank = bench.num_stages // run.info.world_size
     longest = align_up(max(bench.prompt_lens), cfg.page_size)
     stages = []
@@ -75,14 +100,14 @@ def build_stages(run: RankRun) -> None:
                                   max_mamba_cache_size=1, max_running_requests=1,
                                   context_len=max(longest, cfg.context_len), dtype=run.dtype, device=run.info.device)
         stages.append(BenchStage(index, stage.eval(), cache))
-    run.state["runner"] = PromptRunner(stages=stages, pipe=run.pipe, seed=cfg.seed)
+    run.state.runner = PromptRunner(stages=stages, pipe=run.pipe, seed=cfg.seed)
     log.info("stages %s of %d (%s) on rank %d", [s.index for s in stages], bench.num_stages, run.spec.name, run.rank)
 
 
-def measure_transfers(run: RankRun) -> None:
+def measure_transfers(run: RankRun[BenchState]) -> None:
     """Transfer time of a chunk's activations between neighbouring ranks, fitted as a + b * chunk_size (ms): half the
     median round trip at the smallest, middle and largest chunk the plans use."""
-    sizes = sorted({c for a in run.state["plans"] for c in a.chunk_sizes})
+    sizes = sorted({c for a in run.state.plans for c in a.chunk_sizes})
     probe = sorted({sizes[0], sizes[len(sizes) // 2], sizes[-1]})
     points = []
     for boundary in range(run.info.world_size - 1):
@@ -91,18 +116,18 @@ def measure_transfers(run: RankRun) -> None:
             points += [(n, float(np.median(trips[1:])) / 2)] if trips else []
     points = [p for per_rank in run.pipe.all_gather(points) for p in per_rank]
     if not points:
-        run.state["transfer"] = {"a_ms": 0.0, "b_ms_per_token": 0.0, "points": []}
+        run.state.transfer = {"a_ms": 0.0, "b_ms_per_token": 0.0, "points": []}
         return
     x, y = np.array([p[0] for p in points], float), np.array([p[1] for p in points], float)
     b, a = np.polyfit(x, y, 1) if len(set(x)) > 1 else (0.0, float(y.mean()))
-    run.state["transfer"] = {"a_ms": max(float(a), 0.0), "b_ms_per_token": max(float(b), 0.0), "points": points}
-    log.info("transfer between ranks: %.3f ms + %.2e ms/token", run.state["transfer"]["a_ms"],
-             run.state["transfer"]["b_ms_per_token"])
+    run.state.transfer = {"a_ms": max(float(a), 0.0), "b_ms_per_token": max(float(b), 0.0), "points": points}
+    log.info("transfer between ranks: %.3f ms + %.2e ms/token", run.state.transfer["a_ms"],
+             run.state.transfer["b_ms_per_token"])
 
 
-def run_prompts(run: RankRun) -> None:
+def run_prompts(run: RankRun[BenchState]) -> None:
     """The schedule in order, every rank together; rows and TTFTs are gathered to rank 0 at the end."""
-    runner, prompts = run.state["runner"], run.state["schedule"]
+    runner, prompts = run.state.runner, run.state.schedule
     bar = None
     if run.rank == 0:
         from tqdm import tqdm
@@ -117,24 +142,24 @@ def run_prompts(run: RankRun) -> None:
     if bar is not None:
         bar.close()
     gathered = run.pipe.all_gather(rows)
-    run.state["rows"] = [row for per_rank in gathered for row in per_rank]
-    run.state["ttft"] = ttft
+    run.state.rows = [row for per_rank in gathered for row in per_rank]
+    run.state.ttft = ttft
 
 
-def write_results(run: RankRun) -> None:
+def write_results(run: RankRun[BenchState]) -> None:
     """Rank 0: bench.csv, bench.json, a timeline PNG per prompt length, and the summary table on stderr."""
     if run.rank != 0:
         return
-    bench = run.state["bench"]
+    bench = run.state.bench
     run_json = read_run(Path(bench.policy).parent / SAMPLES_FILE) or {}
-    policy = run.state["policy"]  # loaded by rank 0 in prepare
+    policy = run.state.policy  # loaded by rank 0 in prepare
     notes = {}
     for n in bench.prompt_lens:
-        plans = [a.chunk_sizes for a in run.state["plans"] if a.prompt_len == n]
+        plans = [a.chunk_sizes for a in run.state.plans if a.prompt_len == n]
         # The deepest prefix and the largest chunk any plan of this prompt reaches.
         notes[n] = extrapolation(policy, n, [max(max(c) for c in plans), min(c[-1] for c in plans)])
-    summary = write_report(run.run_dir, bench=bench, plans=run.state["plans"], rows=run.state["rows"],
-                           ttft=run.state["ttft"], transfer=run.state["transfer"], world_size=run.info.world_size,
+    summary = write_report(run.run_dir, bench=bench, plans=run.state.plans, rows=run.state.rows,
+                           ttft=run.state.ttft, transfer=run.state.transfer, world_size=run.info.world_size,
                            profile_run=run_json, notes=notes)
     print(summary, file=sys.stderr)
     log.info("wrote %s", run.run_dir)
@@ -152,9 +177,8 @@ PHASES: tuple[Phase, ...] = (
 def bench_rank(bench: BenchConfig, fault: str | None = None, overwrite: bool = False) -> int:
     """One rank of `ppprof bench` (`overwrite`: --out may hold files); returns its exit code."""
     def job(info) -> None:
-        run = set_up(bench.profile, info, fault, repeat=bench.num_stages // bench.profiled_stages,
-                     num_stages=bench.num_stages)
-        run.state["bench"], run.state["overwrite"] = bench, overwrite
+        run = set_up(bench.profile, info, fault, state=BenchState(bench, overwrite),
+                     repeat=bench.num_stages // bench.profiled_stages, num_stages=bench.num_stages)
         try:
             run_phases(run, PHASES)
         finally:

@@ -182,8 +182,8 @@ def check_design(cfg: ProfileConfig) -> None:
     """The adaptive design's initial design exists on the candidate grid and fits in --max-requests."""
     if cfg.design != "adaptive":
         return
-    from ppprof.fit.design import INITIAL_REQUESTS
-    from ppprof.probe.synth import make_probes
+    from ppprof.adaptive.design import INITIAL_REQUESTS
+    from ppprof.adaptive import initial_probes as make_probes
 
     try:
         make_probes(cfg)

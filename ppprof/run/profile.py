@@ -6,18 +6,21 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 import torch
 
+from ppprof.adaptive import initial_probes
+from ppprof.adaptive.loop import probe_sequence
+from ppprof.adaptive.step import DesignState, design_record
 from ppprof.config import ProfileConfig
 from ppprof.dist.agree import RunError, agreed
 from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.probe.loop import ProbeRunner
 from ppprof.probe.output import append_samples, complete_probes, samples_frame
-from ppprof.probe.synth import make_probes, warmup_requests
-from ppprof.run.adaptive import design_record, probe_sequence
+from ppprof.probe.synth import Probe, ProbeRequest, warmup_requests
 from ppprof.run.options import profile_memory
 from ppprof.run.provenance import default_run_dir, git_revision, hardware, peak_memory_bytes
 from ppprof.run.rank import (Phase, RankRun, add_log_file, claim_folder, release_folder, run_phases, run_rank,
@@ -31,7 +34,41 @@ RUN_OUTPUTS = (SAMPLES_FILE, RUN_FILE, "policy.json", "fit.png", "chunks.png")
 log = logging.getLogger("ppprof")
 
 
-def prepare_run_folder(run: RankRun) -> None:
+@dataclass(slots=True)
+class ProfileState:
+    """What the profile job's phases hand on, in the order they fill it (rank 0 only: record, probes_done)."""
+
+    resume: bool = False
+    """--resume: finish the interrupted run in cfg.out."""
+    overwrite: bool = False
+    """--overwrite: cfg.out may hold files."""
+    probes: list[Probe] = field(default_factory=list)
+    """Every probe of the run, in order; the adaptive design appends each one it chooses."""
+    first_probe: int = 0
+    """The first probe not yet complete: where a resumed run starts (0 otherwise)."""
+    record: RunRecord | None = None
+    """Rank 0: run.json, written with status running before the first probe."""
+    probes_done: int = 0
+    """Rank 0: probes whose rows samples.csv holds (named when the run is interrupted)."""
+    runner: ProbeRunner | None = None
+    """This rank's probe loop, built at the warm-up."""
+    warmup: list[ProbeRequest] = field(default_factory=list)
+    """The untimed requests run before the first probe."""
+    t_probes: float = 0.0
+    """time.perf_counter() when the warm-up began: the probing time counts from there."""
+    attention_kernel: str | None = None
+    """The attention kernel the stages ran (the first stage with attention), for run.json."""
+    probe_wall_s: float = 0.0
+    """Warm-up, probes and the adaptive design's choices, in seconds."""
+    forward_tokens: list[int] = field(default_factory=list)
+    """Per stage: tokens run forward, warm-up included."""
+    peak_memory: list[int | None] = field(default_factory=list)
+    """Per stage: peak device memory in bytes (None where the device does not tell)."""
+    design: DesignState = field(default_factory=DesignState)
+    """The probe design's stopping reason, last uncertainty and history."""
+
+
+def prepare_run_folder(run: RankRun[ProfileState]) -> None:
     """Rank 0 names and creates the run folder (its lock, where no launcher holds it), synthesizes the probes, and
     writes run.json (status running); resuming, it keeps the probes samples.csv holds whole. Every rank gets the
     folder, the probes and the first probe to run, and logs there."""
@@ -41,24 +78,24 @@ def prepare_run_folder(run: RankRun) -> None:
         if run.rank == 0:
             run_dir = Path(run.cfg.out) if run.cfg.out else default_run_dir(run.cfg.model)
             run_dir.mkdir(parents=True, exist_ok=True)
-            claim_folder(run, run_dir, run.cfg.out, run.state.get("overwrite"), run.state.get("resume"))
-            probes = make_probes(run.cfg)
-            if run.state.get("resume"):
+            claim_folder(run, run_dir, run.cfg.out, run.state.overwrite, run.state.resume)
+            probes = initial_probes(run.cfg)
+            if run.state.resume:
                 first = complete_probes(run_dir / SAMPLES_FILE, probes)
             else:
                 for name in RUN_OUTPUTS:  # --overwrite: none of an older run's results stays beside this one's
                     (run_dir / name).unlink(missing_ok=True)
             start_record(run, run_dir, probes, first)
-    run_dir, run.state["probes"], run.state["first_probe"] = run.pipe.broadcast((str(run_dir), probes, first))
+    run_dir, run.state.probes, run.state.first_probe = run.pipe.broadcast((str(run_dir), probes, first))
     run.run_dir = Path(run_dir)
     run.run_dir.mkdir(parents=True, exist_ok=True)
     add_log_file(run.run_dir / f"rank{run.rank}.log")
     if first:
         log.info("resuming %s: probes 0..%d are complete, %d to run", run.run_dir, first - 1,
-                 len(run.state["probes"]) - first)
+                 len(run.state.probes) - first)
 
 
-def start_record(run: RankRun, run_dir: Path, probes: list, first: int) -> None:
+def start_record(run: RankRun[ProfileState], run_dir: Path, probes: list, first: int) -> None:
     """Rank 0: run.json with status running, and what records the status when the rank is stopped (a signal, a rank
     that does not answer)."""
     record = RunRecord(run_dir / RUN_FILE, config=run.cfg.to_dict(), model=run.spec.to_dict(),
@@ -66,14 +103,14 @@ def start_record(run: RankRun, run_dir: Path, probes: list, first: int) -> None:
                        dist_backend=run.info.backend, world_size=run.info.world_size,
                        layer_partition=[len(r) for r in run.stage_ranges], git_revision=git_revision(),
                        dtype=str(run.dtype).removeprefix("torch."), num_probes=len(probes),
-                       **({"resumed_from_probe": first} if run.state.get("resume") else {}))
+                       **({"resumed_from_probe": first} if run.state.resume else {}))
     record.write()
-    run.state["record"], run.state["probes_done"] = record, first
+    run.state.record, run.state.probes_done = record, first
 
     def on_stop(status: str, signal_name: str | None) -> None:
         record.write(status=status)
         if signal_name is not None:
-            print(f"interrupted by {signal_name}: {run_dir} keeps the samples of {run.state['probes_done']} of "
+            print(f"interrupted by {signal_name}: {run_dir} keeps the samples of {run.state.probes_done} of "
                   f"{len(probes)} probes; finish it with: ppprof profile --resume {run_dir}", file=sys.stderr,
                   flush=True)
 
@@ -81,7 +118,7 @@ def start_record(run: RankRun, run_dir: Path, probes: list, first: int) -> None:
         run.pipe.watchdog.on_stop.append(on_stop)
 
 
-def build_stage(run: RankRun) -> None:
+def build_stage(run: RankRun[ProfileState]) -> None:
     """This rank's layers (random weights) and its pools: KV, Mamba state and request entries."""
     cfg, spec, layer_ids = run.cfg, run.spec, run.layer_ids
     log.info("stage %d/%d: layers %d..%d (%s) of %s on %s, %s, backend %s, %d threads", run.rank,
@@ -101,81 +138,82 @@ def build_stage(run: RankRun) -> None:
              "no" if cache.mamba_alloc is None else cache.mamba_alloc.size, cfg.max_running_requests)
 
 
-def warm_up(run: RankRun) -> None:
+def warm_up(run: RankRun[ProfileState]) -> None:
     """Untimed forwards shaped like the first timed ones, so that no timed request is the first of its kind."""
-    run.state["runner"] = ProbeRunner(stage=run.stage, cache=run.cache, pipe=run.pipe, seed=run.cfg.seed,
+    run.state.runner = ProbeRunner(stage=run.stage, cache=run.cache, pipe=run.pipe, seed=run.cfg.seed,
                                       fault=run.fault)
-    run.state["warmup"] = warmup_requests(run.state["probes"], run.cfg.warmup)
-    run.state["t_probes"] = time.perf_counter()
-    run.state["runner"].warm_up(run.state["warmup"])
+    run.state.warmup = warmup_requests(run.state.probes, run.cfg.warmup)
+    run.state.t_probes = time.perf_counter()
+    run.state.runner.warm_up(run.state.warmup)
     # What each stage's attention ran (None on a stage without attention), gathered for run.json.
     kernels = run.pipe.all_gather(run.stage.attention_kernel.kernel)
-    run.state["attention_kernel"] = next((k for k in kernels if k is not None), None)
-    log.info("attention %s (%s), mamba %s", run.stage.attention_kernel.backend, run.state["attention_kernel"],
+    run.state.attention_kernel = next((k for k in kernels if k is not None), None)
+    log.info("attention %s (%s), mamba %s", run.stage.attention_kernel.backend, run.state.attention_kernel,
              run.stage.mamba_kernel.kernel)
 
 
-def run_probes(run: RankRun) -> None:
+def run_probes(run: RankRun[ProfileState]) -> None:
     """Every probe in lockstep (from the first not yet complete, for --resume); after each, every stage's latencies
     are gathered (stage_ms[probe][stage][request]) and rank 0 appends the probe's rows to samples.csv. The adaptive
     design chooses each next probe from the latencies so far (probe_sequence)."""
-    first, runner = run.state["first_probe"], run.state["runner"]
+    first, runner = run.state.first_probe, run.state.runner
     bar = None
     if run.rank == 0:
         from tqdm import tqdm
-        total = sum(len(p.requests) for p in run.state["probes"][first:]) if run.cfg.design == "grid" else \
+        total = sum(len(p.requests) for p in run.state.probes[first:]) if run.cfg.design == "grid" else \
             run.cfg.request_budget
         bar = tqdm(total=total, desc="profile", unit="req", file=sys.stderr, disable=None, dynamic_ncols=True)
-    stage_ms, e2e_ms = [], []
-    for probe in probe_sequence(run, stage_ms, e2e_ms, first):
+    e2e_ms = []
+    for probe in probe_sequence(run.pipe, run.cfg, run.state.probes, run.state.design, run.run_dir / SAMPLES_FILE,
+                                e2e_ms, run.state.t_probes, first):
         timings = runner.run_probe(probe, on_request=bar.update if bar is not None else None)
-        stage_ms.append(run.pipe.all_gather(timings.stage_ms))
+        stage_ms = run.pipe.all_gather(timings.stage_ms)
         e2e_ms.append(timings.e2e_ms)
         if run.rank == 0:
-            keep_samples(run, probe, stage_ms[-1], timings.e2e_ms)
+            keep_samples(run, probe, stage_ms, timings.e2e_ms)
         log.info("probe %d (%s, %d requests, prefix %d): pools back to full capacity", probe.index, probe.kind,
                  len(probe.requests), probe.requests[0].prefix_len)
-    run.state["probe_wall_s"] = time.perf_counter() - run.state["t_probes"]
-    run.state["forward_tokens"] = run.pipe.all_gather(runner.forward_tokens)
-    run.state["peak_memory"] = run.pipe.all_gather(peak_memory_bytes(run.info.device))
-    run.state["stage_ms"], run.state["e2e_ms"] = stage_ms, e2e_ms
+    run.state.probe_wall_s = time.perf_counter() - run.state.t_probes
+    run.state.forward_tokens = run.pipe.all_gather(runner.forward_tokens)
+    run.state.peak_memory = run.pipe.all_gather(peak_memory_bytes(run.info.device))
     if bar is not None:
         bar.close()
 
 
-def keep_samples(run: RankRun, probe, stage_ms: list[list[float]], e2e_ms: list[float]) -> None:
+def keep_samples(run: RankRun[ProfileState], probe, stage_ms: list[list[float]], e2e_ms: list[float]) -> None:
     """Rank 0: one probe's rows (stage_ms[stage][request]) appended to samples.csv and flushed to the disk."""
-    record = run.state["record"]
+    record = run.state.record
     with record.lock:
         append_samples(run.run_dir / SAMPLES_FILE, samples_frame([probe], [stage_ms], [e2e_ms]))
-        run.state["probes_done"] += 1
+        run.state.probes_done += 1
 
 
-def write_results(run: RankRun) -> None:
+def write_results(run: RankRun[ProfileState]) -> None:
     """Rank 0: samples.csv and run.json."""
     if run.rank != 0:
         return
-    probes, warmup, forward_tokens = run.state["probes"], run.state["warmup"], run.state["forward_tokens"]
-    probes = probes[run.state["first_probe"]:]
+    probes, warmup, forward_tokens = run.state.probes, run.state.warmup, run.state.forward_tokens
+    probes = probes[run.state.first_probe:]
     frame = pd.read_csv(run.run_dir / SAMPLES_FILE)  # every probe's rows, appended as each completed
     wall_s = time.perf_counter() - run.t_start
-    run.state["record"].write(
+    run.state.record.write(
         status=COMPLETE,
-        attention_backend=run.stage.attention_kernel.backend, attention_kernel=run.state["attention_kernel"],
+        attention_backend=run.stage.attention_kernel.backend, attention_kernel=run.state.attention_kernel,
         mamba_kernel=run.stage.mamba_kernel.kernel if any(layer.has_mamba for layer in run.spec.layers) else None,
         torch_threads=torch.get_num_threads(), profile_wall_s=round(wall_s, 3),
-        probe_wall_s=round(run.state["probe_wall_s"], 3), forward_tokens=int(forward_tokens[0]),
+        probe_wall_s=round(run.state.probe_wall_s, 3), forward_tokens=int(forward_tokens[0]),
         forward_tokens_per_stage=[int(t) for t in forward_tokens],
-        peak_memory_bytes_per_stage=run.state["peak_memory"],
+        peak_memory_bytes_per_stage=run.state.peak_memory,
         estimated_memory_bytes_per_stage=[m.total for m in profile_memory(run.cfg, run.info.world_size, run.spec)],
         timed_requests=sum(len(p.requests) for p in probes), warmup_requests=len(warmup),
         warmup_tokens=sum(r.chunk_size for r in warmup),
-        design=design_record(run, probes, run.state["stage_ms"], run.state["e2e_ms"], int(forward_tokens[0])),
+        design=design_record(run.cfg, run.state.design, probes, run.run_dir / SAMPLES_FILE, run.info.world_size,
+                             run.state.probe_wall_s, int(forward_tokens[0])),
     )
     log_summary(frame, run.info.world_size, wall_s, forward_tokens[0], run.run_dir)
 
 
-def fit_policy(run: RankRun) -> None:
+def fit_policy(run: RankRun[ProfileState]) -> None:
     """Rank 0, unless --no-fit: policy.json and the plots beside the samples."""
     if run.rank != 0 or not run.cfg.fit:
         return
@@ -198,14 +236,13 @@ def profile_rank(cfg: ProfileConfig, fault: str | None = None, resume: bool = Fa
     """One rank of `ppprof profile` (`resume`: finish the interrupted run in cfg.out; `overwrite`: it may hold
     files); returns its exit code. A run that fails records it in run.json (status "failed: <reason>")."""
     def job(info) -> None:
-        run = set_up(cfg, info, fault)
-        run.state["resume"], run.state["overwrite"] = resume, overwrite
+        run = set_up(cfg, info, fault, state=ProfileState(resume=resume, overwrite=overwrite))
         try:
             run_phases(run, PHASES)
         except RunError as e:
-            if "record" in run.state:
+            if run.state.record is not None:
                 try:
-                    run.state["record"].write(status=f"{FAILED}: {e}")
+                    run.state.record.write(status=f"{FAILED}: {e}")
                 except OSError as write_error:  # a full disk: the error below still says what failed
                     log.error("could not record the status in run.json: %s", write_error)
             raise

@@ -9,7 +9,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Generic, Sequence, TypeVar
 
 import torch
 
@@ -27,11 +27,13 @@ from ppprof.specs import ModelSpec, load_spec, split_layers
 from ppprof.specs.dtypes import AUTO_DTYPE_CPU, AUTO_DTYPE_GPU
 
 log = logging.getLogger("ppprof")
+S = TypeVar("S")
 
 
 @dataclass(slots=True)
-class RankRun:
-    """What one rank knows and holds during a job; phases fill it in order."""
+class RankRun(Generic[S]):
+    """What one rank knows and holds during a job; phases fill it in order. `state` is the job's own (the profile
+    job's ProfileState, the bench job's BenchState): what one phase hands the next, typed."""
 
     cfg: ProfileConfig
     info: RankInfo
@@ -39,13 +41,14 @@ class RankRun:
     dtype: torch.dtype
     stage_ranges: list[range]
     pipe: Pipe
+    state: S
     fault: str | None = None
     t_start: float = field(default_factory=time.perf_counter)
     run_dir: Path | None = None
     stage: Stage | None = None
     cache: StageCache | None = None
-    state: dict[str, Any] = field(default_factory=dict)
-    """Job-specific results handed from one phase to the next."""
+    own_lock: Path | None = None
+    """The run folder whose lock claim_folder took (released when the job ends); None where it took none."""
 
     @property
     def rank(self) -> int:
@@ -65,10 +68,10 @@ def resolve_dtype(cfg: ProfileConfig, spec_dtype: str | None) -> torch.dtype:
     return getattr(torch, cfg.dtype or spec_dtype or (AUTO_DTYPE_GPU if cfg.device == "cuda" else AUTO_DTYPE_CPU))
 
 
-def set_up(cfg: ProfileConfig, info: RankInfo, fault: str | None, *, repeat: int = 1, num_stages: int | None = None
-           ) -> RankRun:
-    """The model, dtype, layer split and the pipe to the neighbours. No collective: the launcher checked the input.
-    `repeat` > 1 repeats the model's layers (and the partition), split over `num_stages` stages (default: a stage a
+def set_up(cfg: ProfileConfig, info: RankInfo, fault: str | None, *, state: S, repeat: int = 1,
+           num_stages: int | None = None) -> RankRun[S]:
+    """The model, dtype, layer split and the pipe to the neighbours; `state` the job's own. No collective: the
+    launcher checked the input. `repeat` > 1 repeats the model's layers (and the partition), split over `num_stages` stages (default: a stage a
     rank)."""
     spec = load_spec(cfg.model, num_layers=cfg.num_layers, dtype=cfg.dtype)
     if repeat > 1:
@@ -81,7 +84,8 @@ def set_up(cfg: ProfileConfig, info: RankInfo, fault: str | None, *, repeat: int
     ranges = split_layers(spec.num_layers, num_stages or info.world_size, partition)
     pipe = Pipe(rank=info.rank, world_size=info.world_size, device=info.device, hidden_size=spec.hidden_size,
                 dtype=dtype, watchdog=info.watchdog)
-    return RankRun(cfg=cfg, info=info, spec=spec, dtype=dtype, stage_ranges=ranges, pipe=pipe, fault=fault)
+    return RankRun(cfg=cfg, info=info, spec=spec, dtype=dtype, stage_ranges=ranges, pipe=pipe, state=state,
+                   fault=fault)
 
 
 def claim_folder(run: RankRun, run_dir: Path, out: str | None, overwrite: bool = False, resume: bool = False) -> None:
@@ -92,15 +96,16 @@ def claim_folder(run: RankRun, run_dir: Path, out: str | None, overwrite: bool =
     if out:
         check_output_folder(out, overwrite, resume)
     take_lock(run_dir)
-    run.state["own_lock"] = run_dir
+    run.own_lock = run_dir
     if run.pipe.watchdog is not None:
         run.pipe.watchdog.on_stop.append(lambda status, signal_name: release_lock(run_dir))
 
 
 def release_folder(run: RankRun) -> None:
     """The lock claim_folder took, if it took one."""
-    if run.state.get("own_lock"):
-        release_lock(run.state.pop("own_lock"))
+    if run.own_lock is not None:
+        release_lock(run.own_lock)
+        run.own_lock = None
 
 
 def run_phases(run: RankRun, phases: Sequence[Phase]) -> None:

@@ -32,28 +32,6 @@ def test_warmup_covers_the_sweep_and_every_prefix():
     assert warmup_requests(probes, 0) == []
 
 
-def test_the_adaptive_design_starts_with_one_probe_of_its_initial_design():
-    from ppprof.fit.design import INITIAL_REQUESTS
-    from ppprof.probe.synth import DESIGN, candidate_grid, design_probe
-
-    cfg = ProfileConfig(design="adaptive", base_chunk_size=128)
-    (probe,) = make_probes(cfg)
-    assert probe.kind == DESIGN and probe.design_step == 0 and len(probe.requests) == INITIAL_REQUESTS
-    assert [r.rid for r in probe.requests] == list(range(INITIAL_REQUESTS))
-    grid = set(zip(*candidate_grid(cfg)))
-    assert {(r.prefix_len, r.chunk_size) for r in probe.requests} <= grid
-    assert len({r.prefix_len for r in probe.requests}) >= 3
-    # prefix 0 and 12 prefix lengths log-spaced to the context, times 12 chunk sizes from 1.25 B to B / 8
-    assert len(grid) == 13 * 12 and max(p for p, _ in grid) == 32608
-    nxt = design_probe(1, 1, [(0, 64), (128, 64)], 12, cfg.seed)
-    assert nxt.design_step == 1 and sorted(r.rid for r in nxt.requests) == [12, 13]
-    w = warmup_requests([probe], 2)
-    largest = max(r.chunk_size for r in probe.requests)
-    deep = sorted({r.prefix_len for r in probe.requests} - {0})
-    assert [(r.prefix_len, r.chunk_size) for r in w[:2]] == [(0, largest)] * 2
-    assert [r.prefix_len for r in w[2:]] == deep and all(r.rid < 0 for r in w)
-
-
 def test_empty_prefix_lens_profile_the_sweep_only_as_sglang_does():
     from ppprof.run.options import resolve_config
 

@@ -129,7 +129,6 @@ def test_adaptive_design_chooses_probes_on_rank_0_and_every_rank_runs_them_witho
     assert set(samples.prefix_len) <= {0, 64, 128, 256}  # the candidate grid: prefix 0 and --prefix-lens ...
     assert set(samples.chunk_size) <= {80, 73, 67, 60, 54, 47, 41, 34, 28, 21, 15, 8}  # ... x 1.25 B down to B / 8
     u = design["uncertainty"]
-    assert set(u["coefficients"]) == {"a", "b", "c", "g"}
     assert len(u["table"]["within_one_unit"]) == len(u["table"]["prefix_len"])
     assert len(design["history"]) == design["steps"]
     for rank in (0, 1):  # every probe's leak check passed on every rank, the design's probes included
@@ -137,3 +136,8 @@ def test_adaptive_design_chooses_probes_on_rank_0_and_every_rank_runs_them_witho
         assert log.count("pools back to full capacity") == design["steps"], log[-2000:]
     policy = json.loads((out / "policy.json").read_text())
     assert policy["design"] == design
+    # The stability verdict is about the policy's own fit: its model, with its coefficients, on the same rows.
+    model = policy["latency_model"]
+    assert u["model"] == model["name"], f"{u['model']=} {model['name']=}"
+    assert {k: c["value"] for k, c in u["coefficients"].items()} == \
+        {k: c["value"] for k, c in model["coefficients"].items()}

@@ -5,11 +5,11 @@ import itertools
 import numpy as np
 import pytest
 
-from ppprof.fit.design import (INITIAL_REQUESTS, MAX_REPEATS_PER_BATCH, check_identifiable, d_optimal, decide,
-                               feasible, initial_design, log_det, prior_cost, regressors)
-from ppprof.fit.regress import fit_model
-from ppprof.fit.uncertainty import MAX_REQUESTS, MAX_SECONDS, STABLE, bootstrap, table_differences
+from ppprof.adaptive.design import (INITIAL_REQUESTS, MAX_REPEATS_PER_BATCH, check_identifiable, d_optimal, decide,
+                                    feasible, initial_design, log_det, prior_cost, regressors)
+from ppprof.adaptive.uncertainty import MAX_REQUESTS, MAX_SECONDS, STABLE, bootstrap, table_differences
 from ppprof.config import ChunkSettings
+from ppprof.fit.regress import fit_candidates, fit_model
 from ppprof.policy.rule import LatencyModel, build_table
 
 TRUTH = LatencyModel("prefix", a=2.1e-6, b=0.0071, c=1.9, g=7e-5)  # tiny-hybrid on 2 CPU cores, B = 512
@@ -28,7 +28,7 @@ def measure(points, noise, seed=0):
 
 
 def decide_on(L, x, y, **kw):
-    u = bootstrap(L, x, y, SETTINGS, 2)
+    u = bootstrap(fit_candidates(L, x, y, "prefix")[0]["prefix"], L, x, y, SETTINGS, 2)
     args = dict(cost_s=2 * TRUTH.chunk_latency_ms(CAND_L, CAND_X) / 1e3, requests_run=len(L), seconds_spent=1.0,
                 requests_per_probe=128, max_requests=None, max_seconds=None) | kw
     return u, decide(u, SETTINGS, 2, L, x, CAND_L, CAND_X, **args)
@@ -60,7 +60,7 @@ def test_d_optimal_matches_exhaustive_search_on_a_small_grid():
     L = np.array([p for p in (0, 1000, 4000, 16000) for _ in range(3)])
     x = np.array([c for _ in range(4) for c in (64, 256, 512)])
     cost = prior_cost(L, x, 512)
-    Z = regressors(L, x)
+    Z = regressors("prefix", L, x)
     Z = Z / np.abs(Z).max(axis=0) / np.sqrt(cost)[:, None]
     best = max(log_det(Z[list(s)]) for s in itertools.combinations(range(len(L)), 5) if feasible(L, x, list(s)))
     got = d_optimal(L, x, 5, cost)

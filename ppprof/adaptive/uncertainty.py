@@ -1,7 +1,10 @@
-"""How certain a prefix-model fit makes the policy: a residual bootstrap of the fit (refit REPLICATES times), the
-spread of the chunk-size table per entry in alignment units and of the predicted TTFT, and the stopping rule of the
-adaptive design. Pure numpy / scikit-learn; no torch.
+"""How certain the policy's fit makes the policy: a residual bootstrap of the model the policy's fit picks (refit
+REPLICATES times), the spread of the chunk-size table per entry in alignment units and of the predicted TTFT, and the
+stopping rule of the adaptive design. Pure numpy / scikit-learn; no torch.
 
+Every model is the prefix form t(L, x) = z(L, x) . theta with the terms it lacks at 0 (ppprof.policy.rule):
+model_terms gives its coefficients, regressors its z, on every row (a quadratic predicts prefixed rows too, though it
+is fitted to the prefix-free ones only).
 Residual bootstrap: the rows the fit kept are refitted with y* = y_hat (1 + r*), where r* are drawn with replacement
 from the fit's relative residuals (centred, scaled by sqrt(n / (n - p)) for the p coefficients fitted). It keeps the
 design as it was run (a row bootstrap of a small design would often drop a whole design point and leave the model
@@ -18,14 +21,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ppprof.fit.regress import PREFIX_TERMS, Unfittable, design, fit_model, fit_trimmed
-from ppprof.policy.planners import chunk_latencies_ms, ttft_ms
 from ppprof.config import ChunkSettings
-from ppprof.policy.rule import LatencyModel, build_table
+from ppprof.fit.regress import Fit, Unfittable, design, fit_model
+from ppprof.policy.planners import chunk_latencies_ms, ttft_ms
+from ppprof.policy.rule import MODEL_COEFS, LatencyModel, build_table
 from ppprof.policy.schema import table_chunk_size, table_plan
 
-DESIGN_MODEL = "prefix"
-"""The model the adaptive design determines (four coefficients, PREFIX_TERMS)."""
+FORM_TERMS = ("c", "g", "b", "a", "h")
+"""The prefix form's coefficients, in the order of regressors' columns."""
 REPLICATES = 200
 CONFIDENCE = 0.95
 TABLE_TOLERANCE_UNITS = 1
@@ -63,21 +66,41 @@ def relative_residuals(model: LatencyModel, L, x, y, num_terms: int) -> np.ndarr
     return r * math.sqrt(n / (n - num_terms)) if n > num_terms else r
 
 
-def refit_all(L, x, Y: np.ndarray) -> list[LatencyModel | None]:
-    """The prefix model fitted to each row of Y (replicates, rows): one least-squares solve for all, the
-    replicates with a negative coefficient refitted one by one as fit_model does (the term dropped); None where a
-    replicate cannot be fitted."""
-    X = design(DESIGN_MODEL, L, x)
+def model_terms(name: str) -> tuple[str, ...]:
+    """The coefficients of model `name` in FORM_TERMS order: quadratic (c, b, a), prefix (c, g, b, a), pairs (c, g,
+    b, a, h)."""
+    return tuple(t for t in FORM_TERMS if t in MODEL_COEFS[name])
+
+
+def regressors(name: str, prefix_len, chunk_size) -> np.ndarray:
+    """(n, terms) regressors z of chunk_latency_ms in model_terms(name) order: t(L, x) = z . theta on every row."""
+    return design("prefix", prefix_len, chunk_size, model_terms(name))
+
+
+def as_fitted(name: str, coefs: np.ndarray) -> bool:
+    """Whether least-squares coefficients are what fit_model would return on the same rows: non-negative (prefix:
+    no term to drop; pairs: the NNLS solution), or for the quadratic a > 0 and b >= 0 (c may take any sign)."""
+    if name == "quadratic":
+        terms = dict(zip(model_terms(name), coefs))
+        return terms["a"] > 0.0 and terms["b"] >= 0.0
+    return bool(np.all(coefs >= 0.0))
+
+
+def refit_all(name: str, L, x, Y: np.ndarray) -> list[LatencyModel | None]:
+    """Model `name` fitted to each row of Y (replicates, rows) on the rows L, x (all admissible): one least-squares
+    solve for all, the replicates whose solution fit_model would not return refitted one by one with fit_model;
+    None where a replicate cannot be fitted."""
+    X = regressors(name, L, x)
     norms = np.linalg.norm(X, axis=0)
     norms[norms == 0] = 1.0
     coefs = np.linalg.lstsq(X / norms, Y.T, rcond=None)[0] / norms[:, None]  # (terms, replicates)
     out: list[LatencyModel | None] = []
     for b in range(Y.shape[0]):
-        if np.all(coefs[:, b] >= 0.0):
-            out.append(LatencyModel(DESIGN_MODEL, **dict(zip(PREFIX_TERMS, (float(v) for v in coefs[:, b])))))
+        if as_fitted(name, coefs[:, b]):
+            out.append(LatencyModel(name, **dict(zip(model_terms(name), (float(v) for v in coefs[:, b])))))
             continue
         try:
-            out.append(fit_model(DESIGN_MODEL, L, x, Y[b]))
+            out.append(fit_model(name, L, x, Y[b]))
         except (Unfittable, ValueError):
             out.append(None)
     return out
@@ -132,22 +155,23 @@ class Uncertainty:
         }
 
 
-def bootstrap(L, x, y, settings: ChunkSettings, num_stages: int, replicates: int = REPLICATES,
+def bootstrap(fit: Fit, L, x, y, settings: ChunkSettings, num_stages: int, replicates: int = REPLICATES,
               seed: int = BOOTSTRAP_SEED) -> Uncertainty:
-    """Fit the prefix model (with the policy's outlier trimming) and bootstrap it; raises Unfittable where the samples
-    do not determine it."""
+    """Bootstrap `fit`, a model fitted with the policy's trimming to the rows L, x, y (ppprof.fit.regress's
+    fit_candidates); raises Unfittable where its rule has no positive target latency."""
     L, x, y = (np.asarray(v) for v in (L, x, y))
-    model, fit_rows = fit_trimmed(DESIGN_MODEL, L, x, y)
+    model, fit_rows = fit.model, fit.fit_rows
+    terms = model_terms(model.name)
     target = model.target_ms(settings.base_chunk_size)
     if not target > 0:
         raise Unfittable(f"target latency {target:.4g} ms is not positive")
     starts, sizes = build_table(model, settings, target)
     Lk, xk, yk = L[fit_rows], x[fit_rows], y[fit_rows]
-    num_terms = sum(getattr(model, t) != 0.0 for t in PREFIX_TERMS)
+    num_terms = sum(getattr(model, t) != 0.0 for t in terms)
     r = relative_residuals(model, Lk, xk, yk, num_terms)
     rng = np.random.default_rng(seed)
     Y = model.chunk_latency_ms(Lk, xk)[None, :] * (1.0 + r[rng.integers(len(r), size=(replicates, len(r)))])
-    models = refit_all(Lk, xk, Y)
+    models = refit_all(model.name, Lk, xk, Y)
     prompts = ttft_prompt_lens(settings)
     point_ttft = [plan_ttft_ms(model, starts, sizes, n, num_stages)[0] for n in prompts]
     ends = starts[1:] + [starts[-1] + 1]
@@ -172,7 +196,7 @@ def bootstrap(L, x, y, settings: ChunkSettings, num_stages: int, replicates: int
     else:
         half = [math.inf] * len(prompts)
     coefs = {}
-    for term in PREFIX_TERMS:
+    for term in terms:
         values = np.array([getattr(m, term) for m, k in zip(models, ok) if k])
         point = getattr(model, term)
         q = np.percentile(values, [2.5, 97.5]) if len(values) else (math.nan, math.nan)

@@ -1,9 +1,10 @@
-"""The adaptive probe design for the prefix model t(L, x) = c + g L + b x + a (2 L x + x^2): a small D-optimal initial
-design on a candidate grid of (prefix_len, chunk_size), the identifiability check, and each next batch: the
-candidates that most reduce the uncertainty of the chunk-size table and of the predicted TTFT per second they cost.
-Pure numpy; no torch.
+"""The adaptive probe design: a small D-optimal initial design for the prefix model t(L, x) = c + g L + b x +
+a (2 L x + x^2) on a candidate grid of (prefix_len, chunk_size), the identifiability check, and each next batch, for
+the model the policy's fit picks (ppprof.adaptive.uncertainty): the candidates that most reduce the uncertainty of the
+chunk-size table and of the predicted TTFT per second they cost. Pure numpy; no torch.
 
-1. Initial design: INITIAL_POINTS distinct candidates maximizing log det(Z^T Z), Z the model's regressors (columns
+1. Initial design (before anything is timed, so before any model is picked: the prefix model, whose four terms every
+   model shares or extends): INITIAL_POINTS distinct candidates maximizing log det(Z^T Z), Z its regressors (columns
    scaled to the grid's largest value) each divided by sqrt(prior cost): the D-optimal design for a fixed probing
    time (a point that costs k times more must carry k times the information). Greedy, then Fedorov exchange;
    at least MIN_PREFIX_LEVELS prefix lengths and two chunk sizes (what the fit needs). Each point INITIAL_REPEATS
@@ -14,7 +15,8 @@ Pure numpy; no torch.
    is relative). Adding a request at z lowers sum Var(q) / tol_q^2 by w (g^T M^-1 z)^2 / (1 + w z^T M^-1 z)
    (Sherman-Morrison); candidates are taken greedily by that gain per predicted second, until every such variance
    has shrunk by the factor the bootstrap's spread asks for (NEED_MARGIN of it), or the batch costs BATCH_GROWTH x
-   the probing time so far.
+   the probing time so far. Only a candidate the model is fitted to carries information (a quadratic's prefix-free
+   ones); every table entry's and TTFT's gradient is taken in that model's coefficients.
 """
 
 from __future__ import annotations
@@ -24,12 +26,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ppprof.fit.regress import PREFIX_TERMS, design
-from ppprof.fit.uncertainty import CONFIDENCE, MAX_REQUESTS, MAX_SECONDS, STABLE, TTFT_TOLERANCE, Uncertainty
+from ppprof.adaptive.uncertainty import (CONFIDENCE, MAX_REQUESTS, MAX_SECONDS, STABLE, TTFT_TOLERANCE, Uncertainty,
+                                         regressors)
 from ppprof.config import ChunkSettings
+from ppprof.fit.regress import admissible
 from ppprof.policy.rule import LatencyModel
 from ppprof.policy.schema import table_plan
 
+INITIAL_MODEL = "prefix"
+"""The model the initial design determines."""
 INITIAL_POINTS = 6
 INITIAL_REPEATS = 2
 INITIAL_REQUESTS = INITIAL_POINTS * INITIAL_REPEATS
@@ -50,11 +55,6 @@ MAX_REPEATS_PER_BATCH = 8
 """A candidate appears at most this often in one batch: the greedy gain would otherwise pile a batch onto one point,
 and a design that leans on one point is at the mercy of the model's misfit there."""
 MIN_BATCH_SECONDS = 0.05
-
-
-def regressors(prefix_len, chunk_size) -> np.ndarray:
-    """(n, 4) regressors of the prefix model, in PREFIX_TERMS order: [1, L, x, 2 L x + x^2]."""
-    return design("prefix", prefix_len, chunk_size, PREFIX_TERMS)
 
 
 def prior_cost(prefix_len, chunk_size, base_chunk_size: int) -> np.ndarray:
@@ -78,7 +78,7 @@ def d_optimal(prefix_len, chunk_size, num_points: int, cost=None) -> list[int]:
     with at least MIN_PREFIX_LEVELS prefix lengths and two chunk sizes. Greedy (a small ridge until the design has
     rank 4), then exchanges while one improves the determinant."""
     L, x = np.asarray(prefix_len), np.asarray(chunk_size)
-    Z = regressors(L, x)
+    Z = regressors(INITIAL_MODEL, L, x)
     Z = Z / np.abs(Z).max(axis=0)
     if cost is not None:
         Z = Z / np.sqrt(np.asarray(cost, dtype=float))[:, None]
@@ -122,7 +122,7 @@ def check_identifiable(prefix_len, chunk_size) -> None:
     if levels < MIN_PREFIX_LEVELS or sizes < 2:
         raise ValueError(f"design has {levels} prefix lengths and {sizes} chunk sizes: the prefix model needs >= "
                          f"{MIN_PREFIX_LEVELS} and >= 2")
-    Z = regressors(L, x)
+    Z = regressors(INITIAL_MODEL, L, x)
     Z = Z / np.maximum(np.abs(Z).max(axis=0), 1e-300)
     rank = int(np.linalg.matrix_rank(Z))
     cond = float(np.linalg.cond(Z)) if rank == Z.shape[1] else math.inf
@@ -144,26 +144,27 @@ def initial_design(prefix_len, chunk_size, base_chunk_size: int, num_points: int
 
 def chunk_size_gradient(model: LatencyModel, settings: ChunkSettings, target_ms: float, prefix_len: int
                         ) -> np.ndarray | None:
-    """d(smoothed chunk size)/d(c, g, b, a) at `prefix_len`, by implicit differentiation of the equal-latency
-    equation F = a x^2 + (2 a L + b) x + g L - (b B + a B^2) = 0; None where the rule has no root there."""
+    """d(smoothed chunk size)/d(theta) (model_terms order) at `prefix_len`, by implicit differentiation of the
+    equal-latency equation F = t(L, x) - t(0, B) = z(L, x) . theta - z(0, B) . theta = 0 (the fixed cost c drops
+    out); None where the rule has no root there."""
     x = model.equal_latency_chunk(prefix_len, target_ms)
     if not x:
         return None
     L, B = float(prefix_len), float(settings.base_chunk_size)
-    dF_dx = 2 * model.a * x + 2 * model.a * L + model.b
+    dF_dx = model.b + 2 * model.a * (L + x) + 2 * model.h * L * x
     if dF_dx <= 0:
         return None
-    dF = np.array([0.0, L, x - B, x * x + 2 * L * x - B * B])
+    dF = regressors(model.name, [L], [x])[0] - regressors(model.name, [0.0], [B])[0]
     return -settings.smooth_factor * dF / dF_dx
 
 
 def ttft_gradient(model: LatencyModel, starts: list[int], sizes: list[int], prompt_len: int, num_stages: int
                   ) -> np.ndarray:
-    """d(predicted TTFT)/d(c, g, b, a) with the plan held: the chunks' regressors summed, the slowest's P - 1 times
+    """d(predicted TTFT)/d(theta) with the plan held: the chunks' regressors summed, the slowest's P - 1 times
     more."""
     chunks = table_plan(starts, sizes, prompt_len)
     pos = np.concatenate([[0], np.cumsum(chunks)[:-1]])
-    Z = regressors(pos, chunks)
+    Z = regressors(model.name, pos, chunks)
     slowest = int(np.argmax(model.chunk_latency_ms(pos, chunks)))
     return Z.sum(axis=0) + (num_stages - 1) * Z[slowest]
 
@@ -199,12 +200,14 @@ def next_batch(u: Uncertainty, settings: ChunkSettings, num_stages: int, rows_L,
     requests), or the batch is predicted to cost `budget_s`, or holds `max_count`."""
     cand_L, cand_x = np.asarray(cand_L), np.asarray(cand_x)
     rows_L, rows_x = np.asarray(rows_L)[u.fit_rows], np.asarray(rows_x)[u.fit_rows]
-    Zc = regressors(cand_L, cand_x)
+    name = u.model.name
+    Zc = regressors(name, cand_L, cand_x)
     scale = np.abs(Zc).max(axis=0)
     Zc = Zc / scale
-    Zr = regressors(rows_L, rows_x) / scale
+    Zr = regressors(name, rows_L, rows_x) / scale
     w_rows = 1.0 / u.model.chunk_latency_ms(rows_L, rows_x) ** 2
-    w_cand = 1.0 / u.model.chunk_latency_ms(cand_L, cand_x) ** 2
+    # A candidate the model is not fitted to (a quadratic's prefixed one) adds nothing to M.
+    w_cand = admissible(name, cand_L) / u.model.chunk_latency_ms(cand_L, cand_x) ** 2
     M = (Zr * w_rows[:, None]).T @ Zr
     M += 1e-12 * np.trace(M) * np.eye(len(scale))
     G, need = unstable_gradients(u, settings, num_stages)

@@ -1,0 +1,66 @@
+"""The probe design's part of the profile job, every rank's view: the sequence of probes (the grid's, fixed; or the
+adaptive design's, where after each probe rank 0 reads samples.csv back and chooses the next probe or stops, and
+every rank gets that decision)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Iterator
+
+from ppprof.adaptive.probes import design_probe
+from ppprof.adaptive.step import GRID_DONE, DesignState, choose
+from ppprof.config import ProfileConfig
+from ppprof.dist.agree import agreed
+from ppprof.dist.pipe import Pipe
+from ppprof.fit.samples import read_samples
+from ppprof.probe.synth import Probe
+
+log = logging.getLogger("ppprof")
+
+
+def probe_sequence(pipe: Pipe, cfg: ProfileConfig, probes: list[Probe], design: DesignState, samples_path: Path,
+                   e2e_ms: list, t_probes: float, first: int = 0) -> Iterator[Probe]:
+    """The probes to run, in order. Grid: `probes` from `first` (a resumed run's first probe not yet complete).
+    Adaptive (never resumed): the initial design, then after each probe (once the caller has appended its rows to
+    `samples_path` and its end-to-end latencies to `e2e_ms`) the next one rank 0 chooses, appended to `probes`,
+    until it stops; every rank gets the same probe or the stop. `t_probes`: when the probing began."""
+    if cfg.design != "adaptive":
+        yield from probes[first:]
+        design.stopping_reason = GRID_DONE
+        return
+    i = 0
+    while True:
+        start = time.perf_counter()
+        yield probes[i]
+        i += 1
+        if i < len(probes):
+            continue
+        decision = None
+        with agreed(pipe, "choose the next probe"):
+            if pipe.rank == 0:
+                decision = choose(cfg, pipe.world_size, probes, read_samples(samples_path), e2e_ms,
+                                  time.perf_counter() - start, time.perf_counter() - t_probes)
+        decision = pipe.broadcast(decision)
+        record_step(design, probes, decision, time.perf_counter() - t_probes)
+        if decision.stop_reason:
+            design.stopping_reason, design.uncertainty = decision.stop_reason, decision.uncertainty
+            return
+        first_rid = 1 + max(r.rid for p in probes for r in p.requests)
+        probes.append(design_probe(len(probes), len(probes), decision.points, first_rid, cfg.seed))
+
+
+def record_step(design: DesignState, probes: list[Probe], decision, seconds: float) -> None:
+    """The step's entry in the design's history, and its log line."""
+    u = decision.uncertainty
+    design.history.append({"design_step": probes[-1].design_step, "requests": sum(len(p.requests) for p in probes),
+                           "seconds": round(seconds, 3),
+                           "table_within_one_unit": None if u is None else min(u["table"]["within_one_unit"]),
+                           "ttft_half_width": None if u is None else u["ttft"]["half_width"]})
+    if u is not None:
+        log.info("design step %d: %d requests, table entries within one unit in >= %.0f%% of refits, predicted "
+                 "TTFT +-%s; %s", probes[-1].design_step, design.history[-1]["requests"],
+                 100 * design.history[-1]["table_within_one_unit"],
+                 ", ".join(f"{h:.1%}" for h in u["ttft"]["half_width"]),
+                 f"stop: {decision.stop_reason}" if decision.stop_reason else f"next {len(decision.points)} requests")

@@ -1,0 +1,56 @@
+"""The adaptive design's probes: its candidate grid, the probe of a batch of its points, the probes a run starts with
+(the grid design's, or the adaptive design's initial one), and the check of a profile's settings before launch."""
+
+from __future__ import annotations
+
+import random
+
+from ppprof.adaptive.design import INITIAL_REQUESTS, initial_design
+from ppprof.config import ProfileConfig
+from ppprof.probe.synth import DESIGN, Probe, ProbeRequest, grid_chunk_sizes, make_probes
+
+NUM_CANDIDATE_CHUNKS = 12
+NUM_CANDIDATE_PREFIXES = 12
+"""The adaptive design's candidate grid: prefix 0 and 12 prefix lengths log-spaced from B to the context (or
+--prefix-lens where given), times 12 chunk sizes from 1.25 B down to B / 8."""
+
+
+def candidate_grid(cfg: ProfileConfig) -> tuple[list[int], list[int]]:
+    """(prefix_len, chunk_size) of every candidate of the adaptive design, as two lists."""
+    prefixes = (0,) + (cfg.resolved_prefix_lens() if cfg.prefix_lens is not None
+                       else cfg.resolved_prefix_lens(NUM_CANDIDATE_PREFIXES))
+    chunks = grid_chunk_sizes(cfg.base_chunk_size, cfg.page_size, NUM_CANDIDATE_CHUNKS)
+    pairs = [(p, c) for p in sorted(set(prefixes)) for c in chunks]
+    return [p for p, _ in pairs], [c for _, c in pairs]
+
+
+def design_probe(index: int, step: int, points: list[tuple[int, int]], first_rid: int, seed: int) -> Probe:
+    """A probe of the adaptive design: `points` (prefix_len, chunk_size) in a seeded random order, so that repeats
+    of a point are not run back to back."""
+    order = list(points)
+    random.Random(seed * 7919 + index).shuffle(order)
+    return Probe(index, DESIGN, tuple(ProbeRequest(first_rid + i, p, c) for i, (p, c) in enumerate(order)), step)
+
+
+def initial_probes(cfg: ProfileConfig) -> list[Probe]:
+    """The probes known before any is timed: the grid design's, all of them (ppprof.probe.synth.make_probes); the
+    adaptive design's, the one probe of its initial design (the next ones are chosen as the run goes)."""
+    if cfg.design != "adaptive":
+        return make_probes(cfg)
+    L, x = candidate_grid(cfg)
+    return [design_probe(0, 0, initial_design(L, x, cfg.base_chunk_size), 0, cfg.seed)]
+
+
+def check(cfg: ProfileConfig) -> None:
+    """Before launch: the adaptive design's initial design exists on the candidate grid and fits in --max-requests
+    (ValueError naming the flag and the fix); nothing to check for the grid design."""
+    if cfg.design != "adaptive":
+        return
+    try:
+        initial_probes(cfg)
+    except ValueError as e:
+        raise ValueError(f"--design adaptive with --prefix-lens {','.join(map(str, cfg.resolved_prefix_lens()))}: "
+                         f"{e}; give at least two prefix lengths (or none, for the default)") from None
+    if cfg.max_requests is not None and cfg.max_requests < INITIAL_REQUESTS:
+        raise ValueError(f"--max-requests {cfg.max_requests} is below the {INITIAL_REQUESTS} requests of the "
+                         f"adaptive design's initial design: use at least {INITIAL_REQUESTS}")

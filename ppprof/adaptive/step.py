@@ -1,0 +1,120 @@
+"""Rank 0's side of the adaptive design, and the design record of run.json. Each step reads the rows as the policy's
+fit reads them (samples.csv through ppprof.fit.samples, so the same bottleneck stage; less the warm-up rows
+ppprof.fit.build drops), bootstraps the model the policy's fit picks on them, and stops or chooses the next batch.
+Pure (numpy, scikit-learn); no torch."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ppprof.adaptive.design import Decision, decide
+from ppprof.adaptive.probes import candidate_grid
+from ppprof.adaptive.uncertainty import MAX_REQUESTS, MAX_SECONDS, STOPPING_REASONS, Uncertainty, bootstrap
+from ppprof.config import ProfileConfig
+from ppprof.fit.build import PROFILE_LATENCY_MODEL, select_model, without_warmup
+from ppprof.fit.regress import Unfittable, fit_candidates
+from ppprof.fit.samples import Samples, read_samples
+from ppprof.io import finite
+from ppprof.probe.synth import Probe
+
+log = logging.getLogger("ppprof")
+GRID_DONE = "grid"
+STOPPING_REASONS_ALL = {**STOPPING_REASONS, GRID_DONE: "the grid design: every probe ran"}
+
+
+@dataclass(slots=True)
+class DesignState:
+    """What the adaptive design hands from one step to the next, and to the design record."""
+
+    stopping_reason: str | None = None
+    """Why the probing stopped (a key of STOPPING_REASONS_ALL); None while it runs."""
+    uncertainty: dict | None = None
+    """The stopping step's Uncertainty.to_dict(); None where its samples determined no model."""
+    history: list[dict] = field(default_factory=list)
+    """One entry a design step: requests and seconds so far, the table's and the TTFT's stability."""
+
+
+@dataclass(slots=True)
+class DesignFit:
+    """The policy fit's view of the samples so far, and the bootstrap of the model it picks."""
+
+    used: Samples
+    """The rows the policy's fit reads: samples.csv less its warm-up rows (ppprof.fit.build.without_warmup)."""
+    uncertainty: Uncertainty | None
+    """The bootstrap of the model the policy's fit picks (select_model) on `used`; None where there is none."""
+    error: str | None
+    """Why there is no uncertainty: no model fits, or the picked one's rule has no positive target."""
+
+
+def design_fit(cfg: ProfileConfig, num_stages: int, samples: Samples) -> DesignFit:
+    """The rows, model choice and fit of the policy a profile's own fit would write from `samples` (fit_run: the
+    warm-up rows dropped, PROFILE_LATENCY_MODEL, the held-out model choice), and that model's bootstrap."""
+    used, _ = without_warmup(samples)
+    L, x, y = used.prefix_len, used.chunk_size, used.latency_ms
+    fitted, failed = fit_candidates(L, x, y, PROFILE_LATENCY_MODEL)
+    picked = select_model(fitted)
+    if picked is None:
+        return DesignFit(used, None, "; ".join(failed.values()) or "no samples left after the warm-up rows")
+    try:
+        return DesignFit(used, bootstrap(fitted[picked[0]], L, x, y, cfg.chunk_settings(), num_stages), None)
+    except (Unfittable, ValueError) as e:
+        return DesignFit(used, None, str(e))
+
+
+def choose(cfg: ProfileConfig, num_stages: int, probes: list[Probe], samples: Samples, e2e_ms: list[list[float]],
+           last_probe_s: float, seconds_spent: float) -> Decision:
+    """Rank 0, after every probe in `probes` ran (`samples`: samples.csv read back; e2e_ms[probe][request]): fit,
+    bootstrap, and stop or choose the next batch (costed from what the probes so far took)."""
+    requests_run = len(samples)
+    step = design_fit(cfg, num_stages, samples)
+    u = step.uncertainty
+    if u is None:  # e.g. noise so large that no term keeps a non-negative coefficient: measure the start again
+        log.warning("the samples so far do not determine the latency model (%s): the initial design runs again",
+                    step.error)
+        if cfg.max_seconds is not None and seconds_spent >= cfg.max_seconds:
+            return Decision(stop_reason=MAX_SECONDS)
+        left = min(cfg.request_budget - requests_run, cfg.requests_per_probe)
+        if left <= 0:
+            return Decision(stop_reason=MAX_REQUESTS)
+        return Decision(points=[(r.prefix_len, r.chunk_size) for r in probes[0].requests][:left])
+    cand_L, cand_x = (np.array(v) for v in candidate_grid(cfg))
+    overhead_ms = max(0.0, (last_probe_s * 1e3 - float(np.sum(e2e_ms[-1]))) / len(probes[-1].requests))
+    # An adaptive run is never resumed: samples.csv holds this run's requests, in the order they ran.
+    e2e_per_stage_ms = float(np.median(np.concatenate(e2e_ms) / samples.latency_ms))
+    cost_s = (e2e_per_stage_ms * u.model.chunk_latency_ms(cand_L, cand_x) + overhead_ms) / 1e3
+    return decide(u, cfg.chunk_settings(), num_stages, step.used.prefix_len, step.used.chunk_size, cand_L, cand_x,
+                  cost_s=cost_s, requests_run=requests_run, seconds_spent=seconds_spent,
+                  requests_per_probe=cfg.requests_per_probe, max_requests=cfg.request_budget,
+                  max_seconds=cfg.max_seconds)
+
+
+def final_uncertainty(cfg: ProfileConfig, num_stages: int, samples_path: Path) -> tuple[dict | None, str | None]:
+    """(Uncertainty.to_dict(), None) of the whole samples.csv, or (None, why not): what a run records where no design
+    step bootstrapped its last rows (the grid design; an adaptive one stopped by a budget)."""
+    try:
+        step = design_fit(cfg, num_stages, read_samples(samples_path))
+    except ValueError as e:  # samples.csv as the fit would refuse it; the fit names the row
+        return None, str(e)
+    return (None, step.error) if step.uncertainty is None else (step.uncertainty.to_dict(), None)
+
+
+def design_record(cfg: ProfileConfig, design: DesignState, probes: list[Probe], samples_path: Path, num_stages: int,
+                  probe_wall_s: float, forward_tokens: int) -> dict:
+    """run.json's `design` (policy.json copies it): what the probing of `probes` cost, why it stopped, and the
+    uncertainty of the table, the predicted TTFT and the coefficients of the policy fit's model on the whole
+    samples.csv (for the grid too, from the same bootstrap)."""
+    reason = design.stopping_reason or GRID_DONE
+    u, error = design.uncertainty, None
+    if u is None:
+        u, error = final_uncertainty(cfg, num_stages, samples_path)
+    return finite({"design": cfg.design, "steps": 1 + max(p.design_step for p in probes),
+                   "requests": sum(len(p.requests) for p in probes), "forward_tokens": forward_tokens,
+                   "probe_wall_s": round(probe_wall_s, 3), "stopping_reason": reason,
+                   "stopping_rule": STOPPING_REASONS_ALL[reason],
+                   "max_requests": cfg.request_budget if cfg.design == "adaptive" else None,
+                   "max_seconds": cfg.max_seconds, "uncertainty": u, "uncertainty_error": error,
+                   "history": design.history})

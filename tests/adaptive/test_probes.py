@@ -1,0 +1,44 @@
+"""The adaptive design's probes: the initial one, the candidate grid, the batches' probes, and the check before
+launch."""
+
+import pytest
+
+from ppprof.adaptive import check, initial_probes
+from ppprof.adaptive.design import INITIAL_REQUESTS
+from ppprof.adaptive.probes import candidate_grid, design_probe
+from ppprof.config import ProfileConfig
+from ppprof.probe.synth import DESIGN, make_probes, warmup_requests
+
+
+def test_the_adaptive_design_starts_with_one_probe_of_its_initial_design():
+    cfg = ProfileConfig(design="adaptive", base_chunk_size=128)
+    (probe,) = initial_probes(cfg)
+    assert probe.kind == DESIGN and probe.design_step == 0 and len(probe.requests) == INITIAL_REQUESTS
+    assert [r.rid for r in probe.requests] == list(range(INITIAL_REQUESTS))
+    grid = set(zip(*candidate_grid(cfg)))
+    assert {(r.prefix_len, r.chunk_size) for r in probe.requests} <= grid
+    assert len({r.prefix_len for r in probe.requests}) >= 3
+    # prefix 0 and 12 prefix lengths log-spaced to the context, times 12 chunk sizes from 1.25 B to B / 8
+    assert len(grid) == 13 * 12 and max(p for p, _ in grid) == 32608
+    nxt = design_probe(1, 1, [(0, 64), (128, 64)], 12, cfg.seed)
+    assert nxt.design_step == 1 and sorted(r.rid for r in nxt.requests) == [12, 13]
+    w = warmup_requests([probe], 2)
+    largest = max(r.chunk_size for r in probe.requests)
+    deep = sorted({r.prefix_len for r in probe.requests} - {0})
+    assert [(r.prefix_len, r.chunk_size) for r in w[:2]] == [(0, largest)] * 2
+    assert [r.prefix_len for r in w[2:]] == deep and all(r.rid < 0 for r in w)
+
+
+def test_a_grid_profile_starts_with_every_grid_probe():
+    cfg = ProfileConfig(requests_per_probe=16, base_chunk_size=128)
+    assert initial_probes(cfg) == make_probes(cfg)
+    check(cfg)  # nothing to check for the grid design
+
+
+@pytest.mark.parametrize("settings,match", [
+    (dict(prefix_lens=(512,)), r"--design adaptive with --prefix-lens 512: the candidate grid has 2 prefix lengths"),
+    (dict(max_requests=5), r"--max-requests 5 is below the 12 requests of the adaptive design's initial design"),
+])
+def test_the_check_before_launch_names_the_flag_and_the_fix(settings, match):
+    with pytest.raises(ValueError, match=match):
+        check(ProfileConfig(design="adaptive", **settings))
