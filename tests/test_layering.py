@@ -20,6 +20,7 @@ LAYERS = (
     ("ppprof.adaptive",),
     ("ppprof.bench",),
     ("ppprof.run",),
+    ("ppprof.commands",),
     ("ppprof.cli",),
     ("ppprof.__main__",),
 )

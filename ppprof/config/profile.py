@@ -192,7 +192,8 @@ class ProfileConfig:
                 )
         else:
             self.max_total_tokens = self.needed_total_tokens()
-        self.chunk_settings()  # the rule the policy will carry: its checks too run before any rank starts
+        if self.fit or self.design == "adaptive":  # the rule the policy will carry, or the design makes certain
+            self.chunk_settings()
 
     def check_design(self) -> None:
         if self.design not in DESIGNS:

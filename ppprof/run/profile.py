@@ -21,7 +21,7 @@ from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.probe.loop import ProbeRunner
 from ppprof.probe.output import append_samples, complete_probes, samples_frame
 from ppprof.probe.synth import Probe, ProbeRequest, warmup_requests
-from ppprof.run.options import profile_memory
+from ppprof.run.memory import profile_memory
 from ppprof.run.provenance import default_run_dir, git_revision, hardware, peak_memory_bytes
 from ppprof.run.rank import (Phase, RankRun, add_log_file, claim_folder, release_folder, run_phases, run_rank,
                              set_up)

@@ -33,7 +33,7 @@ def test_warmup_covers_the_sweep_and_every_prefix():
 
 
 def test_empty_prefix_lens_profile_the_sweep_only_as_sglang_does():
-    from ppprof.run.options import resolve_config
+    from ppprof.run.settings import resolve_config
 
     cfg = resolve_config(None, {"prefix_lens": ""})
     assert cfg.prefix_lens == () and cfg.resolved_prefix_lens() == ()
