@@ -1,5 +1,5 @@
-"""`ppprof fit` and `ppprof tune`: the click commands; the work is in ppprof.fit.build and ppprof.policy.tune (tune
-reads the profile's samples for the servers' boot fits, ppprof.fit.parity)."""
+"""`ppprof fit` and `ppprof tune`: the click commands; the work is in ppprof.fit.build and ppprof.servers.tune (tune
+reads the profile's samples for the servers' boot fits)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ from ppprof.fit.settings import LATENCY_MODEL_CHOICES
 from ppprof.policy.compare import DEFAULT_TOLERANCES
 from ppprof.policy.planners import default_num_stages
 from ppprof.policy.schema import load_policy
-from ppprof.policy.servers import LABELS, SERVERS
-from ppprof.policy.tune import draw, parse_prompt_spec, tune
+from ppprof.servers import DEFAULT_SERVER, SERVERS, ServerSetting, get
+from ppprof.servers.sglang import PARITY
+from ppprof.servers.tune import draw, tune
+from ppprof.servers.workload import parse_prompt_spec
 
 
 @click.command("fit", epilog="Example: ppprof fit results/my-run/samples.csv -o policy.json")
@@ -34,7 +36,7 @@ from ppprof.policy.tune import draw, parse_prompt_spec, tune
               help=f"Context length; default from run.json, else {DEFAULT_CONTEXT_LEN}.")
 @click.option("-o", "--out", type=click.Path(dir_okay=False), default=None,
               help="Policy file  [default: policy.json beside SAMPLES]")
-@click.option("--parity", type=click.Choice(["sglang"]), default=None,
+@click.option("--parity", type=click.Choice([PARITY]), default=None,
               help="With --latency-model quadratic: SGLang's own fit, nothing else (no trimming, no gates but a > 0).")
 def fit_command(samples, latency_model, out, parity, **options) -> None:
     """Fit a latency model to SAMPLES (a CSV with prefix_len, chunk_size, latency_ms) and write a policy."""
@@ -59,7 +61,7 @@ def fit_command(samples, latency_model, out, parity, **options) -> None:
                    "with a prompt_len column and an optional weight column; a trace's rows count once each).")
 @click.option("--pp", "num_stages", type=int, default=None,
               help="Pipeline stages  [default: the policy's profiled stages, else 1]")
-@click.option("--server", type=click.Choice(SERVERS), default="sglang", show_default=True,
+@click.option("--server", type=click.Choice(SERVERS), default=DEFAULT_SERVER, show_default=True,
               help="The server whose flags, boot fit and chunk rule are tuned.")
 @click.option("--current", default=None, metavar="FLAGS",
               help="Your current flags in the server's syntax, as one string  [default: the server's defaults]")
@@ -77,7 +79,6 @@ def tune_command(policy_path, spec, num_stages, server, current, boot_fit, extra
     """Recommend server flags (base chunk, smoothing factor, floor or cap) that minimise the predicted TTFT of your
     prompt lengths, as that server would chunk them; compare with your current flags, the best fixed chunk and the
     DP-optimal bound."""
-    from ppprof.fit.parity import boot_fits
     from ppprof.fit.samples import read_samples
 
     policy = load_policy(policy_path)
@@ -86,13 +87,13 @@ def tune_command(policy_path, spec, num_stages, server, current, boot_fit, extra
     samples = Path(policy_path).parent / "samples.csv"
     if boot_fit == "samples" and not samples.is_file():
         raise ValueError(f"--boot-fit samples needs {samples}: give the policy of a run folder, or --boot-fit model")
-    boot = None
-    if boot_fit != "model" and samples.is_file() and server in ("sglang", "vllm-ascend"):
-        boot = {server: boot_fits(read_samples(samples))[server]}
-    result = tune(policy, workload, num_stages, server, current, extrapolate, boot)
+    forwards = None
+    if boot_fit != "model" and samples.is_file() and get(server).fits_at_boot:
+        forwards = read_samples(samples)
+    result = tune(policy, workload, num_stages, server, current, extrapolate, forwards)
     path = Path(policy_path)
     png = Path(png) if png else path.with_name(f"{path.stem}.tune-{server}.png")
-    draw(result, png, f"{path.name}: {LABELS[server]}, {num_stages} stages, {len(workload.prompt_lens)} prompt "
+    draw(result, png, f"{path.name}: {get(server).label}, {num_stages} stages, {len(workload.prompt_lens)} prompt "
                       f"lengths")
     result["png"] = str(png)
     if as_json:
@@ -105,7 +106,8 @@ def tune_command(policy_path, spec, num_stages, server, current, boot_fit, extra
 
 def echo_tune(result: dict, path: Path) -> None:
     """The recommendation, then predicted TTFT per prompt length for each setting and the DP bound."""
-    label = LABELS[result["server"]]
+    server = get(result["server"])
+    label = server.label
     click.echo(f"policy {path} ({result['latency_model']} model), {label}, {result['num_stages']} stages")
     click.echo(f"recommended {label} flags:")
     click.echo(f"  {result['recommended']['command']}")
@@ -124,7 +126,7 @@ def echo_tune(result: dict, path: Path) -> None:
         s = settings[k]["setting"]
         mode = (f"dynamic, B {s['base_chunk_size']}, s {s['smooth_factor']:g}, floor {s['min_chunk_size']}, "
                 f"cap {s['max_chunk_size']}") if s["dynamic"] else \
-            f"fixed {s['max_chunk_size'] if s['server'] == 'atom' else s['base_chunk_size']}"
+            f"fixed {server.fixed_chunk_size(ServerSetting.from_dict(s))}"
         click.echo(f"  {k}: {mode}")
     gain = result["gain"]
     click.echo(f"recommended vs {list(settings)[0]}: {gain['vs_current']:+.1%} mean TTFT saved; vs the policy's "

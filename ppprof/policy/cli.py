@@ -9,10 +9,11 @@ from pathlib import Path
 
 import click
 
-from ppprof.policy.export import FORMATS, export, export_data
 from ppprof.policy.planners import STRATEGIES, Plan, default_num_stages, plan_prompt
 from ppprof.policy.schema import SCHEMA_FILE, extrapolation, load_policy, summary
 from ppprof.policy.timeline import write_timeline
+from ppprof.servers import SERVERS
+from ppprof.servers.export import export, export_data
 
 
 def run_length(values, fmt="{}") -> str:
@@ -72,7 +73,7 @@ def plan_command(policy_path, prompt_len, num_stages, strategy, as_json, png) ->
 
 @click.command("export", epilog="Example: ppprof export results/my-run/policy.json --format sglang")
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False))
-@click.option("--format", "fmt", type=click.Choice(FORMATS), required=True, help="Target server.")
+@click.option("--format", "fmt", type=click.Choice(SERVERS), required=True, help="Target server.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print JSON: flags, comments and where the server's rule differs.")
 def export_command(policy_path, fmt, as_json) -> None:
