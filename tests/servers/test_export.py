@@ -1,5 +1,5 @@
 """The exports: read each export's flags back, run that server's own rule on them, and what the export says about
-where it differs from the policy is what that rule does; `ppprof export`."""
+where it differs from the policy is what that rule does; `ppprof export --server` (and its old name --format)."""
 
 import json
 
@@ -45,12 +45,27 @@ def test_export_json_cli_and_round_trip_of_every_server(tmp_path):
     path = tmp_path / "p.json"
     path.write_text(json.dumps(policy_dict(PREFIX, base_chunk_size=4096, context_len=32768)))
     for server in SERVERS:
-        r = CliRunner().invoke(main, ["export", str(path), "--format", server, "--json"])
+        r = CliRunner().invoke(main, ["export", str(path), "--server", server, "--json"])
         assert r.exit_code == 0, r.output
         doc = json.loads(r.output)
         assert doc["server"] == server and doc["differences"]["prefix_lens_checked"] == 512
         setting, calibration, _ = get(server).parse_flags(doc["command"], page_size=64)
         assert get(server).format_flags(setting, calibration) == (doc["env"], doc["args"])
+
+
+def test_format_is_the_old_name_of_server_and_prints_the_same(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(policy_dict(PREFIX, base_chunk_size=4096, context_len=32768)))
+    for server in SERVERS:
+        new = CliRunner().invoke(main, ["export", str(path), "--server", server])
+        old = CliRunner().invoke(main, ["export", str(path), "--format", server])
+        assert new.exit_code == old.exit_code == 0 and new.output == old.output, server
+    assert "--format" not in CliRunner().invoke(main, ["export", "--help"]).output
+    for args, message in [([], "Missing option '--server'"),
+                          (["--server", "sglang", "--format", "atom"], "name different servers"),
+                          (["--server", "trt"], "'trt' is not one of")]:
+        r = CliRunner().invoke(main, ["export", str(path), *args])
+        assert r.exit_code == 2 and message in r.stderr and r.stderr.count("\n") == 1, (args, r.output)
 
 
 def test_the_model_a_server_sizes_chunks_with_beside_a_policy():
