@@ -1,4 +1,8 @@
-"""What every registered server provides (a new server passes these with no change here)."""
+"""What every registered server provides (a new server passes these with no change here), and that no module outside
+ppprof/servers branches on a server's name."""
+
+import re
+from pathlib import Path
 
 import pytest
 
@@ -7,6 +11,10 @@ from ppprof.servers import REGISTRY, SERVERS, Server, ServerSetting, get
 from ppprof.servers.export import export_data
 
 from .helpers import PREFIX, policy_dict
+
+PACKAGE = Path(__file__).resolve().parents[2] / "ppprof"
+BENCH_STRATEGY_NAMES = ("ppprof/config/bench.py", "ppprof/bench/report.py")
+"""Files that name the bench's `sglang` strategy (config sits below the servers, so it cannot ask the registry)."""
 
 
 def test_the_registry_maps_each_name_to_its_server_and_refuses_others_in_one_line():
@@ -70,3 +78,14 @@ def test_its_export_names_it_and_says_why_it_differs(server):
     assert data["causes"] and all(isinstance(c, str) and "\n" not in c for c in data["causes"])
     assert all(server.label in e for e in data["differences"]["examples"])
 
+
+def test_no_module_outside_the_servers_names_a_server():
+    pattern = re.compile(r"""["'](%s)["']""" % "|".join(re.escape(n) for n in SERVERS))
+    hits = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE.parent).as_posix()
+        if relative.startswith("ppprof/servers/") or relative in BENCH_STRATEGY_NAMES:
+            continue
+        hits += [f"{relative}:{i}: {line.strip()}" for i, line in enumerate(path.read_text().splitlines(), 1)
+                 if pattern.search(line)]
+    assert hits == [], "ask ppprof.servers (the registry or the server's module) instead:\n" + "\n".join(hits)
