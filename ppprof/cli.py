@@ -44,10 +44,10 @@ def main() -> None:
 
 from ppprof.fit.cli import compare_command, fit_command, tune_command  # noqa: E402
 from ppprof.policy.cli import export_command, plan_command, validate_command  # noqa: E402
-from ppprof.run.commands import bench as bench_command, profile as profile_command  # noqa: E402
-from ppprof.run.options import with_memory  # noqa: E402
-from ppprof.specs.cli import model as model_command  # noqa: E402
+from ppprof.commands.bench import bench as bench_command  # noqa: E402
+from ppprof.commands.model import model as model_command  # noqa: E402
+from ppprof.commands.profile import profile as profile_command  # noqa: E402
 
-for command in (with_memory(model_command, profile_command), profile_command, fit_command, plan_command,
+for command in (model_command, profile_command, fit_command, plan_command,
                 export_command, tune_command, validate_command, bench_command, compare_command):
     main.add_command(command)

@@ -79,7 +79,7 @@ def measure(model: str, backend: str, base_chunk_size: int) -> dict:
     import torch
 
     from ppprof.config import ProfileConfig
-    from ppprof.run.options import profile_memory
+    from ppprof.run.memory import profile_memory
     from ppprof.specs import load_spec
 
     torch.set_num_threads(1)

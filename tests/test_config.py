@@ -80,3 +80,46 @@ def test_design_settings_are_checked():
     cfg = ProfileConfig(design="adaptive", requests_per_probe=64, max_seconds=3)
     assert cfg.max_seconds == 3.0 and cfg.request_budget == 64 * 7  # the grid's requests by default
     assert ProfileConfig(design="adaptive", max_requests=100).request_budget == 100
+
+
+def test_recorded_settings_are_read_back_typed_and_checked():
+    cfg = ProfileConfig(base_chunk_size=1024, page_size=16, prefix_lens=(1024, 4096), layer_partition=(3, 5))
+    recorded = {**cfg.to_dict(), "retired_setting": 1}  # a key of another ppprof version is left out
+    assert ProfileConfig.from_dict(recorded) == cfg
+    with pytest.raises(ValueError, match=r"^run.json here: --page-size 0 must be an integer"):
+        ProfileConfig.from_dict({**cfg.to_dict(), "page_size": 0}, "run.json here")
+
+
+def test_the_rule_settings_of_a_profile_and_their_overrides():
+    cfg = ProfileConfig(base_chunk_size=1024, page_size=128, context_len=65536)
+    s = cfg.chunk_settings()
+    assert (s.base_chunk_size, s.page_size, s.context_len, s.alignment, s.min_chunk_size) == (1024, 128, 65536, 128,
+                                                                                               256)
+    assert cfg.chunk_settings(smooth_factor=0.5, page_size=None).smooth_factor == 0.5  # None: not given
+
+
+def test_a_base_chunk_below_the_alignment_is_refused_only_where_a_rule_is_needed():
+    message = r"--base-chunk-size 32 is below the chunk alignment 64 = max\(--page-size 1, 64\)"
+    with pytest.raises(ValueError, match=message):
+        ProfileConfig(base_chunk_size=32)
+    with pytest.raises(ValueError, match=message):
+        ProfileConfig(base_chunk_size=32, fit=False, design="adaptive")
+    assert ProfileConfig(base_chunk_size=32, fit=False).base_chunk_size == 32  # samples only: no rule to check
+
+
+def test_profile_help_shows_the_settings_trees_defaults():
+    import dataclasses
+    import re
+
+    from ppprof.cli import main
+
+    helps = {p.name: p.help or "" for p in main.commands["profile"].params}
+    checked = 0
+    for f in dataclasses.fields(ProfileConfig):
+        if f.default is None or isinstance(f.default, bool) or f.name not in helps:
+            continue
+        shown = re.findall(r"\[([^\]]+)\]$", helps[f.name])
+        expected = f"{f.default:g}" if isinstance(f.default, float) else str(f.default)
+        assert shown == [expected], (f.name, helps[f.name])
+        checked += 1
+    assert checked >= 12

@@ -20,6 +20,7 @@ LAYERS = (
     ("ppprof.probe",),
     ("ppprof.bench",),
     ("ppprof.run",),
+    ("ppprof.commands",),
     ("ppprof.cli",),
     ("ppprof.__main__",),
 )

@@ -18,7 +18,7 @@ from ppprof.probe.loop import ProbeRunner
 from ppprof.probe.output import append_samples, complete_probes, samples_frame
 from ppprof.probe.synth import make_probes, warmup_requests
 from ppprof.run.adaptive import design_record, probe_sequence
-from ppprof.run.options import profile_memory
+from ppprof.run.memory import profile_memory
 from ppprof.run.provenance import default_run_dir, git_revision, hardware, peak_memory_bytes
 from ppprof.run.rank import (Phase, RankRun, add_log_file, claim_folder, release_folder, run_phases, run_rank,
                              set_up)

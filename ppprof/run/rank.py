@@ -21,7 +21,7 @@ from ppprof.dist.watchdog import DEFAULT_TIMEOUT_S
 from ppprof.mem import StageCache
 from ppprof.model.stage import Stage
 from ppprof.probe.malloc import steady_malloc
-from ppprof.run.options import check_output_folder
+from ppprof.run.checks import check_output_folder
 from ppprof.runfiles import LOCK_HELD_ENV, release_lock, take_lock
 from ppprof.specs import ModelSpec, load_spec, split_layers
 from ppprof.specs.dtypes import AUTO_DTYPE_CPU, AUTO_DTYPE_GPU

@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
@@ -141,10 +142,22 @@ def test_bad_input_exit_2_one_line_nothing_written(runs, tmp_path):
     assert not png.exists() and not (tmp_path / "c.json").exists()
 
 
-def test_committed_baseline_and_default_profile_agree():
-    """Two real profiles of the default config (the committed baseline and results/profile-tiny-hybrid)."""
-    result = compare(REPO / "results/baseline", REPO / "results/profile-tiny-hybrid")
-    assert result.exit_code == 0, result.output
+def test_a_committed_profile_against_itself_and_against_its_samples_slowed(tmp_path):
+    """On a real profile (the committed baseline): itself is within every tolerance with no change; its samples made
+    1.6x slower at prefix 0 only drift on the samples figure, naming it, while its policy is unchanged."""
+    base = REPO / "results/baseline"
+    same = json.loads(compare(base, base, "--json").output)
+    assert same["drifted"] is False and all(c["value"] in (0, None) for c in same["checks"]), same["checks"]
+    slow = tmp_path / "slow"
+    shutil.copytree(base, slow)
+    frame = pd.read_csv(slow / "samples.csv")
+    columns = [c for c in frame.columns if c.endswith("latency_ms")]
+    frame.loc[frame.prefix_len == 0, columns] *= 1.6
+    frame.to_csv(slow / "samples.csv", index=False)
+    result = compare(base, slow)
+    assert result.exit_code == 1, result.output
+    drifted = [s.split()[1].rstrip(":") for s in result.output.splitlines() if s.startswith("DRIFT ")]
+    assert drifted == ["samples"], result.output
 
 
 def test_samples_drift_exact(tmp_path):

@@ -1,5 +1,5 @@
 """The policy contract (issue 12): the JSON Schema shipped in the package, `ppprof validate` through it (one line
-naming the field), `validate --schema`, and the README's plain-Python reader against Policy.next_chunk_size."""
+naming the field), `validate --schema`, and docs/policy.md's plain-Python reader against Policy.next_chunk_size."""
 
 from __future__ import annotations
 
@@ -109,20 +109,20 @@ def test_validate_rejects_a_broken_policy_in_one_line_naming_the_field(tmp_path,
     assert "Traceback" not in r.output
 
 
-def readme_reader() -> str:
-    """The plain-Python policy reader from README.md (the python block that starts '# policy_reader.py')."""
-    text = (REPO / "README.md").read_text()
+def docs_reader() -> str:
+    """The plain-Python policy reader from docs/policy.md (the python block that starts '# policy_reader.py')."""
+    text = (REPO / "docs" / "policy.md").read_text()
     match = re.search(r"```python\n(# policy_reader\.py.*?)```", text, re.S)
-    assert match, "README.md lost its '# policy_reader.py' block"
+    assert match, "docs/policy.md lost its '# policy_reader.py' block"
     return match.group(1)
 
 
 @pytest.mark.parametrize("path", COMMITTED, ids=[p.parent.name for p in COMMITTED])
-def test_the_readme_reader_agrees_with_next_chunk_size_on_the_committed_policies(path):
-    code = readme_reader()
+def test_the_docs_reader_agrees_with_next_chunk_size_on_the_committed_policies(path):
+    code = docs_reader()
     assert "ppprof" not in code.split("\n", 1)[1] and len(code.strip().splitlines()) <= 25
     reader: dict = {}
-    exec(compile(code, "README.md:policy_reader.py", "exec"), reader)
+    exec(compile(code, "docs/policy.md:policy_reader.py", "exec"), reader)
     table = reader["read_table"](str(path))
     policy = load(path)
     starts = policy.data["table"]["prefix_len"]

@@ -55,7 +55,7 @@ def test_the_adaptive_design_starts_with_one_probe_of_its_initial_design():
 
 
 def test_empty_prefix_lens_profile_the_sweep_only_as_sglang_does():
-    from ppprof.run.options import resolve_config
+    from ppprof.run.settings import resolve_config
 
     cfg = resolve_config(None, {"prefix_lens": ""})
     assert cfg.prefix_lens == () and cfg.resolved_prefix_lens() == ()

@@ -1,17 +1,11 @@
-"""`ppprof model`: print the resolved model spec and what each pipeline stage will hold, before any rank starts; and
-the text of its memory table (`--memory`, whose settings ppprof.run.options.with_memory resolves as a profile's)."""
+"""The text `ppprof model` prints: the resolved model spec and what each pipeline stage will hold, and the table of
+what each stage needs in memory (`--memory`)."""
 
 from __future__ import annotations
 
-import json
-
-import click
-
 from ppprof.specs.spec import ModelSpec
-from ppprof.specs.partition import parse_partition
-from ppprof.specs.accounting import StageAccount, accounting_dtype, describe, stage_accounts
-from ppprof.specs.dtypes import AUTO_DTYPE_CPU, AUTO_DTYPE_GPU, DTYPE_BYTES
-from ppprof.specs.load import load_spec
+from ppprof.specs.accounting import StageAccount
+from ppprof.specs.dtypes import AUTO_DTYPE_CPU, AUTO_DTYPE_GPU
 from ppprof.specs.memory import StageMemory, format_bytes
 from ppprof.specs.pattern import format_layers
 
@@ -93,24 +87,3 @@ def format_memory_text(stages: list[StageMemory], settings: str, limit: str, pro
 def _peak_part(s: StageMemory) -> str:
     """The part of the layer whose transient wins: 'attention', 'mamba', 'mlp', 'moe' or 'norm'."""
     return next((k for k in s.activation_terms if k in ("attention", "mamba", "mlp", "moe", "norm")), "-")
-
-
-@click.command("model", epilog="Example: ppprof model nemotron-h-8b --pp 4 --memory --device cuda")
-@click.argument("model")
-@click.option("--num-layers", type=int, default=None, help="Keep N layers of the model (its mix of layer kinds kept).")
-@click.option("--pp", "num_stages", type=int, default=1, show_default=True, help="Pipeline stages.")
-@click.option("--layer-partition", default=None, help="Layers per stage, e.g. 3,5 (default: even split).")
-@click.option("--dtype", default=None,
-              help=f"Weight/KV dtype: {', '.join(DTYPE_BYTES)} (default: bfloat16 on GPU, float32 on CPU).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the spec and its stages.")
-def model(model: str, num_layers: int | None, num_stages: int, layer_partition: str | None, dtype: str | None,
-          as_json: bool) -> None:
-    """Show the resolved spec of MODEL (a preset name, a YAML file, a HF config.json or its folder) and what each
-    pipeline stage holds: layers, parameters, KV bytes per token, Mamba bytes per slot."""
-    spec = load_spec(model, num_layers=num_layers, dtype=dtype)
-    partition = parse_partition(layer_partition)
-    if as_json:
-        click.echo(json.dumps(describe(spec, num_stages, partition, dtype)))
-        return
-    stages = stage_accounts(spec, num_stages, partition, dtype=dtype)
-    click.echo(format_text(spec, stages, accounting_dtype(spec, dtype)))

@@ -1,0 +1,62 @@
+"""`ppprof bench`: parse, resolve the bench's settings from the profile's run.json (ppprof.run.settings), then start
+the job (ppprof.run.job)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import click
+
+from ppprof.bounds import ATTENTION_BACKENDS, DEVICES
+from ppprof.commands.options import resolved_config_option, shown, timeout_option, torchrun_options
+from ppprof.config import BENCH_STRATEGIES, BenchConfig
+from ppprof.dist.launch import TORCHRUN_OPTIONS
+from ppprof.run.bench import bench_rank
+from ppprof.run.checks import bench_world_check
+from ppprof.run.job import start
+from ppprof.run.settings import resolve_bench
+
+PROFILES = "[the profile's]"
+
+
+@click.command("bench", epilog="Example: ppprof bench results/my-run/policy.json --prompt-len 8192")
+@click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False), required=False)
+@click.option("--prompt-len", "prompt_lens", type=int, multiple=True, help="Prompt length in tokens (repeatable).")
+@click.option("--strategies", help=f"Comma-separated subset of {','.join(BENCH_STRATEGIES)}. [all]")
+@click.option("--plans", "plans", help="JSON of extra chunk plans to run as arms plan-<name> (e.g. `ppprof tune "
+              "--json` output); its prompt lengths are the default --prompt-len.")
+@click.option("--repeats", type=int, help=f"Prompts per strategy and prompt length, interleaved. "
+                                            f"{shown('repeats', settings=BenchConfig)}")
+@click.option("--pp", type=int, help=f"Pipeline stages; more than the ranks: replay only. {PROFILES}")
+@click.option("--out", help="Run folder. [results/<time>-bench-<model>]")
+@click.option("--nproc-per-node", type=int, help=f"Ranks on this node. {PROFILES}")
+@click.option("--device", type=click.Choice(DEVICES), help=PROFILES)
+@click.option("--dtype", help=PROFILES)
+@click.option("--attention-backend", type=click.Choice(ATTENTION_BACKENDS), help=PROFILES)
+@click.option("--torch-threads", type=int, help=f"Intra-op threads per rank. {PROFILES}")
+@timeout_option
+@click.option("--overwrite", is_flag=True, default=False,
+              help="Let --out name a folder that holds files: an older bench's results there are replaced.")
+@torchrun_options
+@resolved_config_option
+def bench(policy_path, prompt_lens, strategies, plans, repeats, pp, out, resolved_config, overwrite,
+          **options) -> None:
+    """Run real chunked prefills of synthetic prompts through the pipeline under each strategy (fixed, fixed-best,
+    sglang, greedy, optimal) and compare measured TTFT with the policy's prediction. Writes bench.csv, bench.json
+    and a timeline PNG per prompt length.
+
+    Example: ppprof bench results/<run>/policy.json --prompt-len 8192 --prompt-len 32768 --pp 4
+    """
+    torchrun = {name: options.pop(name) for name, _ in TORCHRUN_OPTIONS}
+    if resolved_config is not None:
+        cfg = BenchConfig.from_dict(json.loads(resolved_config))
+    elif policy_path is None:
+        raise click.UsageError("Missing argument 'POLICY': give the policy.json of a profile")
+    else:
+        cfg = resolve_bench(policy_path, {"profile": options, "strategies": strategies, "out": out, "pp": pp,
+                                          "repeats": repeats, "prompt_lens": tuple(prompt_lens),
+                                          "plans": plans})
+    sys.exit(start("bench", functools.partial(bench_rank, overwrite=overwrite), cfg, cfg.profile, torchrun,
+                   resolved_config is not None, None, bench_world_check(cfg), overwrite=overwrite))

@@ -1,0 +1,79 @@
+"""Click options more than one command takes, their defaults shown from the settings tree (ppprof.config), so that a
+help text never states a default of its own."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import click
+
+from ppprof.bounds import ATTENTION_BACKENDS, DEVICES
+from ppprof.config import ProfileConfig, flag
+from ppprof.dist.launch import TORCHRUN_OPTIONS
+from ppprof.run.job import RESOLVED_CONFIG
+
+resolved_config_option = click.option(RESOLVED_CONFIG, hidden=True,
+                                      help="Internal: the launcher hands each rank the resolved settings.")
+
+
+def shown(name: str, when_none: str | None = None, settings=ProfileConfig) -> str:
+    """The default of setting `name` (of `settings`, a class of ppprof.config) as help shows it: "[512]", "[--fit]"
+    for a flag, `when_none` in brackets where the default is None (resolved from other settings)."""
+    value = {f.name: f.default for f in dataclasses.fields(settings)}[name]
+    if value is None:
+        return f"[{when_none}]" if when_none else ""
+    if isinstance(value, bool):
+        return f"[{flag(name) if value else '--no-' + flag(name)[2:]}]"
+    return f"[{value:g}]" if isinstance(value, float) else f"[{value}]"
+
+
+timeout_option = click.option(
+    "--timeout", type=float, help="Seconds a rank waits on another at least before the run stops with \"rank N did "
+    f"not answer\"; more where requests are slow (20 x the slowest so far). {shown('timeout')}")
+
+
+def torchrun_options(f):
+    """Add torchrun's options (passed to the launcher unchanged) to a command."""
+    for name, takes_value in reversed(TORCHRUN_OPTIONS):
+        option = flag(name)
+        if takes_value:
+            f = click.option(option, name, default=None, help=f"torchrun's {option}.")(f)
+        else:
+            f = click.option(option, name, is_flag=True, default=False, help=f"torchrun's {option}.")(f)
+    return f
+
+
+SIZING_OPTIONS = (
+    (("--config", "config_path"), dict(type=click.Path(dir_okay=False)), "YAML file of settings (flags win)."),
+    (("--device",), dict(type=click.Choice(DEVICES)), f"cpu (gloo) or cuda (NCCL). {shown('device')}"),
+    (("--base-chunk-size",), dict(type=int),
+     f"Base chunk B; the sweep runs from 1.25 B down to ~B/128. {shown('base_chunk_size')}"),
+    (("--requests-per-probe",), dict(type=int),
+     f"Synthetic prefill requests per probe, 8..128. {shown('requests_per_probe')}"),
+    (("--page-size",), dict(type=int), f"KV cache page size in tokens. {shown('page_size')}"),
+    (("--max-mamba-cache-size",), dict(type=int), f"Mamba state slots per stage. {shown('max_mamba_cache_size')}"),
+    (("--max-running-requests",), dict(type=int),
+     f"Request pool entries per stage. {shown('max_running_requests')}"),
+    (("--max-total-tokens",), dict(type=int),
+     f"KV cache slots per stage. {shown('max_total_tokens', 'the longest probe request')}"),
+    (("--context-len",), dict(type=int), f"Context length of the served model. {shown('context_len')}"),
+    (("--prefix-lens",), dict(),
+     f"Prefix lengths of the prefix probes, e.g. 512,1024,2048. {shown('prefix_lens', 'log-spaced, B..context')}"),
+    (("--attention-backend",), dict(type=click.Choice(ATTENTION_BACKENDS)),
+     f"auto (flashinfer on CUDA when installed, else sdpa), sdpa, flashinfer or reference. "
+     f"{shown('attention_backend')}"),
+)
+"""The options of `ppprof profile` that size what a stage holds; `ppprof model --memory` takes the same ones, so
+that both resolve one ProfileConfig alike."""
+
+
+def option_name(decls: tuple[str, ...]) -> str:
+    """The parameter name click gives an option: its second declaration, else its flag in snake case."""
+    return decls[1] if len(decls) > 1 else decls[0].lstrip("-").replace("-", "_")
+
+
+def sizing_options(f):
+    """Add SIZING_OPTIONS to a command."""
+    for decls, kwargs, help_text in reversed(SIZING_OPTIONS):
+        f = click.option(*decls, help=help_text, **kwargs)(f)
+    return f

@@ -1,0 +1,77 @@
+"""`ppprof profile`: parse, resolve the settings once (ppprof.run.settings), then start the job (ppprof.run.job)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from ppprof.commands.options import (resolved_config_option, shown, sizing_options, timeout_option,
+                                     torchrun_options)
+from ppprof.config import DESIGNS
+from ppprof.dist.launch import TORCHRUN_OPTIONS
+from ppprof.probe.loop import FAULTS
+from ppprof.run.job import start
+from ppprof.run.profile import profile_rank
+from ppprof.run.settings import resolve_config, resume_config
+
+
+@click.command("profile", epilog="Example: ppprof profile --model tiny-dense --out results/my-run")
+@click.option("--model", help=f"Preset name, YAML spec, or HuggingFace config.json / folder. {shown('model')}")
+@click.option("--num-layers", type=int, help="Keep the layer pattern with this many layers.")
+@click.option("--nproc-per-node", type=int, help=f"Ranks on this node, one pipeline stage each. "
+                                                 f"{shown('nproc_per_node')}")
+@click.option("--dtype", help="float32, bfloat16 or float16 (or fp32, bf16, fp16). [bf16 on cuda, fp32 on cpu]")
+@sizing_options
+@click.option("--num-prefix-lens", type=int, help=f"Default prefix lengths, log-spaced from B to the context. "
+                                                  f"{shown('num_prefix_lens')}")
+@click.option("--warmup", type=int, help=f"Untimed warm-up forwards. {shown('warmup')}")
+@click.option("--layer-partition", help="Layers per stage, e.g. 3,5. [even split]")
+@click.option("--seed", type=int, help=f"Seed of the synthetic requests and weights. {shown('seed')}")
+@click.option("--out", help="Run folder. [results/<run-id>]")
+@click.option("--fit/--no-fit", default=None, help=f"Fit and write policy.json and plots at the end. {shown('fit')}")
+@click.option("--torch-threads", type=int, help="Intra-op threads per rank. [cores of the node / its ranks]")
+@click.option("--design", type=click.Choice(DESIGNS),
+              help="grid: the sweep and a probe per prefix length; adaptive: a small D-optimal design, then the "
+                   f"requests that most reduce the policy's uncertainty, until its table is stable. {shown('design')}")
+@click.option("--max-requests", type=int, help="Adaptive design: at most this many timed requests. [no limit]")
+@click.option("--max-seconds", type=float, help="Adaptive design: stop adding probes after this much probing. "
+                                                 "[no limit]")
+@timeout_option
+@click.option("--overwrite", is_flag=True, default=False,
+              help="Let --out name a folder that holds files: an older run's results there are replaced.")
+@click.option("--resume", "resume_dir", metavar="DIR",
+              help="Finish the interrupted run in DIR from its last complete probe, with its recorded settings.")
+@torchrun_options
+@resolved_config_option
+@click.option("--inject-fault", type=click.Choice(FAULTS), hidden=True, help="Testing only: a deliberate fault.")
+def profile(config_path, resolved_config, inject_fault, overwrite, resume_dir, **options) -> None:
+    """Profile prefill chunks on every stage of a pipeline and write samples.csv, run.json and policy.json.
+
+    Without torchrun it starts its own ranks (--nproc-per-node per node; torchrun's multi-node options work too).
+    Started by torchrun (`torchrun --nproc-per-node 2 -m ppprof profile ...`) it runs as one rank.
+    """
+    torchrun = {name: options.pop(name) for name, _ in TORCHRUN_OPTIONS}
+    if resolved_config is not None:
+        cfg = resolve_config(None, json.loads(resolved_config))
+    elif resume_dir is not None:
+        check_resume_flags(resume_dir, options.get("out"), overwrite)
+        cfg = resume_config(resume_dir, config_path, options)
+    else:
+        cfg = resolve_config(config_path, options)
+    rank_main = functools.partial(profile_rank, resume=resume_dir is not None, overwrite=overwrite)
+    sys.exit(start("profile", rank_main, cfg, cfg, torchrun, resolved_config is not None, inject_fault,
+                   overwrite=overwrite, resume=resume_dir is not None))
+
+
+def check_resume_flags(resume_dir: str, out: str | None, overwrite: bool) -> None:
+    """--resume writes into the folder it resumes and keeps its samples: --out elsewhere and --overwrite are refused."""
+    if out is not None and Path(out) != Path(resume_dir):
+        raise ValueError(f"--out {out} with --resume {resume_dir}: a resumed run writes into the folder it resumes; "
+                         "drop --out")
+    if overwrite:
+        raise ValueError(f"--overwrite with --resume {resume_dir}: a resumed run keeps the samples it has; drop "
+                         "--overwrite (or start anew with --out DIR --overwrite)")

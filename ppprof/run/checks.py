@@ -1,0 +1,133 @@
+"""What is checked before any rank starts, beyond the settings' own checks (ppprof.config): the output folder, the
+master port, the adaptive design, the model and its split over the stages, the device and the start method, and
+whether this node's stages fit in its memory (ppprof.run.memory)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Callable
+
+from ppprof.config import BenchConfig, ProfileConfig
+from ppprof.dist.launch import in_worker
+from ppprof.model.attention_kernels import resolve_attention_backend
+from ppprof.run.memory import check_memory
+from ppprof.runfiles import LOCK_FILE, check_lock
+from ppprof.specs import load_spec, split_layers
+
+def check_output_folder(out: str | None, overwrite: bool = False, resume: bool = False, folder: bool = True) -> None:
+    """The run folder (or, by default, results/) can be created and written and (unless not `folder`) no live run
+    holds it, and it holds no files unless `overwrite` (replace its run) or `resume` (finish its run)."""
+    path = Path(out) if out else Path("results")
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--out {out or path}: exists and is not a folder; give a folder path")
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out or path}: {parent} is not a writable folder; choose another --out")
+    if not out or not path.is_dir() or not folder:
+        return
+    check_lock(path)
+    held = sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE)
+    if held and not (overwrite or resume):
+        shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+        raise ValueError(f"--out {out} is not empty (it holds {shown}): choose a new folder, add --overwrite to "
+                         f"replace its run, or finish an interrupted run with --resume {out}")
+
+
+def check_before_launch(cfg: ProfileConfig, world_size: int, local_ranks: int,
+                        torchrun: dict | None = None, overwrite: bool = False, resume: bool = False,
+                        folder: bool = True) -> None:
+    """What can be checked without any rank: the output folder (check_output_folder; what it holds only where
+    `folder`), the model resolves and splits over the stages, the device exists, the attention backend runs there,
+    the start method suits it, and this node's stages fit in its memory (check_memory)."""
+    check_output_folder(cfg.out, overwrite, resume, folder)
+    check_master_port(torchrun or {})
+    check_design(cfg)
+    spec = load_spec(cfg.model, num_layers=cfg.num_layers, dtype=cfg.dtype)
+    split_layers(spec.num_layers, world_size, cfg.layer_partition)
+    resolve_attention_backend(cfg.attention_backend, cfg.device)
+    if cfg.device == "cuda":
+        check_cuda(local_ranks, (torchrun or {}).get("start_method"))
+    check_memory(cfg, world_size, local_ranks, torchrun, spec=spec)
+
+
+LOCAL_HOSTS = (None, "", "localhost", "127.0.0.1", "::1", "0.0.0.0")
+
+
+MAX_PORT = 65535
+
+
+def check_master_port(torchrun: dict) -> None:
+    """--master-port is a port number and, where this launcher's node 0 hosts the rendezvous store on this host, free
+    (else every rank fails later on a bind error). Not under torchrun, which holds the port itself."""
+    port = torchrun.get("master_port")
+    if port is None or in_worker():
+        return
+    try:
+        number = int(str(port))
+    except ValueError:
+        number = -1
+    if not 1 <= number <= MAX_PORT:
+        raise ValueError(f"--master-port {port} must be a port number in 1..{MAX_PORT}")
+    if torchrun.get("master_addr") not in LOCAL_HOSTS or str(torchrun.get("node_rank") or 0) != "0":
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store binds it
+        try:
+            sock.bind(("", number))
+        except OSError as e:
+            raise ValueError(f"--master-port {number} is in use on this host ({e.strerror}): choose a free port, or "
+                             "leave --master-port out for a one-node run") from None
+
+
+def check_design(cfg: ProfileConfig) -> None:
+    """The adaptive design's initial design exists on the candidate grid and fits in --max-requests."""
+    if cfg.design != "adaptive":
+        return
+    from ppprof.fit.design import INITIAL_REQUESTS
+    from ppprof.probe.synth import make_probes
+
+    try:
+        make_probes(cfg)
+    except ValueError as e:
+        raise ValueError(f"--design adaptive with --prefix-lens {','.join(map(str, cfg.resolved_prefix_lens()))}: "
+                         f"{e}; give at least two prefix lengths (or none, for the default)") from None
+    if cfg.max_requests is not None and cfg.max_requests < INITIAL_REQUESTS:
+        raise ValueError(f"--max-requests {cfg.max_requests} is below the {INITIAL_REQUESTS} requests of the "
+                         f"adaptive design's initial design: use at least {INITIAL_REQUESTS}")
+
+
+def warnings(cfg: ProfileConfig) -> list[str]:
+    """Settings that run but do not measure what a server does, one line each."""
+    out = []
+    if cfg.max_mamba_cache_size < cfg.requests_per_probe:
+        out.append(f"--max-mamba-cache-size {cfg.max_mamba_cache_size} is below --requests-per-probe "
+                   f"{cfg.requests_per_probe}: a probe's Mamba slots cannot be taken in one grouped window (where the "
+                   "model has Mamba layers), so every request takes its slot one by one; raise it to "
+                   f"{cfg.requests_per_probe} to profile the grouped path")
+    return out
+
+
+def check_cuda(local_ranks: int, start_method: str | None) -> None:
+    """CUDA is visible with a GPU per local rank, and the ranks are not forked from a process that may hold CUDA."""
+    if start_method == "fork":
+        raise ValueError("--start-method fork cannot be used with --device cuda: a forked child cannot use CUDA "
+                         "once the parent touched it; use spawn (the default)")
+    import torch  # only here: input errors should not wait for torch
+
+    if not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is visible; use --device cpu")
+    if torch.cuda.device_count() < local_ranks:
+        raise ValueError(f"{local_ranks} ranks on this node exceed the {torch.cuda.device_count()} visible GPUs: "
+                         "one rank a GPU; lower --nproc-per-node")
+
+
+def bench_world_check(bench: BenchConfig) -> Callable[[int], None]:
+    def check(world_size: int) -> None:
+        if bench.num_stages % world_size:
+            raise ValueError(f"--pp {bench.num_stages} is not a multiple of the {world_size} ranks: use a multiple of "
+                             f"{world_size} (each rank runs --pp / ranks stages), or change --nproc-per-node")
+    return check

@@ -1,0 +1,55 @@
+"""Starting a distributed job once its settings are resolved: under torchrun this process is one rank; otherwise
+check what the ranks need once, take the run folder's lock and launch this node's ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Callable
+
+from ppprof.config import ProfileConfig
+from ppprof.dist.launch import in_worker, launch, num_nodes
+from ppprof.run.checks import check_before_launch, warnings
+from ppprof.runfiles import LOCK_HELD_ENV, release_lock, take_lock
+
+RESOLVED_CONFIG = "--resolved-config"
+"""The hidden flag by which the launcher hands each rank the resolved settings (ppprof.commands.options)."""
+
+
+def start(command: str, rank_main: Callable, settings, profile: ProfileConfig, torchrun: dict, resolved: bool,
+          fault: str | None, world_check: Callable[[int], None] | None = None, *, overwrite: bool = False,
+          resume: bool = False) -> int:
+    """Run `ppprof COMMAND` as a job: under torchrun this process is one rank (each rank checks the input before it
+    joins the group, so each exits 2 alike and none waits); otherwise check once, take the run folder's lock and
+    launch this node's ranks, each running `ppprof COMMAND --resolved-config JSON`. `settings` is the job's config
+    (ProfileConfig or BenchConfig), `profile` the profile settings in it; `world_check(world_size)` checks what
+    depends on the ranks; `overwrite` lets --out hold files, `resume` finishes the run there. Returns the exit
+    code."""
+    if in_worker():
+        if not resolved:
+            world_size = int(os.environ["WORLD_SIZE"])
+            (world_check or (lambda n: None))(world_size)
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+            # Across nodes a rank may start after rank 0 wrote into --out: rank 0 checks it (ppprof.run.profile).
+            check_before_launch(profile, world_size, local, torchrun, overwrite, resume, folder=world_size == local)
+        return rank_main(settings, fault)
+    world_size = num_nodes(torchrun.get("nnodes")) * profile.nproc_per_node
+    one_node = world_size == profile.nproc_per_node
+    (world_check or (lambda n: None))(world_size)
+    check_before_launch(profile, world_size, profile.nproc_per_node, torchrun, overwrite, resume, folder=one_node)
+    for line in warnings(profile):
+        print(f"warning: {line}", file=sys.stderr)
+    worker_args = ([command, RESOLVED_CONFIG, json.dumps(settings.to_dict())] + (["--inject-fault", fault] if fault
+                                                                                 else [])
+                   + (["--resume", profile.out] if resume else []) + (["--overwrite"] if overwrite else []))
+    if not profile.out or not one_node:  # rank 0 names a new folder, or checks and locks it for every node
+        return launch(profile.nproc_per_node, torchrun, worker_args, job=command)
+    Path(profile.out).mkdir(parents=True, exist_ok=True)
+    take_lock(profile.out)
+    os.environ[LOCK_HELD_ENV] = "1"  # the ranks inherit it: their launcher holds the lock
+    try:
+        return launch(profile.nproc_per_node, torchrun, worker_args, job=command)
+    finally:
+        release_lock(profile.out)

@@ -1,0 +1,146 @@
+"""Where the user's input enters a job: its settings resolved once (flags > --config YAML > defaults, typed by
+ppprof.config), those of an interrupted run for --resume (its run.json, flags that may change winning), and a bench's
+(the profile's run.json beside the policy, its flags winning)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import yaml
+
+from ppprof.checks import is_int
+from ppprof.config import BENCH_STRATEGIES, BenchConfig, ProfileConfig, flag as config_flag
+from ppprof.policy.schema import load_policy
+from ppprof.runfiles import COMPLETE, RUN_FILE, read_run_json
+from ppprof.specs import parse_partition
+
+CONFIG_FIELDS = {f.name for f in dataclasses.fields(ProfileConfig)}
+
+
+def read_config_file(path: str) -> dict:
+    """Settings from a YAML file; keys are ProfileConfig fields (dashes or underscores)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        raise ValueError(f"--config {path}: cannot read it ({e.strerror}); give an existing YAML file") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"--config {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    data = data or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path} must hold a mapping of settings, e.g. 'base_chunk_size: 512'")
+    out = {}
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        if name not in CONFIG_FIELDS:
+            raise ValueError(f"--config {path}: unknown setting {key!r}; known: {', '.join(sorted(CONFIG_FIELDS))}")
+        out[name] = value
+    return out
+
+
+def given_settings(config_path: str | None, flags: dict) -> dict:
+    """The settings a user gave: the --config YAML's, the flags that were given (not None) winning."""
+    merged = read_config_file(config_path) if config_path else {}
+    merged.update({k: v for k, v in flags.items() if v is not None})
+    return merged
+
+
+def resolve_config(config_path: str | None, flags: dict) -> ProfileConfig:
+    """The settings of a job: flags > --config YAML > defaults, each field typed and bounded (ProfileConfig); the
+    list settings (layer_partition, prefix_lens) also as comma-separated text ("3,5") or, from YAML, one integer."""
+    merged = given_settings(config_path, flags)
+    for key in ("layer_partition", "prefix_lens"):
+        value = merged.get(key)
+        if isinstance(value, str):
+            merged[key] = parse_partition(value) if key == "layer_partition" else _int_list(value, key)
+        elif is_int(value):
+            merged[key] = [value]
+    try:
+        return ProfileConfig(**merged)
+    except TypeError as e:  # a YAML value of the wrong type
+        raise ValueError(f"bad setting: {e}") from None
+
+
+def _int_list(text: str, key: str) -> list[int]:
+    try:
+        return [int(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise ValueError(f"--{key.replace('_', '-')} {text!r} must be comma-separated integers, e.g. 512,1024") from None
+
+
+RESUMABLE_FIELDS = ("timeout", "fit")
+"""Settings a resumed run may change: they do not change what is measured."""
+
+
+def resume_config(run_dir: str, config_path: str | None, flags: dict) -> ProfileConfig:
+    """The settings of the interrupted run in `run_dir` (its run.json), out set to `run_dir`. A flag or --config
+    setting that differs from the recorded one (but --timeout, --fit) is refused: the resumed probes must be those
+    of the uninterrupted run."""
+    run_file = Path(run_dir) / RUN_FILE
+    if not run_file.is_file():
+        raise ValueError(f"--resume {run_dir}: {run_file} does not exist; give the run folder of an interrupted "
+                         "`ppprof profile`")
+    run = read_run_json(run_file)
+    if run["status"] == COMPLETE:
+        raise ValueError(f"--resume {run_dir}: the run is complete (status in {run_file}); nothing to resume")
+    if run["config"].get("design") == "adaptive":
+        raise ValueError(f"--resume {run_dir}: an adaptive design chose its probes from what it had measured and "
+                         f"cannot be resumed; start a new run with another --out (it costs a fraction of the grid)")
+    recorded = {k: v for k, v in run["config"].items() if k in CONFIG_FIELDS}
+    recorded["out"] = str(run_dir)
+    base = resolve_config(None, recorded)
+    given = given_settings(config_path, flags)
+    given.pop("out", None)
+    for key, value in given.items():
+        if key in RESUMABLE_FIELDS:
+            continue
+        try:
+            same = getattr(resolve_config(None, {**recorded, key: value}), key) == getattr(base, key)
+        except ValueError:
+            same = False
+        if not same:
+            flag = config_flag(key)
+            raise ValueError(f"--resume {run_dir}: {flag} {value} differs from the run's recorded "
+                             f"{getattr(base, key)!r}; drop {flag} (a resumed run keeps its settings) or start a new "
+                             "run with another --out")
+    return resolve_config(None, {**recorded, **given})
+
+
+def resolve_bench(policy_path: str, flags: dict) -> BenchConfig:
+    """The bench's settings: the profile's (run.json beside the policy), the flags winning."""
+    run_file = Path(policy_path).parent / RUN_FILE
+    if not Path(policy_path).is_file():
+        raise ValueError(f"policy file {policy_path} does not exist: give a policy.json written by `ppprof profile`")
+    load_policy(policy_path)  # checked as `ppprof validate` checks it, before any rank starts
+    if not run_file.is_file():
+        raise ValueError(f"{run_file} does not exist: `ppprof bench` needs the run.json of the profile that wrote "
+                         f"{policy_path} (the model, split and device come from it)")
+    run = read_run_json(run_file)
+    profile = {k: v for k, v in run["config"].items() if k in CONFIG_FIELDS}
+    profile["torch_threads"] = run.get("torch_threads")  # measure under the profile's conditions
+    profile.update({k: v for k, v in flags.pop("profile").items() if v is not None})
+    profile["out"] = flags.get("out")
+    profile = resolve_config(None, profile)
+    strategies = flags.pop("strategies")
+    strategies = tuple(s.strip() for s in strategies.split(",") if s.strip()) if strategies else BENCH_STRATEGIES
+    if flags.get("plans") is not None:
+        flags["plans"] = read_plans(flags["plans"])
+        if not flags.get("prompt_lens") and isinstance(flags["plans"], dict):
+            flags["prompt_lens"] = tuple(sorted(int(n) for n in flags["plans"] if n.isdigit()))
+    stages = run.get("layer_partition") or [None] * run.get("world_size", 1)
+    return BenchConfig(policy=str(policy_path), profile=profile, strategies=strategies,
+                       profiled_stages=len(stages), **{k: v for k, v in flags.items() if v is not None})
+
+
+def read_plans(path: str) -> dict:
+    """The plans of a `--plans` file: `ppprof tune --json` output (its "plans") or {"<prompt_len>": {name: chunks}}."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"--plans file {path} does not exist: write it with `ppprof tune ... --json > {path}`") \
+            from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"--plans file {path} is not readable JSON ({e.__class__.__name__}): give the JSON of "
+                         f"`ppprof tune --json`") from None
+    return data.get("plans", data) if isinstance(data, dict) else data
