@@ -21,7 +21,7 @@ KEPT = {
     ("history_len", "docs/policy.md"): "ppprof 0.1",
     ("chunk_len", "ppprof/fit/samples.py"): "ppprof 0.1",  # samples.csv of ppprof 0.1: the column is read as chunk_size
     ("chunk_len", "docs/policy.md"): "ppprof 0.1",
-    ("ppprof export --format", "ppprof/policy/cli.py"): "fmt",  # export's hidden --format, the old name of --server
+    ("ppprof export --format", "ppprof/commands/export.py"): "fmt",  # export's hidden --format, the old name of --server
 }
 """(synonym, file) -> where an old name stays on purpose, for compatibility: on every line of the file (""), or on the
 lines that hold the marker. An entry nothing needs any longer fails test_kept_entries_are_still_needed."""

@@ -15,7 +15,7 @@ LAYERS = (
     ("ppprof.config",),
     ("ppprof.model", "ppprof.policy", "ppprof.runfiles"),
     ("ppprof.servers",),
-    ("ppprof.fit", "ppprof.policy.cli"),
+    ("ppprof.fit",),
     ("ppprof.dist",),
     ("ppprof.probe",),
     ("ppprof.bench",),
@@ -24,8 +24,7 @@ LAYERS = (
     ("ppprof.cli",),
     ("ppprof.__main__",),
 )
-"""Lowest first. A module may import modules of its own unit (its subpackage) and of any unit in a lower layer.
-ppprof.policy.cli (the plan, export and validate commands) sits above ppprof.servers, whose export it runs."""
+"""Lowest first. A module may import modules of its own unit (its subpackage) and of any unit in a lower layer."""
 
 TORCH_FREE = ("ppprof.bounds", "ppprof.checks", "ppprof.chunks", "ppprof.io", "ppprof.plotting", "ppprof.policy",
               "ppprof.servers", "ppprof.fit", "ppprof.runfiles", "ppprof.config", "ppprof.specs")

@@ -25,4 +25,4 @@ def test_a_server_loading_a_policy_imports_no_heavy_module_and_jsonschema_only_w
 
 
 def test_fit_does_not_import_torch():
-    assert "torch" not in loaded_after("import ppprof.fit, ppprof.fit.cli, ppprof.fit.plots")
+    assert "torch" not in loaded_after("import ppprof.fit, ppprof.fit.plots")

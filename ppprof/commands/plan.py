@@ -1,5 +1,4 @@
-"""`ppprof plan`, `ppprof export`, `ppprof validate`: the click commands over a policy file and what they print; the
-work is in planners, timeline, export and schema."""
+"""`ppprof plan`: the chunk plans of one prompt under a policy, with predicted latencies and TTFT, and a timeline."""
 
 from __future__ import annotations
 
@@ -10,10 +9,8 @@ from pathlib import Path
 import click
 
 from ppprof.policy.planners import STRATEGIES, Plan, default_num_stages, plan_prompt
-from ppprof.policy.schema import SCHEMA_FILE, extrapolation, load_policy, summary
+from ppprof.policy.schema import extrapolation, load_policy
 from ppprof.policy.timeline import write_timeline
-from ppprof.servers import SERVERS
-from ppprof.servers.export import export, export_data
 
 
 def run_length(values, fmt="{}") -> str:
@@ -69,43 +66,3 @@ def plan_command(policy_path, prompt_len, num_stages, strategy, as_json, png) ->
     for p in plans:
         echo_plan(p)
     click.echo(f"timeline: {png}")
-
-
-@click.command("export", epilog="Example: ppprof export results/my-run/policy.json --server sglang")
-@click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False))
-@click.option("--server", type=click.Choice(SERVERS), default=None,
-              help="The server whose flags carry the policy (required).")
-@click.option("--format", "fmt", type=click.Choice(SERVERS), default=None, hidden=True,
-              help="Deprecated: the old name of --server.")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print JSON: flags, comments and where the server's rule differs.")
-def export_command(policy_path, server, fmt, as_json) -> None:
-    """Print the server settings that carry POLICY (SGLang, vllm-ascend or ATOM), and where that server's own rule
-    would size chunks differently with them."""
-    if server is not None and fmt is not None and server != fmt:
-        raise click.UsageError(f"--server {server} and --format {fmt} name different servers: give --server alone")
-    server = server or fmt
-    if server is None:
-        raise click.UsageError(f"Missing option '--server': give one of {', '.join(SERVERS)}")
-    policy = load_policy(policy_path)
-    if as_json:
-        click.echo(json.dumps(export_data(policy, server, policy_path), indent=2))
-    else:
-        click.echo(export(policy, server, policy_path))
-
-
-@click.command("validate", epilog="Example: ppprof validate results/my-run/policy.json")
-@click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False), required=False)
-@click.option("--schema", "show_schema", is_flag=True,
-              help="Print the policy's JSON Schema (draft 2020-12), the contract servers validate against.")
-def validate_command(policy_path, show_schema) -> None:
-    """Check POLICY against the policy schema and the rule; print 'ok ...' (exit 0) or one line naming the field
-    (exit 2). With --schema, print the JSON Schema instead."""
-    if show_schema:
-        if policy_path is not None:
-            raise click.UsageError("--schema prints the schema and takes no POLICY: give one or the other")
-        click.echo(SCHEMA_FILE.read_text(), nl=False)
-        return
-    if policy_path is None:
-        raise click.UsageError("Missing argument 'POLICY': give a policy.json, or --schema to print the schema")
-    click.echo(f"ok {policy_path}: {summary(load_policy(policy_path))}")
