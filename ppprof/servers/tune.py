@@ -187,7 +187,7 @@ def tune(policy: Policy, workload: Workload, num_stages: int, server: str = DEFA
     """The recommendation and its comparison (what `ppprof tune --json` prints, less the plot path). `forwards`: the
     profile's samples, which a server that fits at boot fits its model to (else its model comes from the policy's)."""
     tuner = Tuner(policy, workload, num_stages, server, extrapolate=extrapolate, forwards=forwards)
-    scored_current, ignored = score_current(tuner, current)
+    scored_current, current_calibration, ignored = score_current(tuner, current)
     own = tuner.server.setting_of(policy)
     if tuner.model is None:
         own = replace(own, dynamic=False)
@@ -195,13 +195,16 @@ def tune(policy: Policy, workload: Workload, num_stages: int, server: str = DEFA
     inside = [st for st in (own, scored_current.setting) if tuner.max_chunk is None or
               max(st.base_chunk_size, tuner.server.fixed_chunk_size(st)) <= tuner.max_chunk]
     best, best_fixed = tuner.search(inside)
-    if scored_current.mean_ms < best.mean_ms:  # the user's own calibration (ATOM) can beat ppprof's model
+    current_wins = scored_current.mean_ms < best.mean_ms  # the user's own calibration (ATOM) can beat ppprof's model
+    if current_wins:
         best = scored_current
     best = Scored(best.setting, "recommended", best.ttft_ms, best.mean_ms, best.p90_ms, best.plans)
     best_fixed.label = "best fixed"
     optimal = tuner.optimal([best, best_fixed, scored_current, scored_policy])
     opt_ttft = np.array([t for _, t in optimal])
-    calibration = tuner.server.calibration(policy) if best.setting.dynamic else None
+    calibration = None
+    if best.setting.dynamic:  # the calibration the winner was scored with: the user's where their flags won
+        calibration = (current_wins and current_calibration) or tuner.server.calibration(policy)
     env, args = tuner.server.format_flags(best.setting, calibration)
     rows = [scored_current, scored_policy, best, best_fixed]
     mean_opt = float(opt_ttft @ tuner.weights)
@@ -226,9 +229,9 @@ def tune(policy: Policy, workload: Workload, num_stages: int, server: str = DEFA
     }
 
 
-def score_current(tuner: Tuner, current: str | None) -> tuple[Scored, list[str]]:
-    """(the user's current flags, or the server's defaults, scored; the tokens of `current` ignored), limited to the
-    policy's context."""
+def score_current(tuner: Tuner, current: str | None) -> tuple[Scored, LatencyModel | None, list[str]]:
+    """(the user's current flags, or the server's defaults, scored; the calibration they carry (ATOM), None without;
+    the tokens of `current` ignored), limited to the policy's context."""
     page = tuner.policy.settings.page_size
     if current is not None:
         setting, calibration, ignored = tuner.server.parse_flags(current, page)
@@ -237,7 +240,7 @@ def score_current(tuner: Tuner, current: str | None) -> tuple[Scored, list[str]]
         setting, calibration, ignored = tuner.server.default_setting(page), None, []
         label = "server default"
     setting = tuner.server.with_context(setting, tuner.policy.settings.context_len)
-    return tuner.score(setting, label, calibration), ignored
+    return tuner.score(setting, label, calibration), calibration, ignored
 
 
 def notes(tuner: Tuner, workload: Workload, scored: tuple[Scored, ...], ignored: list[str]) -> list[str]:

@@ -107,3 +107,24 @@ def test_a_longer_prompts_chunks_cut_into_a_shorter_ones():
     for n in (1, 99, 100, 101, 350, 1000):
         plan = cut(chunks, n)
         assert plan.sum() == n and list(plan[:-1]) == list(chunks[: len(plan) - 1]), f"{n=} {plan=}"
+
+
+def test_when_the_users_own_flags_win_their_calibration_is_the_one_recommended(monkeypatch):
+    """ATOM's flags carry a calibration: where the user's current flags score best, the recommended command must
+    carry the calibration they were scored with, not ppprof's."""
+    from ppprof.servers.tune import Scored, Tuner
+
+    search = Tuner.search
+
+    def worse_search(self, inside):  # every searched candidate made slower than anything the user could give
+        best, best_fixed = search(self, inside)
+        return (Scored(best.setting, best.label, best.ttft_ms * 10, best.mean_ms * 10, best.p90_ms * 10, best.plans),
+                best_fixed)
+
+    monkeypatch.setattr(Tuner, "search", worse_search)
+    mine = "3e-06,0.02,1,0.0002"
+    current = (f"--enable-dynamic-chunking --dynamic-chunking-base-size 4096 --max-num-batched-tokens 4096 "
+               f"--dynamic-chunking-calibration {mine}")
+    r = tune(policy(), parse_prompt_spec("8192,32768"), 4, "atom", current)
+    assert r["recommended"]["setting"] == r["settings"]["current"]["setting"]
+    assert f"--dynamic-chunking-calibration {mine}" in r["recommended"]["command"], r["recommended"]["command"]
