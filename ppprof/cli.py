@@ -42,12 +42,7 @@ def main() -> None:
     """Profile prefill chunks on a pipeline-parallel model and write a dynamic-chunk policy for servers."""
 
 
-from ppprof.fit.cli import compare_command, fit_command, tune_command  # noqa: E402
-from ppprof.policy.cli import export_command, plan_command, validate_command  # noqa: E402
-from ppprof.commands.bench import bench as bench_command  # noqa: E402
-from ppprof.commands.model import model as model_command  # noqa: E402
-from ppprof.commands.profile import profile as profile_command  # noqa: E402
+from ppprof.commands import COMMANDS  # noqa: E402
 
-for command in (model_command, profile_command, fit_command, plan_command,
-                export_command, tune_command, validate_command, bench_command, compare_command):
+for command in COMMANDS:
     main.add_command(command)

@@ -14,6 +14,7 @@ LAYERS = (
     ("ppprof.plotting", "ppprof.specs"),
     ("ppprof.config",),
     ("ppprof.model", "ppprof.policy", "ppprof.runfiles"),
+    ("ppprof.servers",),
     ("ppprof.fit",),
     ("ppprof.dist",),
     ("ppprof.probe",),
@@ -26,9 +27,9 @@ LAYERS = (
 )
 """Lowest first. A module may import modules of its own unit (its subpackage) and of any unit in a lower layer."""
 
-TORCH_FREE = ("ppprof.bounds", "ppprof.checks", "ppprof.chunks", "ppprof.io", "ppprof.plotting", "ppprof.policy", "ppprof.fit", "ppprof.runfiles",
-              "ppprof.config", "ppprof.specs", "ppprof.adaptive.design", "ppprof.adaptive.uncertainty",
-              "ppprof.adaptive.probes", "ppprof.adaptive.step")
+TORCH_FREE = ("ppprof.bounds", "ppprof.checks", "ppprof.chunks", "ppprof.io", "ppprof.plotting", "ppprof.policy",
+              "ppprof.servers", "ppprof.fit", "ppprof.runfiles", "ppprof.config", "ppprof.specs",
+              "ppprof.adaptive.design", "ppprof.adaptive.uncertainty", "ppprof.adaptive.probes", "ppprof.adaptive.step")
 DISTRIBUTED = ("ppprof.dist", "ppprof.run")
 """The only units that may touch torch.distributed."""
 
@@ -184,3 +185,9 @@ def test_the_check_catches_an_upward_import_into_probe_even_inside_a_function(tm
     assert ["ppprof.probe.synth", "ppprof.run.profile"] in [
         [m for m in c if m in ("ppprof.probe.synth", "ppprof.run.profile")] for c in cycles(without_package_inits(edges))
     ], "run.profile imports probe.synth, so the new import closes a cycle"
+
+
+def test_the_servers_import_no_click_sklearn_or_pandas():
+    """ppprof.servers is pure: the commands that use it (click) and the fits below it (sklearn, pandas) stay out."""
+    for forbidden in ("click", "sklearn", "pandas"):
+        assert external_imports(("ppprof.servers",), forbidden) == [], forbidden

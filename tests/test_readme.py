@@ -9,7 +9,7 @@ from ppprof.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 
-PENDING_FLAGS = {("export", "--server"): "--format"}
+PENDING_FLAGS: dict[tuple[str, str], str] = {}
 """(command, new flag) -> the flag it replaces, for a rename the docs already use and the code has not made yet: the new
 flag is accepted while the command still has the old one and not the new. Delete an entry once its rename lands
 (test_pending_flags_are_still_pending says when)."""

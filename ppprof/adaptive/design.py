@@ -9,7 +9,7 @@ chunk-size table and of the predicted TTFT per second they cost. Pure numpy; no 
    time (a point that costs k times more must carry k times the information). Greedy, then Fedorov exchange;
    at least MIN_PREFIX_LEVELS prefix lengths and two chunk sizes (what the fit needs). Each point INITIAL_REPEATS
    times, so that the first fit sees the noise.
-2. Next batch (after a fit and its bootstrap, ppprof.fit.uncertainty): for each quantity q not yet stable (a table
+2. Next batch (after a fit and its bootstrap, ppprof.adaptive.uncertainty): for each quantity q not yet stable (a table
    entry's chunk size at both ends of the entry, in alignment units; predicted TTFT, in units of 2% of it), its
    gradient in the coefficients, and Var(q) = sigma^2 g^T M^-1 g with M = sum w z z^T, w = 1 / y_hat^2 (timing noise
    is relative). Adding a request at z lowers sum Var(q) / tol_q^2 by w (g^T M^-1 z)^2 / (1 + w z^T M^-1 z)

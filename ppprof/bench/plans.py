@@ -1,20 +1,18 @@
-"""The chunk plans a bench runs: for each prompt length, one per strategy (fixed sizes around B, SGLang's rule on a
-quadratic fit of the profile's samples, the policy's greedy rule, the DP-optimal plan), each with the TTFT the policy
-predicts. Pure: no torch."""
+"""The chunk plans a bench runs: for each prompt length, one per strategy (fixed sizes around B, a server's rule on
+that server's boot fit of the profile's samples, the policy's greedy rule, the DP-optimal plan), each with the TTFT the
+policy predicts. Pure: no torch."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ppprof.chunks import align_down, walk
-from ppprof.fit.build import fit_samples
-from ppprof.fit.samples import read_run, read_samples
+from ppprof.chunks import align_down
+from ppprof.fit.samples import read_samples
 from ppprof.policy.planners import fixed_chunks, optimal_chunks, predicted
-from ppprof.config import ChunkSettings
-from ppprof.policy.rule import LatencyModel, next_chunk_size
 from ppprof.policy.schema import Policy
-
+from ppprof.servers import REGISTRY, Server
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,20 +33,15 @@ def fixed_sizes(base_chunk_size: int, alignment: int, sweep: bool) -> list[int]:
     return sorted({align_down(base_chunk_size * k // 4, alignment) for k in (1, 2, 4, 8)})
 
 
-def rule_chunks(model: LatencyModel, settings: ChunkSettings, target_ms: float, prompt_len: int) -> list[int]:
-    """The chunks the equal-latency rule gives with this model (the last chunk takes the rest)."""
-    return walk(lambda done: next_chunk_size(model, settings, target_ms, done), prompt_len)
-
-
-def sglang_model(policy: Policy, samples_path: Path) -> tuple[LatencyModel, float] | None:
-    """SGLang's model of the same samples: the prefix-free quadratic and its target, or None where SGLang would turn
-    dynamic chunking off (no fit, or a <= 0)."""
-    samples = read_samples(samples_path)
-    fitted = fit_samples(samples, read_run(samples_path), policy.settings, "quadratic")
-    if fitted["latency_model"] is None or fitted["target_latency_ms"] is None:
-        return None
-    model = LatencyModel.from_dict(fitted["latency_model"])
-    return (model, fitted["target_latency_ms"]) if model.a > 0 else None
+def server_plan(server: Server, policy: Policy, samples_path: Path | None) -> Callable[[int], list[int]]:
+    """The chunks `server` prefills a prompt in with the policy's flags (what `ppprof export` writes) and dynamic
+    chunking on, with the model it would have: its boot fit of the profile's samples where given (else derived from
+    the policy's model), as `ppprof tune` scores it. Without a model it would use, its fixed chunks."""
+    forwards = read_samples(samples_path) if samples_path is not None and server.fits_at_boot else None
+    model = server.model_for(policy, forwards)
+    setting = replace(server.setting_of(policy), dynamic=model is not None)
+    context_len = policy.settings.context_len
+    return lambda prompt_len: server.chunks(setting, model, context_len, prompt_len)
 
 
 def arms(policy: Policy, samples_path: Path | None, prompt_lens, strategies, num_stages: int,
@@ -56,7 +49,8 @@ def arms(policy: Policy, samples_path: Path | None, prompt_lens, strategies, num
     """Every plan to run: for each prompt length, each requested strategy (fixed-best as its fixed sweep), and the
     `extra` plans ({"<prompt_len>": {name: chunks}}, `--plans`) as plan-<name>."""
     settings, model = policy.settings, policy.model
-    sglang = sglang_model(policy, samples_path) if "sglang" in strategies and samples_path else None
+    servers = {name: server_plan(server, policy, samples_path) for name, server in REGISTRY.items()
+               if name in strategies}
     out = []
     for prompt_len in prompt_lens:
         plans: dict[str, list[int]] = {}
@@ -64,9 +58,8 @@ def arms(policy: Policy, samples_path: Path | None, prompt_lens, strategies, num
             plans[f"fixed-{size}"] = fixed_chunks(size, prompt_len)
         if "fixed" in strategies:
             plans[f"fixed-{settings.base_chunk_size}"] = fixed_chunks(settings.base_chunk_size, prompt_len)
-        if "sglang" in strategies:
-            plans["sglang"] = (rule_chunks(sglang[0], settings, sglang[1], prompt_len) if sglang
-                               else fixed_chunks(settings.base_chunk_size, prompt_len))
+        for name, chunks_of in servers.items():
+            plans[name] = chunks_of(prompt_len)
         if "greedy" in strategies:
             plans["greedy"] = policy.plan(prompt_len)
         for name, chunks in ((extra or {}).get(str(prompt_len)) or {}).items():

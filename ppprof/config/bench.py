@@ -11,7 +11,8 @@ from ppprof.config.profile import ProfileConfig
 
 BENCH_STRATEGIES = ("fixed", "fixed-best", "sglang", "greedy", "optimal")
 """What `ppprof bench --strategies` takes. fixed: B; fixed-best: the best measured of B/4, B/2, B, 2B; sglang:
-SGLang's rule on a quadratic fit of the same samples; greedy: the policy's rule; optimal: the DP plan."""
+SGLang's rule with the policy's flags on SGLang's boot fit of the same samples (ppprof.servers, as `ppprof tune` scores
+it); greedy: the policy's rule; optimal: the DP plan."""
 MAX_REPEATS = 1000
 """The most prompts a bench runs per (prompt length, strategy)."""
 

@@ -157,7 +157,7 @@ class ProfileConfig:
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"--attention-backend {short(self.attention_backend)} is unknown: use one of "
                              f"{', '.join(ATTENTION_BACKENDS)}")
-        self.check_design()
+        self.check_design_bounds()
         if not is_number(self.timeout) or not MIN_TIMEOUT_S <= self.timeout <= MAX_TIMEOUT_S:
             raise ValueError(f"--timeout {self.timeout!r} must be a number of seconds in {MIN_TIMEOUT_S:g}.."
                              f"{MAX_TIMEOUT_S:g}, e.g. 60")
@@ -195,7 +195,8 @@ class ProfileConfig:
         if self.fit or self.design == "adaptive":  # the rule the policy will carry, or the design makes certain
             self.chunk_settings()
 
-    def check_design(self) -> None:
+    def check_design_bounds(self) -> None:
+        """--design is known, and --max-requests and --max-seconds are bounded and given only with the adaptive one."""
         if self.design not in DESIGNS:
             raise ValueError(f"--design {self.design!r} is unknown: use one of {', '.join(DESIGNS)}")
         if self.max_requests is not None:

@@ -6,6 +6,6 @@
 from ppprof.fit.build import fit, fit_run, fit_samples
 from ppprof.fit.samples import Samples, read_run, read_samples
 from ppprof.fit.settings import resolve_settings
-from ppprof.fit.summary import summary
+from ppprof.fit.summary import fit_summary
 
-__all__ = ["Samples", "fit", "fit_run", "fit_samples", "read_run", "read_samples", "resolve_settings", "summary"]
+__all__ = ["Samples", "fit", "fit_run", "fit_samples", "read_run", "read_samples", "resolve_settings", "fit_summary"]

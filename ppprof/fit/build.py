@@ -20,6 +20,7 @@ from ppprof.config import ChunkSettings
 from ppprof.policy.rule import MODEL_NAMES, LatencyModel
 from ppprof.policy.schema import RULE_TEXT, SCHEMA_VERSION, make_table, save
 from ppprof.runfiles import SAMPLES_FILE
+from ppprof.servers.sglang import PARITY
 
 POLICY_FILE = "policy.json"
 PROFILE_LATENCY_MODEL = "auto"
@@ -96,13 +97,13 @@ def select_and_gate(fitted: dict[str, Fit], failed: dict[str, str], per_model: d
 
 def fit_samples(samples: Samples, run: dict | None, settings: ChunkSettings, latency_model: str = "auto",
                 parity: str | None = None) -> dict:
-    """Fit and gate; return the policy dict (nothing is written). parity "sglang": SGLang's own fit instead
+    """Fit and gate; return the policy dict (nothing is written). parity PARITY: SGLang's own fit instead
     (ppprof.fit.parity), for the quadratic model only."""
     if latency_model not in LATENCY_MODEL_CHOICES:
         raise ValueError(f"--latency-model {latency_model} is unknown: use one of {', '.join(LATENCY_MODEL_CHOICES)}")
     if parity is not None:
-        if parity != "sglang" or latency_model != "quadratic":
-            raise ValueError(f"--parity {parity} with --latency-model {latency_model}: parity is 'sglang' and needs "
+        if parity != PARITY or latency_model != "quadratic":
+            raise ValueError(f"--parity {parity} with --latency-model {latency_model}: parity is '{PARITY}' and needs "
                              "--latency-model quadratic (the only model SGLang fits)")
         model, reason, diag = sglang_fit(samples)
         diag.update({"requested_model": latency_model, "bottleneck_stage": samples.bottleneck_stage})

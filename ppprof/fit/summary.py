@@ -1,8 +1,13 @@
-"""The few lines `ppprof fit` prints about a policy it wrote."""
+"""The few lines `ppprof fit` prints about a policy it wrote, and the note on a run that did not complete."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pandas as pd
+
+from ppprof.fit.samples import read_run
+from ppprof.runfiles import COMPLETE
 
 
 def num(value, spec: str) -> str:
@@ -10,7 +15,7 @@ def num(value, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-def summary(path: Path, policy: dict) -> str:
+def fit_summary(path: Path, policy: dict) -> str:
     """A few lines for people."""
     diag = policy["diagnostics"]
     s = policy["settings"]
@@ -45,3 +50,16 @@ def summary(path: Path, policy: dict) -> str:
                  f"{s['smooth_factor']:g}, floor {s['min_chunk_size']}, cap {s['max_chunk_size']}, "
                  f"{len(policy['table']['chunk_size'])} table entries")
     return "\n".join(lines)
+
+
+def incomplete_run_note(samples_path: str) -> str | None:
+    """One line when the run that wrote SAMPLES did not complete (run.json's status): what the fit stands on."""
+    run = read_run(samples_path)
+    if run is None or run["status"] == COMPLETE:
+        return None
+    frame = pd.read_csv(samples_path)
+    probes = frame["probe"].nunique() if "probe" in frame.columns else None
+    total = run.get("num_probes")
+    kept = f"the {len(frame)} samples of {probes} of {total} probes" if probes and total else f"its {len(frame)} samples"
+    return (f"the run in {Path(samples_path).parent} is {run['status']} (run.json), not complete: fitted {kept}; "
+            f"`ppprof profile --resume {Path(samples_path).parent}` finishes it")

@@ -38,7 +38,7 @@ def make_samples(model: LatencyModel, *, base_chunk_size: int, prefixes=(), chun
     for stage in range(num_stages):
         frame[stage_column(stage)] = latency * (1.0 if stage == bottleneck_stage else 0.6)
     frame["latency_ms"] = latency * (1.0 + 0.6 * (num_stages - 1))
-    frame["bottleneck_stage"] = bottleneck_stage
+    frame["slowest_stage"] = bottleneck_stage
     return frame
 
 

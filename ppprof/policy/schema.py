@@ -301,10 +301,10 @@ def save(path: str | Path, data: dict) -> Path:
 def validate(policy: Policy) -> str:
     """Deep sanity check (check_policy); returns a one-line summary or raises ValueError with the reason."""
     check_policy(policy)
-    return summary(policy)
+    return summary_line(policy)
 
 
-def summary(policy: Policy) -> str:
+def summary_line(policy: Policy) -> str:
     """One line: status, model, table size, the chunk range and the profiled domain."""
     B = policy.base_chunk_size
     if policy.status == "static":

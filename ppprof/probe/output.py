@@ -24,7 +24,7 @@ def samples_frame(probes: list[Probe], stage_ms: list[list[list[float]]], e2e_ms
                    "chunk_size": pr.chunk_size}
             row.update({stage_column(s): round(v, 4) for s, v in enumerate(lat)})
             row["latency_ms"] = round(e2e_ms[p][i], 4)
-            row["bottleneck_stage"] = max(range(num_stages), key=lat.__getitem__)
+            row["slowest_stage"] = max(range(num_stages), key=lat.__getitem__)
             row["design_step"] = probe.design_step
             rows.append(row)
     return pd.DataFrame(rows)

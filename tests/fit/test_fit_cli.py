@@ -64,5 +64,5 @@ def test_cap_below_base_chunk_is_allowed(tmp_path):
     assert all(size <= 1984 for size in table["chunk_size"][1:-1]), table
     result = CliRunner().invoke(main, ["validate", str(out)])
     assert result.exit_code == 0, result.output
-    result = CliRunner().invoke(main, ["export", str(out), "--format", "sglang"])
+    result = CliRunner().invoke(main, ["export", str(out), "--server", "sglang"])
     assert "--chunked-prefill-size 4096 --max-prefill-tokens 2000" in result.output, result.output

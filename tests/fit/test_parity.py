@@ -45,7 +45,7 @@ def test_parity_fit_equals_the_rederivation_exactly(tmp_path, noise, num_outlier
     assert policy.status == "dynamic"
     assert (policy.model.a, policy.model.b, policy.model.c) == tuple(float(v) for v in want)
     assert json.loads((tmp_path / "p.json").read_text())["diagnostics"]["parity"] == "sglang"
-    out = CliRunner().invoke(main, ["export", str(tmp_path / "p.json"), "--format", "sglang"]).output
+    out = CliRunner().invoke(main, ["export", str(tmp_path / "p.json"), "--server", "sglang"]).output
     assert "# fit: SGLang's own" in out
 
 
@@ -62,3 +62,14 @@ def test_parity_needs_the_quadratic_model(tmp_path):
     csv = write_run_dir(tmp_path, make_samples(TRUE, base_chunk_size=4096), base_chunk_size=4096)
     r = CliRunner().invoke(main, ["fit", str(csv), "--parity", "sglang"])
     assert r.exit_code == 2 and "needs --latency-model quadratic" in r.stderr
+
+
+def test_the_parity_fit_is_the_sglang_modules_boot_fit(tmp_path):
+    from ppprof.fit.parity import sglang_fit
+    from ppprof.fit.samples import read_samples
+    from ppprof.servers.sglang import SGLANG
+
+    frame = make_samples(TRUE, base_chunk_size=4096, prefixes=(4096,), chunk_sizes=(512, 2048), noise=0.05, seed=5)
+    samples = read_samples(write_run_dir(tmp_path, frame, base_chunk_size=4096))
+    model, reason, diag = sglang_fit(samples)
+    assert model == SGLANG.boot_fit(samples) and reason == "SGLang parity fit" and diag["dropped_rows"] == [1]

@@ -46,21 +46,21 @@ def test_plan_bad_input_exit_2_nothing_written(tmp_path):
 
 def test_export_formats(tmp_path):
     path = write(tmp_path, smooth_factor=0.7)
-    out = CliRunner().invoke(main, ["export", path, "--format", "sglang"]).output
+    out = CliRunner().invoke(main, ["export", path, "--server", "sglang"]).output
     assert "export SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR=0.7" in out
     assert "--enable-dynamic-chunking --chunked-prefill-size 8192" in out and "re-profiles" in out
-    out = CliRunner().invoke(main, ["export", path, "--format", "vllm-ascend"]).output
+    out = CliRunner().invoke(main, ["export", path, "--server", "vllm-ascend"]).output
     config = json.loads(out.strip().splitlines()[-1].split("--additional-config ")[1].strip("'"))
     assert config == {"scheduler_config": {"profiling_chunk_config": {"enabled": True, "smooth_factor": 0.7,
                                                                       "min_chunk": 2048}}}
-    out = CliRunner().invoke(main, ["export", path, "--format", "atom"]).output
+    out = CliRunner().invoke(main, ["export", path, "--server", "atom"]).output
     assert "--dynamic-chunking-smooth-factor 0.7 --dynamic-chunking-min-chunk-size 2048" in out
     assert "--dynamic-chunking-calibration " in out
     static = write(tmp_path, status="static")
-    out = CliRunner().invoke(main, ["export", static, "--format", "sglang"]).output
+    out = CliRunner().invoke(main, ["export", static, "--server", "sglang"]).output
     command = out.strip().splitlines()[-1]
     assert "--enable-dynamic-chunking" not in command and "--chunked-prefill-size 8192" in command
-    result = CliRunner().invoke(main, ["export", static, "--format", "trt"])
+    result = CliRunner().invoke(main, ["export", static, "--server", "trt"])
     assert result.exit_code == 2
 
 
@@ -100,5 +100,5 @@ def test_cap_below_base_plans_validates_and_exports(tmp_path):
     assert result.exit_code == 0, result.output
     plans = {p["strategy"]: p["chunk_sizes"] for p in json.loads(result.output)["plans"]}
     assert plans["greedy"][0] == 8192 and max(plans["greedy"][1:]) <= 2944, plans["greedy"]
-    out = CliRunner().invoke(main, ["export", path, "--format", "sglang"]).output
+    out = CliRunner().invoke(main, ["export", path, "--server", "sglang"]).output
     assert "--chunked-prefill-size 8192 --max-prefill-tokens 3000" in out, out

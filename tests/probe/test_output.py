@@ -14,11 +14,11 @@ def test_samples_frame_has_one_row_per_request_and_the_bottleneck():
     f = samples_frame(probes, stage_ms, e2e_ms)
     assert f.to_dict("records") == [
         {"probe": 0, "kind": "sweep", "request": 0, "prefix_len": 0, "chunk_size": 64, "stage0_latency_ms": 2.0,
-         "stage1_latency_ms": 1.0, "latency_ms": 3.5, "bottleneck_stage": 0, "design_step": 0},
+         "stage1_latency_ms": 1.0, "latency_ms": 3.5, "slowest_stage": 0, "design_step": 0},
         {"probe": 0, "kind": "sweep", "request": 1, "prefix_len": 0, "chunk_size": 32, "stage0_latency_ms": 1.0,
-         "stage1_latency_ms": 3.0, "latency_ms": 4.5, "bottleneck_stage": 1, "design_step": 0},
+         "stage1_latency_ms": 3.0, "latency_ms": 4.5, "slowest_stage": 1, "design_step": 0},
         {"probe": 1, "kind": "design", "request": 2, "prefix_len": 128, "chunk_size": 16, "stage0_latency_ms": 5.0,
-         "stage1_latency_ms": 4.0, "latency_ms": 9.5, "bottleneck_stage": 0, "design_step": 3},
+         "stage1_latency_ms": 4.0, "latency_ms": 9.5, "slowest_stage": 0, "design_step": 3},
     ]
 
 def test_samples_are_written_whole(tmp_path):

@@ -33,12 +33,12 @@ def start(*args: str, launcher=None) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
 
 
-def read_until(p: subprocess.Popen, text: str) -> list[str]:
-    """stderr lines of `p` up to the first that holds `text`."""
+def read_until(p: subprocess.Popen, text: str, rank: int | None = None) -> list[str]:
+    """stderr lines of `p` up to the first that holds `text` (logged by `rank`, where given)."""
     lines = []
     for line in p.stderr:
         lines.append(line)
-        if text in line:
+        if text in line and (rank is None or line.startswith(f"[rank {rank}]")):
             return lines
     raise AssertionError(f"{text!r} never came:\n" + "".join(lines[-30:]))
 
@@ -152,7 +152,7 @@ def test_sigint_keeps_the_samples_and_resume_gives_the_probes_of_an_uninterrupte
     out, whole = tmp_path / "run", tmp_path / "whole"
     p = start("profile", "--out", str(out), *LONG)
     try:
-        read_until(p, "probe 1 (prefix")
+        read_until(p, "probe 1 (prefix", rank=0)  # logged once its rows are on disk (rank 1 may log first)
         p.send_signal(signal.SIGINT)
         interrupted = time.monotonic()
         rest = p.stderr.read()

@@ -79,7 +79,7 @@ def test_torchrun_started_ranks_write_samples_and_run_json(tmp_path):
     assert run["model"]["name"] == "tiny-dense"
     assert len(samples) == 24
     assert list(samples.columns) == ["probe", "kind", "request", "prefix_len", "chunk_size", "stage0_latency_ms",
-                                     "stage1_latency_ms", "latency_ms", "bottleneck_stage", "design_step"]
+                                     "stage1_latency_ms", "latency_ms", "slowest_stage", "design_step"]
     assert samples["design_step"].eq(0).all()  # the grid is one fixed design
     assert run["design"]["design"] == "grid" and run["design"]["stopping_reason"] == "grid"
     assert run["design"]["requests"] == 24

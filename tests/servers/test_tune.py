@@ -1,5 +1,5 @@
-"""`ppprof tune`: the workload SPEC, the search and its guarantees (never worse than the current setting, never
-better than the DP bound), and the command."""
+"""`ppprof tune`: the search and its guarantees (never worse than the current setting, never better than the DP
+bound), the servers' boot fits, and the command."""
 
 import json
 
@@ -9,9 +9,11 @@ from click.testing import CliRunner
 
 from ppprof.cli import main
 from ppprof.policy import LatencyModel, from_dict
-from ppprof.policy.tune import MAX_LENGTHS, parse_prompt_spec, tune
+from ppprof.servers import SERVERS
+from ppprof.servers.tune import cut, tune
+from ppprof.servers.workload import parse_prompt_spec
 
-from .policy_helpers import policy_dict
+from .helpers import policy_dict
 
 PREFIX = LatencyModel("prefix", a=1.5e-6, b=0.01, c=2.0, g=4e-4)
 DOMAIN = {"prefix_len": [0, 60000], "chunk_size": [64, 16384]}
@@ -23,53 +25,7 @@ def policy(model=PREFIX, **settings):
     return from_dict(data)
 
 
-def test_spec_lists_weights_and_files(tmp_path):
-    w = parse_prompt_spec("8192,32768,8192")
-    assert w.prompt_lens == (8192, 32768) and w.weights == pytest.approx((2 / 3, 1 / 3))
-    assert parse_prompt_spec("1000:3, 2000:1").weights == pytest.approx((0.75, 0.25))
-    lines = tmp_path / "lens.txt"
-    lines.write_text("# prompt lengths\n4096\n\n8192,3\n")
-    assert parse_prompt_spec(str(lines)).weights == pytest.approx((0.25, 0.75))
-    trace = tmp_path / "trace.csv"
-    rng = np.random.default_rng(0)
-    trace.write_text("request_id,input_len,output_len\n" +
-                     "".join(f"r{i},{n},10\n" for i, n in enumerate(rng.integers(100, 60000, 500))))
-    w = parse_prompt_spec(str(trace), 65536)
-    assert len(w.prompt_lens) <= MAX_LENGTHS and "grouped into" in w.note and sum(w.weights) == pytest.approx(1)
-    weighted = tmp_path / "w.csv"
-    weighted.write_text("prompt_len,weight\n1000,1\n2000,4\n")
-    assert parse_prompt_spec(str(weighted)).weights == pytest.approx((0.2, 0.8))
-
-
-@pytest.mark.parametrize("spec,message", [
-    ("", "--prompt-lens is empty"),
-    ("8192;32768", "is neither a list of token counts"),
-    ("8192.5", "is neither a list"),
-    ("0", "must be at least 1 token"),
-    ("100000", "beyond the policy's context length 65536"),
-    ("1000:-1", "weight -1 must be a positive finite number"),
-    ("1000:nan", "weight nan must be a positive finite number"),
-    ("10^12", "is neither a list"),
-])
-def test_bad_specs_are_one_line(spec, message):
-    with pytest.raises(ValueError) as e:
-        parse_prompt_spec(spec, 65536)
-    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
-
-
-def test_bad_spec_files_are_one_line(tmp_path):
-    cases = {"empty.txt": ("# nothing\n", "holds no prompt length"),
-             "cols.csv": ("request,output\nr1,10\n", "no prompt-length column"),
-             "float.txt": ("4096.0\n", "line 1: prompt length '4096.0' is not a whole number"),
-             "gap.csv": ("prompt_len,weight\n4096,1\n,2\n", "line 3 has no prompt length")}
-    for name, (text, message) in cases.items():
-        (tmp_path / name).write_text(text)
-        with pytest.raises(ValueError) as e:
-            parse_prompt_spec(str(tmp_path / name))
-        assert message in str(e.value), (name, str(e.value))
-
-
-@pytest.mark.parametrize("server", ["sglang", "vllm-ascend", "atom"])
+@pytest.mark.parametrize("server", SERVERS)
 def test_recommendation_beats_current_and_never_the_bound(server):
     p = policy()
     workload = parse_prompt_spec("8192:2,24576,60000", 65536)
@@ -141,3 +97,34 @@ def test_the_servers_boot_fit_comes_from_the_profiles_samples(tmp_path):
     assert not doc["recommended"]["setting"]["dynamic"] and not doc["settings"]["policy"]["setting"]["dynamic"]
     r = CliRunner().invoke(main, ["tune", policy_path, "--prompt-lens", "8000", "--json", "--boot-fit", "model"])
     assert json.loads(r.stdout)["boot_fit"] == "model"
+
+
+def test_a_longer_prompts_chunks_cut_into_a_shorter_ones():
+    from ppprof.chunks import walk
+
+    chunks = np.asarray(walk(lambda L: 100 if L < 300 else 50, 1000))
+    assert chunks.sum() == 1000 and list(chunks[:4]) == [100, 100, 100, 50]
+    for n in (1, 99, 100, 101, 350, 1000):
+        plan = cut(chunks, n)
+        assert plan.sum() == n and list(plan[:-1]) == list(chunks[: len(plan) - 1]), f"{n=} {plan=}"
+
+
+def test_when_the_users_own_flags_win_their_calibration_is_the_one_recommended(monkeypatch):
+    """ATOM's flags carry a calibration: where the user's current flags score best, the recommended command must
+    carry the calibration they were scored with, not ppprof's."""
+    from ppprof.servers.tune import Scored, Tuner
+
+    search = Tuner.search
+
+    def worse_search(self, inside):  # every searched candidate made slower than anything the user could give
+        best, best_fixed = search(self, inside)
+        return (Scored(best.setting, best.label, best.ttft_ms * 10, best.mean_ms * 10, best.p90_ms * 10, best.plans),
+                best_fixed)
+
+    monkeypatch.setattr(Tuner, "search", worse_search)
+    mine = "3e-06,0.02,1,0.0002"
+    current = (f"--enable-dynamic-chunking --dynamic-chunking-base-size 4096 --max-num-batched-tokens 4096 "
+               f"--dynamic-chunking-calibration {mine}")
+    r = tune(policy(), parse_prompt_spec("8192,32768"), 4, "atom", current)
+    assert r["recommended"]["setting"] == r["settings"]["current"]["setting"]
+    assert f"--dynamic-chunking-calibration {mine}" in r["recommended"]["command"], r["recommended"]["command"]

@@ -1,5 +1,4 @@
-"""`ppprof plan`, `ppprof export`, `ppprof validate`: the click commands over a policy file and what they print; the
-work is in planners, timeline, export and schema."""
+"""`ppprof plan`: the chunk plans of one prompt under a policy, with predicted latencies and TTFT, and a timeline."""
 
 from __future__ import annotations
 
@@ -9,9 +8,8 @@ from pathlib import Path
 
 import click
 
-from ppprof.policy.export import FORMATS, export, export_data
 from ppprof.policy.planners import STRATEGIES, Plan, default_num_stages, plan_prompt
-from ppprof.policy.schema import SCHEMA_FILE, extrapolation, load_policy, summary
+from ppprof.policy.schema import extrapolation, load_policy
 from ppprof.policy.timeline import write_timeline
 
 
@@ -68,35 +66,3 @@ def plan_command(policy_path, prompt_len, num_stages, strategy, as_json, png) ->
     for p in plans:
         echo_plan(p)
     click.echo(f"timeline: {png}")
-
-
-@click.command("export", epilog="Example: ppprof export results/my-run/policy.json --format sglang")
-@click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False))
-@click.option("--format", "fmt", type=click.Choice(FORMATS), required=True, help="Target server.")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print JSON: flags, comments and where the server's rule differs.")
-def export_command(policy_path, fmt, as_json) -> None:
-    """Print the server settings that carry POLICY (SGLang, vllm-ascend or ATOM), and where that server's own rule
-    would size chunks differently with them."""
-    policy = load_policy(policy_path)
-    if as_json:
-        click.echo(json.dumps(export_data(policy, fmt, policy_path), indent=2))
-    else:
-        click.echo(export(policy, fmt, policy_path))
-
-
-@click.command("validate", epilog="Example: ppprof validate results/my-run/policy.json")
-@click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False), required=False)
-@click.option("--schema", "show_schema", is_flag=True,
-              help="Print the policy's JSON Schema (draft 2020-12), the contract servers validate against.")
-def validate_command(policy_path, show_schema) -> None:
-    """Check POLICY against the policy schema and the rule; print 'ok ...' (exit 0) or one line naming the field
-    (exit 2). With --schema, print the JSON Schema instead."""
-    if show_schema:
-        if policy_path is not None:
-            raise click.UsageError("--schema prints the schema and takes no POLICY: give one or the other")
-        click.echo(SCHEMA_FILE.read_text(), nl=False)
-        return
-    if policy_path is None:
-        raise click.UsageError("Missing argument 'POLICY': give a policy.json, or --schema to print the schema")
-    click.echo(f"ok {policy_path}: {summary(load_policy(policy_path))}")

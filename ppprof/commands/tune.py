@@ -1,0 +1,97 @@
+"""`ppprof tune`: the server flags with the least predicted TTFT over a workload (ppprof.servers.tune), read from the
+policy and, for the servers' boot fits, the profile's samples beside it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from ppprof.fit.samples import read_samples
+from ppprof.policy.planners import default_num_stages
+from ppprof.policy.schema import load_policy
+from ppprof.runfiles import SAMPLES_FILE
+from ppprof.servers import DEFAULT_SERVER, SERVERS, ServerSetting, get
+from ppprof.servers.tune import draw, tune
+from ppprof.servers.workload import parse_prompt_spec
+
+
+@click.command("tune", epilog="Example: ppprof tune results/my-run/policy.json --prompt-lens 8192,32768,131072 --pp 4 "
+                                "--server sglang")
+@click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False))
+@click.option("--prompt-lens", "spec", required=True, metavar="SPEC",
+              help="Prompt lengths: a list (8192,32768; weights as 8192:3,32768:1) or a file (one a line, or a CSV "
+                   "with a prompt_len column and an optional weight column; a trace's rows count once each).")
+@click.option("--pp", "num_stages", type=int, default=None,
+              help="Pipeline stages  [default: the policy's profiled stages, else 1]")
+@click.option("--server", type=click.Choice(SERVERS), default=DEFAULT_SERVER, show_default=True,
+              help="The server whose flags, boot fit and chunk rule are tuned.")
+@click.option("--current", default=None, metavar="FLAGS",
+              help="Your current flags in the server's syntax, as one string  [default: the server's defaults]")
+@click.option("--boot-fit", type=click.Choice(["samples", "model"]), default=None,
+              help="What SGLang's and vllm-ascend's boot fit is taken from: the profile's prefix-free samples (as the "
+                   "server would fit them), or the policy's model  [default: samples where samples.csv is beside "
+                   "the policy]")
+@click.option("--extrapolate", is_flag=True,
+              help="Search chunk sizes beyond the profiled ones (the latency model is extrapolated there).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (every setting's TTFT per prompt, and its plans).")
+@click.option("--png", type=click.Path(dir_okay=False), default=None,
+              help="Plot of TTFT versus base chunk and smoothing factor  [default: <policy>.tune-<server>.png "
+                   "beside the policy]")
+def tune_command(policy_path, spec, num_stages, server, current, boot_fit, extrapolate, as_json, png) -> None:
+    """Recommend server flags (base chunk, smoothing factor, floor or cap) that minimise the predicted TTFT of your
+    prompt lengths, as that server would chunk them; compare with your current flags, the best fixed chunk and the
+    DP-optimal bound."""
+    policy = load_policy(policy_path)
+    workload = parse_prompt_spec(spec, policy.settings.context_len)
+    num_stages = default_num_stages(policy) if num_stages is None else num_stages
+    samples = Path(policy_path).parent / SAMPLES_FILE
+    if boot_fit == "samples" and not samples.is_file():
+        raise ValueError(f"--boot-fit samples needs {samples}: give the policy of a run folder, or --boot-fit model")
+    forwards = None
+    if boot_fit != "model" and samples.is_file() and get(server).fits_at_boot:
+        forwards = read_samples(samples)
+    result = tune(policy, workload, num_stages, server, current, extrapolate, forwards)
+    path = Path(policy_path)
+    png = Path(png) if png else path.with_name(f"{path.stem}.tune-{server}.png")
+    draw(result, png, f"{path.name}: {get(server).label}, {num_stages} stages, {len(workload.prompt_lens)} prompt "
+                      f"lengths")
+    result["png"] = str(png)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    for note in result["notes"]:
+        click.echo(f"note: {note}", err=True)
+    echo_tune(result, path)
+
+
+def echo_tune(result: dict, path: Path) -> None:
+    """The recommendation, then predicted TTFT per prompt length for each setting and the DP bound."""
+    server = get(result["server"])
+    label = server.label
+    click.echo(f"policy {path} ({result['latency_model']} model), {label}, {result['num_stages']} stages")
+    click.echo(f"recommended {label} flags:")
+    click.echo(f"  {result['recommended']['command']}")
+    settings = result["settings"]
+    names = list(settings) + ["optimal"]
+    click.echo("predicted TTFT (ms):")
+    click.echo(f"  {'prompt_len':>10} {'weight':>6} " + " ".join(f"{n:>14}" for n in names))
+    optimal = result["optimal"]["per_prompt"]
+    for i, (n, w) in enumerate(zip(result["workload"]["prompt_lens"], result["workload"]["weights"])):
+        cells = [settings[k]["per_prompt"][i]["ttft_ms"] for k in settings] + [optimal[i]["ttft_ms"]]
+        click.echo(f"  {n:>10} {w:>6.3f} " + " ".join(f"{c:>14.2f}" for c in cells))
+    for key, name in (("mean_ttft_ms", "mean"), ("p90_ttft_ms", "p90")):
+        cells = [settings[k][key] for k in settings] + [result["optimal"][key]]
+        click.echo(f"  {name:>10} {'':>6} " + " ".join(f"{c:>14.2f}" for c in cells))
+    for k in settings:
+        s = settings[k]["setting"]
+        mode = (f"dynamic, B {s['base_chunk_size']}, s {s['smooth_factor']:g}, floor {s['min_chunk_size']}, "
+                f"cap {s['max_chunk_size']}") if s["dynamic"] else \
+            f"fixed {server.fixed_chunk_size(ServerSetting.from_dict(s))}"
+        click.echo(f"  {k}: {mode}")
+    gain = result["gain"]
+    click.echo(f"recommended vs {list(settings)[0]}: {gain['vs_current']:+.1%} mean TTFT saved; vs the policy's "
+               f"settings {gain['vs_policy']:+.1%}; vs the best fixed chunk {gain['vs_best_fixed']:+.1%}; "
+               f"{result['gap_to_optimal']:.1%} above the DP-optimal bound")
+    click.echo(f"plot: {result['png']}")

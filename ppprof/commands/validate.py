@@ -1,0 +1,24 @@
+"""`ppprof validate`: check a policy against its schema and rule, or print the schema."""
+
+from __future__ import annotations
+
+import click
+
+from ppprof.policy.schema import SCHEMA_FILE, load_policy, summary_line
+
+
+@click.command("validate", epilog="Example: ppprof validate results/my-run/policy.json")
+@click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False), required=False)
+@click.option("--schema", "show_schema", is_flag=True,
+              help="Print the policy's JSON Schema (draft 2020-12), the contract servers validate against.")
+def validate_command(policy_path, show_schema) -> None:
+    """Check POLICY against the policy schema and the rule; print 'ok ...' (exit 0) or one line naming the field
+    (exit 2). With --schema, print the JSON Schema instead."""
+    if show_schema:
+        if policy_path is not None:
+            raise click.UsageError("--schema prints the schema and takes no POLICY: give one or the other")
+        click.echo(SCHEMA_FILE.read_text(), nl=False)
+        return
+    if policy_path is None:
+        raise click.UsageError("Missing argument 'POLICY': give a policy.json, or --schema to print the schema")
+    click.echo(f"ok {policy_path}: {summary_line(load_policy(policy_path))}")
