@@ -155,7 +155,7 @@ def warm_up(run: RankRun[ProfileState]) -> None:
 def run_probes(run: RankRun[ProfileState]) -> None:
     """Every probe in lockstep (from the first not yet complete, for --resume); after each, every stage's latencies
     are gathered (stage_ms[probe][stage][request]) and rank 0 appends the probe's rows to samples.csv. The adaptive
-    design chooses each next probe from the latencies so far (probe_sequence)."""
+    design chooses each next probe from the rows samples.csv holds so far (probe_sequence)."""
     first, runner = run.state.first_probe, run.state.runner
     bar = None
     if run.rank == 0:
