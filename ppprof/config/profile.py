@@ -80,7 +80,7 @@ MAX_DESIGN_REQUESTS = 1_000_000
 DESIGNS = ("grid", "adaptive")
 """What --design takes. grid: the sweep and one probe per prefix length; adaptive: a small D-optimal design for the
 prefix model, then the requests that most reduce the policy's uncertainty, until its table is stable or a budget is
-spent (ppprof.fit.design, ppprof.fit.uncertainty)."""
+spent (ppprof.adaptive)."""
 MIN_TIMEOUT_S, MAX_TIMEOUT_S = 0.5, 86400.0
 """--timeout's range: below half a second a heartbeat could not tell a stopped rank; above a day no fault is bounded."""
 
