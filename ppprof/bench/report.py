@@ -15,7 +15,7 @@ from ppprof.bench.executor import WARMUP_REPEAT
 from ppprof.bench.plans import Arm
 from ppprof.io import atomic_write, atomic_write_json
 from ppprof.plotting import pyplot, save_figure
-from ppprof.policy.timeline import replay, schedule
+from ppprof.policy.timeline import replay, start_times
 
 BENCH_CSV = "bench.csv"
 BENCH_JSON = "bench.json"
@@ -165,7 +165,7 @@ def draw(path: Path, frame: pd.DataFrame, prompts: pd.DataFrame, arms_here: list
             left.broken_barh(list(zip(rows.start_ms - g.start_ms.min(), rows.compute_ms)), (s - 0.4, 0.8),
                              facecolors=[cmap(int(c) % 20) for c in rows.chunk], edgecolor="black", linewidth=0.2)
         plan = next(a for a in arms_here if a.name == arm)
-        start = schedule(plan.predicted_ms, num_stages)
+        start = start_times(plan.predicted_ms, num_stages)
         for s in range(num_stages):
             right.broken_barh([(start[i, s], t) for i, t in enumerate(plan.predicted_ms)], (s - 0.4, 0.8),
                               facecolors=[cmap(i % 20) for i in range(len(plan.predicted_ms))], edgecolor="black",

@@ -13,7 +13,7 @@ from ppprof.policy.planners import Plan
 MAX_DRAWN_STAGES = 16  # stage rows in a timeline PNG; beyond, the first 15 and the last are drawn
 
 
-def schedule(latencies_ms, num_stages: int) -> np.ndarray:
+def start_times(latencies_ms, num_stages: int) -> np.ndarray:
     """Start times (num_chunks, num_stages): chunk i enters stage s when it left stage s-1 and chunk i-1 left s.
 
     Every stage takes the bottleneck latency t_i, so the last end is sum t + (P - 1) max t (the TTFT formula).
@@ -38,7 +38,7 @@ def drawn_stages(num_stages: int) -> list[int]:
 
 def draw_plan(ax, plan: Plan, num_stages: int, stages: list[int], cmap) -> None:
     """One plan's chunks as bars, one row per drawn stage."""
-    start = schedule(plan.latencies_ms, num_stages)
+    start = start_times(plan.latencies_ms, num_stages)
     for row, s in enumerate(stages):
         bars = [(start[i, s], plan.latencies_ms[i]) for i in range(len(plan.latencies_ms))]
         ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=[cmap(i % 20) for i in range(len(bars))],

@@ -9,6 +9,7 @@ import socket
 from pathlib import Path
 from typing import Callable
 
+from ppprof.adaptive import check as check_adaptive_design
 from ppprof.config import BenchConfig, ProfileConfig
 from ppprof.dist.launch import in_worker
 from ppprof.model.attention_kernels import resolve_attention_backend
@@ -45,7 +46,7 @@ def check_before_launch(cfg: ProfileConfig, world_size: int, local_ranks: int,
     the start method suits it, and this node's stages fit in its memory (check_memory)."""
     check_output_folder(cfg.out, overwrite, resume, folder)
     check_master_port(torchrun or {})
-    check_design(cfg)
+    check_adaptive_design(cfg)
     spec = load_spec(cfg.model, num_layers=cfg.num_layers, dtype=cfg.dtype)
     split_layers(spec.num_layers, world_size, cfg.layer_partition)
     resolve_attention_backend(cfg.attention_backend, cfg.device)
@@ -81,23 +82,6 @@ def check_master_port(torchrun: dict) -> None:
         except OSError as e:
             raise ValueError(f"--master-port {number} is in use on this host ({e.strerror}): choose a free port, or "
                              "leave --master-port out for a one-node run") from None
-
-
-def check_design(cfg: ProfileConfig) -> None:
-    """The adaptive design's initial design exists on the candidate grid and fits in --max-requests."""
-    if cfg.design != "adaptive":
-        return
-    from ppprof.adaptive.design import INITIAL_REQUESTS
-    from ppprof.adaptive import initial_probes as make_probes
-
-    try:
-        make_probes(cfg)
-    except ValueError as e:
-        raise ValueError(f"--design adaptive with --prefix-lens {','.join(map(str, cfg.resolved_prefix_lens()))}: "
-                         f"{e}; give at least two prefix lengths (or none, for the default)") from None
-    if cfg.max_requests is not None and cfg.max_requests < INITIAL_REQUESTS:
-        raise ValueError(f"--max-requests {cfg.max_requests} is below the {INITIAL_REQUESTS} requests of the "
-                         f"adaptive design's initial design: use at least {INITIAL_REQUESTS}")
 
 
 def warnings(cfg: ProfileConfig) -> list[str]:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from ppprof.policy import LatencyModel, from_dict
-from ppprof.policy.timeline import drawn_stages, schedule
+from ppprof.policy.timeline import drawn_stages, start_times
 from ppprof.policy.planners import (chunk_costs, chunk_latencies_ms, fixed_chunks, min_sums, optimal_chunks,
                                     plan_prompt, ttft_ms)
 
@@ -14,7 +14,7 @@ from .policy_helpers import policy_dict
 def test_ttft_formula_and_timeline_agree():
     lat = [3.0, 5.0, 2.0, 4.0]
     assert ttft_ms(lat, 3) == 14.0 + 2 * 5.0
-    start = schedule(lat, 3)
+    start = start_times(lat, 3)
     assert start[-1, -1] + lat[-1] == pytest.approx(ttft_ms(lat, 3))
     assert start[1, 0] == 3.0 and start[0, 2] == 6.0
 
@@ -32,8 +32,8 @@ def test_schedule_matches_the_recurrence(seed):
     rng = np.random.default_rng(seed)
     lat = rng.uniform(0.1, 10, size=int(rng.integers(1, 30)))
     stages = int(rng.integers(1, 40))
-    np.testing.assert_allclose(schedule(lat, stages), naive_schedule(lat, stages), rtol=1e-12)
-    assert schedule(lat, stages)[-1, -1] + lat[-1] == pytest.approx(ttft_ms(lat, stages), rel=1e-12)
+    np.testing.assert_allclose(start_times(lat, stages), naive_schedule(lat, stages), rtol=1e-12)
+    assert start_times(lat, stages)[-1, -1] + lat[-1] == pytest.approx(ttft_ms(lat, stages), rel=1e-12)
 
 
 def test_drawn_stages_are_at_most_16():
