@@ -54,7 +54,7 @@ def design_fit(cfg: ProfileConfig, num_stages: int, samples: Samples) -> DesignF
     """The rows, model choice and fit of the policy a profile's own fit would write from `samples` (fit_run: the
     warm-up rows dropped, PROFILE_LATENCY_MODEL, the held-out model choice), and that model's bootstrap."""
     used, _ = without_warmup(samples)
-    L, x, y = used.prefix_len, used.chunk_size, used.latency_ms
+    L, x, y = used.prefix_len, used.chunk_size, used.chunk_latency_ms
     fitted, failed = fit_candidates(L, x, y, PROFILE_LATENCY_MODEL)
     picked = select_model(fitted)
     if picked is None:
@@ -84,7 +84,7 @@ def choose(cfg: ProfileConfig, num_stages: int, probes: list[Probe], samples: Sa
     cand_L, cand_x = (np.array(v) for v in candidate_grid(cfg))
     overhead_ms = max(0.0, (last_probe_s * 1e3 - float(np.sum(e2e_ms[-1]))) / len(probes[-1].requests))
     # An adaptive run is never resumed: samples.csv holds this run's requests, in the order they ran.
-    e2e_per_stage_ms = float(np.median(np.concatenate(e2e_ms) / samples.latency_ms))
+    e2e_per_stage_ms = float(np.median(np.concatenate(e2e_ms) / samples.chunk_latency_ms))
     cost_s = (e2e_per_stage_ms * u.model.chunk_latency_ms(cand_L, cand_x) + overhead_ms) / 1e3
     return decide(u, cfg.chunk_settings(), num_stages, step.used.prefix_len, step.used.chunk_size, cand_L, cand_x,
                   cost_s=cost_s, requests_run=requests_run, seconds_spent=seconds_spent,

@@ -58,7 +58,7 @@ def fit_used_rows(used: Samples, latency_model: str) -> tuple[dict[str, Fit], di
     """({name: Fit}, {name: why it could not be fitted}, {name: diagnostics}) of the candidates on the rows used."""
     if not len(used):
         return {}, {latency_model: "no samples left after dropping the warm-up row"}, {}
-    L, x, y = used.prefix_len, used.chunk_size, used.latency_ms
+    L, x, y = used.prefix_len, used.chunk_size, used.chunk_latency_ms
     fitted, failed = fit_candidates(L, x, y, latency_model)
     per_model = {name: diagnostics(f.model, f.fit_rows, L, x, y, f.cv_mape) | {"held_out_mape": f.held_out_mape}
                  for name, f in fitted.items()}

@@ -96,7 +96,7 @@ def write_compare_plot(base: Policy, cand: Policy, samples: tuple[Samples, Sampl
                 measured = np.unique(sam.prefix_len)
                 near = measured[np.argmin(np.abs(measured - prefix))]
                 sel = sam.prefix_len == near
-                right.scatter(sam.chunk_size[sel], sam.latency_ms[sel], s=8, marker=marker, color=shade, alpha=0.6)
+                right.scatter(sam.chunk_size[sel], sam.chunk_latency_ms[sel], s=8, marker=marker, color=shade, alpha=0.6)
     right.set_xlabel("chunk_size (tokens)")
     right.set_ylabel("chunk latency (ms)")
     right.set_title("latency models (lines) and samples (o baseline, x candidate)", fontsize=9)

@@ -16,7 +16,7 @@ def cell_medians(samples: Samples) -> dict[tuple[int, int], float]:
     keys = np.stack([samples.prefix_len, samples.chunk_size], axis=1)
     cells, inverse = np.unique(keys, axis=0, return_inverse=True)
     inverse = inverse.reshape(-1)
-    return {(int(L), int(x)): float(np.median(samples.latency_ms[inverse == i])) for i, (L, x) in enumerate(cells)}
+    return {(int(L), int(x)): float(np.median(samples.chunk_latency_ms[inverse == i])) for i, (L, x) in enumerate(cells)}
 
 
 def samples_drift(base: Samples, cand: Samples) -> dict:

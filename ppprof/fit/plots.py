@@ -24,10 +24,10 @@ def plot_fit(samples: Samples, model: LatencyModel | None, title: str):
     shown = prefixes if len(prefixes) <= MAX_PREFIX_CURVES else prefixes[
         np.unique(np.linspace(0, len(prefixes) - 1, MAX_PREFIX_CURVES).astype(int))]
     colors = plt.cm.viridis(np.linspace(0, 0.9, len(shown)))
-    ax.scatter(samples.chunk_size, samples.latency_ms, s=6, color="0.7", label="all samples")
+    ax.scatter(samples.chunk_size, samples.chunk_latency_ms, s=6, color="0.7", label="all samples")
     for prefix, color in zip(shown, colors):
         sel = samples.prefix_len == prefix
-        ax.scatter(samples.chunk_size[sel], samples.latency_ms[sel], s=8, color=color, label=f"prefix {prefix}")
+        ax.scatter(samples.chunk_size[sel], samples.chunk_latency_ms[sel], s=8, color=color, label=f"prefix {prefix}")
         if model is not None:
             x = np.linspace(max(1, samples.chunk_size.min()), samples.chunk_size.max(), 100)
             ax.plot(x, model.chunk_latency_ms(np.full_like(x, prefix), x), color=color, lw=1.2)

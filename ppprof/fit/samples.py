@@ -25,7 +25,7 @@ class Samples:
 
     prefix_len: np.ndarray  # (n,) int64
     chunk_size: np.ndarray  # (n,) int64
-    latency_ms: np.ndarray  # (n,) float64, of the bottleneck stage where stage columns exist
+    chunk_latency_ms: np.ndarray  # (n,) float64: the bottleneck stage's column where stage columns exist, else latency_ms
     kind: np.ndarray | None  # (n,) str ("sweep" / "prefix") where the column exists
     bottleneck_stage: int | None  # the stage with the largest total latency, None without stage columns
     stage_totals_ms: list[float] | None
@@ -33,11 +33,11 @@ class Samples:
     sha256: str
 
     def __len__(self) -> int:
-        return len(self.latency_ms)
+        return len(self.chunk_latency_ms)
 
     def subset(self, keep: np.ndarray) -> "Samples":
         """The rows selected by `keep` (a mask or indices), with the same file facts."""
-        return Samples(self.prefix_len[keep], self.chunk_size[keep], self.latency_ms[keep],
+        return Samples(self.prefix_len[keep], self.chunk_size[keep], self.chunk_latency_ms[keep],
                        None if self.kind is None else self.kind[keep], self.bottleneck_stage, self.stage_totals_ms,
                        self.path, self.sha256)
 

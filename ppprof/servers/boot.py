@@ -19,7 +19,7 @@ class Forwards(Protocol):
 
     prefix_len: np.ndarray  # (n,) int
     chunk_size: np.ndarray  # (n,) int
-    latency_ms: np.ndarray  # (n,) float
+    chunk_latency_ms: np.ndarray  # (n,) float
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,5 +41,5 @@ def prefix_free_quadratic(forwards: Forwards) -> BootFit:
         return BootFit(rows[:1], used, None)
     length = np.asarray(forwards.chunk_size)[used].astype(np.float64)
     design = np.column_stack([length * length, length, np.ones_like(length)])
-    (a, b, c), *_ = np.linalg.lstsq(design, np.asarray(forwards.latency_ms)[used], rcond=None)
+    (a, b, c), *_ = np.linalg.lstsq(design, np.asarray(forwards.chunk_latency_ms)[used], rcond=None)
     return BootFit(rows[:1], used, LatencyModel("quadratic", a=float(a), b=float(b), c=float(c)))

@@ -76,7 +76,7 @@ def test_the_design_judges_the_rows_and_the_model_of_the_policy_fitted_to_the_sa
     dropped = [r - 1 for r in diag["dropped_warmup_rows"]]
     assert dropped and len(step.used) == len(samples) - len(dropped)
     kept = np.setdiff1d(np.arange(len(samples)), dropped)
-    for column in ("prefix_len", "chunk_size", "latency_ms"):
+    for column in ("prefix_len", "chunk_size", "chunk_latency_ms"):
         np.testing.assert_array_equal(getattr(step.used, column), getattr(samples, column)[kept], err_msg=column)
     # The model: the one policy.json picked (pairs, not the prefix model it contains), with its very coefficients.
     model = LatencyModel.from_dict(policy["latency_model"])

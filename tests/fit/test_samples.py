@@ -20,7 +20,7 @@ def test_stage_columns_pick_the_bottleneck_stage(tmp_path):
     samples = read_samples(tmp_path / "samples.csv")
     assert samples.bottleneck_stage == 1
     np.testing.assert_array_equal(samples.chunk_size, data.chunk_size)
-    np.testing.assert_allclose(samples.latency_ms, data.stage1_latency_ms)
+    np.testing.assert_allclose(samples.chunk_latency_ms, data.stage1_latency_ms)
     assert samples.subset(np.arange(3)).bottleneck_stage == 1 and len(samples.subset(np.arange(3))) == 3
 
 

@@ -18,7 +18,7 @@ def forwards(a, b, c, sizes, first_ms=None, prefixed=()):
         rows[0] = (0, rows[0][1], first_ms)
     rows[1:1] = list(prefixed)
     prefix_len, chunk_size, latency_ms = (np.array(col) for col in zip(*rows))
-    return SimpleNamespace(prefix_len=prefix_len, chunk_size=chunk_size, latency_ms=latency_ms.astype(float))
+    return SimpleNamespace(prefix_len=prefix_len, chunk_size=chunk_size, chunk_latency_ms=latency_ms.astype(float))
 
 
 def test_it_drops_the_first_prefix_free_row_and_ignores_the_prefixed_ones():
@@ -32,8 +32,8 @@ def test_it_equals_numpys_least_squares_on_noisy_rows():
     rng = np.random.default_rng(0)
     sizes = rng.integers(64, 8192, 40)
     data = forwards(3e-7, 0.02, 4.0, sizes)
-    data.latency_ms = data.latency_ms * (1 + 0.05 * rng.standard_normal(len(sizes)))
-    l, t = data.chunk_size[1:].astype(float), data.latency_ms[1:]
+    data.chunk_latency_ms = data.chunk_latency_ms * (1 + 0.05 * rng.standard_normal(len(sizes)))
+    l, t = data.chunk_size[1:].astype(float), data.chunk_latency_ms[1:]
     want = np.linalg.lstsq(np.column_stack([l * l, l, np.ones_like(l)]), t, rcond=None)[0]
     got = prefix_free_quadratic(data).model
     assert (got.a, got.b, got.c) == tuple(float(v) for v in want)
