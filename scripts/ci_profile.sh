@@ -4,7 +4,8 @@
 #   bash scripts/ci_profile.sh [CONFIG [BASELINE]] [-- PROFILE_OPTIONS...]
 # CONFIG    a profile YAML (`ppprof profile --config`); empty or absent: the built-in default (tiny-hybrid, CPU, 2
 #           ranks). Also $PPPROF_CONFIG.
-# BASELINE  a run folder or policy file to compare with; default results/baseline (the committed default profile);
+# BASELINE  a run folder or policy file to compare with; default: the committed default profile of this CPU model
+#           (results/baseline*/ whose run.json names it), else results/baseline;
 #           also $PPPROF_BASELINE. `none` profiles and validates without comparing (to make a first baseline: commit
 #           the run folder it leaves, `git add -f`, since results/*/ is ignored).
 # PROFILE_OPTIONS  more `ppprof profile` options, e.g. -- --nproc-per-node 8 (flags win over CONFIG).
@@ -27,7 +28,19 @@ extra=("$@")
 [ ${#positional[@]} -le 2 ] \
   || bad_input "too many arguments (${positional[*]}): use [CONFIG [BASELINE]] [-- PROFILE_OPTIONS]"
 config=${positional[0]:-${PPPROF_CONFIG:-}}
-baseline=${positional[1]:-${PPPROF_BASELINE:-results/baseline}}
+# The default baseline is the committed profile of this kind of machine: the results/baseline*/ whose run.json names
+# this host's CPU model (a profile's latencies, and so its policy, are those of its CPU), else results/baseline.
+machine_baseline() {
+  local cpu dir
+  cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)
+  for dir in results/baseline*/; do
+    if [ -n "$cpu" ] && grep -qF "\"device_name\": \"$cpu\"" "$dir/run.json" 2>/dev/null; then
+      echo "${dir%/}"; return
+    fi
+  done
+  echo results/baseline
+}
+baseline=${positional[1]:-${PPPROF_BASELINE:-$(machine_baseline)}}
 attempts=${PPPROF_CI_ATTEMPTS:-3}
 # Paths the caller gives are relative to where it ran, else to the repository root (where the defaults are).
 from_caller() {
@@ -46,7 +59,7 @@ baseline=$(from_caller "$baseline")
 artifacts=${PPPROF_ARTIFACTS:-ci-artifacts/$(date -u +%Y%m%d-%H%M%S)}
 if [ -n "${PPPROF_ARTIFACTS:-}" ] && [[ "$artifacts" != /* ]]; then artifacts="$caller/$artifacts"; fi
 mkdir -p "$artifacts"
-echo "ci_profile: artifacts in $artifacts"
+echo "ci_profile: artifacts in $artifacts; baseline $baseline"
 
 [ "${PPPROF_CI_SETUP:-1}" = 0 ] || bash scripts/setup.sh
 ppprof() { .venv/bin/python -m ppprof "$@"; }
