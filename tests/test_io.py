@@ -48,3 +48,58 @@ def test_a_failed_write_names_the_target_and_the_cause_not_the_temporary_file(tm
         atomic_write(target, disk_full)
     assert e.value.filename == str(target) and e.value.errno == errno.ENOSPC
     assert os.listdir(tmp_path) == []
+
+
+def private_null(tmp_path):
+    """A character device like /dev/null (major 1, minor 3) in the test's folder, or a skip where mknod is not
+    allowed (not root)."""
+    import stat
+
+    dev = tmp_path / "null"
+    try:
+        os.mknod(dev, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except PermissionError:
+        pytest.skip("mknod needs root")
+    return dev
+
+
+def test_a_character_device_given_as_output_is_written_into_and_stays_a_device(tmp_path):
+    import stat
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from ppprof.cli import main
+
+    dev = private_null(tmp_path)
+    samples = Path(__file__).resolve().parents[1] / "results/profile-tiny-hybrid/samples.csv"
+    r = CliRunner().invoke(main, ["fit", str(samples), "-o", str(dev)])
+    assert r.exit_code == 0, r.output
+    assert stat.S_ISCHR(os.lstat(dev).st_mode), "the device was replaced by a regular file"
+    assert sorted(os.listdir(tmp_path)) == ["null"]  # no temporary file left beside it
+
+
+def test_a_folder_or_pipe_as_target_is_refused_and_kept(tmp_path):
+    import stat
+
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    for target, kind in ((tmp_path, "a folder"), (pipe, "a pipe")):
+        with pytest.raises(OSError, match=f"exists and is {kind}, not a file") as e:
+            atomic_write_json(target, {"v": 1})
+        assert e.value.filename == str(target)
+    assert stat.S_ISFIFO(os.lstat(pipe).st_mode) and sorted(os.listdir(tmp_path)) == ["pipe"]
+
+
+def test_an_appended_file_is_not_written_through_a_symbolic_link(tmp_path):
+    import pandas as pd
+
+    from ppprof.probe.output import append_samples
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep\n")
+    link = tmp_path / "samples.csv"
+    link.symlink_to(victim)
+    with pytest.raises(OSError, match="is a symbolic link") as e:
+        append_samples(link, pd.DataFrame({"probe": [0]}))
+    assert e.value.errno == errno.ELOOP and victim.read_text() == "keep\n"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ppprof.io import atomic_write
+from ppprof.io import atomic_write, open_append
 from ppprof.probe.synth import Probe
 from ppprof.runfiles import stage_column
 
@@ -39,7 +39,7 @@ def append_samples(path: Path, frame: pd.DataFrame) -> None:
     OSError names the file and the cause (disk full, permission)."""
     text = frame.to_csv(index=False, header=not path.exists() or path.stat().st_size == 0)
     try:
-        with open(path, "a") as f:
+        with open_append(path) as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

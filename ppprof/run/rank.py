@@ -18,6 +18,7 @@ from ppprof.dist.agree import RunError, agreed
 from ppprof.dist.group import RankInfo, process_group
 from ppprof.dist.pipe import Pipe
 from ppprof.dist.watchdog import DEFAULT_TIMEOUT_S
+from ppprof.io import open_append
 from ppprof.mem import StageCache
 from ppprof.model.stage import Stage
 from ppprof.probe.malloc import steady_malloc
@@ -160,6 +161,6 @@ def setup_logging(rank: int, level: int = logging.INFO) -> None:
 def add_log_file(path: Path) -> None:
     """Also log into `path` (the rank's log in the run folder)."""
     root = logging.getLogger("ppprof")
-    h = logging.FileHandler(path)
+    h = logging.StreamHandler(open_append(path))  # not FileHandler: a symbolic link planted there is not followed
     h.setFormatter(root.handlers[0].formatter)
     root.addHandler(h)
