@@ -115,6 +115,10 @@ def read_frame(path: Path) -> tuple[bytes, pd.DataFrame]:
         raise ValueError(f"samples file {path} is not a readable CSV ({str(e).splitlines()[0]})") from None
     frame = frame.rename(columns={alias: name for alias, name in COLUMN_ALIASES.items()
                                   if alias in frame.columns and name not in frame.columns})
+    if not raw.endswith(b"\n") and len(frame) and frame.iloc[-1].isna().any():
+        raise ValueError(f"samples file {path} ends mid-row (row {len(frame)} lacks fields: a run stopped while it "
+                         f"wrote it): finish the run with `ppprof profile --resume {path.parent}`, or delete that "
+                         "last line")
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
     if missing:
         raise ValueError(f"samples file {path} lacks column(s) {', '.join(missing)}: it needs "

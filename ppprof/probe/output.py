@@ -3,6 +3,8 @@ and flushed to disk as each probe completes, so that an interrupted or failed ru
 
 from __future__ import annotations
 
+import io
+import logging
 import os
 from pathlib import Path
 
@@ -47,12 +49,35 @@ def append_samples(path: Path, frame: pd.DataFrame) -> None:
         raise OSError(e.errno, e.strerror or str(e), str(path)) from None
 
 
+log = logging.getLogger("ppprof")
+
+
+def whole_rows(path: Path) -> tuple[pd.DataFrame, int]:
+    """samples.csv's rows up to the first that was cut (a kill while it was written: the file does not end in a
+    newline, or a row lacks a field), and how many rows were cut off."""
+    raw = path.read_bytes()
+    kept = raw if raw.endswith(b"\n") else raw[: raw.rfind(b"\n") + 1]
+    frame = pd.read_csv(io.BytesIO(kept)) if kept.strip() else pd.DataFrame()
+    missing = frame.isna().any(axis=1).to_numpy()
+    if not missing.any():
+        return frame, int(kept != raw)
+    end = int(missing.argmax())  # read again without the cut rows, so that each column keeps its own type
+    return pd.read_csv(io.BytesIO(kept), nrows=end), len(frame) - end + (kept != raw)
+
+
 def complete_probes(path: Path, probes: list[Probe]) -> int:
     """How many probes, from the first, samples.csv holds whole (every request of the probe, in order): where an
-    interrupted run resumes. Rows past them (a probe cut short) are dropped from the file, atomically."""
+    interrupted run resumes. Rows past them (a probe cut short, a row cut mid-write) are dropped from the file,
+    atomically, and a cut row is said in the log."""
     if not path.is_file() or path.stat().st_size == 0:
         return 0
-    frame = pd.read_csv(path)
+    frame, num_cut = whole_rows(path)
+    if num_cut:
+        log.warning("%s ended in a row cut while it was written (%d row%s without all fields): dropped before "
+                    "resuming", path, num_cut, "s" * (num_cut != 1))
+    if frame.empty:
+        atomic_write(path, lambda tmp: tmp.write_text(""))
+        return 0
     done, end = 0, 0
     for probe in probes:
         rows = frame.iloc[end:end + len(probe.requests)]
@@ -60,6 +85,6 @@ def complete_probes(path: Path, probes: list[Probe]) -> int:
                 or list(rows["request"]) != [r.rid for r in probe.requests]):
             break
         done, end = done + 1, end + len(probe.requests)
-    if end < len(frame):
+    if end < len(frame) or num_cut:
         write_samples(path, frame.iloc[:end])
     return done

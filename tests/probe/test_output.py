@@ -1,6 +1,7 @@
 """samples.csv rows: one per timed request, with every stage's latency and the bottleneck stage."""
 
 import pandas as pd
+import pytest
 
 from ppprof.probe.output import samples_frame, write_samples
 from ppprof.probe.synth import Probe, ProbeRequest
@@ -62,3 +63,36 @@ def test_an_append_that_cannot_be_written_names_the_file_and_the_cause():
         append_samples(Path("/dev/full"), pd.DataFrame({"a": [1]}))
     assert e.value.errno == errno.ENOSPC and e.value.filename == "/dev/full"
     assert "No space left on device" in str(e.value)
+
+
+@pytest.mark.parametrize("cut", ["2,prefix,4,0,8,1.0,1.", "2,prefix,4,0,8,1.0\n"])
+def test_a_row_cut_while_it_was_written_is_dropped_before_resuming_and_said(tmp_path, caplog, cut):
+    """A kill while a row was being written leaves a last line without a newline, or one that lacks fields: --resume
+    drops it (and says so) instead of appending the next probe onto it, and `ppprof fit` names the cut."""
+    from ppprof.fit.samples import read_samples
+    from ppprof.probe.output import append_samples, complete_probes
+
+    path = tmp_path / "samples.csv"
+    probes = probes_of([0, 1, 2])
+    for p in probes[:2]:
+        append_samples(path, samples_frame([p], [[[1.0, 2.0], [1.5, 0.5]]], [[3.0, 4.0]]))
+    whole = pd.read_csv(path)
+    with open(path, "a") as f:
+        f.write(cut)
+    if not cut.endswith("\n"):
+        with pytest.raises(ValueError, match=r"ends mid-row \(row 5 lacks fields.*--resume"):
+            read_samples(path)
+    with caplog.at_level("WARNING", logger="ppprof"):
+        assert complete_probes(path, probes) == 2
+    assert "ended in a row cut while it was written (1 row without all fields)" in caplog.text
+    assert path.read_bytes().endswith(b"\n") and pd.read_csv(path).equals(whole)
+    append_samples(path, samples_frame([probes[2]], [[[1.0, 2.0], [1.5, 0.5]]], [[3.0, 4.0]]))
+    assert pd.read_csv(path)["probe"].tolist() == [0, 0, 1, 1, 2, 2]  # the next probe lands on a line of its own
+
+
+def test_a_file_holding_only_a_cut_first_row_resumes_from_nothing(tmp_path):
+    from ppprof.probe.output import complete_probes
+
+    path = tmp_path / "samples.csv"
+    path.write_text("probe,kind,request,prefix_len,chunk_size,stage0_latency_ms\n0,sweep,0,0,8")
+    assert complete_probes(path, probes_of([0])) == 0 and path.read_text() == ""
