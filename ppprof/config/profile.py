@@ -260,13 +260,18 @@ class ProfileConfig:
         return d
 
     @classmethod
+    def recorded(cls, d: dict) -> dict:
+        """The settings of a recorded config (run.json's) that this ppprof knows; keys of other versions left out."""
+        known = {f.name for f in fields(cls)}
+        return {k: v for k, v in d.items() if k in known}
+
+    @classmethod
     def from_dict(cls, d: dict, where: str = "run.json") -> "ProfileConfig":
         """The settings a run recorded (`to_dict`, the config of its run.json), typed and checked again; keys of
         other ppprof versions are left out. ValueError naming `where` when they are no longer valid."""
         if not isinstance(d, dict):
             raise ValueError(f"{where}: config must be an object of settings; profile again")
-        known = {f.name for f in fields(cls)}
-        d = {k: v for k, v in d.items() if k in known}
+        d = cls.recorded(d)
         for key in ("prefix_lens", "layer_partition"):
             if isinstance(d.get(key), list):
                 d[key] = tuple(d[key])

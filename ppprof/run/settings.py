@@ -87,7 +87,7 @@ def resume_config(run_dir: str, config_path: str | None, flags: dict) -> Profile
     if run["config"].get("design") == "adaptive":
         raise ValueError(f"--resume {run_dir}: an adaptive design chose its probes from what it had measured and "
                          f"cannot be resumed; start a new run with another --out (it costs a fraction of the grid)")
-    recorded = {k: v for k, v in run["config"].items() if k in CONFIG_FIELDS}
+    recorded = ProfileConfig.recorded(run["config"])
     recorded["out"] = str(run_dir)
     base = resolve_config(None, recorded)
     given = given_settings(config_path, flags)
@@ -117,7 +117,7 @@ def resolve_bench(policy_path: str, flags: dict) -> BenchConfig:
         raise ValueError(f"{run_file} does not exist: `ppprof bench` needs the run.json of the profile that wrote "
                          f"{policy_path} (the model, split and device come from it)")
     run = read_run_json(run_file)
-    profile = {k: v for k, v in run["config"].items() if k in CONFIG_FIELDS}
+    profile = ProfileConfig.recorded(run["config"])
     profile["torch_threads"] = run.get("torch_threads")  # measure under the profile's conditions
     profile.update({k: v for k, v in flags.pop("profile").items() if v is not None})
     profile["out"] = flags.get("out")

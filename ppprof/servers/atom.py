@@ -74,12 +74,6 @@ class Atom(Server):
         """--max-num-batched-tokens 32768 (the default its Dynamic CPP guide measures), s 1.0, min chunk 4096."""
         return ServerSetting(self.name, 32768, False, 1.0, 4096, 32768, page_size)
 
-    def setting_of(self, policy: Policy) -> ServerSetting:
-        """The ceiling is B (a policy's lower cap from the second chunk on has no flag)."""
-        s = policy.settings
-        return ServerSetting(self.name, s.base_chunk_size, policy.status == "dynamic", s.smooth_factor,
-                             s.min_chunk_size, s.base_chunk_size, s.page_size)
-
     def alignment(self, page_size: int) -> int:
         """The KV block size."""
         return page_size

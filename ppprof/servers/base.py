@@ -86,9 +86,12 @@ class Server(ABC):
     def default_setting(self, page_size: int = 1) -> ServerSetting:
         """Its settings when the user gives none."""
 
-    @abstractmethod
     def setting_of(self, policy: Policy) -> ServerSetting:
-        """The policy's settings in its terms: B, the smoothing factor, the floor and the cap."""
+        """The policy's settings in its terms: B, the smoothing factor, the floor and the cap. By default B is the
+        token budget and so the cap too (a policy's lower cap from the second chunk on has no flag)."""
+        s = policy.settings
+        return ServerSetting(self.name, s.base_chunk_size, policy.status == "dynamic", s.smooth_factor,
+                             s.min_chunk_size, s.base_chunk_size, s.page_size)
 
     def alignment(self, page_size: int) -> int:
         """The unit its chunk sizes are multiples of."""

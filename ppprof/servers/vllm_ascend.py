@@ -65,12 +65,6 @@ class VllmAscend(Server):
         """--max-num-batched-tokens 8192 (vllm serve's default), smooth_factor 1.0, min_chunk 4096."""
         return ServerSetting(self.name, 8192, False, 1.0, 4096, 8192, page_size)
 
-    def setting_of(self, policy: Policy) -> ServerSetting:
-        """B is the token budget, so the cap is B (a policy's lower cap has no flag)."""
-        s = policy.settings
-        return ServerSetting(self.name, s.base_chunk_size, policy.status == "dynamic", s.smooth_factor,
-                             s.min_chunk_size, s.base_chunk_size, s.page_size)
-
     def boot_model(self, model: LatencyModel | None, domain: dict | None = None) -> LatencyModel | None:
         """The prefix-free quadratic of `model` (as SGLang's), a negative a set to A_FLOOR."""
         if model is None:
