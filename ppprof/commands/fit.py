@@ -6,6 +6,7 @@ import click
 
 from ppprof.checks import require_int
 from ppprof.config import DEFAULT_CONTEXT_LEN, DEFAULT_SMOOTH_FACTOR
+from ppprof.commands.options import policy_options
 from ppprof.fit.build import fit
 from ppprof.fit.settings import LATENCY_MODEL_CHOICES
 from ppprof.fit.summary import fit_summary, incomplete_run_note
@@ -28,13 +29,19 @@ from ppprof.servers.sglang import PARITY
 @click.option("-o", "--out", type=click.Path(dir_okay=False), default=None,
               help="Policy file  [default: policy.json beside SAMPLES]")
 @click.option("--parity", type=click.Choice([PARITY]), default=None,
-              help="With --latency-model quadratic: SGLang's own fit, nothing else (no trimming, no gates but a > 0).")
-def fit_command(samples, latency_model, out, parity, **options) -> None:
-    """Fit a latency model to SAMPLES (a CSV with prefix_len, chunk_size, latency_ms) and write a policy."""
+              help="With --latency-model quadratic: SGLang's own fit and rule, nothing else (no trimming, no gates "
+                   "but a > 0).")
+@policy_options
+def fit_command(samples, latency_model, out, parity, prompt_lens, min_gain, overhead_ms, num_stages, extrapolate,
+                **options) -> None:
+    """Fit a latency model to SAMPLES (a CSV with prefix_len, chunk_size, latency_ms) and write a policy: the
+    prompt-aware rule, the history-only table for the workload, and its status."""
     for name in ("alignment", "min_chunk_size", "max_chunk_size"):
         if options[name] is not None:
             require_int(f"--{name.replace('_', '-')}", options[name], 1)
-    path, policy = fit(samples, out, latency_model, parity=parity, **options)
+    chosen = {"prompt_lens": prompt_lens, "min_gain": min_gain, "overhead_ms": overhead_ms, "num_stages": num_stages,
+              "extrapolate": extrapolate or None}
+    path, policy = fit(samples, out, latency_model, parity=parity, policy_options=chosen, **options)
     note = incomplete_run_note(samples)
     if note:
         click.echo(f"warning: {note}", err=True)

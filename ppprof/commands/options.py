@@ -8,7 +8,7 @@ import dataclasses
 import click
 
 from ppprof.bounds import ATTENTION_BACKENDS, DEVICES
-from ppprof.config import ProfileConfig, flag
+from ppprof.config import PolicyOptions, ProfileConfig, flag
 from ppprof.dist.launch import TORCHRUN_OPTIONS
 from ppprof.run.job import RESOLVED_CONFIG
 
@@ -76,4 +76,26 @@ def sizing_options(f):
     """Add SIZING_OPTIONS to a command."""
     for decls, kwargs, help_text in reversed(SIZING_OPTIONS):
         f = click.option(*decls, help=help_text, **kwargs)(f)
+    return f
+
+
+def policy_options(f):
+    """Add the options the policy's rules are chosen with (ppprof.config.PolicyOptions) to `ppprof fit`."""
+    opts = [
+        click.option("--prompt-lens", default=None,
+                     help="Workload the history-only table and the status are chosen on: lengths (8192:3,32768:1) "
+                          "or a file, as `ppprof tune` takes them. [default: log-spaced, B..the profiled domain]"),
+        click.option("--min-gain", type=float, default=None,
+                     help="Least predicted gain of the prompt-aware rule over the best fixed chunk for a dynamic "
+                          f"policy. {shown('min_gain', settings=PolicyOptions)}"),
+        click.option("--overhead-ms", type=float, default=None,
+                     help="Per-chunk pipeline overhead in ms. [default: the profile's measured one, else 0]"),
+        click.option("--pp", "num_stages", type=int, default=None,
+                     help="Pipeline stages the rules are chosen for. [default: the profile's]"),
+        click.option("--extrapolate", is_flag=True, default=False,
+                     help="Let the rules plan chunks (up to 4 B) and prompts (up to the context) beyond the "
+                          "profiled domain."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
     return f

@@ -22,6 +22,15 @@ def run_length(values, fmt="{}") -> str:
     return " ".join(parts)
 
 
+def echo_side_by_side(plans: list[Plan]) -> None:
+    """One line a strategy: chunks, predicted TTFT and its ratio to the optimal plan's (where planned)."""
+    best = next((p.ttft_ms for p in plans if p.strategy == "optimal"), None)
+    click.echo(f"  {'strategy':<15}{'chunks':>7}{'TTFT ms':>11}" + ("   / optimal" if best else ""))
+    for p in plans:
+        ratio = f"{p.ttft_ms / best:>12.3f}" if best else ""
+        click.echo(f"  {p.strategy:<15}{len(p.chunk_sizes):>7}{p.ttft_ms:>11.2f}{ratio}")
+
+
 def echo_plan(p: Plan) -> None:
     """A plan's lines: chunk count and TTFT, chunks, latencies and, for the optimal plan, how exact its search was."""
     click.echo(f"{p.strategy}: {len(p.chunk_sizes)} chunks, predicted TTFT {p.ttft_ms:.2f} ms "
@@ -41,16 +50,21 @@ def echo_plan(p: Plan) -> None:
 @click.option("--prompt-len", type=int, required=True, help="Prompt length in tokens.")
 @click.option("--pp", "num_stages", type=int, default=None,
               help="Pipeline stages  [default: the policy's profiled stages, else 1]")
-@click.option("--strategy", type=click.Choice(STRATEGIES + ("all",)), default="all", show_default=True)
+@click.option("--strategy", type=click.Choice(STRATEGIES + ("all",)), default="all", show_default=True,
+              help="policy (the prompt-aware rule), policy-history (its history-only table), greedy (SGLang's rule "
+                   "on the fitted model), fixed (B), fixed-best (the best fixed chunk for this prompt), optimal (DP).")
+@click.option("--extrapolate", is_flag=True, default=False,
+              help="Plan a prompt beyond the policy's profiled domain, and chunks up to 4 B, on the latency model.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @click.option("--png", type=click.Path(dir_okay=False), default=None,
               help="Timeline PNG  [default: <policy>.plan-<N>-pp<P>.png beside the policy]")
-def plan_command(policy_path, prompt_len, num_stages, strategy, as_json, png) -> None:
-    """Chunk plans of one prompt with predicted per-chunk latency and TTFT = sum t + (P - 1) max t."""
+def plan_command(policy_path, prompt_len, num_stages, strategy, extrapolate, as_json, png) -> None:
+    """Chunk plans of one prompt with predicted per-chunk latency and TTFT = sum t + (P - 1) max t (t: the fitted
+    latency plus the per-chunk pipeline overhead), side by side."""
     policy = load_policy(policy_path)
     num_stages = default_num_stages(policy) if num_stages is None else num_stages
     strategies = STRATEGIES if strategy == "all" else (strategy,)
-    plans = plan_prompt(policy, prompt_len, num_stages, strategies)
+    plans = plan_prompt(policy, prompt_len, num_stages, strategies, extrapolate)
     path = Path(policy_path)
     png = Path(png) if png else path.with_name(f"{path.stem}.plan-{prompt_len}-pp{num_stages}.png")
     write_timeline(plans, num_stages, png, f"{path.name}: prompt {prompt_len} tokens, {num_stages} stages")
@@ -62,7 +76,9 @@ def plan_command(policy_path, prompt_len, num_stages, strategy, as_json, png) ->
         return
     if notes:
         click.echo(f"warning: {notes[0]}", err=True)
-    click.echo(f"policy {path} ({policy.status}), prompt {prompt_len} tokens, {num_stages} stages")
+    click.echo(f"policy {path} ({policy.status}, rules chosen for {policy.num_stages} stages, overhead "
+               f"{policy.overhead_ms:.3g} ms a chunk), prompt {prompt_len} tokens, {num_stages} stages")
+    echo_side_by_side(plans)
     for p in plans:
         echo_plan(p)
     click.echo(f"timeline: {png}")

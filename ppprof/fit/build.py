@@ -4,6 +4,7 @@ policy dict and write it (with the plots where asked)."""
 from __future__ import annotations
 
 import datetime as dt
+import math
 from pathlib import Path
 
 import numpy as np
@@ -15,10 +16,14 @@ from ppprof.fit.parity import sglang_fit
 from ppprof.fit.plots import write_plots
 from ppprof.fit.regress import Fit, diagnostics, fit_candidates
 from ppprof.fit.samples import Samples, provenance, read_run, read_samples
-from ppprof.fit.settings import LATENCY_MODEL_CHOICES, resolve_settings
-from ppprof.config import ChunkSettings
-from ppprof.policy.rule import MODEL_NAMES, LatencyModel
-from ppprof.policy.schema import RULE_TEXT, SCHEMA_VERSION, make_table, save
+from ppprof.fit.settings import LATENCY_MODEL_CHOICES, resolve_policy_options, resolve_settings
+from ppprof.checks import is_int, is_number
+from ppprof.config import ChunkSettings, PolicyOptions
+from ppprof.policy.choice import choose, default_workload, rule_domain
+from ppprof.policy.optimum import PromptRule
+from ppprof.policy.rule import MODEL_NAMES, LatencyModel, build_table
+from ppprof.policy.schema import RULE_TEXT, SCHEMA_VERSION, save
+from ppprof.servers.workload import parse_prompt_spec
 from ppprof.runfiles import SAMPLES_FILE
 from ppprof.servers.sglang import PARITY
 
@@ -84,9 +89,9 @@ def select_and_gate(fitted: dict[str, Fit], failed: dict[str, str], per_model: d
     diag["selected_by"] = key if latency_model == "auto" else "requested"
     diag.update(per_model[name])
     target = model.target_ms(settings.base_chunk_size)
-    shrink, shrink_at = predicted_shrink(model, settings, target)
+    shrink, shrink_at = predicted_shrink(model, settings, target)  # SGLang's rule's, a diagnostic
     diag["predicted_shrink"] = {"fraction": shrink, "prefix_len": shrink_at}
-    diag["gates"] = gates(diag, shrink)
+    diag["gates"] = gates(diag)
     reason = failure_reason(diag["gates"])
     if reason:
         return model, target, "static", reason
@@ -95,10 +100,73 @@ def select_and_gate(fitted: dict[str, Fit], failed: dict[str, str], per_model: d
     return model, target, "dynamic", f"{name} model passed all quality gates"
 
 
+def overhead_of(run: dict | None, given: float | None) -> dict:
+    """The per-chunk pipeline overhead the policy plans with: the one given, else the profile's measured one (run.json
+    pipeline_overhead; a negative median counts as 0), else none (0)."""
+    if given is not None:
+        return {"ms_per_chunk": given, "stderr_ms": None, "source": "given"}
+    measured = (run or {}).get("pipeline_overhead")
+    if isinstance(measured, dict) and is_number(measured.get("ms_per_chunk")):
+        stderr = measured.get("stderr_ms")
+        return {"ms_per_chunk": max(0.0, float(measured["ms_per_chunk"])),
+                "stderr_ms": float(stderr) if is_number(stderr) else None, "source": "measured",
+                "measured_ms_per_chunk": float(measured["ms_per_chunk"]),
+                "by_chunk_size": measured.get("by_chunk_size"), "method": measured.get("method")}
+    return {"ms_per_chunk": 0.0, "stderr_ms": None, "source": "none"}
+
+
+def profiled_stages(run: dict | None) -> int:
+    """The pipeline stages of the profile (its layer partition, else its world size), else 1."""
+    run = run or {}
+    if isinstance(run.get("layer_partition"), list) and run["layer_partition"]:
+        return len(run["layer_partition"])
+    world = run.get("world_size")
+    return world if is_int(world) and world > 0 else 1
+
+
+def carried(model: LatencyModel | None, status: str, reason: str, settings: ChunkSettings, measured: dict | None,
+            run: dict | None, options: PolicyOptions, parity: bool) -> dict:
+    """The policy's fields beyond the fit: overhead, stages, workload, the history-only table, the prompt-aware
+    rule, what they are predicted to give, and the status and reason that follow. `measured`: the profiled domain
+    (`domain`), None for none (chunks up to B, prompts up to the context)."""
+    overhead = overhead_of(run, options.overhead_ms)
+    stages = options.num_stages or profiled_stages(run)
+    dom = rule_domain(settings, measured, options.extrapolate)
+    lengths, weights, source = workload_of(options.prompt_lens, settings, dom)
+    out = {"overhead": overhead, "num_stages": stages,
+           "workload": {"prompt_lens": lengths, "weights": weights, "source": source}}
+    if model is None or status == "static" or parity:
+        size = settings.base_chunk_size
+        table = {"prefix_len": [0], "chunk_size": [size]}
+        rule = PromptRule.fixed(size)
+        if parity and model is not None and status == "dynamic":  # SGLang's own rule, as its server would run it
+            starts, sizes = build_table(model, settings, model.target_ms(size))
+            table = {"prefix_len": starts, "chunk_size": sizes}
+            rule = PromptRule([1], [math.inf], [0], [starts], [sizes], max(sizes))
+        return out | {"status": status, "reason": reason, "table": table, "prompt_table": rule.to_dict(dom),
+                      "predicted": None}
+    choice = choose(model.with_overhead(overhead["ms_per_chunk"]), settings, dom, stages, lengths, weights,
+                    options.min_gain)
+    table = choice.history_table | {"bound_ms": choice.history_bound_ms if math.isfinite(choice.history_bound_ms)
+                                    else None, "chunk_cap": choice.history_chunk_cap}
+    return out | {"status": choice.status, "reason": f"{reason}; {choice.reason}", "table": table,
+                  "prompt_table": choice.prompt_rule.to_dict(dom), "predicted": choice.predicted}
+
+
+def workload_of(spec: str | None, settings: ChunkSettings, dom) -> tuple[list[int], list[float], str]:
+    """The workload's prompt lengths and weights (SPEC as `ppprof tune` takes it, else the default spread over the
+    domain) and where they came from."""
+    if spec is None:
+        return *default_workload(settings, dom), "default"
+    w = parse_prompt_spec(spec, settings.context_len)
+    return list(w.prompt_lens), list(w.weights), spec
+
+
 def fit_samples(samples: Samples, run: dict | None, settings: ChunkSettings, latency_model: str = "auto",
-                parity: str | None = None) -> dict:
-    """Fit and gate; return the policy dict (nothing is written). parity PARITY: SGLang's own fit instead
-    (ppprof.fit.parity), for the quadratic model only."""
+                parity: str | None = None, options: PolicyOptions | None = None) -> dict:
+    """Fit and gate, then choose the rules (ppprof.policy.choice); return the policy dict (nothing is written).
+    parity PARITY: SGLang's own fit and rule instead (ppprof.fit.parity), for the quadratic model only."""
+    options = options or PolicyOptions()
     if latency_model not in LATENCY_MODEL_CHOICES:
         raise ValueError(f"--latency-model {latency_model} is unknown: use one of {', '.join(LATENCY_MODEL_CHOICES)}")
     if parity is not None:
@@ -108,7 +176,9 @@ def fit_samples(samples: Samples, run: dict | None, settings: ChunkSettings, lat
         model, reason, diag = sglang_fit(samples)
         diag.update({"requested_model": latency_model, "bottleneck_stage": samples.bottleneck_stage})
         target = None if model is None else model.target_ms(settings.base_chunk_size)
-        return assemble(samples, run, settings, model, target, "dynamic" if model else "static", reason, diag)
+        rules = carried(model, "dynamic" if model else "static", reason, settings, domain(samples), run, options,
+                        True)
+        return assemble(samples, run, settings, model, target, diag, rules | {"parity": PARITY})
     # The first timed request ran cold (no warm-up), and SGLang drops the first of its prefix-free probes: both go
     # (one row when the file starts with a prefix-free request, as `ppprof profile` writes it).
     used, dropped = without_warmup(samples)
@@ -117,12 +187,14 @@ def fit_samples(samples: Samples, run: dict | None, settings: ChunkSettings, lat
             "candidates": candidate_table(per_model, failed), "bottleneck_stage": samples.bottleneck_stage,
             "stage_totals_ms": samples.stage_totals_ms}
     model, target, status, reason = select_and_gate(fitted, failed, per_model, diag, settings, latency_model)
-    return assemble(samples, run, settings, model, target, status, reason, diag)
+    rules = carried(model, status, reason, settings, domain(samples), run, options, False)
+    return assemble(samples, run, settings, model, target, diag, rules | {"parity": None})
 
 
 def assemble(samples: Samples, run: dict | None, settings: ChunkSettings, model: LatencyModel | None,
-             target: float | None, status: str, reason: str, diag: dict) -> dict:
-    """The policy dict: the model, the rule's settings, diagnostics, provenance, domain and table."""
+             target: float | None, diag: dict, rules: dict) -> dict:
+    """The policy dict: the model, the rule's settings, diagnostics, provenance, domain and the rules (`carried`:
+    status, reason, overhead, stages, workload, tables, predictions, parity)."""
     prov = provenance(run, samples)
     prov.update({"created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                  "ppprof_version": __version__})
@@ -130,8 +202,8 @@ def assemble(samples: Samples, run: dict | None, settings: ChunkSettings, model:
     design = {"design": (run or {})["design"]} if isinstance((run or {}).get("design"), dict) else {}
     return finite({
         "schema_version": SCHEMA_VERSION,
-        "status": status,
-        "reason": reason,
+        "status": rules.pop("status"),
+        "reason": rules.pop("reason"),
         "latency_model": None if model is None else model.to_dict(),
         "settings": settings.to_dict(),
         "target_latency_ms": target,
@@ -140,7 +212,7 @@ def assemble(samples: Samples, run: dict | None, settings: ChunkSettings, model:
         "diagnostics": diag,
         "provenance": prov,
         "domain": domain(samples),
-        "table": make_table(model, settings, target, status),
+        **rules,
         **design,
     })
 
@@ -153,14 +225,16 @@ def domain(samples: Samples) -> dict:
 
 
 def fit(samples_path: str | Path, out: str | Path | None = None, latency_model: str = "auto", *,
-        plots: bool = False, parity: str | None = None, **options) -> tuple[Path, dict]:
+        plots: bool = False, parity: str | None = None, policy_options: dict | None = None,
+        **options) -> tuple[Path, dict]:
     """Read, fit, gate and write the policy (default: policy.json beside the samples); with `plots`, also fit.png
     and chunks.png beside the policy. Returns (path, policy)."""
     samples_path = Path(samples_path)
     samples = read_samples(samples_path)
     run = read_run(samples_path)
     settings = resolve_settings(run, samples_path, **options)
-    policy = fit_samples(samples, run, settings, latency_model, parity)
+    chosen = resolve_policy_options(run, samples_path, **(policy_options or {}))
+    policy = fit_samples(samples, run, settings, latency_model, parity, chosen)
     out = Path(out) if out is not None else samples_path.parent / POLICY_FILE
     path = save(out, policy)
     if plots:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ppprof.config import ChunkSettings, ProfileConfig
+from ppprof.config import ChunkSettings, PolicyOptions, ProfileConfig
 from ppprof.policy.rule import MODEL_NAMES
 
 LATENCY_MODEL_CHOICES = MODEL_NAMES + ("auto",)
@@ -20,3 +20,17 @@ def resolve_settings(run: dict | None, samples_path: Path, **given) -> ChunkSett
         raise ValueError(f"--base-chunk-size is required: there is no run.json with config.base_chunk_size "
                          f"beside {samples_path}")
     return ChunkSettings(**{k: v for k, v in given.items() if v is not None})
+
+
+def resolve_policy_options(run: dict | None, samples_path: Path, **given) -> PolicyOptions:
+    """What the rules are chosen with: the options given (not None) win; the workload and the least gain come from
+    the profile's recorded settings where it has them, else PolicyOptions' defaults."""
+    recorded = {}
+    if run is not None and isinstance(run.get("config"), dict):
+        config = run["config"]
+        recorded = {k: config[k] for k in ("prompt_lens", "min_gain") if config.get(k) is not None}
+    try:
+        return PolicyOptions(**(recorded | {k: v for k, v in given.items() if v is not None}))
+    except ValueError as e:
+        where = "" if set(given) >= set(recorded) else f" (run.json beside {samples_path})"
+        raise ValueError(f"{e}{where}") from None

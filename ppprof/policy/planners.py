@@ -1,4 +1,10 @@
-"""Chunk planners for one prompt: fixed, greedy (the policy's rule) and optimal (TeraPipe's DP), with predicted TTFT.
+"""Chunk planners for one prompt, with predicted TTFT on the policy's planning model (the fitted chunk latency plus
+the per-chunk pipeline overhead):
+
+- policy: the policy's prompt-aware rule (its prompt_table); policy-history: its history-only table;
+- greedy: SGLang's equal-latency rule (target, smoothing, B // 4 floor, first chunk B) on the fitted model;
+- fixed: chunks of B; fixed-best: the fixed chunk size with the least TTFT for this prompt;
+- optimal: TeraPipe's DP, never worse than any of the others.
 
 Predicted TTFT on P stages for chunk latencies t_1..t_n (every stage as slow as the bottleneck stage):
     TTFT = sum_i t_i + (P - 1) * max_i t_i
@@ -17,7 +23,7 @@ from ppprof.checks import is_int
 from ppprof.policy.rule import LatencyModel
 from ppprof.policy.schema import Policy, check_prompt_len
 
-STRATEGIES = ("fixed", "greedy", "optimal")
+STRATEGIES = ("policy", "policy-history", "greedy", "fixed", "fixed-best", "optimal")
 MAX_GRID_POINTS = 32768  # DP positions; a coarser multiple of the alignment is used beyond this
 MAX_WINDOW = 256  # DP predecessors per position (largest chunk / grid step)
 MAX_DP_CELLS = 1 << 22  # positions x bounds of one DP pass (8 bytes a cell)
@@ -234,17 +240,33 @@ def split(open_gaps: list[tuple[float, int, int]], budget: int) -> np.ndarray:
 
 
 def default_num_stages(policy: Policy) -> int:
-    """The pipeline stages the policy was profiled with (its layer partition, else its world size), else 1."""
-    prov = policy.data.get("provenance") or {}
-    partition = prov.get("layer_partition")
-    if isinstance(partition, list) and partition:
-        return len(partition)
-    world = prov.get("world_size")
-    return world if isinstance(world, int) and world > 0 else 1
+    """The pipeline stages the policy's rules were chosen for."""
+    return policy.num_stages
 
 
-def plan_prompt(policy: Policy, prompt_len: int, num_stages: int, strategies=STRATEGIES) -> list[Plan]:
-    """Plans of `prompt_len` tokens for each strategy, with latencies and TTFT predicted by the policy's model."""
+def plan_domain(policy: Policy, prompt_len: int, extrapolate: bool) -> int:
+    """The largest chunk a plan of this prompt may use: the policy's (the profiled domain's), or with `extrapolate`
+    also 4 B. ValueError (one line) for a prompt beyond the policy's domain without `extrapolate`."""
+    rule = policy.data["prompt_table"]
+    if prompt_len > rule["max_prompt_len"] and not extrapolate:
+        raise ValueError(f"--prompt-len {prompt_len} is beyond the policy's domain (prompts up to "
+                         f"{rule['max_prompt_len']} tokens, whose prefixes the profile measured): give --extrapolate "
+                         "to plan it on the latency model anyway, or profile with --prefix-lens reaching it")
+    largest = rule["largest_chunk"]
+    return max(largest, 4 * policy.base_chunk_size) if extrapolate else largest
+
+
+def best_fixed(model: LatencyModel, prompt_len: int, num_stages: int, alignment: int, largest: int) -> list[int]:
+    """The fixed chunks (a multiple of the alignment up to `largest`) with the least predicted TTFT for this prompt."""
+    sizes = range(alignment, max(alignment, largest) + 1, alignment)
+    plans = [fixed_chunks(x, prompt_len) for x in sizes]
+    return min(plans, key=lambda p: ttft_ms(chunk_latencies_ms(model, p), num_stages))
+
+
+def plan_prompt(policy: Policy, prompt_len: int, num_stages: int, strategies=STRATEGIES,
+                extrapolate: bool = False) -> list[Plan]:
+    """Plans of `prompt_len` tokens for each strategy, with latencies and TTFT predicted by the policy's planning
+    model (fitted latency + overhead)."""
     if not is_int(prompt_len) or prompt_len < 1:
         raise ValueError(f"--prompt-len {prompt_len!r} is invalid: use a positive number of tokens")
     if not is_int(num_stages) or not 1 <= num_stages <= MAX_STAGES:
@@ -255,22 +277,19 @@ def plan_prompt(policy: Policy, prompt_len: int, num_stages: int, strategies=STR
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
         raise ValueError(f"--strategy {unknown[0]} is unknown: use one of {', '.join(STRATEGIES)} or all")
-    settings = policy.settings
-    fixed = fixed_chunks(settings.base_chunk_size, prompt_len)
-    greedy = policy.plan(prompt_len)
+    largest = plan_domain(policy, prompt_len, extrapolate)
+    model, align = policy.planning_model, policy.settings.alignment
+    chunks = {"policy": policy.plan(prompt_len), "policy-history": policy.plan_history(prompt_len),
+              "greedy": policy.sglang_plan(prompt_len), "fixed": fixed_chunks(policy.base_chunk_size, prompt_len),
+              "fixed-best": best_fixed(model, prompt_len, num_stages, align, largest)}
     plans = []
     for strategy in strategies:
-        if strategy == "fixed":
-            chunks = fixed
-        elif strategy == "greedy":
-            chunks = greedy
-        else:
-            # The largest chunk a policy plan uses: the first chunk B, or the cap where it is above B.
-            largest = max(settings.base_chunk_size, settings.max_chunk_size)
-            chunks, search = optimal_chunks(policy.model, prompt_len, num_stages, settings.alignment, largest,
-                                            [fixed, greedy])
-        plan = predicted(policy.model, strategy, chunks, num_stages)
+        search = None
         if strategy == "optimal":
-            plan.search = search
+            seeds = list(chunks.values())
+            top = max([largest] + [max(c) for c in seeds])
+            chunks["optimal"], search = optimal_chunks(model, prompt_len, num_stages, align, top, seeds)
+        plan = predicted(model, strategy, chunks[strategy], num_stages)
+        plan.search = search
         plans.append(plan)
     return plans

@@ -24,7 +24,7 @@ Pure Python and numpy; no torch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -74,6 +74,10 @@ class LatencyModel:
         x = np.asarray(chunk_size, dtype=float)
         t = self.c + self.g * L + self.b * x + self.a * (2.0 * L * x + x * x)
         return t + self.h * L * x * x if self.h else t
+
+    def with_overhead(self, ms_per_chunk: float) -> "LatencyModel":
+        """The planning model: this one with the per-chunk pipeline overhead added to every chunk's fixed cost."""
+        return replace(self, c=self.c + ms_per_chunk) if ms_per_chunk else self
 
     def target_ms(self, base_chunk_size: int) -> float:
         """Target T of the equal-latency rule: the variable latency of a B-token first chunk.

@@ -8,25 +8,29 @@ import numbers
 from bisect import bisect_right
 from pathlib import Path
 
+import numpy as np
+
 from ppprof.checks import is_int, short
 from ppprof.chunks import walk
 from ppprof.io import atomic_write_json
 from ppprof.config import ChunkSettings
-from ppprof.policy.rule import LatencyModel, build_table, check_rule, next_chunk_size
+from ppprof.policy.optimum import PromptRule, bounded_sizes
+from ppprof.policy.rule import LatencyModel, build_table
 
-SCHEMA_VERSION = 2  # 2: the table's prefix column is named prefix_len
+SCHEMA_VERSION = 3  # 3: the prompt-aware rule (prompt_table), the history-only table, the per-chunk overhead
 MAX_PLAN_CHUNKS = 1_000_000
 """The most chunks a plan holds (Policy.plan, `ppprof plan`): its lists stay a few MB whatever the prompt."""
 RULE_TEXT = (
-    "L == 0: B; else x = positive root of a*x^2 + (2*a*L + b)*x + (g*L - T) = 0 (none: B; g*L >= T: x = 0), "
-    "size = max(int(B + s*(x - B)), min_chunk_size), aligned down (at least one unit), "
-    "capped at min(context_len - L - context_margin, max_chunk_size), aligned down again (0: B)"
+    "a bounded rule: after L cached tokens the largest multiple of the unit <= the cap whose predicted latency "
+    "t(L, x) + overhead is <= the bound, at least one unit. prompt_table: per band of prompt lengths, the bounded rule "
+    "that plans within 1% of the DP optimum; the whole rest when it is at most the chunk + merge_len. table: the "
+    "bounded rule with the least mean TTFT on the workload (no bound: fixed chunks of the cap)"
 )
 
 
 def table_chunk_size(starts: list[int], sizes: list[int], prefix_len: int) -> int:
     """The breakpoint table's chunk size after `prefix_len` tokens: sizes[i] for the last i with starts[i] <= it
-    (Policy.next_chunk_size, less its argument checks)."""
+    (Policy.next_chunk_size without a prompt length, less its argument checks)."""
     return sizes[bisect_right(starts, prefix_len) - 1]
 
 
@@ -36,9 +40,12 @@ def table_plan(starts: list[int], sizes: list[int], prompt_len: int) -> list[int
 
 
 class Policy:
-    """A loaded policy. `next_chunk_size(prefix_len)` is one bisect in the precomputed breakpoint table."""
+    """A loaded policy. `next_chunk_size(prefix_len, prompt_len)` is two bisects in the prompt-aware rule's tables;
+    without the prompt length, one bisect in the history-only table."""
 
-    __slots__ = ("data", "status", "reason", "model", "settings", "target_ms", "_starts", "_sizes", "base_chunk_size")
+    __slots__ = ("data", "status", "reason", "model", "settings", "target_ms", "_starts", "_sizes", "base_chunk_size",
+                 "overhead_ms", "planning_model", "num_stages", "rule_tables", "_bands", "_band_starts", "_band_sizes",
+                 "_merge")
 
     def __init__(self, data: dict):
         self.data = data
@@ -54,15 +61,23 @@ class Policy:
             raise ValueError(f"$.settings: {e}") from None
         self.target_ms = data["target_latency_ms"]
         self.base_chunk_size = self.settings.base_chunk_size
-        table = data["table"]
-        self._starts = list(table["prefix_len"])
-        self._sizes = list(table["chunk_size"])
+        self.overhead_ms = float(data["overhead"]["ms_per_chunk"])
+        self.planning_model = None if self.model is None else self.model.with_overhead(self.overhead_ms)
+        self.num_stages = data.get("num_stages") or 1
+        table, rule = data["table"], data["prompt_table"]
+        self._starts, self._sizes = list(table["prefix_len"]), list(table["chunk_size"])
+        self.rule_tables = PromptRule.from_dict(rule)
+        self._bands, self._merge = self.rule_tables.prompt_len, self.rule_tables.merge_len
+        self._band_starts, self._band_sizes = self.rule_tables.prefix_len, self.rule_tables.chunk_size
 
-    def next_chunk_size(self, prefix_len: int | None = None, *, history_len: int | None = None) -> int:
+    def next_chunk_size(self, prefix_len: int | None = None, prompt_len: int | None = None, *,
+                        history_len: int | None = None) -> int:
         """Size of the next prefill chunk of a prompt whose first `prefix_len` tokens are already in the cache.
 
-        history_len: alias kept for servers written against ppprof 0.1 / SGLang's name. Give exactly one of the two
-        (TypeError otherwise).
+        prompt_len: the prompt's length in tokens, where the server knows it: the chunk of the prompt-aware rule (the
+        last chunk is the rest). Without it, the history-only table's chunk (the caller cuts the last chunk).
+        history_len: alias of prefix_len kept for servers written against ppprof 0.1 / SGLang's name. Give exactly
+        one of the two (TypeError otherwise).
         """
         if history_len is not None:
             if prefix_len is not None:
@@ -74,22 +89,40 @@ class Policy:
             prefix_len = token_count("prefix_len", prefix_len)
         if prefix_len < 0:
             raise ValueError(f"prefix_len {prefix_len} is negative: use the number of tokens already prefilled")
-        return self._sizes[bisect_right(self._starts, prefix_len) - 1]
+        if prompt_len is None:
+            return self._sizes[bisect_right(self._starts, prefix_len) - 1]
+        if type(prompt_len) is not int:
+            prompt_len = token_count("prompt_len", prompt_len)
+        if prompt_len <= prefix_len:
+            raise ValueError(f"prefix_len {prefix_len} leaves nothing of prompt_len {prompt_len} to prefill: ask only "
+                             "while tokens are left")
+        return self.rule_tables.next_chunk_size(prefix_len, prompt_len)
 
     def plan(self, prompt_len: int) -> list[int]:
-        """The whole chunk list of a `prompt_len`-token prompt under this policy (the last chunk takes the rest).
-        ValueError beyond the policy's context length (no prompt is longer; the list stays bounded)."""
+        """The whole chunk list of a `prompt_len`-token prompt under the prompt-aware rule. ValueError beyond the
+        policy's context length (no prompt is longer; the list stays bounded)."""
+        prompt_len = self._checked_prompt(prompt_len)
+        return walk(lambda done: self.next_chunk_size(done, prompt_len), prompt_len)
+
+    def plan_history(self, prompt_len: int) -> list[int]:
+        """The chunk list under the history-only table (the last chunk takes the rest)."""
+        return table_plan(self._starts, self._sizes, self._checked_prompt(prompt_len))
+
+    def _checked_prompt(self, prompt_len) -> int:
         prompt_len = token_count("prompt_len", prompt_len)
         if prompt_len < 1:
             raise ValueError(f"--prompt-len {prompt_len} is invalid: use a positive number of tokens")
         check_prompt_len(self, prompt_len)
-        return table_plan(self._starts, self._sizes, prompt_len)
+        return prompt_len
 
-    def rule(self, prefix_len: int) -> int:
-        """The rule evaluated directly from the coefficients (slow path; equals next_chunk_size)."""
-        if self.status == "static":
-            return self.base_chunk_size
-        return next_chunk_size(self.model, self.settings, self.target_ms, prefix_len)
+    def sglang_plan(self, prompt_len: int) -> list[int]:
+        """The chunks of SGLang's equal-latency rule (target, smoothing, B // 4 floor, first chunk B) on the policy's
+        fitted model and settings; fixed chunks of B without a model."""
+        prompt_len = self._checked_prompt(prompt_len)
+        if self.model is None or not self.target_ms:
+            return walk(lambda _: self.base_chunk_size, prompt_len)
+        starts, sizes = build_table(self.model, self.settings, self.target_ms)
+        return table_plan(starts, sizes, prompt_len)
 
 
 def token_count(name: str, value) -> int:
@@ -134,19 +167,6 @@ def extrapolation(policy: Policy, prompt_len: int, chunk_sizes: list[int] | None
         return None
     return (f"prompt {prompt_len} reaches " + " and ".join(notes) + ": the latency model is extrapolated there; "
             "profile with --prefix-lens (or --context-len) covering it")
-
-
-def static_table(base_chunk_size: int) -> dict:
-    """The one-entry table of a static policy: B from prefix 0 on."""
-    return {"prefix_len": [0], "chunk_size": [base_chunk_size]}
-
-
-def make_table(model: LatencyModel | None, settings: ChunkSettings, target_ms: float | None, status: str) -> dict:
-    """The policy's breakpoint table {"prefix_len": starts, "chunk_size": sizes}."""
-    if status == "static":
-        return static_table(settings.base_chunk_size)
-    starts, sizes = build_table(model, settings, target_ms)
-    return {"prefix_len": starts, "chunk_size": sizes}
 
 
 SCHEMA_FILE = Path(__file__).with_name("policy.schema.json")
@@ -197,6 +217,18 @@ def schema_error(data) -> str | None:
     return f"{error.json_path}: {message}"
 
 
+def check_breakpoints(where: str, starts: list[int], sizes: list[int]) -> None:
+    """A breakpoint table's columns have one length, start at prefix 0 and increase strictly."""
+    if len(starts) != len(sizes):
+        raise ValueError(f"{where}: prefix_len has {len(starts)} entries but chunk_size {len(sizes)}: the columns "
+                         "must have one length")
+    if starts[0] != 0:
+        raise ValueError(f"{where}.prefix_len[0]: {starts[0]}: a table starts at prefix_len 0")
+    for i, (a, b) in enumerate(zip(starts, starts[1:])):
+        if b <= a:
+            raise ValueError(f"{where}.prefix_len[{i + 1}]: {b} after {a}: prefix_len must increase strictly")
+
+
 def check_schema(data) -> None:
     """Raise ValueError (one line naming the field) unless `data` follows the policy schema (SCHEMA_FILE) and the
     structural rules a JSON Schema cannot say: the table's columns of one length, prefix_len strictly increasing,
@@ -211,13 +243,19 @@ def check_schema(data) -> None:
     problem = schema_error(data)
     if problem:
         raise ValueError(f"{problem}; fix that field or regenerate the policy with `ppprof fit`")
-    starts, sizes = data["table"]["prefix_len"], data["table"]["chunk_size"]
-    if len(starts) != len(sizes):
-        raise ValueError(f"$.table: prefix_len has {len(starts)} entries but chunk_size {len(sizes)}: the columns "
-                         "must have one length")
-    for i, (a, b) in enumerate(zip(starts, starts[1:])):
+    check_breakpoints("$.table", data["table"]["prefix_len"], data["table"]["chunk_size"])
+    rule = data["prompt_table"]
+    bands = rule["prompt_len"]
+    for key in ("bound_ms", "merge_len", "prefix_len", "chunk_size"):
+        if len(rule[key]) != len(bands):
+            raise ValueError(f"$.prompt_table.{key}: {len(rule[key])} entries for {len(bands)} bands: give one a band")
+    if bands[0] != 1:
+        raise ValueError(f"$.prompt_table.prompt_len[0]: {bands[0]}: the first band starts at prompts of 1 token")
+    for i, (a, b) in enumerate(zip(bands, bands[1:])):
         if b <= a:
-            raise ValueError(f"$.table.prefix_len[{i + 1}]: {b} after {a}: prefix_len must increase strictly")
+            raise ValueError(f"$.prompt_table.prompt_len[{i + 1}]: {b} after {a}: band starts must increase strictly")
+    for i, (starts, sizes) in enumerate(zip(rule["prefix_len"], rule["chunk_size"])):
+        check_breakpoints(f"$.prompt_table.band[{i}]", starts, sizes)
     dom = data.get("domain")
     for key in ("prefix_len", "chunk_size") if dom else ():
         low, high = dom[key]
@@ -229,11 +267,9 @@ def check_schema(data) -> None:
 
 
 def check_policy(policy: Policy) -> None:
-    """What `ppprof validate` checks beyond the schema, ValueError (one line) on the first problem: a static
-    table is one entry of B; a dynamic policy's rule (from its coefficients) is aligned, within its clamps and
-    non-increasing, and its table is the one the rule gives; the model predicts a positive latency for the
-    smallest chunk."""
-    B = policy.base_chunk_size
+    """What `ppprof validate` checks beyond the schema, ValueError (one line) on the first problem: the model
+    predicts a positive latency for the smallest chunk; a static policy's tables are one fixed chunk; a dynamic one's
+    tables are the bounded rules their bounds give on the planning model (checked at every breakpoint, both sides)."""
     if policy.model is not None:
         smallest = policy.settings.alignment
         t = float(policy.model.chunk_latency_ms(0, smallest))
@@ -241,17 +277,38 @@ def check_policy(policy: Policy) -> None:
             raise ValueError(f"$.latency_model: predicts {t:.4g} ms for a {smallest}-token chunk: a latency must be "
                              "positive; refit the samples")
     if policy.status == "static":
-        if policy._starts != [0] or policy._sizes != [B]:
-            raise ValueError(f"$.table: static policy table must be one entry (0 -> {B})")
+        if len(policy._sizes) != 1 or policy._bands != [1] or policy._band_sizes != [policy._sizes]:
+            raise ValueError("$.table: a static policy's table and prompt_table must be the one fixed chunk: refit")
         return
-    try:
-        check_rule(policy.model, policy.settings, policy.target_ms)
-    except ValueError as e:
-        raise ValueError(f"$.latency_model: the rule from these coefficients and settings is unusable: {e}; "
-                         "refit") from None
-    expected = make_table(policy.model, policy.settings, policy.target_ms, "dynamic")
-    if expected != {"prefix_len": policy._starts, "chunk_size": policy._sizes}:
-        raise ValueError("$.table: policy table does not match the rule recomputed from its coefficients: refit")
+    rule, table = policy.data["prompt_table"], policy.data["table"]
+    if policy.data.get("parity") is not None:  # SGLang's own rule on SGLang's fit
+        starts, sizes = build_table(policy.model, policy.settings, policy.target_ms)
+        if (starts, sizes) != (policy._starts, policy._sizes) or policy._band_sizes != [sizes] or \
+                policy._band_starts != [starts]:
+            raise ValueError("$.table: a parity policy's tables must be SGLang's rule from its coefficients: refit")
+        return
+    unit, largest = rule["unit"], rule["largest_chunk"]
+    check_bounded("$.table", policy.planning_model, table["bound_ms"], table["chunk_cap"], unit,
+                  policy._starts, policy._sizes)
+    for i, bound in enumerate(rule["bound_ms"]):
+        check_bounded(f"$.prompt_table.band[{i}]", policy.planning_model, bound, largest, unit,
+                      policy._band_starts[i], policy._band_sizes[i])
+
+
+def check_bounded(where: str, model: LatencyModel, bound: float | None, cap: int, unit: int, starts: list[int],
+                  sizes: list[int]) -> None:
+    """The table is the bounded rule (bound, cap) on the model: its size at each breakpoint and just before the next.
+    ValueError naming the entry otherwise."""
+    bound = math.inf if bound is None else bound
+    ends = [s - 1 for s in starts[1:]]
+    at = np.array(starts + ends, dtype=np.int64)
+    want = np.array(sizes + sizes[:-1], dtype=np.int64)
+    got = bounded_sizes(model, np.full(len(at), bound), np.full(len(at), cap), at, unit)
+    bad = np.flatnonzero(got != want)
+    if bad.size:
+        k = int(bad[0])
+        raise ValueError(f"{where}: chunk {int(want[k])} at prefix_len {int(at[k])} is not the rule's {int(got[k])} "
+                         "from the coefficients, overhead and bound: refit")
 
 
 def from_dict(data) -> Policy:
@@ -305,13 +362,13 @@ def validate(policy: Policy) -> str:
 
 
 def summary_line(policy: Policy) -> str:
-    """One line: status, model, table size, the chunk range and the profiled domain."""
-    B = policy.base_chunk_size
+    """One line: status, model, the rules' sizes and the profiled domain."""
     if policy.status == "static":
-        return f"static (base chunk {B}): {policy.reason}{domain_text(policy)}"
-    smallest = min(policy._sizes)
-    return (f"dynamic ({policy.model.name}), {len(policy._sizes)} table entries, chunk {B} -> {smallest}"
-            f"{domain_text(policy)}")
+        return f"static (chunk {policy._sizes[0]}): {policy.reason}{domain_text(policy)}"
+    sizes = [x for band in policy._band_sizes for x in band]
+    return (f"dynamic ({policy.model.name}, overhead {policy.overhead_ms:.3g} ms a chunk, {policy.num_stages} "
+            f"stages): prompt-aware rule of {len(policy._bands)} bands, chunks {min(sizes)}-{max(sizes)}; "
+            f"history-only table of {len(policy._sizes)} entries{domain_text(policy)}")
 
 
 def domain_text(policy: Policy) -> str:

@@ -1,13 +1,31 @@
-"""Policy dicts built straight from coefficients (no fit), for the policy tests."""
+"""Policy dicts built straight from coefficients (no fit), for the policy tests: the rules are chosen as `ppprof fit`
+chooses them (ppprof.fit.build.carried), on a domain of chunks up to `largest` and prompts up to the context."""
 
-from ppprof.config import ChunkSettings
+import copy
+from functools import lru_cache
+
+from ppprof.config import ChunkSettings, PolicyOptions
+from ppprof.fit.build import carried
 from ppprof.policy.rule import LatencyModel
-from ppprof.policy.schema import SCHEMA_VERSION, make_table
+from ppprof.policy.schema import SCHEMA_VERSION
 
 
-def policy_dict(model: LatencyModel, status="dynamic", **settings) -> dict:
-    s = ChunkSettings(**{"base_chunk_size": 8192, "context_len": 131072, "page_size": 64, **settings})
+def policy_dict(model: LatencyModel, status="dynamic", largest=None, num_stages=4, min_gain=0.0, overhead_ms=None,
+                **settings) -> dict:
+    """A policy of `model` (B 8192, context 131072, page 64 unless given); status "static" as a failed gate gives it;
+    min_gain 0 by default so that the rules are dynamic (and tested) whatever they gain."""
+    key = (model, status, largest, num_stages, min_gain, overhead_ms, tuple(sorted(settings.items())))
+    return copy.deepcopy(_policy_dict(key))
+
+
+@lru_cache(maxsize=None)
+def _policy_dict(key) -> dict:
+    model, status, largest, num_stages, min_gain, overhead_ms, settings = key
+    s = ChunkSettings(**{"base_chunk_size": 8192, "context_len": 131072, "page_size": 64, **dict(settings)})
     target = model.target_ms(s.base_chunk_size)
-    return {"schema_version": SCHEMA_VERSION, "status": status, "reason": "test", "latency_model": model.to_dict(),
-            "settings": s.to_dict(), "target_latency_ms": target, "table": make_table(model, s, target, status),
-            "provenance": {"world_size": 4, "layer_partition": [8, 8, 8, 8]}}
+    measured = {"prefix_len": [0, s.context_len], "chunk_size": [1, largest or 4 * s.base_chunk_size]}
+    options = PolicyOptions(min_gain=min_gain, overhead_ms=overhead_ms, num_stages=num_stages)
+    rules = carried(model, status, "test", s, measured, None, options, False)
+    return {"schema_version": SCHEMA_VERSION, "latency_model": model.to_dict(), "settings": s.to_dict(),
+            "target_latency_ms": target, "provenance": {"world_size": 4, "layer_partition": [8, 8, 8, 8]},
+            "parity": None, **rules}
