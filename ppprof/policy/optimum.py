@@ -43,7 +43,7 @@ PROMPT_TOLERANCE = 0.008
 is 1%; the margin covers lengths between the aligned ones)."""
 
 
-MAX_WINDOW_UNITS = 64
+MAX_WINDOW_UNITS = 128
 """The most units in one chunk of the DP (the largest chunk / the unit)."""
 MAX_POSITIONS = 2048
 """The most positions of the DP (the longest prompt / the unit)."""

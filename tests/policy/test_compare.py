@@ -51,7 +51,8 @@ def test_identical_policies_do_not_drift_and_status_change_does():
     report = compare_policies(base, policy(), DEFAULT_TOLERANCES)
     assert not report["drifted"] and report["table"]["num_changed"] == 0
     assert all(r["change"] == 0 for r in report["ttft"]["rows"] + report["coefficients"])
-    assert [r["prompt_len"] for r in report["ttft"]["rows"]] == [2048] * 3 + [8192] * 3 + [32768] * 3
+    assert [r["prompt_len"] for r in report["ttft"]["rows"]] == [2048] * 6 + [8192] * 6 + [32768] * 6
+    assert all(r["regret"] == 0 for r in report["ttft"]["rows"] if r["strategy"] in ("policy", "policy-history"))
     assert report["ttft"]["num_stages"] == 4  # the helper's provenance: four stages
     static = compare_policies(base, policy(status="static"), DEFAULT_TOLERANCES)
     assert static["drifted"] and [c["figure"] for c in static["checks"] if not c["passed"]][0] == "status"

@@ -66,7 +66,13 @@ def coef(key, **change):
 
 
 def setitem(column, index, value):
-    return lambda d: d["table"][column].__setitem__(index, value)
+    """Give the prompt-aware rule's first band the table of its last (longest) band, with entry `index` of a column
+    set to `value` (the schema and the structure are checked before the rule's sizes are)."""
+    def mutate(d):
+        rule = d["prompt_table"]
+        rule["prefix_len"][0], rule["chunk_size"][0] = list(rule["prefix_len"][-1]), list(rule["chunk_size"][-1])
+        rule[column][0][index] = value
+    return mutate
 
 
 BROKEN = [
@@ -85,14 +91,16 @@ BROKEN = [
     (lambda d: d.update(target_latency_ms=-1.0), "$.target_latency_ms: -1.0 is less than or equal to the minimum of 0"),
     (lambda d: d.update(target_latency_ms=None), "$.target_latency_ms: None is not of type 'number'"),
     (lambda d: d["table"].update(history_len=[0]), "$.table: Additional properties are not allowed"),
-    (setitem("prefix_len", 0, 5), "$.table.prefix_len[0]: 5 given, 0 expected"),
-    (setitem("chunk_size", 2, -64), "$.table.chunk_size[2]: -64 is less than the minimum of 1"),
-    (setitem("chunk_size", 1, True), "$.table.chunk_size[1]: True is not of type 'integer'"),
-    (setitem("prefix_len", 3, 1), "$.table.prefix_len[3]: 1 after "),
+    (setitem("prefix_len", 0, 5), "$.prompt_table.prefix_len[0][0]: 5 given, 0 expected"),
+    (setitem("chunk_size", 2, -64), "$.prompt_table.chunk_size[0][2]: -64 is less than the minimum of 1"),
+    (setitem("chunk_size", 1, True), "$.prompt_table.chunk_size[0][1]: True is not of type 'integer'"),
+    (setitem("prefix_len", 3, 1), "$.prompt_table.band[0].prefix_len[3]: 1 after "),
     (lambda d: d["table"].update(prefix_len=[], chunk_size=[]), "$.table.prefix_len: [] should be non-empty"),
+    (lambda d: d["prompt_table"].update(prompt_len=[2]), "$.prompt_table.prompt_len[0]: 2 given, 1 expected"),
+    (lambda d: d["overhead"].update(ms_per_chunk=-1.0), "$.overhead.ms_per_chunk: -1.0 is less than the minimum"),
     (lambda d: d.update(domain={"prefix_len": [0, 1, 2], "chunk_size": [1, 2]}), "$.domain.prefix_len: [0, 1, 2] is"),
     (lambda d: d["provenance"].update(layer_partition=[8, 0]), "$.provenance.layer_partition[1]: 0 is less than"),
-    (setitem("chunk_size", 4, 4096), "$.table: policy table does not match the rule"),
+    (lambda d: d["table"]["chunk_size"].__setitem__(2, 4096), "$.table: chunk 4096 at prefix_len"),
 ]
 
 
@@ -123,12 +131,19 @@ def test_the_docs_reader_agrees_with_next_chunk_size_on_the_committed_policies(p
     assert "ppprof" not in code.split("\n", 1)[1] and len(code.strip().splitlines()) <= 25
     reader: dict = {}
     exec(compile(code, "docs/policy.md:policy_reader.py", "exec"), reader)
-    table = reader["read_table"](str(path))
+    data = reader["read_policy"](str(path))
     policy = load(path)
     starts = policy.data["table"]["prefix_len"]
     rng = random.Random(0)
-    lengths = {0, 1, policy.settings.context_len - 1, policy.settings.context_len}
+    context = policy.settings.context_len
+    lengths = {0, 1, context - 1, context}
     lengths |= {max(0, s + d) for s in starts for d in (-1, 0, 1)}
-    lengths |= {rng.randrange(policy.settings.context_len) for _ in range(2000)}
+    lengths |= {rng.randrange(context) for _ in range(2000)}
     for L in sorted(lengths):
-        assert reader["next_chunk_size"](table, L) == policy.next_chunk_size(L), f"{path} {L=}"
+        assert reader["next_chunk_size"](data, L) == policy.next_chunk_size(L), f"{path} {L=}"
+    bands = policy.data["prompt_table"]["prompt_len"]
+    prompts = {b + d for b in bands for d in (-1, 0, 1) if 1 <= b + d <= context} | {1, context}
+    prompts |= {rng.randrange(1, context + 1) for _ in range(300)}
+    for n in sorted(prompts):
+        for L in {0, n - 1, rng.randrange(n)}:
+            assert reader["next_chunk_size"](data, L, n) == policy.next_chunk_size(L, n), f"{path} {L=} {n=}"

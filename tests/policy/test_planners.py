@@ -5,8 +5,8 @@ import pytest
 
 from ppprof.policy import LatencyModel, from_dict
 from ppprof.policy.timeline import drawn_stages, start_times
-from ppprof.policy.planners import (chunk_costs, chunk_latencies_ms, fixed_chunks, min_sums, optimal_chunks,
-                                    plan_prompt, ttft_ms)
+from ppprof.policy.planners import (STRATEGIES, chunk_costs, chunk_latencies_ms, fixed_chunks, min_sums,
+                                    optimal_chunks, plan_prompt, ttft_ms)
 
 from .policy_helpers import policy_dict
 
@@ -87,8 +87,10 @@ def random_policy(rng, name):
     alignment = int(rng.choice([16, 32, 64]))
     base = alignment * int(rng.integers(1, 7))
     cap = int(rng.choice([0, alignment * int(rng.integers(1, 8))]))  # 0: B; may be below B
+    largest = max(base, cap)  # the profiled domain: the DP's chunks reach the larger of B and the cap
     return model, from_dict(policy_dict(model, base_chunk_size=base, alignment=alignment, max_chunk_size=cap,
-                                        smooth_factor=float(rng.uniform(0.3, 1)), context_len=4096))
+                                        smooth_factor=float(rng.uniform(0.3, 1)), context_len=4096,
+                                        largest=largest))
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -98,7 +100,7 @@ def test_optimal_equals_brute_force_minimum(seed):
     s = p.settings
     prompt_len = s.alignment * int(rng.integers(1, 12)) + int(rng.integers(0, s.alignment))
     stages = int(rng.integers(1, 9))
-    fixed, greedy, optimal = plan_prompt(p, prompt_len, stages)
+    fixed, greedy, optimal = plan_prompt(p, prompt_len, stages, ("fixed", "greedy", "optimal"))
     want = brute_force_best_ttft(model, prompt_len, stages, s.alignment, max(s.base_chunk_size, s.max_chunk_size))
     assert optimal.ttft_ms == pytest.approx(want, rel=1e-9, abs=0), f"{seed=} {model=} {prompt_len=} {stages=} " \
                                                                        f"{optimal.chunk_sizes=}"
@@ -145,7 +147,12 @@ def test_plan_prompt_rejects_bad_input():
         plan_prompt(p, 100, 0)
     with pytest.raises(ValueError, match=r"--pp 100000 is invalid: .* 1\.\.1024"):
         plan_prompt(p, 100, 100000)
-    assert len(plan_prompt(p, 100, 1024)) == 3
+    assert [q.strategy for q in plan_prompt(p, 100, 1024)] == list(STRATEGIES)
+    data = policy_dict(LatencyModel("quadratic", a=3e-7, b=0.01, c=5.0))
+    data["prompt_table"]["max_prompt_len"] = 100000  # as if the profile's deepest prefix were 99999
+    with pytest.raises(ValueError, match=r"--prompt-len 131072 is beyond the policy's domain .* give --extrapolate"):
+        plan_prompt(from_dict(data), 131072, 2)
+    assert plan_prompt(from_dict(data), 131072, 2, ("fixed",), extrapolate=True)[0].chunk_sizes == [8192] * 16
 
 
 def test_replay_of_a_hand_made_latency_table_gives_the_hand_computed_ttft():

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from ppprof.config import ChunkSettings
 from ppprof.policy import LatencyModel, from_dict, next_chunk_size, validate
+from ppprof.policy.planners import chunk_latencies_ms, optimal_chunks, ttft_ms
 from ppprof.policy.rule import check_rule
 
 from .policy_helpers import policy_dict
@@ -72,58 +73,67 @@ def test_target_is_computed_in_sglangs_float_order():
 
 
 def test_cap_below_base_binds_after_the_first_chunk():
+    """SGLang's rule (kept for exports, tune and the greedy strategy): max_chunk_size caps the chunks after the first."""
     model = LatencyModel("quadratic", a=3e-7, b=0.01, c=5.0)
-    data = policy_dict(model, max_chunk_size=3000)  # B = 8192, alignment 64: later chunks <= 2944
-    p = from_dict(data)
-    assert p.next_chunk_size(0) == 8192
-    sizes = [p.next_chunk_size(L) for L in (1, 8192, 50000, 120000)]
-    assert all(size <= 2944 and size % 64 == 0 for size in sizes), f"{sizes=}"
-    assert sizes[0] == 2944 and [p.rule(L) for L in (1, 8192, 50000, 120000)] == sizes
-    chunks = p.plan(30000)
+    s = ChunkSettings(base_chunk_size=8192, page_size=64, context_len=131072, max_chunk_size=3000)
+    target = model.target_ms(8192)
+    assert next_chunk_size(model, s, target, 0) == 8192
+    sizes = [next_chunk_size(model, s, target, L) for L in (1, 8192, 50000, 120000)]
+    assert all(size <= 2944 and size % 64 == 0 for size in sizes) and sizes[0] == 2944, f"{sizes=}"
+    p = from_dict(policy_dict(model, max_chunk_size=3000))
+    chunks = p.sglang_plan(30000)
     assert chunks[0] == 8192 and max(chunks[1:]) <= 2944 and sum(chunks) == 30000, f"{chunks=}"
-    assert validate(p).startswith("dynamic (quadratic)")
-    check_rule(p.model, p.settings, p.target_ms)
+    check_rule(model, s, target)
     with pytest.raises(ValueError, match="--max-chunk-size 32 is below the alignment 64"):
         ChunkSettings(base_chunk_size=8192, page_size=64, max_chunk_size=32)
 
 
-def test_static_policy_is_always_base():
+def test_static_policy_is_always_its_one_chunk():
     p = from_dict(policy_dict(LatencyModel("quadratic", a=3e-7, b=0.01, c=5.0), status="static"))
     assert [p.next_chunk_size(L) for L in (0, 5000, 10**6)] == [8192] * 3
-    assert p.plan(20000) == [8192, 8192, 3616]
+    assert [p.next_chunk_size(L, 20000) for L in (0, 8192, 16384)] == [8192, 8192, 3616]
+    assert p.plan(20000) == p.plan_history(20000) == [8192, 8192, 3616]
 
 
-def test_prefix_model_cost_beyond_target_gives_floor_not_base():
+def test_sglang_rule_gives_its_floor_where_the_prefix_cost_alone_reaches_the_target():
     model = LatencyModel("prefix", a=0.0, b=0.01, c=1.0, g=0.01)  # g L >= T from L = B
-    p = from_dict(policy_dict(model))
-    assert p.next_chunk_size(9000) == 8192 // 4
-    assert p.next_chunk_size(1000) < 8192
+    s = ChunkSettings(base_chunk_size=8192, page_size=64, context_len=131072)
+    target = model.target_ms(8192)
+    assert next_chunk_size(model, s, target, 9000) == 8192 // 4
+    assert next_chunk_size(model, s, target, 1000) < 8192
 
 
-models = st.tuples(st.sampled_from(["quadratic", "prefix"]), st.floats(1e-9, 1e-5), st.floats(0.0, 0.1),
-                   st.floats(0.0, 50.0), st.floats(0.0, 0.01)).map(
-    lambda t: LatencyModel(t[0], a=t[1], b=t[2], c=t[3], g=t[4] if t[0] == "prefix" else 0.0))
+models = st.tuples(st.sampled_from(["quadratic", "prefix"]), st.floats(1e-8, 1e-5), st.floats(0.001, 0.1),
+                   st.floats(0.5, 50.0), st.floats(0.0, 0.1)).map(
+    lambda t: LatencyModel(t[0], a=t[1], b=t[2], c=t[3], g=t[4] * t[2] if t[0] == "prefix" else 0.0))
+"""g up to 0.1 b (the GPU-sized published model has 0.09 b, the default profile 0.01 b). Where a cached token costs a
+chunk more than that, on one or two stages, the optimum's chunks grow along the prompt (the first chunk small, to
+keep the prefix every later chunk reads short), which no rule whose chunks shrink with the prefix follows; the
+policy's predicted.max_ratio_to_optimum then says how far it is."""
 chunk_settings = st.fixed_dictionaries({
-    "base_chunk_size": st.sampled_from([1024, 4096, 8192, 16384, 10000]),
-    "smooth_factor": st.floats(0.05, 1.0),
+    "base_chunk_size": st.sampled_from([1024, 2048, 4096]),
     "page_size": st.sampled_from([1, 16, 64, 256]),
-    "context_len": st.integers(20000, 300000),
-    "max_chunk_size": st.sampled_from([0, 512, 3000, 20000]),  # 0: B; below B binds from the second chunk
+    "context_len": st.integers(8192, 32768),
 })
 
 
-@settings(max_examples=40, deadline=None)
-@given(model=models, s=chunk_settings, lookups=st.lists(st.integers(0, 400000), min_size=20, max_size=20))
-def test_policy_invariants(model, s, lookups):
-    p = from_dict(policy_dict(model, **s))
-    settings_ = p.settings
-    check_rule(p.model, settings_, p.target_ms, num_points=512)  # aligned, clamped, non-increasing
-    assert p.next_chunk_size(0) == s["base_chunk_size"]
-    for L in lookups + [p.data["table"]["prefix_len"][-1] - 1]:
-        assert p.next_chunk_size(L) == p.rule(L), f"{L=}"
-    chunks = p.plan(s["context_len"] // 2)
-    assert sum(chunks) == s["context_len"] // 2
-    assert all(c % settings_.alignment == 0 for c in chunks[1:-1]), f"{chunks=}"
+@settings(max_examples=8, deadline=None)
+@given(model=models, s=chunk_settings, num_stages=st.integers(2, 8), seed=st.integers(0, 1000))
+def test_policy_invariants(model, s, num_stages, seed):
+    """Any model and settings: the policy validates; every prompt's plan (prompt-aware and history-only) covers it
+    in chunks of whole units (but its last) within the largest; the prompt-aware plan is within 1% of the DP optimum
+    on the same grid."""
+    p = from_dict(policy_dict(model, num_stages=num_stages, **s))
+    rule = p.data["prompt_table"]
+    unit, largest = rule["unit"], rule["largest_chunk"]
+    rng = np.random.default_rng(seed)
+    for n in {1, unit, s["context_len"], *rng.integers(1, s["context_len"] + 1, 6).tolist()}:
+        for chunks in (p.plan(n), p.plan_history(n)):
+            assert sum(chunks) == n and max(chunks) <= largest, f"{n=} {chunks=}"
+            assert all(c % unit == 0 for c in chunks[:-1]), f"{n=} {chunks=}"
+        optimal, _ = optimal_chunks(p.planning_model, n, num_stages, unit, largest, [p.plan(n)])
+        ttft = [ttft_ms(chunk_latencies_ms(p.planning_model, c), num_stages) for c in (p.plan(n), optimal)]
+        assert ttft[0] <= 1.01 * ttft[1], f"{n=} {ttft=}"
 
 
 def test_negative_prefix_is_rejected():
