@@ -9,6 +9,7 @@ from ppprof.bounds import ATTENTION_BACKENDS, DEVICES, MAX_STAGES, MAX_TOKENS
 from ppprof.checks import a_type, is_int, is_number, require_bool, require_int, require_str, short
 from ppprof.chunks import align_down, align_up
 from ppprof.config.chunk import DEFAULT_CONTEXT_LEN, ChunkSettings
+from ppprof.config.policy import DEFAULT_MIN_GAIN, PolicyOptions
 from ppprof.specs.dtypes import normalize_dtype
 from ppprof.specs.spec import MAX_LAYERS
 
@@ -142,6 +143,10 @@ class ProfileConfig:
     requests_per_probe x (1 + the number of prefix lengths))."""
     max_seconds: float | None = None
     """Adaptive design: stop choosing probes once probing has taken this many seconds (default: no limit)."""
+    prompt_lens: str | None = None
+    """The workload the policy's history-only table and status are chosen on (`ppprof fit --prompt-lens`)."""
+    min_gain: float = DEFAULT_MIN_GAIN
+    """The least predicted gain over the best fixed chunk for a dynamic policy (`ppprof fit --min-gain`)."""
     timeout: float = 60.0
     """Seconds: the least time a rank waits on another before the run stops with "rank N did not answer"; a wait
     may take longer when the requests measured so far are slow (ppprof.dist.watchdog: 20 x the slowest)."""
@@ -158,6 +163,7 @@ class ProfileConfig:
             raise ValueError(f"--attention-backend {short(self.attention_backend)} is unknown: use one of "
                              f"{', '.join(ATTENTION_BACKENDS)}")
         self.check_design_bounds()
+        PolicyOptions(prompt_lens=self.prompt_lens, min_gain=self.min_gain)  # the fit's checks, before any rank
         if not is_number(self.timeout) or not MIN_TIMEOUT_S <= self.timeout <= MAX_TIMEOUT_S:
             raise ValueError(f"--timeout {self.timeout!r} must be a number of seconds in {MIN_TIMEOUT_S:g}.."
                              f"{MAX_TIMEOUT_S:g}, e.g. 60")

@@ -250,3 +250,17 @@ def fit_run(run_dir: str | Path) -> Path:
     before anything is written. A model that fails the quality gates still gives a (static) policy, not an error.
     """
     return fit(Path(run_dir) / SAMPLES_FILE, latency_model=PROFILE_LATENCY_MODEL, plots=True)[0]
+
+
+def rechoose(data: dict, model: LatencyModel, status: str = "dynamic", reason: str = "given") -> dict:
+    """A policy dict like `data` with another model (or status): its target and rules chosen again, as `ppprof fit`
+    chooses them, on the same settings, domain, overhead, stages and workload."""
+    settings = ChunkSettings(**data["settings"])
+    workload = data.get("workload") or {}
+    options = PolicyOptions(overhead_ms=data["overhead"]["ms_per_chunk"], num_stages=data.get("num_stages"),
+                            prompt_lens=",".join(f"{n}:{w}" for n, w in zip(workload.get("prompt_lens", []),
+                                                                           workload.get("weights", []))) or None)
+    rules = carried(model, status, reason, settings, data.get("domain"), None, options, False)
+    target = None if model is None else model.target_ms(settings.base_chunk_size)
+    return finite(dict(data, latency_model=None if model is None else model.to_dict(), target_latency_ms=target,
+                       **rules))

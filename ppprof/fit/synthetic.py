@@ -43,14 +43,17 @@ def make_samples(model: LatencyModel, *, base_chunk_size: int, prefixes=(), chun
 
 
 def write_run_dir(run_dir: str | Path, frame: pd.DataFrame, *, base_chunk_size: int, page_size: int = 64,
-                  context_len: int = 131072, num_layers: int = 4, world_size: int = 2) -> Path:
-    """Write samples.csv and a run.json like `ppprof profile` does; return the samples path."""
+                  context_len: int = 131072, num_layers: int = 4, world_size: int = 2,
+                  min_gain: float | None = None) -> Path:
+    """Write samples.csv and a run.json like `ppprof profile` does (with --min-gain where given); return the samples
+    path."""
     run_dir = Path(run_dir)
     samples = atomic_write_text(run_dir / SAMPLES_FILE, frame.to_csv(index=False))
     write_run_json(
         run_dir / RUN_FILE,
         config={"model": "synthetic", "base_chunk_size": base_chunk_size, "page_size": page_size,
-                "context_len": context_len, "requests_per_probe": 128, "num_layers": num_layers, "seed": 0},
+                "context_len": context_len, "requests_per_probe": 128, "num_layers": num_layers, "seed": 0}
+        | ({} if min_gain is None else {"min_gain": min_gain}),
         hardware={"device": "cpu", "device_name": "synthetic"}, torch_version="synthetic", dist_backend="gloo",
         world_size=world_size, layer_partition=[num_layers // world_size] * world_size, git_revision=None,
         profile_wall_s=0.0, forward_tokens=int(frame.prefix_len.sum() + frame.chunk_size.sum()),

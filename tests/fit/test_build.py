@@ -13,10 +13,11 @@ from ppprof.policy.rule import LatencyModel
 PREFIX_TRUE = LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=4e-4)
 
 
-def run_dir(tmp_path, model=PREFIX_TRUE, noise=0.01, **kw):
+def run_dir(tmp_path, model=PREFIX_TRUE, noise=0.01, min_gain=0.0, **kw):
+    """A synthetic run; min_gain 0 by default, so that a model that passes the gates gives a dynamic policy."""
     frame = make_samples(model, base_chunk_size=4096, prefixes=[0, 8192, 32768, 65536],
                          chunk_sizes=[512, 1024, 2048, 4096], noise=noise, bottleneck_stage=1, **kw)
-    write_run_dir(tmp_path, frame, base_chunk_size=4096, context_len=131072)
+    write_run_dir(tmp_path, frame, base_chunk_size=4096, context_len=131072, min_gain=min_gain)
     return tmp_path
 
 
@@ -31,20 +32,23 @@ def test_fit_run_writes_dynamic_policy_and_plots(tmp_path):
     assert data["diagnostics"]["bottleneck_stage"] == 1
     assert set(data["diagnostics"]["predicted_shrink"]) == {"fraction", "prefix_len"}
     assert {"prefix_len", "chunk_size"} <= set(data["diagnostics"]["worst_residual"])
-    assert set(data["table"]) == {"prefix_len", "chunk_size"} and data["schema_version"] == 2
+    assert set(data["table"]) <= {"prefix_len", "chunk_size", "bound_ms", "chunk_cap"} and data["schema_version"] == 3
+    assert data["overhead"]["source"] in ("measured", "none") and data["num_stages"] == 2
     assert data["provenance"]["world_size"] == 2 and data["provenance"]["layer_partition"] == [2, 2]
     assert data["settings"]["alignment"] == 64 and data["settings"]["min_chunk_size"] == 1024
     assert data["target_latency_ms"] == pytest.approx(PREFIX_TRUE.target_ms(4096), rel=0.05)
     policy = load(path)
     assert validate(policy).startswith("dynamic")
-    assert policy.next_chunk_size(0) == 4096 and policy.next_chunk_size(60000) < 4096
+    first, deep = policy.next_chunk_size(0, 60000), policy.next_chunk_size(50000, 60000)
+    assert first >= deep and deep % policy.data["prompt_table"]["unit"] == 0, (first, deep)
 
 
 def test_gate_failures_give_static_with_reason(tmp_path):
     linear = LatencyModel("prefix", a=0.0, b=0.01, c=5.0, g=0.0)  # no growth with prefix: nothing to shrink
-    _, data = fit(run_dir(tmp_path / "flat", linear) / "samples.csv")
-    assert data["status"] == "static" and "predicted_shrink" in data["reason"], data["reason"]
-    assert data["table"] == {"prefix_len": [0], "chunk_size": [4096]}
+    _, data = fit(run_dir(tmp_path / "flat", linear, min_gain=0.05) / "samples.csv")  # passes the gates, gains little
+    assert data["status"] == "static" and "below 5.0%" in data["reason"], data["reason"]
+    best = data["predicted"]["fixed_best_chunk"]
+    assert data["table"]["chunk_size"] == [best] and data["prompt_table"]["chunk_size"] == [[best]]
     _, data = fit(run_dir(tmp_path / "noisy", noise=0.4) / "samples.csv")
     assert data["status"] == "static" and "cv_mape" in data["reason"], data["reason"]
     _, data = fit(run_dir(tmp_path / "forced", linear) / "samples.csv", latency_model="quadratic")
@@ -58,7 +62,7 @@ def test_plain_csv_needs_base_chunk_size(tmp_path):
     with pytest.raises(ValueError, match="--base-chunk-size is required"):
         fit(csv)
     assert not (tmp_path / "policy.json").exists()
-    path, data = fit(csv, base_chunk_size=4096, context_len=65536)
+    path, data = fit(csv, base_chunk_size=4096, context_len=65536, policy_options={"min_gain": 0.0})
     assert data["status"] == "dynamic", data["reason"]
     assert data["diagnostics"]["bottleneck_stage"] is None
     assert data["provenance"]["world_size"] is None and data["settings"]["context_len"] == 65536

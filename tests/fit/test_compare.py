@@ -16,7 +16,8 @@ from ppprof.fit.drift import samples_drift
 from ppprof.fit.samples import read_samples
 from ppprof.fit.synthetic import make_samples, write_run_dir
 from ppprof.io import atomic_write_json
-from ppprof.policy.schema import load, make_table
+from ppprof.fit.build import rechoose
+from ppprof.policy.schema import load
 
 from ppprof.policy.rule import LatencyModel
 
@@ -45,10 +46,7 @@ def doubled_a(policy_path: Path, out: Path) -> Path:
     """The policy with its quadratic coefficient a doubled, and its target and table recomputed (a valid policy)."""
     policy = load(policy_path)
     model = dataclasses.replace(policy.model, a=2 * policy.model.a)
-    target = model.target_ms(policy.base_chunk_size)
-    data = dict(policy.data, latency_model=model.to_dict(), target_latency_ms=target,
-                table=make_table(model, policy.settings, target, policy.status))
-    return atomic_write_json(out, data)
+    return atomic_write_json(out, rechoose(policy.data, model, policy.status, policy.reason))
 
 
 def compare(*args):
@@ -104,8 +102,8 @@ def test_status_change_with_agreeing_samples_says_so(runs, tmp_path):
     static = tmp_path / "static"
     shutil.copytree(base, static)
     data = json.loads((static / "policy.json").read_text())
-    data.update(status="static", reason="gate rms_residual_fraction fails", table=make_table(
-        None, load(base / "policy.json").settings, None, "static"))
+    policy = load(base / "policy.json")
+    data = rechoose(data, policy.model, "static", "gate rms_residual_fraction fails")
     atomic_write_json(static / "policy.json", data)
     result = compare(base, static)
     assert result.exit_code == 1, result.output
