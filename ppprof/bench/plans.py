@@ -1,6 +1,7 @@
 """The chunk plans a bench runs: for each prompt length, one per strategy (fixed sizes around B, a server's rule on
-that server's boot fit of the profile's samples, the policy's greedy rule, the DP-optimal plan), each with the TTFT the
-policy predicts. Pure: no torch."""
+that server's boot fit of the profile's samples, SGLang's rule on the policy's model, the policy's prompt-aware rule and
+history-only table, the DP-optimal plan), each with the TTFT the policy predicts on its planning model (the fitted
+latency plus the per-chunk overhead). Pure: no torch."""
 
 from __future__ import annotations
 
@@ -48,20 +49,28 @@ def arms(policy: Policy, samples_path: Path | None, prompt_lens, strategies, num
          extra: dict | None = None) -> list[Arm]:
     """Every plan to run: for each prompt length, each requested strategy (fixed-best as its fixed sweep), and the
     `extra` plans ({"<prompt_len>": {name: chunks}}, `--plans`) as plan-<name>."""
-    settings, model = policy.settings, policy.model
+    settings, model = policy.settings, policy.planning_model
     servers = {name: server_plan(server, policy, samples_path) for name, server in REGISTRY.items()
                if name in strategies}
     out = []
     for prompt_len in prompt_lens:
         plans: dict[str, list[int]] = {}
-        for size in fixed_sizes(settings.base_chunk_size, settings.alignment, "fixed-best" in strategies):
+        sweep = fixed_sizes(settings.base_chunk_size, settings.alignment, "fixed-best" in strategies)
+        best = (policy.data.get("predicted") or {}).get("fixed_best_chunk")
+        if "fixed-best" in strategies and best:  # the policy's own best fixed chunk on its workload
+            sweep = sorted(set(sweep) | {best})
+        for size in sweep:
             plans[f"fixed-{size}"] = fixed_chunks(size, prompt_len)
         if "fixed" in strategies:
             plans[f"fixed-{settings.base_chunk_size}"] = fixed_chunks(settings.base_chunk_size, prompt_len)
         for name, chunks_of in servers.items():
             plans[name] = chunks_of(prompt_len)
         if "greedy" in strategies:
-            plans["greedy"] = policy.plan(prompt_len)
+            plans["greedy"] = policy.sglang_plan(prompt_len)
+        if "policy" in strategies:
+            plans["policy"] = policy.plan(prompt_len)
+        if "policy-history" in strategies:
+            plans["policy-history"] = policy.plan_history(prompt_len)
         for name, chunks in ((extra or {}).get(str(prompt_len)) or {}).items():
             plans[f"plan-{name}"] = list(chunks)
         if "optimal" in strategies:

@@ -20,8 +20,9 @@ from ppprof.policy.timeline import replay, start_times
 BENCH_CSV = "bench.csv"
 BENCH_JSON = "bench.json"
 BENCH_SCHEMA_VERSION = 1
-RATIOS = (("greedy", "fixed"), ("optimal", "fixed"), ("optimal", "fixed-best"), ("greedy", "fixed-best"),
-          ("greedy", "sglang"), ("optimal", "sglang"))
+RATIOS = (("policy", "fixed-best"), ("policy", "optimal"), ("policy-history", "fixed-best"), ("greedy", "fixed"),
+          ("optimal", "fixed"), ("optimal", "fixed-best"), ("greedy", "fixed-best"), ("greedy", "sglang"),
+          ("optimal", "sglang"))
 
 
 def per_prompt(frame: pd.DataFrame, ttft: dict, transfer: dict, num_stages: int, real: bool) -> pd.DataFrame:

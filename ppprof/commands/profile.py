@@ -40,6 +40,10 @@ from ppprof.run.settings import resolve_config, resume_config
 @click.option("--max-requests", type=int, help="Adaptive design: at most this many timed requests. [no limit]")
 @click.option("--max-seconds", type=float, help="Adaptive design: stop adding probes after this much probing. "
                                                  "[no limit]")
+@click.option("--prompt-lens", help="Workload the policy's history-only table and status are chosen on (8192:3,32768:1 "
+                                    "or a file, as `ppprof tune` takes them). [log-spaced over the profiled domain]")
+@click.option("--min-gain", type=float, help="Least predicted gain of the prompt-aware rule over the best fixed chunk "
+                                             f"for a dynamic policy. {shown('min_gain')}")
 @timeout_option
 @click.option("--overwrite", is_flag=True, default=False,
               help="Let --out name a folder that holds files: an older run's results there are replaced.")

@@ -9,10 +9,11 @@ from ppprof.bounds import MAX_STAGES
 from ppprof.checks import is_int, require_int, require_str
 from ppprof.config.profile import ProfileConfig
 
-BENCH_STRATEGIES = ("fixed", "fixed-best", "sglang", "greedy", "optimal")
+BENCH_STRATEGIES = ("fixed", "fixed-best", "sglang", "greedy", "policy", "policy-history", "optimal")
 """What `ppprof bench --strategies` takes. fixed: B; fixed-best: the best measured of B/4, B/2, B, 2B; sglang:
 SGLang's rule with the policy's flags on SGLang's boot fit of the same samples (ppprof.servers, as `ppprof tune` scores
-it); greedy: the policy's rule; optimal: the DP plan."""
+it); greedy: SGLang's rule on the policy's fitted model; policy: the policy's prompt-aware rule;
+policy-history: its history-only table; optimal: the DP plan."""
 MAX_REPEATS = 1000
 """The most prompts a bench runs per (prompt length, strategy)."""
 

@@ -15,6 +15,7 @@ from ppprof.dist.launch import in_worker
 from ppprof.model.attention_kernels import resolve_attention_backend
 from ppprof.run.memory import check_memory
 from ppprof.runfiles import LOCK_FILE, check_lock
+from ppprof.servers.workload import parse_prompt_spec
 from ppprof.specs import load_spec, split_layers
 
 def check_output_folder(out: str | None, overwrite: bool = False, resume: bool = False, folder: bool = True) -> None:
@@ -43,10 +44,13 @@ def check_before_launch(cfg: ProfileConfig, world_size: int, local_ranks: int,
                         folder: bool = True) -> None:
     """What can be checked without any rank: the output folder (check_output_folder; what it holds only where
     `folder`), the model resolves and splits over the stages, the device exists, the attention backend runs there,
-    the start method suits it, and this node's stages fit in its memory (check_memory)."""
+    the start method suits it, the policy's workload reads, and this node's stages fit in its memory
+    (check_memory)."""
     check_output_folder(cfg.out, overwrite, resume, folder)
     check_master_port(torchrun or {})
     check_adaptive_design(cfg)
+    if cfg.prompt_lens is not None and cfg.fit:  # the fit at the end reads it: a bad workload fails now, not then
+        parse_prompt_spec(cfg.prompt_lens, cfg.context_len)
     spec = load_spec(cfg.model, num_layers=cfg.num_layers, dtype=cfg.dtype)
     split_layers(spec.num_layers, world_size, cfg.layer_partition)
     resolve_attention_backend(cfg.attention_backend, cfg.device)

@@ -1,0 +1,129 @@
+"""The policy carries the optimum (issue 20): its prompt-aware rule plans within 1% of the DP optimum at every prompt
+length of a dense grid, on the committed default profile and on a GPU-sized model; its history-only table is never
+above the best fixed chunk on its workload; its status is static exactly when the gain is below the threshold."""
+
+import shutil
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ppprof.fit.build import fit
+from ppprof.fit.synthetic import make_samples, write_run_dir
+from ppprof.policy import LatencyModel, load
+from ppprof.policy.optimum import Domain, all_min_sums, bound_grid, optimum_at
+from ppprof.policy.planners import chunk_latencies_ms, fixed_chunks, optimal_chunks, ttft_ms
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT = REPO / "results" / "profile-tiny-hybrid"
+GPU = LatencyModel("prefix", a=3.25e-7, b=6.03e-3, c=26.1, g=5.39e-4)
+"""A published 4-stage GPU deployment's chunk latency (ms, tokens), B = 8192, prompts up to 131072 tokens."""
+
+
+@lru_cache(maxsize=None)
+def default_policy(num_stages: int, tmp: str):
+    """The committed default profile's samples, fitted for `num_stages` stages (the rules are dynamic whatever
+    they gain, so that they are built and checked)."""
+    out = Path(tmp) / f"default-pp{num_stages}"
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("samples.csv", "run.json"):
+        shutil.copy(DEFAULT / name, out / name)
+    path, _ = fit(out / "samples.csv", policy_options={"num_stages": num_stages, "min_gain": 0.0})
+    return load(path)
+
+
+@lru_cache(maxsize=None)
+def gpu_policy(num_stages: int, tmp: str):
+    """The GPU-sized model profiled through fit.synthetic (a sweep and prefix probes up to 4 B with 1% noise)."""
+    out = Path(tmp) / f"gpu-pp{num_stages}"
+    frame = make_samples(GPU, base_chunk_size=8192, prefixes=[0, 8192, 32768, 65536, 98304, 131072],
+                         chunk_sizes=[1024, 4096, 8192, 16384, 32768], noise=0.01)
+    write_run_dir(out, frame, base_chunk_size=8192, context_len=131072, world_size=num_stages, num_layers=32,
+                  min_gain=0.0)
+    path, _ = fit(out / "samples.csv", policy_options={"num_stages": num_stages})
+    return load(path)
+
+
+def dense_lengths(policy, rng) -> np.ndarray:
+    """Every unit of the domain, one token past each, and 400 lengths at random."""
+    rule = policy.data["prompt_table"]
+    unit, top = rule["unit"], rule["max_prompt_len"]
+    grid = np.arange(unit, top + 1, unit)
+    return np.unique(np.concatenate([grid, grid[:-1] + 1, rng.integers(1, top + 1, 400), [1, top]]))
+
+
+def ratios_to_optimum(policy) -> np.ndarray:
+    """The prompt-aware rule's predicted TTFT over a lower bound of the DP optimum (chunks of whole units up to the
+    largest, the last one the rest) at every dense length."""
+    rule = policy.data["prompt_table"]
+    dom = Domain(rule["unit"], rule["largest_chunk"], rule["max_prompt_len"])
+    model, stages = policy.planning_model, policy.num_stages
+    bounds = bound_grid(model, dom)
+    pos, sums = all_min_sums(model, dom, bounds)
+    lengths = dense_lengths(policy, np.random.default_rng(0))
+    lower, _ = optimum_at(model, dom, pos, sums, bounds, lengths, stages)
+    ours = np.array([ttft_ms(chunk_latencies_ms(model, policy.plan(int(n))), stages) for n in lengths])
+    return ours / lower
+
+
+@pytest.mark.parametrize("num_stages", [2, 4, 8])
+def test_prompt_aware_rule_is_within_1_percent_of_the_optimum_on_the_default_profile(num_stages, tmp_path_factory):
+    policy = default_policy(num_stages, str(tmp_path_factory.getbasetemp()))
+    assert policy.status == "dynamic" and policy.num_stages == num_stages
+    r = ratios_to_optimum(policy)
+    assert r.max() <= 1.01, f"{r.max()=}"
+    # and against the planner's own DP (the `optimal` strategy) at lengths spread over the domain
+    unit, largest = policy.data["prompt_table"]["unit"], policy.data["prompt_table"]["largest_chunk"]
+    model = policy.planning_model
+    for n in np.linspace(1000, policy.data["prompt_table"]["max_prompt_len"], 7).astype(int):
+        ours = policy.plan(int(n))
+        best, _ = optimal_chunks(model, int(n), num_stages, unit, largest, [ours])
+        assert ttft_ms(chunk_latencies_ms(model, ours), num_stages) <= \
+            1.01 * ttft_ms(chunk_latencies_ms(model, best), num_stages), f"{n=}"
+
+
+@pytest.mark.parametrize("num_stages", [2, 4, 8])
+def test_prompt_aware_rule_is_within_1_percent_of_the_optimum_on_a_gpu_sized_model(num_stages, tmp_path_factory):
+    policy = gpu_policy(num_stages, str(tmp_path_factory.getbasetemp()))
+    assert policy.status == "dynamic"
+    r = ratios_to_optimum(policy)
+    assert r.max() <= 1.01, f"{r.max()=}"
+    assert policy.plan(8192 * 16)[0] > policy.plan(8192 * 16)[-2]  # the first chunk larger than later ones
+
+
+def workload_mean(model, plans, weights, num_stages) -> float:
+    return sum(w * ttft_ms(chunk_latencies_ms(model, p), num_stages) for p, w in zip(plans, weights))
+
+
+@pytest.mark.parametrize("which", ["default", "gpu"])
+def test_history_only_table_is_never_above_the_best_fixed_chunk_on_its_workload(which, tmp_path_factory):
+    policy = (default_policy if which == "default" else gpu_policy)(4, str(tmp_path_factory.getbasetemp()))
+    lengths, weights = policy.data["workload"]["prompt_lens"], policy.data["workload"]["weights"]
+    model, stages = policy.planning_model, policy.num_stages
+    history = workload_mean(model, [policy.plan_history(n) for n in lengths], weights, stages)
+    unit, largest = policy.data["prompt_table"]["unit"], policy.data["prompt_table"]["largest_chunk"]
+    fixed = {x: workload_mean(model, [fixed_chunks(x, n) for n in lengths], weights, stages)
+             for x in range(unit, largest + 1, unit)}
+    assert history <= min(fixed.values()) * (1 + 1e-12), (history, min(fixed.values()))
+    predicted = policy.data["predicted"]
+    assert predicted["mean_ttft_ms"]["policy-history"] == pytest.approx(history, rel=1e-9)
+    assert predicted["mean_ttft_ms"]["fixed-best"] == pytest.approx(min(fixed.values()), rel=1e-9)
+    assert predicted["mean_ttft_ms"]["policy"] <= history * (1 + 1e-12)
+
+
+def test_status_is_static_exactly_when_the_gain_is_below_the_threshold(tmp_path):
+    frame = make_samples(GPU, base_chunk_size=8192, prefixes=[0, 32768, 98304, 131072],
+                         chunk_sizes=[2048, 8192, 32768], noise=0.01)
+    write_run_dir(tmp_path, frame, base_chunk_size=8192, context_len=131072, world_size=4)
+    samples = tmp_path / "samples.csv"
+    _, data = fit(samples, tmp_path / "any.json", policy_options={"min_gain": 0.0})
+    gain = data["predicted"]["gain_vs_fixed_best"]
+    assert 0.0 < gain < 0.9
+    _, below = fit(samples, tmp_path / "below.json", policy_options={"min_gain": gain * 0.999})
+    _, above = fit(samples, tmp_path / "above.json", policy_options={"min_gain": gain * 1.001})
+    assert below["status"] == "dynamic" and f"gain {gain:.1%}" in below["reason"]
+    assert above["status"] == "static" and "below" in above["reason"]
+    best = above["predicted"]["fixed_best_chunk"]
+    assert above["table"]["chunk_size"] == [best] and load(tmp_path / "above.json").plan(20000) == \
+        fixed_chunks(best, 20000)
