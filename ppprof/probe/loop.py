@@ -1,8 +1,9 @@
 """The probe loop of one rank: every request goes through every stage in lockstep, each stage timing its own compute.
 
 Per request, on every rank: set up (admit, write the synthetic prefix, extend by the chunk), receive from the previous
-stage, forward (timed, device-synchronized; transfers excluded), send on, and release in a finally path (KV slots,
-Mamba slot, request entry). Rank 0 also times the request end to end, until the last stage reports it done.
+stage, the primer (an untimed forward of the chunk's first token), forward (timed, device-synchronized; transfers
+excluded), send on, and release in a finally path (KV slots, Mamba slot, request entry). Rank 0 also times the request
+end to end, from its timed forward until the last stage reports it done.
 After each request the ranks agree on whether any failed; after each probe, that every pool is full again.
 """
 
@@ -24,7 +25,7 @@ from ppprof.mem.req import NO_MAMBA_SLOT
 from ppprof.model.stage import Stage
 from ppprof.probe.request import set_up_request
 from ppprof.probe.synth import Probe, ProbeRequest
-from ppprof.probe.timer import Timer, device_sync
+from ppprof.probe.timer import Timer
 
 log = logging.getLogger("ppprof.probe")
 
@@ -90,22 +91,10 @@ class ProbeRunner:
             # (the prefix fill) runs beside an earlier stage's timed forward; a failed set-up stops every rank here.
             if pipe.any_true(setup_error is not None):
                 return stage_ms, e2e_ms, setup_error
-            if pipe.is_first:
-                device_sync(self.device)
-                e2e_start = time.perf_counter()
-            else:
+            if not pipe.is_first:
                 status, x, residual = pipe.recv_activation()
             if status == OK:
-                try:
-                    if timed and self.fault == RAISE_IN_FORWARD and pipe.is_last and self._timed_requests == 2:
-                        raise RuntimeError("injected fault (--inject-fault raise-in-forward)")
-                    with Timer(self.device) as t:
-                        out, residual = self.stage(self.cache, req, x, residual, pr.prefix_len)
-                    stage_ms = t.elapsed_ms
-                    self.forward_tokens += pr.chunk_size
-                except Exception as e:
-                    status, error = FAILED, f"forward of request {pr.rid} (prefix {pr.prefix_len}, chunk " \
-                                            f"{pr.chunk_size}) raised {type(e).__name__}: {e}"
+                status, out, residual, stage_ms, e2e_start, error = self._forward(pr, req, x, residual, timed)
             if not pipe.is_last:
                 pipe.send_activation(status, out, residual)
             elif not pipe.is_first:
@@ -123,6 +112,29 @@ class ProbeRunner:
             self._timed_requests += 1
         pipe.measured(time.perf_counter() - start)  # the deadlines of later waits follow it
         return stage_ms, e2e_ms, error
+
+    def _forward(self, pr: ProbeRequest, req: Request, x: torch.Tensor, residual: torch.Tensor | None, timed: bool
+                 ) -> tuple[int, torch.Tensor | None, torch.Tensor | None, float, float, str | None]:
+        """The primer, then the timed forward of the chunk: (status, out, residual, stage_ms, when the timer started,
+        error or None).
+
+        The primer is an untimed forward of the chunk's first token at its own position (prefix_len), which the timed
+        forward then computes again. In lockstep this rank has just waited through the other stages' forwards, and a
+        forward after a wait runs slower the longer the wait, whether the rank sleeps or spins (on CPU about 1 ms
+        after 20 ms: what the forward touches has gone cold), while a running prompt's chunks follow each other on
+        the bottleneck stage; timed cold, every request paid that millisecond and the fit's c carried it. The primer
+        rewrites only the chunk's first K/V and moves the Mamba state by one token: values, not costs."""
+        try:
+            if timed and self.fault == RAISE_IN_FORWARD and self.pipe.is_last and self._timed_requests == 2:
+                raise RuntimeError("injected fault (--inject-fault raise-in-forward)")
+            self.stage(self.cache, req, x[:1], None if residual is None else residual[:1], pr.prefix_len)
+            with Timer(self.device) as t:
+                out, residual = self.stage(self.cache, req, x, residual, pr.prefix_len)
+        except Exception as e:
+            return FAILED, None, None, math.nan, math.nan, (f"forward of request {pr.rid} (prefix {pr.prefix_len}, "
+                                                            f"chunk {pr.chunk_size}) raised {type(e).__name__}: {e}")
+        self.forward_tokens += pr.chunk_size
+        return OK, out, residual, t.elapsed_ms, t.start, None
 
     def check_leaks(self, when: str) -> None:
         """Every pool of every rank is back to full capacity, or every rank raises naming rank, pool and count."""

@@ -7,8 +7,10 @@ from ppprof.config import ProfileConfig
 from ppprof.dist.agree import RunError
 from ppprof.dist.pipe import Pipe
 from ppprof.model.stage import Stage, build_stage_cache
+from ppprof.probe import loop
 from ppprof.probe.loop import SKIP_MAMBA_RELEASE, ProbeRunner
 from ppprof.probe.synth import Probe, ProbeRequest, make_probes
+from ppprof.probe.timer import Timer
 from ppprof.specs import load_spec
 
 
@@ -31,6 +33,37 @@ def test_probe_times_every_request_and_leaves_pools_full(one_rank_group):
         assert all(0 < s <= e for s, e in zip(t.stage_ms, t.e2e_ms)), f"{t=}"
     assert runner.cache.outstanding() == {"request": 0, "kv": 0, "mamba": 0}
     assert runner.forward_tokens == sum(p.forward_tokens for p in probes)
+
+
+def test_the_timer_starts_right_after_a_primer_of_the_same_request_and_brackets_only_its_forward(one_rank_group,
+                                                                                                 monkeypatch):
+    # In lockstep a rank waits through the other stages' forwards, and a forward after such a wait runs colder (and
+    # slower by about a millisecond on CPU) than a running prompt's next chunk; so each timed forward follows an
+    # untimed one-token forward of the same request at the chunk's position, with nothing in between.
+    runner = make_runner()
+    events = []
+    forward = runner.stage
+
+    def recorded_stage(cache, req, x, residual, prefix_len):
+        events.append(("forward", req.rid, x.shape[0], prefix_len))
+        return forward(cache, req, x, residual, prefix_len)
+
+    class RecordedTimer(Timer):
+        def __enter__(self):
+            events.append(("timer start",))
+            return super().__enter__()
+
+        def __exit__(self, *exc):
+            super().__exit__(*exc)
+            events.append(("timer stop",))
+
+    runner.stage = recorded_stage
+    monkeypatch.setattr(loop, "Timer", RecordedTimer)
+    t = runner.run_probe(Probe(1, "prefix", (ProbeRequest(5, 64, 8), ProbeRequest(6, 0, 16))))
+    assert events == [("forward", 5, 1, 64), ("timer start",), ("forward", 5, 8, 64), ("timer stop",),
+                      ("forward", 6, 1, 0), ("timer start",), ("forward", 6, 16, 0), ("timer stop",)], f"{events=}"
+    assert len(t.stage_ms) == 2 and all(ms > 0 for ms in t.stage_ms), f"{t=}"
+    assert runner.forward_tokens == 8 + 16  # the probes' tokens; the primers are not counted
 
 
 def test_grouped_window_serves_the_probe_and_is_closed_after(one_rank_group):
