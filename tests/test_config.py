@@ -32,6 +32,8 @@ def test_sweep_is_aligned_and_never_below_one_unit():
     ("max_probe_chunk_multiple", 17, r"--max-probe-chunk-multiple 17 must be a number in 1.25..16"),
     ("max_probe_chunk_multiple", "4", r"--max-probe-chunk-multiple '4' must be a number"),
     ("max_probe_chunk_multiple", True, r"--max-probe-chunk-multiple True must be a number"),
+    ("overhead_repeats", -1, "--overhead-repeats -1 must be an integer in 0..100"),
+    ("overhead_repeats", 3.0, "--overhead-repeats 3.0 must be an integer"),
 ])
 def test_bad_settings_name_the_field_and_value(field, value, match):
     with pytest.raises(ValueError, match=match):
@@ -97,12 +99,12 @@ def test_recorded_settings_are_read_back_typed_and_checked():
 def test_a_config_recorded_before_the_largest_probe_chunk_was_a_setting_reads_as_1_25b():
     cfg = ProfileConfig(base_chunk_size=512)
     assert cfg.max_probe_chunk_multiple == 4.0 and cfg.max_probe_chunk_size == 2048
-    assert cfg.to_dict()["max_probe_chunk_multiple"] == 4.0
-    old = {k: v for k, v in cfg.to_dict().items() if k != "max_probe_chunk_multiple"}
+    assert cfg.to_dict()["max_probe_chunk_multiple"] == 4.0 and cfg.to_dict()["overhead_repeats"] == 3
+    old = {k: v for k, v in cfg.to_dict().items() if k not in ("max_probe_chunk_multiple", "overhead_repeats")}
     old["prefix_lens"] = [512, 32128]  # the deepest prefix of a run that probed up to 1.25 B: 32128 + 2048 > 32768
     read = ProfileConfig.from_dict(old)
     assert read.max_probe_chunk_multiple == 1.25 and read.max_probe_chunk_size == 640, f"{read=}"
-    new = ProfileConfig(base_chunk_size=512, prefix_lens=(512, 4096))
+    new = ProfileConfig(base_chunk_size=512, prefix_lens=(512, 4096), overhead_repeats=0)
     assert ProfileConfig.from_dict(new.to_dict()) == new  # a config that records the setting keeps it
     assert ProfileConfig(max_probe_chunk_multiple=3).max_probe_chunk_multiple == 3.0  # a YAML integer is a number
 

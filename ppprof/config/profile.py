@@ -28,6 +28,8 @@ MAX_PROBE_CHUNK_MULTIPLES = (SGLANG_PROBE_MULTIPLE, 16.0)
 """--max-probe-chunk-multiple's range."""
 LEGACY_PROBE_MULTIPLE = SGLANG_PROBE_MULTIPLE
 """The largest probe chunk of a run recorded before the setting existed (its probes stopped at 1.25 B)."""
+MAX_OVERHEAD_REPEATS = 100
+"""The most rounds of the pipeline overhead's fixed plans."""
 INT_FIELDS = (
     # (field, low, high, may be None)
     ("num_layers", 1, MAX_LAYERS, True), ("nproc_per_node", 1, MAX_STAGES, False),
@@ -37,6 +39,7 @@ INT_FIELDS = (
     ("max_running_requests", 1, MAX_SLOTS, False), ("max_total_tokens", 1, MAX_TOKENS, True),
     ("context_len", 1, MAX_TOKENS, False), ("num_prefix_lens", 1, MAX_PREFIX_LENS, False),
     ("warmup", 0, MAX_WARMUP, False), ("seed", 0, MAX_SEED, False), ("torch_threads", 1, MAX_TORCH_THREADS, True),
+    ("overhead_repeats", 0, MAX_OVERHEAD_REPEATS, False),
 )
 """ProfileConfig's integer fields and their bounds (a float, 4096.0 too, a string, a bool or a list is refused)."""
 
@@ -157,6 +160,9 @@ class ProfileConfig:
     requests_per_probe x (1 + the number of prefix lengths))."""
     max_seconds: float | None = None
     """Adaptive design: stop choosing probes once probing has taken this many seconds (default: no limit)."""
+    overhead_repeats: int = 3
+    """Rounds of the pipeline overhead's fixed plans after the probes (ppprof.bench.overhead), one prompt a chunk size
+    each, interleaved; 0: not measured."""
     timeout: float = 60.0
     """Seconds: the least time a rank waits on another before the run stops with "rank N did not answer"; a wait
     may take longer when the requests measured so far are slow (ppprof.dist.watchdog: 20 x the slowest)."""
