@@ -83,7 +83,7 @@ def test_a_stopped_rank_ends_the_run_within_the_deadline(tmp_path):
     out = tmp_path / "run"
     p = start("profile", "--out", str(out), *LONG, "--timeout", str(TIMEOUT_S))
     try:
-        read_until(p, "probe 1 (prefix")
+        read_until(p, "probe 2 (prefix")  # the first prefix probe, after the sweep and the wide probe
         ranks = rank_pids(p.pid)
         os.kill(ranks[1], signal.SIGSTOP)
         stopped = time.monotonic()
@@ -102,14 +102,14 @@ def test_a_stopped_rank_ends_the_run_within_the_deadline(tmp_path):
     run = json.loads((out / "run.json").read_text())
     assert run["status"] == f"failed: {line}"
     samples = pd.read_csv(out / "samples.csv")
-    assert set(samples["probe"]) >= {0, 1}  # what was measured stays
+    assert set(samples["probe"]) >= {0, 1, 2}  # what was measured stays
 
 
 def test_a_killed_rank_fails_the_run_at_once_and_is_not_taken_for_an_interrupt(tmp_path):
     out = tmp_path / "run"
     p = start("profile", "--out", str(out), *LONG)
     try:
-        read_until(p, "probe 1 (prefix")
+        read_until(p, "probe 2 (prefix")  # the first prefix probe, after the sweep and the wide probe
         ranks = rank_pids(p.pid)
         os.kill(ranks[1], signal.SIGKILL)  # the launcher then SIGTERMs rank 0: still a failure, not an interrupt
         killed = time.monotonic()
