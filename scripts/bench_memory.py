@@ -1,6 +1,8 @@
 """Benchmark (not a test): the stage memory estimate (ppprof.specs.memory) against the measured peak of one forward of
 the largest probe request, the whole model as one stage, on CPU in fp32, for the tiny presets, a few base chunks and
-both attention backends. The probe sizes and pools are the profile's defaults for the base chunk (ProfileConfig).
+both attention backends. The probe sizes and pools are the profile's defaults for the base chunk (ProfileConfig), the
+largest probe chunk 1.25 B (--max-probe-chunk-multiple 1.25, the size results/bench_memory.json measured: at 4 B the
+reference backend's dense scores at B = 2048 would take several GiB and minutes).
 
     python scripts/bench_memory.py [--out results/bench_memory.json]
     python scripts/bench_memory.py --measure MODEL BACKEND BASE_CHUNK [--malloc exact|default]  # one, as JSON
@@ -79,11 +81,13 @@ def measure(model: str, backend: str, base_chunk_size: int) -> dict:
     import torch
 
     from ppprof.config import ProfileConfig
+    from ppprof.config.profile import SGLANG_PROBE_MULTIPLE
     from ppprof.run.memory import profile_memory
     from ppprof.specs import load_spec
 
     torch.set_num_threads(1)
-    cfg = ProfileConfig(model=model, base_chunk_size=base_chunk_size, attention_backend=backend, nproc_per_node=1)
+    cfg = ProfileConfig(model=model, base_chunk_size=base_chunk_size, attention_backend=backend, nproc_per_node=1,
+                        max_probe_chunk_multiple=SGLANG_PROBE_MULTIPLE)
     spec = load_spec(model)
     (estimate,) = profile_memory(cfg, 1, spec)
     held = forward(cfg, spec, backend, 16, 16, 64)  # warm-up: every op once, small

@@ -28,6 +28,12 @@ def test_sweep_is_aligned_and_never_below_one_unit():
     ("device", "tpu", "--device 'tpu' is not supported"),
     ("page_size", 0, "--page-size 0 must be an integer in 1.."),
     ("context_len", 600, "exceeds --context-len 600"),
+    ("max_probe_chunk_multiple", 1.0, r"--max-probe-chunk-multiple 1.0 must be a number in 1.25..16"),
+    ("max_probe_chunk_multiple", 17, r"--max-probe-chunk-multiple 17 must be a number in 1.25..16"),
+    ("max_probe_chunk_multiple", "4", r"--max-probe-chunk-multiple '4' must be a number"),
+    ("max_probe_chunk_multiple", True, r"--max-probe-chunk-multiple True must be a number"),
+    ("overhead_repeats", -1, "--overhead-repeats -1 must be an integer in 0..100"),
+    ("overhead_repeats", 3.0, "--overhead-repeats 3.0 must be an integer"),
 ])
 def test_bad_settings_name_the_field_and_value(field, value, match):
     with pytest.raises(ValueError, match=match):
@@ -57,11 +63,11 @@ def test_max_total_tokens_defaults_to_the_longest_probe_request_in_whole_pages()
 def test_default_prefix_lengths_span_the_context_log_spaced_on_the_page():
     cfg = ProfileConfig(base_chunk_size=8192, page_size=64, context_len=131072)
     lens = cfg.resolved_prefix_lens()
-    assert lens[0] == 8192 and lens[-1] == 131072 - 10240 and len(lens) == 6
+    assert lens[0] == 8192 and lens[-1] == 131072 - 4 * 8192 and len(lens) == 6  # less the largest probe chunk
     assert all(p % 64 == 0 for p in lens) and list(lens) == sorted(set(lens))
     ratios = [b / a for a, b in zip(lens, lens[1:])]
     assert max(ratios) / min(ratios) < 1.01, f"{ratios=}"
-    assert ProfileConfig(num_prefix_lens=1).resolved_prefix_lens() == (32768 - 640,)
+    assert ProfileConfig(num_prefix_lens=1).resolved_prefix_lens() == (32768 - 2048,)
     assert ProfileConfig(prefix_lens=(100,)).resolved_prefix_lens() == (100,)
 
 
@@ -88,6 +94,19 @@ def test_recorded_settings_are_read_back_typed_and_checked():
     assert ProfileConfig.from_dict(recorded) == cfg
     with pytest.raises(ValueError, match=r"^run.json here: --page-size 0 must be an integer"):
         ProfileConfig.from_dict({**cfg.to_dict(), "page_size": 0}, "run.json here")
+
+
+def test_a_config_recorded_before_the_largest_probe_chunk_was_a_setting_reads_as_1_25b():
+    cfg = ProfileConfig(base_chunk_size=512)
+    assert cfg.max_probe_chunk_multiple == 4.0 and cfg.max_probe_chunk_size == 2048
+    assert cfg.to_dict()["max_probe_chunk_multiple"] == 4.0 and cfg.to_dict()["overhead_repeats"] == 3
+    old = {k: v for k, v in cfg.to_dict().items() if k not in ("max_probe_chunk_multiple", "overhead_repeats")}
+    old["prefix_lens"] = [512, 32128]  # the deepest prefix of a run that probed up to 1.25 B: 32128 + 2048 > 32768
+    read = ProfileConfig.from_dict(old)
+    assert read.max_probe_chunk_multiple == 1.25 and read.max_probe_chunk_size == 640, f"{read=}"
+    new = ProfileConfig(base_chunk_size=512, prefix_lens=(512, 4096), overhead_repeats=0)
+    assert ProfileConfig.from_dict(new.to_dict()) == new  # a config that records the setting keeps it
+    assert ProfileConfig(max_probe_chunk_multiple=3).max_probe_chunk_multiple == 3.0  # a YAML integer is a number
 
 
 def test_the_rule_settings_of_a_profile_and_their_overrides():

@@ -7,19 +7,21 @@ import random
 
 from ppprof.adaptive.design import INITIAL_REQUESTS, initial_design
 from ppprof.config import ProfileConfig
-from ppprof.probe.synth import DESIGN, Probe, ProbeRequest, grid_chunk_sizes, make_probes
+from ppprof.probe.synth import DESIGN, Probe, ProbeRequest, grid_chunk_sizes, make_probes, wide_chunk_sizes
 
 NUM_CANDIDATE_CHUNKS = 12
 NUM_CANDIDATE_PREFIXES = 12
 """The adaptive design's candidate grid: prefix 0 and 12 prefix lengths log-spaced from B to the context (or
---prefix-lens where given), times 12 chunk sizes from 1.25 B down to B / 8."""
+--prefix-lens where given), times 12 chunk sizes from 1.25 B down to B / 8 and the grid design's wide sizes above
+1.25 B up to the largest probe chunk (3, log-spaced; none with --max-probe-chunk-multiple 1.25)."""
 
 
 def candidate_grid(cfg: ProfileConfig) -> tuple[list[int], list[int]]:
     """(prefix_len, chunk_size) of every candidate of the adaptive design, as two lists."""
     prefixes = (0,) + (cfg.resolved_prefix_lens() if cfg.prefix_lens is not None
                        else cfg.resolved_prefix_lens(NUM_CANDIDATE_PREFIXES))
-    chunks = grid_chunk_sizes(cfg.base_chunk_size, cfg.page_size, NUM_CANDIDATE_CHUNKS)
+    chunks = (wide_chunk_sizes(cfg.base_chunk_size, cfg.max_probe_chunk_size, cfg.page_size)
+              + grid_chunk_sizes(cfg.base_chunk_size, cfg.page_size, NUM_CANDIDATE_CHUNKS))
     pairs = [(p, c) for p in sorted(set(prefixes)) for c in chunks]
     return [p for p, _ in pairs], [c for _, c in pairs]
 

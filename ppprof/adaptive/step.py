@@ -111,7 +111,7 @@ def design_record(cfg: ProfileConfig, design: DesignState, probes: list[Probe], 
     u, error = design.uncertainty, None
     if u is None:
         u, error = final_uncertainty(cfg, num_stages, samples_path)
-    return finite({"design": cfg.design, "steps": 1 + max(p.design_step for p in probes),
+    return finite({"design": cfg.design, "steps": 1 + max((p.design_step for p in probes), default=0),
                    "requests": sum(len(p.requests) for p in probes), "forward_tokens": forward_tokens,
                    "probe_wall_s": round(probe_wall_s, 3), "stopping_reason": reason,
                    "stopping_rule": STOPPING_REASONS_ALL[reason],

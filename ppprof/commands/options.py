@@ -51,6 +51,9 @@ SIZING_OPTIONS = (
     (("--requests-per-probe",), dict(type=int),
      f"Synthetic prefill requests per probe, 8..128. {shown('requests_per_probe')}"),
     (("--page-size",), dict(type=int), f"KV cache page size in tokens. {shown('page_size')}"),
+    (("--max-probe-chunk-multiple",), dict(type=float),
+     f"Largest probe chunk in multiples of B, 1.25..16 (1.25: SGLang's range only). "
+     f"{shown('max_probe_chunk_multiple')}"),
     (("--max-mamba-cache-size",), dict(type=int), f"Mamba state slots per stage. {shown('max_mamba_cache_size')}"),
     (("--max-running-requests",), dict(type=int),
      f"Request pool entries per stage. {shown('max_running_requests')}"),

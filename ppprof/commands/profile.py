@@ -32,6 +32,9 @@ from ppprof.run.settings import resolve_config, resume_config
 @click.option("--layer-partition", help="Layers per stage, e.g. 3,5. [even split]")
 @click.option("--seed", type=int, help=f"Seed of the synthetic requests and weights. {shown('seed')}")
 @click.option("--out", help="Run folder. [results/<run-id>]")
+@click.option("--overhead-repeats", type=int,
+              help="Rounds of fixed plans at B/4, B and 2B run pipelined after the probes to measure the per-chunk "
+                   f"pipeline overhead; 0: not measured. {shown('overhead_repeats')}")
 @click.option("--fit/--no-fit", default=None, help=f"Fit and write policy.json and plots at the end. {shown('fit')}")
 @click.option("--torch-threads", type=int, help="Intra-op threads per rank. [cores of the node / its ranks]")
 @click.option("--design", type=click.Choice(DESIGNS),

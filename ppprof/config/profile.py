@@ -23,6 +23,14 @@ MAX_SEED = 2**32 - 1
 MAX_TORCH_THREADS = 1024
 MAX_PREFIX_LENS = 64
 """The most prefix probes (each holds up to 128 requests)."""
+SGLANG_PROBE_MULTIPLE = 1.25
+"""SGLang's largest start-up chunk, in multiples of B: the top of the sweep and of the base chunk sizes of the grid."""
+MAX_PROBE_CHUNK_MULTIPLES = (SGLANG_PROBE_MULTIPLE, 16.0)
+"""--max-probe-chunk-multiple's range."""
+LEGACY_PROBE_MULTIPLE = SGLANG_PROBE_MULTIPLE
+"""The largest probe chunk of a run recorded before the setting existed (its probes stopped at 1.25 B)."""
+MAX_OVERHEAD_REPEATS = 100
+"""The most rounds of the pipeline overhead's fixed plans."""
 INT_FIELDS = (
     # (field, low, high, may be None)
     ("num_layers", 1, MAX_LAYERS, True), ("nproc_per_node", 1, MAX_STAGES, False),
@@ -32,6 +40,7 @@ INT_FIELDS = (
     ("max_running_requests", 1, MAX_SLOTS, False), ("max_total_tokens", 1, MAX_TOKENS, True),
     ("context_len", 1, MAX_TOKENS, False), ("num_prefix_lens", 1, MAX_PREFIX_LENS, False),
     ("warmup", 0, MAX_WARMUP, False), ("seed", 0, MAX_SEED, False), ("torch_threads", 1, MAX_TORCH_THREADS, True),
+    ("overhead_repeats", 0, MAX_OVERHEAD_REPEATS, False),
 )
 """ProfileConfig's integer fields and their bounds (a float, 4096.0 too, a string, a bool or a list is refused)."""
 
@@ -70,6 +79,12 @@ def check_types(cfg: "ProfileConfig") -> None:
     if cfg.out is not None:
         require_str("--out", cfg.out, "a folder path")
     require_bool("fit (--fit/--no-fit)", cfg.fit)
+    low, high = MAX_PROBE_CHUNK_MULTIPLES
+    m = cfg.max_probe_chunk_multiple
+    if not is_number(m) or not low <= m <= high:
+        raise ValueError(f"--max-probe-chunk-multiple {short(m)} must be a number in {low:g}..{high:g} (the largest "
+                         f"probe chunk in multiples of B), e.g. 4")
+    cfg.max_probe_chunk_multiple = float(m)
     cfg.prefix_lens = int_tuple("prefix_lens", cfg.prefix_lens, 0)
     if cfg.prefix_lens and max(cfg.prefix_lens) > MAX_TOKENS:
         raise ValueError(f"--prefix-lens value {max(cfg.prefix_lens)} must be an integer in 0..{MAX_TOKENS}")
@@ -106,6 +121,9 @@ class ProfileConfig:
     """Synthetic prefill requests per probe, 8..128."""
     page_size: int = 1
     """KV cache page size in tokens; probe chunk sizes are multiples of it."""
+    max_probe_chunk_multiple: float = 4.0
+    """The largest probe chunk in multiples of B (1.25..16): the grid's prefix probes and a prefix-free probe reach it,
+    so that plans with first chunks 2-4x later ones stay in the profiled domain; 1.25 probes SGLang's range only."""
     max_mamba_cache_size: int = 128
     """Mamba state slots per stage (SGLang's --max-mamba-cache-size)."""
     max_running_requests: int = 128
@@ -147,6 +165,9 @@ class ProfileConfig:
     """The workload the policy's history-only table and status are chosen on (`ppprof fit --prompt-lens`)."""
     min_gain: float = DEFAULT_MIN_GAIN
     """The least predicted gain over the best fixed chunk for a dynamic policy (`ppprof fit --min-gain`)."""
+    overhead_repeats: int = 3
+    """Rounds of the pipeline overhead's fixed plans after the probes (ppprof.bench.overhead), one prompt a chunk size
+    each, interleaved; 0: not measured."""
     timeout: float = 60.0
     """Seconds: the least time a rank waits on another before the run stops with "rank N did not answer"; a wait
     may take longer when the requests measured so far are slow (ppprof.dist.watchdog: 20 x the slowest)."""
@@ -227,8 +248,8 @@ class ProfileConfig:
 
     @property
     def max_probe_chunk_size(self) -> int:
-        """The largest probe chunk: 1.25 x B, aligned down to the page."""
-        return align_down(int(1.25 * self.base_chunk_size), self.page_size)
+        """The largest probe chunk: max_probe_chunk_multiple x B, aligned down to the page."""
+        return align_down(int(self.max_probe_chunk_multiple * self.base_chunk_size), self.page_size)
 
     def resolved_prefix_lens(self, num: int | None = None) -> tuple[int, ...]:
         """--prefix-lens, else `num` (default num_prefix_lens) lengths log-spaced from B to the context length less
@@ -267,9 +288,10 @@ class ProfileConfig:
 
     @classmethod
     def recorded(cls, d: dict) -> dict:
-        """The settings of a recorded config (run.json's) that this ppprof knows; keys of other versions left out."""
+        """The settings of a recorded config (run.json's) that this ppprof knows; keys of other versions left out. A
+        config recorded before max_probe_chunk_multiple existed probed up to 1.25 B, and reads so."""
         known = {f.name for f in fields(cls)}
-        return {k: v for k, v in d.items() if k in known}
+        return {"max_probe_chunk_multiple": LEGACY_PROBE_MULTIPLE, **{k: v for k, v in d.items() if k in known}}
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "run.json") -> "ProfileConfig":
@@ -295,7 +317,7 @@ def sweep_chunk_sizes(base_chunk_size: int, num_requests: int = SGLANG_SWEEP_REQ
     i = 0..127, sampled at `num_requests` evenly spaced i (all of them for 128), each aligned down to `align`.
     So the sizes fall linearly from 1.25 B to about 1.25 B / 128 whatever the number of requests. Below 1.25 B = 128,
     where SGLang's integer step would be 0 (every size equal), the step is 1.25 B / 128 in real numbers."""
-    top = int(1.25 * base_chunk_size)
+    top = int(SGLANG_PROBE_MULTIPLE * base_chunk_size)
     step = top // SGLANG_SWEEP_REQUESTS or top / SGLANG_SWEEP_REQUESTS
     last = SGLANG_SWEEP_REQUESTS - 1
     picks = [round(i * last / (num_requests - 1)) for i in range(num_requests)] if num_requests > 1 else [0]

@@ -1,5 +1,5 @@
-"""Synthesis of probe requests (pure, deterministic from the seed): the grid design's prefix-free sweep and prefix
-grid, and the warm-up requests of any design (ppprof.adaptive chooses the adaptive design's probes)."""
+"""Synthesis of probe requests (pure, deterministic from the seed): the grid design's prefix-free sweep, its wide
+probe and prefix grid, and the warm-up requests of any design (ppprof.adaptive chooses the adaptive design's probes)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,19 @@ from dataclasses import dataclass
 
 from ppprof.chunks import align_down
 from ppprof.config import ProfileConfig, sweep_chunk_sizes
+from ppprof.config.profile import SGLANG_PROBE_MULTIPLE
 
 SWEEP = "sweep"
+WIDE = "wide"
 PREFIX = "prefix"
 DESIGN = "design"
 NUM_GRID_CHUNKS = 8
-"""Distinct chunk sizes in a prefix probe."""
+"""Distinct chunk sizes of a prefix probe within SGLang's range (1.25 B down to B / 8)."""
+NUM_WIDE_CHUNKS = 3
+"""Distinct chunk sizes above 1.25 B, up to the largest probe chunk: where first chunks 2-4x later ones go."""
+WIDE_SHARE = 8
+"""One request in WIDE_SHARE of a prefix probe (at least one) takes a wide chunk size, the largest first, so that
+the probe costs less than a grid of the wide sizes alike; the wide probe holds as many (at least one a size)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,23 +49,44 @@ class Probe:
 
 
 def grid_chunk_sizes(base_chunk_size: int, align: int, num_sizes: int = NUM_GRID_CHUNKS) -> list[int]:
-    """Distinct chunk sizes of a prefix probe, linear from 1.25 x B down to B / 8, aligned."""
-    top, bottom = int(1.25 * base_chunk_size), max(1, base_chunk_size // 8)
+    """Distinct chunk sizes of a prefix probe within SGLang's range, linear from 1.25 x B down to B / 8, aligned."""
+    top, bottom = int(SGLANG_PROBE_MULTIPLE * base_chunk_size), max(1, base_chunk_size // 8)
     sizes = {align_down(round(top - i * (top - bottom) / (num_sizes - 1)), align) for i in range(num_sizes)}
     return sorted(sizes, reverse=True)
 
 
+def wide_chunk_sizes(base_chunk_size: int, max_chunk_size: int, align: int,
+                     num_sizes: int = NUM_WIDE_CHUNKS) -> list[int]:
+    """Distinct chunk sizes above 1.25 x B up to `max_chunk_size` (an aligned size), log-spaced, aligned down,
+    largest first; none where the largest probe chunk is 1.25 B."""
+    low = int(SGLANG_PROBE_MULTIPLE * base_chunk_size)
+    if max_chunk_size <= low:
+        return []
+    ratio = max_chunk_size / low
+    sizes = {align_down(round(low * ratio ** (i / num_sizes)), align) for i in range(1, num_sizes + 1)}
+    return sorted((s for s in sizes if s > low), reverse=True)
+
+
 def make_probes(cfg: ProfileConfig) -> list[Probe]:
-    """The grid design's probes: probe 0 is the prefix-free sweep; then one probe per prefix length, its requests
-    cycling through the grid's chunk sizes in a seeded random order. Request ids are unique across the run."""
+    """The grid design's probes: probe 0 is the prefix-free sweep (SGLang's start-up profile); then, where the
+    largest probe chunk is above 1.25 B, the prefix-free wide probe (the wide sizes only); then one probe per prefix
+    length, its requests cycling through the grid's chunk sizes, one in WIDE_SHARE through the wide ones, in a
+    seeded random order. Request ids are unique across the run."""
     n, align = cfg.requests_per_probe, cfg.page_size
     probes = [Probe(0, SWEEP, tuple(ProbeRequest(i, 0, c)
                                     for i, c in enumerate(sweep_chunk_sizes(cfg.base_chunk_size, n, align))))]
     grid = grid_chunk_sizes(cfg.base_chunk_size, align)
-    for k, prefix_len in enumerate(cfg.resolved_prefix_lens(), start=1):
-        chunks = [grid[i % len(grid)] for i in range(n)]
+    wide = wide_chunk_sizes(cfg.base_chunk_size, cfg.max_probe_chunk_size, align)
+    num_wide = max(1, n // WIDE_SHARE) if wide else 0
+    shapes = [(WIDE, 0, [wide[i % len(wide)] for i in range(max(num_wide, len(wide)))])] if wide else []
+    shapes += [(PREFIX, p, [grid[i % len(grid)] for i in range(n - num_wide)] +
+                [wide[i % len(wide)] for i in range(num_wide)]) for p in cfg.resolved_prefix_lens()]
+    rid = n
+    for kind, prefix_len, chunks in shapes:
+        k = len(probes)
         random.Random(cfg.seed * 7919 + k).shuffle(chunks)
-        probes.append(Probe(k, PREFIX, tuple(ProbeRequest(k * n + i, prefix_len, c) for i, c in enumerate(chunks))))
+        probes.append(Probe(k, kind, tuple(ProbeRequest(rid + i, prefix_len, c) for i, c in enumerate(chunks))))
+        rid += len(chunks)
     return probes
 
 

@@ -1,5 +1,6 @@
 """The profile job, one rank's view: prepare the run folder and the probes, build the stage, warm up, run the probes
-in lockstep, then (rank 0) write samples.csv and run.json and fit the policy."""
+in lockstep, measure the per-chunk pipeline overhead, then (rank 0) write samples.csv and run.json and fit the
+policy."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import torch
 from ppprof.adaptive import initial_probes
 from ppprof.adaptive.loop import probe_sequence
 from ppprof.adaptive.step import DesignState, design_record
+from ppprof.bench.executor import WARMUP_REPEAT, BenchPrompt, BenchStage, PromptRunner
+from ppprof.bench.overhead import overhead_chunk_sizes, overhead_plans, overhead_run, summarize
 from ppprof.config import ProfileConfig
 from ppprof.dist.agree import RunError, agreed
 from ppprof.model.stage import Stage, build_stage_cache
@@ -66,6 +69,10 @@ class ProfileState:
     """Per stage: peak device memory in bytes (None where the device does not tell)."""
     design: DesignState = field(default_factory=DesignState)
     """The probe design's stopping reason, last uncertainty and history."""
+    overhead: dict | None = None
+    """Rank 0: run.json's pipeline_overhead (None: not measured, overhead_repeats 0)."""
+    overhead_wall_s: float = 0.0
+    """The pipeline overhead's prompts, warm-up included, in seconds."""
 
 
 def prepare_run_folder(run: RankRun[ProfileState]) -> None:
@@ -180,6 +187,47 @@ def run_probes(run: RankRun[ProfileState]) -> None:
         bar.close()
 
 
+def measure_overhead(run: RankRun[ProfileState]) -> None:
+    """The per-chunk pipeline overhead (ppprof.bench.overhead), unless overhead_repeats is 0: one warm-up prompt,
+    then overhead_repeats rounds of fixed plans at B/4, B and 2B, pipelined through the profile's own stages by the
+    bench executor (every pool checked after every prompt); rank 0 solves each prompt's overhead from its TTFT and
+    the replay of every stage's forwards of it."""
+    cfg = run.cfg
+    if not cfg.overhead_repeats:
+        return
+    start = time.perf_counter()
+    sizes = overhead_chunk_sizes(cfg.base_chunk_size, cfg.page_size, cfg.max_probe_chunk_size)
+    capacity = min(cfg.max_total_tokens, cfg.context_len)
+    warmup, timed = overhead_plans(sizes, capacity, cfg.overhead_repeats)
+    if not timed:  # the same on every rank: nothing to agree on
+        log.warning("pipeline overhead not measured: a request holds %d tokens, under two chunks of %d", capacity,
+                    sizes[0])
+        return
+    plans = [(WARMUP_REPEAT, warmup)] + timed
+    runner = PromptRunner(stages=[BenchStage(run.rank, run.stage, run.cache)], pipe=run.pipe, seed=cfg.seed)
+    rows, ttft = [], {}
+    for index, (repeat, chunks) in enumerate(plans):
+        prompt = BenchPrompt(index, f"overhead-{chunks[0]}", repeat, sum(chunks), chunks)
+        result = runner.run(prompt)
+        rows += result.rows
+        ttft[index] = result.ttft_ms
+    rows = [row for per_rank in run.pipe.all_gather(rows) for row in per_rank]
+    run.state.overhead_wall_s = time.perf_counter() - start
+    if run.rank != 0:
+        return
+    stage_ms = {}  # prompt -> (P, n)
+    for row in rows:
+        stage_ms.setdefault(row["prompt"], {})[(row["stage"], row["chunk"])] = row["compute_ms"]
+    P = run.info.world_size
+    runs = [overhead_run(chunks, [[stage_ms[i][(s, k)] for k in range(len(chunks))] for s in range(P)], ttft[i],
+                         repeat) for i, (repeat, chunks) in enumerate(plans) if repeat != WARMUP_REPEAT]
+    run.state.overhead = summarize(runs, P)
+    o = run.state.overhead
+    log.info("pipeline overhead: %.3f +- %.3f ms a chunk (median of %d runs; by chunk size %s), measured in %.1f s",
+             o["ms_per_chunk"], o["stderr_ms"], len(runs),
+             ", ".join(f"{n}: {v:.3f}" for n, v in o["by_chunk_size"].items()), run.state.overhead_wall_s)
+
+
 def keep_samples(run: RankRun[ProfileState], probe, stage_ms: list[list[float]], e2e_ms: list[float]) -> None:
     """Rank 0: one probe's rows (stage_ms[stage][request]) appended to samples.csv and flushed to the disk."""
     record = run.state.record
@@ -206,6 +254,8 @@ def write_results(run: RankRun[ProfileState]) -> None:
         peak_memory_bytes_per_stage=run.state.peak_memory,
         estimated_memory_bytes_per_stage=[m.total for m in profile_memory(run.cfg, run.info.world_size, run.spec)],
         timed_requests=sum(len(p.requests) for p in probes), warmup_requests=len(warmup),
+        **({"pipeline_overhead": run.state.overhead, "overhead_wall_s": round(run.state.overhead_wall_s, 3)}
+           if run.state.overhead is not None else {}),
         warmup_tokens=sum(r.chunk_size for r in warmup),
         design=design_record(run.cfg, run.state.design, probes, run.run_dir / SAMPLES_FILE, run.info.world_size,
                              run.state.probe_wall_s, int(forward_tokens[0])),
@@ -227,6 +277,7 @@ PHASES: tuple[Phase, ...] = (
     ("build the stage", build_stage),
     ("warm up", warm_up),
     ("run the probes", run_probes),
+    ("measure the pipeline overhead", measure_overhead),
     ("write samples.csv and run.json", write_results),
     ("fit the policy", fit_policy),
 )

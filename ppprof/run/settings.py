@@ -69,8 +69,8 @@ def _int_list(text: str, key: str) -> list[int]:
         raise ValueError(f"--{key.replace('_', '-')} {text!r} must be comma-separated integers, e.g. 512,1024") from None
 
 
-RESUMABLE_FIELDS = ("timeout", "fit")
-"""Settings a resumed run may change: they do not change what is measured."""
+RESUMABLE_FIELDS = ("timeout", "fit", "overhead_repeats")
+"""Settings a resumed run may change: they do not change what the probes measure."""
 
 
 def resume_config(run_dir: str, config_path: str | None, flags: dict) -> ProfileConfig:

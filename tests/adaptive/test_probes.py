@@ -18,8 +18,12 @@ def test_the_adaptive_design_starts_with_one_probe_of_its_initial_design():
     grid = set(zip(*candidate_grid(cfg)))
     assert {(r.prefix_len, r.chunk_size) for r in probe.requests} <= grid
     assert len({r.prefix_len for r in probe.requests}) >= 3
-    # prefix 0 and 12 prefix lengths log-spaced to the context, times 12 chunk sizes from 1.25 B to B / 8
-    assert len(grid) == 13 * 12 and max(p for p, _ in grid) == 32608
+    # prefix 0 and 12 prefix lengths log-spaced to the context less 4 B, times 12 chunk sizes from 1.25 B to B / 8
+    # and the 3 wide sizes up to 4 B
+    assert len(grid) == 13 * 15 and max(p for p, _ in grid) == 32768 - 512
+    assert sorted({c for _, c in grid})[-4:] == [160, 236, 347, 512]
+    old = ProfileConfig(design="adaptive", base_chunk_size=128, max_probe_chunk_multiple=1.25)
+    assert len(set(zip(*candidate_grid(old)))) == 13 * 12 and max(candidate_grid(old)[1]) == 160
     nxt = design_probe(1, 1, [(0, 64), (128, 64)], 12, cfg.seed)
     assert nxt.design_step == 1 and sorted(r.rid for r in nxt.requests) == [12, 13]
     w = warmup_requests([probe], 2)

@@ -31,7 +31,7 @@ def write_run(tmp_path, probes, latency, slower_stage=1):
 def test_samples_that_do_not_determine_the_model_run_the_initial_design_again_within_the_budget(tmp_path):
     cfg = ProfileConfig(design="adaptive")
     probes = initial_probes(cfg)
-    path, e2e_ms = write_run(tmp_path, probes, lambda L, x: 60.0 - 0.02 * x - 1e-3 * L)  # faster with more work
+    path, e2e_ms = write_run(tmp_path, probes, lambda L, x: 200.0 - 0.02 * x - 1e-3 * L)  # faster with more work
     decision = choose(cfg, 2, probes, read_samples(path), e2e_ms, 0.5, 0.5)
     assert decision.stop_reason is None and decision.uncertainty is None
     assert decision.points == [(r.prefix_len, r.chunk_size) for r in probes[0].requests]

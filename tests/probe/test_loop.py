@@ -27,9 +27,10 @@ def make_runner(max_mamba_cache_size=8, fault=None):
 def test_probe_times_every_request_and_leaves_pools_full(one_rank_group):
     runner = make_runner()
     probes = make_probes(ProfileConfig(base_chunk_size=32, requests_per_probe=8, page_size=4, prefix_lens=(64,), fit=False))
+    assert [len(p.requests) for p in probes] == [8, 3, 8]  # the sweep, the wide probe, the prefix probe
     for probe in probes:
         t = runner.run_probe(probe)
-        assert len(t.stage_ms) == len(t.e2e_ms) == 8
+        assert len(t.stage_ms) == len(t.e2e_ms) == len(probe.requests)
         assert all(0 < s <= e for s, e in zip(t.stage_ms, t.e2e_ms)), f"{t=}"
     assert runner.cache.outstanding() == {"request": 0, "kv": 0, "mamba": 0}
     assert runner.forward_tokens == sum(p.forward_tokens for p in probes)

@@ -116,8 +116,8 @@ def test_a_profile_too_big_for_this_host_is_refused_before_any_rank(tmp_path):
                                   str(out)])
     assert r.exit_code == 2, r.output
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: stages 0-1 of this host need ~2.0 TiB (")
-    for needle in ("KV 1.0 TiB", "at chunk 640 after 2048 tokens", "available (MemAvailable)",
-                   ": lower --max-total-tokens (the probes need 2688), fewer/shorter --prefix-lens, keep fewer layers "
+    for needle in ("KV 1.0 TiB", "at chunk 2048 after 2048 tokens", "available (MemAvailable)",
+                   ": lower --max-total-tokens (the probes need 4096), fewer/shorter --prefix-lens, keep fewer layers "
                    "(--num-layers), use --dtype bfloat16, or spread the stages over more hosts"):
         assert needle in r.stderr, needle
     assert not out.exists()
@@ -164,8 +164,9 @@ def test_each_cuda_stage_is_checked_against_its_gpu(monkeypatch):
     assert memory_verdict(cfg, stages, 4, range(4)).problem is None
     fake_limits(monkeypatch, gpus=[80 * 2**30, 8 * 2**30, 80 * 2**30, 80 * 2**30])
     problem = memory_verdict(cfg, stages, 4, range(4)).problem
-    assert problem.startswith("stage 1 needs ~10.7 GiB (weights 3.3 GiB, KV 296.2 MiB, Mamba 3.1 GiB, requests "
-                              "128.0 MiB, activations 3.9 GiB at chunk 10240 after 65536 tokens) but its GPU (cuda:1) "
+    # the largest probe request: a 4 B chunk (32768 tokens) after the longest prefix
+    assert problem.startswith("stage 1 needs ~19.1 GiB (weights 3.3 GiB, KV 384.2 MiB, Mamba 3.1 GiB, requests "
+                              "128.0 MiB, activations 12.3 GiB at chunk 32768 after 65536 tokens) but its GPU (cuda:1) "
                               "has 8.0 GiB: "), problem
     assert "lower --base-chunk-size" in problem and "use more stages (--nproc-per-node)" in problem
     fake_limits(monkeypatch, gpus=None)
@@ -205,7 +206,7 @@ def test_model_memory_prints_each_stage_and_the_limit():
     r = model_memory("tiny-hybrid", "--memory", "--base-chunk-size", "256", "--prefix-lens", "256,512,1024")
     assert r.exit_code == 0, r.output
     assert "stage  layers  params" in r.stdout, "the model's own table comes first"
-    assert "chunk 320 after 1024 cached tokens; float32 on cpu, attention sdpa, mamba torch SSD" in r.stdout
+    assert "chunk 1024 after 1024 cached tokens; float32 on cpu, attention sdpa, mamba torch SSD" in r.stdout
     import re
 
     table = re.search(r"^stage +weights +init draws +KV pool +Mamba pool +requests +activations +total +peak in$(.*?)^$",
@@ -228,7 +229,7 @@ def test_model_memory_json_and_the_shipped_gpu_config():
     assert memory["settings"]["base_chunk_size"] == 8192 and memory["settings"]["prefix_lens"] == [8192, 32768, 65536]
     assert [s["stage_idx"] for s in memory["stages"]] == [0, 1, 2, 3]
     for s in memory["stages"]:
-        assert (s["dtype"], s["device"], s["chunk_size"], s["prefix_len"]) == ("bfloat16", "cuda", 10240, 65536)
+        assert (s["dtype"], s["device"], s["chunk_size"], s["prefix_len"]) == ("bfloat16", "cuda", 32768, 65536)
         assert s["total"] == sum(s[k] for k in ("weights", "kv_pool", "mamba_pool", "request_table",
                                                 "activation_peak"))
     # --pp wins over the config's nproc_per_node.

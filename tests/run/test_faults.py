@@ -83,7 +83,7 @@ def test_a_stopped_rank_ends_the_run_within_the_deadline(tmp_path):
     out = tmp_path / "run"
     p = start("profile", "--out", str(out), *LONG, "--timeout", str(TIMEOUT_S))
     try:
-        read_until(p, "probe 1 (prefix")
+        read_until(p, "probe 2 (prefix")  # the first prefix probe, after the sweep and the wide probe
         ranks = rank_pids(p.pid)
         os.kill(ranks[1], signal.SIGSTOP)
         stopped = time.monotonic()
@@ -102,14 +102,14 @@ def test_a_stopped_rank_ends_the_run_within_the_deadline(tmp_path):
     run = json.loads((out / "run.json").read_text())
     assert run["status"] == f"failed: {line}"
     samples = pd.read_csv(out / "samples.csv")
-    assert set(samples["probe"]) >= {0, 1}  # what was measured stays
+    assert set(samples["probe"]) >= {0, 1, 2}  # what was measured stays
 
 
 def test_a_killed_rank_fails_the_run_at_once_and_is_not_taken_for_an_interrupt(tmp_path):
     out = tmp_path / "run"
     p = start("profile", "--out", str(out), *LONG)
     try:
-        read_until(p, "probe 1 (prefix")
+        read_until(p, "probe 2 (prefix")  # the first prefix probe, after the sweep and the wide probe
         ranks = rank_pids(p.pid)
         os.kill(ranks[1], signal.SIGKILL)  # the launcher then SIGTERMs rank 0: still a failure, not an interrupt
         killed = time.monotonic()
@@ -152,7 +152,7 @@ def test_sigint_keeps_the_samples_and_resume_gives_the_probes_of_an_uninterrupte
     out, whole = tmp_path / "run", tmp_path / "whole"
     p = start("profile", "--out", str(out), *LONG)
     try:
-        read_until(p, "probe 1 (prefix", rank=0)  # logged once its rows are on disk (rank 1 may log first)
+        read_until(p, "probe 2 (prefix", rank=0)  # logged once its rows are on disk (rank 1 may log first)
         p.send_signal(signal.SIGINT)
         interrupted = time.monotonic()
         rest = p.stderr.read()
@@ -168,7 +168,7 @@ def test_sigint_keeps_the_samples_and_resume_gives_the_probes_of_an_uninterrupte
     run = json.loads((out / "run.json").read_text())
     assert run["status"] == "interrupted"
     kept = pd.read_csv(out / "samples.csv")
-    assert kept["probe"].nunique() >= 2 and len(kept) % 32 == 0
+    assert kept["probe"].nunique() >= 3 and (len(kept) - 32 - 4) % 32 == 0  # the sweep, the wide probe (32 / 8)
 
     # a changed setting is refused, in one line, before any rank starts
     r = CliRunner().invoke(main, ["profile", "--resume", str(out), "--seed", "6"])
@@ -187,8 +187,41 @@ def test_sigint_keeps_the_samples_and_resume_gives_the_probes_of_an_uninterrupte
                        capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     uninterrupted = pd.read_csv(whole / "samples.csv")
-    assert len(resumed) == len(uninterrupted) == 9 * 32
+    assert len(resumed) == len(uninterrupted) == 9 * 32 + 4
     pd.testing.assert_frame_equal(resumed[PROBE_COLUMNS], uninterrupted[PROBE_COLUMNS])
+
+
+def test_a_run_stopped_while_it_measures_the_pipeline_overhead_resumes_that_phase_alone(tmp_path):
+    out = tmp_path / "run"
+    short = ("--model", "tiny-dense", "--base-chunk-size", "32", "--requests-per-probe", "8", "--prefix-lens", "32,64",
+             "--warmup", "1", "--no-fit", "--seed", "5")
+    p = start("profile", "--out", str(out), *short, "--overhead-repeats", "100")  # 300 prompts: many seconds
+    try:
+        read_until(p, "probe 3 (prefix", rank=0)  # the last probe's rows are on disk; the overhead phase is next
+        time.sleep(1.5)  # the probes' phase ends within milliseconds; the overhead phase takes far longer
+        p.send_signal(signal.SIGINT)
+        rest = p.stderr.read()
+        p.wait(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 130, rest[-3000:]
+    assert "pipeline overhead: " not in rest  # stopped before it ended
+    run = json.loads((out / "run.json").read_text())
+    assert run["status"] == "interrupted" and "pipeline_overhead" not in run
+    kept = pd.read_csv(out / "samples.csv")
+    assert kept["probe"].nunique() == 4
+
+    # --overhead-repeats may change on resume (it changes no probe): every probe is complete, so only the
+    # warm-up and the overhead phase run again
+    r = subprocess.run([sys.executable, "-m", "ppprof", "profile", "--resume", str(out), "--timeout", "30",
+                        "--overhead-repeats", "2"], cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "probes 0..3 are complete, 0 to run" in r.stderr, r.stderr[-3000:]
+    run = json.loads((out / "run.json").read_text())
+    assert run["status"] == "complete" and run["resumed_from_probe"] == 4 and run["timed_requests"] == 0
+    assert run["config"]["overhead_repeats"] == 2
+    assert sorted({x["repeat"] for x in run["pipeline_overhead"]["runs"]}) == [0, 1]
+    pd.testing.assert_frame_equal(pd.read_csv(out / "samples.csv"), kept)
 
 
 def test_sigterm_ends_every_rank_with_143_and_an_interrupted_folder(tmp_path):

@@ -1,6 +1,7 @@
 """Real gloo ranks in subprocesses, each run bounded by a timeout: a hang fails the test."""
 
 import json
+import math
 import sys
 
 import pandas as pd
@@ -22,27 +23,52 @@ def test_profile_with_a_mamba_cache_much_smaller_than_the_requests_completes(tmp
                 "--no-fit")
     assert r.returncode == 0, r.stderr[-3000:]
     samples, run = read_run(out)
-    assert len(samples) == 256
-    assert set(samples["probe"]) == {0, 1}
+    assert len(samples) == 128 + 16 + 128  # the sweep, the wide probe (128 / 8), the prefix probe
+    assert set(samples["probe"]) == {0, 1, 2}
+    assert samples["chunk_size"].max() == 128  # 4 B
     assert samples[["stage0_latency_ms", "stage1_latency_ms", "latency_ms"]].gt(0).all().all()
     # the end-to-end time covers both stages
     assert (samples["latency_ms"] >= samples[["stage0_latency_ms", "stage1_latency_ms"]].sum(axis=1) * 0.99).all()
     assert run["world_size"] == 2 and run["dist_backend"] == "gloo"
     assert run["layer_partition"] == [4, 4]
     assert run["config"]["max_mamba_cache_size"] == 8
-    # + one sweep-shaped warm-up request of 1.25 x 32 and one warm-up of the prefix probe (its largest chunk, 40)
-    assert run["warmup_tokens"] == 80 and run["warmup_requests"] == 2
-    assert run["forward_tokens"] == samples["chunk_size"].sum() + 80
+    # one sweep-shaped warm-up request of 1.25 x 32, then each other probe's largest chunk (4 x 32) at its prefix
+    assert run["warmup_tokens"] == 40 + 128 + 128 and run["warmup_requests"] == 3
+    assert run["forward_tokens"] == samples["chunk_size"].sum() + 296
     assert "pools back to full capacity" in (out / "rank1.log").read_text()
+    check_pipeline_overhead(run, out, num_stages=2, repeats=3)
+
+
+def check_pipeline_overhead(run: dict, out, num_stages: int, repeats: int) -> None:
+    """run.json's pipeline_overhead: fixed plans at B/4, B and 2B (here 8, 32, 64), `repeats` runs of each within
+    the KV pool (the longest probe request, 32 + 128 tokens), each solved against the replay of its stages."""
+    o = run["pipeline_overhead"]
+    assert o["num_stages"] == num_stages and o["method"]
+    runs = o["runs"]
+    assert sorted({x["chunk_size"] for x in runs}) == [8, 32, 64] and list(o["by_chunk_size"]) == ["8", "32", "64"]
+    assert {x["chunk_size"]: x["num_chunks"] for x in runs} == {8: 8, 32: 5, 64: 2}
+    assert sorted((x["chunk_size"], x["repeat"]) for x in runs) == sorted(
+        (c, r) for c in (8, 32, 64) for r in range(repeats))
+    for x in runs:
+        assert 0 < x["replay_ms"] and 0 < x["measured_ms"], f"{x=}"
+        want = (x["measured_ms"] - x["replay_ms"]) / (x["num_chunks"] + num_stages - 1)
+        assert abs(x["ms_per_chunk"] - want) < 1e-3, f"{x=}"
+    # a pipeline step costs something beyond the forwards (transfers, the done message); never far below zero
+    assert math.isfinite(o["ms_per_chunk"]) and o["ms_per_chunk"] > -1.0, f"{o=}"
+    assert math.isfinite(o["stderr_ms"]) and o["stderr_ms"] >= 0
+    assert run["overhead_wall_s"] > 0
+    for rank in range(num_stages):
+        assert "leak" not in (out / f"rank{rank}.log").read_text()
+    assert "pipeline overhead: " in (out / "rank0.log").read_text()
 
 
 def test_a_release_that_skips_the_mamba_slot_stops_every_rank_naming_rank_pool_and_count(tmp_path):
     out = tmp_path / "run"
     r = run_cli("profile", "--out", str(out), *TINY, "--inject-fault", "skip-mamba-release")
     assert r.returncode == 1, r.stderr[-3000:]
-    for rank in (0, 1):
-        assert f"error: [rank {rank}] leak check failed after the warm-up: rank 0: mamba pool leaked 3 slots; " \
-               "rank 1: mamba pool leaked 3 slots" in r.stderr
+    for rank in (0, 1):  # one warm-up request like the sweep's, one for each other probe (wide, 2 prefix)
+        assert f"error: [rank {rank}] leak check failed after the warm-up: rank 0: mamba pool leaked 4 slots; " \
+               "rank 1: mamba pool leaked 4 slots" in r.stderr
     assert not (out / "samples.csv").exists()
 
 
@@ -71,18 +97,20 @@ def test_a_forward_that_raises_stops_every_rank_and_leaks_nothing(tmp_path):
 def test_torchrun_started_ranks_write_samples_and_run_json(tmp_path):
     out = tmp_path / "run"
     r = run_cli("--standalone", "--nproc-per-node", "2", "-m", "ppprof", "profile", "--out", str(out),
-                "--model", "tiny-dense", "--layer-partition", "1,3", *TINY,
+                "--model", "tiny-dense", "--layer-partition", "1,3", *TINY, "--overhead-repeats", "0",
                 launcher=[sys.executable, "-m", "torch.distributed.run"])
     assert r.returncode == 0, r.stderr[-3000:]
     samples, run = read_run(out)
     assert run["layer_partition"] == [1, 3]
     assert run["model"]["name"] == "tiny-dense"
-    assert len(samples) == 24
+    assert len(samples) == 8 + 3 + 8 + 8  # the sweep, the wide probe (one request a wide size), two prefix probes
+    assert run["config"]["overhead_repeats"] == 0
+    assert "pipeline_overhead" not in run and "overhead_wall_s" not in run  # not measured
     assert list(samples.columns) == ["probe", "kind", "request", "prefix_len", "chunk_size", "stage0_latency_ms",
                                      "stage1_latency_ms", "latency_ms", "slowest_stage", "design_step"]
     assert samples["design_step"].eq(0).all()  # the grid is one fixed design
     assert run["design"]["design"] == "grid" and run["design"]["stopping_reason"] == "grid"
-    assert run["design"]["requests"] == 24
+    assert run["design"]["requests"] == 27
 
 
 def test_two_launches_with_nnodes_2_form_one_two_stage_pipeline(tmp_path):
@@ -127,7 +155,8 @@ def test_adaptive_design_chooses_probes_on_rank_0_and_every_rank_runs_them_witho
     assert samples.groupby("probe").size().le(16).all()  # --requests-per-probe bounds every batch
     assert samples["request"].is_unique
     assert set(samples.prefix_len) <= {0, 64, 128, 256}  # the candidate grid: prefix 0 and --prefix-lens ...
-    assert set(samples.chunk_size) <= {80, 73, 67, 60, 54, 47, 41, 34, 28, 21, 15, 8}  # ... x 1.25 B down to B / 8
+    # ... x 1.25 B down to B / 8 and the wide sizes up to 4 B
+    assert set(samples.chunk_size) <= {256, 174, 118, 80, 73, 67, 60, 54, 47, 41, 34, 28, 21, 15, 8}
     u = design["uncertainty"]
     assert len(u["table"]["within_one_unit"]) == len(u["table"]["prefix_len"])
     assert len(design["history"]) == design["steps"]
