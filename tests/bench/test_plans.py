@@ -66,13 +66,17 @@ def test_the_sglang_arm_is_sglangs_rule_on_sglangs_boot_fit_not_ppprofs_fit(tmp_
 def test_every_arm_covers_its_prompt_and_the_dp_bound_beats_them_all(tmp_path):
     policy, csv = profile(tmp_path, TRUTH)
     extra = {"6000": {"mine": [1000, 5000]}}
-    plans = arms(policy, csv, PROMPT_LENS, ("fixed", "fixed-best", "sglang", "greedy", "optimal"), 4, extra)
+    strategies = ("fixed", "fixed-best", "sglang", "greedy", "policy", "policy-history", "optimal")
+    plans = arms(policy, csv, PROMPT_LENS, strategies, 4, extra)
     names = {n: {a.name for a in plans if a.prompt_len == n} for n in PROMPT_LENS}
-    assert names[6000] == {"fixed-512", "fixed-1024", "fixed-2048", "fixed-4096", "sglang", "greedy", "plan-mine",
-                           "optimal"} and names[20000] == names[6000] - {"plan-mine"}
+    best = f"fixed-{policy.data['predicted']['fixed_best_chunk']}"  # the policy's own best fixed chunk joins the sweep
+    assert names[6000] == {"fixed-512", "fixed-1024", "fixed-2048", "fixed-4096", best, "sglang", "greedy", "policy",
+                           "policy-history", "plan-mine", "optimal"} and names[20000] == names[6000] - {"plan-mine"}
     for n in PROMPT_LENS:
         group = [a for a in plans if a.prompt_len == n]
         assert all(sum(a.chunk_sizes) == n and len(a.predicted_ms) == len(a.chunk_sizes) for a in group)
         best = next(a for a in group if a.name == "optimal").predicted_ttft_ms
         assert all(best <= a.predicted_ttft_ms + 1e-9 for a in group), f"{n=}"
-    assert by_name(plans, 6000)["greedy"] == policy.plan(6000)
+    assert by_name(plans, 6000)["greedy"] == policy.sglang_plan(6000)
+    assert by_name(plans, 6000)["policy"] == policy.plan(6000)
+    assert by_name(plans, 20000)["policy-history"] == policy.plan_history(20000)
