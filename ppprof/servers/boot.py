@@ -32,10 +32,19 @@ class BootFit:
     model: LatencyModel | None
 
 
+SWEEP = "sweep"
+"""The kind of the rows of SGLang's own start-up profile (the prefix-free sweep of 1.25 B down to ~B/128)."""
+
+
 def prefix_free_quadratic(forwards: Forwards) -> BootFit:
-    """1. the prefix-free rows in order; 2. the first dropped; 3. numpy's lstsq on [l^2, l, 1] of the rest, unless
-    fewer than MIN_POINTS remain."""
-    rows = np.flatnonzero(np.asarray(forwards.prefix_len) == 0)
+    """1. the prefix-free rows in order (those of the sweep, where the rows say their kind and hold one: what the
+    server's own start-up profile runs, not the wider probes above 1.25 B); 2. the first dropped; 3. numpy's lstsq on
+    [l^2, l, 1] of the rest, unless fewer than MIN_POINTS remain."""
+    free = np.asarray(forwards.prefix_len) == 0
+    kind = getattr(forwards, "kind", None)
+    if kind is not None and (np.asarray(kind) == SWEEP).any():
+        free &= np.asarray(kind) == SWEEP
+    rows = np.flatnonzero(free)
     used = rows[1:]
     if len(used) < MIN_POINTS:
         return BootFit(rows[:1], used, None)
