@@ -25,6 +25,12 @@ def policy(tmp_path_factory):
     return out / "policy.json"
 
 
+def best_fixed(policy) -> set[str]:
+    """The arm of the policy's own best fixed chunk, which joins the fixed sweep (none where the fit failed a gate)."""
+    best = (json.loads(policy.read_text())["predicted"] or {}).get("fixed_best_chunk")
+    return {f"fixed-{best}"} if best else set()
+
+
 def check_bench(out, prompt_lens, num_stages, arms):
     frame = pd.read_csv(out / "bench.csv")
     doc = json.loads((out / "bench.json").read_text())
@@ -36,7 +42,8 @@ def check_bench(out, prompt_lens, num_stages, arms):
     assert sorted(frame.stage.unique()) == list(range(num_stages))
     assert sorted(int(k) for k in doc["prompt_lens"]) == sorted(prompt_lens)
     for entry in doc["prompt_lens"].values():
-        assert set(entry["strategies"]) == {"fixed", "fixed-best", "sglang", "greedy", "optimal"}
+        assert set(entry["strategies"]) == {"fixed", "fixed-best", "sglang", "greedy", "optimal"} | (
+            {"policy", "policy-history"} if "policy" in arms else set())
         for s in entry["strategies"].values():
             assert s["replay_ttft_ms"]["median"] > 0 and s["predicted_ttft_ms"] > 0
         assert "optimal/fixed-best" in entry["ratios"]
@@ -50,7 +57,7 @@ def test_bench_runs_every_strategy_through_the_real_pipeline(policy, tmp_path):
     r = run_cli("bench", str(policy), "--prompt-len", "1024", "--prompt-len", "1536", "--repeats", "2", "--out",
                 str(out))
     assert r.returncode == 0, r.stderr[-3000:]
-    frame, doc = check_bench(out, [1024, 1536], 2, ARMS)
+    frame, doc = check_bench(out, [1024, 1536], 2, ARMS | {"policy", "policy-history"} | best_fixed(policy))
     assert doc["composition"] == "real and replay"
     for entry in doc["prompt_lens"].values():
         assert entry["strategies"]["fixed"]["ttft_ms"]["median"] > 0
@@ -63,7 +70,7 @@ def test_a_deeper_pipeline_is_replayed_on_fewer_ranks(policy, tmp_path):
     r = run_cli("bench", str(policy), "--prompt-len", "1000", "--repeats", "1", "--pp", "4", "--strategies",
                 "fixed,fixed-best,sglang,greedy,optimal", "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
-    frame, doc = check_bench(out, [1000], 4, ARMS)
+    frame, doc = check_bench(out, [1000], 4, ARMS | best_fixed(policy))
     assert doc["composition"] == "replay" and doc["num_stages"] == 4
     assert frame.groupby("stage")["rank"].first().tolist() == [0, 0, 1, 1]
 
