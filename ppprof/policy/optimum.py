@@ -29,9 +29,9 @@ import numpy as np
 from ppprof.chunks import walk
 from ppprof.policy.rule import LatencyModel
 
-BOUND_STEP = 1.002
+BOUND_STEP = 1.004
 """Ratio between neighbouring bounds of the all-lengths DP: its lower and upper bounds on the optimum differ by about
-(P - 1) x 0.2% of the largest chunk latency."""
+(P - 1) x 0.4% of the largest chunk latency (the rules are built and checked against the lower one)."""
 RULE_BOUNDS = 240
 """Bounds M tried for the prompt-aware rule's bands (log-spaced over the chunk latencies of the domain)."""
 HISTORY_BOUNDS = 96

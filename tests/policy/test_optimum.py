@@ -113,9 +113,9 @@ def test_history_only_table_is_never_above_the_best_fixed_chunk_on_its_workload(
 
 
 def test_status_is_static_exactly_when_the_gain_is_below_the_threshold(tmp_path):
-    frame = make_samples(GPU, base_chunk_size=8192, prefixes=[0, 32768, 98304, 131072],
-                         chunk_sizes=[2048, 8192, 32768], noise=0.01)
-    write_run_dir(tmp_path, frame, base_chunk_size=8192, context_len=131072, world_size=4)
+    frame = make_samples(GPU, base_chunk_size=2048, prefixes=[0, 4096, 16384, 32768],
+                         chunk_sizes=[512, 2048, 8192], noise=0.01)
+    write_run_dir(tmp_path, frame, base_chunk_size=2048, context_len=32768, world_size=4)
     samples = tmp_path / "samples.csv"
     _, data = fit(samples, tmp_path / "any.json", policy_options={"min_gain": 0.0})
     gain = data["predicted"]["gain_vs_fixed_best"]
