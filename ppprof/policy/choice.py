@@ -9,17 +9,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ppprof.chunks import walk
 from ppprof.config import ChunkSettings
 from ppprof.config.policy import DEFAULT_MIN_GAIN
-from ppprof.policy.optimum import (Domain, PromptRule, build_history_rule, build_prompt_rule, make_domain,
+from ppprof.policy.optimum import (EXTRAPOLATED_CHUNKS, Domain, PromptRule, build_history_rule, build_prompt_rule, make_domain,
                                    rule_table)
+from ppprof.policy.planners import chunk_latencies_ms, fixed_chunks, ttft_ms
 from ppprof.policy.rule import LatencyModel
 
 DEFAULT_WORKLOAD_LENGTHS = 16
 """Prompt lengths of the default workload: log-spaced from B to the longest prompt of the domain, equal weights."""
-EXTRAPOLATED_CHUNKS = 4
-"""With --extrapolate the largest chunk is this many base chunks (or the largest profiled, if larger)."""
 
 
 def rule_domain(settings: ChunkSettings, measured: dict | None, extrapolate: bool) -> Domain:
@@ -61,12 +59,7 @@ class Choice:
 
 def mean_ttft(model: LatencyModel, plans: list[list[int]], weights, num_stages: int) -> float:
     """The weighted mean predicted TTFT of the plans."""
-    out = 0.0
-    for chunks, w in zip(plans, weights):
-        sizes = np.asarray(chunks, dtype=float)
-        t = model.chunk_latency_ms(np.concatenate([[0.0], np.cumsum(sizes)[:-1]]), sizes)
-        out += w * float(t.sum() + (num_stages - 1) * t.max())
-    return out
+    return sum(w * ttft_ms(chunk_latencies_ms(model, chunks), num_stages) for chunks, w in zip(plans, weights))
 
 
 def choose(model: LatencyModel, settings: ChunkSettings, dom: Domain, num_stages: int, lengths, weights,
@@ -105,4 +98,4 @@ def choose(model: LatencyModel, settings: ChunkSettings, dom: Domain, num_stages
 
 def fixed_mean(model: LatencyModel, size: int, lengths, weights, num_stages: int) -> float:
     """The weighted mean predicted TTFT of fixed chunks of `size`."""
-    return mean_ttft(model, [walk(lambda _: size, int(n)) for n in lengths], weights, num_stages)
+    return mean_ttft(model, [fixed_chunks(size, int(n)) for n in lengths], weights, num_stages)

@@ -43,6 +43,8 @@ PROMPT_TOLERANCE = 0.008
 is 1%; the margin covers lengths between the aligned ones)."""
 
 
+EXTRAPOLATED_CHUNKS = 4
+"""With --extrapolate a plan's largest chunk is this many base chunks (or the largest profiled, if larger)."""
 MAX_WINDOW_UNITS = 128
 """The most units in one chunk of the DP (the largest chunk / the unit)."""
 MAX_POSITIONS = 2048
@@ -78,11 +80,15 @@ def ttft(sums, maxes, num_stages: int):
 # -- the DP for every prompt length --------------------------------------------------------------------------------
 
 
+def latency_range(model: LatencyModel, dom: Domain) -> tuple[float, float]:
+    """The cheapest chunk of the domain (one unit, no prefix) and the dearest (the largest after the longest prompt)."""
+    return (float(model.chunk_latency_ms(0, dom.unit)),
+            float(model.chunk_latency_ms(dom.max_prompt_len, dom.largest_chunk)))
+
+
 def bound_grid(model: LatencyModel, dom: Domain, step: float = BOUND_STEP) -> np.ndarray:
-    """Log-spaced bounds from the cheapest chunk (one unit, no prefix) to the dearest (the largest chunk after the
-    deepest prefix), ratio `step` apart."""
-    lo = float(model.chunk_latency_ms(0, dom.unit))
-    hi = float(model.chunk_latency_ms(dom.max_prompt_len, dom.largest_chunk))
+    """Log-spaced bounds over latency_range, ratio `step` apart."""
+    lo, hi = latency_range(model, dom)
     n = max(2, int(math.ceil(math.log(hi / lo) / math.log(step))) + 1)
     return lo * step ** np.arange(n)
 
@@ -192,8 +198,7 @@ def rule_ttft(model: LatencyModel, walks: Walks, r: int, lengths: np.ndarray, me
 def rule_bounds(model: LatencyModel, dom: Domain, count: int) -> np.ndarray:
     """`count` bounds log-spaced over the domain's chunk latencies, the latency of every first chunk size (the bound
     that lets the first chunk be that size and every later one as large as it may), and no bound (inf) last."""
-    lo = float(model.chunk_latency_ms(0, dom.unit))
-    hi = float(model.chunk_latency_ms(dom.max_prompt_len, dom.largest_chunk))
+    lo, hi = latency_range(model, dom)
     first = model.chunk_latency_ms(0, dom.sizes()) * (1.0 + 1e-12)
     return np.concatenate([np.unique(np.concatenate([np.geomspace(lo, hi, count), first])), [np.inf]])
 

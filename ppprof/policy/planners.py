@@ -20,6 +20,7 @@ import numpy as np
 
 from ppprof.bounds import MAX_STAGES
 from ppprof.checks import is_int
+from ppprof.policy.optimum import EXTRAPOLATED_CHUNKS
 from ppprof.policy.rule import LatencyModel
 from ppprof.policy.schema import Policy, check_prompt_len
 
@@ -246,14 +247,14 @@ def default_num_stages(policy: Policy) -> int:
 
 def plan_domain(policy: Policy, prompt_len: int, extrapolate: bool) -> int:
     """The largest chunk a plan of this prompt may use: the policy's (the profiled domain's), or with `extrapolate`
-    also 4 B. ValueError (one line) for a prompt beyond the policy's domain without `extrapolate`."""
+    also EXTRAPOLATED_CHUNKS x B. ValueError (one line) for a prompt beyond the policy's domain without `extrapolate`."""
     rule = policy.data["prompt_table"]
     if prompt_len > rule["max_prompt_len"] and not extrapolate:
         raise ValueError(f"--prompt-len {prompt_len} is beyond the policy's domain (prompts up to "
                          f"{rule['max_prompt_len']} tokens, whose prefixes the profile measured): give --extrapolate "
                          "to plan it on the latency model anyway, or profile with --prefix-lens reaching it")
     largest = rule["largest_chunk"]
-    return max(largest, 4 * policy.base_chunk_size) if extrapolate else largest
+    return max(largest, EXTRAPOLATED_CHUNKS * policy.base_chunk_size) if extrapolate else largest
 
 
 def best_fixed(model: LatencyModel, prompt_len: int, num_stages: int, alignment: int, largest: int) -> list[int]:

@@ -101,8 +101,7 @@ class Policy:
     def plan(self, prompt_len: int) -> list[int]:
         """The whole chunk list of a `prompt_len`-token prompt under the prompt-aware rule. ValueError beyond the
         policy's context length (no prompt is longer; the list stays bounded)."""
-        prompt_len = self._checked_prompt(prompt_len)
-        return walk(lambda done: self.next_chunk_size(done, prompt_len), prompt_len)
+        return self.rule_tables.plan(self._checked_prompt(prompt_len))
 
     def plan_history(self, prompt_len: int) -> list[int]:
         """The chunk list under the history-only table (the last chunk takes the rest)."""
