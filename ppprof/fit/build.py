@@ -100,6 +100,15 @@ def select_and_gate(fitted: dict[str, Fit], failed: dict[str, str], per_model: d
     return model, target, "dynamic", f"{name} model passed all quality gates"
 
 
+def gate_samples(samples: Samples, settings: ChunkSettings, latency_model: str = "auto") -> tuple[bool, str]:
+    """(passed, reason) of the quality gates alone on `samples`, fitted and gated as fit_samples does (the gain over
+    fixed chunks is not judged): what `ppprof compare` asks of a baseline's samples under this code."""
+    used, _ = without_warmup(samples)
+    fitted, failed, per_model = fit_used_rows(used, latency_model)
+    _, _, status, reason = select_and_gate(fitted, failed, per_model, {}, settings, latency_model)
+    return status == "dynamic", reason
+
+
 def overhead_of(run: dict | None, given: float | None) -> dict:
     """The per-chunk pipeline overhead the policy plans with: the one given, else the profile's measured one (run.json
     pipeline_overhead; a negative median counts as 0), else none (0)."""

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ppprof.fit.build import POLICY_FILE
+from ppprof.fit.build import POLICY_FILE, gate_samples
 from ppprof.fit.drift import samples_drift
 from ppprof.fit.samples import Samples, read_samples
 from ppprof.plotting import pyplot, save_figure
-from ppprof.policy.compare import compare_policies, table_end
+from ppprof.policy.compare import compare_policies, gates_passed, table_end
 from ppprof.policy.schema import load_policy
 from ppprof.policy.schema import Policy
 from ppprof.runfiles import SAMPLES_FILE
@@ -44,8 +44,14 @@ def compare(baseline: str | Path, candidate: str | Path, tolerances: dict[str, f
     (bp, bs), (cp, cs) = resolve(baseline, "baseline"), resolve(candidate, "candidate")
     base, cand = load_policy(bp), load_policy(cp)
     samples = (read_samples(bs), read_samples(cs)) if bs and cs else None
+    refit = None
+    if samples and gates_passed(base) is True and gates_passed(cand) is False:
+        # Did the candidate fail the gates on its noisy samples, or would this code fail the baseline's too?
+        passed, reason = gate_samples(samples[0], base.settings,
+                                      base.data["diagnostics"].get("requested_model") or "auto")
+        refit = {"passed": passed, "reason": reason}
     report = compare_policies(base, cand, tolerances, prompt_lens=prompt_lens, num_stages=num_stages,
-                              samples=samples_drift(*samples) if samples else None,
+                              samples=samples_drift(*samples) if samples else None, baseline_refit=refit,
                               labels=(str(baseline), str(candidate)))
     report["baseline"].update(policy=str(bp), samples=str(bs) if bs else None)
     report["candidate"].update(policy=str(cp), samples=str(cs) if cs else None)

@@ -74,7 +74,15 @@ def side(policy: Policy, label: str) -> dict:
             "num_table_entries": len(policy.data["table"]["chunk_size"]),
             "num_bands": len(policy.data["prompt_table"]["prompt_len"]),
             "gain_vs_fixed_best": (policy.data.get("predicted") or {}).get("gain_vs_fixed_best"),
-            "overhead": policy.data["overhead"]}
+            "gates_passed": gates_passed(policy), "overhead": policy.data["overhead"]}
+
+
+def gates_passed(policy: Policy) -> bool | None:
+    """Whether the policy's model passed every quality gate; None where it was not gated (SGLang parity, no model)."""
+    gated = (policy.data.get("diagnostics") or {}).get("gates")
+    if not isinstance(gated, list) or not gated:
+        return None
+    return all(isinstance(g, dict) and g.get("passed") is True for g in gated)
 
 
 def compare_coefficients(base: Policy, cand: Policy) -> list[dict]:
@@ -170,11 +178,11 @@ def checks(report: dict, tol: dict[str, float]) -> list[dict]:
     b, c = report["baseline"], report["candidate"]
     out = [status_check(b, c, tol)]
     drift = report.get("samples")
-    if b["status"] != c["status"] and drift and drift.get("worst_prefix") is not None \
-            and abs(drift["worst_prefix"]["median_ratio"] - 1.0) <= tol["samples"]:
-        out[0]["detail"] += (f"; yet the samples agree (median latency ratios within {tol['samples']:.0%}): a noisy "
-                             f"profile may have failed the quality gates (see its reason); profile it again on a "
-                             f"quiet machine")
+    agree = bool(drift and drift.get("worst_prefix") is not None
+                 and abs(drift["worst_prefix"]["median_ratio"] - 1.0) <= tol["samples"])
+    if not out[0]["passed"] and agree:
+        passed, why = noisy_status(report.get("baseline_refit"), tol)
+        out[0].update(passed=passed, noisy=passed, detail=out[0]["detail"] + why)
     tgt = report["target_latency_ms"]
     if tgt["change"] is not None:
         out.append(check("target", abs(tgt["change"]), tol["target"],
@@ -220,6 +228,23 @@ def status_check(b: dict, c: dict, tol: dict[str, float]) -> dict:
     return {"figure": "status", "value": None, "limit": None, "passed": passed, "detail": detail}
 
 
+def noisy_status(refit: dict | None, tol: dict[str, float]) -> tuple[bool, str]:
+    """(passed, why) of a status change where the samples agree: passed when the candidate failed the quality gates
+    and this code's fit of the baseline's own samples still passes them (`refit`, from ppprof.fit.compare): the
+    candidate's samples were too noisy to gate; the code did not drift. Without that refit, or where it fails too, a
+    drift."""
+    agree = f"; yet the samples agree (median latency ratios within {tol['samples']:.0%})"
+    if refit is None:
+        return False, (f"{agree}: a noisy profile may have failed the quality gates (see its reason); profile it "
+                       "again on a quiet machine")
+    if refit["passed"]:
+        return True, (f"{agree}, and this code's fit of the baseline's samples passes every quality gate: the "
+                      "candidate's samples were too noisy to gate (see its reason), not a drift; profile again on a "
+                      "quiet machine to compare the statuses")
+    return False, (f"{agree}, but this code's fit of the baseline's own samples fails the quality gates too "
+                   f"({refit['reason']}): the fit changed, not the machine")
+
+
 def overhead_check(b: dict, c: dict, limit: float) -> dict:
     """The per-chunk overhead: within limit x the baseline's, or 3 combined standard errors, whichever allows more;
     not judged unless both measured it."""
@@ -234,10 +259,11 @@ def overhead_check(b: dict, c: dict, limit: float) -> dict:
 
 
 def compare_policies(base: Policy, cand: Policy, tol: dict[str, float], *, prompt_lens: list[int] | None = None,
-                     num_stages: int | None = None, samples: dict | None = None,
+                     num_stages: int | None = None, samples: dict | None = None, baseline_refit: dict | None = None,
                      labels: tuple[str, str] = ("baseline", "candidate")) -> dict:
     """The whole comparison as a JSON-ready dict; `drifted` is True when any check failed. `samples`: the
-    samples-level drift (ppprof.fit.drift), judged with the rest."""
+    samples-level drift (ppprof.fit.drift), judged with the rest; `baseline_refit`: {passed, reason} of the quality
+    gates on the baseline's samples fitted by this code (noisy_status), where they were refitted."""
     num_stages = default_num_stages(base) if num_stages is None else num_stages
     prompt_lens = prompt_lens or default_prompt_lens(base, cand)
     report = {
@@ -250,6 +276,7 @@ def compare_policies(base: Policy, cand: Policy, tol: dict[str, float], *, promp
         "table": compare_tables(base, cand, tol),
         "ttft": compare_ttft(base, cand, prompt_lens, num_stages),
         "samples": samples,
+        "baseline_refit": baseline_refit,
     }
     report["checks"] = checks(report, tol)
     report["drifted"] = not all(c["passed"] for c in report["checks"])
@@ -303,7 +330,7 @@ def render(report: dict) -> str:
                 f"{r['prefix_len']}: {r['median_ratio']:.3f}" for r in drift["by_prefix"]))
     for ch in report["checks"]:
         limit = "" if ch["limit"] is None or ch["figure"] == "overhead" else f" (limit {ch['limit']:.0%})"
-        lines.append(f"{'ok   ' if ch['passed'] else 'DRIFT'} {ch['figure']}: {ch['detail']}{limit}")
+        lines.append(f"{('noisy' if ch.get('noisy') else 'ok   ') if ch['passed'] else 'DRIFT'} {ch['figure']}: {ch['detail']}{limit}")
     failed = [ch["figure"] for ch in report["checks"] if not ch["passed"]]
     lines.append(f"drift beyond tolerance: {', '.join(failed)}" if failed else "within tolerance")
     return "\n".join(lines)

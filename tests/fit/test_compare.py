@@ -174,3 +174,40 @@ def test_samples_drift_exact(tmp_path):
     assert [(r["prefix_len"], r["num_cells"]) for r in drift["by_prefix"]] == [(0, num_sweep - 1), (1024, 2)]
     assert [r["median_ratio"] for r in drift["by_prefix"]] == pytest.approx([1.0, 1.5])
     assert drift["worst_prefix"]["prefix_len"] == 1024  # the sweep's many cells do not hide it
+
+
+def noisy_copy(base: Path, run: Path, seed: int = 0, policy_too: bool = True) -> Path:
+    """The run folder `base` with each row's latencies times its own lognormal factor (sigma 0.35: the cells' medians
+    stay, single rows scatter as on a loaded host), its policy refitted unless not `policy_too`."""
+    import numpy as np
+
+    shutil.copytree(base, run)
+    frame = pd.read_csv(run / "samples.csv")
+    factor = np.exp(np.random.default_rng(seed).normal(0.0, 0.35, len(frame)))
+    for column in [c for c in frame.columns if c.endswith("latency_ms")]:
+        frame[column] *= factor
+    frame.to_csv(run / "samples.csv", index=False)
+    if policy_too:
+        fit_run(run)
+    return run
+
+
+def test_a_noisy_profile_that_fails_the_gates_is_told_from_a_drift(tmp_path):
+    """The committed baseline against a copy whose rows scatter (its fit fails the quality gates, its cells' medians
+    agree): the status change is noisy, not a drift, since this code's fit of the baseline's samples passes the
+    gates. Against a baseline whose policy passed the gates on samples that this code's fit fails (the fit changed),
+    the same change is a drift."""
+    base = REPO / "results/baseline"
+    noisy = noisy_copy(base, tmp_path / "noisy")
+    assert load(noisy / "policy.json").status == "static"
+    result = compare(base, noisy, "--json")
+    report = json.loads(result.output)
+    status = report["checks"][0]
+    assert report["baseline_refit"]["passed"] is True and status["passed"] and status["noisy"], status
+    assert not report["drifted"] and result.exit_code == 0, result.output
+    assert "too noisy to gate" in compare(base, noisy).output
+    changed = noisy_copy(base, tmp_path / "changed", seed=1, policy_too=False)  # base's policy, scattered samples
+    report = json.loads(compare(changed, noisy, "--json").output)
+    status = report["checks"][0]
+    assert report["baseline_refit"]["passed"] is False and not status["passed"], status
+    assert "the fit changed, not the machine" in status["detail"]
