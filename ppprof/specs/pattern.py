@@ -8,10 +8,11 @@ Two notations, both built from Nemotron-H's characters (M mamba, * attention, - 
 
 from __future__ import annotations
 
-from ppprof.specs.spec import ATTENTION, FFN_CHARS, MAMBA, MIXER_CHARS, MLP, MOE, LayerSpec, token_separator
+from ppprof.specs.spec import (ATTENTION, DELTANET, FFN_CHARS, MAMBA, MIXER_CHARS, MIXERS, MLA, MLP, MOE, LayerSpec,
+                               token_separator)
 
 # Kinds a shortened model keeps if the full one has them, most important first.
-KEEP_PRIORITY = (ATTENTION, MAMBA, MOE, MLP)
+KEEP_PRIORITY = (ATTENTION, MLA, MAMBA, DELTANET, MOE, MLP)
 
 
 def parse_pattern(pattern: str) -> tuple[LayerSpec, ...]:
@@ -24,7 +25,8 @@ def parse_pattern(pattern: str) -> tuple[LayerSpec, ...]:
             layers.append(LayerSpec(ffn=FFN_CHARS[ch]))
         else:
             raise ValueError(
-                f"pattern {pattern!r} has {ch!r} at position {i}: use M (mamba), * (attention), - (MLP), E (MoE)"
+                f"pattern {pattern!r} has {ch!r} at position {i}: use M (mamba), * (attention), - (MLP), E (MoE), "
+                "L (MLA), D (Gated DeltaNet)"
             )
     return tuple(layers)
 
@@ -39,12 +41,12 @@ def parse_layer_token(token: str) -> LayerSpec:
             ffn = FFN_CHARS[ch]
         else:
             raise ValueError(
-                f"layer token {token!r} is malformed at {ch!r}: write the mixers (*, M, each once) then at most one "
+                f"layer token {token!r} is malformed at {ch!r}: write the mixers (*, L, M, D, each once) then at most one "
                 "FFN (- or E), e.g. '*-' or 'ME' or '*M-'"
             )
     if not token:
         raise ValueError("empty layer token: give e.g. '*-' for an attention + MLP layer")
-    return LayerSpec(mixers=tuple(sorted(mixers, key=(ATTENTION, MAMBA).index)), ffn=ffn)
+    return LayerSpec(mixers=tuple(sorted(mixers, key=MIXERS.index)), ffn=ffn)
 
 
 def parse_layer_tokens(tokens: str | list) -> tuple[LayerSpec, ...]:
