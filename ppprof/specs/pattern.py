@@ -103,7 +103,8 @@ def shorten_layers(layers: tuple[LayerSpec, ...], num_layers: int) -> tuple[Laye
 
 def format_layers(layers: tuple[LayerSpec, ...] | list[LayerSpec]) -> str:
     """Layers in the preset notation, shortest first: a Nemotron-H pattern ("M-M*") when every layer holds one thing,
-    else space-separated tokens ("M- ME *-"); a list that repeats one block prints as "(block) xK"."""
+    else space-separated tokens ("M- ME *-"); a list that repeats one block prints as "(block) xK", tokens with a run of
+    3 or more as runs joined by " + " ("L- x3 + LE x58")."""
     tokens = [layer.token for layer in layers]
     sep = token_separator(tokens)
     n = len(tokens)
@@ -111,4 +112,18 @@ def format_layers(layers: tuple[LayerSpec, ...] | list[LayerSpec]) -> str:
         if n % period == 0 and tokens == tokens[:period] * (n // period):
             block = sep.join(tokens[:period])
             return f"{block} x{n // period}" if period == 1 and sep else f"({block}) x{n // period}"
+    runs = run_lengths(tokens)
+    if sep and any(count >= 3 for _, count in runs):  # DeepSeek-V3: "L- x3 + LE x58"
+        return " + ".join(f"{token} x{count}" if count > 1 else token for token, count in runs)
     return sep.join(tokens)
+
+
+def run_lengths(tokens: list[str]) -> list[tuple[str, int]]:
+    """["a", "a", "b"] -> [("a", 2), ("b", 1)]."""
+    out: list[tuple[str, int]] = []
+    for token in tokens:
+        if out and out[-1][0] == token:
+            out[-1] = (token, out[-1][1] + 1)
+        else:
+            out.append((token, 1))
+    return out

@@ -35,16 +35,16 @@ EXPECTED = {
                                    num_key_value_heads=2, head_dim=32, mamba_num_heads=8, mamba_head_dim=32,
                                    mamba_n_groups=1, ssm_state_size=64, conv_kernel=4, mamba_chunk_size=256)),
     # The published configs (SOURCES.md): DeepSeek-V3, Kimi-K2, DeepSeek-V2.5, Qwen3-235B-A22B, Qwen3-Next-80B-A3B.
-    "deepseek_v3": ("L- L- L- " + " ".join(["LE"] * 58), dict(
+    "deepseek_v3": ("L- x3 + LE x58", dict(
         hidden_size=7168, num_attention_heads=128, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
         qk_rope_head_dim=64, v_head_dim=128, num_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048,
         intermediate_size=18432, moe_scoring="sigmoid", moe_n_group=8, moe_topk_group=4, routed_scaling_factor=2.5,
         shared_expert_intermediate_size=2048, num_mtp_layers=1, vocab_size=129280)),
-    "kimi_k2": ("L- " + " ".join(["LE"] * 60), dict(
+    "kimi_k2": ("L- + LE x60", dict(
         hidden_size=7168, num_attention_heads=64, q_lora_rank=1536, kv_lora_rank=512, num_experts=384,
         num_experts_per_tok=8, moe_n_group=1, moe_topk_group=1, routed_scaling_factor=2.827, num_mtp_layers=0,
         vocab_size=163840)),
-    "deepseek_v2": ("L- " + " ".join(["LE"] * 59), dict(
+    "deepseek_v2": ("L- + LE x59", dict(
         hidden_size=5120, num_experts=160, num_experts_per_tok=6, moe_scoring="softmax", norm_topk_prob=False,
         moe_n_group=8, moe_topk_group=3, shared_expert_intermediate_size=2 * 1536, routed_scaling_factor=16.0)),
     "qwen3_moe": ("*E x94", dict(hidden_size=4096, num_attention_heads=64, num_key_value_heads=4, head_dim=128,
