@@ -105,5 +105,5 @@ def format_memory_text(stages: list[StageMemory], settings: str, limit: str, pro
 
 
 def _peak_part(s: StageMemory) -> str:
-    """The part of the layer whose transient wins: 'attention', 'mamba', 'mlp', 'moe' or 'norm'."""
-    return next((k for k in s.activation_terms if k in ("attention", "mamba", "mlp", "moe", "norm")), "-")
+    """The part of the layer whose transient wins: 'attention', 'deltanet', 'mamba', 'mlp', 'moe' or 'norm'."""
+    return next((k for k in s.activation_terms if k in ("attention", "deltanet", "mamba", "mlp", "moe", "norm")), "-")
