@@ -113,8 +113,10 @@ class DeltaNetKernel:
             return chunk_gated_delta_rule(q, k, v, g, beta, chunk_size, initial_state)
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
 
-        o, state = fla_chunk(q[None], k[None], v[None], g[None], beta[None], scale=1.0,
-                             initial_state=initial_state[None].float(), output_final_state=True)
+        # fla takes (batch, T, heads, dim) with q, k, v of one dtype; q is already scaled (scale 1).
+        q, k = q.to(v.dtype), k.to(v.dtype)
+        o, state = fla_chunk(q=q[None], k=k[None], v=v[None], g=g[None].float(), beta=beta[None].to(v.dtype),
+                             scale=1.0, initial_state=initial_state[None].float(), output_final_state=True)
         return o[0].float(), state[0].float()
 
 
