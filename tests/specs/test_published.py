@@ -89,3 +89,50 @@ def test_partition_across_dense_and_moe_layers():
     assert [s.layers.stop - s.layers.start for s in uneven] == [17, 15, 15, 14]
     moe_layer = stage_accounts(spec, 61)[5].num_params["total"]
     assert uneven[0].num_params["total"] - even[0].num_params["total"] == 1 * moe_layer
+
+
+def test_model_command_json_across_dense_and_moe_layers():
+    import json
+
+    from click.testing import CliRunner
+
+    from ppprof.cli import main
+
+    r = CliRunner().invoke(main, ["model", str(DATA / "deepseek_v3"), "--pp", "4", "--layer-partition",
+                                  "17,15,15,14", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["num_params"] == 671_026_419_200 and d["num_mtp_params"] == mtp_params(load_spec(DATA / "deepseek_v3"))
+    assert [s["layout"] for s in d["stages"]] == ["L- x3 + LE x14", "LE x15", "LE x15", "LE x14"]
+    assert sum(s["num_active_params"] for s in d["stages"]) == d["num_active_params"]
+    assert {s["kv_bytes_per_token"] for s in d["stages"][1:3]} == {15 * 576 * BF16}
+
+
+def test_memory_check_holds_the_experts_and_grows_with_the_prefix():
+    from ppprof.specs import stage_memory
+    from ppprof.specs.accounting import stage_weight_bytes
+    from ppprof.specs.memory import mla_bytes
+
+    spec = load_spec(DATA / "deepseek_v3" / "config.json")
+    kw = dict(dtype="bfloat16", max_total_tokens=65536, page_size=64, max_mamba_cache_size=1, max_running_requests=8,
+              context_len=65536, chunk_size=2048, attention_backend="sdpa", device="cuda")
+    layers = range(46, 61)
+    m = stage_memory(spec, layers, prefix_len=30720, **kw)
+    assert m.weights == stage_weight_bytes(spec, layers, dtype="bfloat16") > 15 * 256 * 3 * 7168 * 2048 * BF16
+    assert m.kv_pool == (65536 // 64 + 1) * 64 * 15 * 576 * BF16
+    # MLA's decompression of the prefix: every cached token costs its latent row, its K/V and the padded V again.
+    per_token = (512 + 64) + 128 * (128 + 128) + 2 * 128 * 192
+    assert mla_bytes(spec, 2048, 2048 + 30720, BF16, "sdpa", "cuda") - mla_bytes(spec, 2048, 2048, BF16, "sdpa",
+                                                                              "cuda") == 30720 * per_token * BF16
+    assert m.activation_terms["attention"] == mla_bytes(spec, 2048, 2048 + 30720, BF16, "sdpa", "cuda")
+    qwen = load_spec(DATA / "qwen3_next" / "config.json")
+    q = stage_memory(qwen, range(12), prefix_len=0, **{**kw, "max_mamba_cache_size": 64})
+    assert q.mamba_pool == 65 * mamba_bytes_per_slot(qwen, range(12), dtype="bfloat16")
+    # The MoE peak of a Qwen3-Next layer: routing over 512 experts, then the larger of one expert on every token and
+    # the shared expert (here the same width, plus its output).
+    from ppprof.specs.memory import ffn_bytes
+
+    n, h = 2048, 2048
+    routing = n * 512 * (BF16 + 12) + 48 * n * 10 + n * h * BF16
+    assert ffn_bytes(qwen, qwen.layers[0], n, BF16) == routing + max(n * (3 * h + 4 * 512) * BF16,
+                                                                     n * (4 * 512 + h) * BF16)
