@@ -12,14 +12,13 @@ form (kv_b_proj's halves folded into the queries and the output, attention over 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ppprof.mem.cache import Request, StageCache
 from ppprof.model.attention import apply_rope, rope_cos_sin
 from ppprof.model.attention_kernels import dense_prefix_attention, prefix_causal_mask
 from ppprof.specs.spec import ModelSpec
-
-import torch.nn.functional as F
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
