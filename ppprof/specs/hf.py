@@ -1,17 +1,19 @@
 """HuggingFace config.json -> ModelSpec, for the dense Llama/Qwen2/Qwen3/Mistral and the hybrid NemotronH/Jamba/Bamba/
-FalconH1 families here, the MLA and MoE families (DeepSeek, Kimi-K2, Qwen3-MoE, Qwen3-Next) in hf_moe.py. Field names and defaults follow each family's transformers configuration_*.py; a missing field takes
-that family's default."""
+FalconH1 families here, the MLA and MoE families (DeepSeek, Kimi-K2, Qwen3-MoE, Qwen3-Next, Qwen3.5) in hf_moe.py.
+Field names and defaults follow each family's transformers configuration_*.py; a missing field takes that family's
+default."""
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable
 
 from ppprof.checks import is_int, short
 from ppprof.specs.spec import ATTENTION, DELTANET, MAMBA, MLA, MLP, MOE, RELU2, SILU, LayerSpec, ModelSpec
 from ppprof.specs.pattern import layer_kinds, parse_pattern
-from ppprof.specs.hf_fields import attention_fields as _attention_fields, read_float as _float, read_int as _int, \
-    num_layers as _num_layers
+from ppprof.specs.hf_fields import attention_fields as _attention_fields
+from ppprof.specs.hf_fields import num_layers as _num_layers
+from ppprof.specs.hf_fields import read_float as _float
+from ppprof.specs.hf_fields import read_int as _int
 from ppprof.specs.hf_moe import MOE_ARCHITECTURES, MOE_FAMILIES, MOE_RECORD_KEYS
 
 FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
