@@ -29,7 +29,8 @@ HF_CONFIG_NAME = "config.json"
 # Keys of the YAML layout that are not ModelSpec fields.
 LAYOUT_KEYS = ("pattern", "layers", "repeat")
 # Keys `ppprof model --json` adds to ModelSpec.to_dict().
-DERIVED_KEYS = ("num_layers", "layout", "accounting_dtype", "stages")
+DERIVED_KEYS = ("num_layers", "num_params", "num_active_params", "num_mtp_params", "layout", "accounting_dtype",
+                "stages")
 SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSpec))
 
 
