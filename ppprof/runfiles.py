@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import errno
+import fcntl
 import json
 import os
 import re
 import socket
 import threading
+import time
 from pathlib import Path
 
 from ppprof.io import atomic_write_json
@@ -82,18 +84,38 @@ class RunRecord:
 
 
 def lock_owner(folder: str | Path) -> str | None:
-    """'pid N on HOST' of the live run that holds `folder`'s lock; None when it is free or its holder died."""
+    """'pid N on HOST' of the live run that holds `folder`'s lock; None when it is free or its holder died (a lock
+    is held while its holder keeps it flock()ed: the kernel lets go of it when the holder dies, however it dies)."""
     path = Path(folder) / LOCK_FILE
     try:
-        pid_text, _, host = path.read_text().strip().partition(" ")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _holder(fd)
+        except OSError:  # a file system without flock: judge by the pid it names
+            return _holder(fd, alive_only=True)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _holder(fd: int, alive_only: bool = False) -> str | None:
+    """'pid N on HOST' that the lock file `fd` names ("a run that is starting" while its holder writes it); with
+    `alive_only`, None when that pid is dead on this host."""
+    try:
+        pid_text, _, host = os.pread(fd, 4096, 0).decode(errors="replace").strip().partition(" ")
         pid = int(pid_text)
     except (OSError, ValueError):
-        return None
-    if host == socket.gethostname():
+        return None if alive_only else "a run that is starting"
+    if alive_only and host == socket.gethostname():
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            return None  # stale: its run died without releasing it
+            return None
         except PermissionError:
             pass
     return f"pid {pid} on {host}"
@@ -103,34 +125,87 @@ def check_lock(folder: str | Path) -> None:
     """ValueError naming the holder when a live ppprof run holds the folder's lock file."""
     owner = lock_owner(folder)
     if owner is not None:
-        raise ValueError(f"--out {folder} is in use by another ppprof run ({owner}, lock {Path(folder) / LOCK_FILE}): "
-                         "wait for it to end or choose another --out")
+        raise _in_use(folder, owner)
+
+
+def _in_use(folder: str | Path, owner: str) -> ValueError:
+    return ValueError(f"--out {folder} is in use by another ppprof run ({owner}, lock {Path(folder) / LOCK_FILE}): "
+                      "wait for it to end or choose another --out")
+
+
+_HELD: dict[str, tuple[int, int]] = {}
+"""The locks this process holds: the lock's path -> (pid that took it, its open descriptor, kept flock()ed)."""
+LOCK_TRIES = 5
+"""How often take_lock tries again when the lock's holder released it between take_lock's open and flock."""
+CHECK_WAIT_S = 0.002
+"""How long take_lock waits, once, before it names a held lock's holder: check_lock holds the lock shared for an
+instant."""
 
 
 def take_lock(folder: str | Path) -> Path:
-    """Take the run folder's lock file (O_EXCL: one taker wins), replacing a stale one (its pid is dead on this
-    host); ValueError naming the holder when a live run holds it. Returns the lock's path."""
+    """Take the run folder's lock: open (or create) the lock file, flock() it exclusively and keep it open until
+    release_lock. One taker wins even where two take over a stale lock at once (the flock is atomic; a stale lock,
+    whose holder died, is no longer flocked); ValueError naming the holder when a live run holds it. A symbolic link
+    there is refused, not followed. Returns the lock's path."""
     path = Path(folder) / LOCK_FILE
-    for _ in range(3):
+    waited = False
+    for _ in range(LOCK_TRIES):
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            check_lock(folder)
-            path.unlink(missing_ok=True)
-            continue
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError as e:
+            reason = "is a symbolic link; remove it" if e.errno == errno.ELOOP else e.strerror
+            raise OSError(e.errno, reason, str(path)) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = _holder(fd)
+            os.close(fd)
+            if not waited:  # a check_lock may hold it shared for an instant
+                waited = True
+                time.sleep(CHECK_WAIT_S)
+                continue
+            raise _in_use(folder, owner) from None
+        except OSError:  # a file system without flock: take it unless the pid it names is alive
+            owner = _holder(fd, alive_only=True)
+            if owner is not None:
+                os.close(fd)
+                raise _in_use(folder, owner) from None
+        if not _same_file(fd, path):  # its holder released (unlinked) it between our open and flock: again
+            os.close(fd)
+            continue
+        text = f"{os.getpid()} {socket.gethostname()}\n".encode()
+        try:
+            os.pwrite(fd, text, 0)
+            os.ftruncate(fd, len(text))
+        except OSError as e:  # a full disk: leave no lock behind
+            path.unlink(missing_ok=True)
+            os.close(fd)
             raise OSError(e.errno, e.strerror, str(path)) from None
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{os.getpid()} {socket.gethostname()}\n")
+        _HELD[os.path.abspath(path)] = (os.getpid(), fd)
         return path
-    raise OSError(errno.EEXIST, "the lock file keeps reappearing", str(path))
+    raise OSError(errno.EEXIST, "the lock file keeps being replaced", str(path))
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        a, b = os.fstat(fd), os.lstat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def release_lock(folder: str | Path) -> None:
-    """Remove the lock file when this process holds it."""
+    """Remove the lock file when this process holds it (unlinked before it is let go, so that no taker flocks a
+    file that is about to vanish unseen: take_lock checks that the file it locked is still the lock)."""
     path = Path(folder) / LOCK_FILE
+    pid, fd = _HELD.get(os.path.abspath(path), (None, None))
+    if pid != os.getpid():  # not taken here (a forked child sees its parent's table)
+        return
+    del _HELD[os.path.abspath(path)]
     try:
-        if path.read_text().split()[0] == str(os.getpid()):
+        if _same_file(fd, path):
             path.unlink()
-    except (OSError, IndexError):
+    except OSError:
         pass
+    finally:
+        os.close(fd)

@@ -267,9 +267,11 @@ def test_a_run_folder_in_use_or_holding_a_run_is_refused_unless_overwrite(tmp_pa
     assert r.stderr.startswith(f"error: --out {out} is not empty (it holds notes.txt): choose a new folder, add "
                                "--overwrite")
     # a live process holds the lock: refused even with --overwrite
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from ppprof.runfiles import take_lock; "
+                               "take_lock(sys.argv[1]); print('held', flush=True); time.sleep(60)", str(out)],
+                              cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
-        (out / LOCK_FILE).write_text(f"{holder.pid} {os.uname().nodename}\n")
+        assert holder.stdout.readline() == "held\n"
         r = CliRunner().invoke(main, ["profile", "--out", str(out), "--overwrite", *TINY])
         assert r.exit_code == 2 and r.stderr.count("\n") == 1
         assert f"error: --out {out} is in use by another ppprof run (pid {holder.pid} on" in r.stderr
