@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from ppprof.io import atomic_write_json
+from ppprof.io import atomic_write_json, parse_json, read_small_text
 
 SAMPLES_FILE = "samples.csv"
 RUN_FILE = "run.json"
@@ -49,10 +49,11 @@ def write_run_json(path: str | Path, *, config: dict, **fields) -> Path:
 def read_run_json(path: str | Path) -> dict:
     """A run.json as written by write_run_json; ValueError (one line) when it is unreadable or of another schema."""
     path = Path(path)
+    fix = "fix or remove it"
     try:
-        run = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"run file {path} is not readable JSON ({e}): fix or remove it") from None
+        run = parse_json(read_small_text(path, "run file", fix), f"run file {path}")
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"run file {path} is not readable JSON ({e}): {fix}") from None
     if not isinstance(run, dict) or run.get("schema_version") not in READABLE_SCHEMA_VERSIONS:
         version = run.get("schema_version") if isinstance(run, dict) else None
         raise ValueError(f"run file {path} has schema_version {version!r}: this ppprof reads "
