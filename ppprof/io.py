@@ -124,7 +124,7 @@ def read_small_text(path: str | os.PathLike, what: str, fix: str, max_bytes: int
         if stat.S_ISDIR(mode):
             raise IsADirectoryError(errno.EISDIR, "Is a directory", str(path))
         if not stat.S_ISREG(mode):
-            raise ValueError(f"{what} {path} is {_kind(mode)}, not a file: {fix}")
+            raise ValueError(f"{what} {path} is {special_kind(mode)}, not a file: {fix}")
         data = f.read(max_bytes + 1)  # never more, whatever the size said (the file may grow)
     if len(data) > max_bytes:
         raise ValueError(f"{what} {path} holds more than {max_bytes // 2**20} MiB, more than any such file: {fix}")
@@ -134,7 +134,10 @@ def read_small_text(path: str | os.PathLike, what: str, fix: str, max_bytes: int
         raise ValueError(f"{what} {path} is not UTF-8 text (byte {e.start}): {fix}") from None
 
 
-def _kind(mode: int) -> str:
+def special_kind(mode: int) -> str:
+    """What a file that is not a regular one is, in words ("a character device", "a folder", ...), from its mode."""
+    if stat.S_ISDIR(mode):
+        return "a folder"
     if stat.S_ISCHR(mode):
         return "a character device"
     return "a pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a block device"
