@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 
+from ppprof.dist.rendezvous import LOOPBACK, bound_stores, single_node_argv
 from ppprof.dist.watchdog import SIGNAL_EXIT
 
 # torchrun options `ppprof profile` accepts and passes to the launcher unchanged: (option, takes a value).
@@ -44,15 +45,24 @@ def in_worker() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+SINGLE_NODE_SET = ("standalone", "rdzv_backend", "rdzv_id", "local_addr")
+"""The options a single-node run sets itself (ppprof.dist.rendezvous.single_node_argv)."""
+
+
+def single_node(torchrun: dict) -> bool:
+    """True for a run on this node only: neither --nnodes above 1, nor --rdzv-endpoint, nor --master-port."""
+    return not (num_nodes(torchrun.get("nnodes")) > 1 or torchrun.get("rdzv_endpoint") or torchrun.get("master_port"))
+
+
 def launcher_argv(nproc_per_node: int, torchrun: dict, worker_args: list[str]) -> list[str]:
     """torchrun's argument list for starting `python -m ppprof WORKER_ARGS...` on every rank of this node."""
     argv = ["--nproc-per-node", str(nproc_per_node)]
-    multi_node = num_nodes(torchrun.get("nnodes")) > 1 or torchrun.get("rdzv_endpoint") or torchrun.get("master_port")
-    if not multi_node and not torchrun.get("standalone"):
-        argv.append("--standalone")  # a local rendezvous on a free port
+    single = single_node(torchrun)
+    if single:
+        argv += single_node_argv()  # --standalone's rendezvous, on loopback
     for name, takes_value in TORCHRUN_OPTIONS:
         value = torchrun.get(name)
-        if value is None or value is False:
+        if value is None or value is False or (single and name in SINGLE_NODE_SET):
             continue
         flag = "--" + name.replace("_", "-")
         argv += [flag, str(value)] if takes_value else [flag]
@@ -73,8 +83,12 @@ def launch(nproc_per_node: int, torchrun: dict, worker_args: list[str], job: str
     if "OMP_NUM_THREADS" not in os.environ:  # share the cores among this node's ranks (torchrun would pick 1)
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc_per_node))
     quiet_launcher_logs()
+    # A single node's stores listen on loopback only; across nodes, the rendezvous store on the interface
+    # --rdzv-endpoint / --master-addr names, the one the ranks share on --local-addr's (every interface without it).
+    worker_store_host = LOOPBACK if single_node(torchrun) else torchrun.get("local_addr")
     try:
-        run(args)
+        with bound_stores(worker_store_host):
+            run(args)
     except ChildFailedError as e:
         ranks = ", ".join(str(r) for r in sorted(e.failures))
         print(f"error: the {job} failed on rank {ranks}; the [rank N] lines above say why", file=sys.stderr)

@@ -19,7 +19,13 @@ def test_launcher_passes_torchrun_options_and_the_resolved_config():
     resolved = json.loads(argv[argv.index("--resolved-config") + 1])
     assert resolved["base_chunk_size"] == 64 and resolved["nproc_per_node"] == 3
     local = launcher_argv(3, {}, worker + ["--inject-fault", "skip-mamba-release"])
-    assert "--standalone" in local and local[-2:] == ["--inject-fault", "skip-mamba-release"]
+    assert local[-2:] == ["--inject-fault", "skip-mamba-release"]
+    # a single node's rendezvous (--standalone's, given or not) on loopback, its ranks told to reach it there
+    for given in ({}, {"standalone": True}, {"local_addr": "10.0.0.1"}):
+        local = launcher_argv(3, given, worker)
+        assert "--standalone" not in local and local.count("--local-addr") == 1, f"{given=} {local=}"
+        assert local[local.index("--rdzv-endpoint") + 1] == "127.0.0.1:0"
+        assert local[local.index("--local-addr") + 1] == "127.0.0.1"
 
 
 @pytest.mark.parametrize("nnodes,expected", [(None, 1), ("2", 2), ("3:3", 3)])
@@ -31,3 +37,29 @@ def test_node_count(nnodes, expected):
 def test_elastic_or_bad_node_counts_are_refused(nnodes):
     with pytest.raises(ValueError, match="--nnodes"):
         num_nodes(nnodes)
+
+
+def test_a_store_listens_on_the_one_address_it_is_given():
+    import datetime
+
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
+
+    from ppprof.dist.rendezvous import bound_stores
+
+    with bound_stores("127.0.0.1"):
+        store = c10d_rendezvous_backend.TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True,
+                                                 timeout=datetime.timedelta(seconds=10))
+        port = store.port
+        assert listening(port) == ["127.0.0.1"], f"{listening(port)=}"  # torch alone: 0.0.0.0 and ::
+        client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=10))
+        store.set("k", "v")
+        assert client.get("k") == b"v"
+    assert c10d_rendezvous_backend.TCPStore is dist.TCPStore  # put back
+
+
+def listening(port: int) -> list[str]:
+    """The local addresses of this host's listening TCP sockets on `port` (from /proc/net/tcp and tcp6)."""
+    from tests.dist.sockets import listening_sockets
+
+    return sorted(address for address, p, _ in listening_sockets() if p == port)
