@@ -85,9 +85,9 @@ def launch(nproc_per_node: int, torchrun: dict, worker_args: list[str], job: str
     quiet_launcher_logs()
     # A single node's stores listen on loopback only; across nodes, the rendezvous store on the interface
     # --rdzv-endpoint / --master-addr names, the one the ranks share on --local-addr's (every interface without it).
-    worker_store_host = LOOPBACK if single_node(torchrun) else torchrun.get("local_addr")
+    single = single_node(torchrun)
     try:
-        with bound_stores(worker_store_host):
+        with bound_stores(LOOPBACK if single else torchrun.get("local_addr"), single):
             run(args)
     except ChildFailedError as e:
         ranks = ", ".join(str(r) for r in sorted(e.failures))

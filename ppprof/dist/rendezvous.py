@@ -5,6 +5,7 @@ on a socket bound here, to one address, and handed to the store (`master_listen_
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import socket
 import uuid
@@ -34,17 +35,29 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def resolves_to_loopback(host: str, port: int) -> bool:
+    try:
+        address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][0]
+    except OSError:
+        return False
+    return ipaddress.ip_address(address.split("%")[0]).is_loopback
+
+
 @contextlib.contextmanager
-def bound_stores(worker_store_host: str | None):
+def bound_stores(worker_store_host: str | None, single_node: bool):
     """While open, every TCPStore server torch's launcher creates in this process (the c10d and static rendezvous
     stores, at the host of --rdzv-endpoint or --master-addr; the store it shares with its ranks, at
-    `worker_store_host`, or every interface where that is None) listens on a socket bound to that one address."""
+    `worker_store_host`, or every interface where that is None) listens on a socket bound to that one address.
+    Across nodes, a host name that resolves to loopback here (a hostname mapped to 127.0.1.1 in /etc/hosts) keeps
+    torch's every-interface store: the other nodes reach it at the name's address in their DNS."""
     import torch.distributed as dist
     from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, dynamic_rendezvous, \
         static_tcp_rendezvous
 
     def store(host_name, port, world_size=None, is_master=False, *args, **kwargs):
         if not is_master or kwargs.get("master_listen_fd") is not None:
+            return dist.TCPStore(host_name, port, world_size, is_master, *args, **kwargs)
+        if not single_node and resolves_to_loopback(host_name, port):
             return dist.TCPStore(host_name, port, world_size, is_master, *args, **kwargs)
         try:
             sock = bind(host_name, port)

@@ -47,7 +47,7 @@ def test_a_store_listens_on_the_one_address_it_is_given():
 
     from ppprof.dist.rendezvous import bound_stores
 
-    with bound_stores("127.0.0.1"):
+    with bound_stores("127.0.0.1", single_node=True):
         store = c10d_rendezvous_backend.TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True,
                                                  timeout=datetime.timedelta(seconds=10))
         port = store.port
@@ -63,3 +63,25 @@ def listening(port: int) -> list[str]:
     from tests.dist.sockets import listening_sockets
 
     return sorted(address for address, p, _ in listening_sockets() if p == port)
+
+
+def test_across_nodes_the_rendezvous_store_listens_on_the_address_named():
+    import datetime
+    import socket
+
+    from torch.distributed.elastic.rendezvous import static_tcp_rendezvous
+
+    from ppprof.dist.rendezvous import bound_stores
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # this host's address on its default route
+        try:
+            probe.connect(("192.0.2.1", 9))
+            address = probe.getsockname()[0]
+        except OSError:
+            address = "127.0.0.1"
+    if address.startswith("127."):
+        pytest.skip("this host has no address besides loopback")
+    with bound_stores(None, single_node=False):  # as --master-addr ADDRESS starts it
+        store = static_tcp_rendezvous.TCPStore(address, 0, 1, True, datetime.timedelta(seconds=10),
+                                               multi_tenant=True)
+        assert listening(store.port) == [address], f"{listening(store.port)=}"
