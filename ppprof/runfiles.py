@@ -67,6 +67,21 @@ def read_run_json(path: str | Path) -> dict:
     return run
 
 
+def mark_failed(path: str | Path, reason: str, *, replace_failure: bool = False) -> bool:
+    """Set run.json's status to "failed: REASON" where it still says RUNNING (its rank 0 died before it could say
+    so), or, with `replace_failure`, where it says another failure (what a rank that died left the others to say);
+    everything else in it kept. True when it wrote."""
+    try:
+        run = read_run_json(path)
+    except ValueError:
+        return False
+    if not (run["status"] == RUNNING or (replace_failure and run["status"].startswith(FAILED))):
+        return False
+    run["status"] = f"{FAILED}: {reason}"
+    atomic_write_json(path, run)
+    return True
+
+
 class RunRecord:
     """run.json of a run in progress: written when the run starts (status RUNNING) and again whenever its status
     changes, atomically. `lock` serialises every write into the run folder, so that a thread recording an interrupt

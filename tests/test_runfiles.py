@@ -117,3 +117,19 @@ def test_two_processes_taking_over_a_stale_lock_at_once_never_both_get_it(tmp_pa
                 p.kill()
     both, none = winners.count(2), winners.count(0)
     assert both == 0 and none == 0, f"{both=} {none=} of {trials} trials"
+
+
+def test_the_launcher_marks_a_run_failed_where_rank_0_could_not(tmp_path):
+    from ppprof.runfiles import mark_failed, read_run_json, write_run_json
+
+    path = tmp_path / "run.json"
+    write_run_json(path, config={"seed": 1}, status="running", world_size=2)
+    assert mark_failed(path, "rank 0 died of SIGKILL (pid 7)")
+    run = read_run_json(path)
+    assert run["status"] == "failed: rank 0 died of SIGKILL (pid 7)" and run["world_size"] == 2
+    write_run_json(path, config={"seed": 1}, status="failed: lost the connection to another rank")
+    assert not mark_failed(path, "rank 1 died of SIGKILL (pid 8)")  # rank 0 said why
+    assert mark_failed(path, "rank 1 died of SIGKILL (pid 8)", replace_failure=True)  # the cause, not the echo
+    write_run_json(path, config={"seed": 1}, status="interrupted")
+    assert not mark_failed(path, "x", replace_failure=True) and read_run_json(path)["status"] == "interrupted"
+    assert not mark_failed(tmp_path / "none.json", "x")

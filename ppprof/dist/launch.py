@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+from dataclasses import dataclass
 
 from ppprof.dist.rendezvous import LOOPBACK, bound_stores, single_node_argv
-from ppprof.dist.watchdog import SIGNAL_EXIT
+from ppprof.dist.watchdog import EXIT_FAILED, SIGNAL_EXIT
 
 # torchrun options `ppprof profile` accepts and passes to the launcher unchanged: (option, takes a value).
 TORCHRUN_OPTIONS = (
@@ -71,10 +73,18 @@ def launcher_argv(nproc_per_node: int, torchrun: dict, worker_args: list[str]) -
     return argv + ["--module", "ppprof", *worker_args]
 
 
-def launch(nproc_per_node: int, torchrun: dict, worker_args: list[str], job: str) -> int:
-    """Run `python -m ppprof WORKER_ARGS...` on this node's ranks; returns the exit code (1 when any rank failed;
-    130 / 143 when SIGINT / SIGTERM stopped the job: the launcher forwards it to the ranks, which stop within
-    seconds, rank 0 saying in one line what the run folder keeps)."""
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a launch ended: the exit code and, where ranks failed, why in a few words ("rank 1 died of SIGKILL")."""
+
+    code: int
+    failure: str | None = None
+
+
+def launch(nproc_per_node: int, torchrun: dict, worker_args: list[str], job: str) -> Outcome:
+    """Run `python -m ppprof WORKER_ARGS...` on this node's ranks; returns the exit code (1 when any rank failed,
+    said in one line naming a rank that died; 130 / 143 when SIGINT / SIGTERM stopped the job: the launcher
+    forwards it to the ranks, which stop within seconds, rank 0 saying in one line what the run folder keeps)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
@@ -90,12 +100,30 @@ def launch(nproc_per_node: int, torchrun: dict, worker_args: list[str], job: str
         with bound_stores(LOOPBACK if single else torchrun.get("local_addr"), single):
             run(args)
     except ChildFailedError as e:
-        ranks = ", ".join(str(r) for r in sorted(e.failures))
-        print(f"error: the {job} failed on rank {ranks}; the [rank N] lines above say why", file=sys.stderr)
-        return 1
+        failure = failed_ranks(e.failures)
+        print(f"error: the {job} failed: {failure}", file=sys.stderr)
+        return Outcome(EXIT_FAILED, failure)
     except SignalException as e:
-        return SIGNAL_EXIT.get(e.sigval, 128 + int(e.sigval))
-    return 0
+        return Outcome(SIGNAL_EXIT.get(e.sigval, 128 + int(e.sigval)))
+    return Outcome(0)
+
+
+def failed_ranks(failures: dict) -> str:
+    """Which ranks failed, a rank that died of a signal first (the others failed after it: a closed connection),
+    from torch's ProcessFailure of each failed rank: "rank 1 died of SIGKILL (pid 123); rank 0 stopped after it"."""
+    dead = {r: f for r, f in failures.items() if f.exitcode is not None and f.exitcode < 0}
+    after = sorted(r for r in failures if r not in dead)
+    if not dead:
+        return f"rank {', '.join(map(str, after))} failed; the [rank N] lines above say why"
+    died = "; ".join(f"rank {r} died of {signal_name(-f.exitcode)} (pid {f.pid})" for r, f in sorted(dead.items()))
+    return died + (f"; rank {', '.join(map(str, after))} stopped after it" if after else "")
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def quiet_launcher_logs() -> None:
@@ -106,3 +134,5 @@ def quiet_launcher_logs() -> None:
     for name in list(logging.root.manager.loggerDict):
         if name.startswith("torch.distributed.elastic") or name.startswith("torch.distributed.run"):
             logging.getLogger(name).setLevel(logging.ERROR)
+    # its "failed (exitcode: -9) local_rank: 1 ..." says again, at length, what failed_ranks says in one line
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)

@@ -85,3 +85,15 @@ def test_across_nodes_the_rendezvous_store_listens_on_the_address_named():
         store = static_tcp_rendezvous.TCPStore(address, 0, 1, True, datetime.timedelta(seconds=10),
                                                multi_tenant=True)
         assert listening(store.port) == [address], f"{listening(store.port)=}"
+
+
+def test_a_rank_that_died_of_a_signal_is_named_first():
+    from types import SimpleNamespace as Failure
+
+    from ppprof.dist.launch import failed_ranks
+
+    assert failed_ranks({0: Failure(exitcode=1, pid=10), 1: Failure(exitcode=-9, pid=11)}) == \
+        "rank 1 died of SIGKILL (pid 11); rank 0 stopped after it"
+    assert failed_ranks({1: Failure(exitcode=-9, pid=11)}) == "rank 1 died of SIGKILL (pid 11)"
+    assert failed_ranks({0: Failure(exitcode=1, pid=10), 2: Failure(exitcode=1, pid=12)}) == \
+        "rank 0, 2 failed; the [rank N] lines above say why"
