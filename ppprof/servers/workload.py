@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import math
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -14,6 +15,7 @@ import numpy as np
 
 from ppprof.bounds import MAX_TOKENS
 from ppprof.checks import short
+from ppprof.io import special_kind
 
 MAX_LENGTHS = 32  # distinct prompt lengths planned; a trace with more is grouped into this many weighted quantiles
 PROMPT_COLUMNS = ("prompt_len", "prompt_lens", "prompt_length", "prompt_tokens", "num_prompt_tokens", "input_len",
@@ -40,10 +42,12 @@ def parse_prompt_spec(spec: str, context_len: int | None = None) -> Workload:
     path = Path(spec)
     tally = Tally(context_len)
     try:
-        is_file = path.is_file()
-    except OSError:  # a list too long to be a file name
-        is_file = False
-    if is_file:
+        mode = path.stat().st_mode
+    except (OSError, ValueError):  # absent, or a list too long to be a file name
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):  # /dev/zero would be read for ever
+        raise ValueError(f"--prompt-lens file {path} is {special_kind(mode)}, not a file: give a text or CSV file")
+    if mode is not None:
         read_prompt_file(path, tally)
     elif LIST_SPEC.match(spec):
         for item in spec.split(","):
