@@ -21,6 +21,9 @@ RUN_FILE = "run.json"
 LOCK_FILE = ".ppprof.lock"
 LOCK_HELD_ENV = "PPPROF_LOCK_HELD"
 """Set by ppprof's launcher for its ranks when it took the run folder's lock (else rank 0 takes it)."""
+RUN_DIR_NOTE_ENV = "PPPROF_RUN_DIR_NOTE"
+"""Set by ppprof's launcher, where no --out names the run folder: a file rank 0 writes the folder it chose into, so
+that the launcher can record in its run.json a failure rank 0 could not."""
 RUN_SCHEMA_VERSION = 3
 """2: dist_backend (was backend), attention_backend, attention_kernel, mamba_kernel, torch_threads.
 3: status (RUNNING, COMPLETE, INTERRUPTED, "failed: <reason>"); run.json is written when the run starts."""

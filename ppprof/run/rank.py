@@ -19,12 +19,12 @@ from ppprof.dist.agree import RunError, agreed
 from ppprof.dist.group import RankInfo, process_group
 from ppprof.dist.pipe import Pipe
 from ppprof.dist.watchdog import DEFAULT_TIMEOUT_S
-from ppprof.io import open_append
+from ppprof.io import atomic_write_text, open_append
 from ppprof.mem import StageCache
 from ppprof.model.stage import Stage
 from ppprof.probe.malloc import steady_malloc
 from ppprof.run.checks import check_output_folder
-from ppprof.runfiles import LOCK_HELD_ENV, release_lock, take_lock
+from ppprof.runfiles import LOCK_HELD_ENV, RUN_DIR_NOTE_ENV, release_lock, take_lock
 from ppprof.specs import ModelSpec, load_spec, split_layers
 from ppprof.specs.dtypes import AUTO_DTYPE_CPU, AUTO_DTYPE_GPU
 
@@ -92,7 +92,10 @@ def set_up(cfg: ProfileConfig, info: RankInfo, fault: str | None, *, state: S, r
 
 def claim_folder(run: RankRun, run_dir: Path, out: str | None, overwrite: bool = False, resume: bool = False) -> None:
     """Rank 0, where no launcher holds the run folder's lock (under torchrun; across nodes, where no launcher can tell
-    what rank 0 already wrote): check what --out holds and take the lock, released when the job ends or stops."""
+    what rank 0 already wrote): check what --out holds and take the lock, released when the job ends or stops. Tells
+    the launcher which folder it is, where it asked (RUN_DIR_NOTE_ENV)."""
+    if os.environ.get(RUN_DIR_NOTE_ENV):
+        atomic_write_text(os.environ[RUN_DIR_NOTE_ENV], str(run_dir.resolve()))
     if LOCK_HELD_ENV in os.environ:
         return
     if out:

@@ -105,10 +105,14 @@ def test_a_stopped_rank_ends_the_run_within_the_deadline(tmp_path):
     assert set(samples["probe"]) >= {0, 1, 2}  # what was measured stays
 
 
-@pytest.mark.parametrize("victim", [1, 0])
-def test_a_killed_rank_fails_the_run_at_once_and_is_not_taken_for_an_interrupt(tmp_path, victim):
+@pytest.mark.parametrize("victim,named", [(1, True), (0, True), (0, False)])
+def test_a_killed_rank_fails_the_run_at_once_and_is_not_taken_for_an_interrupt(tmp_path, victim, named):
     out = tmp_path / "run"
-    p = start("profile", "--out", str(out), *LONG)
+    if named:
+        p = start("profile", "--out", str(out), *LONG)
+    else:  # rank 0 names the folder, under results/ here
+        p = subprocess.Popen([sys.executable, "-m", "ppprof", "profile", *LONG], cwd=tmp_path, stderr=subprocess.PIPE,
+                             text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)})
     try:
         read_until(p, "probe 2 (prefix")  # the first prefix probe, after the sweep and the wide probe
         ranks = rank_pids(p.pid)
@@ -125,6 +129,8 @@ def test_a_killed_rank_fails_the_run_at_once_and_is_not_taken_for_an_interrupt(t
     died = f"rank {victim} died of SIGKILL (pid {ranks[victim]})"
     assert f"error: the profile failed: {died}" in rest, rest[-3000:]
     assert took < 15
+    if not named:
+        (out,) = (tmp_path / "results").iterdir()
     assert json.loads((out / "run.json").read_text())["status"].startswith(f"failed: {died}")
 
 
