@@ -348,5 +348,6 @@ def test_a_write_refused_by_the_disk_names_the_file_and_leaves_nothing(tmp_path)
                        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "JOBLIB_MULTIPROCESSING": "0"})
     assert r.returncode == 2, r.stderr[-2000:]
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
-    assert r.stderr.startswith(f"error: cannot use {out / LOCK_FILE}: File too large"), r.stderr
+    assert r.stderr == f"error: cannot use {out / LOCK_FILE}: File too large; raise the file size limit (ulimit -f) "\
+                       "or write elsewhere\n", r.stderr
     assert not out.exists(), f"{list(out.iterdir())=}"  # neither the folder nor an empty lock
