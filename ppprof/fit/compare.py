@@ -45,11 +45,12 @@ def compare(baseline: str | Path, candidate: str | Path, tolerances: dict[str, f
     base, cand = load_policy(bp), load_policy(cp)
     samples = (read_samples(bs), read_samples(cs)) if bs and cs else None
     refit = None
-    if samples and gates_passed(base) is True and gates_passed(cand) is False:
-        # Did the candidate fail the gates on its noisy samples, or would this code fail the baseline's too?
+    gated = gates_passed(base), gates_passed(cand)
+    if samples and None not in gated and gated[0] != gated[1]:
+        # One of the two failed the quality gates: on its samples, or would this code judge the baseline's otherwise?
         passed, reason = gate_samples(samples[0], base.settings,
                                       base.data["diagnostics"].get("requested_model") or "auto")
-        refit = {"passed": passed, "reason": reason}
+        refit = {"passed": passed, "reason": reason, "baseline_passed": gated[0]}
     report = compare_policies(base, cand, tolerances, prompt_lens=prompt_lens, num_stages=num_stages,
                               samples=samples_drift(*samples) if samples else None, baseline_refit=refit,
                               labels=(str(baseline), str(candidate)))

@@ -229,20 +229,22 @@ def status_check(b: dict, c: dict, tol: dict[str, float]) -> dict:
 
 
 def noisy_status(refit: dict | None, tol: dict[str, float]) -> tuple[bool, str]:
-    """(passed, why) of a status change where the samples agree: passed when the candidate failed the quality gates
-    and this code's fit of the baseline's own samples still passes them (`refit`, from ppprof.fit.compare): the
-    candidate's samples were too noisy to gate; the code did not drift. Without that refit, or where it fails too, a
-    drift."""
+    """(passed, why) of a status change where the samples agree and one of the two failed the quality gates: passed
+    when this code's fit of the baseline's own samples (`refit`, from ppprof.fit.compare) judges them as the baseline
+    says (the candidate was fitted by this code): then the gates split on the two profiles' samples, one too noisy to
+    gate, and the code did not drift. Without that refit, or where it judges the baseline otherwise, a drift."""
     agree = f"; yet the samples agree (median latency ratios within {tol['samples']:.0%})"
     if refit is None:
         return False, (f"{agree}: a noisy profile may have failed the quality gates (see its reason); profile it "
                        "again on a quiet machine")
-    if refit["passed"]:
-        return True, (f"{agree}, and this code's fit of the baseline's samples passes every quality gate: the "
-                      "candidate's samples were too noisy to gate (see its reason), not a drift; profile again on a "
+    noisy = "candidate" if refit["baseline_passed"] else "baseline"
+    if refit["passed"] == refit["baseline_passed"]:
+        return True, (f"{agree}, and this code's fit of the baseline's samples "
+                      f"{'passes every quality gate' if refit['passed'] else 'fails the gates as the baseline did'}: "
+                      f"the {noisy}'s samples were too noisy to gate (see its reason), not a drift; profile again on a "
                       "quiet machine to compare the statuses")
-    return False, (f"{agree}, but this code's fit of the baseline's own samples fails the quality gates too "
-                   f"({refit['reason']}): the fit changed, not the machine")
+    judged = f"fails the quality gates ({refit['reason']})" if not refit["passed"] else "passes the gates it failed"
+    return False, f"{agree}, but this code's fit of the baseline's own samples {judged}: the fit changed, not the machine"
 
 
 def overhead_check(b: dict, c: dict, limit: float) -> dict:
@@ -262,7 +264,7 @@ def compare_policies(base: Policy, cand: Policy, tol: dict[str, float], *, promp
                      num_stages: int | None = None, samples: dict | None = None, baseline_refit: dict | None = None,
                      labels: tuple[str, str] = ("baseline", "candidate")) -> dict:
     """The whole comparison as a JSON-ready dict; `drifted` is True when any check failed. `samples`: the
-    samples-level drift (ppprof.fit.drift), judged with the rest; `baseline_refit`: {passed, reason} of the quality
+    samples-level drift (ppprof.fit.drift), judged with the rest; `baseline_refit`: {passed, reason, baseline_passed} of the quality
     gates on the baseline's samples fitted by this code (noisy_status), where they were refitted."""
     num_stages = default_num_stages(base) if num_stages is None else num_stages
     prompt_lens = prompt_lens or default_prompt_lens(base, cand)

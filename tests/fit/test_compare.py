@@ -206,6 +206,11 @@ def test_a_noisy_profile_that_fails_the_gates_is_told_from_a_drift(tmp_path):
     assert report["baseline_refit"]["passed"] is True and status["passed"] and status["noisy"], status
     assert not report["drifted"] and result.exit_code == 0, result.output
     assert "too noisy to gate" in compare(base, noisy).output
+    report = json.loads(compare(noisy, base, "--json").output)  # the noisy one as the baseline: the same verdict
+    status = report["checks"][0]
+    assert report["baseline_refit"] == {"passed": False, "reason": report["baseline_refit"]["reason"],
+                                        "baseline_passed": False} and status["passed"] and status["noisy"], status
+    assert "the baseline's samples were too noisy" in status["detail"]
     changed = noisy_copy(base, tmp_path / "changed", seed=1, policy_too=False)  # base's policy, scattered samples
     report = json.loads(compare(changed, noisy, "--json").output)
     status = report["checks"][0]
