@@ -10,6 +10,8 @@ from torch import nn
 from ppprof.specs.spec import ModelSpec
 from ppprof.mem.cache import Request, StageCache
 from ppprof.model.attention_kernels import AttentionKernel
+from ppprof.model.tp import NO_TP, TPComm, mark_segments
+from ppprof.specs.tp import rank_shapes
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -29,15 +31,18 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 class Attention(nn.Module):
     """q/k/v/o projections (no bias), RoPE on q and k, paged causal attention through `kernel` (shared by the stage's
-    attention layers)."""
+    attention layers). Under TP (`tp`), this rank's heads only: QKV column-parallel (its query heads and its KV
+    heads, replicated where there are fewer KV heads than TP ranks), o_proj row-parallel, then the all-reduce."""
 
     def __init__(self, spec: ModelSpec, layer_id: int, *, dtype: torch.dtype, device: str | torch.device,
-                 kernel: AttentionKernel) -> None:
+                 kernel: AttentionKernel, tp: TPComm = NO_TP) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.kernel = kernel
-        self.num_heads = spec.num_attention_heads
-        self.num_kv_heads = spec.num_key_value_heads
+        self.tp = tp
+        shapes = rank_shapes(spec, tp.size, tp.rank)
+        self.num_heads = shapes.q_heads.size
+        self.num_kv_heads = shapes.kv_heads.size
         self.head_dim = spec.head_dim
         self.rope_theta = spec.rope_theta
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -45,6 +50,9 @@ class Attention(nn.Module):
         kw = dict(bias=False, dtype=dtype, device=device)
         self.qkv_proj = nn.Linear(spec.hidden_size, q_size + 2 * kv_size, **kw)
         self.o_proj = nn.Linear(q_size, spec.hidden_size, **kw)
+        d = self.head_dim
+        mark_segments(self.qkv_proj.weight, [(shapes.q_heads, d), (shapes.kv_heads, d), (shapes.kv_heads, d)], dim=0)
+        mark_segments(self.o_proj.weight, [(shapes.q_heads, d)], dim=1)
 
     def forward(self, x: torch.Tensor, cache: StageCache, req: Request, prefix_len: int) -> torch.Tensor:
         """x: (n, hidden) for positions [prefix_len, prefix_len + n) of `req` -> (n, hidden).
@@ -66,4 +74,4 @@ class Attention(nn.Module):
         pool.write(self.layer_id, slots[prefix_len:], k, v)
         out = self.kernel(q, pool.k[self.layer_id], pool.v[self.layer_id], slots, prefix_len,
                           page_size=cache.kv_alloc.page_size, chunk_id=(req.rid, req.req_pool_idx, prefix_len, n))
-        return self.o_proj(out.reshape(n, self.q_size))  # (n, hidden)
+        return self.tp.all_reduce(self.o_proj(out.reshape(n, self.q_size)))  # (n, hidden), summed over TP ranks

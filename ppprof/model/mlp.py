@@ -7,7 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ppprof.model.tp import NO_TP, TPComm, mark_segments
 from ppprof.specs.spec import MLP_ACTS, SILU, ModelSpec
+from ppprof.specs.tp import Shard, even_shard
 
 
 def gated_silu(gate_up: torch.Tensor) -> torch.Tensor:
@@ -34,30 +36,44 @@ def in_width(intermediate_size: int, act: str) -> int:
     return (2 if act == SILU else 1) * intermediate_size
 
 
+def in_segments(inter: Shard, act: str) -> list[tuple[Shard, int]]:
+    """The input projection's rows as TP segments: gate and up each sharded (silu), or up alone (relu2)."""
+    return [(inter, 1)] * (2 if act == SILU else 1)
+
+
 class MLP(nn.Module):
     """down(act(in_proj(x))): silu: in_proj is gate and up fused, act silu(gate) * up; relu2: in_proj is up alone,
-    act relu(up)^2."""
+    act relu(up)^2. Under TP: in_proj column-parallel, down_proj row-parallel over the intermediate dimension, then
+    the all-reduce."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, *, act: str = SILU, dtype: torch.dtype,
-                 device: str | torch.device) -> None:
+                 device: str | torch.device, tp: TPComm = NO_TP) -> None:
         super().__init__()
         kw = dict(bias=False, dtype=dtype, device=device)
         self.act = act
-        self.in_proj = nn.Linear(hidden_size, in_width(intermediate_size, act), **kw)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, **kw)
+        self.tp = tp
+        inter = even_shard(intermediate_size, tp.size, tp.rank)
+        self.in_proj = nn.Linear(hidden_size, in_width(inter.size, act), **kw)
+        self.down_proj = nn.Linear(inter.size, hidden_size, **kw)
+        mark_segments(self.in_proj.weight, in_segments(inter, act), dim=0)
+        mark_segments(self.down_proj.weight, [(inter, 1)], dim=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (n, hidden) -> (n, hidden)."""
-        return self.down_proj(activate(self.in_proj(x), self.act))
+        return self.tp.all_reduce(self.down_proj(activate(self.in_proj(x), self.act)))
 
 
 class MoE(nn.Module):
     """Softmax router, top-k experts per token (weights renormalised over the k), experts as MLPs with the spec's
-    mlp_act."""
+    mlp_act. Under TP the experts are sharded by TP (not expert parallel): the router whole on every rank, every
+    expert's slice of the expert intermediate dimension, then the all-reduce."""
 
-    def __init__(self, spec: ModelSpec, *, dtype: torch.dtype, device: str | torch.device) -> None:
+    def __init__(self, spec: ModelSpec, *, dtype: torch.dtype, device: str | torch.device, tp: TPComm = NO_TP) -> None:
         super().__init__()
-        hidden, inter = spec.hidden_size, spec.moe_intermediate_size
+        hidden = spec.hidden_size
+        shard = even_shard(spec.moe_intermediate_size, tp.size, tp.rank)
+        inter = shard.size
+        self.tp = tp
         self.act = spec.mlp_act
         self.num_experts = spec.num_experts
         self.top_k = spec.num_experts_per_tok
@@ -66,6 +82,8 @@ class MoE(nn.Module):
         self.w_in = nn.Parameter(torch.empty(self.num_experts, in_width(inter, self.act), hidden, dtype=dtype,
                                              device=device))
         self.w_down = nn.Parameter(torch.empty(self.num_experts, hidden, inter, dtype=dtype, device=device))
+        mark_segments(self.w_in, in_segments(shard, self.act), dim=1)
+        mark_segments(self.w_down, [(shard, 1)], dim=2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (n, hidden) -> (n, hidden)."""
@@ -89,4 +107,4 @@ class MoE(nn.Module):
             start += count
             h = activate(x.index_select(0, idx) @ self.w_in[e].T, self.act)  # (count, inter)
             out.index_add_(0, idx, (h @ self.w_down[e].T) * w)  # (count, hidden) added at its tokens
-        return out
+        return self.tp.all_reduce(out)
