@@ -10,6 +10,7 @@ import click
 
 from ppprof.commands.options import SIZING_OPTIONS, option_name, shown, sizing_options
 from ppprof.config import ProfileConfig
+from ppprof.config.profile import DEFAULT_PP_SIZE
 from ppprof.run.memory import memory_report
 from ppprof.run.settings import resolve_config
 from ppprof.specs import load_spec, parse_partition
@@ -26,7 +27,7 @@ DEFAULT_STAGES = 1
 @click.option("--num-layers", type=int, default=None, help="Keep N layers of the model (its mix of layer kinds kept).")
 @click.option("--pp", "num_stages", type=int, default=None,
               help=f"Pipeline stages. [{DEFAULT_STAGES}; with --memory: --config's nproc_per_node, else "
-                   f"{shown('nproc_per_node')[1:-1]}]")
+                   f"{DEFAULT_PP_SIZE}]")
 @click.option("--layer-partition", default=None, help="Layers per stage, e.g. 3,5 (default: even split).")
 @click.option("--dtype", default=None,
               help=f"Weight/KV dtype: {', '.join(DTYPE_BYTES)} (default: bfloat16 on GPU, float32 on CPU).")
