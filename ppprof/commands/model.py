@@ -25,7 +25,7 @@ DEFAULT_STAGES = 1
 @click.command("model", epilog="Example: ppprof model nemotron-h-8b --pp 4 --memory --device cuda")
 @click.argument("model")
 @click.option("--num-layers", type=int, default=None, help="Keep N layers of the model (its mix of layer kinds kept).")
-@click.option("--pp", "num_stages", type=int, default=None,
+@click.option("--pp-size", "--pp", "num_stages", type=int, default=None,
               help=f"Pipeline stages. [{DEFAULT_STAGES}; with --memory: --config's nproc_per_node, else "
                    f"{DEFAULT_PP_SIZE}]")
 @click.option("--layer-partition", default=None, help="Layers per stage, e.g. 3,5 (default: even split).")

@@ -124,7 +124,12 @@ def check_cuda(local_ranks: int, start_method: str | None) -> None:
 
 def bench_world_check(bench: BenchConfig) -> Callable[[int], None]:
     def check(world_size: int) -> None:
-        if bench.num_stages % world_size:
-            raise ValueError(f"--pp {bench.num_stages} is not a multiple of the {world_size} ranks: use a multiple of "
-                             f"{world_size} (each rank runs --pp / ranks stages), or change --nproc-per-node")
+        tp = bench.profile.tp_size
+        if world_size % tp:
+            return  # check_before_launch names the mesh that does not fit
+        ranks = world_size // tp  # the pipeline's stages on ranks: every TP group one
+        if bench.num_stages % ranks:
+            raise ValueError(f"--pp-size {bench.num_stages} is not a multiple of the {ranks} stages the ranks run "
+                             f"({world_size} ranks over --tp-size {tp}): use a multiple of {ranks} (each runs "
+                             "--pp-size / stages of the pipeline), or change --nproc-per-node")
     return check

@@ -44,6 +44,14 @@ def test_pp2_tp2_profile_of_the_hybrid_model_writes_a_policy(tmp_path):
     for rank, log in logs.items():
         assert f"stage {rank // 2}/2 (TP rank {rank % 2} of 2)" in log, log[:2000]
         assert "pools back to full capacity" in log and "leak" not in log
+    # the bench runs the profile's mesh again: real chunked prompts through the PP2 x TP2 pipeline
+    bench = tmp_path / "bench"
+    r = run_cli("bench", str(out / "policy.json"), "--prompt-len", "256", "--repeats", "1", "--strategies",
+                "fixed,policy", "--out", str(bench))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = pd.read_csv(bench / "bench.csv")
+    assert {a.split("-")[0] for a in rows["arm"]} == {"fixed", "policy"} and rows["compute_ms"].gt(0).all()
+    assert set(rows["stage"]) == {0, 1} and "leak" not in r.stderr
 
 
 def test_pp1_tp2_profile_runs_one_stage_on_two_ranks(tmp_path):
