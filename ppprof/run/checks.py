@@ -63,9 +63,7 @@ def check_before_launch(cfg: ProfileConfig, world_size: int, local_ranks: int,
     resolve_attention_backend(cfg.attention_backend, cfg.device)
     if cfg.device == "cuda":
         check_cuda(local_ranks, (torchrun or {}).get("start_method"))
-    # Per stage, a whole stage on each of its devices: an upper bound under TP (the TP ranks share its shards).
-    check_memory(cfg, num_stages, max(1, local_ranks // cfg.tp_size), torchrun if cfg.tp_size == 1 else None,
-                 spec=spec)
+    check_memory(cfg, world_size, local_ranks, torchrun, spec=spec)  # per rank: its stage as its TP rank holds it
 
 
 LOCAL_HOSTS = (None, "", "localhost", "127.0.0.1", "::1", "0.0.0.0")

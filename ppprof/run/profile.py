@@ -30,6 +30,7 @@ from ppprof.run.provenance import default_run_dir, git_revision, hardware, peak_
 from ppprof.run.rank import (Phase, RankRun, add_log_file, claim_folder, release_folder, run_phases, run_rank,
                              set_up, tp_comm, tp_shard)
 from ppprof.specs.spec import layers_pattern
+from ppprof.specs.tp import rank_spec
 from ppprof.runfiles import COMPLETE, FAILED, RUN_FILE, SAMPLES_FILE, RunRecord, stage_column
 
 RUN_OUTPUTS = (SAMPLES_FILE, RUN_FILE, "policy.json", "fit.png", "chunks.png")
@@ -269,7 +270,8 @@ def write_results(run: RankRun[ProfileState]) -> None:
         probe_wall_s=round(run.state.probe_wall_s, 3), forward_tokens=int(forward_tokens[0]),
         forward_tokens_per_stage=[int(t) for t in forward_tokens],
         peak_memory_bytes_per_stage=run.state.peak_memory,
-        estimated_memory_bytes_per_stage=[m.total for m in profile_memory(run.cfg, run.num_stages, run.spec)],
+        estimated_memory_bytes_per_stage=[m.total for m in profile_memory(run.cfg, run.num_stages,
+                                                                       rank_spec(run.spec, run.tp_size))],
         **run.state.tp_ranks,
         timed_requests=sum(len(p.requests) for p in probes), warmup_requests=len(warmup),
         **({"pipeline_overhead": run.state.overhead, "overhead_wall_s": round(run.state.overhead_wall_s, 3)}

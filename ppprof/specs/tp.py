@@ -13,6 +13,7 @@ vLLM shard them), and the check that a model can be split over `tp_size` ranks a
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ppprof.specs.spec import MLP, MOE, ModelSpec
@@ -83,6 +84,19 @@ def rank_shapes(spec: ModelSpec, tp_size: int = 1, tp_rank: int = 0) -> RankShap
                       moe_intermediate=shard(spec.moe_intermediate_size),
                       mamba_heads=shard(spec.mamba_num_heads),
                       mamba_groups=shard(spec.mamba_n_groups, replicate=True), vocab=vocab)
+
+
+def rank_spec(spec: ModelSpec, tp_size: int, tp_rank: int = 0) -> ModelSpec:
+    """The model as one TP rank holds it: its heads, KV heads, groups, intermediate and vocab rows, the rest (hidden,
+    norms, the router) whole; what per-stage accounting and memory estimates of `spec` give per TP rank. `spec`
+    itself at TP = 1."""
+    if tp_size == 1:
+        return spec
+    s = rank_shapes(spec, tp_size, tp_rank)
+    return dataclasses.replace(
+        spec, num_attention_heads=s.q_heads.size, num_key_value_heads=s.kv_heads.size,
+        intermediate_size=s.intermediate.size, moe_intermediate_size=s.moe_intermediate.size,
+        mamba_num_heads=s.mamba_heads.size, mamba_n_groups=s.mamba_groups.size, vocab_size=s.vocab.size)
 
 
 def tp_problem(spec: ModelSpec, tp_size: int) -> str | None:

@@ -81,3 +81,24 @@ def test_every_preset_splits_at_tp_1_and_the_published_degrees_where_it_should()
 def test_the_mesh_is_refused_where_it_does_not_fit_the_job(world, tp, pp, local, message):
     problem = mesh_problem(world, tp, pp, local)
     assert (problem is None) if message is None else (message in problem), f"{problem=}"
+
+
+def test_model_tp_size_shows_one_tp_rank_of_each_stage():
+    import json
+
+    from click.testing import CliRunner
+
+    from ppprof.cli import main
+
+    r = CliRunner().invoke(main, ["model", "llama3-8b", "--pp-size", "2", "--tp-size", "4"])
+    assert r.exit_code == 0, r.output
+    assert "tp          4 ranks a stage" in r.stdout and "params      2.01G (2,007,764,992)" in r.stdout
+    # KV per token on a stage: 16 layers x K and V x 2 KV heads x 128 x 2 bytes (a quarter of TP = 1's)
+    assert "0      0-15    1.00G   16.0 KiB" in r.stdout, r.stdout
+    whole, per_rank = (json.loads(CliRunner().invoke(main, ["model", "tiny-hybrid", "--pp", "2", *tp, "--memory",
+                                                           "--json"]).stdout)["memory"]["stages"]
+                       for tp in ([], ["--tp-size", "2"]))
+    assert len(per_rank) == 2 and all(b["kv_pool"] * 2 == a["kv_pool"] for a, b in zip(whole, per_rank))
+    assert all(b["weights"] < a["weights"] for a, b in zip(whole, per_rank))
+    r = CliRunner().invoke(main, ["model", "llama3-8b", "--tp-size", "3"])
+    assert r.exit_code == 2 and "--tp-size 3 does not divide num_attention_heads (32)" in r.stderr
