@@ -126,3 +126,18 @@ def test_a_stopped_tp_rank_ends_the_run_within_the_deadline(tmp_path):
     assert took < timeout_s + 15, took
     assert not any(alive(pid) for pid in ranks.values())
     assert json.loads((out / "run.json").read_text())["status"] == f"failed: {line}"
+
+
+def test_the_gpu_check_runs_pp2_tp2_over_nccl_with_flags_profile_takes():
+    import re
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    text = script.read_text()
+    block = text[text.index("PP2 x TP2 over NCCL"):text.index("PP2 x TP2 skipped")]
+    command = block[block.index("ppprof profile"):block.index(" > ")].replace("\\\n", " ")
+    assert "--device cuda --pp-size 2 --tp-size 2 --nproc-per-node 4" in command
+    known = {o for p in main.commands["profile"].params for o in p.opts}
+    assert set(re.findall(r"--[a-z][a-z0-9-]*", command)) <= known, command
