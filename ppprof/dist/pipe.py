@@ -144,8 +144,8 @@ class Pipe:
         header = self._header(OK, 0)
         hidden = torch.empty((chunk_size, self.hidden_size), dtype=self.dtype, device=self.device)
         residual = torch.empty_like(hidden)
-        return PendingActivation([dist.irecv(t, src, group=self._group) for t in (header, hidden, residual)], header, hidden, residual,
-                                 self.waiting(src))
+        works = [dist.irecv(t, src, group=self._group) for t in (header, hidden, residual)]
+        return PendingActivation(works, header, hidden, residual, self.waiting(src))
 
     def wait_sends(self, works: list) -> None:
         """Wait for the works of isend_activation (the next stage receives them); on CUDA until they are done, so that
