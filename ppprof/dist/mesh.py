@@ -5,6 +5,7 @@ all-reduces inside a stage (TPGroup, the handle the layers of ppprof.model take)
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -42,9 +43,7 @@ class TPGroup:
     def __init__(self, group, size: int, rank: int, watchdog: Watchdog | None = None) -> None:
         self.group, self.size, self.rank, self.watchdog = group, size, rank, watchdog
 
-    def _waiting(self):
-        from contextlib import nullcontext
-
+    def _waiting(self) -> AbstractContextManager:
         return self.watchdog.waiting(EVERY_RANK) if self.watchdog is not None else nullcontext()
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
