@@ -120,6 +120,7 @@ class PromptRunner:
                     except Exception as e:
                         status, error = FAILED, (f"stage {s.index}, prompt {prompt.index}, chunk {k} "
                                                  f"({prefix_len} + {n} tokens): {type(e).__name__}: {e}")
+                        pipe.tp_failed(error)  # under TP, the run's verdict (its TP peers may wait in an all-reduce)
                 result.rows.append(row)
             if not pipe.is_last:
                 sends.append(pipe.isend_activation(status, x, residual, n))

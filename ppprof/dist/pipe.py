@@ -80,6 +80,19 @@ class Pipe:
         """A stage's latency: the slowest of its TP ranks' (`ms` at TP = 1)."""
         return self.mesh.tp.slowest(ms) if self.tp_size > 1 else ms
 
+    def tp_failed(self, message: str) -> None:
+        """This TP rank's forward failed (nothing at TP = 1, where the agreement reaches every rank). Its TP peers
+        may be waiting for it inside a layer's all-reduce, out of reach of the agreement, and any collective this
+        rank joined now could meet theirs on the same communicator (at PP = 1 the TP group is every rank): so the
+        failure becomes the run's verdict and this rank waits, joining nothing, until the watchdog's deadline ends
+        it; every other rank ends at its own deadline with the same message. Does not return under a watchdog."""
+        if self.tp_size == 1 or self.watchdog is None:
+            return
+        self.watchdog.publish(f"rank {self.mesh.coords.rank}: {message}")
+        with self.waiting():
+            while True:
+                time.sleep(1.0)
+
     def waiting(self, peer: int = EVERY_RANK) -> AbstractContextManager:
         """Around a wait on rank `peer` (EVERY_RANK: a collective): the watchdog's deadline applies."""
         return self.watchdog.waiting(peer) if self.watchdog is not None else nullcontext()

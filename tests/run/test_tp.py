@@ -4,6 +4,7 @@ split refused before launch in one line; a stopped TP rank ends the run."""
 
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -129,7 +130,6 @@ def test_a_stopped_tp_rank_ends_the_run_within_the_deadline(tmp_path):
 
 
 def test_the_gpu_check_runs_pp2_tp2_over_nccl_with_flags_profile_takes():
-    import re
     import subprocess
     from pathlib import Path
 
@@ -141,3 +141,17 @@ def test_the_gpu_check_runs_pp2_tp2_over_nccl_with_flags_profile_takes():
     assert "--device cuda --pp-size 2 --tp-size 2 --nproc-per-node 4" in command
     known = {o for p in main.commands["profile"].params for o in p.opts}
     assert set(re.findall(r"--[a-z][a-z0-9-]*", command)) <= known, command
+
+
+def test_a_forward_that_fails_on_one_tp_rank_ends_every_rank_with_its_message(tmp_path):
+    out = tmp_path / "run"
+    r = run_cli("profile", "--out", str(out), *LONG, "--pp-size", "1", "--tp-size", "2", "--overhead-repeats", "0",
+                "--timeout", "3", "--inject-fault", "raise-on-one-tp-rank", timeout=120)
+    assert r.returncode == 1, r.stderr[-3000:]
+    # the third timed request of the sweep, on TP rank 1 alone: rank 0 waits for it in an all-reduce
+    message = re.search(r"error: \[rank 1\] (rank 1: forward of request 2 \(prefix 0, chunk \d+\) raised "
+                        r"RuntimeError: injected fault \(--inject-fault raise-on-one-tp-rank\))", r.stderr)
+    assert message, r.stderr[-3000:]
+    assert f"error: [rank 0] {message.group(1)}" in r.stderr, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and "did not answer" not in r.stderr
+    assert json.loads((out / "run.json").read_text())["status"] == f"failed: {message.group(1)}"
