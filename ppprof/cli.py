@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import sys
 
 import click
@@ -31,8 +32,19 @@ class PpprofGroup(click.Group):
             sys.exit(EXIT_BAD_INPUT)
         except OSError as e:  # an input or output path that cannot be read or written
             where = f" {e.filename}" if e.filename else ""
-            click.echo(f"error: cannot use{where}: {e.strerror or e}; check the path and its permissions", err=True)
+            click.echo(f"error: cannot use{where}: {e.strerror or e}; {OS_ERROR_FIX.get(e.errno, OS_ERROR_FIX[None])}",
+                       err=True)
             sys.exit(EXIT_BAD_INPUT)
+
+
+OS_ERROR_FIX = {
+    errno.ENOSPC: "free space on its file system or write elsewhere",
+    errno.EDQUOT: "free space within your quota or write elsewhere",
+    errno.EFBIG: "raise the file size limit (ulimit -f) or write elsewhere",
+    errno.EROFS: "the file system is read-only: write elsewhere",
+    None: "check the path and its permissions",
+}
+"""The fix an OSError's one line names, by its errno."""
 
 
 @click.group(cls=PpprofGroup, context_settings={"help_option_names": ["-h", "--help"]},

@@ -1,6 +1,7 @@
 """Atomic file output: every file ppprof writes appears whole or not at all, never replaces what is not a regular file
 (a character device such as /dev/null is written into, a folder or another special file is refused), and appended
-files are opened without following a symbolic link; and strict JSON (`finite`)."""
+files are opened without following a symbolic link; bounded input: small files read only when regular and small,
+JSON and YAML refused past MAX_DEPTH levels; and strict JSON (`finite`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import math
 import errno
 import os
+import re
 import stat
 import tempfile
 from pathlib import Path
@@ -102,3 +104,121 @@ def finite(obj):
     if isinstance(obj, list):
         return [finite(v) for v in obj]
     return obj
+
+
+MAX_INPUT_BYTES = 16 * 2**20
+"""The largest settings file, model spec, HF config.json, policy, run.json or plans file ppprof reads: each takes a
+few KB, so a file past this is not one (and /dev/zero would be read until memory runs out)."""
+MAX_DEPTH = 64
+"""The deepest nesting of lists and mappings ppprof reads in a JSON or YAML input: its own files nest 5 deep."""
+
+
+def read_small_text(path: str | os.PathLike, what: str, fix: str, max_bytes: int = MAX_INPUT_BYTES) -> str:
+    """The UTF-8 text of a small input file. ValueError `"{what} {path} <problem>: {fix}"` where it is not a regular
+    file (a device, a pipe: read for ever or blocked on), holds more than `max_bytes`, or is not UTF-8;
+    IsADirectoryError for a folder; FileNotFoundError and other OSErrors as they come, for the caller to name."""
+    path = Path(path)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a pipe must not block the open
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", str(path))
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"{what} {path} is {special_kind(mode)}, not a file: {fix}")
+        data = f.read(max_bytes + 1)  # never more, whatever the size said (the file may grow)
+    if len(data) > max_bytes:
+        raise ValueError(f"{what} {path} holds more than {max_bytes // 2**20} MiB, more than any such file: {fix}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{what} {path} is not UTF-8 text (byte {e.start}): {fix}") from None
+
+
+def special_kind(mode: int) -> str:
+    """What a file that is not a regular one is, in words ("a character device", "a folder", ...), from its mode."""
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    return "a pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a block device"
+
+
+def parse_json(text: str, label: str, **loads_kwargs) -> Any:
+    """json.loads(text), with nesting deeper than MAX_DEPTH refused: ValueError `"{label} nests ... at $.path"`
+    instead of a RecursionError (or a structure every later check would recurse through). json.JSONDecodeError
+    passes through."""
+    try:
+        data = json.loads(text, **loads_kwargs)
+    except RecursionError:
+        raise too_deep(label, deep_place(text)) from None
+    check_depth(data, label)
+    return data
+
+
+_TOKEN = re.compile(r'"(?P<quoted>(?:[^"\\]|\\.)*)"(?P<colon>\s*:)?|(?P<bare>[A-Za-z_][\w-]*)\s*:|[\[\]{},]')
+"""A scan's tokens: a string (a key where a colon follows), a bare YAML key, a bracket or a comma."""
+
+
+def deep_place(text: str) -> str:
+    """Where JSON (or flow-style YAML) `text` first nests deeper than MAX_DEPTH, as `$.key[index]...` (keys and
+    indices of the way there), found with a scan of its tokens, not a parse."""
+    stack: list[list] = []  # [bracket, key or index]
+    for m in _TOKEN.finditer(text):
+        token = m.group(0)
+        if token in "[{":
+            if len(stack) >= MAX_DEPTH:
+                break
+            stack.append([token, 0 if token == "[" else None])
+        elif token in "]}":
+            stack and stack.pop()
+        elif token == ",":
+            if stack and stack[-1][0] == "[":
+                stack[-1][1] += 1
+        elif m.group("bare") and not stack:
+            stack.append(["{", m.group("bare")])  # a block-style YAML key at the top
+        elif (m.group("colon") or m.group("bare")) and stack and stack[-1][0] == "{":
+            stack[-1][1] = m.group("quoted") if m.group("colon") else m.group("bare")
+    return short_place(["$"] + [f"[{k}]" if b == "[" else f".{k}" for b, k in stack])
+
+
+def short_place(parts: list[str]) -> str:
+    """A JSON path of many levels as its first few and the depth: `$.model[0][0]..., 64 levels down`."""
+    return "".join(parts) if len(parts) <= 5 else "".join(parts[:5]) + f"..., {len(parts) - 1} levels down"
+
+
+def parse_yaml(text: str, label: str) -> Any:
+    """yaml.safe_load(text), with nesting deeper than MAX_DEPTH refused as parse_json does; yaml.YAMLError passes
+    through."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except RecursionError:
+        raise too_deep(label, deep_place(text)) from None
+    check_depth(data, label)
+    return data
+
+
+def check_depth(data: Any, label: str) -> None:
+    """ValueError (too_deep) naming the first place where `data` nests deeper than MAX_DEPTH; walked with a stack, not
+    recursion."""
+    if not isinstance(data, (dict, list)):
+        return
+    stack = [(data, ["$"])]
+    while stack:
+        node, where = stack.pop()
+        if len(where) > MAX_DEPTH:
+            raise too_deep(label, short_place(where))
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in items:
+            if isinstance(value, (dict, list)):
+                stack.append((value, where + [f".{key}" if isinstance(node, dict) else f"[{key}]"]))
+
+
+class TooDeep(ValueError):
+    """An input nested deeper than MAX_DEPTH; its message is the whole one-line error."""
+
+
+def too_deep(label: str, where: str) -> TooDeep:
+    return TooDeep(f"{label} nests lists or mappings deeper than {MAX_DEPTH} levels (at {where}): no ppprof input "
+                      "does; give the right file")

@@ -5,20 +5,25 @@ from __future__ import annotations
 
 import datetime as _dt
 import errno
+import fcntl
 import json
 import os
 import re
 import socket
 import threading
+import time
 from pathlib import Path
 
-from ppprof.io import atomic_write_json
+from ppprof.io import atomic_write_json, parse_json, read_small_text
 
 SAMPLES_FILE = "samples.csv"
 RUN_FILE = "run.json"
 LOCK_FILE = ".ppprof.lock"
 LOCK_HELD_ENV = "PPPROF_LOCK_HELD"
 """Set by ppprof's launcher for its ranks when it took the run folder's lock (else rank 0 takes it)."""
+RUN_DIR_NOTE_ENV = "PPPROF_RUN_DIR_NOTE"
+"""Set by ppprof's launcher, where no --out names the run folder: a file rank 0 writes the folder it chose into, so
+that the launcher can record in its run.json a failure rank 0 could not."""
 RUN_SCHEMA_VERSION = 3
 """2: dist_backend (was backend), attention_backend, attention_kernel, mamba_kernel, torch_threads.
 3: status (RUNNING, COMPLETE, INTERRUPTED, "failed: <reason>"); run.json is written when the run starts."""
@@ -47,10 +52,11 @@ def write_run_json(path: str | Path, *, config: dict, **fields) -> Path:
 def read_run_json(path: str | Path) -> dict:
     """A run.json as written by write_run_json; ValueError (one line) when it is unreadable or of another schema."""
     path = Path(path)
+    fix = "fix or remove it"
     try:
-        run = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"run file {path} is not readable JSON ({e}): fix or remove it") from None
+        run = parse_json(read_small_text(path, "run file", fix), f"run file {path}")
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"run file {path} is not readable JSON ({e}): {fix}") from None
     if not isinstance(run, dict) or run.get("schema_version") not in READABLE_SCHEMA_VERSIONS:
         version = run.get("schema_version") if isinstance(run, dict) else None
         raise ValueError(f"run file {path} has schema_version {version!r}: this ppprof reads "
@@ -62,6 +68,21 @@ def read_run_json(path: str | Path) -> dict:
     if not isinstance(run.get("status"), str):
         raise ValueError(f"run file {path} has status {run.get('status')!r}: regenerate it with `ppprof profile`")
     return run
+
+
+def mark_failed(path: str | Path, reason: str, *, replace_failure: bool = False) -> bool:
+    """Set run.json's status to "failed: REASON" where it still says RUNNING (its rank 0 died before it could say
+    so), or, with `replace_failure`, where it says another failure (what a rank that died left the others to say);
+    everything else in it kept. True when it wrote."""
+    try:
+        run = read_run_json(path)
+    except ValueError:
+        return False
+    if not (run["status"] == RUNNING or (replace_failure and run["status"].startswith(FAILED))):
+        return False
+    run["status"] = f"{FAILED}: {reason}"
+    atomic_write_json(path, run)
+    return True
 
 
 class RunRecord:
@@ -82,18 +103,38 @@ class RunRecord:
 
 
 def lock_owner(folder: str | Path) -> str | None:
-    """'pid N on HOST' of the live run that holds `folder`'s lock; None when it is free or its holder died."""
+    """'pid N on HOST' of the live run that holds `folder`'s lock; None when it is free or its holder died (a lock
+    is held while its holder keeps it flock()ed: the kernel lets go of it when the holder dies, however it dies)."""
     path = Path(folder) / LOCK_FILE
     try:
-        pid_text, _, host = path.read_text().strip().partition(" ")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _holder(fd)
+        except OSError:  # a file system without flock: judge by the pid it names
+            return _holder(fd, alive_only=True)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _holder(fd: int, alive_only: bool = False) -> str | None:
+    """'pid N on HOST' that the lock file `fd` names ("a run that is starting" while its holder writes it); with
+    `alive_only`, None when that pid is dead on this host."""
+    try:
+        pid_text, _, host = os.pread(fd, 4096, 0).decode(errors="replace").strip().partition(" ")
         pid = int(pid_text)
     except (OSError, ValueError):
-        return None
-    if host == socket.gethostname():
+        return None if alive_only else "a run that is starting"
+    if alive_only and host == socket.gethostname():
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            return None  # stale: its run died without releasing it
+            return None
         except PermissionError:
             pass
     return f"pid {pid} on {host}"
@@ -103,34 +144,87 @@ def check_lock(folder: str | Path) -> None:
     """ValueError naming the holder when a live ppprof run holds the folder's lock file."""
     owner = lock_owner(folder)
     if owner is not None:
-        raise ValueError(f"--out {folder} is in use by another ppprof run ({owner}, lock {Path(folder) / LOCK_FILE}): "
-                         "wait for it to end or choose another --out")
+        raise _in_use(folder, owner)
+
+
+def _in_use(folder: str | Path, owner: str) -> ValueError:
+    return ValueError(f"--out {folder} is in use by another ppprof run ({owner}, lock {Path(folder) / LOCK_FILE}): "
+                      "wait for it to end or choose another --out")
+
+
+_HELD: dict[str, tuple[int, int]] = {}
+"""The locks this process holds: the lock's path -> (pid that took it, its open descriptor, kept flock()ed)."""
+LOCK_TRIES = 5
+"""How often take_lock tries again when the lock's holder released it between take_lock's open and flock."""
+CHECK_WAIT_S = 0.002
+"""How long take_lock waits, once, before it names a held lock's holder: check_lock holds the lock shared for an
+instant."""
 
 
 def take_lock(folder: str | Path) -> Path:
-    """Take the run folder's lock file (O_EXCL: one taker wins), replacing a stale one (its pid is dead on this
-    host); ValueError naming the holder when a live run holds it. Returns the lock's path."""
+    """Take the run folder's lock: open (or create) the lock file, flock() it exclusively and keep it open until
+    release_lock. One taker wins even where two take over a stale lock at once (the flock is atomic; a stale lock,
+    whose holder died, is no longer flocked); ValueError naming the holder when a live run holds it. A symbolic link
+    there is refused, not followed. Returns the lock's path."""
     path = Path(folder) / LOCK_FILE
-    for _ in range(3):
+    waited = False
+    for _ in range(LOCK_TRIES):
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            check_lock(folder)
-            path.unlink(missing_ok=True)
-            continue
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError as e:
+            reason = "is a symbolic link; remove it" if e.errno == errno.ELOOP else e.strerror
+            raise OSError(e.errno, reason, str(path)) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = _holder(fd)
+            os.close(fd)
+            if not waited:  # a check_lock may hold it shared for an instant
+                waited = True
+                time.sleep(CHECK_WAIT_S)
+                continue
+            raise _in_use(folder, owner) from None
+        except OSError:  # a file system without flock: take it unless the pid it names is alive
+            owner = _holder(fd, alive_only=True)
+            if owner is not None:
+                os.close(fd)
+                raise _in_use(folder, owner) from None
+        if not _same_file(fd, path):  # its holder released (unlinked) it between our open and flock: again
+            os.close(fd)
+            continue
+        text = f"{os.getpid()} {socket.gethostname()}\n".encode()
+        try:
+            os.pwrite(fd, text, 0)
+            os.ftruncate(fd, len(text))
+        except OSError as e:  # a full disk: leave no lock behind
+            path.unlink(missing_ok=True)
+            os.close(fd)
             raise OSError(e.errno, e.strerror, str(path)) from None
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{os.getpid()} {socket.gethostname()}\n")
+        _HELD[os.path.abspath(path)] = (os.getpid(), fd)
         return path
-    raise OSError(errno.EEXIST, "the lock file keeps reappearing", str(path))
+    raise OSError(errno.EEXIST, "the lock file keeps being replaced", str(path))
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        a, b = os.fstat(fd), os.lstat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def release_lock(folder: str | Path) -> None:
-    """Remove the lock file when this process holds it."""
+    """Remove the lock file when this process holds it (unlinked before it is let go, so that no taker flocks a
+    file that is about to vanish unseen: take_lock checks that the file it locked is still the lock)."""
     path = Path(folder) / LOCK_FILE
+    pid, fd = _HELD.get(os.path.abspath(path), (None, None))
+    if pid != os.getpid():  # not taken here (a forked child sees its parent's table)
+        return
+    del _HELD[os.path.abspath(path)]
     try:
-        if path.read_text().split()[0] == str(os.getpid()):
+        if _same_file(fd, path):
             path.unlink()
-    except (OSError, IndexError):
+    except OSError:
         pass
+    finally:
+        os.close(fd)

@@ -3,7 +3,7 @@
 # profiles with real layer shapes over NCCL (llama3-8b and nemotron-h-8b, few layers per stage), each with its peak
 # memory against ppprof's estimate and the attention / Mamba kernels that ran. Everything lands in one folder.
 #   bash scripts/gpu_check.sh [OUT]        (default results/gpu-check-<UTC time>; about 5-10 minutes on one H200)
-# GPU_CHECK_EXTRAS=1 also tries `pip install flashinfer-python mamba-ssm causal-conv1d` (the `gpu` extra) first.
+# GPU_CHECK_EXTRAS=1 also tries `pip install flashinfer-python mamba-ssm causal-conv1d flash-linear-attention` (the `gpu` extra) first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-results/gpu-check-$(date -u +%Y%m%d-%H%M%S)}
@@ -14,7 +14,7 @@ step() { echo "== $*" | tee -a "$out/summary.txt"; }
 step "set-up"
 bash scripts/setup.sh > "$out/setup.log" 2>&1 || { echo "setup failed, see $out/setup.log"; exit 1; }
 if [ "${GPU_CHECK_EXTRAS:-0}" = 1 ]; then
-  .venv/bin/python -m pip install -q flashinfer-python mamba-ssm causal-conv1d >> "$out/setup.log" 2>&1 \
+  .venv/bin/python -m pip install -q flashinfer-python mamba-ssm causal-conv1d flash-linear-attention >> "$out/setup.log" 2>&1 \
     || echo "optional GPU kernels did not install (see setup.log); the checks run without them" | tee -a "$out/summary.txt"
 fi
 PY=.venv/bin/python
@@ -29,7 +29,8 @@ print(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn
                   "nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None,
                   "gpus": gpus, "flashinfer": importlib.util.find_spec("flashinfer") is not None,
                   "mamba_ssm": importlib.util.find_spec("mamba_ssm") is not None,
-                  "causal_conv1d": importlib.util.find_spec("causal_conv1d") is not None}, indent=2))
+                  "causal_conv1d": importlib.util.find_spec("causal_conv1d") is not None,
+                  "fla": importlib.util.find_spec("fla") is not None}, indent=2))
 EOF
 cat "$out/env.json" | tee -a "$out/summary.txt"
 ngpu=$($PY -c "import torch; print(torch.cuda.device_count())")

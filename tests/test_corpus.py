@@ -54,17 +54,30 @@ def test_the_corpus_holds_at_least_60_bad_inputs_of_every_family():
     assert len(CASES) >= 60, f"{len(CASES)=}"
     commands = {args.split()[0] for _, args in CASES}
     assert {"profile", "bench", "fit", "plan", "export", "validate"} <= commands, f"{commands=}"
-    for family in ("yaml", "specs", "hf", "csv", "policies"):
+    for family in ("yaml", "specs", "hf", "csv", "policies", "traces"):
         files = list((CORPUS / family).iterdir())
         used = [f for f in files if any(f"{{corpus}}/{family}/{f.name}" in args for _, args in CASES)]
         assert len(used) >= 6 and len(used) >= len(files) - 1, f"{family=} {len(files)=} {len(used)=}"
 
 
+HUGE_TRACE_ROWS = 10**6
+
+
+@pytest.fixture(scope="module")
+def huge_trace(tmp_path_factory):
+    """A trace of HUGE_TRACE_ROWS good rows under a header, then a row of length 0: line HUGE_TRACE_ROWS + 2."""
+    path = tmp_path_factory.mktemp("trace") / "trace.csv"
+    lens = np.random.default_rng(0).integers(100, 8000, HUGE_TRACE_ROWS)
+    path.write_text("input_len\n" + "\n".join(map(str, lens.tolist())) + "\n0\n")
+    return path
+
+
 @pytest.mark.parametrize("setting,args", CASES, ids=[args for _, args in CASES])
-def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch, busy_port, setting, args):
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch, busy_port, setting, args, request):
     if any(args.endswith(m) for m in MEMORY_CASES) and host_available_bytes() is None:
         pytest.skip("no /proc/meminfo here: the memory check cannot tell")
-    argv = shlex.split(args.format(corpus=CORPUS, repo=REPO, tmp=tmp_path, busy_port=busy_port))
+    trace = request.getfixturevalue("huge_trace") if "{huge_trace}" in args else None
+    argv = shlex.split(args.format(corpus=CORPUS, repo=REPO, tmp=tmp_path, busy_port=busy_port, huge_trace=trace))
     monkeypatch.chdir(tmp_path)
     watched = (tmp_path, CORPUS, REPO / "results")
     before = snapshot(*watched)

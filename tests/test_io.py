@@ -103,3 +103,39 @@ def test_an_appended_file_is_not_written_through_a_symbolic_link(tmp_path):
     with pytest.raises(OSError, match="is a symbolic link") as e:
         append_samples(link, pd.DataFrame({"probe": [0]}))
     assert e.value.errno == errno.ELOOP and victim.read_text() == "keep\n"
+
+
+def test_a_small_input_must_be_a_small_regular_utf8_file(tmp_path):
+    from ppprof.io import read_small_text
+
+    (tmp_path / "ok.yaml").write_text("a: 1\n")
+    assert read_small_text(tmp_path / "ok.yaml", "--config", "fix") == "a: 1\n"
+    with pytest.raises(ValueError, match=r"^--config /dev/zero is a character device, not a file: give a YAML"):
+        read_small_text("/dev/zero", "--config", "give a YAML file")  # was read until memory ran out
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(ValueError, match=r"pipe is a pipe, not a file"):  # neither blocks nor reads
+        read_small_text(tmp_path / "pipe", "--config", "fix")
+    (tmp_path / "big").write_bytes(b"a" * 2049)
+    with pytest.raises(ValueError, match=r"big holds more than"):
+        read_small_text(tmp_path / "big", "policy file", "fix", max_bytes=2048)
+    (tmp_path / "bin").write_bytes(b"\xff\xfe")
+    with pytest.raises(ValueError, match=r"bin is not UTF-8 text \(byte 0\): fix"):
+        read_small_text(tmp_path / "bin", "policy file", "fix")
+    with pytest.raises(IsADirectoryError):
+        read_small_text(tmp_path, "policy file", "fix")
+    with pytest.raises(FileNotFoundError):
+        read_small_text(tmp_path / "none", "policy file", "fix")
+
+
+@pytest.mark.parametrize("depth", [65, 200_000])  # caught by the walk, and a RecursionError caught in the parse
+def test_json_and_yaml_nested_too_deep_are_refused_naming_where(depth):
+    from ppprof.io import MAX_DEPTH, TooDeep, parse_json, parse_yaml
+
+    text = '{"model": {"layers": ' + "[" * depth + "]" * depth + "}}"
+    with pytest.raises(TooDeep, match=rf"^f nests lists or mappings deeper than {MAX_DEPTH} levels "
+                                      r"\(at \$\.model\.layers\[0\]\[0\]\.\.\., \d+ levels down\)"):
+        parse_json(text, "f")
+    with pytest.raises(TooDeep, match=r"^y nests .* \(at \$\.model\.layers\[0\]"):
+        parse_yaml(text, "y")
+    ok = '{"a": [' + "[" * (MAX_DEPTH - 2) + "]" * (MAX_DEPTH - 2) + "]}"
+    assert parse_json(ok, "f")["a"] and parse_yaml(ok, "y")["a"]

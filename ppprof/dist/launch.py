@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+from dataclasses import dataclass
 
-from ppprof.dist.watchdog import SIGNAL_EXIT
+from ppprof.dist.rendezvous import LOOPBACK, bound_stores, single_node_argv
+from ppprof.dist.watchdog import EXIT_FAILED, SIGNAL_EXIT
 
 # torchrun options `ppprof profile` accepts and passes to the launcher unchanged: (option, takes a value).
 TORCHRUN_OPTIONS = (
@@ -44,15 +47,24 @@ def in_worker() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+SINGLE_NODE_SET = ("standalone", "rdzv_backend", "rdzv_id", "local_addr")
+"""The options a single-node run sets itself (ppprof.dist.rendezvous.single_node_argv)."""
+
+
+def single_node(torchrun: dict) -> bool:
+    """True for a run on this node only: neither --nnodes above 1, nor --rdzv-endpoint, nor --master-port."""
+    return not (num_nodes(torchrun.get("nnodes")) > 1 or torchrun.get("rdzv_endpoint") or torchrun.get("master_port"))
+
+
 def launcher_argv(nproc_per_node: int, torchrun: dict, worker_args: list[str]) -> list[str]:
     """torchrun's argument list for starting `python -m ppprof WORKER_ARGS...` on every rank of this node."""
     argv = ["--nproc-per-node", str(nproc_per_node)]
-    multi_node = num_nodes(torchrun.get("nnodes")) > 1 or torchrun.get("rdzv_endpoint") or torchrun.get("master_port")
-    if not multi_node and not torchrun.get("standalone"):
-        argv.append("--standalone")  # a local rendezvous on a free port
+    single = single_node(torchrun)
+    if single:
+        argv += single_node_argv()  # --standalone's rendezvous, on loopback
     for name, takes_value in TORCHRUN_OPTIONS:
         value = torchrun.get(name)
-        if value is None or value is False:
+        if value is None or value is False or (single and name in SINGLE_NODE_SET):
             continue
         flag = "--" + name.replace("_", "-")
         argv += [flag, str(value)] if takes_value else [flag]
@@ -61,10 +73,18 @@ def launcher_argv(nproc_per_node: int, torchrun: dict, worker_args: list[str]) -
     return argv + ["--module", "ppprof", *worker_args]
 
 
-def launch(nproc_per_node: int, torchrun: dict, worker_args: list[str], job: str) -> int:
-    """Run `python -m ppprof WORKER_ARGS...` on this node's ranks; returns the exit code (1 when any rank failed;
-    130 / 143 when SIGINT / SIGTERM stopped the job: the launcher forwards it to the ranks, which stop within
-    seconds, rank 0 saying in one line what the run folder keeps)."""
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a launch ended: the exit code and, where ranks failed, why in a few words ("rank 1 died of SIGKILL")."""
+
+    code: int
+    failure: str | None = None
+
+
+def launch(nproc_per_node: int, torchrun: dict, worker_args: list[str], job: str) -> Outcome:
+    """Run `python -m ppprof WORKER_ARGS...` on this node's ranks; returns the exit code (1 when any rank failed,
+    said in one line naming a rank that died; 130 / 143 when SIGINT / SIGTERM stopped the job: the launcher
+    forwards it to the ranks, which stop within seconds, rank 0 saying in one line what the run folder keeps)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
@@ -73,15 +93,37 @@ def launch(nproc_per_node: int, torchrun: dict, worker_args: list[str], job: str
     if "OMP_NUM_THREADS" not in os.environ:  # share the cores among this node's ranks (torchrun would pick 1)
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc_per_node))
     quiet_launcher_logs()
+    # A single node's stores listen on loopback only; across nodes, the rendezvous store on the interface
+    # --rdzv-endpoint / --master-addr names, the one the ranks share on --local-addr's (every interface without it).
+    single = single_node(torchrun)
     try:
-        run(args)
+        with bound_stores(LOOPBACK if single else torchrun.get("local_addr"), single):
+            run(args)
     except ChildFailedError as e:
-        ranks = ", ".join(str(r) for r in sorted(e.failures))
-        print(f"error: the {job} failed on rank {ranks}; the [rank N] lines above say why", file=sys.stderr)
-        return 1
+        failure = failed_ranks(e.failures)
+        print(f"error: the {job} failed: {failure}", file=sys.stderr)
+        return Outcome(EXIT_FAILED, failure)
     except SignalException as e:
-        return SIGNAL_EXIT.get(e.sigval, 128 + int(e.sigval))
-    return 0
+        return Outcome(SIGNAL_EXIT.get(e.sigval, 128 + int(e.sigval)))
+    return Outcome(0)
+
+
+def failed_ranks(failures: dict) -> str:
+    """Which ranks failed, a rank that died of a signal first (the others failed after it: a closed connection),
+    from torch's ProcessFailure of each failed rank: "rank 1 died of SIGKILL (pid 123); rank 0 stopped after it"."""
+    dead = {r: f for r, f in failures.items() if f.exitcode is not None and f.exitcode < 0}
+    after = sorted(r for r in failures if r not in dead)
+    if not dead:
+        return f"rank {', '.join(map(str, after))} failed; the [rank N] lines above say why"
+    died = "; ".join(f"rank {r} died of {signal_name(-f.exitcode)} (pid {f.pid})" for r, f in sorted(dead.items()))
+    return died + (f"; rank {', '.join(map(str, after))} stopped after it" if after else "")
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def quiet_launcher_logs() -> None:
@@ -92,3 +134,5 @@ def quiet_launcher_logs() -> None:
     for name in list(logging.root.manager.loggerDict):
         if name.startswith("torch.distributed.elastic") or name.startswith("torch.distributed.run"):
             logging.getLogger(name).setLevel(logging.ERROR)
+    # its "failed (exitcode: -9) local_rank: 1 ..." says again, at length, what failed_ranks says in one line
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)

@@ -299,7 +299,7 @@ class Watchdog:
             return
         who = culprit(self.rank, peer, self.world_size, dict(self._states), stale)
         within = deadline if (stale or strict) else lenient
-        message = f"rank {who} did not answer within {within:g} s during {self.phase}"
+        message = f"rank {who} did not answer within {round(within, 1):g} s during {self.phase}"
         verdict = self._publish_verdict(message)
         state = self._states.get(who)
         if state is not None and state.host == self._host:

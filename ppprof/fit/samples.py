@@ -6,13 +6,17 @@ whose column has the largest total (`bottleneck_stage`). Synthetic samples: pppr
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from ppprof.bounds import MAX_TOKENS
+from ppprof.io import special_kind
 from ppprof.runfiles import RUN_FILE, STAGE_COLUMN, read_run_json
 
 REQUIRED_COLUMNS = ("prefix_len", "chunk_size", "latency_ms")
@@ -54,10 +58,10 @@ def read_samples(path: str | Path) -> Samples:
     numeric = numeric_columns(path, frame, list(REQUIRED_COLUMNS) + [c for _, c in stage_cols])
     for col, low in (("prefix_len", 0), ("chunk_size", 1)):
         v = numeric[col]
-        bad = np.flatnonzero((v != np.round(v)) | (v < low))
+        bad = np.flatnonzero((v != np.round(v)) | (v < low) | (v > MAX_TOKENS))  # before any cast to int64
         if bad.size:
             raise ValueError(f"samples file {path} column {col} row {bad[0] + 1} is {float(v[bad[0]])!r}: "
-                             f"use an integer >= {low}")
+                             f"use an integer in {low}..{MAX_TOKENS}")
     for col in ["latency_ms"] + [c for _, c in stage_cols]:
         check_latencies(path, col, numeric[col], numeric["chunk_size"])
     bottleneck_stage, totals, latency = None, None, numeric["latency_ms"]
@@ -106,13 +110,20 @@ def check_latencies(path: Path, col: str, latency: np.ndarray, chunk_size: np.nd
 
 def read_frame(path: Path) -> tuple[bytes, pd.DataFrame]:
     """The file's bytes and its rows, aliased columns renamed, with every required column and at least one row."""
-    if not path.is_file():
+    if not path.exists():
         raise ValueError(f"samples file {path} does not exist: pass the samples.csv written by `ppprof profile`")
+    if not path.is_file():
+        raise ValueError(f"samples file {path} is {special_kind(path.stat().st_mode)}, not a file: pass the samples.csv "
+                         "written by `ppprof profile`")
     try:
         raw = path.read_bytes()
-        frame = pd.read_csv(path)
+        frame = pd.read_csv(io.BytesIO(raw))
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as e:
         raise ValueError(f"samples file {path} is not a readable CSV ({str(e).splitlines()[0]})") from None
+    header = next(csv.reader([raw.split(b"\n", 1)[0].decode("utf-8", errors="replace")]), [])
+    repeated = sorted({c.strip() for c in header if [h.strip() for h in header].count(c.strip()) > 1})
+    if repeated:  # pandas would read the second as `name.1`, silently
+        raise ValueError(f"samples file {path} has column(s) {', '.join(repeated)} more than once: keep one of each")
     frame = frame.rename(columns={alias: name for alias, name in COLUMN_ALIASES.items()
                                   if alias in frame.columns and name not in frame.columns})
     if not raw.endswith(b"\n") and len(frame) and frame.iloc[-1].isna().any():

@@ -12,7 +12,7 @@ import torch
 
 from ppprof.mem.kv import KVAllocator
 from ppprof.mem.mamba import MambaAllocator
-from ppprof.mem.pools import KVPool, MambaPool
+from ppprof.mem.pools import KVPool, LatentPool, MambaPool
 from ppprof.mem.req import NO_MAMBA_SLOT, ReqToTokenPool
 
 
@@ -45,7 +45,7 @@ class StageCache:
     """Request pool, KV and Mamba allocators, and the pools of a stage's own layers."""
 
     def __init__(self, *, req_pool: ReqToTokenPool, kv_alloc: KVAllocator, mamba_alloc: MambaAllocator | None = None,
-                 kv_pool: KVPool | None = None, mamba_pool: MambaPool | None = None) -> None:
+                 kv_pool: KVPool | LatentPool | None = None, mamba_pool: MambaPool | None = None) -> None:
         if (mamba_pool is None) != (mamba_alloc is None):
             raise ValueError("a Mamba pool needs a Mamba allocator and the other way round")
         self.req_pool = req_pool

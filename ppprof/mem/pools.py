@@ -41,9 +41,39 @@ class KVPool:
         return sum(t.numel() * t.element_size() for d in (self.k, self.v) for t in d.values())
 
 
+class LatentPool:
+    """MLA's KV pool: one buffer per MLA layer, (total_slots, latent_dim), each token's normed latent (kv_lora_rank)
+    and its RoPE'd key shared by the heads (qk_rope_head_dim), as servers keep MLA's cache. Same calls as KVPool."""
+
+    def __init__(self, total_slots: int, layer_ids: list[int], latent_dim: int, dtype: torch.dtype,
+                 device: str | torch.device) -> None:
+        self.total_slots = total_slots
+        self.layer_ids = list(layer_ids)
+        self.latent = {i: torch.zeros((total_slots, latent_dim), dtype=dtype, device=device) for i in self.layer_ids}
+        self._noise: torch.Tensor | None = None
+
+    def write(self, layer_id: int, slots: torch.Tensor, latent: torch.Tensor) -> None:
+        """slots: (n,); latent: (n, latent_dim)."""
+        self.latent[layer_id][slots] = latent
+
+    def fill_random(self, slots: torch.Tensor, generator: torch.Generator | None = None) -> None:
+        """Random latents at `slots` in every layer (a probe's synthetic prefix): one block, drawn once, as KVPool."""
+        n = slots.numel()
+        if self._noise is None or self._noise.shape[0] < n:
+            any_buf = self.latent[self.layer_ids[0]]
+            rows = max(n, 2 * (0 if self._noise is None else self._noise.shape[0]))
+            self._noise = torch.randn((rows, any_buf.shape[1]), generator=generator, dtype=torch.float32).to(any_buf)
+        for i in self.layer_ids:
+            self.latent[i].index_copy_(0, slots, self._noise[:n])
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.latent.values())
+
+
 class MambaPool:
     """Conv state (total_slots, conv_dim, conv_kernel - 1) and SSM state (total_slots, num_heads, head_dim, d_state)
-    per Mamba layer."""
+    per Mamba layer. A Gated DeltaNet layer keeps its slot here too (as SGLang does): its conv state, and its
+    recurrent state (value heads, key head dim, value head dim) in the SSM buffer."""
 
     def __init__(self, total_slots: int, layer_ids: list[int], conv_dim: int, conv_kernel: int, num_heads: int,
                  head_dim: int, state_size: int, dtype: torch.dtype, device: str | torch.device,

@@ -93,10 +93,21 @@ def sdpa_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, sl
     """The fast path. q: (n, heads, d) for positions [L, L + n); k_buf, v_buf: (total_slots, kv_heads, d);
     slots: (L + n,). Returns (n, heads, d) and the name of the kernel that ran."""
     _check_slots(q, slots, prefix_len)
-    n = q.shape[0]
     q4 = q.transpose(0, 1)[None]  # (1, heads, n, d)
     k, v = gather_kv(k_buf, v_buf, slots)  # (1, kv_heads, L + n, d) each
-    if q.device.type == "cuda":
+    out, kernel = dense_prefix_attention(q4, k, v, prefix_len, scale)
+    return out[0].transpose(0, 1), kernel  # (n, heads, d)
+
+
+def dense_prefix_attention(q4: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int,
+                           scale: float | None = None) -> tuple[torch.Tensor, str]:
+    """A chunk's queries over its prefix + chunk keys, already gathered. q4: (1, heads, n, d); k: (1, kv_heads,
+    L + n, d); v: (1, kv_heads, L + n, dv) with dv <= d (a narrower V is zero-padded to d for the flash kernels, as
+    vLLM does for MLA's prefill, and the padding cut from the output) -> (1, heads, n, dv), the kernel's name."""
+    n, d, dv = q4.shape[2], q4.shape[3], v.shape[3]
+    if dv < d:
+        v = F.pad(v, (0, d - dv))
+    if q4.device.type == "cuda":
         from torch.nn.attention.bias import causal_lower_right
 
         kernel = cuda_sdpa_kernel(q4, k, v)
@@ -108,7 +119,7 @@ def sdpa_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, sl
     else:
         kernel = CPU_FLASH
         out = cpu_prefix_attention(q4, k, v, prefix_len, scale)
-    return out[0].transpose(0, 1), kernel  # (n, heads, d)
+    return out[..., :dv], kernel
 
 
 def prefix_causal_mask(chunk_size: int, prefix_len: int, device: torch.device) -> torch.Tensor:

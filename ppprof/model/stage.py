@@ -10,13 +10,16 @@ from ppprof.specs.spec import MOE, ModelSpec
 from ppprof.mem.cache import Request, StageCache
 from ppprof.mem.kv import KVAllocator
 from ppprof.mem.mamba import MambaAllocator
-from ppprof.mem.pools import KVPool, MambaPool
+from ppprof.mem.pools import KVPool, LatentPool, MambaPool
 from ppprof.mem.req import ReqToTokenPool
 from ppprof.model.attention import Attention
 from ppprof.model.attention_kernels import AttentionKernel
+from ppprof.model.deltanet import DeltaNetKernel, GatedDeltaNet
 from ppprof.model.mamba import Mamba2, MambaKernel
+from ppprof.model.mla import MLAttention
 from ppprof.model.mlp import MLP, MoE
 from ppprof.model.tp import NO_TP, TPComm, assign, full_shape, mark_sharded, take_padded_rows, vocab_embed
+from ppprof.specs.accounting import deltanet_state_shapes
 from ppprof.specs.tp import rank_shapes
 
 INIT_STD = 0.02
@@ -44,15 +47,24 @@ class Layer(nn.Module):
     residual stream first."""
 
     def __init__(self, spec: ModelSpec, layer_id: int, *, dtype: torch.dtype, device: str | torch.device,
-                 attention_kernel: AttentionKernel, mamba_kernel: MambaKernel, tp: TPComm = NO_TP) -> None:
+                 attention_kernel: AttentionKernel, mamba_kernel: MambaKernel,
+                 deltanet_kernel: DeltaNetKernel | None = None, tp: TPComm = NO_TP) -> None:
         super().__init__()
         layer = spec.layers[layer_id]
         kw = dict(dtype=dtype, device=device)
         self.layer_id = layer_id
         self.mixer_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, **kw) if layer.mixers else None
-        self.attention = Attention(spec, layer_id, kernel=attention_kernel, tp=tp, **kw) if layer.has_attention \
-            else None
-        self.mamba = Mamba2(spec, layer_id, kernel=mamba_kernel, tp=tp, **kw) if layer.has_mamba else None
+        # Under TP only attention, Mamba2, MLP and MoE are sharded (ppprof.specs.tp refuses TP of MLA and Gated
+        # DeltaNet layers before any rank starts).
+        if layer.has_mla:  # MLA takes the attention slot: a model has one KV mixer kind (ModelSpec checks it)
+            self.attention = MLAttention(spec, layer_id, reference=attention_kernel.backend == "reference", **kw)
+        else:
+            self.attention = Attention(spec, layer_id, kernel=attention_kernel, tp=tp, **kw) if layer.has_attention \
+                else None
+        if layer.has_deltanet:  # likewise the Gated DeltaNet takes the Mamba slot
+            self.mamba = GatedDeltaNet(spec, layer_id, kernel=deltanet_kernel, **kw)
+        else:
+            self.mamba = Mamba2(spec, layer_id, kernel=mamba_kernel, tp=tp, **kw) if layer.has_mamba else None
         self.ffn_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, **kw) if layer.ffn else None
         if layer.ffn == MOE:
             self.ffn = MoE(spec, tp=tp, **kw)
@@ -63,12 +75,14 @@ class Layer(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator, std: float) -> None:
-        """Norm weights 1, Mamba's own init, every other weight N(0, std^2), drawn in registration order at its full
-        (TP = 1) shape, this rank keeping its shard (ppprof.model.tp)."""
+        """Norm weights 1, Mamba's (or the Gated DeltaNet's) own init, every other weight N(0, std^2), drawn in
+        registration order at its full (TP = 1) shape, this rank keeping its shard (ppprof.model.tp)."""
         if self.mamba is not None:
             self.mamba.init_weights(generator, std)
         mamba_params = set(self.mamba.parameters()) if self.mamba is not None else set()
-        norm_params = {p for m in (self.mixer_norm, self.ffn_norm) if m is not None for p in m.parameters()}
+        # The layer's norms, and those inside its mixer (MLA's q_a and kv_a norms, attention's q/k norms).
+        norm_params = {p for name, p in self.named_parameters() if "norm" in name.rsplit(".", 1)[-1]
+                       or name.endswith("norm.weight")}
         for p in self.parameters():
             if p in mamba_params:
                 continue
@@ -121,6 +135,7 @@ class Stage(nn.Module):
         _check_layer_ids(spec, layer_ids)
         self.attention_kernel = AttentionKernel(attention_backend, torch.device(device))
         self.mamba_kernel = MambaKernel(torch.device(device))
+        self.deltanet_kernel = DeltaNetKernel(torch.device(device))
         self.spec = spec
         self.layer_ids = layer_ids
         self.is_first = layer_ids.start == 0
@@ -131,7 +146,8 @@ class Stage(nn.Module):
         self.embed = nn.Embedding(self.vocab.size, spec.hidden_size, **kw) if self.is_first else None
         # Keyed by global layer id, so a stage's state_dict names match the unsplit model's.
         self.layers = nn.ModuleDict({str(i): Layer(spec, i, attention_kernel=self.attention_kernel,
-                                                             mamba_kernel=self.mamba_kernel, tp=tp, **kw)
+                                                   mamba_kernel=self.mamba_kernel,
+                                                   deltanet_kernel=self.deltanet_kernel, tp=tp, **kw)
                                      for i in layer_ids})
         self.final_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, **kw) if self.is_last else None
         self.lm_head = nn.Linear(spec.hidden_size, self.vocab.size, bias=False, **kw) if self.is_last else None
@@ -189,27 +205,35 @@ class Stage(nn.Module):
 def build_stage_cache(spec: ModelSpec, layer_ids: range, *, max_total_tokens: int, page_size: int,
                       max_mamba_cache_size: int, max_running_requests: int, context_len: int, dtype: torch.dtype = torch.float32,
                       device: str | torch.device = "cpu", tp_size: int = 1, tp_rank: int = 0) -> StageCache:
-    """StageCache with pools for the stage's own attention and Mamba layers only; under TP, those of TP rank
+    """StageCache with pools for the stage's own layers only: the KV pool of its attention layers (or the latent pool
+    of its MLA layers), the Mamba pool of its Mamba2 (or Gated DeltaNet) layers; under TP, those of TP rank
     `tp_rank`: KV for its KV heads, Mamba state for its heads and groups (the allocators the same on every rank).
 
     The KV allocator always exists (request bookkeeping runs the same on every stage) even with no attention layer;
-    a stage with no Mamba layer gets neither a Mamba allocator nor a Mamba pool.
+    a stage with no Mamba or Gated DeltaNet layer gets neither a Mamba allocator nor a Mamba pool.
     """
     _check_layer_ids(spec, layer_ids)
-    attention_ids = [i for i in layer_ids if spec.layers[i].has_attention]
-    mamba_ids = [i for i in layer_ids if spec.layers[i].has_mamba]
+    kv_ids = [i for i in layer_ids if spec.layers[i].has_kv]
+    state_ids = [i for i in layer_ids if spec.layers[i].has_state]
     shapes = rank_shapes(spec, tp_size, tp_rank)
     req_pool = ReqToTokenPool(max_running_requests, context_len, device)
     kv_alloc = KVAllocator(max_total_tokens, page_size)
     kv_pool = None
-    if attention_ids:
-        kv_pool = KVPool(kv_alloc.total_slots, attention_ids, shapes.kv_heads.size, spec.head_dim, dtype, device)
+    if kv_ids and spec.layers[kv_ids[0]].has_mla:
+        kv_pool = LatentPool(kv_alloc.total_slots, kv_ids, spec.mla_latent_dim, dtype, device)
+    elif kv_ids:
+        kv_pool = KVPool(kv_alloc.total_slots, kv_ids, shapes.kv_heads.size, spec.head_dim, dtype, device)
     mamba_alloc = mamba_pool = None
-    if mamba_ids:
+    if state_ids:
         mamba_alloc = MambaAllocator(max_mamba_cache_size)
-        heads, groups = shapes.mamba_heads.size, shapes.mamba_groups.size
-        conv_dim = heads * spec.mamba_head_dim + 2 * groups * spec.ssm_state_size
-        mamba_pool = MambaPool(mamba_alloc.total_slots, mamba_ids, conv_dim, spec.conv_kernel, heads,
-                               spec.mamba_head_dim, spec.ssm_state_size, dtype, device)
+        if spec.layers[state_ids[0]].has_deltanet:
+            (conv_dim, conv_width), state_shape = deltanet_state_shapes(spec)
+            mamba_pool = MambaPool(mamba_alloc.total_slots, state_ids, conv_dim, conv_width + 1, *state_shape, dtype,
+                                   device)
+        else:
+            heads, groups = shapes.mamba_heads.size, shapes.mamba_groups.size
+            conv_dim = heads * spec.mamba_head_dim + 2 * groups * spec.ssm_state_size
+            mamba_pool = MambaPool(mamba_alloc.total_slots, state_ids, conv_dim, spec.conv_kernel, heads,
+                                   spec.mamba_head_dim, spec.ssm_state_size, dtype, device)
     return StageCache(req_pool=req_pool, kv_alloc=kv_alloc, mamba_alloc=mamba_alloc, kv_pool=kv_pool,
                       mamba_pool=mamba_pool)

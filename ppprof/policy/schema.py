@@ -12,7 +12,7 @@ import numpy as np
 
 from ppprof.checks import is_int, short
 from ppprof.chunks import walk
-from ppprof.io import atomic_write_json
+from ppprof.io import TooDeep, atomic_write_json, parse_json, read_small_text
 from ppprof.config import ChunkSettings
 from ppprof.policy.optimum import PromptRule, bounded_sizes
 from ppprof.policy.rule import LatencyModel, build_table
@@ -324,13 +324,19 @@ def load_policy(path: str | Path) -> Policy:
     field if it is missing, not strict JSON or not a valid policy. Every command that reads a policy calls this."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(), parse_constant=_no_constant)
+        text = read_small_text(path, "policy file", "give a policy.json written by `ppprof fit`")
     except FileNotFoundError:
         raise ValueError(f"policy file {path} does not exist: run `ppprof fit` first") from None
     except IsADirectoryError:
         raise ValueError(f"policy file {path} is a folder: give the policy.json in it") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except OSError as e:
+        raise ValueError(f"policy file {path} is not readable ({e.strerror})") from None
+    try:
+        data = parse_json(text, f"policy file {path}", parse_constant=_no_constant)
+    except json.JSONDecodeError as e:
         raise ValueError(f"policy file {path} is not readable JSON ({e})") from None
+    except TooDeep:
+        raise
     except ValueError as e:
         raise ValueError(f"policy file {path} is not strict JSON: {e}; regenerate it with `ppprof fit`") from None
     try:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable
 
 from ppprof.config import ProfileConfig
-from ppprof.dist.launch import in_worker, launch, num_nodes
+from ppprof.dist.launch import Outcome, in_worker, launch, num_nodes
 from ppprof.run.checks import check_before_launch, warnings
-from ppprof.runfiles import LOCK_HELD_ENV, release_lock, take_lock
+from ppprof.runfiles import LOCK_HELD_ENV, RUN_DIR_NOTE_ENV, RUN_FILE, mark_failed, release_lock, take_lock
 
 RESOLVED_CONFIG = "--resolved-config"
 """The hidden flag by which the launcher hands each rank the resolved settings (ppprof.commands.options)."""
@@ -44,12 +45,48 @@ def start(command: str, rank_main: Callable, settings, profile: ProfileConfig, t
     worker_args = ([command, RESOLVED_CONFIG, json.dumps(settings.to_dict())] + (["--inject-fault", fault] if fault
                                                                                  else [])
                    + (["--resume", profile.out] if resume else []) + (["--overwrite"] if overwrite else []))
-    if not profile.out or not one_node:  # rank 0 names a new folder, or checks and locks it for every node
-        return launch(profile.nproc_per_node, torchrun, worker_args, job=command)
-    Path(profile.out).mkdir(parents=True, exist_ok=True)
-    take_lock(profile.out)
+    if not one_node:  # rank 0 checks and locks the folder for every node
+        return record_outcome(profile.out, launch(profile.nproc_per_node, torchrun, worker_args, job=command))
+    if not profile.out:  # rank 0 names a new folder, and tells which
+        with tempfile.NamedTemporaryFile("r", prefix="ppprof-run-dir.") as note:
+            os.environ[RUN_DIR_NOTE_ENV] = note.name
+            outcome = launch(profile.nproc_per_node, torchrun, worker_args, job=command)
+            return record_outcome(Path(note.name).read_text().strip() or None, outcome)
+    created = claim_out(profile.out)
     os.environ[LOCK_HELD_ENV] = "1"  # the ranks inherit it: their launcher holds the lock
     try:
-        return launch(profile.nproc_per_node, torchrun, worker_args, job=command)
+        return record_outcome(profile.out, launch(profile.nproc_per_node, torchrun, worker_args, job=command))
     finally:
         release_lock(profile.out)
+        if created:
+            remove_if_empty(profile.out)
+
+
+def claim_out(out: str) -> bool:
+    """Create --out where needed and take its lock; True when it created the folder. On an error (a full disk, no
+    permission) the folder it created is removed again: an exit 2 leaves nothing behind."""
+    path = Path(out)
+    created = not path.exists()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        take_lock(path)
+    except BaseException:
+        if created:
+            remove_if_empty(path)
+        raise
+    return created
+
+
+def remove_if_empty(folder: str | Path) -> None:
+    try:
+        Path(folder).rmdir()
+    except OSError:  # it holds the run's files, or is gone
+        pass
+
+
+def record_outcome(out: str | None, outcome: Outcome) -> int:
+    """The launch's exit code, after recording a failure rank 0 could not record (it died) in --out's run.json; a rank
+    that died of a signal is the failure's cause, not what the others said after it."""
+    if out and outcome.failure is not None:
+        mark_failed(Path(out) / RUN_FILE, outcome.failure, replace_failure="died of" in outcome.failure)
+    return outcome.code

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -18,12 +19,12 @@ from ppprof.dist.agree import RunError, agreed
 from ppprof.dist.group import RankInfo, process_group
 from ppprof.dist.pipe import Pipe
 from ppprof.dist.watchdog import DEFAULT_TIMEOUT_S
-from ppprof.io import open_append
+from ppprof.io import atomic_write_text, open_append
 from ppprof.mem import StageCache
 from ppprof.model.stage import Stage
 from ppprof.probe.malloc import steady_malloc
 from ppprof.run.checks import check_output_folder
-from ppprof.runfiles import LOCK_HELD_ENV, release_lock, take_lock
+from ppprof.runfiles import LOCK_HELD_ENV, RUN_DIR_NOTE_ENV, release_lock, take_lock
 from ppprof.specs import ModelSpec, load_spec, split_layers
 from ppprof.specs.dtypes import AUTO_DTYPE_CPU, AUTO_DTYPE_GPU
 
@@ -117,7 +118,10 @@ def tp_shard(run: RankRun) -> dict:
 
 def claim_folder(run: RankRun, run_dir: Path, out: str | None, overwrite: bool = False, resume: bool = False) -> None:
     """Rank 0, where no launcher holds the run folder's lock (under torchrun; across nodes, where no launcher can tell
-    what rank 0 already wrote): check what --out holds and take the lock, released when the job ends or stops."""
+    what rank 0 already wrote): check what --out holds and take the lock, released when the job ends or stops. Tells
+    the launcher which folder it is, where it asked (RUN_DIR_NOTE_ENV)."""
+    if os.environ.get(RUN_DIR_NOTE_ENV):
+        atomic_write_text(os.environ[RUN_DIR_NOTE_ENV], str(run_dir.resolve()))
     if LOCK_HELD_ENV in os.environ:
         return
     if out:
@@ -165,13 +169,25 @@ def run_rank(job: Callable[[RankInfo], None], device: str, threads: int | None =
             print(f"error: [rank {info.rank}] {e}", file=sys.stderr, flush=True)
             return 1
         except Exception as e:  # outside the agreed path, e.g. an NCCL or sticky CUDA error inside a collective
-            message = (f"{type(e).__name__}: {e}; stopping this rank now (the launcher then stops the others)"
-                       .replace("\n", " "))
+            message = f"{short_error(e)}; stopping this rank now (the launcher then stops the others)"
             # A broken transfer is most often a rank that stopped or was stopped: the watchdog names the agreed
             # verdict or the signal; no destroy_process_group, which would wait on a broken communicator.
             info.watchdog.failed(message)
             os._exit(1)
     return 0
+
+
+GLOO_ERROR = re.compile(r"^\[[^\]]*gloo[^\]]*\] (?P<what>.*?)(\. This is typically caused .*)?$", re.DOTALL)
+
+
+def short_error(e: BaseException) -> str:
+    """An exception in one line; gloo's transport errors ("[.../gloo/transport/tcp/pair.cc:537] Read error ...:
+    Connection reset by peer. This is typically caused by ... GLHF!") as the connection to another rank lost."""
+    text = str(e).replace("\n", " ")
+    m = GLOO_ERROR.match(text)
+    if m:
+        return f"lost the connection to another rank (gloo: {m.group('what')})"
+    return f"{type(e).__name__}: {text}"
 
 
 def setup_logging(rank: int, level: int = logging.INFO) -> None:
@@ -186,8 +202,24 @@ def setup_logging(rank: int, level: int = logging.INFO) -> None:
 
 
 def add_log_file(path: Path) -> None:
-    """Also log into `path` (the rank's log in the run folder)."""
+    """Also log into `path` (the rank's log in the run folder), and send torch's C++ messages there from now on."""
     root = logging.getLogger("ppprof")
-    h = logging.StreamHandler(open_append(path))  # not FileHandler: a symbolic link planted there is not followed
+    stream = open_append(path)  # not FileHandler: a symbolic link planted there is not followed
+    h = logging.StreamHandler(stream)
     h.setFormatter(root.handlers[0].formatter)
+    native_stderr_to(stream, console=root.handlers[0])
     root.addHandler(h)
+
+
+def native_stderr_to(stream, console: logging.StreamHandler) -> None:
+    """Point file descriptor 2 at `stream` (the rank's log) and keep Python's stderr, `console`'s stream with it, on
+    the terminal it was: torch's C++ warnings write to descriptor 2 (36 lines of TCPStore backtraces when the
+    launcher is gone), and belong in the log, not among the one-line messages."""
+    if not getattr(sys.stderr, "is_terminal_aside", False):
+        sys.stderr.flush()
+        terminal = os.fdopen(os.dup(2), "w", buffering=1, encoding=sys.stderr.encoding, errors="backslashreplace")
+        terminal.is_terminal_aside = True  # set up once
+        sys.stderr = terminal
+        console.setStream(terminal)
+    stream.flush()
+    os.dup2(stream.fileno(), 2)

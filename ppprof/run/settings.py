@@ -12,6 +12,7 @@ import yaml
 
 from ppprof.checks import is_int
 from ppprof.config import BENCH_STRATEGIES, BenchConfig, ProfileConfig, flag as config_flag
+from ppprof.io import parse_json, parse_yaml, read_small_text
 from ppprof.policy.schema import load_policy
 from ppprof.runfiles import COMPLETE, RUN_FILE, read_run_json
 from ppprof.specs import parse_partition
@@ -22,7 +23,7 @@ CONFIG_FIELDS = {f.name for f in dataclasses.fields(ProfileConfig)}
 def read_config_file(path: str) -> dict:
     """Settings from a YAML file; keys are ProfileConfig fields (dashes or underscores)."""
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = parse_yaml(read_small_text(path, "--config", "give a YAML settings file"), f"--config {path}")
     except OSError as e:
         raise ValueError(f"--config {path}: cannot read it ({e.strerror}); give an existing YAML file") from None
     except yaml.YAMLError as e:
@@ -135,12 +136,12 @@ def resolve_bench(policy_path: str, flags: dict) -> BenchConfig:
 
 def read_plans(path: str) -> dict:
     """The plans of a `--plans` file: `ppprof tune --json` output (its "plans") or {"<prompt_len>": {name: chunks}}."""
+    fix = "give the JSON of `ppprof tune --json`"
     try:
-        data = json.loads(Path(path).read_text())
+        data = parse_json(read_small_text(path, "--plans file", fix), f"--plans file {path}")
     except FileNotFoundError:
         raise ValueError(f"--plans file {path} does not exist: write it with `ppprof tune ... --json > {path}`") \
             from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"--plans file {path} is not readable JSON ({e.__class__.__name__}): give the JSON of "
-                         f"`ppprof tune --json`") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"--plans file {path} is not readable JSON ({e.__class__.__name__}): {fix}") from None
     return data.get("plans", data) if isinstance(data, dict) else data

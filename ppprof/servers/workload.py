@@ -6,10 +6,16 @@ from __future__ import annotations
 import csv
 import math
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
+
+from ppprof.bounds import MAX_TOKENS
+from ppprof.checks import short
+from ppprof.io import special_kind
 
 MAX_LENGTHS = 32  # distinct prompt lengths planned; a trace with more is grouped into this many weighted quantiles
 PROMPT_COLUMNS = ("prompt_len", "prompt_lens", "prompt_length", "prompt_tokens", "num_prompt_tokens", "input_len",
@@ -34,68 +40,119 @@ def parse_prompt_spec(spec: str, context_len: int | None = None) -> Workload:
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError("--prompt-lens is empty: give lengths like 8192,32768 or a file of them")
     path = Path(spec)
-    if path.is_file():
-        pairs = read_prompt_file(path)
+    tally = Tally(context_len)
+    try:
+        mode = path.stat().st_mode
+    except (OSError, ValueError):  # absent, or a list too long to be a file name
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):  # /dev/zero would be read for ever
+        raise ValueError(f"--prompt-lens file {path} is {special_kind(mode)}, not a file: give a text or CSV file")
+    if mode is not None:
+        read_prompt_file(path, tally)
     elif LIST_SPEC.match(spec):
-        pairs = []
         for item in spec.split(","):
             if not item.strip():
                 continue
             length, _, weight = item.partition(":")
-            pairs.append((length.strip(), weight.strip() or "1", f"--prompt-lens item {item.strip()!r}"))
+            tally.add(length.strip(), weight.strip() or "1", lambda: f"--prompt-lens item {item.strip()!r}")
     else:
         raise ValueError(f"--prompt-lens {spec!r} is neither a list of token counts (8192,32768) nor an existing file: "
                          f"give one")
-    lengths, weights = [], []
-    for length, weight, where in pairs:
-        n, w = to_length(length, where), to_weight(weight, where)
-        if context_len is not None and n > context_len:
-            raise ValueError(f"{where}: prompt length {n} is beyond the policy's context length {context_len}: "
-                             f"profile with a larger --context-len or drop it")
-        lengths.append(n)
-        weights.append(w)
-    if not lengths:
+    if not tally.num_rows:
         raise ValueError(f"--prompt-lens {spec!r} holds no prompt length: give at least one")
-    return group(np.asarray(lengths, dtype=np.int64), np.asarray(weights, dtype=float))
+    return group(*tally.sums())
 
 
-def read_prompt_file(path: Path) -> list[tuple[str, str, str]]:
-    """(length, weight, where) of each row of a prompt-length file (see parse_prompt_spec)."""
+BLOCK_ROWS = 1 << 16
+"""Rows a Tally holds before it folds them into its sums: what bounds its memory, whatever the trace's length."""
+MAX_LINE_CHARS = 1 << 16
+"""The longest line of a prompt-length file: a trace's row is a few hundred characters."""
+
+
+class Tally:
+    """Weights summed by prompt length as rows come: a block of rows at a time is folded into the sorted distinct
+    lengths and their summed weights, so that memory grows with the distinct lengths (at most the context length),
+    not with the rows (a 10^7-row trace)."""
+
+    def __init__(self, context_len: int | None) -> None:
+        self.context_len, self.num_rows = context_len, 0
+        self.lengths: list[int] = []
+        self.weights: list[float] = []
+        self.uniq, self.summed = np.empty(0, dtype=np.int64), np.empty(0)
+
+    def add(self, length: str, weight: str, where: Callable[[], str]) -> None:
+        """One row; `where()` names it in an error (built only then: a trace has millions of rows)."""
+        fast = length.isascii() and length.isdigit() and len(length) < 10 and length != "0"  # most rows: no checks
+        n = int(length) if fast else to_length(length, where())
+        if self.context_len is not None and n > self.context_len:
+            raise ValueError(f"{where()}: prompt length {n} is beyond the policy's context length {self.context_len}: "
+                             f"profile with a larger --context-len or drop it")
+        self.lengths.append(n)
+        self.weights.append(1.0 if weight == "1" else to_weight(weight, where()))
+        self.num_rows += 1
+        if len(self.lengths) >= BLOCK_ROWS:
+            self.fold()
+
+    def fold(self) -> None:
+        uniq, inverse = np.unique(np.concatenate([self.uniq, np.asarray(self.lengths, dtype=np.int64)]),
+                                  return_inverse=True)
+        self.summed = np.bincount(inverse, weights=np.concatenate([self.summed, self.weights]), minlength=len(uniq))
+        self.uniq = uniq
+        self.lengths, self.weights = [], []
+
+    def sums(self) -> tuple[np.ndarray, np.ndarray]:
+        """(distinct lengths, summed weights)."""
+        self.fold()
+        return self.uniq, self.summed
+
+
+def read_prompt_file(path: Path, tally: Tally) -> None:
+    """Each row of a prompt-length file (see parse_prompt_spec) into `tally`, a line at a time."""
+    what = f"--prompt-lens file {path}"
     try:
-        text = path.read_text()
+        with open(path, encoding="utf-8", newline="") as f:
+            read_prompt_lines(f, what, tally)
     except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"--prompt-lens file {path} is not readable text ({e.__class__.__name__}): give a text "
-                         f"or CSV file") from None
-    numbered = [(i, line) for i, line in enumerate(text.splitlines(), start=1)
-                if line.strip() and not line.lstrip().startswith("#")]
-    rows = [(i, [c.strip() for c in next(csv.reader([line]))]) for i, line in numbered]
-    if not rows:
-        raise ValueError(f"--prompt-lens file {path} holds no prompt length: one a line, or a CSV with a "
-                         f"{PROMPT_COLUMNS[0]} column")
-    header = [c.lower() for c in rows[0][1]]
-    length_col, weight_col = 0, (1 if any(len(r) > 1 for _, r in rows) else None)
-    if not all(re.fullmatch(r"[0-9.eE+-]+", c) for c in header):
-        found = [i for i, c in enumerate(header) if c in PROMPT_COLUMNS]
-        if not found:
-            raise ValueError(f"--prompt-lens file {path} has columns {', '.join(rows[0][1])} but no prompt-length "
-                             f"column: name one {' or '.join(PROMPT_COLUMNS[:3])}")
-        length_col = found[0]
-        weights = [i for i, c in enumerate(header) if c in WEIGHT_COLUMNS]
-        weight_col = weights[0] if weights else None
-        rows = rows[1:]
-    out = []
-    for line, row in rows:
-        where = f"--prompt-lens file {path} line {line}"
+        raise ValueError(f"{what} is not readable text ({e.__class__.__name__}): give a text or CSV file") from None
+    if not tally.num_rows:
+        raise ValueError(f"{what} holds no prompt length: one a line, or a CSV with a {PROMPT_COLUMNS[0]} column")
+
+
+def read_prompt_lines(f, what: str, tally: Tally) -> None:
+    length_col, weight_col, first, line_idx = 0, 1, True, 0
+    while line := f.readline(MAX_LINE_CHARS + 1):
+        line_idx += 1
+        if len(line) > MAX_LINE_CHARS:
+            raise ValueError(f"{what} line {line_idx} is longer than {MAX_LINE_CHARS} characters: give one prompt "
+                             "length (and its weight) a line")
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        row = [c.strip() for c in next(csv.reader([text]))] if ("," in text or '"' in text) else [text]
+        if first:
+            first = False
+            header = [c.lower() for c in row]
+            if not all(re.fullmatch(r"[0-9.eE+-]+", c) for c in header):
+                found = [i for i, c in enumerate(header) if c in PROMPT_COLUMNS]
+                if not found:
+                    raise ValueError(f"{what} has columns {', '.join(row)} but no prompt-length column: name one "
+                                     f"{' or '.join(PROMPT_COLUMNS[:3])}")
+                length_col = found[0]
+                weights = [i for i, c in enumerate(header) if c in WEIGHT_COLUMNS]
+                weight_col = weights[0] if weights else None
+                continue
         if length_col >= len(row) or not row[length_col]:
-            raise ValueError(f"{where} has no prompt length: give one in every row")
+            raise ValueError(f"{what} line {line_idx} has no prompt length: give one in every row")
         weight = row[weight_col] if weight_col is not None and weight_col < len(row) and row[weight_col] else "1"
-        out.append((row[length_col], weight, where))
-    return out
+        tally.add(row[length_col], weight, lambda: f"{what} line {line_idx}")
 
 
 def to_length(text: str, where: str) -> int:
     if not re.fullmatch(r"\d+", text):
         raise ValueError(f"{where}: prompt length {text!r} is not a whole number of tokens: give one like 8192")
+    if len(text) > 10 or int(text) > MAX_TOKENS:  # bounded before numpy's int64 sees it
+        raise ValueError(f"{where}: prompt length {short(text)} is beyond {MAX_TOKENS} tokens: give a prompt length "
+                         "a server takes")
     n = int(text)
     if n < 1:
         raise ValueError(f"{where}: prompt length {n} must be at least 1 token")

@@ -1,15 +1,20 @@
 """HuggingFace config.json -> ModelSpec, for the dense Llama/Qwen2/Qwen3/Mistral and the hybrid NemotronH/Jamba/Bamba/
-FalconH1 families. Field names and defaults follow each family's transformers configuration_*.py; a missing field takes
-that family's default."""
+FalconH1 families here, the MLA and MoE families (DeepSeek, Kimi-K2, Qwen3-MoE, Qwen3-Next, Qwen3.5) in hf_moe.py.
+Field names and defaults follow each family's transformers configuration_*.py; a missing field takes that family's
+default."""
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable
 
-from ppprof.checks import a_type, is_int, is_number, short
-from ppprof.specs.spec import ATTENTION, MAMBA, MAX_LAYERS, MLP, MOE, RELU2, SILU, LayerSpec, ModelSpec
+from ppprof.checks import is_int, short
+from ppprof.specs.spec import ATTENTION, DELTANET, MAMBA, MLA, MLP, MOE, RELU2, SILU, LayerSpec, ModelSpec
 from ppprof.specs.pattern import layer_kinds, parse_pattern
+from ppprof.specs.hf_fields import attention_fields as _attention_fields
+from ppprof.specs.hf_fields import num_layers as _num_layers
+from ppprof.specs.hf_fields import read_float as _float
+from ppprof.specs.hf_fields import read_int as _int
+from ppprof.specs.hf_moe import MOE_ARCHITECTURES, MOE_FAMILIES, MOE_RECORD_KEYS
 
 FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
@@ -60,68 +65,6 @@ def _mlp_act(cfg: dict, family: str) -> str:
     if family == "nemotron_h":
         return RELU2
     return RELU2 if RELU2 in (cfg.get("hidden_act"), cfg.get("mlp_hidden_act")) else SILU
-
-
-def _int(cfg: dict, *keys: str, default: Any) -> int:
-    """The first of `keys` the config gives (else `default`) as an integer; ValueError naming the key unless it is one
-    (a float, 4096.0 too, a string, a bool or a list is refused, not truncated)."""
-    key = next((k for k in keys if cfg.get(k) is not None), None)
-    value = default if key is None else cfg[key]
-    if not is_int(value):
-        raise ValueError(f"{key or keys[0]}={short(value)} must be an integer, not {a_type(value)}; "
-                         "fix the config")
-    return value
-
-
-def _float(cfg: dict, *keys: str, default: Any) -> float:
-    """The first of `keys` the config gives (else `default`) as a finite number; ValueError naming the key."""
-    key = next((k for k in keys if cfg.get(k) is not None), None)
-    return _number(key or keys[0], default if key is None else cfg[key])
-
-
-def _number(key: str, value) -> float:
-    if not is_number(value) or not math.isfinite(value):
-        raise ValueError(f"{key}={short(value)} must be a finite number; fix the config")
-    return float(value)
-
-
-def _rope_theta(cfg: dict, default: float) -> float:
-    # Newer transformers move rope_theta into rope_parameters (or the older rope_scaling).
-    for holder in (cfg, cfg.get("rope_parameters") or {}, cfg.get("rope_scaling") or {}):
-        if isinstance(holder, dict) and holder.get("rope_theta") is not None:
-            return _number("rope_theta", holder["rope_theta"])
-    return float(default)
-
-
-def _attention_fields(cfg: dict, d: dict[str, Any]) -> dict[str, Any]:
-    """Attention fields with the family defaults `d`; head_dim = hidden / heads unless given."""
-    hidden = _int(cfg, "hidden_size", default=d["hidden_size"])
-    heads = _int(cfg, "num_attention_heads", default=d["num_attention_heads"])
-    kv_heads = _int(cfg, "num_key_value_heads", default=d["num_key_value_heads"] or heads)
-    head_dim = None if cfg.get("head_dim") is None and d.get("head_dim") is None else \
-        _int(cfg, "head_dim", default=d.get("head_dim"))
-    if head_dim is None:
-        if heads <= 0 or hidden % heads:
-            raise ValueError(f"hidden_size ({hidden}) is not a multiple of num_attention_heads ({heads}): "
-                             "give head_dim in the config")
-        head_dim = hidden // heads
-    return dict(
-        hidden_size=hidden,
-        vocab_size=_int(cfg, "vocab_size", default=d["vocab_size"]),
-        intermediate_size=_int(cfg, "intermediate_size", default=d["intermediate_size"]),
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
-        rms_norm_eps=_float(cfg, "rms_norm_eps", default=d.get("rms_norm_eps", 1e-5)),
-        rope_theta=_rope_theta(cfg, d.get("rope_theta", 10000.0)),
-    )
-
-
-def _num_layers(cfg: dict, default: int) -> int:
-    n = _int(cfg, "num_hidden_layers", default=default)
-    if not 1 <= n <= MAX_LAYERS:
-        raise ValueError(f"num_hidden_layers={n} must be in 1..{MAX_LAYERS}; fix the config")
-    return n
 
 
 def _dense(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
@@ -247,12 +190,13 @@ def _falcon_h1(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
 FAMILIES: dict[str, Callable[[dict, str], tuple[tuple[LayerSpec, ...], dict]]] = {
     "llama": _dense, "qwen2": _dense, "qwen3": _dense, "mistral": _dense,
     "nemotron_h": _nemotron_h, "jamba": _jamba, "bamba": _bamba, "falcon_h1": _falcon_h1,
+    **MOE_FAMILIES,
 }
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
     "MistralForCausalLM": "mistral", "NemotronHForCausalLM": "nemotron_h", "JambaForCausalLM": "jamba",
-    "BambaForCausalLM": "bamba", "FalconH1ForCausalLM": "falcon_h1",
+    "BambaForCausalLM": "bamba", "FalconH1ForCausalLM": "falcon_h1", **MOE_ARCHITECTURES,
 }
 
 
@@ -288,23 +232,31 @@ def spec_from_hf_config(cfg: dict, *, name: str) -> ModelSpec:
         raise ValueError(f"{name}: {e}") from None
     kinds = set().union(*(layer_kinds(layer) for layer in layers))
     unused = {
-        ATTENTION: ("num_attention_heads", "num_key_value_heads", "head_dim", "rope_theta"),
+        ATTENTION: ("num_key_value_heads", "head_dim", "qk_norm", "attn_output_gate"),
+        MLA: ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"),
         MAMBA: ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "conv_kernel", "mamba_n_groups",
                 "mamba_chunk_size"),
-        MOE: ("num_experts", "num_experts_per_tok", "moe_intermediate_size"),
+        DELTANET: ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+                   "linear_conv_kernel_dim"),
+        MOE: ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "moe_scoring", "norm_topk_prob",
+              "routed_scaling_factor", "moe_n_group", "moe_topk_group", "shared_expert_intermediate_size",
+              "shared_expert_gate"),
     }
+    if not kinds & {ATTENTION, MLA}:
+        for key in ("num_attention_heads", "rope_theta"):
+            fields.pop(key, None)
     for kind, keys in unused.items():
         if kind not in kinds:
             for key in keys:
                 fields.pop(key, None)
     fields["mlp_act"] = _mlp_act(cfg, family)
-    extra = {k: cfg[k] for k in RECORD_KEYS if k in cfg}
+    extra = {k: cfg[k] for k in RECORD_KEYS + MOE_RECORD_KEYS if k in cfg}
     # Attention details ppprof does not model (small next to the projections), kept for the record: Qwen2Attention
     # always has q/k/v biases; Qwen3Attention always RMS-normalises q and k per head, biases only with attention_bias.
     if family == "qwen2":
         extra["qkv_bias"] = True
     elif family == "qwen3":
-        extra["qk_norm"] = True
+        fields["qk_norm"] = True
         extra["qkv_bias"] = bool(cfg.get("attention_bias", False))
     if family == "jamba":
         extra["mamba_approximation"] = (f"Mamba1 run as Mamba2: heads = mamba_expand*hidden/{JAMBA_MAMBA_HEAD_DIM}, "

@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from ppprof.checks import is_int, short
+from ppprof.io import parse_json, parse_yaml, read_small_text
 from ppprof.specs.spec import MAX_LAYERS, ModelSpec
 from ppprof.specs.dtypes import normalize_dtype
 from ppprof.specs.hf import spec_from_hf_config
@@ -29,7 +30,8 @@ HF_CONFIG_NAME = "config.json"
 # Keys of the YAML layout that are not ModelSpec fields.
 LAYOUT_KEYS = ("pattern", "layers", "repeat")
 # Keys `ppprof model --json` adds to ModelSpec.to_dict().
-DERIVED_KEYS = ("num_layers", "layout", "accounting_dtype", "stages")
+DERIVED_KEYS = ("num_layers", "num_params", "num_active_params", "num_mtp_params", "layout", "accounting_dtype",
+                "stages")
 SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSpec))
 
 
@@ -98,20 +100,18 @@ def read_spec_file(path: Path, *, name: str | None = None) -> ModelSpec:
             raise ValueError(f"folder {path} holds no {HF_CONFIG_NAME}: give a HF model folder or a config file")
         path = path / HF_CONFIG_NAME
     label = name or str(path)
-    try:
-        text = path.read_text()
-    except UnicodeDecodeError:
-        raise ValueError(f"model file {path} is not text: give a YAML spec or a HF config.json") from None
+    fix = "give a YAML spec or a HF config.json"
+    text = read_small_text(path, "model file", fix)
     if path.suffix == ".json":
         try:
-            data = json.loads(text)
+            data = parse_json(text, f"model file {path}")
         except json.JSONDecodeError as e:
             raise ValueError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}): fix the file") from None
         if isinstance(data, dict) and "family" in data and "layers" in data and "model_type" not in data:
             return spec_from_dict(data, name=data.get("name") or label)
         return spec_from_hf_config(data, name=label)
     try:
-        data = yaml.safe_load(text)
+        data = parse_yaml(text, f"model file {path}")
     except yaml.YAMLError as e:
         raise ValueError(f"{path} is not valid YAML: {str(e).splitlines()[0]}") from None
     return spec_from_dict(data, name=name or path.stem)

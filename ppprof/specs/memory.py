@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from ppprof.bounds import ATTENTION_BACKENDS, DEVICES
 from ppprof.chunks import align_up
 from ppprof.checks import require_int
-from ppprof.specs.accounting import FP32_BYTES, kv_bytes_per_token, mamba_bytes_per_slot, stage_weight_bytes
+from ppprof.specs.accounting import (FP32_BYTES, deltanet_state_shapes, kv_bytes_per_token, mamba_bytes_per_slot,
+                                    stage_weight_bytes)
 from ppprof.specs.dtypes import AUTO_DTYPE_CPU, AUTO_DTYPE_GPU, dtype_bytes, normalize_dtype
 from ppprof.specs.spec import MOE, LayerSpec, ModelSpec
 
@@ -108,7 +109,14 @@ def largest_parameter(spec: ModelSpec, layers: range) -> int:
         out.append(spec.vocab_size * h)
     for layer in (spec.layers[i] for i in layers):
         if layer.has_attention:
-            out.append(h * (spec.num_attention_heads + 2 * spec.num_key_value_heads) * spec.head_dim)
+            q_heads = spec.num_attention_heads * (2 if spec.attn_output_gate else 1)
+            out.append(h * (q_heads + 2 * spec.num_key_value_heads) * spec.head_dim)
+        if layer.has_mla:
+            heads = spec.num_attention_heads
+            out += [max(h, spec.q_lora_rank) * heads * spec.qk_head_dim, h * spec.mla_latent_dim,
+                    spec.kv_lora_rank * heads * (spec.qk_nope_head_dim + spec.v_head_dim), heads * spec.v_head_dim * h]
+        if layer.has_deltanet:
+            out.append(h * (2 * spec.deltanet_key_dim + 2 * spec.deltanet_value_dim))
         if layer.has_mamba:
             out.append(h * (spec.mamba_d_inner + spec.mamba_conv_dim + spec.mamba_num_heads))
         inner_width = 2 if spec.mlp_gated else 1
@@ -153,6 +161,34 @@ def attention_bytes(spec: ModelSpec, n: int, total: int, b: int, backend: str, d
             + heads * n * total * (2 * FP32_BYTES + 1) + upcast)
 
 
+def mla_bytes(spec: ModelSpec, n: int, total: int, b: int, backend: str, device: str) -> int:
+    """Transient of one MLA layer on n tokens after total - n cached ones (see activation_peak)."""
+    heads, d, c, dr = spec.num_attention_heads, spec.qk_head_dim, spec.kv_lora_rank, spec.qk_rope_head_dim
+    out = n * (spec.q_lora_rank + 2 * heads * d + c + dr) * b  # q_a, q and its RoPE'd copy, kv_a
+    out += total * (c + dr) * b + total * heads * (spec.qk_nope_head_dim + spec.v_head_dim) * b  # rows, decompressed
+    out += total * heads * d * b * (2 if spec.v_head_dim < d else 1)  # keys, and V padded to the key width
+    if backend == "reference":
+        return out + n * total * (1 + FP32_BYTES) + heads * n * total * (2 * FP32_BYTES + 1)
+    if device == "cuda" or total == n:
+        return out + n * heads * d * b
+    return out + 2 * n * heads * d * b + 3 * n * heads * d * FP32_BYTES
+
+
+def deltanet_bytes(spec: ModelSpec, n: int, b: int) -> int:
+    """Transient of one Gated DeltaNet mixer on n tokens, the torch path (see activation_peak)."""
+    hv, dk, dv, q = (spec.linear_num_value_heads, spec.linear_key_head_dim, spec.linear_value_head_dim,
+                     spec.deltanet_chunk_size)
+    conv_dim = spec.deltanet_conv_dim
+    padded = align_up(n, q)
+    io = n * (2 * spec.deltanet_key_dim + 2 * spec.deltanet_value_dim) * b + 2 * n * hv * FP32_BYTES
+    io += (n + spec.linear_conv_kernel_dim - 1) * conv_dim * b + n * conv_dim * b  # the conv's input and output
+    io += n * hv * (2 * dk + dv) * FP32_BYTES  # q, k per value head and v, fp32
+    blocks = 3 * hv * padded * q * FP32_BYTES  # decay, the triangular system, the intra-block scores
+    vectors = hv * padded * (4 * dk + 3 * dv) * FP32_BYTES  # k_beta, w, q_decayed, k_to_end; uv, v_beta, out
+    gated_norm = 2 * n * hv * dv * FP32_BYTES
+    return io + max(blocks + vectors, gated_norm)
+
+
 def mamba_bytes(spec: ModelSpec, n: int, b: int, kernel: str) -> int:
     """Transient of one Mamba2 mixer on n tokens (see activation_peak)."""
     heads, head_dim, state = spec.mamba_num_heads, spec.mamba_head_dim, spec.ssm_state_size
@@ -183,8 +219,9 @@ def ffn_bytes(spec: ModelSpec, layer: LayerSpec, n: int, b: int) -> int:
     if layer.ffn != MOE:
         return inner * n * spec.intermediate_size * b
     h, experts, top_k = spec.hidden_size, spec.num_experts, spec.num_experts_per_tok
-    routing = n * experts * (b + 2 * FP32_BYTES) + 6 * INDEX_BYTES * n * top_k + n * h * b
-    return routing + n * (3 * h * b + inner * spec.moe_intermediate_size * b)
+    routing = n * experts * (b + 3 * FP32_BYTES) + 6 * INDEX_BYTES * n * top_k + n * h * b
+    shared = n * (inner * spec.shared_expert_intermediate_size + h) * b  # the shared expert, then its output
+    return routing + max(n * (3 * h * b + inner * spec.moe_intermediate_size * b), shared)
 
 
 def layer_terms(spec: ModelSpec, layer: LayerSpec, *, n: int, prefix_len: int, b: int, backend: str, device: str,
@@ -193,6 +230,10 @@ def layer_terms(spec: ModelSpec, layer: LayerSpec, *, n: int, prefix_len: int, b
     out = {"norm": 2 * n * spec.hidden_size * FP32_BYTES}
     if layer.has_attention:
         out["attention"] = attention_bytes(spec, n, prefix_len + n, b, backend, device)
+    if layer.has_mla:
+        out["attention"] = mla_bytes(spec, n, prefix_len + n, b, backend, device)
+    if layer.has_deltanet:
+        out["deltanet"] = deltanet_bytes(spec, n, b)
     if layer.has_mamba:
         out["mamba"] = mamba_bytes(spec, n, b, kernel)
     if layer.ffn:
@@ -208,9 +249,14 @@ def prefix_noise_bytes(spec: ModelSpec, layers: range, prefix_len: int, b: int) 
     out = 0
     if any(spec.layers[i].has_attention for i in layers):
         out += prefix_len * spec.num_key_value_heads * spec.head_dim * b
+    if any(spec.layers[i].has_mla for i in layers):
+        out += prefix_len * spec.mla_latent_dim * b  # LatentPool.fill_random's block
     if any(spec.layers[i].has_mamba for i in layers):
         out += (spec.mamba_conv_dim * (spec.conv_kernel - 1) * b
                 + spec.mamba_num_heads * spec.mamba_head_dim * spec.ssm_state_size * FP32_BYTES)
+    if any(spec.layers[i].has_deltanet for i in layers):
+        (conv_dim, width), (hv, dk, dv) = deltanet_state_shapes(spec)
+        out += conv_dim * width * b + hv * dk * dv * FP32_BYTES
     return out
 
 
@@ -241,11 +287,20 @@ def activation_peak(spec: ModelSpec, layers: range, *, n: int, prefix_len: int, 
       n Hm P (b + 4), far below the torch path's decay tensors;
       the gated norm after the scan, 4 n Hm P 4.
     - mlp (I inner): silu: gate+up, silu(gate), their product, 4 n I b; relu2: up, relu, square, 3 n I b.
-    - moe (E experts, top k): router logits and fp32 probabilities n E (b + 8), routing indices 48 n k, the output
-      n h b, and one expert on every token (the worst case; a random router gives each about n k / E): gathered
-      input, inner, down and weighted outputs, n (3 h + m I) b, m = 4 (silu) or 3 (relu2).
+    - moe (E experts, top k): router logits, fp32 scores and choice scores n E (b + 12), routing indices 48 n k, the
+      output n h b, and the larger of one expert on every token (the worst case; a random router gives each about
+      n k / E): gathered input, inner, down and weighted outputs, n (3 h + m I) b, m = 4 (silu) or 3 (relu2), and
+      the shared expert (inner width Is), n (m Is + h) b.
+    - MLA (H heads, query/key width d = dn + dr, latent c, value dv): q_a, q and its RoPE'd copy and kv_a,
+      n (q_lora + 2 H d + c + dr) b; the T rows read from the pool and decompressed, T (c + dr) b + T H (dn + dv) b;
+      the keys, and V zero-padded to d, 2 T H d b; then attention as sdpa's (reference: the dense mask and fp32
+      scores). The decompression grows with the prefix: about 5 GiB a layer for DeepSeek-V3 at 32K tokens in bf16
+      (servers bound it by decompressing the prefix in pieces; ppprof does it at once).
+    - deltanet (Hv value heads of dv, key heads of dk repeated to Hv, block q, n' = n rounded up to q): in_proj and
+      the conv's input and output, fp32 q, k, v per value head; then the larger of the chunked rule's block tensors,
+      3 Hv n' q 4, with its per-token vectors, Hv n' (4 dk + 3 dv) 4, and the gated norm, 2 n Hv dv 4.
     Beyond the layers: a probe's synthetic prefix (the random K/V block of L rows that KVPool.fill_random keeps, one
-    Mamba slot's state) and FlashInfer's workspace. Not modelled: allocator caching and fragmentation (CUDA caching
+    Mamba slot's state; MLA's latent block; a Gated DeltaNet slot) and FlashInfer's workspace. Not modelled: allocator caching and fragmentation (CUDA caching
     allocator, glibc heaps), the CUDA context, each rank's torch runtime. On CPU in fp32 (tiny presets, both
     backends, scripts/bench_memory.py) the estimate is 1.00-1.06 of the measured peak of the live tensors, 0.76-1.00
     of the RSS peak under glibc's default malloc (freed heap memory stays resident); CPU bf16 takes more (matmuls

@@ -8,10 +8,11 @@ Two notations, both built from Nemotron-H's characters (M mamba, * attention, - 
 
 from __future__ import annotations
 
-from ppprof.specs.spec import ATTENTION, FFN_CHARS, MAMBA, MIXER_CHARS, MLP, MOE, LayerSpec, token_separator
+from ppprof.specs.spec import (ATTENTION, DELTANET, FFN_CHARS, MAMBA, MIXER_CHARS, MIXERS, MLA, MLP, MOE, LayerSpec,
+                               token_separator)
 
 # Kinds a shortened model keeps if the full one has them, most important first.
-KEEP_PRIORITY = (ATTENTION, MAMBA, MOE, MLP)
+KEEP_PRIORITY = (ATTENTION, MLA, MAMBA, DELTANET, MOE, MLP)
 
 
 def parse_pattern(pattern: str) -> tuple[LayerSpec, ...]:
@@ -24,7 +25,8 @@ def parse_pattern(pattern: str) -> tuple[LayerSpec, ...]:
             layers.append(LayerSpec(ffn=FFN_CHARS[ch]))
         else:
             raise ValueError(
-                f"pattern {pattern!r} has {ch!r} at position {i}: use M (mamba), * (attention), - (MLP), E (MoE)"
+                f"pattern {pattern!r} has {ch!r} at position {i}: use M (mamba), * (attention), - (MLP), E (MoE), "
+                "L (MLA), D (Gated DeltaNet)"
             )
     return tuple(layers)
 
@@ -39,12 +41,12 @@ def parse_layer_token(token: str) -> LayerSpec:
             ffn = FFN_CHARS[ch]
         else:
             raise ValueError(
-                f"layer token {token!r} is malformed at {ch!r}: write the mixers (*, M, each once) then at most one "
+                f"layer token {token!r} is malformed at {ch!r}: write the mixers (*, L, M, D, each once) then at most one "
                 "FFN (- or E), e.g. '*-' or 'ME' or '*M-'"
             )
     if not token:
         raise ValueError("empty layer token: give e.g. '*-' for an attention + MLP layer")
-    return LayerSpec(mixers=tuple(sorted(mixers, key=(ATTENTION, MAMBA).index)), ffn=ffn)
+    return LayerSpec(mixers=tuple(sorted(mixers, key=MIXERS.index)), ffn=ffn)
 
 
 def parse_layer_tokens(tokens: str | list) -> tuple[LayerSpec, ...]:
@@ -101,7 +103,8 @@ def shorten_layers(layers: tuple[LayerSpec, ...], num_layers: int) -> tuple[Laye
 
 def format_layers(layers: tuple[LayerSpec, ...] | list[LayerSpec]) -> str:
     """Layers in the preset notation, shortest first: a Nemotron-H pattern ("M-M*") when every layer holds one thing,
-    else space-separated tokens ("M- ME *-"); a list that repeats one block prints as "(block) xK"."""
+    else space-separated tokens ("M- ME *-"); a list that repeats one block prints as "(block) xK", tokens with a run of
+    3 or more as runs joined by " + " ("L- x3 + LE x58")."""
     tokens = [layer.token for layer in layers]
     sep = token_separator(tokens)
     n = len(tokens)
@@ -109,4 +112,18 @@ def format_layers(layers: tuple[LayerSpec, ...] | list[LayerSpec]) -> str:
         if n % period == 0 and tokens == tokens[:period] * (n // period):
             block = sep.join(tokens[:period])
             return f"{block} x{n // period}" if period == 1 and sep else f"({block}) x{n // period}"
+    runs = run_lengths(tokens)
+    if sep and any(count >= 3 for _, count in runs):  # DeepSeek-V3: "L- x3 + LE x58"
+        return " + ".join(f"{token} x{count}" if count > 1 else token for token, count in runs)
     return sep.join(tokens)
+
+
+def run_lengths(tokens: list[str]) -> list[tuple[str, int]]:
+    """["a", "a", "b"] -> [("a", 2), ("b", 1)]."""
+    out: list[tuple[str, int]] = []
+    for token in tokens:
+        if out and out[-1][0] == token:
+            out[-1] = (token, out[-1][1] + 1)
+        else:
+            out.append((token, 1))
+    return out

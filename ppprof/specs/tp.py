@@ -5,7 +5,8 @@ vLLM shard them), and the check that a model can be split over `tp_size` ranks a
   replicated: each rank holds one KV head, rank r the head r // (tp_size / num_key_value_heads).
 - MLP: the intermediate dimension split (gate/up column-parallel, down row-parallel).
 - MoE: experts sharded by TP, not expert parallel: every rank holds every expert's slice of the expert intermediate
-  dimension, and the router whole; the experts' count needs no divisibility.
+  dimension, and the router whole; the experts' count needs no divisibility. A shared expert is a TP MLP.
+- MLA and Gated DeltaNet layers are not sharded yet: a model with them runs at TP = 1 only.
 - Mamba2: heads split evenly; groups (B, C) split where there are at least as many as TP ranks, else replicated, rank r
   holding group r // (tp_size / mamba_n_groups) (SGLang's and vLLM's MambaMixer2).
 - Embedding and LM head: vocab-parallel, ceil(vocab_size / tp_size) rows a rank, the last rank's padded.
@@ -96,12 +97,18 @@ def rank_spec(spec: ModelSpec, tp_size: int, tp_rank: int = 0) -> ModelSpec:
     return dataclasses.replace(
         spec, num_attention_heads=s.q_heads.size, num_key_value_heads=s.kv_heads.size,
         intermediate_size=s.intermediate.size, moe_intermediate_size=s.moe_intermediate.size,
+        shared_expert_intermediate_size=spec.shared_expert_intermediate_size // tp_size,
         mamba_num_heads=s.mamba_heads.size, mamba_n_groups=s.mamba_groups.size, vocab_size=s.vocab.size)
 
 
 def tp_problem(spec: ModelSpec, tp_size: int) -> str | None:
     """Why `spec` cannot be split over `tp_size` TP ranks (the field, its value, the fix), or None."""
     layers = spec.layers
+    if tp_size > 1:
+        for kind, has in (("MLA", lambda layer: layer.has_mla), ("Gated DeltaNet", lambda layer: layer.has_deltanet)):
+            if any(has(layer) for layer in layers):
+                return (f"--tp-size {tp_size}: model {spec.name!r} has {kind} layers, which ppprof does not shard "
+                        "over TP ranks yet: use --tp-size 1")
     checks = []
     if any(layer.has_attention for layer in layers):
         checks.append(("num_attention_heads", spec.num_attention_heads, False))
@@ -110,6 +117,8 @@ def tp_problem(spec: ModelSpec, tp_size: int) -> str | None:
         checks.append(("intermediate_size", spec.intermediate_size, False))
     if any(layer.ffn == MOE for layer in layers):
         checks.append(("moe_intermediate_size", spec.moe_intermediate_size, False))
+        if spec.shared_expert_intermediate_size:
+            checks.append(("shared_expert_intermediate_size", spec.shared_expert_intermediate_size, False))
     if any(layer.has_mamba for layer in layers):
         checks.append(("mamba_num_heads", spec.mamba_num_heads, False))
         checks.append(("mamba_n_groups", spec.mamba_n_groups, True))

@@ -19,7 +19,13 @@ def test_launcher_passes_torchrun_options_and_the_resolved_config():
     resolved = json.loads(argv[argv.index("--resolved-config") + 1])
     assert resolved["base_chunk_size"] == 64 and resolved["nproc_per_node"] == 3
     local = launcher_argv(3, {}, worker + ["--inject-fault", "skip-mamba-release"])
-    assert "--standalone" in local and local[-2:] == ["--inject-fault", "skip-mamba-release"]
+    assert local[-2:] == ["--inject-fault", "skip-mamba-release"]
+    # a single node's rendezvous (--standalone's, given or not) on loopback, its ranks told to reach it there
+    for given in ({}, {"standalone": True}, {"local_addr": "10.0.0.1"}):
+        local = launcher_argv(3, given, worker)
+        assert "--standalone" not in local and local.count("--local-addr") == 1, f"{given=} {local=}"
+        assert local[local.index("--rdzv-endpoint") + 1] == "127.0.0.1:0"
+        assert local[local.index("--local-addr") + 1] == "127.0.0.1"
 
 
 @pytest.mark.parametrize("nnodes,expected", [(None, 1), ("2", 2), ("3:3", 3)])
@@ -31,3 +37,63 @@ def test_node_count(nnodes, expected):
 def test_elastic_or_bad_node_counts_are_refused(nnodes):
     with pytest.raises(ValueError, match="--nnodes"):
         num_nodes(nnodes)
+
+
+def test_a_store_listens_on_the_one_address_it_is_given():
+    import datetime
+
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
+
+    from ppprof.dist.rendezvous import bound_stores
+
+    with bound_stores("127.0.0.1", single_node=True):
+        store = c10d_rendezvous_backend.TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True,
+                                                 timeout=datetime.timedelta(seconds=10))
+        port = store.port
+        assert listening(port) == ["127.0.0.1"], f"{listening(port)=}"  # torch alone: 0.0.0.0 and ::
+        client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=10))
+        store.set("k", "v")
+        assert client.get("k") == b"v"
+    assert c10d_rendezvous_backend.TCPStore is dist.TCPStore  # put back
+
+
+def listening(port: int) -> list[str]:
+    """The local addresses of this host's listening TCP sockets on `port` (from /proc/net/tcp and tcp6)."""
+    from tests.dist.sockets import listening_sockets
+
+    return sorted(address for address, p, _ in listening_sockets() if p == port)
+
+
+def test_across_nodes_the_rendezvous_store_listens_on_the_address_named():
+    import datetime
+    import socket
+
+    from torch.distributed.elastic.rendezvous import static_tcp_rendezvous
+
+    from ppprof.dist.rendezvous import bound_stores
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # this host's address on its default route
+        try:
+            probe.connect(("192.0.2.1", 9))
+            address = probe.getsockname()[0]
+        except OSError:
+            address = "127.0.0.1"
+    if address.startswith("127."):
+        pytest.skip("this host has no address besides loopback")
+    with bound_stores(None, single_node=False):  # as --master-addr ADDRESS starts it
+        store = static_tcp_rendezvous.TCPStore(address, 0, 1, True, datetime.timedelta(seconds=10),
+                                               multi_tenant=True)
+        assert listening(store.port) == [address], f"{listening(store.port)=}"
+
+
+def test_a_rank_that_died_of_a_signal_is_named_first():
+    from types import SimpleNamespace as Failure
+
+    from ppprof.dist.launch import failed_ranks
+
+    assert failed_ranks({0: Failure(exitcode=1, pid=10), 1: Failure(exitcode=-9, pid=11)}) == \
+        "rank 1 died of SIGKILL (pid 11); rank 0 stopped after it"
+    assert failed_ranks({1: Failure(exitcode=-9, pid=11)}) == "rank 1 died of SIGKILL (pid 11)"
+    assert failed_ranks({0: Failure(exitcode=1, pid=10), 2: Failure(exitcode=1, pid=12)}) == \
+        "rank 0, 2 failed; the [rank N] lines above say why"

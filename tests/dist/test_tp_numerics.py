@@ -1,6 +1,6 @@
 """Tensor parallelism on real gloo ranks: a TP = 2 stage, built from the same seed's weights sharded, computes what the
 TP = 1 stage computes (hidden states between stages and the logits, chunk after chunk through the KV and Mamba
-pools), for dense, hybrid Mamba2, MoE, and the replicated cases (fewer KV heads or Mamba groups than TP ranks, a
+pools), for dense, hybrid Mamba2, MoE (with a shared expert, sigmoid routing, gated attention), and the replicated cases (fewer KV heads or Mamba groups than TP ranks, a
 vocabulary TP does not divide)."""
 
 import dataclasses
@@ -27,7 +27,11 @@ def specs():
     moe = dataclasses.replace(hybrid, name="moe-only", layers=(LayerSpec(mixers=("attention",), ffn="moe"),) * 2)
     replicated = dataclasses.replace(hybrid, name="replicated", num_key_value_heads=1, mamba_n_groups=1,
                                      vocab_size=509)
-    return [load_spec("tiny-dense"), hybrid, moe, replicated]
+    qwen3_moe = load_spec("tiny-moe")  # q/k norms, softmax routing
+    # Qwen3-Next's gated attention and sigmoid-gated shared expert, DeepSeek-V3's sigmoid routing with its bias
+    shared = dataclasses.replace(qwen3_moe, name="shared-expert", attn_output_gate=True, moe_scoring="sigmoid",
+                                 shared_expert_intermediate_size=64, shared_expert_gate=True)
+    return [load_spec("tiny-dense"), hybrid, moe, replicated, qwen3_moe, shared]
 
 
 def run_stages(spec, tp, tp_rank: int):

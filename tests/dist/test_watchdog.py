@@ -148,3 +148,15 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+@pytest.mark.timeout(60)
+def test_a_deadline_is_said_to_a_tenth_of_a_second():
+    body = """
+    w.measured(0.01)
+    with w.waiting(1):
+        time.sleep(60)
+    """
+    code, out, err, _ = run_rank_script(body, timeout=1.23456)
+    assert code == 1, err
+    assert err.strip() == "error: [rank 0] rank 1 did not answer within 1.2 s during test phase"  # not 1.23456

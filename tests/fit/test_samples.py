@@ -44,7 +44,7 @@ def test_chunk_size_wins_over_chunk_len(tmp_path):
 def test_bad_aliased_values_are_reported(tmp_path):
     pd.DataFrame({"prefix_len": [0, 0], "chunk_len": [64, 0], "latency_ms": [1.0, 2.0]}).to_csv(
         tmp_path / "bad.csv", index=False)
-    with pytest.raises(ValueError, match=r"column chunk_size row 2 is .*0\.0\)?: use an integer >= 1"):
+    with pytest.raises(ValueError, match=r"column chunk_size row 2 is .*0\.0\)?: use an integer in 1\.\.2147483647"):
         read_samples(tmp_path / "bad.csv")
 
 
@@ -66,3 +66,24 @@ def test_a_latency_500x_its_neighbours_is_still_a_measurement(tmp_path):
     data.loc[7, "latency_ms"] *= 500
     data.to_csv(tmp_path / "samples.csv", index=False)
     assert len(read_samples(tmp_path / "samples.csv")) == len(data)
+
+
+@pytest.mark.parametrize("text,match", [
+    ("prefix_len,chunk_size,latency_ms\n0,64,1.0\n0,1e30,2.0\n",
+     r"column chunk_size row 2 is 1e\+30: use an integer in 1\.\.2147483647"),  # was cast to int64 -2**63
+    ("prefix_len,chunk_size,latency_ms\n1e30,64,1.0\n",
+     r"column prefix_len row 1 is 1e\+30: use an integer in 0\.\.2147483647"),
+    ("prefix_len,chunk_size,latency_ms,latency_ms\n0,64,1.0,2.0\n",
+     r"has column\(s\) latency_ms more than once: keep one of each"),  # was read as latency_ms.1, silently
+])
+def test_numbers_past_int64_and_repeated_columns_are_refused(tmp_path, text, match):
+    (tmp_path / "s.csv").write_text(text)
+    with pytest.raises(ValueError, match=match):
+        read_samples(tmp_path / "s.csv")
+
+
+def test_a_device_is_named_as_one_not_as_missing(tmp_path):
+    with pytest.raises(ValueError, match=r"samples file /dev/zero is a character device, not a file"):
+        read_samples("/dev/zero")
+    with pytest.raises(ValueError, match=r"is a folder, not a file"):
+        read_samples(tmp_path)

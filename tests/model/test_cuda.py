@@ -1,5 +1,6 @@
 """The GPU paths against their oracles, on CUDA only (skipped elsewhere; scripts/gpu_check.sh runs them on a GPU):
-SDPA's fast path, FlashInfer's paged prefill and the fused Mamba kernels against the reference / torch paths."""
+SDPA's fast path, FlashInfer's paged prefill, the fused Mamba kernels and fla's delta rule against the reference /
+torch paths; the MLA, MoE and Gated DeltaNet presets chunked == one shot."""
 
 import pytest
 import torch
@@ -101,3 +102,47 @@ def test_a_stage_on_cuda_prefilled_in_chunks_equals_one_shot():
             done += n
         out.append(logits)
     torch.testing.assert_close(out[1], out[0], rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.skipif(not __import__("ppprof.model.deltanet", fromlist=["fla_available"]).fla_available("cuda"),
+                    reason="flash-linear-attention is not installed")
+@pytest.mark.parametrize("seq_len", [1, 100, 2048])
+def test_fla_delta_rule_equals_the_torch_path(seq_len):
+    from ppprof.model.deltanet import DeltaNetKernel, chunk_gated_delta_rule
+
+    gen = torch.Generator().manual_seed(seq_len)
+    heads, dk, dv = 8, 128, 128
+    q = torch.nn.functional.normalize(torch.randn(seq_len, heads, dk, generator=gen), dim=-1) * dk ** -0.5
+    k = torch.nn.functional.normalize(torch.randn(seq_len, heads, dk, generator=gen), dim=-1)
+    v = torch.randn(seq_len, heads, dv, generator=gen)
+    g, beta = -torch.rand(seq_len, heads, generator=gen), torch.rand(seq_len, heads, generator=gen)
+    state = torch.randn(heads, dk, dv, generator=gen) * 0.1
+    args = [t.to(CUDA) for t in (q, k, v.bfloat16(), g, beta)]
+    o, final = DeltaNetKernel(CUDA)(*args, 64, state.to(CUDA))
+    o_ref, final_ref = chunk_gated_delta_rule(*(t.float() for t in args), 64, state.to(CUDA))
+    torch.testing.assert_close(o, o_ref, rtol=5e-2, atol=5e-2)
+    torch.testing.assert_close(final, final_ref, rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("preset", ["tiny-mla", "tiny-moe", "tiny-gdn"])
+def test_the_new_presets_on_cuda_prefilled_in_chunks_equal_one_shot(preset):
+    from ppprof.mem.cache import Request
+    from ppprof.model.stage import Stage, build_stage_cache
+    from ppprof.specs import load_spec
+
+    spec = load_spec(preset)
+    layers = range(spec.num_layers)
+    tokens = torch.randint(spec.vocab_size, (130,), generator=torch.Generator().manual_seed(0)).to(CUDA)
+    out = []
+    for chunks in ([130], [40, 1, 89]):
+        stage = Stage(spec, layers, dtype=torch.float32, device=CUDA, seed=0, attention_backend="sdpa")
+        cache = build_stage_cache(spec, layers, max_total_tokens=256, page_size=16, max_mamba_cache_size=2,
+                                  max_running_requests=2, context_len=256, dtype=torch.float32, device=CUDA)
+        req, done = Request(0), 0
+        assert cache.admit(req)
+        for n in chunks:
+            cache.extend(req, n)
+            logits, _ = stage(cache, req, tokens[done:done + n], None, done)
+            done += n
+        out.append(logits)
+    torch.testing.assert_close(out[1], out[0], rtol=2e-3, atol=2e-3)

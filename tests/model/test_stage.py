@@ -131,7 +131,7 @@ def test_prefill_then_release_leaves_no_leaks():
         cache.check_no_leaks()
 
 
-@pytest.mark.parametrize("preset", ["tiny-dense", "tiny-hybrid"])
+@pytest.mark.parametrize("preset", ["tiny-dense", "tiny-hybrid", "tiny-mla", "tiny-moe", "tiny-gdn"])
 def test_presets_chunked_and_split_equal_one_shot(preset):
     specs = pytest.importorskip("ppprof.specs")
     spec = specs.load_spec(preset)

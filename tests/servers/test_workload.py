@@ -50,3 +50,38 @@ def test_bad_spec_files_are_one_line(tmp_path):
         with pytest.raises(ValueError) as e:
             parse_prompt_spec(str(tmp_path / name))
         assert message in str(e.value), (name, str(e.value))
+
+
+def test_a_long_trace_is_summed_in_bounded_memory(tmp_path, monkeypatch):
+    import tracemalloc
+
+    from ppprof.servers import workload
+
+    monkeypatch.setattr(workload, "BLOCK_ROWS", 1024)  # folds as a 10^7-row trace does, at a test's size
+    num_rows = 30_000
+    lens = np.random.default_rng(0).integers(100, 60000, num_rows)
+    trace = tmp_path / "trace.csv"
+    trace.write_text("request_id,input_len\n" + "".join(f"r{i},{n}\n" for i, n in enumerate(lens)))
+    tracemalloc.start()
+    try:
+        w = parse_prompt_spec(str(trace), 65536)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 6 * 2**20, f"{peak=}"  # every row kept (as before) took 17 MB
+    ref = parse_prompt_spec(",".join(f"{n}:{c}" for n, c in zip(*np.unique(lens, return_counts=True))), 65536)
+    assert w.prompt_lens == ref.prompt_lens and w.weights == pytest.approx(ref.weights)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("4096\n" * 5 + "1" + "0" * 30 + "\n", "line 6: prompt length '1000000000000000000000000000000' is beyond "
+                                           "2147483647 tokens"),  # was an OverflowError into int64
+    ("input_len\n4096\n\n" + "x" * 70000 + "\n", "line 4 is longer than 65536 characters"),
+    ("prompt_len,weight\n4096,1\n8192,-2\n", "line 3: weight -2 must be a positive finite number"),
+    ("# only a comment\n", "holds no prompt length"),
+])
+def test_bad_trace_rows_are_named_by_line(tmp_path, text, message):
+    (tmp_path / "t.csv").write_text(text)
+    with pytest.raises(ValueError) as e:
+        parse_prompt_spec(str(tmp_path / "t.csv"))
+    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)

@@ -32,12 +32,12 @@ def spec():
 
 def test_layer_params_by_hand(spec):
     # attention: q 8*8 + o 8*8 + k 8*4 + v 8*4 = 192; mlp 3*8*16 = 384; two norms 2*8.
-    assert layer_params(spec, spec.layers[0]) == dict(attention=192, mamba=0, mlp=384, moe=0, norm=16)
+    assert layer_params(spec, spec.layers[0]) == dict(attention=192, deltanet=0, mamba=0, mlp=384, moe=0, norm=16)
     # mamba: d_inner 8, conv_dim 8 + 2*1*3 = 14; in_proj 8*(16+6+2) = 192; conv 14*4 + 14 = 70;
     # dt_bias, A_log, D 3*2 = 6; gated norm 8; out_proj 8*8 = 64 -> 340; one norm 8.
-    assert layer_params(spec, spec.layers[1]) == dict(attention=0, mamba=340, mlp=0, moe=0, norm=8)
+    assert layer_params(spec, spec.layers[1]) == dict(attention=0, deltanet=0, mamba=340, mlp=0, moe=0, norm=8)
     # moe: router 8*2 = 16, experts 2*3*8*5 = 240; one norm 8.
-    assert layer_params(spec, spec.layers[2]) == dict(attention=0, mamba=0, mlp=0, moe=256, norm=8)
+    assert layer_params(spec, spec.layers[2]) == dict(attention=0, deltanet=0, mamba=0, mlp=0, moe=256, norm=8)
 
 
 def test_relu2_mlp_and_experts_have_two_matrices(spec):
@@ -50,10 +50,10 @@ def test_relu2_mlp_and_experts_have_two_matrices(spec):
 
 def test_stage_params_by_hand(spec):
     first = stage_params(spec, range(0, 2))
-    assert first == dict(embedding=80, attention=192, mamba=340, mlp=384, moe=0, norm=24, lm_head=0, total=1020)
+    assert first == dict(embedding=80, attention=192, deltanet=0, mamba=340, mlp=384, moe=0, norm=24, lm_head=0, total=1020)
     last = stage_params(spec, range(2, 3))
     # final norm 8 and lm_head 10*8 on the last stage.
-    assert last == dict(embedding=0, attention=0, mamba=0, mlp=0, moe=256, norm=16, lm_head=80, total=352)
+    assert last == dict(embedding=0, attention=0, deltanet=0, mamba=0, mlp=0, moe=256, norm=16, lm_head=80, total=352)
     whole = stage_params(spec, range(3))
     assert whole["total"] == first["total"] + last["total"]
 

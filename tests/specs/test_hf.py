@@ -34,6 +34,30 @@ EXPECTED = {
     "bamba": ("(M- M- *-) x2", dict(hidden_size=128, intermediate_size=320, num_attention_heads=4,
                                    num_key_value_heads=2, head_dim=32, mamba_num_heads=8, mamba_head_dim=32,
                                    mamba_n_groups=1, ssm_state_size=64, conv_kernel=4, mamba_chunk_size=256)),
+    # The published configs (SOURCES.md): DeepSeek-V3, Kimi-K2, DeepSeek-V2.5, Qwen3-235B-A22B, Qwen3-Next-80B-A3B.
+    "deepseek_v3": ("L- x3 + LE x58", dict(
+        hidden_size=7168, num_attention_heads=128, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
+        qk_rope_head_dim=64, v_head_dim=128, num_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048,
+        intermediate_size=18432, moe_scoring="sigmoid", moe_n_group=8, moe_topk_group=4, routed_scaling_factor=2.5,
+        shared_expert_intermediate_size=2048, num_mtp_layers=1, vocab_size=129280)),
+    "kimi_k2": ("L- + LE x60", dict(
+        hidden_size=7168, num_attention_heads=64, q_lora_rank=1536, kv_lora_rank=512, num_experts=384,
+        num_experts_per_tok=8, moe_n_group=1, moe_topk_group=1, routed_scaling_factor=2.827, num_mtp_layers=0,
+        vocab_size=163840)),
+    "deepseek_v2": ("L- + LE x59", dict(
+        hidden_size=5120, num_experts=160, num_experts_per_tok=6, moe_scoring="softmax", norm_topk_prob=False,
+        moe_n_group=8, moe_topk_group=3, shared_expert_intermediate_size=2 * 1536, routed_scaling_factor=16.0)),
+    "qwen3_moe": ("*E x94", dict(hidden_size=4096, num_attention_heads=64, num_key_value_heads=4, head_dim=128,
+                                  num_experts=128, num_experts_per_tok=8, moe_intermediate_size=1536, qk_norm=True,
+                                  norm_topk_prob=True, shared_expert_intermediate_size=0, rope_theta=1e6)),
+    "qwen3_next": ("(DE DE DE *E) x12", dict(
+        hidden_size=2048, num_attention_heads=16, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
+        linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+        num_experts=512, num_experts_per_tok=10, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+        shared_expert_gate=True, attn_output_gate=True, qk_norm=True, rope_theta=5e6)),
+    "qwen3_5_moe": ("(DE DE DE *E) x2", dict(hidden_size=256, num_experts=16, linear_num_value_heads=8,
+                                              num_mtp_layers=1, rope_theta=1e7, attn_output_gate=True)),
+    "qwen3_5": ("(D- *-) x2", dict(hidden_size=256, intermediate_size=512, linear_num_key_heads=4, num_experts=0)),
     "falcon_h1": ("*M- x4", dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                                 mamba_num_heads=6, mamba_head_dim=32, ssm_state_size=16, mamba_n_groups=1,
                                 rope_theta=1e11)),
@@ -55,11 +79,11 @@ def test_mlp_act_from_hidden_act(tmp_path):
 
 
 def test_attention_details_recorded(tmp_path):
-    """Qwen2's q/k/v biases and Qwen3's q/k norms are not modelled but kept in extra."""
+    """Qwen2's q/k/v biases are not modelled but kept in extra; Qwen3's q/k norms are modelled (qk_norm)."""
     qwen2 = load_spec(DATA / "qwen2" / "config.json")
-    assert qwen2.extra["qkv_bias"] is True and "qk_norm" not in qwen2.extra
+    assert qwen2.extra["qkv_bias"] is True and not qwen2.qk_norm
     qwen3 = load_spec(DATA / "qwen3" / "config.json")
-    assert (qwen3.extra["qk_norm"], qwen3.extra["qkv_bias"]) == (True, False)
+    assert (qwen3.qk_norm, qwen3.extra["qkv_bias"]) == (True, False)
     assert load_spec(write(tmp_path, {"model_type": "qwen3", "attention_bias": True})).extra["qkv_bias"] is True
     assert "qkv_bias" not in load_spec(DATA / "llama" / "config.json").extra
 

@@ -1,0 +1,191 @@
+"""Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5) in pure torch: causal conv and the chunked gated delta rule,
+both resumed from and written back to the request's Mamba-pool slot, so a prompt prefilled chunk by chunk ends in the
+same state as one prefilled at once; fla's CUDA kernel when it is importable.
+
+The recurrence, per value head, with the state S (key dim x value dim) in fp32:
+    S_t = exp(g_t) S_{t-1};  S_t = S_t + k_t (beta_t (v_t - S_t^T k_t))^T;  o_t = S_t^T q_t
+(g_t <= 0 the log-decay, beta_t in (0, 1) the write strength, q and k L2-normalised, q scaled by dk^-1/2).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ppprof.mem.cache import Request, StageCache
+from ppprof.mem.req import NO_MAMBA_SLOT
+from ppprof.model.mamba import causal_conv
+from ppprof.specs.spec import ModelSpec
+
+DELTANET_TORCH = "torch chunked delta rule (states fp32)"
+DELTANET_FLA = "fla chunk_gated_delta_rule"
+
+
+def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                               beta: torch.Tensor, initial_state: torch.Tensor | None = None
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The token-by-token recurrence (the oracle). q, k: (T, H, dk); v: (T, H, dv); g, beta: (T, H);
+    initial_state: (H, dk, dv) or None (zeros). Returns o: (T, H, dv) and the final state (H, dk, dv), fp32."""
+    q, k, v, g, beta = (t.float() for t in (q, k, v, g, beta))
+    state = (torch.zeros(q.shape[1], q.shape[2], v.shape[2], device=q.device) if initial_state is None
+             else initial_state.float().clone())
+    out = []
+    for t in range(q.shape[0]):
+        state = state * g[t].exp()[:, None, None]
+        remembered = torch.einsum("hk,hkv->hv", k[t], state)  # S^T k
+        delta = (v[t] - remembered) * beta[t][:, None]  # (H, dv)
+        state = state + k[t][:, :, None] * delta[:, None, :]
+        out.append(torch.einsum("hk,hkv->hv", q[t], state))
+    return torch.stack(out), state
+
+
+def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                           chunk_size: int, initial_state: torch.Tensor | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same recurrence, a block of C steps at a time (the WY form of the delta rule). Same arguments and result
+    as recurrent_gated_delta_rule. A length that is not a multiple of C is padded with g = 0, beta = 0, k = v = 0
+    steps: they leave the state unchanged and their outputs are dropped.
+
+    Inside a block entered with state S, with G_i the cumulative log-decay and gamma_i = exp(G_i):
+    1. the writes u_i = beta_i (v_i - gamma_i S^T k_i - sum_{j<i} (gamma_i / gamma_j) (k_i . k_j) u_j) solve the unit
+       lower-triangular system (I + M) U = beta V - (beta gamma K) S, M_ij = beta_i (gamma_i / gamma_j) k_i . k_j (j < i):
+       U = Uv - W S with Uv = (I + M)^-1 beta V and W = (I + M)^-1 (beta gamma K), both independent of S;
+    2. o_i = gamma_i S^T q_i + sum_{j<=i} (gamma_i / gamma_j) (q_i . k_j) u_j;
+    3. the state leaving the block: gamma_C S + sum_j (gamma_C / gamma_j) k_j u_j^T.
+    Steps 1's solves and 2's intra-block scores run for every block at once; only the state is carried in order.
+    """
+    seq_len, heads, dk = q.shape
+    dv = v.shape[2]
+    q, k, v, g, beta = (t.float() for t in (q, k, v, g, beta))
+    pad = -seq_len % chunk_size
+    if pad:  # pads the time axis (dim 0) at its end
+        q, k, v, g, beta = (F.pad(t, (0,) * (2 * t.dim() - 1) + (pad,)) for t in (q, k, v, g, beta))
+    blocks, c = (seq_len + pad) // chunk_size, chunk_size
+
+    def split(t: torch.Tensor) -> torch.Tensor:  # (T, H, ...) -> (H, blocks, C, ...)
+        return t.view(blocks, c, heads, *t.shape[2:]).movedim(2, 0)
+
+    q, k, v, g, beta = (split(t) for t in (q, k, v, g, beta))
+    cum = g.cumsum(dim=-1)  # (H, blocks, C): G_i
+    lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    # gamma_i / gamma_j for j <= i, 0 above (masked before exp: G_i - G_j > 0 there and could overflow).
+    decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(~lower, -math.inf).exp()  # (H, blocks, C, C)
+    k_beta = k * beta[..., None]
+    m = (k_beta @ k.transpose(-1, -2) * decay).tril(-1)  # (H, blocks, C, C)
+    system = m + torch.eye(c, device=q.device)
+    uv = torch.linalg.solve_triangular(system, v * beta[..., None], upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(system, k_beta * cum.exp()[..., None], upper=False, unitriangular=True)
+    scores = q @ k.transpose(-1, -2) * decay  # (H, blocks, C, C), causal with its diagonal
+    q_decayed = q * cum.exp()[..., None]
+    last = cum[..., -1]  # (H, blocks): G_C
+    k_to_end = k * (last[..., None] - cum).exp()[..., None]  # (H, blocks, C, dk)
+
+    state = (torch.zeros(heads, dk, dv, device=q.device) if initial_state is None
+             else initial_state.float().clone())
+    out = torch.empty(heads, blocks, c, dv, device=q.device)
+    for b in range(blocks):
+        u = uv[:, b] - w[:, b] @ state  # (H, C, dv)
+        out[:, b] = q_decayed[:, b] @ state + scores[:, b] @ u
+        state = last[:, b].exp()[:, None, None] * state + k_to_end[:, b].transpose(-1, -2) @ u
+    return out.movedim(0, 2).reshape(blocks * c, heads, dv)[:seq_len], state
+
+
+def fla_available(device_type: str) -> bool:
+    """flash-linear-attention's Triton kernels run on CUDA when the package is importable (ppprof[gpu])."""
+    return device_type == "cuda" and importlib.util.find_spec("fla") is not None
+
+
+class DeltaNetKernel:
+    """The chunked delta rule of a stage's Gated DeltaNet layers: fla's fused kernel when importable, else the
+    torch path above. `kernel` says which."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.fused = fla_available(device.type)
+        self.kernel = DELTANET_FLA if self.fused else DELTANET_TORCH
+
+    def __call__(self, q, k, v, g, beta, chunk_size: int, initial_state: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.fused:
+            return chunk_gated_delta_rule(q, k, v, g, beta, chunk_size, initial_state)
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
+
+        # fla takes (batch, T, heads, dim) with q, k, v of one dtype; q is already scaled (scale 1).
+        q, k = q.to(v.dtype), k.to(v.dtype)
+        o, state = fla_chunk(q=q[None], k=k[None], v=v[None], g=g[None].float(), beta=beta[None].to(v.dtype),
+                             scale=1.0, initial_state=initial_state[None].float(), output_final_state=True)
+        return o[0].float(), state[0].float()
+
+
+class GatedDeltaNet(nn.Module):
+    """in_proj_qkvz -> q, k, v, z; in_proj_ba -> beta, the decay's input; causal conv + SiLU over q, k, v; the gated
+    delta rule; RMSNorm per head gated by silu(z); out_proj. Hv / Hk value heads share a key head."""
+
+    def __init__(self, spec: ModelSpec, layer_id: int, *, dtype: torch.dtype, device: str | torch.device,
+                 kernel: DeltaNetKernel | None = None) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.kernel = kernel or DeltaNetKernel(torch.device(device))
+        self.num_k_heads, self.num_v_heads = spec.linear_num_key_heads, spec.linear_num_value_heads
+        self.k_dim, self.v_dim = spec.linear_key_head_dim, spec.linear_value_head_dim
+        self.key_size, self.value_size = spec.deltanet_key_dim, spec.deltanet_value_dim
+        self.chunk_size, self.eps = spec.deltanet_chunk_size, spec.rms_norm_eps
+        kw = dict(dtype=dtype, device=device)
+        h = spec.hidden_size
+        self.in_proj_qkvz = nn.Linear(h, 2 * self.key_size + 2 * self.value_size, bias=False, **kw)
+        self.in_proj_ba = nn.Linear(h, 2 * self.num_v_heads, bias=False, **kw)
+        self.conv_weight = nn.Parameter(torch.empty(spec.deltanet_conv_dim, spec.linear_conv_kernel_dim, **kw))
+        # A and dt bias stay fp32, as in the reference implementation: they enter exp/softplus on every step.
+        self.a_log = nn.Parameter(torch.empty(self.num_v_heads, dtype=torch.float32, device=device))
+        self.dt_bias = nn.Parameter(torch.empty(self.num_v_heads, dtype=torch.float32, device=device))
+        self.norm_weight = nn.Parameter(torch.empty(self.v_dim, **kw))
+        self.out_proj = nn.Linear(self.value_size, h, bias=False, **kw)
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator, std: float) -> None:
+        """Random projections, a conv of unit gain, A in [1, 16] and dt in [1e-3, 1e-1] as Mamba2's init."""
+        def draw(p: torch.Tensor, t: torch.Tensor) -> None:
+            p.copy_(t.to(p.dtype))
+
+        for proj in (self.in_proj_qkvz, self.in_proj_ba):
+            draw(proj.weight, torch.randn(proj.weight.shape, generator=generator) * std)
+        kernel = self.conv_weight.shape[1]
+        draw(self.conv_weight, torch.randn(self.conv_weight.shape, generator=generator) / math.sqrt(kernel))
+        draw(self.a_log, torch.empty(self.num_v_heads).uniform_(1.0, 16.0, generator=generator).log())
+        dt = torch.empty(self.num_v_heads).uniform_(math.log(1e-3), math.log(1e-1), generator=generator).exp()
+        draw(self.dt_bias, dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+        draw(self.norm_weight, torch.ones(self.v_dim))
+        draw(self.out_proj.weight, torch.randn(self.out_proj.weight.shape, generator=generator) * std)
+
+    def forward(self, x: torch.Tensor, cache: StageCache, req: Request) -> torch.Tensor:
+        """x: (n, hidden), the request's next n tokens -> (n, hidden). Reads and rewrites the conv and recurrent
+        state in the request's Mamba-pool slot."""
+        n = x.shape[0]
+        pool, slot = cache.mamba_pool, cache.mamba_slot(req)
+        if pool is None or slot == NO_MAMBA_SLOT:
+            raise ValueError(f"request {req.rid} holds no Mamba slot on this stage: admit it first (cache.admit)")
+        conv_state = pool.conv[self.layer_id][slot]  # (conv_dim, kernel - 1)
+        state = pool.ssm[self.layer_id][slot]  # (Hv, dk, dv), fp32
+
+        qkv, z = self.in_proj_qkvz(x).split([2 * self.key_size + self.value_size, self.value_size], dim=-1)
+        b, a = self.in_proj_ba(x).float().split([self.num_v_heads, self.num_v_heads], dim=-1)  # (n, Hv) each
+        qkv, new_conv_state = causal_conv(qkv, conv_state, self.conv_weight, None)
+        conv_state.copy_(new_conv_state)
+        q, k, v = F.silu(qkv).split([self.key_size, self.key_size, self.value_size], dim=-1)
+        group = self.num_v_heads // self.num_k_heads
+        q = q.view(n, self.num_k_heads, self.k_dim).float().repeat_interleave(group, dim=1)  # (n, Hv, dk)
+        k = k.view(n, self.num_k_heads, self.k_dim).float().repeat_interleave(group, dim=1)
+        q = F.normalize(q, dim=-1) * self.k_dim ** -0.5
+        k = F.normalize(k, dim=-1)
+        v = v.view(n, self.num_v_heads, self.v_dim)
+        beta = b.sigmoid()
+        g = -self.a_log.exp() * F.softplus(a + self.dt_bias)  # (n, Hv), <= 0
+
+        o, final_state = self.kernel(q, k, v, g, beta, self.chunk_size, state)  # (n, Hv, dv) fp32
+        state.copy_(final_state)
+        o = o * torch.rsqrt(o.pow(2).mean(dim=-1, keepdim=True) + self.eps)  # RMSNorm per head
+        o = o.to(x.dtype) * self.norm_weight * F.silu(z.view(n, self.num_v_heads, self.v_dim))
+        return self.out_proj(o.reshape(n, self.value_size))
