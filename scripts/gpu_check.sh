@@ -66,6 +66,27 @@ profile llama3-8b-reference --model llama3-8b --num-layers $((2 * pp)) --dtype b
 profile nemotron-h-8b --config configs/profile-nemotron-h-8b-gpu.yaml --num-layers $((8 * pp)) \
   --requests-per-probe 32 --prefix-lens 8192,32768
 
+# PP2 x TP2 over NCCL (a 2-D mesh, TP ranks of a stage on adjacent GPUs): four GPUs, one a rank.
+if [ "$ngpu" -ge 4 ]; then
+  tp_out="$out/llama3-8b-pp2-tp2"
+  step "profile llama3-8b PP2 x TP2 (NCCL)"
+  timeout 420 .venv/bin/ppprof profile --device cuda --pp-size 2 --tp-size 2 --nproc-per-node 4 --out "$tp_out" \
+    --model llama3-8b --num-layers 4 --dtype bf16 --base-chunk-size 2048 --page-size 64 --requests-per-probe 32 \
+    --prefix-lens 2048,8192,32768 > "$tp_out.log" 2>&1 || { status=1; tail -n 5 "$tp_out.log" | tee -a "$out/summary.txt"; }
+  if [ -f "$tp_out/run.json" ]; then
+    $PY - "$tp_out" <<'EOF' | tee -a "$out/summary.txt"
+import json, sys
+run = json.load(open(f"{sys.argv[1]}/run.json"))
+print(f"  status {run['status']}; world {run['world_size']} = pp {run['pp_size']} x tp {run['tp_size']}")
+for s, (ms, peak) in enumerate(zip(run["median_forward_ms_per_tp_rank"], run["peak_memory_bytes_per_tp_rank"])):
+    print(f"  stage {s}: median forward per TP rank {ms} ms, peak {[round(p / 2**30, 2) if p else None for p in peak]} GiB")
+EOF
+    .venv/bin/ppprof validate "$tp_out/policy.json" 2>&1 | tee -a "$out/summary.txt"
+  fi
+else
+  step "profile PP2 x TP2 skipped: it needs 4 GPUs, $ngpu visible"
+fi
+
 step "model --memory for the shipped GPU config"
 .venv/bin/ppprof model nemotron-h-8b --memory --config configs/profile-nemotron-h-8b-gpu.yaml \
   > "$out/memory-nemotron-h-8b.txt" 2>&1 || status=1

@@ -77,7 +77,7 @@ class PromptRunner:
                 s.cache.release(req)
         self.pipe.measured(time.perf_counter() - start)
         stop_if_any_failed(self.pipe, error)
-        leaks = self.pipe.all_gather([(s.index, s.cache.leaks()) for s in self.stages])
+        leaks = self.pipe.all_gather_ranks([(s.index, s.cache.leaks()) for s in self.stages])
         found = [f"stage {i}: {describe_leaks(lk)}" for per_rank in leaks for i, lk in per_rank if lk]
         if found:
             raise RunError(f"leak check failed after prompt {prompt.index}: " + "; ".join(found))
@@ -114,11 +114,13 @@ class PromptRunner:
                         with Timer(self.device) as t:
                             x, residual = s.stage(s.cache, req, x, residual, prefix_len)
                         first_start = t.start if first_start is None else first_start
-                        row.update(start_ms=(t.start - t0) * 1e3, end_ms=(t.start - t0) * 1e3 + t.elapsed_ms,
-                                   compute_ms=t.elapsed_ms)
+                        compute_ms = pipe.tp_slowest(t.elapsed_ms)  # the stage's: its slowest TP rank's
+                        row.update(start_ms=(t.start - t0) * 1e3, end_ms=(t.start - t0) * 1e3 + compute_ms,
+                                   compute_ms=compute_ms)
                     except Exception as e:
                         status, error = FAILED, (f"stage {s.index}, prompt {prompt.index}, chunk {k} "
                                                  f"({prefix_len} + {n} tokens): {type(e).__name__}: {e}")
+                        pipe.tp_failed(error)  # under TP, the run's verdict (its TP peers may wait in an all-reduce)
                 result.rows.append(row)
             if not pipe.is_last:
                 sends.append(pipe.isend_activation(status, x, residual, n))

@@ -29,7 +29,8 @@ PROFILES = "[the profile's]"
               "--json` output); its prompt lengths are the default --prompt-len.")
 @click.option("--repeats", type=int, help=f"Prompts per strategy and prompt length, interleaved. "
                                             f"{shown('repeats', settings=BenchConfig)}")
-@click.option("--pp", type=int, help=f"Pipeline stages; more than the ranks: replay only. {PROFILES}")
+@click.option("--pp-size", "--pp", "pp", type=int,
+              help=f"Pipeline stages (--pp: the same); more than the profile's: replay only. {PROFILES}")
 @click.option("--out", help="Run folder. [results/<time>-bench-<model>]")
 @click.option("--nproc-per-node", type=int, help=f"Ranks on this node. {PROFILES}")
 @click.option("--device", type=click.Choice(DEVICES), help=PROFILES)

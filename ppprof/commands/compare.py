@@ -24,7 +24,7 @@ from ppprof.policy.compare import DEFAULT_TOLERANCES, parse_tolerances, render
               + ". Values are fractions (0.1), percentages (10%) or none.")
 @click.option("--prompt-len", "prompt_lens", type=int, multiple=True,
               help="Prompt length whose predicted TTFT is compared (repeat)  [default: 4, 16 and 64 x B]")
-@click.option("--pp", "num_stages", type=int, default=None,
+@click.option("--pp-size", "--pp", "num_stages", type=int, default=None,
               help="Pipeline stages of the predicted TTFT  [default: the baseline's profiled stages]")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="PNG of both chunk-size tables and both latency models.")

@@ -93,7 +93,7 @@ def policy_options(f):
                           f"policy. {shown('min_gain', settings=PolicyOptions)}"),
         click.option("--overhead-ms", type=float, default=None,
                      help="Per-chunk pipeline overhead in ms. [default: the profile's measured one, else 0]"),
-        click.option("--pp", "num_stages", type=int, default=None,
+        click.option("--pp-size", "--pp", "num_stages", type=int, default=None,
                      help="Pipeline stages the rules are chosen for. [default: the profile's]"),
         click.option("--extrapolate", is_flag=True, default=False,
                      help="Let the rules plan chunks (up to 4 B) and prompts (up to the context) beyond the "

@@ -48,7 +48,7 @@ def echo_plan(p: Plan) -> None:
 @click.command("plan", epilog="Example: ppprof plan results/my-run/policy.json --prompt-len 32768 --pp 4")
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False))
 @click.option("--prompt-len", type=int, required=True, help="Prompt length in tokens.")
-@click.option("--pp", "num_stages", type=int, default=None,
+@click.option("--pp-size", "--pp", "num_stages", type=int, default=None,
               help="Pipeline stages  [default: the policy's profiled stages, else 1]")
 @click.option("--strategy", type=click.Choice(STRATEGIES + ("all",)), default="all", show_default=True,
               help="policy (the prompt-aware rule), policy-history (its history-only table), greedy (SGLang's rule "

@@ -22,8 +22,11 @@ from ppprof.run.settings import resolve_config, resume_config
 @click.command("profile", epilog="Example: ppprof profile --model tiny-dense --out results/my-run")
 @click.option("--model", help=f"Preset name, YAML spec, or HuggingFace config.json / folder. {shown('model')}")
 @click.option("--num-layers", type=int, help="Keep the layer pattern with this many layers.")
-@click.option("--nproc-per-node", type=int, help=f"Ranks on this node, one pipeline stage each. "
-                                                 f"{shown('nproc_per_node')}")
+@click.option("--nproc-per-node", type=int, help="Ranks on this node; nnodes x nproc-per-node = pp-size x tp-size. "
+                                                 "[pp-size x tp-size]")
+@click.option("--pp-size", type=int, help="Pipeline stages (SGLang's --pp-size). [the ranks / tp-size; 2 on one node]")
+@click.option("--tp-size", type=int, help="Tensor-parallel ranks of each stage, adjacent on one node (SGLang's "
+                                          f"--tp-size). {shown('tp_size')}")
 @click.option("--dtype", help="float32, bfloat16 or float16 (or fp32, bf16, fp16). [bf16 on cuda, fp32 on cpu]")
 @sizing_options
 @click.option("--num-prefix-lens", type=int, help=f"Default prefix lengths, log-spaced from B to the context. "
@@ -58,8 +61,9 @@ from ppprof.run.settings import resolve_config, resume_config
 def profile(config_path, resolved_config, inject_fault, overwrite, resume_dir, **options) -> None:
     """Profile prefill chunks on every stage of a pipeline and write samples.csv, run.json and policy.json.
 
-    Without torchrun it starts its own ranks (--nproc-per-node per node; torchrun's multi-node options work too).
-    Started by torchrun (`torchrun --nproc-per-node 2 -m ppprof profile ...`) it runs as one rank.
+    Without torchrun it starts its own ranks (--nproc-per-node per node, by default --pp-size x --tp-size;
+    torchrun's multi-node options work too). Started by torchrun (`torchrun --nproc-per-node 2 -m ppprof profile
+    ...`) it runs as one rank. The ranks form a (pp, tp) mesh: rank = stage x tp-size + TP rank.
     """
     torchrun = {name: options.pop(name) for name, _ in TORCHRUN_OPTIONS}
     if resolved_config is not None:

@@ -23,7 +23,7 @@ from ppprof.servers.workload import parse_prompt_spec
 @click.option("--prompt-lens", "spec", required=True, metavar="SPEC",
               help="Prompt lengths: a list (8192,32768; weights as 8192:3,32768:1) or a file (one a line, or a CSV "
                    "with a prompt_len column and an optional weight column; a trace's rows count once each).")
-@click.option("--pp", "num_stages", type=int, default=None,
+@click.option("--pp-size", "--pp", "num_stages", type=int, default=None,
               help="Pipeline stages  [default: the policy's profiled stages, else 1]")
 @click.option("--server", type=click.Choice(SERVERS), default=DEFAULT_SERVER, show_default=True,
               help="The server whose flags, boot fit and chunk rule are tuned.")

@@ -12,6 +12,7 @@ from ppprof.config.chunk import DEFAULT_CONTEXT_LEN, ChunkSettings
 from ppprof.config.policy import DEFAULT_MIN_GAIN, PolicyOptions
 from ppprof.specs.dtypes import normalize_dtype
 from ppprof.specs.spec import MAX_LAYERS
+from ppprof.specs.tp import MAX_TP_SIZE
 
 MAX_REQUESTS_PER_PROBE = 128
 MIN_REQUESTS_PER_PROBE = 8
@@ -33,7 +34,8 @@ MAX_OVERHEAD_REPEATS = 100
 """The most rounds of the pipeline overhead's fixed plans."""
 INT_FIELDS = (
     # (field, low, high, may be None)
-    ("num_layers", 1, MAX_LAYERS, True), ("nproc_per_node", 1, MAX_STAGES, False),
+    ("num_layers", 1, MAX_LAYERS, True), ("nproc_per_node", 1, MAX_STAGES, True),
+    ("tp_size", 1, MAX_TP_SIZE, False), ("pp_size", 1, MAX_STAGES, True),
     ("base_chunk_size", 1, MAX_TOKENS, False), ("requests_per_probe", MIN_REQUESTS_PER_PROBE, MAX_REQUESTS_PER_PROBE,
                                                  False),
     ("page_size", 1, MAX_TOKENS, False), ("max_mamba_cache_size", 1, MAX_SLOTS, False),
@@ -91,6 +93,8 @@ def check_types(cfg: "ProfileConfig") -> None:
     cfg.layer_partition = int_tuple("layer_partition", cfg.layer_partition, None)  # split_layers says why < 1
     if cfg.layer_partition is not None and len(cfg.layer_partition) > MAX_STAGES:
         raise ValueError(f"--layer-partition has {len(cfg.layer_partition)} stages: use at most {MAX_STAGES}")
+DEFAULT_PP_SIZE = 2
+"""Stages of a one-node profile where neither --pp-size nor --nproc-per-node is given."""
 MAX_DESIGN_REQUESTS = 1_000_000
 """The most requests --max-requests allows the adaptive design."""
 DESIGNS = ("grid", "adaptive")
@@ -109,8 +113,14 @@ class ProfileConfig:
     """Preset name, YAML spec, or HuggingFace config.json (or a folder holding one)."""
     num_layers: int | None = None
     """Keep the model's layer pattern but only this many layers (real shapes on a small machine)."""
-    nproc_per_node: int = 2
-    """Ranks on this node; the pipeline has one stage per rank (nnodes x nproc_per_node stages)."""
+    nproc_per_node: int | None = None
+    """Ranks on this node (nnodes x nproc_per_node = pp_size x tp_size ranks in all); default (None, resolved at
+    construction): pp_size x tp_size, 2 x tp_size without pp_size."""
+    pp_size: int | None = None
+    """Pipeline stages (SGLang's --pp-size); default: the job's ranks over tp_size."""
+    tp_size: int = 1
+    """Tensor-parallel ranks of each stage (SGLang's --tp-size), adjacent ranks of one node: rank = stage x tp_size
+    + TP rank."""
     device: str = "cpu"
     """cpu (gloo) or cuda (NCCL, one GPU per rank)."""
     dtype: str | None = None
@@ -174,6 +184,11 @@ class ProfileConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
+        if self.nproc_per_node is None:
+            self.nproc_per_node = (self.pp_size or DEFAULT_PP_SIZE) * self.tp_size
+            if self.nproc_per_node > MAX_STAGES:
+                raise ValueError(f"--pp-size x --tp-size = {self.nproc_per_node} ranks exceed {MAX_STAGES} a node: "
+                                 "give --nproc-per-node (and --nnodes) for a job over several nodes")
         try:
             self.dtype = normalize_dtype(self.dtype)
         except ValueError as e:

@@ -16,7 +16,7 @@ class RunError(RuntimeError):
 def stop_if_any_failed(pipe: Pipe, error: str | None) -> None:
     """Every rank says whether it failed; if any did, every rank raises RunError with all the messages."""
     if pipe.any_true(error is not None):
-        errors = [f"rank {r}: {e}" for r, e in enumerate(pipe.all_gather(error)) if e is not None]
+        errors = [f"rank {r}: {e}" for r, e in enumerate(pipe.all_gather_ranks(error)) if e is not None]
         raise RunError("; ".join(errors) or "a rank failed without a message")
 
 

@@ -11,7 +11,8 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from ppprof.dist.watchdog import DEFAULT_TIMEOUT_S, Watchdog, die_with_parent, launcher_store
+from ppprof.dist.mesh import Mesh, build_mesh
+from ppprof.dist.watchdog import DEFAULT_TIMEOUT_S, EVERY_RANK, Watchdog, die_with_parent, launcher_store
 
 DIST_TIMEOUT_S = 600
 """How long gloo / NCCL let a collective wait (PPPROF_DIST_TIMEOUT overrides it): a backstop behind the watchdog."""
@@ -28,12 +29,15 @@ class RankInfo:
     backend: str
     watchdog: Watchdog | None = None
     """Deadlines on this rank's waits, its signals and its parent (ppprof.dist.watchdog)."""
+    mesh: Mesh | None = None
+    """The job's (pp, tp) mesh (ppprof.dist.mesh): this rank's stage and TP rank, and their groups."""
 
 
 @contextmanager
-def process_group(device_type: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[RankInfo]:
-    """Join the group that torchrun (or the elastic launcher) described in the environment; leave it on exit. The
-    rank dies with its launcher, and its watchdog (deadlines from `timeout_s`, SIGINT/SIGTERM) runs from the start."""
+def process_group(device_type: str, timeout_s: float = DEFAULT_TIMEOUT_S, tp_size: int = 1) -> Iterator[RankInfo]:
+    """Join the group that torchrun (or the elastic launcher) described in the environment, as a (world / tp_size,
+    tp_size) mesh; leave it on exit. The rank dies with its launcher, and its watchdog (deadlines from `timeout_s`,
+    SIGINT/SIGTERM) runs from the start."""
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     die_with_parent()
     watchdog = Watchdog(rank, world_size, timeout_s).start()
@@ -48,8 +52,10 @@ def process_group(device_type: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> Ite
     store = launcher_store()
     if store is not None:
         watchdog.attach(store)
+    with watchdog.waiting(EVERY_RANK):  # creating the mesh's groups is collective
+        mesh = build_mesh(device_type, world_size, rank, tp_size, watchdog)
     try:
-        yield RankInfo(rank, world_size, local_rank, device, backend, watchdog)
+        yield RankInfo(rank, world_size, local_rank, device, backend, watchdog, mesh)
     finally:
         watchdog.close()
         dist.destroy_process_group()

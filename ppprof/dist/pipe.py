@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ppprof.dist.mesh import Mesh, TPGroup
 from ppprof.dist.watchdog import EVERY_RANK, Watchdog
 
 OK = 0
@@ -38,16 +39,59 @@ class PendingActivation:
 class Pipe:
     """This rank's links to its neighbours in the pipeline (activations down, "done" back to rank 0), and the few
     collectives of a run (agreement, gather, broadcast). With a watchdog, every wait on another rank has a deadline
-    (ppprof.dist.watchdog)."""
+    (ppprof.dist.watchdog).
+
+    `rank` is this rank's stage and `world_size` the number of stages. With a (pp, tp) mesh, TP rank t of a stage
+    sends its whole hidden state to TP rank t of the next over the mesh's pp group: after the row-parallel
+    all-reduce every TP rank holds the full (replicated) hidden, so one send per TP rank needs no collective on the
+    receiving side and keeps the pipelined receive a point-to-point wait (servers send 1/tp each and all-gather
+    instead, which moves 1/tp of the bytes a link). The agreement, gathers, broadcasts and barriers span every rank
+    of the mesh; `all_gather` gives one entry a stage (its TP rank 0's: the TP ranks of a stage agree on what they
+    gather, their latencies being the slowest's), `all_gather_ranks` one a rank."""
 
     def __init__(self, *, rank: int, world_size: int, device: torch.device, hidden_size: int,
-                 dtype: torch.dtype, watchdog: Watchdog | None = None) -> None:
+                 dtype: torch.dtype, watchdog: Watchdog | None = None, mesh: Mesh | None = None) -> None:
         self.rank = rank
         self.world_size = world_size
         self.device = device
         self.hidden_size = hidden_size
         self.dtype = dtype
         self.watchdog = watchdog
+        self.mesh = mesh
+        self.tp_size = 1 if mesh is None else mesh.coords.tp_size
+        self.num_ranks = world_size * self.tp_size
+        self._group = None if mesh is None else mesh.pp_group
+
+    @property
+    def tp(self) -> TPGroup | None:
+        """This stage's TP group (None without a mesh)."""
+        return None if self.mesh is None else self.mesh.tp
+
+    def peer(self, stage: int) -> int:
+        """The global rank this rank talks to on `stage` (its own TP rank there)."""
+        return stage if self.mesh is None else self.mesh.coords.global_rank(stage)
+
+    def tp_barrier(self) -> None:
+        """Every TP rank of this stage starts the next timed forward together (nothing at TP = 1)."""
+        if self.tp_size > 1:
+            self.mesh.tp.barrier()
+
+    def tp_slowest(self, ms: float) -> float:
+        """A stage's latency: the slowest of its TP ranks' (`ms` at TP = 1)."""
+        return self.mesh.tp.slowest(ms) if self.tp_size > 1 else ms
+
+    def tp_failed(self, message: str) -> None:
+        """This TP rank's forward failed (nothing at TP = 1, where the agreement reaches every rank). Its TP peers
+        may be waiting for it inside a layer's all-reduce, out of reach of the agreement, and any collective this
+        rank joined now could meet theirs on the same communicator (at PP = 1 the TP group is every rank): so the
+        failure becomes the run's verdict and this rank waits, joining nothing, until the watchdog's deadline ends
+        it; every other rank ends at its own deadline with the same message. Does not return under a watchdog."""
+        if self.tp_size == 1 or self.watchdog is None:
+            return
+        self.watchdog.publish(f"rank {self.mesh.coords.rank}: {message}")
+        with self.waiting():
+            while True:
+                time.sleep(1.0)
 
     def waiting(self, peer: int = EVERY_RANK) -> AbstractContextManager:
         """Around a wait on rank `peer` (EVERY_RANK: a collective): the watchdog's deadline applies."""
@@ -71,28 +115,28 @@ class Pipe:
 
     def send_activation(self, status: int, hidden: torch.Tensor | None, residual: torch.Tensor | None) -> None:
         """To the next stage: the header, then (when OK) hidden and residual, each (chunk_size, hidden_size)."""
-        dst = self.rank + 1
+        dst = self.peer(self.rank + 1)
         chunk_size = 0 if status != OK else hidden.shape[0]
         with self.waiting(dst):
-            dist.send(self._header(status, chunk_size), dst)
+            dist.send(self._header(status, chunk_size), dst, group=self._group)
             if status == OK:
                 # The receiver allocates buffers of the pipeline dtype, so send exactly that.
-                dist.send(hidden.to(self.dtype).contiguous(), dst)
-                dist.send(residual.to(self.dtype).contiguous(), dst)
+                dist.send(hidden.to(self.dtype).contiguous(), dst, group=self._group)
+                dist.send(residual.to(self.dtype).contiguous(), dst, group=self._group)
 
     def recv_activation(self) -> tuple[int, torch.Tensor | None, torch.Tensor | None]:
         """From the previous stage: (status, hidden, residual); the tensors are None when the status is not OK."""
-        src = self.rank - 1
+        src = self.peer(self.rank - 1)
         header = self._header(OK, 0)
         with self.waiting(src):
-            dist.recv(header, src)
+            dist.recv(header, src, group=self._group)
             status, chunk_size = (int(v) for v in header.tolist())
             if status != OK:
                 return status, None, None
             hidden = torch.empty((chunk_size, self.hidden_size), dtype=self.dtype, device=self.device)
             residual = torch.empty_like(hidden)
-            dist.recv(hidden, src)
-            dist.recv(residual, src)
+            dist.recv(hidden, src, group=self._group)
+            dist.recv(residual, src, group=self._group)
         return status, hidden, residual
 
     def isend_activation(self, status: int, hidden: torch.Tensor | None, residual: torch.Tensor | None,
@@ -100,26 +144,26 @@ class Pipe:
         """Non-blocking send to the next stage of the header and both tensors, always of shape (chunk_size, hidden),
         zeros when the status is not OK (the receiver posted its receives for exactly these shapes). Returns the works
         to wait on."""
-        dst = self.rank + 1
+        dst = self.peer(self.rank + 1)
         if status != OK:
             hidden = residual = torch.zeros((chunk_size, self.hidden_size), dtype=self.dtype, device=self.device)
         tensors = (self._header(status, chunk_size), hidden.to(self.dtype).contiguous(),
                    residual.to(self.dtype).contiguous())
-        return [dist.isend(t, dst) for t in tensors]
+        return [dist.isend(t, dst, group=self._group) for t in tensors]
 
     def irecv_activation(self, chunk_size: int) -> "PendingActivation":
         """Post the receives of the previous stage's next chunk of `chunk_size` tokens; wait() on the result."""
-        src = self.rank - 1
+        src = self.peer(self.rank - 1)
         header = self._header(OK, 0)
         hidden = torch.empty((chunk_size, self.hidden_size), dtype=self.dtype, device=self.device)
         residual = torch.empty_like(hidden)
-        return PendingActivation([dist.irecv(t, src) for t in (header, hidden, residual)], header, hidden, residual,
-                                 self.waiting(src))
+        works = [dist.irecv(t, src, group=self._group) for t in (header, hidden, residual)]
+        return PendingActivation(works, header, hidden, residual, self.waiting(src))
 
     def wait_sends(self, works: list) -> None:
         """Wait for the works of isend_activation (the next stage receives them); on CUDA until they are done, so that
         a next stage that never receives is met here, under the deadline, not in a later unwatched sync."""
-        with self.waiting(self.rank + 1):
+        with self.waiting(self.peer(self.rank + 1)):
             for w in works:
                 w.wait()
             if self.device.type == "cuda":
@@ -127,7 +171,7 @@ class Pipe:
 
     def barrier(self) -> None:
         with self.waiting():
-            dist.barrier()
+            dist.barrier()  # every rank of the mesh
 
     def round_trips_ms(self, boundary: int, chunk_size: int, repeats: int) -> list[float]:
         """Transfer time across the boundary between ranks `boundary` and `boundary + 1`: the first sends one chunk's
@@ -138,34 +182,36 @@ class Pipe:
         tensors = [torch.zeros((chunk_size, self.hidden_size), dtype=self.dtype, device=self.device)
                    for _ in range(2)]
         out = []
-        peer = boundary + 1 if self.rank == boundary else boundary
+        peer = self.peer(boundary + 1 if self.rank == boundary else boundary)
         with self.waiting(peer):
             for _ in range(repeats):
                 if self.rank == boundary:
                     start = time.perf_counter()
                     for t in tensors:
-                        dist.send(t, boundary + 1)
+                        dist.send(t, peer, group=self._group)
                     for t in tensors:
-                        dist.recv(t, boundary + 1)
+                        dist.recv(t, peer, group=self._group)
                     if self.device.type == "cuda":
                         torch.cuda.synchronize(self.device)
                     out.append((time.perf_counter() - start) * 1e3)
                 else:
                     for t in tensors:
-                        dist.recv(t, boundary)
+                        dist.recv(t, peer, group=self._group)
                     for t in tensors:
-                        dist.send(t, boundary)
+                        dist.send(t, peer, group=self._group)
         return out
 
     def send_done(self, status: int) -> None:
         """Last stage -> first stage: the request has left the pipeline (ends the end-to-end timing)."""
-        with self.waiting(0):
-            dist.send(self._header(status, 0), 0)
+        first = self.peer(0)
+        with self.waiting(first):
+            dist.send(self._header(status, 0), first, group=self._group)
 
     def recv_done(self) -> int:
         header = self._header(OK, 0)
-        with self.waiting(self.world_size - 1):
-            dist.recv(header, self.world_size - 1)
+        last = self.peer(self.world_size - 1)
+        with self.waiting(last):
+            dist.recv(header, last, group=self._group)
             return int(header[0].item())
 
     def any_true(self, flag: bool) -> bool:
@@ -176,8 +222,12 @@ class Pipe:
             return bool(t.item())
 
     def all_gather(self, obj: Any) -> list[Any]:
-        """`obj` of every rank, on every rank (picklable objects)."""
-        out: list[Any] = [None] * self.world_size
+        """`obj` of every stage (its TP rank 0's), on every rank (picklable objects)."""
+        return self.all_gather_ranks(obj)[::self.tp_size]
+
+    def all_gather_ranks(self, obj: Any) -> list[Any]:
+        """`obj` of every rank, in rank order, on every rank (picklable objects)."""
+        out: list[Any] = [None] * self.num_ranks
         with self.waiting():
             dist.all_gather_object(out, obj)
         return out

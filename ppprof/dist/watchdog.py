@@ -239,6 +239,13 @@ class Watchdog:
             message = f"the connection to rank {self._broken} broke during {self.phase}: {message}"
         self._exit(verdict or message, EXIT_FAILED)
 
+    def publish(self, message: str) -> None:
+        """A failure this rank met alone while others may wait on it inside a collective they cannot leave (a TP
+        rank whose forward raised while its TP peers wait in the layer's all-reduce): `message` becomes the run's
+        verdict, unless another came first, so that every rank, at its deadline, ends with it rather than with
+        "rank N did not answer"."""
+        self._publish_verdict(message)
+
     # --- the threads ----------------------------------------------------------------------------------------------
 
     def _note_signal(self, signum, frame) -> None:

@@ -170,7 +170,8 @@ def provenance(run: dict | None, samples: Samples) -> dict:
         "attention_kernel": run.get("attention_kernel"),
         "mamba_kernel": run.get("mamba_kernel"),
         "torch_threads": run.get("torch_threads"),
-        "world_size": run.get("world_size"),
+        "world_size": run.get("pp_size", run.get("world_size")),  # the stages: ranks over TP (pp_size)
+        "tp_size": run.get("tp_size", 1),
         "layer_partition": run.get("layer_partition"),
         "torch_version": run.get("torch_version"),
         "git_revision": run.get("git_revision"),

@@ -10,6 +10,8 @@ from torch import nn
 from ppprof.specs.spec import ModelSpec
 from ppprof.mem.cache import Request, StageCache
 from ppprof.model.attention_kernels import AttentionKernel
+from ppprof.model.tp import NO_TP, TPComm, mark_segments
+from ppprof.specs.tp import rank_shapes
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,15 +32,19 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class Attention(nn.Module):
     """q/k/v/o projections (no bias), RoPE on q and k, paged causal attention through `kernel` (shared by the stage's
     attention layers). With the spec's qk_norm, q and k are RMS-normalised per head before RoPE (Qwen3); with
-    attn_output_gate, q_proj also gives each head a gate and the output is scaled by its sigmoid (Qwen3-Next)."""
+    attn_output_gate, q_proj also gives each head a gate and the output is scaled by its sigmoid (Qwen3-Next).
+    Under TP (`tp`), this rank's heads only: QKV column-parallel (its query heads, with their gates, and its KV
+    heads, replicated where there are fewer KV heads than TP ranks), o_proj row-parallel, then the all-reduce."""
 
     def __init__(self, spec: ModelSpec, layer_id: int, *, dtype: torch.dtype, device: str | torch.device,
-                 kernel: AttentionKernel) -> None:
+                 kernel: AttentionKernel, tp: TPComm = NO_TP) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.kernel = kernel
-        self.num_heads = spec.num_attention_heads
-        self.num_kv_heads = spec.num_key_value_heads
+        self.tp = tp
+        shapes = rank_shapes(spec, tp.size, tp.rank)
+        self.num_heads = shapes.q_heads.size
+        self.num_kv_heads = shapes.kv_heads.size
         self.head_dim = spec.head_dim
         self.rope_theta = spec.rope_theta
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -48,6 +54,11 @@ class Attention(nn.Module):
         kw = dict(bias=False, dtype=dtype, device=device)
         self.qkv_proj = nn.Linear(spec.hidden_size, self.q_width + 2 * kv_size, **kw)
         self.o_proj = nn.Linear(q_size, spec.hidden_size, **kw)
+        d = self.head_dim
+        q_unit = 2 * d if self.gated else d  # a gated head's query and gate side by side
+        mark_segments(self.qkv_proj.weight, [(shapes.q_heads, q_unit), (shapes.kv_heads, d), (shapes.kv_heads, d)],
+                      dim=0)
+        mark_segments(self.o_proj.weight, [(shapes.q_heads, d)], dim=1)
         if spec.qk_norm:
             self.q_norm = nn.Parameter(torch.ones(self.head_dim, dtype=dtype, device=device))
             self.k_norm = nn.Parameter(torch.ones(self.head_dim, dtype=dtype, device=device))
@@ -81,7 +92,7 @@ class Attention(nn.Module):
                           page_size=cache.kv_alloc.page_size, chunk_id=(req.rid, req.req_pool_idx, prefix_len, n))
         if gate is not None:
             out = out * torch.sigmoid(gate)
-        return self.o_proj(out.reshape(n, self.q_size))  # (n, hidden)
+        return self.tp.all_reduce(self.o_proj(out.reshape(n, self.q_size)))  # (n, hidden), summed over TP ranks
 
 
 def head_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -13,6 +13,8 @@ from torch import nn
 from ppprof.specs.spec import ModelSpec
 from ppprof.mem.cache import Request, StageCache
 from ppprof.mem.req import NO_MAMBA_SLOT
+from ppprof.model.tp import NO_TP, TPComm, assign, full_shape, mark_segments
+from ppprof.specs.tp import rank_shapes
 
 
 def segsum(x: torch.Tensor) -> torch.Tensor:
@@ -148,19 +150,32 @@ class MambaKernel:
 
 
 class Mamba2(nn.Module):
-    """in_proj -> (z, xBC, dt); causal conv + SiLU on xBC; SSD scan with D skip; gated RMSNorm with z; out_proj."""
+    """in_proj -> (z, xBC, dt); causal conv + SiLU on xBC; SSD scan with D skip; gated RMSNorm with z; out_proj.
+
+    Under TP, as SGLang's MambaMixer2 splits it: this rank's heads (z, x, dt, A, D, the norm's channels) and its
+    groups of B and C (split where there are at least as many groups as TP ranks, else the rank's one group
+    replicated), in_proj and the conv column-parallel, out_proj row-parallel, then the all-reduce. Where a norm group
+    spans ranks (fewer groups than TP ranks), its sum of squares is all-reduced first."""
 
     def __init__(self, spec: ModelSpec, layer_id: int, *, dtype: torch.dtype, device: str | torch.device,
-                 kernel: MambaKernel | None = None) -> None:
+                 kernel: MambaKernel | None = None, tp: TPComm = NO_TP) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.kernel = kernel or MambaKernel(torch.device(device))
-        self.num_heads = spec.mamba_num_heads
+        self.tp = tp
+        shapes = rank_shapes(spec, tp.size, tp.rank)
+        heads, groups = shapes.mamba_heads, shapes.mamba_groups
+        self.num_heads = heads.size
         self.head_dim = spec.mamba_head_dim
         self.d_state = spec.ssm_state_size
-        self.num_groups = spec.mamba_n_groups
-        self.d_inner = spec.mamba_d_inner
-        self.conv_dim = spec.mamba_conv_dim
+        self.num_groups = groups.size
+        self.group_idx = groups.start
+        self.d_inner = self.num_heads * self.head_dim
+        self.conv_dim = self.d_inner + 2 * self.num_groups * self.d_state
+        self.norm_group_size = spec.mamba_d_inner // spec.mamba_n_groups
+        """Channels one gated-RMSNorm group normalises (of the whole layer: a group may span TP ranks)."""
+        self.norm_spans_ranks = spec.mamba_n_groups < tp.size
+        self.num_norm_groups = spec.mamba_n_groups
         self.block_len = spec.mamba_chunk_size
         self.eps = spec.rms_norm_eps
         kw = dict(dtype=dtype, device=device)
@@ -173,23 +188,32 @@ class Mamba2(nn.Module):
         self.d_skip = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32, device=device))
         self.norm_weight = nn.Parameter(torch.empty(self.d_inner, **kw))
         self.out_proj = nn.Linear(self.d_inner, spec.hidden_size, bias=False, **kw)
+        hd, n = self.head_dim, self.d_state
+        xbc = [(heads, hd), (groups, n), (groups, n)]
+        mark_segments(self.in_proj.weight, [(heads, hd), *xbc, (heads, 1)], dim=0)  # z, x, B, C, dt
+        for p in (self.conv_weight, self.conv_bias):
+            mark_segments(p, xbc, dim=0)
+        for p in (self.a_log, self.dt_bias, self.d_skip):
+            mark_segments(p, [(heads, 1)], dim=0)
+        mark_segments(self.norm_weight, [(heads, hd)], dim=0)
+        mark_segments(self.out_proj.weight, [(heads, hd)], dim=1)
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator, std: float) -> None:
-        """Random weights drawn from `generator` (CPU), in a fixed order; the SSM parameters in Mamba2's init ranges."""
-        def draw(p: torch.Tensor, t: torch.Tensor) -> None:
-            p.copy_(t.to(p.dtype))
-
-        draw(self.in_proj.weight, torch.randn(self.in_proj.weight.shape, generator=generator) * std)
-        kernel = self.conv_weight.shape[1]
-        draw(self.conv_weight, torch.randn(self.conv_weight.shape, generator=generator) / math.sqrt(kernel))
-        draw(self.conv_bias, torch.zeros(self.conv_dim))
-        draw(self.a_log, torch.empty(self.num_heads).uniform_(1.0, 16.0, generator=generator).log())  # A in [-16, -1]
-        dt = torch.empty(self.num_heads).uniform_(math.log(1e-3), math.log(1e-1), generator=generator).exp()
+        """Random weights drawn from `generator` (CPU), in a fixed order, at the full (TP = 1) shapes, this rank
+        keeping its shard; the SSM parameters in Mamba2's init ranges."""
+        num_heads = full_shape(self.a_log)[0]
+        draw = assign
+        draw(self.in_proj.weight, torch.randn(full_shape(self.in_proj.weight), generator=generator) * std)
+        conv_shape = full_shape(self.conv_weight)
+        draw(self.conv_weight, torch.randn(conv_shape, generator=generator) / math.sqrt(conv_shape[1]))
+        draw(self.conv_bias, torch.zeros(conv_shape[0]))
+        draw(self.a_log, torch.empty(num_heads).uniform_(1.0, 16.0, generator=generator).log())  # A in [-16, -1]
+        dt = torch.empty(num_heads).uniform_(math.log(1e-3), math.log(1e-1), generator=generator).exp()
         draw(self.dt_bias, dt + torch.log(-torch.expm1(-dt)))  # inverse softplus: softplus(dt_bias) = dt
-        draw(self.d_skip, torch.ones(self.num_heads))
-        draw(self.norm_weight, torch.ones(self.d_inner))
-        draw(self.out_proj.weight, torch.randn(self.out_proj.weight.shape, generator=generator) * std)
+        draw(self.d_skip, torch.ones(num_heads))
+        draw(self.norm_weight, torch.ones(full_shape(self.norm_weight)))
+        draw(self.out_proj.weight, torch.randn(full_shape(self.out_proj.weight), generator=generator) * std)
 
     def forward(self, x: torch.Tensor, cache: StageCache, req: Request) -> torch.Tensor:
         """x: (n, hidden), the request's next n tokens -> (n, hidden). Reads and rewrites the conv and SSM state in
@@ -220,7 +244,20 @@ class Mamba2(nn.Module):
 
         # Gated RMSNorm (Mamba2 order: gate first, then normalise per group of d_inner / groups channels).
         y = y.reshape(n, self.d_inner) * F.silu(z.float())  # (n, d_inner)
-        y = y.view(n, self.num_groups, -1)
-        y = y * torch.rsqrt(y.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        if self.norm_spans_ranks:
+            y = y * torch.rsqrt(self._group_mean_square(y) + self.eps)
+        else:
+            y = y.view(n, self.num_groups, -1)
+            y = y * torch.rsqrt(y.pow(2).mean(dim=-1, keepdim=True) + self.eps)
         y = y.reshape(n, self.d_inner).to(x.dtype) * self.norm_weight
-        return self.out_proj(y)  # (n, hidden)
+        return self.tp.all_reduce(self.out_proj(y))  # (n, hidden), summed over TP ranks
+
+    def _group_mean_square(self, y: torch.Tensor) -> torch.Tensor:
+        """Where this rank's channels are part of one norm group that spans TP ranks: the mean square over the whole
+        group. y: (n, d_inner) fp32 -> (n, 1). Each rank puts its sum of squares in its group's column, the
+        all-reduce adds the ranks of each group (one small all-reduce, as vLLM's Mixer2RMSNormGated does for one
+        group)."""
+        sums = y.new_zeros((y.shape[0], self.num_norm_groups))  # (n, groups of the layer)
+        sums[:, self.group_idx] = y.pow(2).sum(dim=-1)
+        sums = self.tp.all_reduce(sums)
+        return (sums[:, self.group_idx] / self.norm_group_size)[:, None]

@@ -10,7 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ppprof.model.tp import NO_TP, TPComm, mark_segments
 from ppprof.specs.spec import MLP_ACTS, SIGMOID, SILU, ModelSpec
+from ppprof.specs.tp import Shard, even_shard
 
 
 def gated_silu(gate_up: torch.Tensor) -> torch.Tensor:
@@ -37,21 +39,31 @@ def in_width(intermediate_size: int, act: str) -> int:
     return (2 if act == SILU else 1) * intermediate_size
 
 
+def in_segments(inter: Shard, act: str) -> list[tuple[Shard, int]]:
+    """The input projection's rows as TP segments: gate and up each sharded (silu), or up alone (relu2)."""
+    return [(inter, 1)] * (2 if act == SILU else 1)
+
+
 class MLP(nn.Module):
     """down(act(in_proj(x))): silu: in_proj is gate and up fused, act silu(gate) * up; relu2: in_proj is up alone,
-    act relu(up)^2."""
+    act relu(up)^2. Under TP: in_proj column-parallel, down_proj row-parallel over the intermediate dimension, then
+    the all-reduce."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, *, act: str = SILU, dtype: torch.dtype,
-                 device: str | torch.device) -> None:
+                 device: str | torch.device, tp: TPComm = NO_TP) -> None:
         super().__init__()
         kw = dict(bias=False, dtype=dtype, device=device)
         self.act = act
-        self.in_proj = nn.Linear(hidden_size, in_width(intermediate_size, act), **kw)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, **kw)
+        self.tp = tp
+        inter = even_shard(intermediate_size, tp.size, tp.rank)
+        self.in_proj = nn.Linear(hidden_size, in_width(inter.size, act), **kw)
+        self.down_proj = nn.Linear(inter.size, hidden_size, **kw)
+        mark_segments(self.in_proj.weight, in_segments(inter, act), dim=0)
+        mark_segments(self.down_proj.weight, [(inter, 1)], dim=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (n, hidden) -> (n, hidden)."""
-        return self.down_proj(activate(self.in_proj(x), self.act))
+        return self.tp.all_reduce(self.down_proj(activate(self.in_proj(x), self.act)))
 
 
 def route(logits: torch.Tensor, *, top_k: int, scoring: str, bias: torch.Tensor | None = None, num_groups: int = 1,
@@ -90,11 +102,16 @@ def route(logits: torch.Tensor, *, top_k: int, scoring: str, bias: torch.Tensor 
 class MoE(nn.Module):
     """A router (ppprof.model.mlp.route with the spec's scoring, groups, renormalisation and scaling), top-k experts
     per token as MLPs with the spec's mlp_act, and the shared expert every token runs (gated by a sigmoid in
-    Qwen3-Next) when the spec has one."""
+    Qwen3-Next) when the spec has one. Under TP the experts are sharded by TP (not expert parallel): the router whole
+    on every rank, every expert's slice of the expert intermediate dimension, then the all-reduce; the shared expert
+    is a TP MLP of its own (its own all-reduce), its gate whole."""
 
-    def __init__(self, spec: ModelSpec, *, dtype: torch.dtype, device: str | torch.device) -> None:
+    def __init__(self, spec: ModelSpec, *, dtype: torch.dtype, device: str | torch.device, tp: TPComm = NO_TP) -> None:
         super().__init__()
-        hidden, inter = spec.hidden_size, spec.moe_intermediate_size
+        hidden = spec.hidden_size
+        shard = even_shard(spec.moe_intermediate_size, tp.size, tp.rank)
+        inter = shard.size
+        self.tp = tp
         self.act = spec.mlp_act
         self.num_experts = spec.num_experts
         self.top_k = spec.num_experts_per_tok
@@ -109,8 +126,10 @@ class MoE(nn.Module):
         self.w_in = nn.Parameter(torch.empty(self.num_experts, in_width(inter, self.act), hidden, dtype=dtype,
                                              device=device))
         self.w_down = nn.Parameter(torch.empty(self.num_experts, hidden, inter, dtype=dtype, device=device))
+        mark_segments(self.w_in, in_segments(shard, self.act), dim=1)
+        mark_segments(self.w_down, [(shard, 1)], dim=2)
         shared = spec.shared_expert_intermediate_size
-        self.shared = MLP(hidden, shared, act=self.act, dtype=dtype, device=device) if shared else None
+        self.shared = MLP(hidden, shared, act=self.act, dtype=dtype, device=device, tp=tp) if shared else None
         self.shared_gate = (nn.Linear(hidden, 1, bias=False, dtype=dtype, device=device)
                             if shared and spec.shared_expert_gate else None)
 
@@ -121,7 +140,7 @@ class MoE(nn.Module):
                      scaling=self.scaling)
 
     def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
-        """Expert e on x: (m, hidden) -> (m, hidden)."""
+        """Expert e on x: (m, hidden) -> (m, hidden) (this TP rank's part of it under TP)."""
         return activate(x @ self.w_in[e].T, self.act) @ self.w_down[e].T
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -144,7 +163,7 @@ class MoE(nn.Module):
             w = flat_weights[start:start + count, None]  # (count, 1)
             start += count
             out.index_add_(0, idx, self.expert(e, x.index_select(0, idx)) * w)  # (count, hidden) at its tokens
-        return out + self.shared_output(x)
+        return self.tp.all_reduce(out) + self.shared_output(x)  # summed over TP ranks
 
     def shared_output(self, x: torch.Tensor) -> torch.Tensor:
         """The shared expert's part of the output (0 without one). x: (n, hidden) -> (n, hidden)."""

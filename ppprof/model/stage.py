@@ -18,7 +18,9 @@ from ppprof.model.deltanet import DeltaNetKernel, GatedDeltaNet
 from ppprof.model.mamba import Mamba2, MambaKernel
 from ppprof.model.mla import MLAttention
 from ppprof.model.mlp import MLP, MoE
+from ppprof.model.tp import NO_TP, TPComm, assign, full_shape, mark_sharded, take_padded_rows, vocab_embed
 from ppprof.specs.accounting import deltanet_state_shapes
+from ppprof.specs.tp import rank_shapes
 
 INIT_STD = 0.02
 """Std of the random projection weights: small enough that activations stay finite through many layers."""
@@ -46,32 +48,35 @@ class Layer(nn.Module):
 
     def __init__(self, spec: ModelSpec, layer_id: int, *, dtype: torch.dtype, device: str | torch.device,
                  attention_kernel: AttentionKernel, mamba_kernel: MambaKernel,
-                 deltanet_kernel: DeltaNetKernel | None = None) -> None:
+                 deltanet_kernel: DeltaNetKernel | None = None, tp: TPComm = NO_TP) -> None:
         super().__init__()
         layer = spec.layers[layer_id]
         kw = dict(dtype=dtype, device=device)
         self.layer_id = layer_id
         self.mixer_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, **kw) if layer.mixers else None
+        # Under TP only attention, Mamba2, MLP and MoE are sharded (ppprof.specs.tp refuses TP of MLA and Gated
+        # DeltaNet layers before any rank starts).
         if layer.has_mla:  # MLA takes the attention slot: a model has one KV mixer kind (ModelSpec checks it)
             self.attention = MLAttention(spec, layer_id, reference=attention_kernel.backend == "reference", **kw)
         else:
-            self.attention = Attention(spec, layer_id, kernel=attention_kernel, **kw) if layer.has_attention else None
+            self.attention = Attention(spec, layer_id, kernel=attention_kernel, tp=tp, **kw) if layer.has_attention \
+                else None
         if layer.has_deltanet:  # likewise the Gated DeltaNet takes the Mamba slot
             self.mamba = GatedDeltaNet(spec, layer_id, kernel=deltanet_kernel, **kw)
         else:
-            self.mamba = Mamba2(spec, layer_id, kernel=mamba_kernel, **kw) if layer.has_mamba else None
+            self.mamba = Mamba2(spec, layer_id, kernel=mamba_kernel, tp=tp, **kw) if layer.has_mamba else None
         self.ffn_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, **kw) if layer.ffn else None
         if layer.ffn == MOE:
-            self.ffn = MoE(spec, **kw)
+            self.ffn = MoE(spec, tp=tp, **kw)
         elif layer.ffn:
-            self.ffn = MLP(spec.hidden_size, spec.intermediate_size, act=spec.mlp_act, **kw)
+            self.ffn = MLP(spec.hidden_size, spec.intermediate_size, act=spec.mlp_act, tp=tp, **kw)
         else:
             self.ffn = None
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator, std: float) -> None:
         """Norm weights 1, Mamba's (or the Gated DeltaNet's) own init, every other weight N(0, std^2), drawn in
-        registration order."""
+        registration order at its full (TP = 1) shape, this rank keeping its shard (ppprof.model.tp)."""
         if self.mamba is not None:
             self.mamba.init_weights(generator, std)
         mamba_params = set(self.mamba.parameters()) if self.mamba is not None else set()
@@ -84,7 +89,7 @@ class Layer(nn.Module):
             if p in norm_params:
                 p.fill_(1.0)
             else:
-                p.copy_((torch.randn(p.shape, generator=generator) * std).to(p.dtype))
+                assign(p, torch.randn(full_shape(p), generator=generator) * std)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cache: StageCache, req: Request,
                 prefix_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,10 +122,15 @@ class Stage(nn.Module):
     the last layer. Weights are random but a function of (seed, layer id) only: layer i draws from a generator seeded
     with seed + i, the embedding from seed + num_layers, the LM head from seed + num_layers + 1, so stages built
     separately on different ranks together equal the unsplit model. `attention_backend` is one of
-    ppprof.model.attention_kernels.ATTENTION_BACKENDS."""
+    ppprof.model.attention_kernels.ATTENTION_BACKENDS.
+
+    Under TP (`tp`, the stage's TP group), this rank's shard of every layer (ppprof.specs.tp), drawn from the same
+    generators as TP = 1, so that the TP ranks together compute the TP = 1 stage; the embedding and the LM head
+    vocab-parallel (the logits gathered)."""
 
     def __init__(self, spec: ModelSpec, layer_ids: range, *, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu", seed: int = 0, attention_backend: str = "sdpa") -> None:
+                 device: str | torch.device = "cpu", seed: int = 0, attention_backend: str = "sdpa",
+                 tp: TPComm = NO_TP) -> None:
         super().__init__()
         _check_layer_ids(spec, layer_ids)
         self.attention_kernel = AttentionKernel(attention_backend, torch.device(device))
@@ -130,15 +140,22 @@ class Stage(nn.Module):
         self.layer_ids = layer_ids
         self.is_first = layer_ids.start == 0
         self.is_last = layer_ids.stop == spec.num_layers
+        self.tp = tp
+        self.vocab = rank_shapes(spec, tp.size, tp.rank).vocab
         kw = dict(dtype=dtype, device=device)
-        self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size, **kw) if self.is_first else None
+        self.embed = nn.Embedding(self.vocab.size, spec.hidden_size, **kw) if self.is_first else None
         # Keyed by global layer id, so a stage's state_dict names match the unsplit model's.
         self.layers = nn.ModuleDict({str(i): Layer(spec, i, attention_kernel=self.attention_kernel,
                                                    mamba_kernel=self.mamba_kernel,
-                                                   deltanet_kernel=self.deltanet_kernel, **kw)
+                                                   deltanet_kernel=self.deltanet_kernel, tp=tp, **kw)
                                      for i in layer_ids})
         self.final_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, **kw) if self.is_last else None
-        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False, **kw) if self.is_last else None
+        self.lm_head = nn.Linear(spec.hidden_size, self.vocab.size, bias=False, **kw) if self.is_last else None
+        if tp.size > 1:
+            for module in (self.embed, self.lm_head):
+                if module is not None:
+                    mark_sharded(module.weight, (spec.vocab_size, spec.hidden_size),
+                                 lambda full: take_padded_rows(full, self.vocab))
         self._init_weights(seed)
 
     @torch.no_grad()
@@ -148,8 +165,7 @@ class Stage(nn.Module):
         for module, offset in ((self.embed, 0), (self.lm_head, 1)):
             if module is not None:
                 gen = torch.Generator().manual_seed(seed + self.spec.num_layers + offset)
-                w = module.weight
-                w.copy_((torch.randn(w.shape, generator=gen) * INIT_STD).to(w.dtype))
+                assign(module.weight, torch.randn(full_shape(module.weight), generator=gen) * INIT_STD)
 
     @torch.inference_mode()
     def forward(self, cache: StageCache, req: Request, x: torch.Tensor, residual: torch.Tensor | None,
@@ -167,7 +183,7 @@ class Stage(nn.Module):
             if x.dtype != torch.int64 or x.dim() != 1 or residual is not None:
                 raise ValueError(f"the first stage takes token ids (n,) int64 and no residual; got {tuple(x.shape)} "
                                  f"{x.dtype}, residual={'set' if residual is not None else None}")
-            x = self.embed(x)  # (n, hidden)
+            x = vocab_embed(self.embed.weight, x, self.vocab, self.tp)  # (n, hidden)
         elif x.dim() != 2 or residual is None:
             raise ValueError(f"stage {self.layer_ids} takes hidden states (n, hidden) and a residual; "
                              f"got {tuple(x.shape)}, residual={'set' if residual is not None else None}")
@@ -180,14 +196,18 @@ class Stage(nn.Module):
         if not self.is_last:
             return x, residual
         h, _ = self.final_norm(x[-1:], residual[-1:])  # (1, hidden)
-        return self.lm_head(h)[0], None  # (vocab,)
+        logits = self.lm_head(h)[0]  # (vocab,), or this rank's (vocab rows,) under TP
+        if self.tp.size > 1:
+            logits = self.tp.all_gather(logits)[:self.spec.vocab_size]  # (vocab,): the padding dropped
+        return logits, None
 
 
 def build_stage_cache(spec: ModelSpec, layer_ids: range, *, max_total_tokens: int, page_size: int,
                       max_mamba_cache_size: int, max_running_requests: int, context_len: int, dtype: torch.dtype = torch.float32,
-                      device: str | torch.device = "cpu") -> StageCache:
+                      device: str | torch.device = "cpu", tp_size: int = 1, tp_rank: int = 0) -> StageCache:
     """StageCache with pools for the stage's own layers only: the KV pool of its attention layers (or the latent pool
-    of its MLA layers), the Mamba pool of its Mamba2 (or Gated DeltaNet) layers.
+    of its MLA layers), the Mamba pool of its Mamba2 (or Gated DeltaNet) layers; under TP, those of TP rank
+    `tp_rank`: KV for its KV heads, Mamba state for its heads and groups (the allocators the same on every rank).
 
     The KV allocator always exists (request bookkeeping runs the same on every stage) even with no attention layer;
     a stage with no Mamba or Gated DeltaNet layer gets neither a Mamba allocator nor a Mamba pool.
@@ -195,13 +215,14 @@ def build_stage_cache(spec: ModelSpec, layer_ids: range, *, max_total_tokens: in
     _check_layer_ids(spec, layer_ids)
     kv_ids = [i for i in layer_ids if spec.layers[i].has_kv]
     state_ids = [i for i in layer_ids if spec.layers[i].has_state]
+    shapes = rank_shapes(spec, tp_size, tp_rank)
     req_pool = ReqToTokenPool(max_running_requests, context_len, device)
     kv_alloc = KVAllocator(max_total_tokens, page_size)
     kv_pool = None
     if kv_ids and spec.layers[kv_ids[0]].has_mla:
         kv_pool = LatentPool(kv_alloc.total_slots, kv_ids, spec.mla_latent_dim, dtype, device)
     elif kv_ids:
-        kv_pool = KVPool(kv_alloc.total_slots, kv_ids, spec.num_key_value_heads, spec.head_dim, dtype, device)
+        kv_pool = KVPool(kv_alloc.total_slots, kv_ids, shapes.kv_heads.size, spec.head_dim, dtype, device)
     mamba_alloc = mamba_pool = None
     if state_ids:
         mamba_alloc = MambaAllocator(max_mamba_cache_size)
@@ -210,7 +231,9 @@ def build_stage_cache(spec: ModelSpec, layer_ids: range, *, max_total_tokens: in
             mamba_pool = MambaPool(mamba_alloc.total_slots, state_ids, conv_dim, conv_width + 1, *state_shape, dtype,
                                    device)
         else:
-            mamba_pool = MambaPool(mamba_alloc.total_slots, state_ids, spec.mamba_conv_dim, spec.conv_kernel,
-                                   spec.mamba_num_heads, spec.mamba_head_dim, spec.ssm_state_size, dtype, device)
+            heads, groups = shapes.mamba_heads.size, shapes.mamba_groups.size
+            conv_dim = heads * spec.mamba_head_dim + 2 * groups * spec.ssm_state_size
+            mamba_pool = MambaPool(mamba_alloc.total_slots, state_ids, conv_dim, spec.conv_kernel, heads,
+                                   spec.mamba_head_dim, spec.ssm_state_size, dtype, device)
     return StageCache(req_pool=req_pool, kv_alloc=kv_alloc, mamba_alloc=mamba_alloc, kv_pool=kv_pool,
                       mamba_pool=mamba_pool)

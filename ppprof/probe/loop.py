@@ -31,9 +31,11 @@ log = logging.getLogger("ppprof.probe")
 
 SKIP_MAMBA_RELEASE = "skip-mamba-release"
 RAISE_IN_FORWARD = "raise-in-forward"
-FAULTS = (SKIP_MAMBA_RELEASE, RAISE_IN_FORWARD)
-"""Deliberate faults for tests: a release that forgets the Mamba slot (the historical leak), and a forward that
-raises on the last stage at the third timed request."""
+RAISE_ON_ONE_TP_RANK = "raise-on-one-tp-rank"
+FAULTS = (SKIP_MAMBA_RELEASE, RAISE_IN_FORWARD, RAISE_ON_ONE_TP_RANK)
+"""Deliberate faults for tests: a release that forgets the Mamba slot (the historical leak), a forward that raises on
+the last stage at the third timed request, and one that raises there on the last TP rank of the first stage only
+(its TP peers wait in an all-reduce)."""
 
 
 @dataclass(slots=True)
@@ -64,6 +66,8 @@ class ProbeRunner:
         self.device = cache.device
         self.vocab_size = stage.spec.vocab_size
         self.forward_tokens = 0
+        self.tp_rank_ms: list[float] = []
+        """This TP rank's own timed forwards (ms), before the slowest of the stage's TP ranks is taken."""
         self._timed_requests = 0
         self._release: Callable[[StageCache, Request], None] = (
             release_without_mamba if fault == SKIP_MAMBA_RELEASE else StageCache.release)
@@ -127,18 +131,25 @@ class ProbeRunner:
         try:
             if timed and self.fault == RAISE_IN_FORWARD and self.pipe.is_last and self._timed_requests == 2:
                 raise RuntimeError("injected fault (--inject-fault raise-in-forward)")
+            if timed and self.fault == RAISE_ON_ONE_TP_RANK and self.pipe.is_first and self._timed_requests == 2 \
+                    and self.pipe.tp is not None and self.pipe.tp.rank == self.pipe.tp_size - 1:
+                raise RuntimeError("injected fault (--inject-fault raise-on-one-tp-rank)")
             self.stage(self.cache, req, x[:1], None if residual is None else residual[:1], pr.prefix_len)
+            self.pipe.tp_barrier()  # the TP ranks of the stage start the timed forward together
             with Timer(self.device) as t:
                 out, residual = self.stage(self.cache, req, x, residual, pr.prefix_len)
         except Exception as e:
-            return FAILED, None, None, math.nan, math.nan, (f"forward of request {pr.rid} (prefix {pr.prefix_len}, "
-                                                            f"chunk {pr.chunk_size}) raised {type(e).__name__}: {e}")
+            error = (f"forward of request {pr.rid} (prefix {pr.prefix_len}, chunk {pr.chunk_size}) raised "
+                     f"{type(e).__name__}: {e}")
+            self.pipe.tp_failed(error)
+            return FAILED, None, None, math.nan, math.nan, error
         self.forward_tokens += pr.chunk_size
-        return OK, out, residual, t.elapsed_ms, t.start, None
+        self.tp_rank_ms.append(t.elapsed_ms)
+        return OK, out, residual, self.pipe.tp_slowest(t.elapsed_ms), t.start, None
 
     def check_leaks(self, when: str) -> None:
         """Every pool of every rank is back to full capacity, or every rank raises naming rank, pool and count."""
-        everyone = self.pipe.all_gather(self.cache.leaks())
+        everyone = self.pipe.all_gather_ranks(self.cache.leaks())
         if any(everyone):
             parts = [f"rank {r}: {describe_leaks(lk, sep=f'; rank {r}: ')}" for r, lk in enumerate(everyone) if lk]
             raise RunError(f"leak check failed {when}: " + "; ".join(parts))

@@ -22,7 +22,8 @@ from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.policy.schema import Policy, extrapolation, load
 from ppprof.run.provenance import default_run_dir
 from ppprof.runfiles import SAMPLES_FILE
-from ppprof.run.rank import Phase, RankRun, add_log_file, claim_folder, release_folder, run_phases, run_rank, set_up
+from ppprof.run.rank import (Phase, RankRun, add_log_file, claim_folder, release_folder, run_phases, run_rank, set_up,
+                             tp_comm, tp_shard)
 
 log = logging.getLogger("ppprof")
 TRANSFER_REPEATS = 7
@@ -89,16 +90,17 @@ def build_stages(run: RankRun[BenchState]) -> None:
     """This rank's stages (a run of consecutive ones when there are more stages than ranks), each with a cache that
     holds the longest prompt."""
     cfg, bench = run.cfg, run.state.bench
-    per_rank = bench.num_stages // run.info.world_size
+    per_rank = bench.num_stages // run.num_stages
     longest = align_up(max(bench.prompt_lens), cfg.page_size)
     stages = []
-    for index in range(run.rank * per_rank, (run.rank + 1) * per_rank):
+    for index in range(run.stage_idx * per_rank, (run.stage_idx + 1) * per_rank):
         layer_ids = run.stage_ranges[index]
         stage = Stage(run.spec, layer_ids, dtype=run.dtype, device=run.info.device, seed=cfg.seed,
-                      attention_backend=cfg.attention_backend)
+                      attention_backend=cfg.attention_backend, **tp_comm(run))
         cache = build_stage_cache(run.spec, layer_ids, max_total_tokens=longest, page_size=cfg.page_size,
                                   max_mamba_cache_size=1, max_running_requests=1,
-                                  context_len=max(longest, cfg.context_len), dtype=run.dtype, device=run.info.device)
+                                  context_len=max(longest, cfg.context_len), dtype=run.dtype, device=run.info.device,
+                                  **tp_shard(run))
         stages.append(BenchStage(index, stage.eval(), cache))
     run.state.runner = PromptRunner(stages=stages, pipe=run.pipe, seed=cfg.seed)
     log.info("stages %s of %d (%s) on rank %d", [s.index for s in stages], bench.num_stages, run.spec.name, run.rank)
@@ -110,7 +112,7 @@ def measure_transfers(run: RankRun[BenchState]) -> None:
     sizes = sorted({c for a in run.state.plans for c in a.chunk_sizes})
     probe = sorted({sizes[0], sizes[len(sizes) // 2], sizes[-1]})
     points = []
-    for boundary in range(run.info.world_size - 1):
+    for boundary in range(run.num_stages - 1):
         for n in probe:
             trips = run.pipe.round_trips_ms(boundary, n, TRANSFER_REPEATS)
             points += [(n, float(np.median(trips[1:])) / 2)] if trips else []
@@ -159,7 +161,7 @@ def write_results(run: RankRun[BenchState]) -> None:
         # The deepest prefix and the largest chunk any plan of this prompt reaches.
         notes[n] = extrapolation(policy, n, [max(max(c) for c in plans), min(c[-1] for c in plans)])
     summary = write_report(run.run_dir, bench=bench, plans=run.state.plans, rows=run.state.rows,
-                           ttft=run.state.ttft, transfer=run.state.transfer, world_size=run.info.world_size,
+                           ttft=run.state.ttft, transfer=run.state.transfer, world_size=run.num_stages,
                            profile_run=run_json, notes=notes)
     print(summary, file=sys.stderr)
     log.info("wrote %s", run.run_dir)
@@ -184,4 +186,5 @@ def bench_rank(bench: BenchConfig, fault: str | None = None, overwrite: bool = F
         finally:
             release_folder(run)
 
-    return run_rank(job, bench.profile.device, bench.profile.torch_threads, bench.profile.timeout)
+    return run_rank(job, bench.profile.device, bench.profile.torch_threads, bench.profile.timeout,
+                    bench.profile.tp_size)

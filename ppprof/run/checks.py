@@ -17,6 +17,7 @@ from ppprof.run.memory import check_memory
 from ppprof.runfiles import LOCK_FILE, check_lock
 from ppprof.servers.workload import parse_prompt_spec
 from ppprof.specs import load_spec, split_layers
+from ppprof.specs.tp import check_tp, mesh_problem
 
 def check_output_folder(out: str | None, overwrite: bool = False, resume: bool = False, folder: bool = True) -> None:
     """The run folder (or, by default, results/) can be created and written and (unless not `folder`) no live run
@@ -43,7 +44,8 @@ def check_before_launch(cfg: ProfileConfig, world_size: int, local_ranks: int,
                         torchrun: dict | None = None, overwrite: bool = False, resume: bool = False,
                         folder: bool = True) -> None:
     """What can be checked without any rank: the output folder (check_output_folder; what it holds only where
-    `folder`), the model resolves and splits over the stages, the device exists, the attention backend runs there,
+    `folder`), the ranks form a pp_size x tp_size mesh with whole TP groups on a node, the model splits over the TP
+    ranks (ppprof.specs.tp) and its layers over the stages, the device exists, the attention backend runs there,
     the start method suits it, the policy's workload reads, and this node's stages fit in its memory
     (check_memory)."""
     check_output_folder(cfg.out, overwrite, resume, folder)
@@ -51,12 +53,17 @@ def check_before_launch(cfg: ProfileConfig, world_size: int, local_ranks: int,
     check_adaptive_design(cfg)
     if cfg.prompt_lens is not None and cfg.fit:  # the fit at the end reads it: a bad workload fails now, not then
         parse_prompt_spec(cfg.prompt_lens, cfg.context_len)
+    problem = mesh_problem(world_size, cfg.tp_size, cfg.pp_size, local_ranks)
+    if problem:
+        raise ValueError(problem)
     spec = load_spec(cfg.model, num_layers=cfg.num_layers, dtype=cfg.dtype)
-    split_layers(spec.num_layers, world_size, cfg.layer_partition)
+    check_tp(spec, cfg.tp_size)
+    num_stages = world_size // cfg.tp_size
+    split_layers(spec.num_layers, num_stages, cfg.layer_partition)
     resolve_attention_backend(cfg.attention_backend, cfg.device)
     if cfg.device == "cuda":
         check_cuda(local_ranks, (torchrun or {}).get("start_method"))
-    check_memory(cfg, world_size, local_ranks, torchrun, spec=spec)
+    check_memory(cfg, world_size, local_ranks, torchrun, spec=spec)  # per rank: its stage as its TP rank holds it
 
 
 LOCAL_HOSTS = (None, "", "localhost", "127.0.0.1", "::1", "0.0.0.0")
@@ -115,7 +122,12 @@ def check_cuda(local_ranks: int, start_method: str | None) -> None:
 
 def bench_world_check(bench: BenchConfig) -> Callable[[int], None]:
     def check(world_size: int) -> None:
-        if bench.num_stages % world_size:
-            raise ValueError(f"--pp {bench.num_stages} is not a multiple of the {world_size} ranks: use a multiple of "
-                             f"{world_size} (each rank runs --pp / ranks stages), or change --nproc-per-node")
+        tp = bench.profile.tp_size
+        if world_size % tp:
+            return  # check_before_launch names the mesh that does not fit
+        ranks = world_size // tp  # the pipeline's stages on ranks: every TP group one
+        if bench.num_stages % ranks:
+            raise ValueError(f"--pp-size {bench.num_stages} is not a multiple of the {ranks} stages the ranks run "
+                             f"({world_size} ranks over --tp-size {tp}): use a multiple of {ranks} (each runs "
+                             "--pp-size / stages of the pipeline), or change --nproc-per-node")
     return check

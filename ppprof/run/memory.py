@@ -11,6 +11,7 @@ from pathlib import Path
 from ppprof.config import ProfileConfig
 from ppprof.specs import ModelSpec, load_spec, split_layers
 from ppprof.specs.memory import StageMemory, format_bytes, stage_memory
+from ppprof.specs.tp import rank_spec
 
 MEMINFO = Path("/proc/meminfo")
 
@@ -34,6 +35,14 @@ def profile_memory(cfg: ProfileConfig, world_size: int, spec: ModelSpec | None =
                          chunk_size=cfg.max_probe_chunk_size, prefix_len=prefix_len,
                          attention_backend=cfg.attention_backend, device=cfg.device)
             for i, layers in enumerate(split_layers(spec.num_layers, world_size, cfg.layer_partition))]
+
+
+def rank_memory(cfg: ProfileConfig, world_size: int, spec: ModelSpec | None = None) -> list[StageMemory]:
+    """What each rank of the profile's (pp, tp) mesh needs, by global rank: its stage as one TP rank holds it
+    (ppprof.specs.tp.rank_spec), the same for every TP rank of a stage (profile_memory at TP = 1)."""
+    spec = spec or load_spec(cfg.model, num_layers=cfg.num_layers, dtype=cfg.dtype)
+    tp = cfg.tp_size
+    return [m for m in profile_memory(cfg, world_size // tp, rank_spec(spec, tp)) for _ in range(tp)]
 
 
 def host_available_bytes(meminfo: Path = MEMINFO) -> int | None:
@@ -179,16 +188,16 @@ def check_memory(cfg: ProfileConfig, world_size: int, local_ranks: int, torchrun
                  spec: ModelSpec | None = None) -> None:
     """ValueError, one line, when this node's stages do not fit in its memory (memory_verdict); nothing where it
     cannot be told (no GPU visible, no /proc/meminfo)."""
-    stages = profile_memory(cfg, world_size, spec)
-    verdict = memory_verdict(cfg, stages, local_ranks, node_stages(world_size, local_ranks, torchrun))
+    ranks = rank_memory(cfg, world_size, spec)
+    verdict = memory_verdict(cfg, ranks, local_ranks, node_stages(world_size, local_ranks, torchrun))
     if verdict.problem:
         raise ValueError(verdict.problem)
 
 
 def memory_report(cfg: ProfileConfig) -> tuple[ModelSpec, list[StageMemory], MemoryVerdict]:
     """What `ppprof model --memory` shows: the model, what each of the profile's stages (all on this machine's limit,
-    as if it were every node) needs, and the verdict `ppprof profile` would reach."""
+    as if it were every node) needs on each of its TP ranks, and the verdict `ppprof profile` would reach."""
     spec = load_spec(cfg.model, num_layers=cfg.num_layers, dtype=cfg.dtype)
     world_size = cfg.nproc_per_node  # flashinfer need not be installed here to estimate it (ppprof.specs.memory)
-    stages = profile_memory(cfg, world_size, spec)
-    return spec, stages, memory_verdict(cfg, stages, world_size, range(world_size))
+    stages = profile_memory(cfg, world_size // cfg.tp_size, rank_spec(spec, cfg.tp_size))
+    return spec, stages, memory_verdict(cfg, rank_memory(cfg, world_size, spec), world_size, range(world_size))

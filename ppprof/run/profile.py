@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -27,8 +28,9 @@ from ppprof.probe.synth import Probe, ProbeRequest, warmup_requests
 from ppprof.run.memory import profile_memory
 from ppprof.run.provenance import default_run_dir, git_revision, hardware, peak_memory_bytes
 from ppprof.run.rank import (Phase, RankRun, add_log_file, claim_folder, release_folder, run_phases, run_rank,
-                             set_up)
+                             set_up, tp_comm, tp_shard)
 from ppprof.specs.spec import layers_pattern
+from ppprof.specs.tp import rank_spec
 from ppprof.runfiles import COMPLETE, FAILED, RUN_FILE, SAMPLES_FILE, RunRecord, stage_column
 
 RUN_OUTPUTS = (SAMPLES_FILE, RUN_FILE, "policy.json", "fit.png", "chunks.png")
@@ -73,6 +75,8 @@ class ProfileState:
     """Rank 0: run.json's pipeline_overhead (None: not measured, overhead_repeats 0)."""
     overhead_wall_s: float = 0.0
     """The pipeline overhead's prompts, warm-up included, in seconds."""
+    tp_ranks: dict = field(default_factory=dict)
+    """Under TP, run.json's per-TP-rank figures (per stage, per TP rank)."""
 
 
 def prepare_run_folder(run: RankRun[ProfileState]) -> None:
@@ -107,7 +111,8 @@ def start_record(run: RankRun[ProfileState], run_dir: Path, probes: list, first:
     that does not answer)."""
     record = RunRecord(run_dir / RUN_FILE, config=run.cfg.to_dict(), model=run.spec.to_dict(),
                        hardware=hardware(run.info.device), torch_version=torch.__version__,
-                       dist_backend=run.info.backend, world_size=run.info.world_size,
+                       dist_backend=run.info.backend, world_size=run.info.world_size, pp_size=run.num_stages,
+                       tp_size=run.tp_size,
                        layer_partition=[len(r) for r in run.stage_ranges], git_revision=git_revision(),
                        dtype=str(run.dtype).removeprefix("torch."), num_probes=len(probes),
                        **({"resumed_from_probe": first} if run.state.resume else {}))
@@ -128,16 +133,19 @@ def start_record(run: RankRun[ProfileState], run_dir: Path, probes: list, first:
 def build_stage(run: RankRun[ProfileState]) -> None:
     """This rank's layers (random weights) and its pools: KV, Mamba state and request entries."""
     cfg, spec, layer_ids = run.cfg, run.spec, run.layer_ids
-    log.info("stage %d/%d: layers %d..%d (%s) of %s on %s, %s, backend %s, %d threads", run.rank,
-             run.info.world_size, layer_ids.start, layer_ids.stop - 1,
+    log.info("stage %d/%d%s: layers %d..%d (%s) of %s on %s, %s, backend %s, %d threads", run.stage_idx,
+             run.num_stages, f" (TP rank {run.pipe.tp.rank} of {run.tp_size})" if run.tp_size > 1 else "",
+             layer_ids.start, layer_ids.stop - 1,
              layers_pattern(spec.layers[layer_ids.start:layer_ids.stop]), spec.name, run.info.device, str(run.dtype).removeprefix("torch."),
              run.info.backend, torch.get_num_threads())
+    tp = tp_comm(run)
     run.stage = Stage(spec, layer_ids, dtype=run.dtype, device=run.info.device, seed=cfg.seed,
-                      attention_backend=cfg.attention_backend)
+                      attention_backend=cfg.attention_backend, **tp)
     run.stage.eval()
     run.cache = build_stage_cache(spec, layer_ids, max_total_tokens=cfg.max_total_tokens, page_size=cfg.page_size,
                                   max_mamba_cache_size=cfg.max_mamba_cache_size, max_running_requests=cfg.max_running_requests,
-                                  context_len=cfg.context_len, dtype=run.dtype, device=run.info.device)
+                                  context_len=cfg.context_len, dtype=run.dtype, device=run.info.device,
+                                  **tp_shard(run))
     cache = run.cache
     pool_mib = [0.0 if p is None else p.nbytes() / 2**20 for p in (cache.kv_pool, cache.mamba_pool)]
     log.info("pools: KV %.1f MiB (%d slots, page %d), Mamba %.1f MiB (%s slots), %d request entries", pool_mib[0],
@@ -183,6 +191,16 @@ def run_probes(run: RankRun[ProfileState]) -> None:
     run.state.probe_wall_s = time.perf_counter() - run.state.t_probes
     run.state.forward_tokens = run.pipe.all_gather(runner.forward_tokens)
     run.state.peak_memory = run.pipe.all_gather(peak_memory_bytes(run.info.device))
+    if run.tp_size > 1:  # per TP rank: its own median forward (before the slowest is taken) and peak memory
+        own = (round(float(np.median(runner.tp_rank_ms)), 4) if runner.tp_rank_ms else None,
+               peak_memory_bytes(run.info.device))
+        everyone = run.pipe.all_gather_ranks(own)
+        tp = run.tp_size
+        run.state.tp_ranks = {
+            "median_forward_ms_per_tp_rank": [[o[0] for o in everyone[s * tp:(s + 1) * tp]]
+                                              for s in range(run.num_stages)],
+            "peak_memory_bytes_per_tp_rank": [[o[1] for o in everyone[s * tp:(s + 1) * tp]]
+                                              for s in range(run.num_stages)]}
     if bar is not None:
         bar.close()
 
@@ -204,7 +222,7 @@ def measure_overhead(run: RankRun[ProfileState]) -> None:
                     sizes[0])
         return
     plans = [(WARMUP_REPEAT, warmup)] + timed
-    runner = PromptRunner(stages=[BenchStage(run.rank, run.stage, run.cache)], pipe=run.pipe, seed=cfg.seed)
+    runner = PromptRunner(stages=[BenchStage(run.stage_idx, run.stage, run.cache)], pipe=run.pipe, seed=cfg.seed)
     rows, ttft = [], {}
     for index, (repeat, chunks) in enumerate(plans):
         prompt = BenchPrompt(index, f"overhead-{chunks[0]}", repeat, sum(chunks), chunks)
@@ -218,7 +236,7 @@ def measure_overhead(run: RankRun[ProfileState]) -> None:
     stage_ms = {}  # prompt -> (P, n)
     for row in rows:
         stage_ms.setdefault(row["prompt"], {})[(row["stage"], row["chunk"])] = row["compute_ms"]
-    P = run.info.world_size
+    P = run.num_stages
     runs = [overhead_run(chunks, [[stage_ms[i][(s, k)] for k in range(len(chunks))] for s in range(P)], ttft[i],
                          repeat) for i, (repeat, chunks) in enumerate(plans) if repeat != WARMUP_REPEAT]
     run.state.overhead = summarize(runs, P)
@@ -252,15 +270,17 @@ def write_results(run: RankRun[ProfileState]) -> None:
         probe_wall_s=round(run.state.probe_wall_s, 3), forward_tokens=int(forward_tokens[0]),
         forward_tokens_per_stage=[int(t) for t in forward_tokens],
         peak_memory_bytes_per_stage=run.state.peak_memory,
-        estimated_memory_bytes_per_stage=[m.total for m in profile_memory(run.cfg, run.info.world_size, run.spec)],
+        estimated_memory_bytes_per_stage=[m.total for m in profile_memory(run.cfg, run.num_stages,
+                                                                       rank_spec(run.spec, run.tp_size))],
+        **run.state.tp_ranks,
         timed_requests=sum(len(p.requests) for p in probes), warmup_requests=len(warmup),
         **({"pipeline_overhead": run.state.overhead, "overhead_wall_s": round(run.state.overhead_wall_s, 3)}
            if run.state.overhead is not None else {}),
         warmup_tokens=sum(r.chunk_size for r in warmup),
-        design=design_record(run.cfg, run.state.design, probes, run.run_dir / SAMPLES_FILE, run.info.world_size,
+        design=design_record(run.cfg, run.state.design, probes, run.run_dir / SAMPLES_FILE, run.num_stages,
                              run.state.probe_wall_s, int(forward_tokens[0])),
     )
-    log_summary(frame, run.info.world_size, wall_s, forward_tokens[0], run.run_dir)
+    log_summary(frame, run.num_stages, wall_s, forward_tokens[0], run.run_dir)
 
 
 def fit_policy(run: RankRun[ProfileState]) -> None:
@@ -300,7 +320,7 @@ def profile_rank(cfg: ProfileConfig, fault: str | None = None, resume: bool = Fa
         finally:
             release_folder(run)
 
-    return run_rank(job, cfg.device, cfg.torch_threads, cfg.timeout)
+    return run_rank(job, cfg.device, cfg.torch_threads, cfg.timeout, cfg.tp_size)
 
 
 def log_summary(frame, world_size: int, wall_s: float, forward_tokens: int, run_dir: Path) -> None:

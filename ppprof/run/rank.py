@@ -57,8 +57,22 @@ class RankRun(Generic[S]):
         return self.info.rank
 
     @property
+    def stage_idx(self) -> int:
+        """This rank's pipeline stage (its rank where there is no TP)."""
+        return self.pipe.rank
+
+    @property
+    def num_stages(self) -> int:
+        """The pipeline's stages (pp_size): the ranks of the job over its TP degree."""
+        return self.pipe.world_size
+
+    @property
+    def tp_size(self) -> int:
+        return self.pipe.tp_size
+
+    @property
     def layer_ids(self) -> range:
-        return self.stage_ranges[self.info.rank]
+        return self.stage_ranges[self.stage_idx]
 
 
 Phase = tuple[str, Callable[[RankRun], None]]
@@ -83,11 +97,23 @@ def set_up(cfg: ProfileConfig, info: RankInfo, fault: str | None, *, state: S, r
     if repeat > 1:  # every stage holds the layers of one profiled stage, in the profile's split
         base = partition or [len(r) for r in split_layers(spec.num_layers // repeat, (num_stages or 1) // repeat)]
         partition = tuple(base) * repeat
-    ranges = split_layers(spec.num_layers, num_stages or info.world_size, partition)
-    pipe = Pipe(rank=info.rank, world_size=info.world_size, device=info.device, hidden_size=spec.hidden_size,
-                dtype=dtype, watchdog=info.watchdog)
+    mesh = info.mesh
+    stage, ranks = (info.rank, info.world_size) if mesh is None else (mesh.coords.stage, mesh.coords.pp_size)
+    ranges = split_layers(spec.num_layers, num_stages or ranks, partition)
+    pipe = Pipe(rank=stage, world_size=ranks, device=info.device, hidden_size=spec.hidden_size, dtype=dtype,
+                watchdog=info.watchdog, mesh=mesh)
     return RankRun(cfg=cfg, info=info, spec=spec, dtype=dtype, stage_ranges=ranges, pipe=pipe, state=state,
                    fault=fault)
+
+
+def tp_comm(run: RankRun) -> dict:
+    """Stage(...)'s `tp` keyword: this stage's TP group, where the job has TP."""
+    return {"tp": run.pipe.tp} if run.tp_size > 1 else {}
+
+
+def tp_shard(run: RankRun) -> dict:
+    """build_stage_cache(...)'s TP keywords: the pools of this TP rank's heads."""
+    return {"tp_size": run.tp_size, "tp_rank": run.pipe.tp.rank} if run.tp_size > 1 else {}
 
 
 def claim_folder(run: RankRun, run_dir: Path, out: str | None, overwrite: bool = False, resume: bool = False) -> None:
@@ -125,16 +151,17 @@ def run_phases(run: RankRun, phases: Sequence[Phase]) -> None:
 
 
 def run_rank(job: Callable[[RankInfo], None], device: str, threads: int | None = None,
-             timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
-    """The body of one rank: join the group on `device` (cpu or cuda) with `threads` intra-op threads (None: as the
-    environment says) and a watchdog giving each wait at least `timeout_s`, run `job`, leave. Returns the exit code
-    (1 when the job failed on any rank; every rank then prints the same agreed message)."""
+             timeout_s: float = DEFAULT_TIMEOUT_S, tp_size: int = 1) -> int:
+    """The body of one rank: join the group on `device` (cpu or cuda) as a (pp, tp_size) mesh with `threads`
+    intra-op threads (None: as the environment says) and a watchdog giving each wait at least `timeout_s`, run
+    `job`, leave. Returns the exit code (1 when the job failed on any rank; every rank then prints the same agreed
+    message)."""
     setup_logging(int(os.environ.get("RANK", 0)))
     if threads is not None:
         torch.set_num_threads(threads)
     if device == "cpu" and not steady_malloc():
         log.warning("could not fix malloc's thresholds (not glibc?): CPU timings may be noisier")
-    with process_group(device, timeout_s) as info:
+    with process_group(device, timeout_s, tp_size) as info:
         try:
             job(info)
         except RunError as e:

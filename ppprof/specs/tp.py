@@ -1,0 +1,156 @@
+"""Tensor parallelism inside a stage, as shapes: which part of every sharded dimension one TP rank holds (as SGLang and
+vLLM shard them), and the check that a model can be split over `tp_size` ranks at all. Pure: no torch.
+
+- Attention: query heads split evenly; KV heads split evenly where there are at least as many as TP ranks, else
+  replicated: each rank holds one KV head, rank r the head r // (tp_size / num_key_value_heads).
+- MLP: the intermediate dimension split (gate/up column-parallel, down row-parallel).
+- MoE: experts sharded by TP, not expert parallel: every rank holds every expert's slice of the expert intermediate
+  dimension, and the router whole; the experts' count needs no divisibility. A shared expert is a TP MLP.
+- MLA and Gated DeltaNet layers are not sharded yet: a model with them runs at TP = 1 only.
+- Mamba2: heads split evenly; groups (B, C) split where there are at least as many as TP ranks, else replicated, rank r
+  holding group r // (tp_size / mamba_n_groups) (SGLang's and vLLM's MambaMixer2).
+- Embedding and LM head: vocab-parallel, ceil(vocab_size / tp_size) rows a rank, the last rank's padded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ppprof.specs.spec import MLP, MOE, ModelSpec
+
+MAX_TP_SIZE = 64
+"""The largest --tp-size taken (SGLang's largest published deployments run TP8-16 a stage)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """Rows [start, start + size) of a dimension of full length `full`; a replicated shard covers the same rows on
+    several ranks."""
+
+    start: int
+    size: int
+    full: int
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.size
+
+
+def even_shard(full: int, tp_size: int, tp_rank: int) -> Shard:
+    """The rank's equal share of `full` (a multiple of tp_size)."""
+    size = full // tp_size
+    return Shard(tp_rank * size, size, full)
+
+
+def split_or_replicate(count: int, tp_size: int, tp_rank: int) -> Shard:
+    """Heads (or groups) split evenly when count >= tp_size, else one a rank, replicated tp_size / count times."""
+    if count >= tp_size:
+        return even_shard(count, tp_size, tp_rank)
+    return Shard(tp_rank // (tp_size // count), 1, count)
+
+
+@dataclass(frozen=True, slots=True)
+class RankShapes:
+    """What one TP rank of a stage holds of each sharded dimension (counts in heads, groups or channels)."""
+
+    tp_size: int
+    tp_rank: int
+    q_heads: Shard
+    kv_heads: Shard
+    intermediate: Shard
+    moe_intermediate: Shard
+    mamba_heads: Shard
+    mamba_groups: Shard
+    vocab: Shard
+
+    @property
+    def kv_head_replicas(self) -> int:
+        """How many TP ranks hold the same KV head (1 where the KV heads are split)."""
+        return max(1, self.tp_size // max(1, self.kv_heads.full))
+
+
+def rank_shapes(spec: ModelSpec, tp_size: int = 1, tp_rank: int = 0) -> RankShapes:
+    """The per-rank shards of `spec` at TP rank `tp_rank` of `tp_size` (check_tp first: this assumes it passed)."""
+    def shard(count: int, replicate: bool = False) -> Shard:
+        if count == 0:
+            return Shard(0, 0, 0)
+        return split_or_replicate(count, tp_size, tp_rank) if replicate else even_shard(count, tp_size, tp_rank)
+
+    vocab_rows = -(-spec.vocab_size // tp_size)
+    vocab = Shard(tp_rank * vocab_rows, vocab_rows, spec.vocab_size)
+    return RankShapes(tp_size=tp_size, tp_rank=tp_rank, q_heads=shard(spec.num_attention_heads),
+                      kv_heads=shard(spec.num_key_value_heads, replicate=True),
+                      intermediate=shard(spec.intermediate_size),
+                      moe_intermediate=shard(spec.moe_intermediate_size),
+                      mamba_heads=shard(spec.mamba_num_heads),
+                      mamba_groups=shard(spec.mamba_n_groups, replicate=True), vocab=vocab)
+
+
+def rank_spec(spec: ModelSpec, tp_size: int, tp_rank: int = 0) -> ModelSpec:
+    """The model as one TP rank holds it: its heads, KV heads, groups, intermediate and vocab rows, the rest (hidden,
+    norms, the router) whole; what per-stage accounting and memory estimates of `spec` give per TP rank. `spec`
+    itself at TP = 1."""
+    if tp_size == 1:
+        return spec
+    s = rank_shapes(spec, tp_size, tp_rank)
+    return dataclasses.replace(
+        spec, num_attention_heads=s.q_heads.size, num_key_value_heads=s.kv_heads.size,
+        intermediate_size=s.intermediate.size, moe_intermediate_size=s.moe_intermediate.size,
+        shared_expert_intermediate_size=spec.shared_expert_intermediate_size // tp_size,
+        mamba_num_heads=s.mamba_heads.size, mamba_n_groups=s.mamba_groups.size, vocab_size=s.vocab.size)
+
+
+def tp_problem(spec: ModelSpec, tp_size: int) -> str | None:
+    """Why `spec` cannot be split over `tp_size` TP ranks (the field, its value, the fix), or None."""
+    layers = spec.layers
+    if tp_size > 1:
+        for kind, has in (("MLA", lambda layer: layer.has_mla), ("Gated DeltaNet", lambda layer: layer.has_deltanet)):
+            if any(has(layer) for layer in layers):
+                return (f"--tp-size {tp_size}: model {spec.name!r} has {kind} layers, which ppprof does not shard "
+                        "over TP ranks yet: use --tp-size 1")
+    checks = []
+    if any(layer.has_attention for layer in layers):
+        checks.append(("num_attention_heads", spec.num_attention_heads, False))
+        checks.append(("num_key_value_heads", spec.num_key_value_heads, True))
+    if any(layer.ffn == MLP for layer in layers):
+        checks.append(("intermediate_size", spec.intermediate_size, False))
+    if any(layer.ffn == MOE for layer in layers):
+        checks.append(("moe_intermediate_size", spec.moe_intermediate_size, False))
+        if spec.shared_expert_intermediate_size:
+            checks.append(("shared_expert_intermediate_size", spec.shared_expert_intermediate_size, False))
+    if any(layer.has_mamba for layer in layers):
+        checks.append(("mamba_num_heads", spec.mamba_num_heads, False))
+        checks.append(("mamba_n_groups", spec.mamba_n_groups, True))
+    for name, value, may_replicate in checks:
+        if value % tp_size == 0:
+            continue
+        if may_replicate and value < tp_size and tp_size % value == 0:
+            continue  # replicated: each rank holds one
+        how = f"a divisor of {value}" + (" or a multiple of it" if may_replicate else "")
+        return (f"--tp-size {tp_size} does not divide {name} ({value}) of model {spec.name!r}: use a --tp-size that "
+                f"is {how}")
+    return None
+
+
+def check_tp(spec: ModelSpec, tp_size: int) -> None:
+    """ValueError (one line) where `spec` cannot be split over `tp_size` ranks."""
+    if not 1 <= tp_size <= MAX_TP_SIZE:
+        raise ValueError(f"--tp-size {tp_size} must be in 1..{MAX_TP_SIZE}")
+    problem = tp_problem(spec, tp_size)
+    if problem:
+        raise ValueError(problem)
+
+
+def mesh_problem(world_size: int, tp_size: int, pp_size: int | None, local_world_size: int | None) -> str | None:
+    """Why a job of `world_size` ranks (`local_world_size` a node) cannot run as a pp_size x tp_size mesh, or None."""
+    if world_size % tp_size:
+        return (f"--tp-size {tp_size} does not divide the {world_size} ranks of the job (nnodes x nproc-per-node): "
+                f"start a multiple of {tp_size} ranks, e.g. --nproc-per-node {tp_size * max(1, world_size // tp_size)}")
+    if pp_size is not None and pp_size * tp_size != world_size:
+        return (f"--pp-size {pp_size} x --tp-size {tp_size} = {pp_size * tp_size} ranks but the job has {world_size} "
+                f"(nnodes x nproc-per-node): set --nproc-per-node so that the job has {pp_size * tp_size} ranks")
+    if local_world_size is not None and tp_size > 1 and local_world_size % tp_size:
+        return (f"--tp-size {tp_size} would span nodes: a node's {local_world_size} ranks must hold whole TP groups "
+                f"(the TP ranks of a stage on one node); use --nproc-per-node a multiple of {tp_size}")
+    return None

@@ -1,0 +1,157 @@
+"""PP x TP profiles on real gloo ranks (subprocesses, each bounded by a timeout): the (pp, tp) mesh, one stage's TP
+ranks timed as its slowest, per-TP-rank pools checked for leaks, a policy written; the mesh and the model's TP
+split refused before launch in one line; a stopped TP rank ends the run."""
+
+import json
+import os
+import re
+import signal
+import sys
+import time
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from ppprof.cli import main
+from tests.multirank import TINY, run_cli
+from tests.run.test_faults import LONG, alive, rank_pids, read_until, start
+
+pytestmark = [pytest.mark.multirank, pytest.mark.timeout(300)]
+
+SMALL = ("--base-chunk-size", "64", "--requests-per-probe", "8", "--num-prefix-lens", "2", "--warmup", "1",
+         "--overhead-repeats", "1")
+"""Small enough for 4 ranks on 2 cores; B = 64, the least a fitted policy aligns to."""
+
+
+def read_run(out):
+    return pd.read_csv(out / "samples.csv"), json.loads((out / "run.json").read_text())
+
+
+def test_pp2_tp2_profile_of_the_hybrid_model_writes_a_policy(tmp_path):
+    out = tmp_path / "run"
+    r = run_cli("profile", "--model", "tiny-hybrid", "--pp-size", "2", "--tp-size", "2", *SMALL, "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    samples, run = read_run(out)
+    assert (run["world_size"], run["pp_size"], run["tp_size"]) == (4, 2, 2)
+    assert run["config"]["nproc_per_node"] == 4 and run["layer_partition"] == [4, 4]
+    assert [c for c in samples.columns if c.startswith("stage")] == ["stage0_latency_ms", "stage1_latency_ms"]
+    assert samples[["stage0_latency_ms", "stage1_latency_ms"]].gt(0).all().all()
+    for key in ("median_forward_ms_per_tp_rank", "peak_memory_bytes_per_tp_rank"):
+        assert len(run[key]) == 2 and all(len(per_stage) == 2 for per_stage in run[key]), run[key]
+    policy = json.loads((out / "policy.json").read_text())
+    assert policy["provenance"]["world_size"] == 2 and policy["provenance"]["tp_size"] == 2
+    logs = {rank: (out / f"rank{rank}.log").read_text() for rank in range(4)}
+    for rank, log in logs.items():
+        assert f"stage {rank // 2}/2 (TP rank {rank % 2} of 2)" in log, log[:2000]
+        assert "pools back to full capacity" in log and "leak" not in log
+    # the bench runs the profile's mesh again: real chunked prompts through the PP2 x TP2 pipeline
+    bench = tmp_path / "bench"
+    r = run_cli("bench", str(out / "policy.json"), "--prompt-len", "256", "--repeats", "1", "--strategies",
+                "fixed,policy", "--out", str(bench))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = pd.read_csv(bench / "bench.csv")
+    assert {a.split("-")[0] for a in rows["arm"]} == {"fixed", "policy"} and rows["compute_ms"].gt(0).all()
+    assert set(rows["stage"]) == {0, 1} and "leak" not in r.stderr
+
+
+def test_pp1_tp2_profile_runs_one_stage_on_two_ranks(tmp_path):
+    out = tmp_path / "run"
+    r = run_cli("profile", "--model", "tiny-dense", "--pp-size", "1", "--tp-size", "2", *TINY,
+                "--overhead-repeats", "0", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    samples, run = read_run(out)
+    assert (run["world_size"], run["pp_size"], run["tp_size"]) == (2, 1, 2)
+    assert run["layer_partition"] == [4]
+    assert samples["stage0_latency_ms"].gt(0).all() and "stage1_latency_ms" not in samples
+
+
+def test_torchrun_with_four_processes_and_tp_size_2_is_pp2_tp2(tmp_path):
+    out = tmp_path / "run"
+    r = run_cli("--standalone", "--nproc-per-node", "4", "-m", "ppprof", "profile", "--tp-size", "2",
+                "--model", "tiny-dense", *TINY, "--overhead-repeats", "0", "--out", str(out),
+                launcher=[sys.executable, "-m", "torch.distributed.run"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    _, run = read_run(out)
+    assert (run["world_size"], run["pp_size"], run["tp_size"]) == (4, 2, 2)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "tiny-dense", "--tp-size", "3"],
+     "--tp-size 3 does not divide num_attention_heads (4) of model 'tiny-dense': use a --tp-size that is a divisor "
+     "of 4"),
+    (["--model", "tiny-hybrid", "--tp-size", "8", "--pp-size", "1"],
+     "--tp-size 8 does not divide num_attention_heads (4) of model 'tiny-hybrid'"),
+    (["--model", "tiny-dense", "--pp-size", "2", "--tp-size", "2", "--nproc-per-node", "2"],
+     "--pp-size 2 x --tp-size 2 = 4 ranks but the job has 2 (nnodes x nproc-per-node)"),
+    (["--model", "tiny-dense", "--tp-size", "2", "--nproc-per-node", "3"],
+     "--tp-size 2 does not divide the 3 ranks of the job"),
+    (["--model", "tiny-dense", "--tp-size", "2", "--nproc-per-node", "1", "--nnodes", "2"],
+     "--tp-size 2 would span nodes: a node's 1 ranks must hold whole TP groups"),
+    (["--model", "tiny-dense", "--tp-size", "0"], "--tp-size 0 must be an integer"),
+    (["--model", "tiny-dense", "--pp-size", "0"], "--pp-size 0 must be an integer"),
+])
+def test_bad_meshes_and_tp_splits_are_one_line_before_any_rank(tmp_path, args, message):
+    r = CliRunner().invoke(main, ["profile", *args, "--out", str(tmp_path / "run")])
+    assert r.exit_code == 2, r.output
+    assert message in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_tp_size_is_read_from_yaml(tmp_path):
+    config = tmp_path / "tp.yaml"
+    config.write_text("model: tiny-dense\ntp_size: 3\n")
+    r = CliRunner().invoke(main, ["profile", "--config", str(config)])
+    assert r.exit_code == 2 and "--tp-size 3 does not divide num_attention_heads (4)" in r.stderr, r.output
+
+
+def test_a_stopped_tp_rank_ends_the_run_within_the_deadline(tmp_path):
+    out = tmp_path / "run"
+    timeout_s = 3
+    p = start("profile", "--out", str(out), *LONG, "--pp-size", "1", "--tp-size", "2", "--overhead-repeats", "0",
+              "--timeout", str(timeout_s))
+    try:
+        read_until(p, "probe 2 (prefix")
+        ranks = rank_pids(p.pid)
+        os.kill(ranks[1], signal.SIGSTOP)  # TP rank 1 of the one stage: rank 0 waits in a TP collective
+        stopped = time.monotonic()
+        rest = p.stderr.read()
+        p.wait(timeout=120)
+        took = time.monotonic() - stopped
+    finally:
+        p.kill()
+    assert p.returncode == 1, rest[-3000:]
+    line = f"rank 1 did not answer within {timeout_s} s during run the probes"
+    assert f"error: [rank 0] {line}" in rest, rest[-3000:]
+    assert "Traceback" not in rest
+    assert took < timeout_s + 15, took
+    assert not any(alive(pid) for pid in ranks.values())
+    assert json.loads((out / "run.json").read_text())["status"] == f"failed: {line}"
+
+
+def test_the_gpu_check_runs_pp2_tp2_over_nccl_with_flags_profile_takes():
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    text = script.read_text()
+    block = text[text.index("PP2 x TP2 over NCCL"):text.index("PP2 x TP2 skipped")]
+    command = block[block.index("ppprof profile"):block.index(" > ")].replace("\\\n", " ")
+    assert "--device cuda --pp-size 2 --tp-size 2 --nproc-per-node 4" in command
+    known = {o for p in main.commands["profile"].params for o in p.opts}
+    assert set(re.findall(r"--[a-z][a-z0-9-]*", command)) <= known, command
+
+
+def test_a_forward_that_fails_on_one_tp_rank_ends_every_rank_with_its_message(tmp_path):
+    out = tmp_path / "run"
+    r = run_cli("profile", "--out", str(out), *LONG, "--pp-size", "1", "--tp-size", "2", "--overhead-repeats", "0",
+                "--timeout", "3", "--inject-fault", "raise-on-one-tp-rank", timeout=120)
+    assert r.returncode == 1, r.stderr[-3000:]
+    # the third timed request of the sweep, on TP rank 1 alone: rank 0 waits for it in an all-reduce
+    message = re.search(r"error: \[rank 1\] (rank 1: forward of request 2 \(prefix 0, chunk \d+\) raised "
+                        r"RuntimeError: injected fault \(--inject-fault raise-on-one-tp-rank\))", r.stderr)
+    assert message, r.stderr[-3000:]
+    assert f"error: [rank 0] {message.group(1)}" in r.stderr, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and "did not answer" not in r.stderr
+    assert json.loads((out / "run.json").read_text())["status"] == f"failed: {message.group(1)}"
