@@ -191,10 +191,15 @@ def checks(report: dict, tol: dict[str, float]) -> list[dict]:
     regrets = [r for r in rows if r.get("regret") is not None]
     if regrets:
         r = max(regrets, key=lambda r: r["regret"])
-        out.append(check("table", max(0.0, r["regret"]), tol["table"],
-                         f"the candidate's {r['strategy']} plan of {r['prompt_len']} tokens costs {pct(r['regret'])} "
-                         f"against the baseline's own on the baseline's model ({report['table']['num_changed']} of "
-                         f"{report['table']['num_prefix_lens']} prefix lengths of the history-only table changed)"))
+        table = check("table", max(0.0, r["regret"]), tol["table"],
+                      f"the candidate's {r['strategy']} plan of {r['prompt_len']} tokens costs {pct(r['regret'])} "
+                      f"against the baseline's own on the baseline's model ({report['table']['num_changed']} of "
+                      f"{report['table']['num_prefix_lens']} prefix lengths of the history-only table changed)")
+        if out[0].get("noisy") and not table["passed"]:
+            # One side's tables are the fixed chunks a failed gate falls back to, not the rule: nothing to judge.
+            table.update(passed=True, noisy=True, detail=table["detail"] + "; not judged: one side's tables are the "
+                         "fixed chunks of a profile too noisy to gate (noisy status)")
+        out.append(table)
     out.append(overhead_check(b["overhead"], c["overhead"], tol["overhead"]))
     if rows:
         r = max(rows, key=lambda r: abs(r["change"]))

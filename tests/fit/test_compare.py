@@ -206,6 +206,9 @@ def test_a_noisy_profile_that_fails_the_gates_is_told_from_a_drift(tmp_path):
     assert report["baseline_refit"]["passed"] is True and status["passed"] and status["noisy"], status
     assert not report["drifted"] and result.exit_code == 0, result.output
     assert "too noisy to gate" in compare(base, noisy).output
+    tight = json.loads(compare(base, noisy, "--tolerance", "table=0.001", "--json").output)
+    table = next(c for c in tight["checks"] if c["figure"] == "table")  # the static side's fixed chunks: not judged
+    assert table["value"] > 0.001 and table["passed"] and table["noisy"] and not tight["drifted"], table
     report = json.loads(compare(noisy, base, "--json").output)  # the noisy one as the baseline: the same verdict
     status = report["checks"][0]
     assert report["baseline_refit"] == {"passed": False, "reason": report["baseline_refit"]["reason"],
