@@ -1,16 +1,24 @@
 #!/usr/bin/env bash
-# The committed bench reference (results/bench-reference/): the default tiny-hybrid profile on CPU (2 ranks), then
-# `ppprof bench` on its policy for prompts of 16 x B and 64 x B (B = 512): PP2 real and replay, PP4 and PP8 replayed
-# on the same 2 ranks. About 15 minutes on 2 cores. Usage: bash scripts/bench_reference.sh [OUT]
+# The committed bench reference (results/bench-reference/): for the default tiny-hybrid model (2 attention layers of 8)
+# and for tiny-dense (every layer attention: the attention weighs more), the default profile on CPU (2 ranks), then
+# `ppprof bench` on its policy for prompts of 16 x B and 64 x B (B = 512), every strategy (policy, policy-history,
+# greedy, sglang, fixed, fixed-best, optimal) interleaved over 5 repeats: PP2 real and replay, PP4 and PP8 replayed on
+# the same 2 ranks. tiny-hybrid's runs are in OUT/ (profile/, pp2/, pp4/, pp8/), tiny-dense's in OUT/tiny-dense/.
+# About 30 minutes on 2 idle cores. Usage: bash scripts/bench_reference.sh [OUT]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-results/bench-reference}
 rm -rf "$out"
 mkdir -p "$out"
 bash scripts/setup.sh > /dev/null
-.venv/bin/ppprof profile --out "$out/profile" 2> "$out/profile.log"
-for pp in 2 4 8; do
-  .venv/bin/ppprof bench "$out/profile/policy.json" --prompt-len 8192 --prompt-len 32768 --pp "$pp" \
-    --out "$out/pp$pp" 2> "$out/bench-pp$pp.log"
-  grep -v '^\[rank' "$out/bench-pp$pp.log" | grep -v '^bench:.*it/s\]$' | tail -n 16
+for model in tiny-hybrid tiny-dense; do
+  dir=$([ "$model" = tiny-hybrid ] && echo "$out" || echo "$out/$model")
+  mkdir -p "$dir"
+  .venv/bin/ppprof profile --model "$model" --out "$dir/profile" 2> "$dir/profile.log"
+  for pp in 2 4 8; do
+    .venv/bin/ppprof bench "$dir/profile/policy.json" --prompt-len 8192 --prompt-len 32768 --pp "$pp" \
+      --out "$dir/pp$pp" 2> "$dir/bench-pp$pp.log"
+    echo "== $model, PP$pp"
+    grep -v '^\[rank' "$dir/bench-pp$pp.log" | grep -v '^bench:.*it/s\]$' | tail -n 22
+  done
 done
