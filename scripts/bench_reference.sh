@@ -3,7 +3,7 @@
 # and for tiny-dense (every layer attention: the attention weighs more), the default profile on CPU (2 ranks), then
 # `ppprof bench` on its policy for prompts of 16 x B and 64 x B (B = 512), every strategy (policy, policy-history,
 # greedy, sglang, fixed, fixed-best, optimal) interleaved over 5 repeats: PP2 real and replay, PP4 and PP8 replayed on
-# the same 2 ranks. tiny-hybrid's runs are in OUT/ (profile/, pp2/, pp4/, pp8/), tiny-dense's in OUT/tiny-dense/.
+# the same 2 ranks, each on the profile refitted for its depth. tiny-hybrid's runs are in OUT/ (profile/, pp2/, pp4/, pp8/), tiny-dense's in OUT/tiny-dense/.
 # About 30 minutes on 2 idle cores. Usage: bash scripts/bench_reference.sh [OUT]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +16,13 @@ for model in tiny-hybrid tiny-dense; do
   mkdir -p "$dir"
   .venv/bin/ppprof profile --model "$model" --out "$dir/profile" 2> "$dir/profile.log"
   for pp in 2 4 8; do
-    .venv/bin/ppprof bench "$dir/profile/policy.json" --prompt-len 8192 --prompt-len 32768 --pp "$pp" \
+    # A policy's rules are chosen for its pipeline depth: deeper pipelines bench the profile refitted for them.
+    policy="$dir/profile/policy.json"
+    if [ "$pp" != 2 ]; then
+      policy="$dir/profile/policy-pp$pp.json"
+      .venv/bin/ppprof fit "$dir/profile/samples.csv" --pp-size "$pp" -o "$policy" > /dev/null
+    fi
+    .venv/bin/ppprof bench "$policy" --prompt-len 8192 --prompt-len 32768 --pp-size "$pp" \
       --out "$dir/pp$pp" 2> "$dir/bench-pp$pp.log"
     echo "== $model, PP$pp"
     grep -v '^\[rank' "$dir/bench-pp$pp.log" | grep -v '^bench:.*it/s\]$' | tail -n 22
