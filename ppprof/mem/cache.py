@@ -63,6 +63,15 @@ class StageCache:
             return NO_MAMBA_SLOT
         return self.req_pool.mamba_slot[req.req_pool_idx]
 
+    def mamba_states(self, req: Request, layer_id: int):
+        """(conv state, recurrent state) of `req` in layer `layer_id`'s rows of the Mamba pool: views the layer
+        reads and rewrites. ValueError where the request holds no slot (indexing with NO_MAMBA_SLOT, -1, would
+        silently read and overwrite the pool's last row)."""
+        slot = self.mamba_slot(req)
+        if self.mamba_pool is None or slot == NO_MAMBA_SLOT:
+            raise ValueError(f"request {req.rid} holds no Mamba slot on this stage: admit it first (cache.admit)")
+        return self.mamba_pool.conv[layer_id][slot], self.mamba_pool.ssm[layer_id][slot]
+
     def admit(self, req: Request) -> bool:
         """Give `req` a request entry and, where the stage has Mamba layers, a zeroed Mamba slot. False (nothing held)
         when either pool is full."""

@@ -17,7 +17,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ppprof.mem.cache import Request, StageCache
-from ppprof.mem.req import NO_MAMBA_SLOT
 from ppprof.model.mamba import causal_conv
 from ppprof.specs.spec import ModelSpec
 
@@ -164,11 +163,7 @@ class GatedDeltaNet(nn.Module):
         """x: (n, hidden), the request's next n tokens -> (n, hidden). Reads and rewrites the conv and recurrent
         state in the request's Mamba-pool slot."""
         n = x.shape[0]
-        pool, slot = cache.mamba_pool, cache.mamba_slot(req)
-        if pool is None or slot == NO_MAMBA_SLOT:
-            raise ValueError(f"request {req.rid} holds no Mamba slot on this stage: admit it first (cache.admit)")
-        conv_state = pool.conv[self.layer_id][slot]  # (conv_dim, kernel - 1)
-        state = pool.ssm[self.layer_id][slot]  # (Hv, dk, dv), fp32
+        conv_state, state = cache.mamba_states(req, self.layer_id)  # (conv_dim, kernel - 1), (Hv, dk, dv) fp32
 
         qkv, z = self.in_proj_qkvz(x).split([2 * self.key_size + self.value_size, self.value_size], dim=-1)
         b, a = self.in_proj_ba(x).float().split([self.num_v_heads, self.num_v_heads], dim=-1)  # (n, Hv) each

@@ -12,7 +12,6 @@ from torch import nn
 
 from ppprof.specs.spec import ModelSpec
 from ppprof.mem.cache import Request, StageCache
-from ppprof.mem.req import NO_MAMBA_SLOT
 from ppprof.model.tp import NO_TP, TPComm, assign, full_shape, mark_segments
 from ppprof.specs.tp import rank_shapes
 
@@ -219,12 +218,8 @@ class Mamba2(nn.Module):
         """x: (n, hidden), the request's next n tokens -> (n, hidden). Reads and rewrites the conv and SSM state in
         the request's Mamba slot."""
         n = x.shape[0]
-        pool, slot = cache.mamba_pool, cache.mamba_slot(req)
-        if pool is None or slot == NO_MAMBA_SLOT:
-            # Indexing the pool with NO_MAMBA_SLOT (-1) would silently read and overwrite its last row.
-            raise ValueError(f"request {req.rid} holds no Mamba slot on this stage: admit it first (cache.admit)")
-        conv_state = pool.conv[self.layer_id][slot]  # (conv_dim, kernel - 1)
-        ssm_state = pool.ssm[self.layer_id][slot]  # (heads, head_dim, d_state), fp32
+        # (conv_dim, kernel - 1), (heads, head_dim, d_state) fp32
+        conv_state, ssm_state = cache.mamba_states(req, self.layer_id)
 
         zxbcdt = self.in_proj(x)  # (n, d_inner + conv_dim + heads)
         z, xbc, dt = zxbcdt.split([self.d_inner, self.conv_dim, self.num_heads], dim=-1)
