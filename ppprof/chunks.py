@@ -10,9 +10,15 @@ MIN_ALIGNMENT = 64
 """Chunk sizes of a dynamic rule are multiples of max(page size, 64), as SGLang aligns them."""
 
 
-def default_alignment(page_size: int) -> int:
-    """The alignment unit of chunk sizes on a server with this KV page size: max(page_size, 64)."""
-    return max(page_size, MIN_ALIGNMENT)
+def default_alignment(page_size: int, tp_size: int = 1) -> int:
+    """The alignment unit of chunk sizes on a server with this KV page size and TP degree: max(page_size, 64), and a
+    multiple of tp_size too (a server's token split across TP ranks needs chunks divisible by them)."""
+    return math.lcm(max(page_size, MIN_ALIGNMENT), tp_size)
+
+
+def probe_unit(page_size: int, tp_size: int = 1) -> int:
+    """What every probe chunk is a multiple of: whole pages, split evenly over the TP ranks (lcm(page, tp))."""
+    return math.lcm(page_size, tp_size)
 
 
 def default_floor(base_chunk_size: int) -> int:

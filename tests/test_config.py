@@ -126,6 +126,31 @@ def test_a_base_chunk_below_the_alignment_is_refused_only_where_a_rule_is_needed
     assert ProfileConfig(base_chunk_size=32, fit=False).base_chunk_size == 32  # samples only: no rule to check
 
 
+def test_chunks_split_evenly_over_the_tp_ranks():
+    """At a TP degree that does not divide the page or 64, every probe chunk is a multiple of lcm(page, tp) and the
+    rule's chunks of lcm(max(page, 64), tp); a base chunk or an --alignment that cannot split so is refused. At TP
+    degrees that divide 64 nothing changes."""
+    from ppprof.probe.synth import make_probes
+
+    cfg = ProfileConfig(base_chunk_size=768, tp_size=3, pp_size=1, prefix_lens=(768, 4096), requests_per_probe=16,
+                        overhead_repeats=0)
+    assert cfg.chunk_unit == 3 and cfg.chunk_settings().alignment == 192
+    sizes = {r.chunk_size for p in make_probes(cfg) for r in p.requests}
+    assert sizes and all(x % 3 == 0 for x in sizes) and cfg.max_probe_chunk_size % 3 == 0
+    paged = ProfileConfig(base_chunk_size=768, page_size=16, tp_size=6, pp_size=1, overhead_repeats=0)
+    assert paged.chunk_unit == 48 and paged.chunk_settings().alignment == 192
+    assert ProfileConfig(base_chunk_size=512, tp_size=4, pp_size=1).chunk_settings().alignment == 64
+    assert ProfileConfig(base_chunk_size=512, tp_size=4, pp_size=1).chunk_unit == 4
+    with pytest.raises(ValueError, match=r"--base-chunk-size 128 is below the chunk alignment 192 = "
+                                         r"lcm\(max\(--page-size 1, 64\), --tp-size 3\)"):
+        ProfileConfig(base_chunk_size=128, tp_size=3, pp_size=1)
+    with pytest.raises(ValueError, match=r"--base-chunk-size 20 is smaller than 48 = lcm\(--page-size 16, --tp-size 6\)"):
+        ProfileConfig(base_chunk_size=20, page_size=16, tp_size=6, pp_size=1, fit=False)
+    with pytest.raises(ValueError, match="--alignment 64 is not a multiple of the profile's --tp-size 3"):
+        cfg.chunk_settings(alignment=64)
+    assert cfg.chunk_settings(alignment=96).alignment == 96
+
+
 def test_profile_help_shows_the_settings_trees_defaults():
     import dataclasses
     import re

@@ -20,8 +20,8 @@ def candidate_grid(cfg: ProfileConfig) -> tuple[list[int], list[int]]:
     """(prefix_len, chunk_size) of every candidate of the adaptive design, as two lists."""
     prefixes = (0,) + (cfg.resolved_prefix_lens() if cfg.prefix_lens is not None
                        else cfg.resolved_prefix_lens(NUM_CANDIDATE_PREFIXES))
-    chunks = (wide_chunk_sizes(cfg.base_chunk_size, cfg.max_probe_chunk_size, cfg.page_size)
-              + grid_chunk_sizes(cfg.base_chunk_size, cfg.page_size, NUM_CANDIDATE_CHUNKS))
+    chunks = (wide_chunk_sizes(cfg.base_chunk_size, cfg.max_probe_chunk_size, cfg.chunk_unit)
+              + grid_chunk_sizes(cfg.base_chunk_size, cfg.chunk_unit, NUM_CANDIDATE_CHUNKS))
     pairs = [(p, c) for p in sorted(set(prefixes)) for c in chunks]
     return [p for p, _ in pairs], [c for _, c in pairs]
 

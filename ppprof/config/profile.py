@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, fields
 
 from ppprof.bounds import ATTENTION_BACKENDS, DEVICES, MAX_STAGES, MAX_TOKENS
 from ppprof.checks import a_type, is_int, is_number, require_bool, require_int, require_str, short
-from ppprof.chunks import align_down, align_up
+from ppprof.chunks import align_down, align_up, default_alignment, probe_unit
 from ppprof.config.chunk import DEFAULT_CONTEXT_LEN, ChunkSettings
 from ppprof.config.policy import DEFAULT_MIN_GAIN, PolicyOptions
 from ppprof.specs.dtypes import normalize_dtype
@@ -130,7 +130,7 @@ class ProfileConfig:
     requests_per_probe: int = 128
     """Synthetic prefill requests per probe, 8..128."""
     page_size: int = 1
-    """KV cache page size in tokens; probe chunk sizes are multiples of it."""
+    """KV cache page size in tokens; probe chunk sizes are multiples of it (and of tp_size: chunk_unit)."""
     max_probe_chunk_multiple: float = 4.0
     """The largest probe chunk in multiples of B (1.25..16): the grid's prefix probes and a prefix-free probe reach it,
     so that plans with first chunks 2-4x later ones stay in the profiled domain; 1.25 probes SGLang's range only."""
@@ -208,6 +208,12 @@ class ProfileConfig:
                 f"--base-chunk-size {self.base_chunk_size} is smaller than --page-size {self.page_size}: "
                 "use a base chunk of at least one page"
             )
+        if self.base_chunk_size < self.chunk_unit:
+            raise ValueError(
+                f"--base-chunk-size {self.base_chunk_size} is smaller than {self.chunk_unit} = lcm(--page-size "
+                f"{self.page_size}, --tp-size {self.tp_size}), the unit every chunk is split evenly over the TP ranks "
+                f"in: use --base-chunk-size {self.chunk_unit} or a multiple of it"
+            )
         if self.max_probe_chunk_size > self.context_len:
             raise ValueError(
                 f"--base-chunk-size {self.base_chunk_size} (largest probe chunk {self.max_probe_chunk_size}) exceeds "
@@ -262,9 +268,14 @@ class ProfileConfig:
         return self.requests_per_probe * (1 + len(self.resolved_prefix_lens()))
 
     @property
+    def chunk_unit(self) -> int:
+        """What every probe chunk is a multiple of: whole pages split evenly over the TP ranks, lcm(page, tp)."""
+        return probe_unit(self.page_size, self.tp_size)
+
+    @property
     def max_probe_chunk_size(self) -> int:
-        """The largest probe chunk: max_probe_chunk_multiple x B, aligned down to the page."""
-        return align_down(int(self.max_probe_chunk_multiple * self.base_chunk_size), self.page_size)
+        """The largest probe chunk: max_probe_chunk_multiple x B, aligned down to the chunk unit."""
+        return align_down(int(self.max_probe_chunk_multiple * self.base_chunk_size), self.chunk_unit)
 
     def resolved_prefix_lens(self, num: int | None = None) -> tuple[int, ...]:
         """--prefix-lens, else `num` (default num_prefix_lens) lengths log-spaced from B to the context length less
@@ -292,7 +303,18 @@ class ProfileConfig:
         """The settings of the rule this profile's policy carries: its B, page size and context length, the rule's
         own defaults for the rest, what `given` sets (not None) winning (`ppprof fit`'s options)."""
         chunk = {"base_chunk_size": self.base_chunk_size, "page_size": self.page_size, "context_len": self.context_len}
+        unit = default_alignment(self.page_size, self.tp_size)
+        if unit != default_alignment(self.page_size):  # a TP degree that does not divide max(page, 64)
+            if unit > self.base_chunk_size:
+                raise ValueError(f"--base-chunk-size {self.base_chunk_size} is below the chunk alignment {unit} = "
+                                 f"lcm(max(--page-size {self.page_size}, 64), --tp-size {self.tp_size}): use "
+                                 f"--base-chunk-size {unit} or more")
+            chunk["alignment"] = unit
         chunk.update({k: v for k, v in given.items() if v is not None})
+        alignment = chunk.get("alignment")
+        if self.tp_size > 1 and is_int(alignment) and alignment > 0 and alignment % self.tp_size:
+            raise ValueError(f"--alignment {alignment} is not a multiple of the profile's --tp-size {self.tp_size}: "
+                             f"its chunks would not split evenly over the TP ranks; use a multiple of {self.tp_size}")
         return ChunkSettings(**chunk)
 
     def to_dict(self) -> dict:

@@ -72,7 +72,7 @@ def make_probes(cfg: ProfileConfig) -> list[Probe]:
     largest probe chunk is above 1.25 B, the prefix-free wide probe (the wide sizes only); then one probe per prefix
     length, its requests cycling through the grid's chunk sizes, one in WIDE_SHARE through the wide ones, in a
     seeded random order. Request ids are unique across the run."""
-    n, align = cfg.requests_per_probe, cfg.page_size
+    n, align = cfg.requests_per_probe, cfg.chunk_unit
     probes = [Probe(0, SWEEP, tuple(ProbeRequest(i, 0, c)
                                     for i, c in enumerate(sweep_chunk_sizes(cfg.base_chunk_size, n, align))))]
     grid = grid_chunk_sizes(cfg.base_chunk_size, align)

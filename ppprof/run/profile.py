@@ -214,7 +214,7 @@ def measure_overhead(run: RankRun[ProfileState]) -> None:
     if not cfg.overhead_repeats:
         return
     start = time.perf_counter()
-    sizes = overhead_chunk_sizes(cfg.base_chunk_size, cfg.page_size, cfg.max_probe_chunk_size)
+    sizes = overhead_chunk_sizes(cfg.base_chunk_size, cfg.chunk_unit, cfg.max_probe_chunk_size)
     capacity = min(cfg.max_total_tokens, cfg.context_len)
     warmup, timed = overhead_plans(sizes, capacity, cfg.overhead_repeats)
     if not timed:  # the same on every rank: nothing to agree on

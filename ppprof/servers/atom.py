@@ -16,7 +16,8 @@ import numpy as np
 from ppprof.chunks import align_down
 from ppprof.policy.rule import LatencyModel
 from ppprof.policy.schema import Policy
-from ppprof.servers.base import CALIBRATION, DYNAMIC, Server, ServerSetting, concave_free_root, parse_number
+from ppprof.servers.base import (CALIBRATION, DYNAMIC, PP_SIZE, TP_SIZE, Server, ServerSetting, concave_free_root,
+                                 parse_number)
 
 PREFIX_SHARE = 0.2
 """ATOM floors a chunk where its prefix cost gamma * L would exceed this share of its latency."""
@@ -68,6 +69,8 @@ class Atom(Server):
                  "--enable-dynamic-chunking": DYNAMIC, "--dynamic-chunking-base-size": "base_chunk_size",
                  "--dynamic-chunking-smooth-factor": "smooth_factor",
                  "--dynamic-chunking-min-chunk-size": "min_chunk_size", "--dynamic-chunking-calibration": CALIBRATION}
+    parallel_flags = {"--pipeline-parallel-size": PP_SIZE, "--tensor-parallel-size": TP_SIZE, "-pp": PP_SIZE,
+                      "-tp": TP_SIZE}
     fits_at_boot = False
 
     def default_setting(self, page_size: int = 1) -> ServerSetting:

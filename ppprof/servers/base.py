@@ -20,6 +20,8 @@ CALIBRATION = "calibration"
 """The key a flag's parsed value is returned under when it is a latency model, not a setting (ATOM's calibration)."""
 DYNAMIC = "dynamic"
 """The setting a bare flag (no value) turns on."""
+PP_SIZE, TP_SIZE = "pp_size", "tp_size"
+"""The parallel layout a policy was profiled at (its provenance's world_size and tp_size), in a server's flags."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +79,9 @@ class Server(ABC):
     """Tokens its rule keeps free at the end of the context."""
     flag_keys: dict[str, str]
     """Its flags (and environment variables) -> the ServerSetting field they set (or CALIBRATION)."""
+    parallel_flags: dict[str, str] = {"--pp-size": PP_SIZE, "--tp-size": TP_SIZE}
+    """Its flags of the pipeline stages and the TP degree (the first of each is the one written) -> PP_SIZE or
+    TP_SIZE. A policy holds for the layout it was profiled at, so an export and a tune carry these too."""
     fits_at_boot: bool = True
     """It fits its latency model to prefix-free forwards at start-up (`boot_fit`); else its flags carry one."""
 
@@ -144,11 +149,26 @@ class Server(ABC):
     def format_flags(self, setting: ServerSetting, calibration: LatencyModel | None = None) -> tuple[dict, list[str]]:
         """(environment, arguments) that set `setting` on it; `calibration`: the model its flags carry, if any."""
 
+    def format_parallel(self, pp_size: int | None, tp_size: int | None) -> list[str]:
+        """The arguments that set the pipeline stages and the TP degree (those known, not None) on it."""
+        args = []
+        for key, value in ((PP_SIZE, pp_size), (TP_SIZE, tp_size)):
+            if value is not None:
+                args += [next(flag for flag, k in self.parallel_flags.items() if k == key), str(value)]
+        return args
+
+    def parse_parallel(self, tokens: list[str]) -> tuple[dict[str, int], list[str]]:
+        """({PP_SIZE or TP_SIZE: value} of the parallel flags among a command line's tokens in its syntax, the other
+        tokens). ValueError (one line) naming the flag on a bad value."""
+        values, rest = read_flags(tokens, self.parallel_flags)
+        return {key: parse_number(name, value, int, 1) for key, (name, value) in values.items()}, rest
+
     def parse_flags(self, text: str, page_size: int = 1) -> tuple[ServerSetting, LatencyModel | None, list[str]]:
         """(setting, calibration or None, ignored tokens) from a command line in its syntax (`ppprof tune --current`,
         or an export read back); settings not given keep its defaults. ValueError (one line) naming the flag on a bad
         value."""
         values, ignored = read_flags(split_command(text), self.flag_keys)
+        ignored = self.parse_parallel(ignored)[1]  # the layout's flags: known, not chunking settings
         fields = self.default_setting(page_size).fields()
         calibration = None
         for key, (name, value) in values.items():

@@ -95,7 +95,10 @@ def export_data(policy: Policy, server: str, source: str = "the policy") -> dict
         # The server would keep chunks fixed with this model (SGLang: a <= 0; ATOM: a calibration it refuses).
         setting, calibration = replace(setting, dynamic=False), None
     env, args = target.format_flags(setting, calibration)
+    args = target.format_parallel(policy.num_stages, policy.tp_size) + args
     comments = header(policy, target, source)
+    comments.append(f"# profiled at {policy.num_stages} stages of {policy.tp_size} TP rank"
+                    f"{'s' if policy.tp_size > 1 else ''}: serve with the same layout, which the flags set")
     comments.append(f"# targets: {target.targets}")
     comments += target.export_notes(policy)
     if policy.status == "dynamic" and not setting.dynamic:

@@ -12,7 +12,7 @@ from ppprof.chunks import align_down, default_floor
 from ppprof.config import CONTEXT_MARGIN, ChunkSettings
 from ppprof.policy.rule import LatencyModel, next_chunk_size
 from ppprof.policy.schema import Policy
-from ppprof.servers.base import DYNAMIC, Server, ServerSetting, boot_quadratic_cause
+from ppprof.servers.base import DYNAMIC, PP_SIZE, TP_SIZE, Server, ServerSetting, boot_quadratic_cause
 
 SMOOTH_ENV = "SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR"
 PARITY = "sglang"
@@ -44,6 +44,8 @@ class SGLang(Server):
     context_margin = CONTEXT_MARGIN
     flag_keys = {"--chunked-prefill-size": "base_chunk_size", "--max-prefill-tokens": "max_chunk_size",
                  "--page-size": "page_size", "--enable-dynamic-chunking": DYNAMIC, SMOOTH_ENV: "smooth_factor"}
+    parallel_flags = {"--pp-size": PP_SIZE, "--tp-size": TP_SIZE, "--pipeline-parallel-size": PP_SIZE,
+                      "--tensor-parallel-size": TP_SIZE, "--tp": TP_SIZE}
 
     def default_setting(self, page_size: int = 1) -> ServerSetting:
         """--chunked-prefill-size 8192 (its default on large GPUs), --max-prefill-tokens 16384, s 0.75."""

@@ -24,7 +24,7 @@ from ppprof.config import CONTEXT_MARGIN
 from ppprof.policy.planners import chunk_latencies_ms, optimal_chunks, ttft_ms
 from ppprof.policy.rule import LatencyModel
 from ppprof.policy.schema import Policy, extrapolation
-from ppprof.servers.base import ServerSetting, command_line
+from ppprof.servers.base import PP_SIZE, TP_SIZE, ServerSetting, command_line, split_command
 from ppprof.servers.boot import Forwards
 from ppprof.servers.registry import DEFAULT_SERVER, get
 from ppprof.servers.workload import Workload
@@ -206,6 +206,7 @@ def tune(policy: Policy, workload: Workload, num_stages: int, server: str = DEFA
     if best.setting.dynamic:  # the calibration the winner was scored with: the user's where their flags won
         calibration = (current_wins and current_calibration) or tuner.server.calibration(policy)
     env, args = tuner.server.format_flags(best.setting, calibration)
+    args = tuner.server.format_parallel(num_stages, policy.tp_size) + args
     rows = [scored_current, scored_policy, best, best_fixed]
     mean_opt = float(opt_ttft @ tuner.weights)
     return {
@@ -234,6 +235,7 @@ def score_current(tuner: Tuner, current: str | None) -> tuple[Scored, LatencyMod
     the tokens of `current` ignored), limited to the policy's context."""
     page = tuner.policy.settings.page_size
     if current is not None:
+        check_layout(tuner, current)
         setting, calibration, ignored = tuner.server.parse_flags(current, page)
         label = "current"
     else:
@@ -241,6 +243,20 @@ def score_current(tuner: Tuner, current: str | None) -> tuple[Scored, LatencyMod
         label = "server default"
     setting = tuner.server.with_context(setting, tuner.policy.settings.context_len)
     return tuner.score(setting, label, calibration), calibration, ignored
+
+
+def check_layout(tuner: Tuner, current: str) -> None:
+    """ValueError (one line) where the --current flags set a TP degree other than the policy's (its latencies hold for
+    the TP degree it was profiled at) or pipeline stages other than those tuned for."""
+    layout, _ = tuner.server.parse_parallel(split_command(current))
+    tp, pp = layout.get(TP_SIZE), layout.get(PP_SIZE)
+    if tp is not None and tp != tuner.policy.tp_size:
+        raise ValueError(f"--current sets TP degree {tp} but the policy was profiled at --tp-size "
+                         f"{tuner.policy.tp_size}: profile with --tp-size {tp}, or tune the flags of a TP "
+                         f"{tuner.policy.tp_size} server")
+    if pp is not None and pp != tuner.num_stages:
+        raise ValueError(f"--current sets {pp} pipeline stages but tune plans for {tuner.num_stages}: give "
+                         f"--pp-size {pp}")
 
 
 def notes(tuner: Tuner, workload: Workload, scored: tuple[Scored, ...], ignored: list[str]) -> list[str]:

@@ -16,7 +16,8 @@ import json
 from ppprof.chunks import align_up
 from ppprof.policy.rule import LatencyModel
 from ppprof.policy.schema import Policy
-from ppprof.servers.base import Server, ServerSetting, boot_quadratic_cause, concave_free_root, parse_number
+from ppprof.servers.base import (PP_SIZE, TP_SIZE, Server, ServerSetting, boot_quadratic_cause, concave_free_root,
+                                 parse_number)
 
 A_FLOOR = 1e-9
 """vllm-ascend replaces a negative fitted a with this."""
@@ -60,6 +61,8 @@ class VllmAscend(Server):
     context_margin = 1
     flag_keys = {"--max-num-batched-tokens": "base_chunk_size", "--block-size": "page_size",
                  "--additional-config": ADDITIONAL_CONFIG}
+    parallel_flags = {"--pipeline-parallel-size": PP_SIZE, "--tensor-parallel-size": TP_SIZE, "-pp": PP_SIZE,
+                      "-tp": TP_SIZE}
 
     def default_setting(self, page_size: int = 1) -> ServerSetting:
         """--max-num-batched-tokens 8192 (vllm serve's default), smooth_factor 1.0, min_chunk 4096."""

@@ -47,8 +47,28 @@ def test_export_json_cli_and_round_trip_of_every_server(tmp_path):
         assert r.exit_code == 0, r.output
         doc = json.loads(r.output)
         assert doc["server"] == server and doc["differences"]["prefix_lens_checked"] == 512
-        setting, calibration, _ = get(server).parse_flags(doc["command"], page_size=64)
-        assert get(server).format_flags(setting, calibration) == (doc["env"], doc["args"])
+        target = get(server)
+        setting, calibration, _ = target.parse_flags(doc["command"], page_size=64)
+        env, args = target.format_flags(setting, calibration)
+        assert (env, target.format_parallel(4, 1) + args) == (doc["env"], doc["args"])
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_an_export_sets_the_layout_the_policy_was_profiled_at(server):
+    """The stages and the TP degree of the profile (provenance world_size, tp_size) are in the flags, in the server's
+    own names, and read back as they were written; the chunking flags are unchanged by them."""
+    data = policy_dict(PREFIX, base_chunk_size=4096, context_len=32768, num_stages=2)
+    data["provenance"] = {**data["provenance"], "world_size": 2, "tp_size": 4}
+    doc = export_data(from_dict(data), server)
+    target = get(server)
+    names = {"sglang": ["--pp-size", "2", "--tp-size", "4"],
+             "vllm-ascend": ["--pipeline-parallel-size", "2", "--tensor-parallel-size", "4"],
+             "atom": ["--pipeline-parallel-size", "2", "--tensor-parallel-size", "4"]}[server]
+    assert doc["args"][:4] == names and any("2 stages of 4 TP ranks" in c for c in doc["comments"])
+    from ppprof.servers.base import split_command
+    assert target.parse_parallel(split_command(doc["command"]))[0] == {"pp_size": 2, "tp_size": 4}
+    setting, _, ignored = target.parse_flags(doc["command"], page_size=64)
+    assert ignored == [] and setting.to_dict() == doc["setting"]
 
 
 def test_format_is_the_old_name_of_server_and_prints_the_same(tmp_path):

@@ -62,6 +62,12 @@ def test_tune_command_text_json_plot_and_bad_input(tmp_path):
     path.write_text(json.dumps(data))
     r = CliRunner().invoke(main, ["tune", str(path), "--prompt-lens", "8192,32768", "--pp", "4"])
     assert r.exit_code == 0, r.output
+    # The recommended flags set the layout tuned for: the stages asked for, the profile's TP degree.
+    r8 = CliRunner().invoke(main, ["tune", str(path), "--prompt-lens", "8192", "--pp-size", "8", "--json",
+                                   "--current", "--pp-size 8 --tp-size 1 --chunked-prefill-size 4096"])
+    assert r8.exit_code == 0, r8.output
+    assert json.loads(r8.stdout)["recommended"]["args"][:4] == ["--pp-size", "8", "--tp-size", "1"]
+    assert "--tp-size" not in " ".join(json.loads(r8.stdout)["notes"])  # a layout flag is not "ignored"
     assert "recommended SGLang flags:" in r.stdout and "DP-optimal bound" in r.stdout
     assert (tmp_path / "policy.tune-sglang.png").stat().st_size > 0
     r = CliRunner().invoke(main, ["tune", str(path), "--prompt-lens", "8192", "--server", "atom", "--json",
@@ -72,7 +78,12 @@ def test_tune_command_text_json_plot_and_bad_input(tmp_path):
     before = sorted(tmp_path.iterdir())
     for args, message in [(["--prompt-lens", "8192;1"], "--prompt-lens '8192;1' is neither"),
                           (["--prompt-lens", "8192", "--pp", "0"], "--pp 0 is invalid"),
-                          (["--prompt-lens", "8192", "--current", "--chunked-prefill-size x"], "is not an integer")]:
+                          (["--prompt-lens", "8192", "--current", "--chunked-prefill-size x"], "is not an integer"),
+                          (["--prompt-lens", "8192", "--current", "--tp-size 8 --chunked-prefill-size 4096"],
+                           "--current sets TP degree 8 but the policy was profiled at --tp-size 1"),
+                          (["--prompt-lens", "8192", "--current", "--pp-size 2"],
+                           "--current sets 2 pipeline stages but tune plans for 4: give --pp-size 2"),
+                          (["--prompt-lens", "8192", "--current", "--tp-size two"], "--tp-size 'two' is not")]:
         r = CliRunner().invoke(main, ["tune", str(path), *args])
         assert r.exit_code == 2 and message in r.stderr and r.stderr.count("\n") == 1, (args, r.output)
     assert sorted(tmp_path.iterdir()) == before
