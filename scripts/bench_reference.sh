@@ -5,23 +5,31 @@
 # greedy, sglang, fixed, fixed-best, optimal) interleaved over 5 repeats: PP2 real and replay, PP4 and PP8 replayed on
 # the same 2 ranks, each on the profile refitted for its depth. tiny-hybrid's runs are in OUT/ (profile/, pp2/, pp4/, pp8/), tiny-dense's in OUT/tiny-dense/.
 # About 30 minutes on 2 idle cores. Usage: bash scripts/bench_reference.sh [OUT]
+# DEPTHS="4 8" bench only those depths; REUSE_PROFILES=1 keeps OUT's profiles (and the other depths' runs) and benches
+# them again, e.g. on a host too noisy to profile on (a profile's CV gate fails there) but fit for paired benches.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-results/bench-reference}
-rm -rf "$out"
+depths=${DEPTHS:-2 4 8}
+if [ -z "${REUSE_PROFILES:-}" ]; then
+  rm -rf "$out"
+fi
 mkdir -p "$out"
 bash scripts/setup.sh > /dev/null
 for model in tiny-hybrid tiny-dense; do
   dir=$([ "$model" = tiny-hybrid ] && echo "$out" || echo "$out/$model")
   mkdir -p "$dir"
-  .venv/bin/ppprof profile --model "$model" --out "$dir/profile" 2> "$dir/profile.log"
-  for pp in 2 4 8; do
+  if [ -z "${REUSE_PROFILES:-}" ] || [ ! -f "$dir/profile/samples.csv" ]; then
+    .venv/bin/ppprof profile --model "$model" --out "$dir/profile" 2> "$dir/profile.log"
+  fi
+  for pp in $depths; do
     # A policy's rules are chosen for its pipeline depth: deeper pipelines bench the profile refitted for them.
     policy="$dir/profile/policy.json"
     if [ "$pp" != 2 ]; then
       policy="$dir/profile/policy-pp$pp.json"
       .venv/bin/ppprof fit "$dir/profile/samples.csv" --pp-size "$pp" -o "$policy" > /dev/null
     fi
+    rm -rf "$dir/pp$pp"
     .venv/bin/ppprof bench "$policy" --prompt-len 8192 --prompt-len 32768 --pp-size "$pp" \
       --out "$dir/pp$pp" 2> "$dir/bench-pp$pp.log"
     echo "== $model, PP$pp"
