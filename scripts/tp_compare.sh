@@ -11,10 +11,15 @@ for tp in 1 2; do
   .venv/bin/ppprof profile --pp-size 2 --tp-size "$tp" --out "$out/tp$tp" "$@" > "$out/tp$tp.log" 2>&1 \
     || { echo "tp_compare: the TP$tp profile failed, see $out/tp$tp.log" >&2; exit 1; }
 done
+# The same latency model on both sides (prefix: c + g L + b x + a (2 L x + x^2)), so that c, b, a and g compare;
+# each profile's own policy.json keeps the model its fit chose.
+for tp in 1 2; do
+  .venv/bin/ppprof fit "$out/tp$tp/samples.csv" --latency-model prefix --min-gain 0 -o "$out/tp$tp/policy-prefix.json" > /dev/null
+done
 .venv/bin/python - "$out" <<'PY'
 import json, platform, sys, time
 out = sys.argv[1]
-runs = {tp: (json.load(open(f"{out}/tp{tp}/run.json")), json.load(open(f"{out}/tp{tp}/policy.json"))) for tp in (1, 2)}
+runs = {tp: (json.load(open(f"{out}/tp{tp}/run.json")), json.load(open(f"{out}/tp{tp}/policy-prefix.json"))) for tp in (1, 2)}
 names = sorted({k for _, p in runs.values() for k in p["latency_model"]["coefficients"]})
 print(f"tp_compare: {runs[1][0]['config']['model']}, PP2, {platform.node()} ({runs[1][0]['hardware'].get('device_name') or ''}, {runs[1][0]['hardware'].get('cpu_count')} cores), "
       f"{time.strftime('%Y-%m-%d', time.gmtime())}")

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ppprof.config import ChunkSettings
-from ppprof.fit.regress import Fit, Unfittable, design, fit_model
+from ppprof.fit.regress import Fit, Unfittable, design, fit_model, pairs_hold
 from ppprof.policy.planners import chunk_latencies_ms, ttft_ms
 from ppprof.policy.rule import MODEL_COEFS, LatencyModel, build_table
 from ppprof.policy.schema import table_chunk_size, table_plan
@@ -77,12 +77,15 @@ def regressors(name: str, prefix_len, chunk_size) -> np.ndarray:
     return design("prefix", prefix_len, chunk_size, model_terms(name))
 
 
-def as_fitted(name: str, coefs: np.ndarray) -> bool:
-    """Whether least-squares coefficients are what fit_model would return on the same rows: non-negative (prefix:
-    no term to drop; pairs: the NNLS solution), or for the quadratic a > 0 and b >= 0 (c may take any sign)."""
+def as_fitted(name: str, coefs: np.ndarray, chunk_size) -> bool:
+    """Whether least-squares coefficients are what fit_model would return on the same rows (`chunk_size`: theirs):
+    non-negative (prefix: no term to drop; pairs: the bounded solution, its h of either sign where pairs_hold), or
+    for the quadratic a > 0 and b >= 0 (c may take any sign)."""
+    terms = dict(zip(model_terms(name), coefs))
     if name == "quadratic":
-        terms = dict(zip(model_terms(name), coefs))
         return terms["a"] > 0.0 and terms["b"] >= 0.0
+    if name == "pairs":
+        return all(terms[t] >= 0.0 for t in terms if t != "h") and pairs_hold(terms["a"], terms["h"], chunk_size)
     return bool(np.all(coefs >= 0.0))
 
 
@@ -96,7 +99,7 @@ def refit_all(name: str, L, x, Y: np.ndarray) -> list[LatencyModel | None]:
     coefs = np.linalg.lstsq(X / norms, Y.T, rcond=None)[0] / norms[:, None]  # (terms, replicates)
     out: list[LatencyModel | None] = []
     for b in range(Y.shape[0]):
-        if as_fitted(name, coefs[:, b]):
+        if as_fitted(name, coefs[:, b], x):
             out.append(LatencyModel(name, **dict(zip(model_terms(name), (float(v) for v in coefs[:, b])))))
             continue
         try:

@@ -6,9 +6,11 @@
 - prefix (ATOM): t(L, x) = c + g L + b x + a (2 L x + x^2) on all rows; >= 2 distinct chunk sizes and >= 3 distinct
   prefixes. Coefficients must be non-negative: the most negative term (by its share of the mean latency) is dropped
   from the design and the rest refitted, until none is negative (a refit, not a clamp, so the others absorb its share).
-- pairs: the prefix form plus h L x^2, a per-pair attention cost a + h x / 2 that grows with the chunk (cache and
-  tile effects); exact non-negative least squares (scipy's nnls) on all five terms, so it never fits worse than the
-  prefix model it contains (h = 0).
+- pairs: the prefix form plus h L x^2, a per-pair attention cost a + h x / 2 that changes with the chunk (cache and
+  tile effects: on CPU a query-key pair costs less in a larger chunk, whose block of queries reuses each key, h < 0);
+  exact bounded least squares (scipy's lsq_linear) with c, g, b, a >= 0 and h of either sign, so it never fits worse
+  than the prefix model it contains (h = 0). A negative h is kept only while a + h x >= 0 up to PAIR_HEADROOM x the
+  largest chunk fitted, where the latency then still grows with the chunk at every prefix; else h >= 0 (nnls).
 Every prediction, for scoring and diagnostics alike, is the planner's: model.chunk_latency_ms(prefix_len, chunk_size)
 (for the quadratic, c + f(L + x) - f(L), which is f(x) on a prefix-free row).
 Robustness: after a first fit, rows whose relative residual lies more than OUTLIER_MADS robust sigmas (1.4826 MAD,
@@ -40,6 +42,9 @@ MAX_OUTLIER_FRACTION = 0.10
 MAD_TO_SIGMA = 1.4826
 PREFIX_TERMS = ("c", "g", "b", "a")
 MODEL_TERMS = {"prefix": PREFIX_TERMS, "pairs": PREFIX_TERMS + ("h",)}
+PAIR_HEADROOM = 2.0
+"""A pairs model's negative h holds up to this many times the largest chunk fitted (a + h x >= 0 there: the latency
+grows with the chunk at every prefix): beyond the largest plan a policy makes, --extrapolate's 4 B included."""
 OUTLIER_RULE = (f"after a first fit, drop points whose relative residual is more than {OUTLIER_MADS:g} x 1.4826 MAD "
                 f"(at least {MIN_OUTLIER_REL:.0%}) from the median, at most {MAX_OUTLIER_FRACTION:.0%} of points, "
                 f"then refit")
@@ -125,15 +130,29 @@ def fit_model(name: str, prefix_len: np.ndarray, chunk_size: np.ndarray, latency
     return LatencyModel(name, **values)
 
 
+def pairs_hold(a: float, h: float, chunk_size) -> bool:
+    """Whether a pairs model's pair term stays increasing in the chunk: a + h x >= 0 up to PAIR_HEADROOM x the
+    largest of `chunk_size` (always for h >= 0)."""
+    return h >= 0.0 or a + h * PAIR_HEADROOM * float(np.max(chunk_size)) >= 0.0
+
+
 def fit_nnls(name: str, prefix_len, chunk_size, latency_ms) -> LatencyModel:
-    """Non-negative least squares on the model's terms, columns scaled to unit length for conditioning."""
-    from scipy.optimize import nnls
+    """Bounded least squares on the model's terms, columns scaled to unit length for conditioning: every term >= 0
+    but the pairs model's h, which may be negative where pairs_hold (else it is refitted with h >= 0 too)."""
+    from scipy.optimize import lsq_linear, nnls
 
     X = design(name, prefix_len, chunk_size)
     norms = np.linalg.norm(X, axis=0)
     norms[norms == 0] = 1.0
-    coef, _ = nnls(X / norms, np.asarray(latency_ms, dtype=float))
-    return LatencyModel(name, **{t: float(v) for t, v in zip(MODEL_TERMS[name], coef / norms)})
+    y = np.asarray(latency_ms, dtype=float)
+    terms = MODEL_TERMS[name]
+    low = np.array([-np.inf if t == "h" else 0.0 for t in terms])
+    coef = lsq_linear(X / norms, y, bounds=(low, np.inf), method="bvls").x / norms
+    values = dict(zip(terms, (float(v) for v in coef)))
+    if not pairs_hold(values["a"], values.get("h", 0.0), chunk_size):
+        coef, _ = nnls(X / norms, y)
+        values = dict(zip(terms, (float(v) for v in coef / norms)))
+    return LatencyModel(name, **values)
 
 
 def outlier_mask(model: LatencyModel, prefix_len, chunk_size, latency_ms) -> np.ndarray:

@@ -142,9 +142,12 @@ def bounded_sizes(model: LatencyModel, bounds: np.ndarray, caps: np.ndarray, pre
     qb = 2.0 * model.a * L + model.b
     qc = model.c + model.g * L - bounds
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        disc = np.maximum(qb * qb - 4.0 * qa * qc, 0.0)
-        root = np.where(qa > 0, (-qb + np.sqrt(disc)) / (2.0 * np.where(qa > 0, qa, 1.0)),
+        disc = qb * qb - 4.0 * qa * qc
+        # qa > 0: the larger root; qa < 0 (a pairs model's h < 0 at a long prefix: concave in x): the smaller, the
+        # first crossing of the bound, none (no cap from the bound) where the latency never reaches it; qa == 0: linear.
+        root = np.where(qa != 0, (-qb + np.sqrt(np.maximum(disc, 0.0))) / (2.0 * np.where(qa != 0, qa, 1.0)),
                         np.where(qb > 0, -qc / np.where(qb > 0, qb, 1.0), np.inf))
+        root = np.where((qa < 0) & (disc < 0), np.inf, root)
     root = np.where(np.isfinite(bounds), root, np.inf)
     x = np.floor(np.minimum(root, caps) / unit) * unit
     x = np.clip(x, unit, caps).astype(np.int64)

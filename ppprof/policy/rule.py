@@ -38,7 +38,7 @@ FORMS = {
     "quadratic": "f(l) = a*l^2 + b*l + c, fitted on prefix-free samples (l = chunk_size); chunk c + f(L+x) - f(L)",
     "prefix": "t(L, x) = c + g*L + b*x + a*(2*L*x + x^2), L = prefix_len, x = chunk_size",
     "pairs": "t(L, x) = c + g*L + b*x + a*(2*L*x + x^2) + h*L*x^2: the cost of a query-key pair across the prefix, "
-             "a + h*x/2, grows with the chunk size",
+             "a + h*x/2, changes with the chunk size (h < 0: larger chunks reuse each key over more queries)",
 }
 
 

@@ -178,6 +178,47 @@ def test_a_chunk_dependent_per_pair_cost_is_recovered_by_the_pairs_form_and_not_
     assert held_out["pairs"] < 0.02 < 0.05 < held_out["prefix"], f"{held_out=}"
 
 
+def test_a_pair_cost_that_falls_with_the_chunk_is_recovered_while_the_latency_still_grows_with_the_chunk():
+    """CPU attention's shape (measured on every committed CPU profile): a query-key pair across the prefix costs less
+    in a larger chunk, h < 0. The pairs form recovers a negative h where a + h x stays >= 0 up to twice the largest
+    chunk fitted; a surface that would need a steeper fall is fitted with h >= 0, never with a latency that falls
+    with the chunk where a plan may go."""
+    from ppprof.fit.regress import PAIR_HEADROOM, fit_model, pairs_hold
+
+    rng = np.random.default_rng(1)
+    L = np.repeat([0, 512, 1161, 2633, 5973, 13545, 30720], 64)
+    x = np.tile(np.linspace(64, 2048, 16).astype(int), len(L) // 16)
+    truth = LatencyModel("pairs", a=2.1e-6, b=0.011, c=1.8, g=1.3e-4, h=-2.9e-10)
+    y = truth.chunk_latency_ms(L, x) * (1 + 0.01 * rng.standard_normal(len(L)))
+    pairs = fit_model("pairs", L, x, y)
+    assert pairs.h < 0 and abs(pairs.h - truth.h) <= 0.1 * abs(truth.h), f"{pairs=}"
+    assert pairs_hold(pairs.a, pairs.h, x)
+    top = PAIR_HEADROOM * x.max()
+    grid = np.linspace(1, top, 200)
+    for prefix in (0, 30720, 131072):  # increasing in x at every prefix, up to the headroom
+        assert np.all(np.diff(pairs.chunk_latency_ms(prefix, grid)) > 0), prefix
+    steep = LatencyModel("pairs", a=2.1e-6, b=0.011, c=1.8, g=1.3e-4, h=-1.5e-9)  # a + h x < 0 from x = 1400
+    y = steep.chunk_latency_ms(L, x) * (1 + 0.01 * rng.standard_normal(len(L)))
+    fitted = fit_model("pairs", L, x, y)
+    assert fitted.h >= 0 and min(fitted.a, fitted.b, fitted.c, fitted.g) >= 0, f"{fitted=}"
+
+
+def test_a_bounded_rule_on_a_concave_model_gives_the_largest_chunk_within_the_bound():
+    """At a long prefix a pairs model with h < 0 is concave in the chunk (a + h L < 0): the bounded rule's chunk is
+    still the largest multiple of the unit whose latency is within the bound, as a search over every multiple finds."""
+    from ppprof.policy.optimum import bounded_sizes
+
+    model = LatencyModel("pairs", a=2.1e-6, b=0.011, c=1.8, g=1.3e-4, h=-2.9e-10)
+    unit, cap = 64, 4096
+    prefix = np.array([0, 4096, 30720, 60000] * 3)
+    bounds = np.array([5.0] * 4 + [40.0] * 4 + [400.0] * 4)
+    got = bounded_sizes(model, bounds, np.full(len(prefix), cap), prefix, unit)
+    for L, M, x in zip(prefix, bounds, got):
+        sizes = np.arange(unit, cap + 1, unit)
+        within = sizes[model.chunk_latency_ms(L, sizes) <= M]
+        assert x == (within.max() if len(within) else unit), (L, M, x)
+
+
 def test_the_chunk_range_splits_hold_out_the_smallest_and_largest_prefixed_chunks():
     from ppprof.fit.regress import chunk_range_splits, held_out_splits
 
