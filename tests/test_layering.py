@@ -23,13 +23,14 @@ LAYERS = (
     ("ppprof.run",),
     ("ppprof.commands",),
     ("ppprof.cli",),
-    ("ppprof.__main__",),
+    ("ppprof.__main__", "ppprof.sglang"),
 )
 """Lowest first. A module may import modules of its own unit (its subpackage) and of any unit in a lower layer."""
 
 TORCH_FREE = ("ppprof.bounds", "ppprof.checks", "ppprof.chunks", "ppprof.io", "ppprof.plotting", "ppprof.policy",
               "ppprof.servers", "ppprof.fit", "ppprof.runfiles", "ppprof.config", "ppprof.specs",
-              "ppprof.adaptive.design", "ppprof.adaptive.uncertainty", "ppprof.adaptive.probes", "ppprof.adaptive.step")
+              "ppprof.adaptive.design", "ppprof.adaptive.uncertainty", "ppprof.adaptive.probes", "ppprof.adaptive.step",
+              "ppprof.sglang")
 DISTRIBUTED = ("ppprof.dist", "ppprof.run")
 """The only units that may touch torch.distributed."""
 
