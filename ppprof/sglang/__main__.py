@@ -10,9 +10,8 @@ import os
 import sys
 from pathlib import Path
 
-from ppprof.policy.schema import Policy, load_policy
-from ppprof.sglang.hook import POLICY_ENV
-from ppprof.sglang.match import largest_chunk
+from ppprof.bounds import POLICY_ENV
+from ppprof.policy.schema import Policy, largest_chunk, load_policy
 
 BOOTSTRAP = Path(__file__).resolve().with_name("bootstrap")
 """The folder holding the bootstrap sitecustomize.py, put first on PYTHONPATH."""

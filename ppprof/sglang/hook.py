@@ -3,15 +3,14 @@
 those the sizer was built for; otherwise SGLang is left alone, with one line saying why.
 
 Installed at interpreter start by ppprof-sglang.pth (site-packages) or by `python -m ppprof.sglang` (PYTHONPATH);
-imports only the standard library until SGLang's sizer module loads."""
+imports only the standard library (and ppprof.bounds) until SGLang's sizer module loads."""
 
 from __future__ import annotations
 
 import os
 import sys
 
-POLICY_ENV = "PPPROF_POLICY"
-"""The environment variable naming the policy file; the hook does nothing without it."""
+from ppprof.bounds import POLICY_ENV  # the hook does nothing without it
 SIZER_MODULE = "sglang.srt.managers.scheduler_components.dynamic_chunk_sizer"
 SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
 RUNTIME_MODULE = "sglang.srt.runtime_context"

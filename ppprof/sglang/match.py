@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ppprof.policy.schema import Policy
+from ppprof.policy.schema import Policy, largest_chunk
 
 MODEL_CONFIG_FIELDS = ("context_len", "hidden_size", "num_hidden_layers", "num_attention_heads",
                        "num_key_value_heads", "head_dim")
@@ -40,13 +40,6 @@ def model_shape_of(model_config) -> dict:
     shape = {"model_type": getattr(hf_config, "model_type", None)}
     shape.update({key: getattr(model_config, key, None) for key in SHAPE_FIELDS[1:]})
     return shape
-
-
-def largest_chunk(policy: Policy) -> int:
-    """The largest chunk either of the policy's rules gives (the prompt-aware rule's whole rest included)."""
-    tables = policy.rule_tables
-    history = policy.data["table"]["chunk_size"]
-    return max([tables.largest_chunk, *history, *(x for band in tables.chunk_size for x in band)])
 
 
 def mismatch(policy: Policy, server: ServerConfig) -> str | None:

@@ -11,8 +11,8 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
+from ppprof.bounds import POLICY_ENV
 from ppprof.policy.schema import Policy, load_policy
-from ppprof.sglang.hook import POLICY_ENV
 from ppprof.sglang.match import ServerConfig, matched_line, mismatch, model_shape_of
 
 logger = logging.getLogger("ppprof.sglang")
