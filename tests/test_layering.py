@@ -22,8 +22,8 @@ LAYERS = (
     ("ppprof.bench",),
     ("ppprof.run",),
     ("ppprof.commands",),
-    ("ppprof.cli",),
-    ("ppprof.__main__", "ppprof.sglang"),
+    ("ppprof.cli", "ppprof.sglang"),
+    ("ppprof.__main__",),
 )
 """Lowest first. A module may import modules of its own unit (its subpackage) and of any unit in a lower layer."""
 

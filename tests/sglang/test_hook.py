@@ -105,7 +105,7 @@ print(json.dumps(out))
 def serve(tmp_path: Path, policy: Path | None, extra_kwarg: str = "") -> tuple[dict, list[str]]:
     """Run SERVE in a fresh interpreter with the .pth in a site folder; (its result, its stderr lines)."""
     site_dir = tmp_path / "site"
-    site_dir.mkdir(exist_ok=True)
+    site_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy(PTH, site_dir)
     standin = write_standin(tmp_path / "standin", extra_kwarg)
     env = {k: v for k, v in os.environ.items() if k != hook.POLICY_ENV}
