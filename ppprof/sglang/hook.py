@@ -56,17 +56,20 @@ class Watcher:
     patch right after each module's own code (as post-import hooks do), before the scheduler binds the sizer's
     name with its `from ... import DynamicChunkSizer`."""
 
+    def __init__(self):
+        self.finding: set[str] = set()
+
     def find_spec(self, fullname, path, target=None):
         after = {SIZER_MODULE: on_sizer_module, SCHEDULER_MODULE: on_scheduler_module}.get(fullname)
-        if after is None:
+        if after is None or fullname in self.finding:  # a finder below that asks sys.meta_path again
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
+        self.finding.add(fullname)
+        try:
+            spec = next((s for f in sys.meta_path if f is not self and hasattr(f, "find_spec")
+                         for s in [f.find_spec(fullname, path, target)] if s is not None), None)
+        finally:
+            self.finding.discard(fullname)
+        if spec is None:
             return None
         if spec.loader is not None and hasattr(spec.loader, "exec_module"):
             spec.loader = ThenLoader(spec.loader, after)

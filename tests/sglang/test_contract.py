@@ -100,7 +100,8 @@ def test_profile_and_fit_decides_whether_the_scheduler_keeps_the_sizer(version):
     decided = [n for n in ast.walk(fn) if isinstance(n, ast.If) and isinstance(n.test, ast.Call)
                and isinstance(n.test.func, ast.Attribute) and n.test.func.attr == "profile_and_fit"]
     assert len(decided) == 1 and not decided[0].test.args and not decided[0].test.keywords
-    kept = [s for s in decided[0].body if isinstance(s, ast.Assign) and is_self_attr(s.targets[0], "dynamic_chunk_sizer")]
+    kept = [s for s in decided[0].body
+            if isinstance(s, ast.Assign) and is_self_attr(s.targets[0], "dynamic_chunk_sizer")]
     assert kept, "the sizer is kept only where profile_and_fit() is true"
     sig = inspect.signature(PolicySizer.profile_and_fit)
     assert list(sig.parameters) == ["self"] and sig.return_annotation in (bool, "bool")
@@ -169,7 +170,8 @@ def test_what_the_sizer_reads_of_sglang_is_there(version):
     for key in ("sizer", "scheduler"):
         tree = ast.parse(src[key])
         holders = {t.id for a in ast.walk(tree) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
-                   and getattr(a.value.func, "id", None) == "get_parallel" for t in a.targets if isinstance(t, ast.Name)}
+                   and getattr(a.value.func, "id", None) == "get_parallel"
+                   for t in a.targets if isinstance(t, ast.Name)}
         read |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and (
             (isinstance(n.value, ast.Call) and getattr(n.value.func, "id", None) == "get_parallel")
             or (isinstance(n.value, ast.Name) and n.value.id in holders))}

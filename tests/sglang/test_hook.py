@@ -40,7 +40,8 @@ def write_standin(root: Path, extra_kwarg: str = "") -> Path:
             from types import SimpleNamespace
 
             def get_parallel():
-                return SimpleNamespace(pp_size=2, tp_size=1, world_group=SimpleNamespace(all_gather_object=lambda o: [o]))
+                world = SimpleNamespace(all_gather_object=lambda o: [o])
+                return SimpleNamespace(pp_size=2, tp_size=1, world_group=world)
         """,
         "sglang/srt/managers/scheduler_components/dynamic_chunk_sizer.py": f"""
             from sglang.srt.runtime_context import get_parallel

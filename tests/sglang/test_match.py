@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 
 import pytest
 
@@ -63,7 +64,7 @@ MISMATCHES = [
     # (what differs: sizer_class, model_config and server changes, policy changes), the words of the one line
     ({"pp_size": 4}, {}, ["pp_size: the policy profiled 2 stages", "--pp-size 4"]),
     ({}, {"num_stages": 4}, ["num_stages: the policy's rules were chosen for 4 stages", "--pp 2"]),
-    ({"tp_size": 2}, {}, ["tp_size: the policy profiled 1 TP ranks", "--tp-size 2"]),
+    ({"tp_size": 2}, {"provenance.tp_size": 1}, ["tp_size: the policy profiled 1 TP ranks", "--tp-size 2"]),
     ({"page_size": 16}, {}, ["page_size: policy 1, server 16"]),
     ({"chunked_prefill_size": 8192}, {}, ["chunked_prefill_size: server 8192, policy's base_chunk_size 512",
                                           "--chunked-prefill-size 512"]),
@@ -146,3 +147,5 @@ def test_the_checks_read_sglangs_model_config_fields(policy_path):
                            max_prefill_tokens=largest_chunk(policy), context_len=None, device="cpu:0",
                            device_name=None, model_shape=model_shape_of(config))
     assert mismatch(policy, unknown) is None  # what the server does not say is not held against it
+    assert "tp_size" not in policy.data["provenance"]  # fitted before TP: the server's TP size is not held against it
+    assert mismatch(policy, replace(server, tp_size=4)) is None
