@@ -13,8 +13,8 @@ from pathlib import Path
 from ppprof.bounds import POLICY_ENV
 from ppprof.policy.schema import Policy, largest_chunk, load_policy
 
-BOOTSTRAP = Path(__file__).resolve().with_name("bootstrap")
-"""The folder holding the bootstrap sitecustomize.py, put first on PYTHONPATH."""
+ON_PYTHONPATH = Path(__file__).resolve().with_name("on-pythonpath")
+"""The folder put first on PYTHONPATH: its sitecustomize.py installs the hook in every process that starts."""
 SERVER_MODULE = "sglang.launch_server"
 EXAMPLE = ("Example: python -m ppprof.sglang --policy results/my-run/policy.json -- --model-path "
            "meta-llama/Meta-Llama-3-8B --pp-size 2 --enable-dynamic-chunking --chunked-prefill-size 8192")
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     env = dict(os.environ)
     env[POLICY_ENV] = str(Path(options.policy).resolve())
-    env["PYTHONPATH"] = os.pathsep.join([str(BOOTSTRAP), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([str(ON_PYTHONPATH), *filter(None, [env.get("PYTHONPATH")])])
     sys.stdout.flush()
     os.execve(sys.executable, [sys.executable, "-m", options.server_module, *server_args], env)
 

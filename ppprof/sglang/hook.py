@@ -223,7 +223,7 @@ def sglang_version() -> str:
 
 
 def run_shadowed_sitecustomize(own_file: str) -> None:
-    """Run the sitecustomize module that `own_file` (the bootstrap's, first on PYTHONPATH) shadows: the first one on
+    """Run the sitecustomize module that `own_file` (on-pythonpath/sitecustomize.py, first on PYTHONPATH) shadows: the first one on
     sys.path after its folder, as Python would have run it. A failure there is said, as Python's site says it."""
     import importlib.machinery
     import importlib.util
