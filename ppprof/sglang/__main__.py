@@ -61,11 +61,12 @@ def check_server_args(policy: Policy, args: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if "--" not in argv:
-        parser().error("give SGLang's arguments after --")
-    split = argv.index("--")
+    split = argv.index("--") if "--" in argv else len(argv)
     options, server_args = parser().parse_args(argv[:split]), argv[split + 1:]
     try:
+        if split == len(argv):
+            raise ValueError("no server arguments: give SGLang's after --, python -m ppprof.sglang --policy POLICY "
+                             "-- --model-path MODEL ...")
         policy = load_policy(options.policy)
         check_server_args(policy, server_args)
     except ValueError as e:

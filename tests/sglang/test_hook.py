@@ -184,6 +184,7 @@ def test_the_launcher_reaches_spawned_processes(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
+    ([], "no server arguments: give SGLang's after --"),
     (["--", "--chunked-prefill-size", "512"], "--enable-dynamic-chunking is not among the server's arguments"),
     (["--", "--enable-dynamic-chunking"], "--chunked-prefill-size (not given): the policy's base_chunk_size is 512"),
     (["--", "--enable-dynamic-chunking", "--chunked-prefill-size=8192"], "pass --chunked-prefill-size 512"),
