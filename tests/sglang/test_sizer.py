@@ -67,8 +67,8 @@ def test_predict_never_raises_and_says_so_once(caplog, loaded):
         assert sizer.predict(-1) is None and sizer.predict(2.5) is None and sizer.predict(None) is None
     lines = [r.getMessage() for r in caplog.records if r.name == "ppprof.sglang"]
     assert len(lines) == 1 and "predict(-1) failed" in lines[0], lines
-    scheduler.chunked_req = chunked(64, 10**9)  # longer than the context: the policy refuses it, the table answers
-    assert isinstance(sizer.predict(64), int) or sizer.predict(64) is None
+    scheduler.chunked_req = chunked(64, 64)
+    assert sizer.predict(64) == sizer.policy.next_chunk_size(64)  # nothing left to prefill: the table answers
 
 
 def test_two_ranks_with_the_same_file_answer_alike(loaded):
