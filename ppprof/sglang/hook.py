@@ -217,7 +217,7 @@ def sglang_version() -> str:
     from importlib import metadata
 
     try:
-        return metadata.version("sglang")
+        return metadata.version(SIZER_MODULE.partition(".")[0])  # the distribution is named as its top package
     except metadata.PackageNotFoundError:
         return "unknown"
 
