@@ -149,3 +149,20 @@ def test_the_checks_read_sglangs_model_config_fields(policy_path):
     assert mismatch(policy, unknown) is None  # what the server does not say is not held against it
     assert "tp_size" not in policy.data["provenance"]  # fitted before TP: the server's TP size is not held against it
     assert mismatch(policy, replace(server, tp_size=4)) is None
+
+
+def test_fit_records_the_model_shape_and_the_schema_takes_it(tmp_path):
+    import shutil
+
+    from ppprof.fit import fit
+
+    for name in ("samples.csv", "run.json"):
+        shutil.copy(BASELINE.parent / name, tmp_path / name)
+    path, data = fit(tmp_path / "samples.csv")
+    assert data["provenance"]["model_shape"] == model_shape(json.loads((tmp_path / "run.json").read_text())["model"])
+    assert load_policy(path).data["provenance"]["model_shape"]["model_type"] == "nemotron_h"
+    bad = json.loads(path.read_text())
+    bad["provenance"]["model_shape"]["hidden_size"] = 0
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match=r"\$\.provenance\.model_shape\.hidden_size"):
+        load_policy(tmp_path / "bad.json")
