@@ -84,8 +84,11 @@ class PolicySizer:
         if problem:
             return self.refuse(path, problem)
         self.policy = policy
-        logger.info(f"{LOG_PREFIX} policy {path} (sha256 {digest[:12]}) matches this server: "
-                    f"{matched_line(policy, self.server_config(runtime))}")
+        try:
+            matched = matched_line(policy, self.server_config(runtime))
+        except Exception as e:  # noqa: BLE001 - the policy is in use on every rank; only the line is short
+            matched = f"({e!r} describing it)"
+        logger.info(f"{LOG_PREFIX} policy {path} (sha256 {digest[:12]}) matches this server: {matched}")
         return True
 
     def check(self, path: str, runtime: Runtime) -> tuple[Policy | None, str | None, str | None]:
