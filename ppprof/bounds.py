@@ -9,3 +9,7 @@ MAX_TOKENS = 2**31 - 1
 a machine holds is checked before launch too (ppprof.run.memory)."""
 MAX_STAGES = 1024
 """The most pipeline stages a command takes (ranks a node starts, --pp of plan, tune and bench)."""
+
+POLICY_ENV = "PPPROF_POLICY"
+"""The environment variable that names the policy file a server process loads (ppprof.sglang's start-up hook and
+sizer; `ppprof export --server sglang` prints it)."""

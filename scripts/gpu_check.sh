@@ -91,5 +91,14 @@ step "model --memory for the shipped GPU config"
 .venv/bin/ppprof model nemotron-h-8b --memory --config configs/profile-nemotron-h-8b-gpu.yaml \
   > "$out/memory-nemotron-h-8b.txt" 2>&1 || status=1
 cat "$out/memory-nemotron-h-8b.txt" >> "$out/summary.txt"
+# SGLang loading the policy (docs/sglang.md), where sglang is installed and PP2 fits: TTFT of 16K and 32K prompts and
+# the boot time against SGLang's own boot-profiled dynamic chunking and fixed chunks.
+if $PY -c 'import sglang' > /dev/null 2>&1 && [ "$pp" -ge 2 ]; then
+  step "SGLang with the policy, PP$pp (scripts/sglang_check.py)"
+  timeout 3600 $PY scripts/sglang_check.py --out "$out/sglang" --pp "$pp" 2>&1 | tee -a "$out/summary.txt" || status=1
+else
+  step "SGLang with the policy skipped: it needs sglang in .venv and 2 GPUs ($ngpu visible)"
+fi
+
 echo "gpu_check: $( [ $status = 0 ] && echo passed || echo FAILED ), results in $out" | tee -a "$out/summary.txt"
 exit $status

@@ -22,14 +22,15 @@ LAYERS = (
     ("ppprof.bench",),
     ("ppprof.run",),
     ("ppprof.commands",),
-    ("ppprof.cli",),
+    ("ppprof.cli", "ppprof.sglang"),
     ("ppprof.__main__",),
 )
 """Lowest first. A module may import modules of its own unit (its subpackage) and of any unit in a lower layer."""
 
 TORCH_FREE = ("ppprof.bounds", "ppprof.checks", "ppprof.chunks", "ppprof.io", "ppprof.plotting", "ppprof.policy",
               "ppprof.servers", "ppprof.fit", "ppprof.runfiles", "ppprof.config", "ppprof.specs",
-              "ppprof.adaptive.design", "ppprof.adaptive.uncertainty", "ppprof.adaptive.probes", "ppprof.adaptive.step")
+              "ppprof.adaptive.design", "ppprof.adaptive.uncertainty", "ppprof.adaptive.probes", "ppprof.adaptive.step",
+              "ppprof.sglang")
 DISTRIBUTED = ("ppprof.dist", "ppprof.run")
 """The only units that may touch torch.distributed."""
 

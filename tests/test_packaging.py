@@ -29,3 +29,10 @@ def test_installed_copy_finds_presets_without_the_repository(tmp_path):
                        env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "M-*EM-*- https://json-schema.org/draft/2020-12/schema"
+    # SGLang's start-up hook ships: the .pth at the top of site-packages (setup.py), the launcher's PYTHONPATH hook inside
+    assert (target / "ppprof-sglang.pth").is_file() and (target / "ppprof/sglang/on-pythonpath/sitecustomize.py").is_file()
+    code = f"import site, sys; site.addsitedir({str(target)!r}); print('ppprof.sglang.hook' in sys.modules)"
+    for policy, hooked in (("policy.json", "True"), ("", "False")):
+        r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                           timeout=120, env={"PATH": "/usr/bin:/bin", "PPPROF_POLICY": policy})
+        assert r.returncode == 0 and r.stdout.strip() == hooked, (policy, r.stdout, r.stderr[-2000:])

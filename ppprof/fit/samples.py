@@ -173,9 +173,26 @@ def provenance(run: dict | None, samples: Samples) -> dict:
         "world_size": run.get("pp_size", run.get("world_size")),  # the stages: ranks over TP (pp_size)
         "tp_size": run.get("tp_size", 1),
         "layer_partition": run.get("layer_partition"),
+        "model_shape": model_shape(run.get("model")),
         "torch_version": run.get("torch_version"),
         "git_revision": run.get("git_revision"),
         "samples": str(samples.path),
         "samples_sha256": samples.sha256,
         "bottleneck_stage": samples.bottleneck_stage,
     }
+
+
+def model_shape(model: dict | None) -> dict | None:
+    """The shapes a server checks a policy against (ppprof.sglang.match): run.json's model spec reduced to its HF
+    model_type (ppprof's family) and the sizes of its profiled layers; a size the model lacks (the heads of an
+    attention-free model) is None. None without a spec (a plain CSV)."""
+    if not isinstance(model, dict) or not isinstance(model.get("layers"), list):
+        return None
+
+    def size(key):
+        value = model.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+    return {"model_type": model.get("family"), "hidden_size": size("hidden_size"),
+            "num_hidden_layers": len(model["layers"]), "num_attention_heads": size("num_attention_heads"),
+            "num_key_value_heads": size("num_key_value_heads"), "head_dim": size("head_dim")}

@@ -125,6 +125,13 @@ class Policy:
         return table_plan(starts, sizes, prompt_len)
 
 
+def largest_chunk(policy: Policy) -> int:
+    """The largest chunk either of the policy's rules gives (the prompt-aware rule's whole rest included): what a
+    server's chunk cap (SGLang's --max-prefill-tokens) must allow."""
+    bands = policy.rule_tables
+    return max([bands.largest_chunk, *policy._sizes, *(x for band in bands.chunk_size for x in band)])
+
+
 def token_count(name: str, value) -> int:
     """`value` as a Python int if it is an integer (a Python or numpy int); TypeError for anything else (a float, NaN
     and inf too, a bool, a string, None): a token count is never fractional, and a silent int() would hide a bug."""

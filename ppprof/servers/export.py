@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
+from ppprof.bounds import POLICY_ENV
 from ppprof.policy.rule import FORMS, MODEL_COEFS, LatencyModel
-from ppprof.policy.schema import Policy
+from ppprof.policy.schema import Policy, largest_chunk
 from ppprof.servers.base import Server, ServerSetting, command_line
 from ppprof.servers.registry import get
 
@@ -115,9 +117,36 @@ def export_data(policy: Policy, server: str, source: str = "the policy") -> dict
                         f"{comparison['first_differs_at']}, e.g. {first['ppprof']} -> {first[label]}; at most "
                         f"{comparison['max_diff_tokens']:+d} tokens, {comparison['max_diff_fraction']:.1%}), because:")
         comments += [f"#   - {c}" for c in causes(policy, server)]
+    loaded = {"policy_file": policy_file(policy, source)} if server == LOADS_POLICY else {}
+    if loaded:
+        comments += [f"# or {label} loads the policy file itself, with ppprof's rules and no start-up profile "
+                     "(docs/sglang.md):", f"#   {loaded['policy_file']['command']}",
+                     f"#   {loaded['policy_file']['launcher']}"]
+        if not isinstance((policy.data.get("provenance") or {}).get("model_shape"), dict):
+            comments.append("# note: this policy does not record the profiled model's shapes, which SGLang checks at "
+                            "load: refit it from its run folder first (ppprof fit RUN/samples.csv)")
     return {"server": server, "targets": target.targets, "env": env, "args": args, "command": command_line(env, args),
             "setting": setting.to_dict(), "comments": comments, "differences": comparison,
-            "causes": causes(policy, server)}
+            "causes": causes(policy, server), **loaded}
+
+
+LOADS_POLICY = "sglang"
+"""The server that can load the policy file itself (ppprof.sglang's sizer behind its start-up hook)."""
+
+
+def policy_file(policy: Policy, source: str) -> dict:
+    """How SGLang loads the policy file itself: PPPROF_POLICY and the server arguments its sizer checks at load
+    (stages, TP ranks, B, a chunk cap that takes the policy's largest chunk, the page), run directly with the
+    start-up hook installed or through `python -m ppprof.sglang`."""
+    path = str(Path(source).resolve()) if Path(source).is_file() else "POLICY"
+    s, tp_size = policy.settings, (policy.data.get("provenance") or {}).get("tp_size") or 1
+    cap = max(largest_chunk(policy), get(LOADS_POLICY).default_setting().max_chunk_size)
+    args = ["--model-path", "MODEL", "--pp-size", str(policy.num_stages), "--tp-size", str(tp_size),
+            "--enable-dynamic-chunking", "--chunked-prefill-size", str(s.base_chunk_size), "--max-prefill-tokens",
+            str(cap)] + (["--page-size", str(s.page_size)] if s.page_size > 1 else [])
+    return {"env": {POLICY_ENV: path}, "args": args,
+            "command": command_line({POLICY_ENV: path}, ["python", "-m", "sglang.launch_server", *args]),
+            "launcher": command_line({}, ["python", "-m", "ppprof.sglang", "--policy", path, "--", *args])}
 
 
 def export(policy: Policy, server: str, source: str = "the policy") -> str:

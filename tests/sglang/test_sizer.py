@@ -1,0 +1,80 @@
+"""predict() is the policy's own answer on every committed policy: Policy.next_chunk_size(prefix_len, prompt_len)
+where the scheduler's chunked request is at that prefix (the prompt-aware rule), next_chunk_size(prefix_len) where
+it is not (the history-only table); it never raises into the scheduler."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from ppprof.policy.schema import load_policy
+from ppprof.bounds import POLICY_ENV
+
+from .standin import COMMITTED, IDS, Scheduler, model_config, shaped, sizer_class
+from .standin import request as chunked
+
+
+@pytest.fixture(params=COMMITTED, ids=IDS)
+def loaded(request, tmp_path, monkeypatch):
+    """(scheduler, sizer, policy) of a committed policy loaded by a server it fits."""
+    path = shaped(request.param, tmp_path)
+    monkeypatch.setenv(POLICY_ENV, str(path))
+    policy = load_policy(path)
+    s = policy.settings
+    scheduler = Scheduler(sizer_class(pp_size=policy.num_stages), model_config(path),
+                          chunked_prefill_size=s.base_chunk_size, page_size=s.page_size)
+    sizer = scheduler.maybe_init_dynamic_chunk_sizer()
+    assert scheduler.dynamic_chunk_sizer is sizer, "the committed policy fits its own profile's server"
+    return scheduler, sizer, policy
+
+
+def test_predict_is_the_history_only_table_without_the_request(loaded):
+    _, sizer, policy = loaded
+    context = policy.settings.context_len
+    for prefix_len in [*range(0, 4096, 7), *range(4096, context, 127), context - 1]:
+        assert sizer.predict(prefix_len) == policy.next_chunk_size(prefix_len), f"{prefix_len=}"
+
+
+def test_predict_is_the_prompt_aware_rule_for_the_chunked_request(loaded):
+    scheduler, sizer, policy = loaded
+    context, base = policy.settings.context_len, policy.settings.base_chunk_size
+    for prompt_len in sorted({base + 1, 3 * base + 17, 4096, 8191, 16384, 30000, context}):
+        prefix_len = base  # SGLang's first chunk is B; it asks the sizer from the second chunk on
+        while prefix_len < prompt_len:
+            scheduler.chunked_req = chunked(prefix_len, prompt_len)
+            want = policy.next_chunk_size(prefix_len, prompt_len)
+            assert sizer.predict(prefix_len) == want, f"{prompt_len=} {prefix_len=}"
+            prefix_len += min(want, prompt_len - prefix_len)
+        for prefix_len in range(0, prompt_len, max(1, prompt_len // 97)):
+            scheduler.chunked_req = chunked(prefix_len, prompt_len)
+            assert sizer.predict(prefix_len) == policy.next_chunk_size(prefix_len, prompt_len)
+
+
+def test_another_request_or_a_finished_prompt_gets_the_history_only_table(loaded):
+    scheduler, sizer, policy = loaded
+    scheduler.chunked_req = chunked(4096, 20000)
+    assert sizer.predict(2048) == policy.next_chunk_size(2048)  # the chunked request is not at this prefix
+    scheduler.chunked_req = chunked(4096, 4096)
+    assert sizer.predict(4096) == policy.next_chunk_size(4096)  # nothing left of it: no prompt-aware answer
+    scheduler.chunked_req = None
+    assert sizer.predict(4096) == policy.next_chunk_size(4096)
+
+
+def test_predict_never_raises_and_says_so_once(caplog, loaded):
+    scheduler, sizer, _ = loaded
+    with caplog.at_level(logging.WARNING, logger="ppprof.sglang"):
+        assert sizer.predict(-1) is None and sizer.predict(2.5) is None and sizer.predict(None) is None
+    lines = [r.getMessage() for r in caplog.records if r.name == "ppprof.sglang"]
+    assert len(lines) == 1 and "predict(-1) failed" in lines[0], lines
+    scheduler.chunked_req = chunked(64, 64)
+    assert sizer.predict(64) == sizer.policy.next_chunk_size(64)  # nothing left to prefill: the table answers
+
+
+def test_two_ranks_with_the_same_file_answer_alike(loaded):
+    scheduler, sizer, policy = loaded
+    twin = Scheduler(scheduler.cls, scheduler.model_config, chunked_prefill_size=scheduler.chunked_prefill_size,
+                     page_size=scheduler.page_size)
+    other = twin.maybe_init_dynamic_chunk_sizer()
+    for prefix_len in range(0, policy.settings.context_len, 997):
+        assert other.predict(prefix_len) == sizer.predict(prefix_len)
