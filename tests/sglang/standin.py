@@ -14,8 +14,8 @@ from ppprof.sglang import hook
 from ppprof.sglang.sizer import PolicySizer, Runtime
 
 REPO = Path(__file__).resolve().parents[2]
-COMMITTED = sorted(REPO.glob("results/**/policy.json"))
-"""Every committed policy (each has its profile's run.json beside it)."""
+COMMITTED = sorted(p for p in REPO.glob("results/**/policy.json") if (p.parent / "run.json").is_file())
+"""Every committed policy of a profile (its run.json beside it; refits of another folder's samples left out)."""
 IDS = [str(p.parent.relative_to(REPO / "results")) for p in COMMITTED]
 
 

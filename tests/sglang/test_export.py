@@ -3,6 +3,7 @@ takes and the sizer matches at load (on the server of the profile the policy cam
 
 from __future__ import annotations
 
+import json
 import shlex
 
 from click.testing import CliRunner
@@ -43,10 +44,14 @@ def test_the_exported_policy_file_way_is_taken_by_the_launcher_and_matched_by_th
 def test_the_text_export_keeps_the_flags_last_and_says_when_the_shapes_are_missing(tmp_path):
     out = CliRunner().invoke(main, ["export", str(BASELINE), "--server", "sglang"]).output
     lines = out.strip().splitlines()
-    assert lines[-1].startswith("--enable-dynamic-chunking --chunked-prefill-size 512"), lines[-1]
+    assert lines[-1].startswith("--pp-size 2 --tp-size 1 --enable-dynamic-chunking --chunked-prefill-size 512"), \
+        lines[-1]
     assert any(x.startswith("#   PPPROF_POLICY=") and "python -m sglang.launch_server" in x for x in lines)
     assert any(x.startswith("#   python -m ppprof.sglang --policy ") for x in lines)
-    assert any("does not record the profiled model's shapes" in x for x in lines)
-    shaped_out = CliRunner().invoke(main, ["export", str(shaped(BASELINE, tmp_path)), "--server", "sglang"]).output
-    assert "does not record" not in shaped_out
+    assert not any("does not record" in x for x in lines)  # the committed policy records the model's shapes
+    unshaped = json.loads(BASELINE.read_text())
+    del unshaped["provenance"]["model_shape"]  # a policy fitted before ppprof recorded them
+    (tmp_path / "unshaped.json").write_text(json.dumps(unshaped))
+    old_out = CliRunner().invoke(main, ["export", str(tmp_path / "unshaped.json"), "--server", "sglang"]).output
+    assert "does not record the profiled model's shapes" in old_out
     assert "policy_file" not in export_data(load_policy(BASELINE), "atom")

@@ -22,7 +22,7 @@ def loaded(request, tmp_path, monkeypatch):
     monkeypatch.setenv(POLICY_ENV, str(path))
     policy = load_policy(path)
     s = policy.settings
-    scheduler = Scheduler(sizer_class(pp_size=policy.num_stages), model_config(path),
+    scheduler = Scheduler(sizer_class(pp_size=policy.num_stages, tp_size=policy.tp_size), model_config(path),
                           chunked_prefill_size=s.base_chunk_size, page_size=s.page_size)
     sizer = scheduler.maybe_init_dynamic_chunk_sizer()
     assert scheduler.dynamic_chunk_sizer is sizer, "the committed policy fits its own profile's server"
