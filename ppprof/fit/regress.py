@@ -109,7 +109,7 @@ def fit_model(name: str, prefix_len: np.ndarray, chunk_size: np.ndarray, latency
         return LatencyModel("quadratic", a=a, b=max(b, 0.0), c=float(reg.intercept_))
 
     if name == "pairs":
-        return fit_nnls(name, prefix_len, chunk_size, latency_ms)
+        return fit_bounded(name, prefix_len, chunk_size, latency_ms)
     terms = list(MODEL_TERMS[name])
     mean = float(np.mean(latency_ms))
     while True:
@@ -136,7 +136,7 @@ def pairs_hold(a: float, h: float, chunk_size) -> bool:
     return h >= 0.0 or a + h * PAIR_HEADROOM * float(np.max(chunk_size)) >= 0.0
 
 
-def fit_nnls(name: str, prefix_len, chunk_size, latency_ms) -> LatencyModel:
+def fit_bounded(name: str, prefix_len, chunk_size, latency_ms) -> LatencyModel:
     """Bounded least squares on the model's terms, columns scaled to unit length for conditioning: every term >= 0
     but the pairs model's h, which may be negative where pairs_hold (else it is refitted with h >= 0 too)."""
     from scipy.optimize import lsq_linear, nnls

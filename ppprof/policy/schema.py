@@ -44,8 +44,8 @@ class Policy:
     without the prompt length, one bisect in the history-only table."""
 
     __slots__ = ("data", "status", "reason", "model", "settings", "target_ms", "_starts", "_sizes", "base_chunk_size",
-                 "overhead_ms", "planning_model", "num_stages", "tp_size", "rule_tables", "_bands", "_band_starts", "_band_sizes",
-                 "_merge")
+                 "overhead_ms", "planning_model", "num_stages", "provenance", "tp_size", "rule_tables", "_bands",
+                 "_band_starts", "_band_sizes", "_merge")
 
     def __init__(self, data: dict):
         self.data = data
@@ -64,7 +64,8 @@ class Policy:
         self.overhead_ms = float(data["overhead"]["ms_per_chunk"])
         self.planning_model = None if self.model is None else self.model.with_overhead(self.overhead_ms)
         self.num_stages = data.get("num_stages") or 1
-        self.tp_size = (data.get("provenance") or {}).get("tp_size") or 1  # the TP degree of each profiled stage
+        self.provenance = data.get("provenance") or {}  # where the numbers come from ({} where not recorded)
+        self.tp_size = self.provenance.get("tp_size") or 1  # the TP degree of each profiled stage
         table, rule = data["table"], data["prompt_table"]
         self._starts, self._sizes = list(table["prefix_len"]), list(table["chunk_size"])
         self.rule_tables = PromptRule.from_dict(rule)

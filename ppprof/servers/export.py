@@ -122,7 +122,7 @@ def export_data(policy: Policy, server: str, source: str = "the policy") -> dict
         comments += [f"# or {label} loads the policy file itself, with ppprof's rules and no start-up profile "
                      "(docs/sglang.md):", f"#   {loaded['policy_file']['command']}",
                      f"#   {loaded['policy_file']['launcher']}"]
-        if not isinstance((policy.data.get("provenance") or {}).get("model_shape"), dict):
+        if not isinstance(policy.provenance.get("model_shape"), dict):
             comments.append("# note: this policy does not record the profiled model's shapes, which SGLang checks at "
                             "load: refit it from its run folder first (ppprof fit RUN/samples.csv)")
     return {"server": server, "targets": target.targets, "env": env, "args": args, "command": command_line(env, args),
@@ -139,9 +139,9 @@ def policy_file(policy: Policy, source: str) -> dict:
     (stages, TP ranks, B, a chunk cap that takes the policy's largest chunk, the page), run directly with the
     start-up hook installed or through `python -m ppprof.sglang`."""
     path = str(Path(source).resolve()) if Path(source).is_file() else "POLICY"
-    s, tp_size = policy.settings, (policy.data.get("provenance") or {}).get("tp_size") or 1
-    cap = max(largest_chunk(policy), get(LOADS_POLICY).default_setting().max_chunk_size)
-    args = ["--model-path", "MODEL", "--pp-size", str(policy.num_stages), "--tp-size", str(tp_size),
+    s, server = policy.settings, get(LOADS_POLICY)
+    cap = max(largest_chunk(policy), server.default_setting().max_chunk_size)
+    args = ["--model-path", "MODEL", *server.format_parallel(policy.num_stages, policy.tp_size),
             "--enable-dynamic-chunking", "--chunked-prefill-size", str(s.base_chunk_size), "--max-prefill-tokens",
             str(cap)] + (["--page-size", str(s.page_size)] if s.page_size > 1 else [])
     return {"env": {POLICY_ENV: path}, "args": args,

@@ -54,7 +54,7 @@ def mismatch(policy: Policy, server: ServerConfig) -> str | None:
 
 
 def _pipeline(policy: Policy, server: ServerConfig) -> str | None:
-    prov = policy.data.get("provenance") or {}
+    prov = policy.provenance
     stages = prov.get("world_size")
     if server.pp_size is not None and stages is not None and stages != server.pp_size:
         return (f"pp_size: the policy profiled {stages} stages (provenance.world_size), the server runs "
@@ -91,7 +91,7 @@ def _chunks(policy: Policy, server: ServerConfig) -> str | None:
 
 
 def _model(policy: Policy, server: ServerConfig) -> str | None:
-    shape = (policy.data.get("provenance") or {}).get("model_shape")
+    shape = policy.provenance.get("model_shape")
     if not isinstance(shape, dict):
         return ("provenance.model_shape: the policy does not record the profiled model's shapes (fitted from a "
                 "plain CSV, or by a ppprof before they were recorded): refit it from the profile's run folder, "
@@ -105,7 +105,7 @@ def _model(policy: Policy, server: ServerConfig) -> str | None:
 
 
 def _device(policy: Policy, server: ServerConfig) -> str | None:
-    hardware = (policy.data.get("provenance") or {}).get("hardware") or {}
+    hardware = policy.provenance.get("hardware") or {}
     kind, name = hardware.get("device"), hardware.get("device_name")
     server_kind = server.device.split(":")[0]
     if kind is not None and kind != server_kind:
@@ -119,7 +119,7 @@ def _device(policy: Policy, server: ServerConfig) -> str | None:
 
 def matched_line(policy: Policy, server: ServerConfig) -> str:
     """What a matched load says: the configuration it matched and the rules it answers with."""
-    shape = (policy.data.get("provenance") or {}).get("model_shape") or {}
+    shape = policy.provenance.get("model_shape") or {}
     model = f"{shape.get('model_type')} {shape.get('num_hidden_layers')} layers x {shape.get('hidden_size')}"
     history = policy.data["table"]["chunk_size"]
     rules = (f"static, fixed chunks of {history[0]}" if policy.status == "static" else
