@@ -138,9 +138,9 @@ def load_bench():
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc (VmHWM, clear_refs)")
-@pytest.mark.parametrize("base_chunk_size", [512, 2048])
-@pytest.mark.parametrize("backend", ["sdpa", "reference"])
-@pytest.mark.parametrize("model", ["tiny-dense", "tiny-hybrid"])
+@pytest.mark.parametrize(("model", "backend", "base_chunk_size"), [
+    (model, backend, b) for model in ("tiny-dense", "tiny-hybrid") for backend in ("sdpa", "reference")
+    for b in (512, 2048) if (model, backend, b) != ("tiny-dense", "reference", 2048)])
 def test_the_estimate_is_within_25_percent_of_the_measured_peak(model, backend, base_chunk_size):
     """One forward of the largest probe request of a profile with base chunk B (chunk 1.25 B after 4 B cached
     tokens), the whole model as one stage, fp32, in a fresh Python (scripts/bench_memory.py): its peak RSS above the
@@ -148,7 +148,8 @@ def test_the_estimate_is_within_25_percent_of_the_measured_peak(model, backend, 
     its own (MALLOC_MMAP_THRESHOLD_), so that RSS follows the live tensors rather than the heap's layout, which
     moves the peak by up to ~30% from run to run. The sizes keep the modelled bytes at tens of MiB and more (the
     profile's default request table alone is 32 MiB) against a few MiB of page-granular noise; the reference
-    backend's dense scores reach about 1.2 GiB at B = 2048. Each case takes 2-4 s."""
+    backend's dense scores reach about 1.2 GiB at B = 2048 (tiny-hybrid's case; tiny-dense's, the same term, is left
+    out: on a VM that backs fresh pages at ~4 s a GiB it took 53 s of the suite). Each case takes 2-4 s elsewhere."""
     row = load_bench().measure_in_fresh_python(model, backend, base_chunk_size, "exact", timeout_s=60)
     assert row["measured"] > 30 * 2**20, row
     assert abs(row["estimate"] - row["measured"]) <= TOLERANCE * row["measured"], (
