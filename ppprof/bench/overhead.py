@@ -62,11 +62,13 @@ def chunk_overhead_ms(stage_ms, measured_ms: float) -> float:
 
 
 def overhead_run(chunk_sizes, stage_ms, measured_ms: float, repeat: int) -> dict:
-    """One run's record in run.json's pipeline_overhead.runs."""
+    """One run's record in run.json's pipeline_overhead.runs, with every stage's forward of every chunk (stage_ms,
+    (P, n): what the fit's calibration onto the pipelined level reads, ppprof.fit.calibrate)."""
     t = np.asarray(stage_ms, dtype=float)
     return {"chunk_size": int(chunk_sizes[0]), "num_chunks": len(chunk_sizes), "repeat": int(repeat),
             "measured_ms": round(float(measured_ms), 4), "replay_ms": round(float(replay(t)[1][-1, -1]), 4),
-            "ms_per_chunk": round(chunk_overhead_ms(t, measured_ms), 4)}
+            "ms_per_chunk": round(chunk_overhead_ms(t, measured_ms), 4),
+            "stage_ms": [[round(float(v), 4) for v in row] for row in t]}
 
 
 def median_stderr(values) -> float:

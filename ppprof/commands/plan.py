@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from ppprof.policy.planners import STRATEGIES, Plan, default_num_stages, plan_prompt
-from ppprof.policy.schema import extrapolation, load_policy
+from ppprof.policy.schema import extrapolation, level_text, load_policy
 from ppprof.policy.timeline import write_timeline
 
 
@@ -77,7 +77,8 @@ def plan_command(policy_path, prompt_len, num_stages, strategy, extrapolate, as_
     if notes:
         click.echo(f"warning: {notes[0]}", err=True)
     click.echo(f"policy {path} ({policy.status}, rules chosen for {policy.num_stages} stages, overhead "
-               f"{policy.overhead_ms:.3g} ms a chunk), prompt {prompt_len} tokens, {num_stages} stages")
+               f"{policy.overhead_ms:.3g} ms a chunk{level_text(policy.calibration)}), prompt {prompt_len} tokens, "
+               f"{num_stages} stages")
     echo_side_by_side(plans)
     for p in plans:
         echo_plan(p)

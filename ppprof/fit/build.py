@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from ppprof import __version__
+from ppprof.fit.calibrate import calibration_of
+from ppprof.fit.calibrate import none as no_calibration
 from ppprof.fit.gates import failure_reason, gates, predicted_shrink
 from ppprof.io import finite
 from ppprof.fit.parity import sglang_fit
@@ -134,15 +136,17 @@ def profiled_stages(run: dict | None) -> int:
 
 
 def carried(model: LatencyModel | None, status: str, reason: str, settings: ChunkSettings, measured: dict | None,
-            run: dict | None, options: PolicyOptions, parity: bool) -> dict:
-    """The policy's fields beyond the fit: overhead, stages, workload, the history-only table, the prompt-aware
-    rule, what they are predicted to give, and the status and reason that follow. `measured`: the profiled domain
-    (`domain`), None for none (chunks up to B, prompts up to the context)."""
+            run: dict | None, options: PolicyOptions, parity: bool, calibration: dict | None = None) -> dict:
+    """The policy's fields beyond the fit: overhead, calibration, stages, workload, the history-only table, the
+    prompt-aware rule, what they are predicted to give, and the status and reason that follow. `measured`: the
+    profiled domain (`domain`), None for none (chunks up to B, prompts up to the context). The rules are chosen on
+    the planning model (LatencyModel.planning: the calibration, then the overhead)."""
     overhead = overhead_of(run, options.overhead_ms)
+    calibration = calibration or no_calibration("not measured")
     stages = options.num_stages or profiled_stages(run)
     dom = rule_domain(settings, measured, options.extrapolate)
     lengths, weights, source = workload_of(options.prompt_lens, settings, dom)
-    out = {"overhead": overhead, "num_stages": stages,
+    out = {"overhead": overhead, "calibration": calibration, "num_stages": stages,
            "workload": {"prompt_lens": lengths, "weights": weights, "source": source}}
     if model is None or status == "static" or parity:
         size = settings.base_chunk_size
@@ -154,7 +158,7 @@ def carried(model: LatencyModel | None, status: str, reason: str, settings: Chun
             rule = PromptRule([1], [math.inf], [0], [starts], [sizes], max(sizes))
         return out | {"status": status, "reason": reason, "table": table, "prompt_table": rule.to_dict(dom),
                       "predicted": None}
-    choice = choose(model.with_overhead(overhead["ms_per_chunk"]), settings, dom, stages, lengths, weights,
+    choice = choose(model.planning(calibration, overhead["ms_per_chunk"]), settings, dom, stages, lengths, weights,
                     options.min_gain)
     table = choice.history_table | {"bound_ms": choice.history_bound_ms if math.isfinite(choice.history_bound_ms)
                                     else None, "chunk_cap": choice.history_chunk_cap}
@@ -186,7 +190,7 @@ def fit_samples(samples: Samples, run: dict | None, settings: ChunkSettings, lat
         diag.update({"requested_model": latency_model, "bottleneck_stage": samples.bottleneck_stage})
         target = None if model is None else model.target_ms(settings.base_chunk_size)
         rules = carried(model, "dynamic" if model else "static", reason, settings, domain(samples), run, options,
-                        True)
+                        True, calibration_of(run, model, samples.bottleneck_stage))
         return assemble(samples, run, settings, model, target, diag, rules | {"parity": PARITY})
     # The first timed request ran cold (no warm-up), and SGLang drops the first of its prefix-free probes: both go
     # (one row when the file starts with a prefix-free request, as `ppprof profile` writes it).
@@ -196,7 +200,8 @@ def fit_samples(samples: Samples, run: dict | None, settings: ChunkSettings, lat
             "candidates": candidate_table(per_model, failed), "bottleneck_stage": samples.bottleneck_stage,
             "stage_totals_ms": samples.stage_totals_ms}
     model, target, status, reason = select_and_gate(fitted, failed, per_model, diag, settings, latency_model)
-    rules = carried(model, status, reason, settings, domain(samples), run, options, False)
+    rules = carried(model, status, reason, settings, domain(samples), run, options, False,
+                    calibration_of(run, model, samples.bottleneck_stage))
     return assemble(samples, run, settings, model, target, diag, rules | {"parity": None})
 
 
@@ -263,13 +268,14 @@ def fit_run(run_dir: str | Path) -> Path:
 
 def rechoose(data: dict, model: LatencyModel, status: str = "dynamic", reason: str = "given") -> dict:
     """A policy dict like `data` with another model (or status): its target and rules chosen again, as `ppprof fit`
-    chooses them, on the same settings, domain, overhead, stages and workload."""
+    chooses them, on the same settings, domain, overhead, calibration, stages and workload."""
     settings = ChunkSettings(**data["settings"])
     workload = data.get("workload") or {}
     options = PolicyOptions(overhead_ms=data["overhead"]["ms_per_chunk"], num_stages=data.get("num_stages"),
                             prompt_lens=",".join(f"{n}:{w}" for n, w in zip(workload.get("prompt_lens", []),
                                                                            workload.get("weights", []))) or None)
-    rules = carried(model, status, reason, settings, data.get("domain"), None, options, False)
+    rules = carried(model, status, reason, settings, data.get("domain"), None, options, False,
+                    data.get("calibration"))
     target = None if model is None else model.target_ms(settings.base_chunk_size)
     return finite(dict(data, latency_model=None if model is None else model.to_dict(), target_latency_ms=target,
                        **rules))

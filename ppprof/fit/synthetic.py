@@ -7,9 +7,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ppprof.bench.overhead import overhead_run, summarize
 from ppprof.config import sweep_chunk_sizes
 from ppprof.io import atomic_write_text
 from ppprof.policy.rule import LatencyModel
+from ppprof.policy.timeline import replay
 from ppprof.runfiles import RUN_FILE, SAMPLES_FILE, stage_column, write_run_json
 
 
@@ -42,11 +44,31 @@ def make_samples(model: LatencyModel, *, base_chunk_size: int, prefixes=(), chun
     return frame
 
 
+def make_pipeline_overhead(model: LatencyModel, *, chunk_sizes=(512, 2048, 4096), num_chunks: int = 8,
+                           repeats: int = 3, scale: float = 1.0, shift_ms: float = 0.0, overhead_ms: float = 0.0,
+                           num_stages: int = 2, bottleneck_stage: int = 0, noise: float = 0.0,
+                           seed: int = 0) -> dict:
+    """run.json's pipeline_overhead as the profile's pipelined runs would record it where the bottleneck stage's
+    forwards take scale * t(L, x) + shift_ms (x (1 + noise N(0,1))), the other stages 60% of that, and every chunk
+    costs overhead_ms beyond them: fixed plans of `num_chunks` chunks of each size, `repeats` times."""
+    rng = np.random.default_rng(seed)
+    runs = []
+    for repeat in range(repeats):
+        for x in chunk_sizes:
+            prefix = np.arange(num_chunks) * x
+            t = (scale * model.chunk_latency_ms(prefix, np.full(num_chunks, x)) + shift_ms) \
+                * (1 + noise * rng.standard_normal(num_chunks))
+            stage_ms = np.array([t * (1.0 if s == bottleneck_stage else 0.6) for s in range(num_stages)])
+            measured = float(replay(stage_ms + overhead_ms)[1][-1, -1])
+            runs.append(overhead_run([x] * num_chunks, stage_ms, measured, repeat))
+    return summarize(runs, num_stages)
+
+
 def write_run_dir(run_dir: str | Path, frame: pd.DataFrame, *, base_chunk_size: int, page_size: int = 64,
                   context_len: int = 131072, num_layers: int = 4, world_size: int = 2,
-                  min_gain: float | None = None) -> Path:
-    """Write samples.csv and a run.json like `ppprof profile` does (with --min-gain where given); return the samples
-    path."""
+                  min_gain: float | None = None, pipeline_overhead: dict | None = None) -> Path:
+    """Write samples.csv and a run.json like `ppprof profile` does (with --min-gain and the pipelined runs'
+    pipeline_overhead where given); return the samples path."""
     run_dir = Path(run_dir)
     samples = atomic_write_text(run_dir / SAMPLES_FILE, frame.to_csv(index=False))
     write_run_json(
@@ -57,5 +79,6 @@ def write_run_dir(run_dir: str | Path, frame: pd.DataFrame, *, base_chunk_size: 
         hardware={"device": "cpu", "device_name": "synthetic"}, torch_version="synthetic", dist_backend="gloo",
         world_size=world_size, layer_partition=[num_layers // world_size] * world_size, git_revision=None,
         profile_wall_s=0.0, forward_tokens=int(frame.prefix_len.sum() + frame.chunk_size.sum()),
+        **({} if pipeline_overhead is None else {"pipeline_overhead": pipeline_overhead}),
     )
     return samples

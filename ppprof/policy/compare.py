@@ -74,7 +74,13 @@ def side(policy: Policy, label: str) -> dict:
             "num_table_entries": len(policy.data["table"]["chunk_size"]),
             "num_bands": len(policy.data["prompt_table"]["prompt_len"]),
             "gain_vs_fixed_best": (policy.data.get("predicted") or {}).get("gain_vs_fixed_best"),
-            "gates_passed": gates_passed(policy), "overhead": policy.data["overhead"]}
+            "gates_passed": gates_passed(policy), "overhead": policy.data["overhead"],
+            "calibration": policy.calibration}
+
+
+def level(calibration: dict) -> str:
+    """A calibration as "scale x t + shift ms (source)"."""
+    return f"{fmt(calibration['scale'])} t {calibration['shift_ms']:+.3g} ms ({calibration['source']})"
 
 
 def gates_passed(policy: Policy) -> bool | None:
@@ -305,6 +311,7 @@ def render(report: dict) -> str:
                  f"({pct(t['change'])})")
     lines.append(f"overhead: {fmt(b['overhead']['ms_per_chunk'])} ({b['overhead']['source']}) -> "
                  f"{fmt(c['overhead']['ms_per_chunk'])} ({c['overhead']['source']}) ms a chunk")
+    lines.append(f"pipelined level: {level(b['calibration'])} -> {level(c['calibration'])}")
     table = report["table"]
     lo, hi = table["prefix_len_range"]
     lines.append(f"chunk-size table on prefix_len {lo}..{hi}: {table['num_changed']} of {table['num_prefix_lens']} "

@@ -44,7 +44,7 @@ class Policy:
     without the prompt length, one bisect in the history-only table."""
 
     __slots__ = ("data", "status", "reason", "model", "settings", "target_ms", "_starts", "_sizes", "base_chunk_size",
-                 "overhead_ms", "planning_model", "num_stages", "provenance", "tp_size", "rule_tables", "_bands",
+                 "overhead_ms", "calibration", "planning_model", "num_stages", "provenance", "tp_size", "rule_tables", "_bands",
                  "_band_starts", "_band_sizes", "_merge")
 
     def __init__(self, data: dict):
@@ -62,7 +62,8 @@ class Policy:
         self.target_ms = data["target_latency_ms"]
         self.base_chunk_size = self.settings.base_chunk_size
         self.overhead_ms = float(data["overhead"]["ms_per_chunk"])
-        self.planning_model = None if self.model is None else self.model.with_overhead(self.overhead_ms)
+        self.calibration = data.get("calibration") or {"scale": 1.0, "shift_ms": 0.0, "source": "none"}
+        self.planning_model = None if self.model is None else self.model.planning(self.calibration, self.overhead_ms)
         self.num_stages = data.get("num_stages") or 1
         self.provenance = data.get("provenance") or {}  # where the numbers come from ({} where not recorded)
         self.tp_size = self.provenance.get("tp_size") or 1  # the TP degree of each profiled stage
@@ -284,6 +285,10 @@ def check_policy(policy: Policy) -> None:
         if not t > 0:
             raise ValueError(f"$.latency_model: predicts {t:.4g} ms for a {smallest}-token chunk: a latency must be "
                              "positive; refit the samples")
+        t = float(policy.planning_model.chunk_latency_ms(0, smallest))
+        if not t > 0:
+            raise ValueError(f"$.calibration: the calibrated model predicts {t:.4g} ms for a {smallest}-token chunk: "
+                             "a latency must be positive; refit the samples")
     if policy.status == "static":
         if len(policy._sizes) != 1 or policy._bands != [1] or policy._band_sizes != [policy._sizes]:
             raise ValueError("$.table: a static policy's table and prompt_table must be the one fixed chunk: refit")
@@ -375,12 +380,20 @@ def validate(policy: Policy) -> str:
     return summary_line(policy)
 
 
+def level_text(calibration: dict) -> str:
+    """The calibration onto the pipelined level in words ("" where none)."""
+    if calibration.get("source") != "measured":
+        return ""
+    return f", pipelined level {calibration['scale']:.3f} t {calibration['shift_ms']:+.3g} ms"
+
+
 def summary_line(policy: Policy) -> str:
     """One line: status, model, the rules' sizes and the profiled domain."""
     if policy.status == "static":
         return f"static (chunk {policy._sizes[0]}): {policy.reason}{domain_text(policy)}"
     sizes = [x for band in policy._band_sizes for x in band]
-    return (f"dynamic ({policy.model.name}, overhead {policy.overhead_ms:.3g} ms a chunk, {policy.num_stages} "
+    return (f"dynamic ({policy.model.name}, overhead {policy.overhead_ms:.3g} ms a chunk"
+            f"{level_text(policy.calibration)}, {policy.num_stages} "
             f"stages): prompt-aware rule of {len(policy._bands)} bands, chunks {min(sizes)}-{max(sizes)}; "
             f"history-only table of {len(policy._sizes)} entries{domain_text(policy)}")
 

@@ -4,9 +4,11 @@ import json
 import math
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 
+from ppprof.policy.timeline import replay
 from tests.multirank import TINY, free_port, run_cli
 
 pytestmark = pytest.mark.multirank
@@ -53,6 +55,10 @@ def check_pipeline_overhead(run: dict, out, num_stages: int, repeats: int) -> No
         assert 0 < x["replay_ms"] and 0 < x["measured_ms"], f"{x=}"
         want = (x["measured_ms"] - x["replay_ms"]) / (x["num_chunks"] + num_stages - 1)
         assert abs(x["ms_per_chunk"] - want) < 1e-3, f"{x=}"
+        # every stage's forward of every chunk, which the replay composes (and the fit's calibration reads)
+        stage_ms = np.array(x["stage_ms"])
+        assert stage_ms.shape == (num_stages, x["num_chunks"]) and (stage_ms > 0).all(), f"{x=}"
+        assert replay(stage_ms)[1][-1, -1] == pytest.approx(x["replay_ms"], abs=1e-3)
     # a pipeline step costs something beyond the forwards (transfers, the done message); never far below zero
     assert math.isfinite(o["ms_per_chunk"]) and o["ms_per_chunk"] > -1.0, f"{o=}"
     assert math.isfinite(o["stderr_ms"]) and o["stderr_ms"] >= 0

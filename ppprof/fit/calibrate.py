@@ -1,0 +1,87 @@
+"""The pipelined level: how the bottleneck stage's forwards in the profile's own pipelined runs (run.json
+pipeline_overhead.runs[].stage_ms) compare with the latency model fitted on its lockstep probes.
+
+A lockstep probe times each stage after it has waited through the others' forwards; in a running pipeline the
+bottleneck stage's chunks follow each other. On CPU the probes run colder (about 1 ms a forward, more at small
+chunks) and the gap moves from one run to the next (0 to -4% on one day, -8 to -15% on another), which the fit's c
+and level carry into every prediction. The calibration maps the fitted latency onto the pipelined one,
+
+    t_pipelined(L, x) = scale * t(L, x) + shift_ms,
+
+fitted by least squares on relative error over the median of each (chunk size, chunk index) cell of the runs; the
+planning model is then scale * t + shift_ms + the per-chunk overhead. Pure numpy: no torch."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ppprof.policy.rule import LatencyModel
+
+METHOD = ("scale * t(L, x) + shift_ms fitted (least squares on relative error) to the bottleneck stage's forwards in "
+          "the profile's pipelined runs (run.json pipeline_overhead.runs[].stage_ms), the median of each cell "
+          "(chunk size, chunk index) over the repeats")
+SCALE_RANGE = (0.5, 2.0)
+"""A scale outside this range is not a level shift but a broken run or a model that does not hold: not applied."""
+MIN_CHUNK_SIZES = 2
+"""Distinct chunk sizes the cells need for the scale and the shift to be told apart."""
+NONE = {"scale": 1.0, "shift_ms": 0.0, "source": "none"}
+
+
+def none(why: str) -> dict:
+    """No calibration (scale 1, shift 0), and why."""
+    return NONE | {"why": why}
+
+
+def cells(runs: list[dict], stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(prefix_len, chunk_size, median ms) of each (chunk size, chunk index) cell of `stage` over the runs that
+    recorded their stage times; chunk k of a fixed plan of x-token chunks starts after k x tokens."""
+    by_cell: dict[tuple[int, int], list[float]] = {}
+    for r in runs:
+        times = r.get("stage_ms") if isinstance(r, dict) else None
+        if not isinstance(times, list) or stage >= len(times) or not isinstance(times[stage], list):
+            continue
+        x = int(r["chunk_size"])
+        for k, ms in enumerate(times[stage]):
+            if isinstance(ms, (int, float)) and math.isfinite(ms) and ms > 0:
+                by_cell.setdefault((x, k), []).append(float(ms))
+    keys = sorted(by_cell)
+    prefix = np.array([k * x for x, k in keys], dtype=float)
+    size = np.array([x for x, _ in keys], dtype=float)
+    ms = np.array([float(np.median(by_cell[key])) for key in keys], dtype=float)
+    return prefix, size, ms
+
+
+def calibration_of(run: dict | None, model: LatencyModel | None, stage: int | None) -> dict:
+    """The policy's calibration: scale and shift_ms with their standard errors, the cells and the fit's relative
+    residual, from the profile's pipelined runs; scale 1 and shift 0 (source none, and why) where the runs did not
+    record their stage times, the cells cannot tell scale from shift, or the fit leaves the planning model unsound."""
+    if model is None:
+        return none("no latency model")
+    runs = (((run or {}).get("pipeline_overhead") or {}).get("runs")) or []
+    prefix, size, ms = cells(runs, 0 if stage is None else int(stage))
+    if len(np.unique(size)) < MIN_CHUNK_SIZES:
+        return none("the profile's pipelined runs recorded no stage times at two chunk sizes or more")
+    fitted = np.asarray(model.chunk_latency_ms(prefix, size), dtype=float)
+    if not np.all(fitted > 0):
+        return none("the latency model is not positive at every cell of the pipelined runs")
+    # Relative least squares: minimize sum((scale t + shift - y) / t)^2, i.e. regress y / t on [1, 1 / t].
+    design = np.column_stack([np.ones_like(fitted), 1.0 / fitted])
+    target = ms / fitted
+    coef, *_ = np.linalg.lstsq(design, target, rcond=None)
+    scale, shift = float(coef[0]), float(coef[1])
+    resid = target - design @ coef
+    dof = max(len(target) - 2, 1)
+    cov = float(resid @ resid) / dof * np.linalg.pinv(design.T @ design)
+    stderr = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+    out = {"scale": scale, "shift_ms": shift, "scale_stderr": float(stderr[0]), "shift_stderr_ms": float(stderr[1]),
+           "cells": int(len(ms)), "chunk_sizes": sorted(int(x) for x in np.unique(size)),
+           "max_prefix_len": int(prefix.max()), "rel_residual": float(np.sqrt(np.mean(resid ** 2))),
+           "stage": 0 if stage is None else int(stage), "method": METHOD}
+    if not SCALE_RANGE[0] <= scale <= SCALE_RANGE[1]:
+        return none(f"the fitted scale {scale:.3g} is outside {SCALE_RANGE[0]}-{SCALE_RANGE[1]}") | {"rejected": out}
+    one = scale * float(model.chunk_latency_ms(0, 1)) + shift
+    if one <= 0:
+        return none(f"the calibrated latency of a 1-token chunk, {one:.3g} ms, is not positive") | {"rejected": out}
+    return out | {"source": "measured"}
