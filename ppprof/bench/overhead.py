@@ -13,13 +13,17 @@ OVERHEAD_CHUNKS = 8
 """Chunks of each fixed plan."""
 OVERHEAD_MULTIPLES = (0.25, 1.0, 2.0)
 """Chunk sizes of the fixed plans, in multiples of B (aligned down to the page, at most the largest probe chunk)."""
+DEEP_PREFIX_CHUNKS = 8
+"""The smallest size's plan runs after this many B-sized chunks (fewer where the KV pool holds less): lockstep probes
+of small chunks run colder than pipelined ones at deep prefixes most, and the calibration must see those cells."""
 MIN_CHUNKS = 2
 """The fewest chunks a plan keeps where the KV pool holds fewer than OVERHEAD_CHUNKS: a pipeline needs two."""
 MEDIAN_SE = 1.2533 * 1.4826
 """The median's standard error is ~1.2533 sigma / sqrt(n) (normal samples), sigma ~1.4826 x the MAD."""
-METHOD = (f"fixed plans of {OVERHEAD_CHUNKS} chunks at B/4, B and 2B run pipelined through the profile's stages "
-          "after its probes, interleaved, after one warm-up; each run's overhead o solves replay(stage times + o) = "
-          "measured TTFT, o = (measured - replay) / (num_chunks + num_stages - 1)")
+METHOD = (f"fixed plans of {OVERHEAD_CHUNKS} chunks at B/4, B and 2B (the B/4 plan after {DEEP_PREFIX_CHUNKS} "
+          "chunks of B) run pipelined through the profile's stages after its probes, interleaved, after one warm-up; "
+          "each run's overhead o solves replay(stage times + o) = measured TTFT, "
+          "o = (measured - replay) / (num_chunks + num_stages - 1)")
 
 
 def overhead_chunk_sizes(base_chunk_size: int, page_size: int, max_chunk_size: int) -> list[int]:
@@ -30,16 +34,22 @@ def overhead_chunk_sizes(base_chunk_size: int, page_size: int, max_chunk_size: i
     return sorted(sizes)
 
 
-def overhead_plans(chunk_sizes: list[int], capacity: int,
-                   repeats: int) -> tuple[tuple[int, ...], list[tuple[int, tuple[int, ...]]]]:
+def overhead_plans(chunk_sizes: list[int], capacity: int, repeats: int, base_chunk_size: int | None = None
+                   ) -> tuple[tuple[int, ...], list[tuple[int, tuple[int, ...]]]]:
     """The warm-up prompt's chunks (one of each size, as many as fit) and the timed prompts, (repeat, chunks) in the
     order they run: `repeats` rounds of one plan a size, each round starting one size later (interleaved, so no size
     always runs first). A plan has OVERHEAD_CHUNKS chunks, fewer where `capacity` (the tokens a request can hold) is
-    smaller; a size with under MIN_CHUNKS chunks is left out (none left: no prompt)."""
+    smaller; a size with under MIN_CHUNKS chunks is left out (none left: no prompt). With `base_chunk_size` B, the
+    plan of the smallest size below B starts after up to DEEP_PREFIX_CHUNKS chunks of B, as many as the rest of the
+    capacity holds (its size is its last chunk's)."""
     plans = {n: (n,) * min(OVERHEAD_CHUNKS, capacity // n) for n in chunk_sizes if capacity // n >= MIN_CHUNKS}
     sizes = list(plans)
     if not sizes:
         return (), []
+    small = sizes[0]
+    if base_chunk_size and small < base_chunk_size:
+        deep = min(DEEP_PREFIX_CHUNKS, (capacity - sum(plans[small])) // base_chunk_size)
+        plans[small] = (base_chunk_size,) * deep + plans[small]
     warmup = []
     for n in sizes:  # the smallest always fits (it fits twice)
         if sum(warmup) + n <= capacity:
@@ -62,10 +72,12 @@ def chunk_overhead_ms(stage_ms, measured_ms: float) -> float:
 
 
 def overhead_run(chunk_sizes, stage_ms, measured_ms: float, repeat: int) -> dict:
-    """One run's record in run.json's pipeline_overhead.runs, with every stage's forward of every chunk (stage_ms,
-    (P, n): what the fit's calibration onto the pipelined level reads, ppprof.fit.calibrate)."""
+    """One run's record in run.json's pipeline_overhead.runs: its plan's size (its last chunk's) and chunks, and every
+    stage's forward of every chunk (stage_ms, (P, n): what the fit's calibration onto the pipelined level reads,
+    ppprof.fit.calibrate)."""
     t = np.asarray(stage_ms, dtype=float)
-    return {"chunk_size": int(chunk_sizes[0]), "num_chunks": len(chunk_sizes), "repeat": int(repeat),
+    return {"chunk_size": int(chunk_sizes[-1]), "num_chunks": len(chunk_sizes),
+            "chunk_sizes": [int(n) for n in chunk_sizes], "repeat": int(repeat),
             "measured_ms": round(float(measured_ms), 4), "replay_ms": round(float(replay(t)[1][-1, -1]), 4),
             "ms_per_chunk": round(chunk_overhead_ms(t, measured_ms), 4),
             "stage_ms": [[round(float(v), 4) for v in row] for row in t]}

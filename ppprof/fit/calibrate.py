@@ -8,7 +8,7 @@ and level carry into every prediction. The calibration maps the fitted latency o
 
     t_pipelined(L, x) = scale * t(L, x) + shift_ms,
 
-fitted by least squares on relative error over the median of each (chunk size, chunk index) cell of the runs; the
+fitted by least squares on relative error over the median of each (chunk size, prefix) cell of the runs; the
 planning model is then scale * t + shift_ms + the per-chunk overhead. Pure numpy: no torch."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ppprof.policy.rule import LatencyModel
 
 METHOD = ("scale * t(L, x) + shift_ms fitted (least squares on relative error) to the bottleneck stage's forwards in "
           "the profile's pipelined runs (run.json pipeline_overhead.runs[].stage_ms), the median of each cell "
-          "(chunk size, chunk index) over the repeats")
+          "(chunk size, prefix) over the repeats, each run's first chunk left out")
 SCALE_RANGE = (0.5, 2.0)
 """A scale outside this range is not a level shift but a broken run or a model that does not hold: not applied."""
 MIN_CHUNK_SIZES = 2
@@ -35,19 +35,21 @@ def none(why: str) -> dict:
 
 
 def cells(runs: list[dict], stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(prefix_len, chunk_size, median ms) of each (chunk size, chunk index) cell of `stage` over the runs that
-    recorded their stage times; chunk k of a fixed plan of x-token chunks starts after k x tokens."""
+    """(prefix_len, chunk_size, median ms) of each (chunk size, prefix) cell of `stage` over the runs that recorded
+    their stage times (a run's chunks: chunk_sizes, else num_chunks of chunk_size); a run's first chunk is left out
+    (it starts cold after the barrier, once a prompt: not the level of the chunks that follow)."""
     by_cell: dict[tuple[int, int], list[float]] = {}
     for r in runs:
         times = r.get("stage_ms") if isinstance(r, dict) else None
         if not isinstance(times, list) or stage >= len(times) or not isinstance(times[stage], list):
             continue
-        x = int(r["chunk_size"])
-        for k, ms in enumerate(times[stage]):
-            if isinstance(ms, (int, float)) and math.isfinite(ms) and ms > 0:
-                by_cell.setdefault((x, k), []).append(float(ms))
+        sizes = r.get("chunk_sizes") or [int(r["chunk_size"])] * len(times[stage])
+        starts = np.cumsum([0] + list(sizes[:-1]))
+        for k, (x, L, ms) in enumerate(zip(sizes, starts, times[stage])):
+            if k > 0 and isinstance(ms, (int, float)) and math.isfinite(ms) and ms > 0:
+                by_cell.setdefault((int(x), int(L)), []).append(float(ms))
     keys = sorted(by_cell)
-    prefix = np.array([k * x for x, k in keys], dtype=float)
+    prefix = np.array([L for _, L in keys], dtype=float)
     size = np.array([x for x, _ in keys], dtype=float)
     ms = np.array([float(np.median(by_cell[key])) for key in keys], dtype=float)
     return prefix, size, ms

@@ -216,7 +216,7 @@ def measure_overhead(run: RankRun[ProfileState]) -> None:
     start = time.perf_counter()
     sizes = overhead_chunk_sizes(cfg.base_chunk_size, cfg.chunk_unit, cfg.max_probe_chunk_size)
     capacity = min(cfg.max_total_tokens, cfg.context_len)
-    warmup, timed = overhead_plans(sizes, capacity, cfg.overhead_repeats)
+    warmup, timed = overhead_plans(sizes, capacity, cfg.overhead_repeats, cfg.base_chunk_size)
     if not timed:  # the same on every rank: nothing to agree on
         log.warning("pipeline overhead not measured: a request holds %d tokens, under two chunks of %d", capacity,
                     sizes[0])
@@ -225,7 +225,7 @@ def measure_overhead(run: RankRun[ProfileState]) -> None:
     runner = PromptRunner(stages=[BenchStage(run.stage_idx, run.stage, run.cache)], pipe=run.pipe, seed=cfg.seed)
     rows, ttft = [], {}
     for index, (repeat, chunks) in enumerate(plans):
-        prompt = BenchPrompt(index, f"overhead-{chunks[0]}", repeat, sum(chunks), chunks)
+        prompt = BenchPrompt(index, f"overhead-{chunks[-1]}", repeat, sum(chunks), chunks)
         result = runner.run(prompt)
         rows += result.rows
         ttft[index] = result.ttft_ms

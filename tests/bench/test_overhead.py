@@ -4,8 +4,8 @@ the fixed plans, and the summary run.json carries."""
 import numpy as np
 import pytest
 
-from ppprof.bench.overhead import (MIN_CHUNKS, OVERHEAD_CHUNKS, chunk_overhead_ms, median_stderr, overhead_chunk_sizes,
-                                   overhead_plans, overhead_run, summarize)
+from ppprof.bench.overhead import (DEEP_PREFIX_CHUNKS, MIN_CHUNKS, OVERHEAD_CHUNKS, chunk_overhead_ms, median_stderr,
+                                   overhead_chunk_sizes, overhead_plans, overhead_run, summarize)
 from ppprof.policy.timeline import replay
 
 
@@ -64,6 +64,18 @@ def test_the_plans_interleave_the_sizes_after_one_warm_up_and_fit_the_request():
     assert overhead_plans([128], 32768, 0)[1] == []
 
 
+def test_with_b_the_smallest_plan_runs_after_a_deep_prefix_of_b_sized_chunks():
+    warmup, timed = overhead_plans([128, 512, 1024], 32768, 1, base_chunk_size=512)
+    assert warmup == (128, 512, 1024)
+    assert [c for _, c in timed] == [(512,) * DEEP_PREFIX_CHUNKS + (128,) * 8, (512,) * 8, (1024,) * 8]
+    _, timed = overhead_plans([128, 512, 1024], 2100, 1, base_chunk_size=512)  # 2100 - 1024 holds two chunks of B
+    assert timed[0][1] == (512, 512) + (128,) * 8 and sum(timed[0][1]) <= 2100
+    _, timed = overhead_plans([512, 1024], 32768, 1, base_chunk_size=512)  # no size below B: no deep plan
+    assert timed[0][1] == (512,) * 8
+    run = overhead_run(timed[0][1][:3] + (128,), np.ones((2, 4)), 10.0, 0)
+    assert run["chunk_size"] == 128 and run["chunk_sizes"] == [512, 512, 512, 128] and run["num_chunks"] == 4
+
+
 def test_the_summary_is_the_median_with_its_standard_error_and_the_median_at_each_size():
     rng = np.random.default_rng(3)
     runs = []
@@ -80,7 +92,7 @@ def test_the_summary_is_the_median_with_its_standard_error_and_the_median_at_eac
     assert list(s["by_chunk_size"]) == ["128", "512"] and s["num_stages"] == 2 and len(s["runs"]) == 10
     assert 0 < s["stderr_ms"] < 0.2
     assert set(runs[0]) == {"chunk_size", "num_chunks", "repeat", "measured_ms", "replay_ms", "ms_per_chunk",
-                            "stage_ms"}
+                            "stage_ms", "chunk_sizes"}
     assert runs[0]["replay_ms"] < runs[0]["measured_ms"]
 
 

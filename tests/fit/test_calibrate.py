@@ -22,7 +22,8 @@ def test_a_known_level_is_recovered_from_the_bottleneck_stage_of_the_runs(scale,
     cal = calibration_of({"pipeline_overhead": po}, MODEL, 1)
     assert cal["source"] == "measured"
     assert cal["scale"] == pytest.approx(scale, abs=1e-5) and cal["shift_ms"] == pytest.approx(shift, abs=1e-3)
-    assert cal["cells"] == 3 * 8 and cal["chunk_sizes"] == [512, 2048, 4096] and cal["max_prefix_len"] == 7 * 4096
+    # B = 2048: the 512 plan after 8 chunks of B; every run's first chunk left out; cells shared by runs merge
+    assert cal["cells"] == 7 + 8 + 7 and cal["chunk_sizes"] == [512, 2048, 4096] and cal["max_prefix_len"] == 7 * 4096
     planned = MODEL.planning(cal, 0.4)
     L, x = np.array([0, 5000, 60000]), np.array([64, 1000, 4096])
     want = scale * MODEL.chunk_latency_ms(L, x) + shift + 0.4
@@ -43,7 +44,7 @@ def test_runs_without_stage_times_one_size_or_a_wild_level_give_none_and_say_why
         del r["stage_ms"]  # a run.json written before the runs recorded them
     cal = calibration_of({"pipeline_overhead": po}, MODEL, 0)
     assert (cal["scale"], cal["shift_ms"], cal["source"]) == (1.0, 0.0, "none") and "two chunk sizes" in cal["why"]
-    one = make_pipeline_overhead(MODEL, chunk_sizes=(1024,))
+    one = make_pipeline_overhead(MODEL, chunk_sizes=(1024,), base_chunk_size=1024)
     assert "two chunk sizes" in calibration_of({"pipeline_overhead": one}, MODEL, 0)["why"]
     wild = make_pipeline_overhead(MODEL, scale=3.0)
     cal = calibration_of({"pipeline_overhead": wild}, MODEL, 0)

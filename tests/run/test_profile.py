@@ -48,7 +48,9 @@ def check_pipeline_overhead(run: dict, out, num_stages: int, repeats: int) -> No
     assert o["num_stages"] == num_stages and o["method"]
     runs = o["runs"]
     assert sorted({x["chunk_size"] for x in runs}) == [8, 32, 64] and list(o["by_chunk_size"]) == ["8", "32", "64"]
-    assert {x["chunk_size"]: x["num_chunks"] for x in runs} == {8: 8, 32: 5, 64: 2}
+    # the B/4 plan after as many chunks of B as the pool holds beside it (3 of 32 beside 8 x 8)
+    assert {x["chunk_size"]: x["num_chunks"] for x in runs} == {8: 3 + 8, 32: 5, 64: 2}
+    assert all(x["chunk_sizes"] == [32] * 3 + [8] * 8 for x in runs if x["chunk_size"] == 8)
     assert sorted((x["chunk_size"], x["repeat"]) for x in runs) == sorted(
         (c, r) for c in (8, 32, 64) for r in range(repeats))
     for x in runs:
