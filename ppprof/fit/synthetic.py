@@ -7,11 +7,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ppprof.bench.overhead import overhead_plans, overhead_run, summarize
 from ppprof.config import sweep_chunk_sizes
 from ppprof.io import atomic_write_text
 from ppprof.policy.rule import LatencyModel
-from ppprof.policy.timeline import replay
 from ppprof.runfiles import RUN_FILE, SAMPLES_FILE, stage_column, write_run_json
 
 
@@ -42,25 +40,6 @@ def make_samples(model: LatencyModel, *, base_chunk_size: int, prefixes=(), chun
     frame["latency_ms"] = latency * (1.0 + 0.6 * (num_stages - 1))
     frame["slowest_stage"] = bottleneck_stage
     return frame
-
-
-def make_pipeline_overhead(model: LatencyModel, *, chunk_sizes=(512, 2048, 4096), base_chunk_size: int = 2048,
-                           capacity: int = 131072, repeats: int = 3, scale: float = 1.0, shift_ms: float = 0.0,
-                           overhead_ms: float = 0.0, num_stages: int = 2, bottleneck_stage: int = 0,
-                           noise: float = 0.0, seed: int = 0) -> dict:
-    """run.json's pipeline_overhead as the profile's pipelined runs would record it (its plans: overhead_plans)
-    where the bottleneck stage's forwards take scale * t(L, x) + shift_ms (x (1 + noise N(0,1))), the other stages
-    60% of that, and every chunk costs overhead_ms beyond them."""
-    rng = np.random.default_rng(seed)
-    runs = []
-    for repeat, chunks in overhead_plans(list(chunk_sizes), capacity, repeats, base_chunk_size)[1]:
-        prefix = np.cumsum([0] + list(chunks[:-1]))
-        t = (scale * model.chunk_latency_ms(prefix, np.array(chunks)) + shift_ms) \
-            * (1 + noise * rng.standard_normal(len(chunks)))
-        stage_ms = np.array([t * (1.0 if s == bottleneck_stage else 0.6) for s in range(num_stages)])
-        measured = float(replay(stage_ms + overhead_ms)[1][-1, -1])
-        runs.append(overhead_run(chunks, stage_ms, measured, repeat))
-    return summarize(runs, num_stages)
 
 
 def write_run_dir(run_dir: str | Path, frame: pd.DataFrame, *, base_chunk_size: int, page_size: int = 64,

@@ -79,8 +79,9 @@ def side(policy: Policy, label: str) -> dict:
 
 
 def level(calibration: dict) -> str:
-    """A calibration as "scale x t + shift ms (source)"."""
-    return f"{fmt(calibration['scale'])} t {calibration['shift_ms']:+.3g} ms ({calibration['source']})"
+    """A calibration as "linear scale (c + b x) + shift ms (source)"."""
+    return (f"{fmt(calibration['linear_scale'])} (c + b x) {calibration['shift_ms']:+.3g} ms "
+            f"({calibration['source']})")
 
 
 def gates_passed(policy: Policy) -> bool | None:

@@ -80,12 +80,11 @@ class LatencyModel:
         return replace(self, c=self.c + ms_per_chunk) if ms_per_chunk else self
 
     def planning(self, calibration: dict | None, ms_per_chunk: float) -> "LatencyModel":
-        """The planning model: scale * t + shift_ms (the policy's calibration onto the pipelined level; none: 1 and 0)
-        plus the per-chunk pipeline overhead."""
-        scale = float((calibration or {}).get("scale", 1.0))
+        """The planning model: the policy's calibration onto the pipelined level, linear_scale * (c + b x) + the
+        attention terms + shift_ms (none: 1 and 0), plus the per-chunk pipeline overhead."""
+        scale = float((calibration or {}).get("linear_scale", 1.0))
         shift = float((calibration or {}).get("shift_ms", 0.0))
-        model = self if scale == 1.0 else replace(self, a=self.a * scale, b=self.b * scale, c=self.c * scale,
-                                                  g=self.g * scale, h=self.h * scale)
+        model = self if scale == 1.0 else replace(self, b=self.b * scale, c=self.c * scale)
         return model.with_overhead(shift + ms_per_chunk)
 
     def target_ms(self, base_chunk_size: int) -> float:
