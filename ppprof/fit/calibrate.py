@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from ppprof.policy.rule import LatencyModel
+from ppprof.policy.rule import NO_CALIBRATION, LatencyModel
 
 METHOD = ("linear_scale * (c + b x) + (t(L, x) - c - b x) + shift_ms fitted (least squares on relative error) to "
           "the bottleneck stage's forwards in "
@@ -32,12 +32,9 @@ SCALE_RANGE = (0.5, 2.0)
 applied."""
 MIN_CHUNK_SIZES = 2
 """Distinct chunk sizes the cells need for the scale and the shift to be told apart."""
-NONE = {"linear_scale": 1.0, "shift_ms": 0.0, "source": "none"}
-
-
 def none(why: str) -> dict:
     """No calibration (linear scale 1, shift 0), and why."""
-    return NONE | {"why": why}
+    return NO_CALIBRATION | {"why": why}
 
 
 def cells(runs: list[dict], stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -68,8 +65,9 @@ def calibration_of(run: dict | None, model: LatencyModel | None, stage: int | No
     model unsound."""
     if model is None:
         return none("no latency model")
+    stage = 0 if stage is None else int(stage)
     runs = (((run or {}).get("pipeline_overhead") or {}).get("runs")) or []
-    prefix, size, ms = cells(runs, 0 if stage is None else int(stage))
+    prefix, size, ms = cells(runs, stage)
     if len(np.unique(size)) < MIN_CHUNK_SIZES:
         return none("the profile's pipelined runs recorded no stage times at two chunk sizes or more")
     fitted = np.asarray(model.chunk_latency_ms(prefix, size), dtype=float)
@@ -89,7 +87,7 @@ def calibration_of(run: dict | None, model: LatencyModel | None, stage: int | No
     out = {"linear_scale": scale, "shift_ms": shift, "linear_scale_stderr": float(stderr[0]),
            "shift_stderr_ms": float(stderr[1]), "cells": int(len(ms)),
            "chunk_sizes": sorted(int(x) for x in np.unique(size)), "max_prefix_len": int(prefix.max()),
-           "rel_residual": float(np.sqrt(np.mean(resid ** 2))), "stage": 0 if stage is None else int(stage),
+           "rel_residual": float(np.sqrt(np.mean(resid ** 2))), "stage": stage,
            "method": METHOD}
     if not SCALE_RANGE[0] <= scale <= SCALE_RANGE[1]:
         return none(f"the fitted linear scale {scale:.3g} is outside {SCALE_RANGE[0]}-{SCALE_RANGE[1]}") | \

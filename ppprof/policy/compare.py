@@ -11,7 +11,7 @@ import math
 
 from ppprof.io import finite
 from ppprof.policy.planners import STRATEGIES, chunk_latencies_ms, default_num_stages, plan_prompt, ttft_ms
-from ppprof.policy.rule import COEF_UNITS, MODEL_COEFS
+from ppprof.policy.rule import COEF_UNITS, MODEL_COEFS, LatencyModel
 from ppprof.policy.schema import Policy
 
 DEFAULT_TOLERANCES = {
@@ -76,12 +76,6 @@ def side(policy: Policy, label: str) -> dict:
             "gain_vs_fixed_best": (policy.data.get("predicted") or {}).get("gain_vs_fixed_best"),
             "gates_passed": gates_passed(policy), "overhead": policy.data["overhead"],
             "calibration": policy.calibration}
-
-
-def level(calibration: dict) -> str:
-    """A calibration as "linear scale (c + b x) + shift ms (source)"."""
-    return (f"{fmt(calibration['linear_scale'])} (c + b x) {calibration['shift_ms']:+.3g} ms "
-            f"({calibration['source']})")
 
 
 def gates_passed(policy: Policy) -> bool | None:
@@ -312,7 +306,8 @@ def render(report: dict) -> str:
                  f"({pct(t['change'])})")
     lines.append(f"overhead: {fmt(b['overhead']['ms_per_chunk'])} ({b['overhead']['source']}) -> "
                  f"{fmt(c['overhead']['ms_per_chunk'])} ({c['overhead']['source']}) ms a chunk")
-    lines.append(f"pipelined level: {level(b['calibration'])} -> {level(c['calibration'])}")
+    lines.append(f"pipelined level: {LatencyModel.level_words(b['calibration'])} ({b['calibration']['source']}) -> "
+                 f"{LatencyModel.level_words(c['calibration'])} ({c['calibration']['source']})")
     table = report["table"]
     lo, hi = table["prefix_len_range"]
     lines.append(f"chunk-size table on prefix_len {lo}..{hi}: {table['num_changed']} of {table['num_prefix_lens']} "

@@ -32,6 +32,8 @@ from ppprof.chunks import positive_root
 from ppprof.config.chunk import ChunkSettings
 
 MODEL_NAMES = ("quadratic", "prefix", "pairs")
+NO_CALIBRATION = {"linear_scale": 1.0, "shift_ms": 0.0, "source": "none"}
+"""The policy's calibration where none was measured (LatencyModel.planning leaves the model as fitted)."""
 COEF_UNITS = {"a": "ms/token^2", "b": "ms/token", "c": "ms", "g": "ms/token", "h": "ms/token^3"}
 MODEL_COEFS = {"quadratic": ("a", "b", "c"), "prefix": ("a", "b", "c", "g"), "pairs": ("a", "b", "c", "g", "h")}
 FORMS = {
@@ -82,10 +84,15 @@ class LatencyModel:
     def planning(self, calibration: dict | None, ms_per_chunk: float) -> "LatencyModel":
         """The planning model: the policy's calibration onto the pipelined level, linear_scale * (c + b x) + the
         attention terms + shift_ms (none: 1 and 0), plus the per-chunk pipeline overhead."""
-        scale = float((calibration or {}).get("linear_scale", 1.0))
-        shift = float((calibration or {}).get("shift_ms", 0.0))
+        calibration = calibration or NO_CALIBRATION
+        scale, shift = float(calibration["linear_scale"]), float(calibration["shift_ms"])
         model = self if scale == 1.0 else replace(self, b=self.b * scale, c=self.c * scale)
         return model.with_overhead(shift + ms_per_chunk)
+
+    @staticmethod
+    def level_words(calibration: dict) -> str:
+        """A calibration in words: "linear_scale (c + b x) +shift ms"."""
+        return f"{calibration['linear_scale']:.3f} (c + b x) {calibration['shift_ms']:+.3g} ms"
 
     def target_ms(self, base_chunk_size: int) -> float:
         """Target T of the equal-latency rule: the variable latency of a B-token first chunk.

@@ -15,7 +15,7 @@ from ppprof.chunks import walk
 from ppprof.io import TooDeep, atomic_write_json, parse_json, read_small_text
 from ppprof.config import ChunkSettings
 from ppprof.policy.optimum import PromptRule, bounded_sizes
-from ppprof.policy.rule import LatencyModel, build_table
+from ppprof.policy.rule import NO_CALIBRATION, LatencyModel, build_table
 
 SCHEMA_VERSION = 3  # 3: the prompt-aware rule (prompt_table), the history-only table, the per-chunk overhead
 MAX_PLAN_CHUNKS = 1_000_000
@@ -62,7 +62,7 @@ class Policy:
         self.target_ms = data["target_latency_ms"]
         self.base_chunk_size = self.settings.base_chunk_size
         self.overhead_ms = float(data["overhead"]["ms_per_chunk"])
-        self.calibration = data.get("calibration") or {"linear_scale": 1.0, "shift_ms": 0.0, "source": "none"}
+        self.calibration = data.get("calibration") or NO_CALIBRATION
         self.planning_model = None if self.model is None else self.model.planning(self.calibration, self.overhead_ms)
         self.num_stages = data.get("num_stages") or 1
         self.provenance = data.get("provenance") or {}  # where the numbers come from ({} where not recorded)
@@ -384,7 +384,7 @@ def level_text(calibration: dict) -> str:
     """The calibration onto the pipelined level in words ("" where none)."""
     if calibration.get("source") != "measured":
         return ""
-    return f", pipelined level {calibration['linear_scale']:.3f} (c + b x) {calibration['shift_ms']:+.3g} ms"
+    return f", pipelined level {LatencyModel.level_words(calibration)}"
 
 
 def summary_line(policy: Policy) -> str:
