@@ -21,11 +21,16 @@ DEFAULT_TOLERANCES = {
     "gain": 0.02,  # a status change passes where both gains over the best fixed chunk are this close to each other
     "overhead": 0.5,  # relative change of the per-chunk overhead (or 3 standard errors, whichever allows more)
     "target": 0.25,  # relative change of the target latency T
-    "samples": 0.20,  # |median of the cells' latency ratios - 1| at each prefix length (fit.drift)
+    "samples": 0.20,  # |median of the cells' latency ratios / level - 1| at each prefix length (fit.drift)
+    "level": 0.20,  # |level - 1|: the candidate's machine as a whole slower or faster than the baseline's
     "coef": math.inf,  # relative change of each coefficient: off, since b, c and g trade off between fits
 }
 """Sized for a shared CPU, where a whole profile can run 10-15% slower than the last and a different seed moves b and
-c by 20%: two profiles of the same config pass, a doubled quadratic coefficient a fails (on ttft). On a dedicated GPU
+c by 20%: two profiles of the same config pass, a doubled quadratic coefficient a fails (on ttft). Where both sides
+have samples, the latency figures (ttft, target, overhead, samples) are judged at the baseline's level, the
+candidate's divided by the level (fit.drift), and the level on its own: a machine k times slower than the baseline's
+fails on `level` alone, and a job on another kind of machine widens `level` and still judges the shape of the
+latency curve at the defaults. On a dedicated GPU
 runner, tighter limits suit (e.g. --tolerance ttft=0.1,samples=0.1). The rules' optimum is flat (many tables plan
 within 1% of each other), so a table is judged by what it costs, not by its sizes."""
 REGRET_STRATEGIES = ("policy", "policy-history")
@@ -142,8 +147,9 @@ def default_prompt_lens(base: Policy, cand: Policy) -> list[int]:
     return sorted({min(k * base.base_chunk_size, cap) for k in PROMPT_LEN_MULTIPLES})
 
 
-def compare_ttft(base: Policy, cand: Policy, prompt_lens: list[int], num_stages: int) -> dict:
-    """Predicted TTFT of each planner at each prompt length under each policy's own model, and the change."""
+def compare_ttft(base: Policy, cand: Policy, prompt_lens: list[int], num_stages: int, level: float = 1.0) -> dict:
+    """Predicted TTFT of each planner at each prompt length under each policy's own model, the change, and the change
+    at the baseline's level (the candidate's TTFT divided by `level`)."""
     missing = [lab for lab, p in (("baseline", base), ("candidate", cand)) if p.model is None]
     if missing:
         return {"num_stages": num_stages, "rows": [], "note": f"{' and '.join(missing)} has no latency model"}
@@ -154,7 +160,8 @@ def compare_ttft(base: Policy, cand: Policy, prompt_lens: list[int], num_stages:
         for s in STRATEGIES:
             b, c = plans["baseline"][s], plans["candidate"][s]
             row = {"prompt_len": n, "strategy": s, "baseline_ms": b.ttft_ms, "candidate_ms": c.ttft_ms,
-                   "change": relative(b.ttft_ms, c.ttft_ms), "baseline_chunks": len(b.chunk_sizes),
+                   "change": relative(b.ttft_ms, c.ttft_ms),
+                   "change_at_level": relative(b.ttft_ms, c.ttft_ms / level), "baseline_chunks": len(b.chunk_sizes),
                    "candidate_chunks": len(c.chunk_sizes)}
             if s in REGRET_STRATEGIES:  # the candidate's plan on the baseline's model, against the baseline's own
                 cost = ttft_ms(chunk_latencies_ms(base.planning_model, c.chunk_sizes), num_stages)
@@ -179,15 +186,19 @@ def checks(report: dict, tol: dict[str, float]) -> list[dict]:
     b, c = report["baseline"], report["candidate"]
     out = [status_check(b, c, tol)]
     drift = report.get("samples")
-    agree = bool(drift and drift.get("worst_prefix") is not None
-                 and abs(drift["worst_prefix"]["median_ratio"] - 1.0) <= tol["samples"])
+    level = report["level"]["ratio"] or 1.0
+    worst = worst_prefix_at_level(drift, level)
+    agree = worst is not None and abs(worst["median_ratio"] / level - 1.0) <= tol["samples"]
     if not out[0]["passed"] and agree:
         passed, why = noisy_status(report.get("baseline_refit"), tol)
         out[0].update(passed=passed, noisy=passed, detail=out[0]["detail"] + why)
+    if report["level"]["ratio"] is not None:
+        out.append(check("level", abs(level - 1.0), tol["level"], level_words(report["level"])))
     tgt = report["target_latency_ms"]
     if tgt["change"] is not None:
-        out.append(check("target", abs(tgt["change"]), tol["target"],
-                         f"{tgt['baseline']:.4g} -> {tgt['candidate']:.4g} ms ({pct(tgt['change'])})"))
+        out.append(check("target", abs(tgt["change_at_level"]), tol["target"],
+                         f"{tgt['baseline']:.4g} -> {tgt['candidate']:.4g} ms ({pct(tgt['change'])}"
+                         f"{at_level(tgt['change_at_level'], level)})"))
     rows = report["ttft"]["rows"]
     regrets = [r for r in rows if r.get("regret") is not None]
     if regrets:
@@ -201,24 +212,55 @@ def checks(report: dict, tol: dict[str, float]) -> list[dict]:
             table.update(passed=True, noisy=True, detail=table["detail"] + "; not judged: one side's tables are the "
                          "fixed chunks of a profile too noisy to gate (noisy status)")
         out.append(table)
-    out.append(overhead_check(b["overhead"], c["overhead"], tol["overhead"]))
+    out.append(overhead_check(b["overhead"], c["overhead"], tol["overhead"], level))
     if rows:
-        r = max(rows, key=lambda r: abs(r["change"]))
-        out.append(check("ttft", abs(r["change"]), tol["ttft"],
+        r = max(rows, key=lambda r: abs(r["change_at_level"]))
+        out.append(check("ttft", abs(r["change_at_level"]), tol["ttft"],
                          f"{r['strategy']} at {r['prompt_len']} tokens: {r['baseline_ms']:.1f} -> "
-                         f"{r['candidate_ms']:.1f} ms ({pct(r['change'])})"))
-    if drift and drift.get("worst_prefix") is not None:
-        w = drift["worst_prefix"]
-        out.append(check("samples", abs(w["median_ratio"] - 1.0), tol["samples"],
-                         f"median latency ratio {w['median_ratio']:.3f} over the {w['num_cells']} common cells at "
-                         f"prefix_len {w['prefix_len']} (the prefix length furthest from 1; "
-                         f"{drift['median_ratio']:.3f} over all {drift['num_cells']} cells)"))
+                         f"{r['candidate_ms']:.1f} ms ({pct(r['change'])}{at_level(r['change_at_level'], level)})"))
+    if worst is not None:
+        ratio = worst["median_ratio"] / level
+        out.append(check("samples", abs(ratio - 1.0), tol["samples"],
+                         f"median latency ratio {worst['median_ratio']:.3f}"
+                         f"{f' ({ratio:.3f} at the level)' if level != 1.0 else ''} over the {worst['num_cells']} "
+                         f"common cells at prefix_len {worst['prefix_len']} (the prefix length furthest from "
+                         f"{'the level' if level != 1.0 else '1'}; {drift['median_ratio']:.3f} over all "
+                         f"{drift['num_cells']} cells)"))
     coefs = [r for r in report["coefficients"] if r["change"] is not None]
     if coefs and report["baseline"]["latency_model"] == report["candidate"]["latency_model"]:
         r = max(coefs, key=lambda r: abs(r["change"]))
         out.append(check("coef", abs(r["change"]), tol["coef"],
                          f"{r['name']}: {r['baseline']:.4g} -> {r['candidate']:.4g} {r['unit']} ({pct(r['change'])})"))
     return out
+
+
+def worst_prefix_at_level(drift: dict | None, level: float) -> dict | None:
+    """The prefix length whose median latency ratio is furthest from the level (fit.drift's by_prefix); None without
+    common cells."""
+    if not drift or not drift.get("by_prefix"):
+        return None
+    return max(drift["by_prefix"], key=lambda r: abs(math.log(r["median_ratio"] / level)))
+
+
+def level_of(drift: dict | None) -> dict:
+    """The level the latency figures are judged at: fit.drift's, where both sides have samples at enough prefix
+    lengths; else none (ratio None: every figure as measured)."""
+    ratio = (drift or {}).get("level")
+    return {"ratio": ratio, "num_prefix_lens": len((drift or {}).get("by_prefix") or ()),
+            "source": "samples" if ratio is not None else "none"}
+
+
+def level_words(level: dict) -> str:
+    ratio = level["ratio"]
+    if ratio is None:
+        return "not measured (no samples on both sides at enough prefix lengths): latencies judged as measured"
+    pace = f"{ratio:.3f} x the baseline's" if ratio >= 1 else f"{1 / ratio:.3f} x faster than the baseline's"
+    return (f"the candidate's latencies ran {pace} (the median of {level['num_prefix_lens']} prefix lengths' median "
+            f"latency ratios); ttft, target, overhead and samples are judged at the baseline's level")
+
+
+def at_level(change: float | None, level: float) -> str:
+    return "" if level == 1.0 else f"; {pct(change)} at the level"
 
 
 def status_check(b: dict, c: dict, tol: dict[str, float]) -> dict:
@@ -253,17 +295,19 @@ def noisy_status(refit: dict | None, tol: dict[str, float]) -> tuple[bool, str]:
     return False, f"{agree}, but this code's fit of the baseline's own samples {judged}: the fit changed, not the machine"
 
 
-def overhead_check(b: dict, c: dict, limit: float) -> dict:
-    """The per-chunk overhead: within limit x the baseline's, or 3 combined standard errors, whichever allows more;
-    not judged unless both measured it."""
+def overhead_check(b: dict, c: dict, limit: float, level: float = 1.0) -> dict:
+    """The per-chunk overhead, the candidate's at the baseline's level (divided by `level`): within limit x the
+    baseline's, or 3 combined standard errors, whichever allows more; not judged unless both measured it."""
     if b["source"] != "measured" or c["source"] != "measured":
         return check("overhead", None, limit, f"{b['ms_per_chunk']:.3g} ({b['source']}) -> {c['ms_per_chunk']:.3g} "
                                                f"({c['source']}) ms a chunk: not compared unless both measured it")
-    se = math.hypot(b["stderr_ms"] or 0.0, c["stderr_ms"] or 0.0)
+    se = math.hypot(b["stderr_ms"] or 0.0, (c["stderr_ms"] or 0.0) / level)
     allowed = max(limit * b["ms_per_chunk"], 3.0 * se)
-    change = abs(c["ms_per_chunk"] - b["ms_per_chunk"])
+    change = abs(c["ms_per_chunk"] / level - b["ms_per_chunk"])
+    leveled = "" if level == 1.0 else f" ({c['ms_per_chunk'] / level:.3g} at the level)"
     return {"figure": "overhead", "value": change, "limit": allowed, "passed": change <= allowed,
-            "detail": f"{b['ms_per_chunk']:.3g} -> {c['ms_per_chunk']:.3g} ms a chunk (allowed +-{allowed:.3g} ms)"}
+            "detail": f"{b['ms_per_chunk']:.3g} -> {c['ms_per_chunk']:.3g}{leveled} ms a chunk "
+                      f"(allowed +-{allowed:.3g} ms)"}
 
 
 def compare_policies(base: Policy, cand: Policy, tol: dict[str, float], *, prompt_lens: list[int] | None = None,
@@ -274,16 +318,20 @@ def compare_policies(base: Policy, cand: Policy, tol: dict[str, float], *, promp
     gates on the baseline's samples fitted by this code (noisy_status), where they were refitted."""
     num_stages = default_num_stages(base) if num_stages is None else num_stages
     prompt_lens = prompt_lens or default_prompt_lens(base, cand)
+    level = level_of(samples)
+    factor = level["ratio"] or 1.0
     report = {
         "baseline": side(base, labels[0]),
         "candidate": side(cand, labels[1]),
         "tolerances": {k: (None if math.isinf(v) else v) for k, v in tol.items()},
         "coefficients": compare_coefficients(base, cand),
         "target_latency_ms": {"baseline": base.target_ms, "candidate": cand.target_ms,
-                              "change": relative(base.target_ms, cand.target_ms)},
+                              "change": relative(base.target_ms, cand.target_ms),
+                              "change_at_level": relative(base.target_ms, cand.target_ms / factor)},
         "table": compare_tables(base, cand, tol),
-        "ttft": compare_ttft(base, cand, prompt_lens, num_stages),
+        "ttft": compare_ttft(base, cand, prompt_lens, num_stages, factor),
         "samples": samples,
+        "level": level,
         "baseline_refit": baseline_refit,
     }
     report["checks"] = checks(report, tol)
@@ -319,11 +367,13 @@ def render(report: dict) -> str:
         lines.append(f"  {span:<17} {r['baseline']:>9}  {r['candidate']:>9}{mark}")
     ttft = report["ttft"]
     if ttft["rows"]:
+        leveled = report["level"]["ratio"] is not None
         lines.append(f"predicted TTFT, {ttft['num_stages']} stages (ms):")
-        lines.append("  prompt_len  strategy         baseline  candidate  change")
+        lines.append("  prompt_len  strategy         baseline  candidate  change" + ("  at level" if leveled else ""))
         for r in ttft["rows"]:
             lines.append(f"  {r['prompt_len']:>10}  {r['strategy']:<14} {r['baseline_ms']:>9.1f}  "
-                         f"{r['candidate_ms']:>9.1f}  {pct(r['change'])}")
+                         f"{r['candidate_ms']:>9.1f}  {pct(r['change'])}"
+                         + (f"  {pct(r['change_at_level']):>8}" if leveled else ""))
     else:
         lines.append(f"predicted TTFT: not compared ({ttft['note']})")
     drift = report.get("samples")

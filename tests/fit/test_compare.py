@@ -219,3 +219,42 @@ def test_a_noisy_profile_that_fails_the_gates_is_told_from_a_drift(tmp_path):
     status = report["checks"][0]
     assert report["baseline_refit"]["passed"] is False and not status["passed"], status
     assert "the fit changed, not the machine" in status["detail"]
+
+
+def test_a_slower_machine_drifts_on_the_level_alone(tmp_path):
+    """The committed baseline's samples (and measured overhead) made 1.7x slower, as on a CI machine that runs every
+    forward slower, refitted: only the level drifts (the other latency figures are judged at the baseline's level);
+    with the level widened it is within tolerance; a drift in the shape (prefixed rows slower still) fails on the
+    samples even then."""
+    base = REPO / "results/baseline"
+
+    def slowed(name: str, factor_at_prefix) -> Path:
+        run = tmp_path / name
+        shutil.copytree(base, run)
+        frame = pd.read_csv(run / "samples.csv")
+        factor = frame.prefix_len.map(factor_at_prefix)
+        for column in [c for c in frame.columns if c.endswith("latency_ms")]:
+            frame[column] *= factor
+        frame.to_csv(run / "samples.csv", index=False)
+        meta = json.loads((run / "run.json").read_text())
+        overhead = meta.get("pipeline_overhead") or {}
+        for key in ("ms_per_chunk", "stderr_ms"):
+            if isinstance(overhead.get(key), (int, float)):
+                overhead[key] *= 1.7
+        atomic_write_json(run / "run.json", meta)
+        fit_run(run)
+        return run
+
+    slow = slowed("slow", lambda L: 1.7)
+    report = json.loads(compare(base, slow, "--json").output)
+    assert report["level"]["ratio"] == pytest.approx(1.7)
+    drifted = [c["figure"] for c in report["checks"] if not c["passed"]]
+    assert drifted == ["level"], report["checks"]
+    ttft = next(c for c in report["checks"] if c["figure"] == "ttft")
+    assert ttft["value"] < 0.02, ttft  # the same curve, 1.7x slower: no change at the level
+    result = compare(base, slow, "--tolerance", "level=1")
+    assert result.exit_code == 0, result.output
+    assert "ok    level: the candidate's latencies ran 1.700 x the baseline's" in result.output
+    shape = slowed("shape", lambda L: 1.7 * (1.5 if L >= 5000 else 1.0))
+    result = compare(base, shape, "--tolerance", "level=1")
+    assert result.exit_code == 1 and "DRIFT samples: " in result.output, result.output
