@@ -10,8 +10,8 @@ chunk MAPE of the bottleneck stage. The cells are the bench's, not a profile's: 
 profile's figures.
 
 Usage: python scripts/bench_calibrate.py BENCH_DIR POLICY [-o OUT.json]
-  e.g. python scripts/bench_calibrate.py results/bench-reference/pp2 results/bench-reference/refit/policy.json \
-           -o results/bench-reference/calibrate.json
+  e.g. python scripts/bench_calibrate.py results/bench-reference-2026-12-02/pp2 results/bench-reference-2026-12-02/refit/policy.json \
+           -o results/bench-reference-2026-12-02/calibrate.json
 """
 
 from __future__ import annotations
