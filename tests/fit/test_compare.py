@@ -174,6 +174,15 @@ def test_samples_drift_exact(tmp_path):
     assert [(r["prefix_len"], r["num_cells"]) for r in drift["by_prefix"]] == [(0, num_sweep - 1), (1024, 2)]
     assert [r["median_ratio"] for r in drift["by_prefix"]] == pytest.approx([1.0, 1.5])
     assert drift["worst_prefix"]["prefix_len"] == 1024  # the sweep's many cells do not hide it
+    assert drift["level"] is None  # two prefix lengths: a drift at one would be half taken for the machine's
+    three = make_samples(TRUE, base_chunk_size=B, prefixes=[1024, 4096], chunk_sizes=[128, 256], noise=0.0)
+    write_run_dir(tmp_path / "c", three, base_chunk_size=B)
+    slow = three.copy()
+    columns = ["stage0_latency_ms", "stage1_latency_ms", "latency_ms"]
+    slow[columns] = slow[columns].mul(slow.prefix_len.map({0: 1.3, 1024: 1.3, 4096: 2.0}), axis=0)
+    write_run_dir(tmp_path / "d", slow, base_chunk_size=B)
+    drift = samples_drift(read_samples(tmp_path / "c/samples.csv"), read_samples(tmp_path / "d/samples.csv"))
+    assert drift["level"] == pytest.approx(1.3)  # the median of the prefix lengths' ratios, one vote each
 
 
 def noisy_copy(base: Path, run: Path, seed: int = 0, policy_too: bool = True) -> Path:
