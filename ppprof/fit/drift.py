@@ -24,9 +24,9 @@ def cell_medians(samples: Samples) -> dict[tuple[int, int], float]:
 
 def samples_drift(base: Samples, cand: Samples) -> dict:
     """Median latency ratio (candidate / baseline) of every cell both profiles measured; their median over all cells
-    and over the cells of each prefix length (`by_prefix`; the one furthest from 1, `worst_prefix`, is what a tolerance
-    judges: the prefix-free sweep has most of the cells, and a drift at long prefixes would hide in an overall
-    median), the cell that moved most, and the `level`: the median of the prefix lengths' median ratios, each prefix
+    and over the cells of each prefix length (`by_prefix`; the one furthest from the level, else from 1,
+    `worst_prefix`, is what a tolerance judges: the prefix-free sweep has most of the cells, and a drift at long
+    prefixes would hide in an overall median), the cell that moved most, and the `level`: the median of the prefix lengths' median ratios, each prefix
     length one vote. A machine that runs every forward k times slower moves every prefix length by k, so the level is
     k; a drift at a few prefix lengths (or in the sweep's many cells) moves those and leaves the level. None with fewer
     than MIN_LEVEL_PREFIXES common prefix lengths."""
@@ -48,9 +48,10 @@ def samples_drift(base: Samples, cand: Samples) -> dict:
     prefixes = np.array([k[0] for k in common])
     out["by_prefix"] = [{"prefix_len": int(L), "num_cells": int((prefixes == L).sum()),
                          "median_ratio": float(np.median(ratios[prefixes == L]))} for L in np.unique(prefixes)]
-    out["worst_prefix"] = max(out["by_prefix"], key=lambda r: abs(np.log(r["median_ratio"])))
     if len(out["by_prefix"]) >= MIN_LEVEL_PREFIXES:
         out["level"] = float(np.median([r["median_ratio"] for r in out["by_prefix"]]))
+    level = out["level"] or 1.0
+    out["worst_prefix"] = max(out["by_prefix"], key=lambda r: abs(np.log(r["median_ratio"] / level)))
     out["cells"] = [{"prefix_len": k[0], "chunk_size": k[1], "baseline_ms": b[k], "candidate_ms": c[k],
                      "ratio": float(r)} for k, r in list(zip(common, ratios))[:MAX_CELLS_KEPT]]
     return out

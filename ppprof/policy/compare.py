@@ -187,13 +187,13 @@ def checks(report: dict, tol: dict[str, float]) -> list[dict]:
     out = [status_check(b, c, tol)]
     drift = report.get("samples")
     level = report["level"]["ratio"] or 1.0
-    worst = worst_prefix_at_level(drift, level)
+    worst = (drift or {}).get("worst_prefix")  # the prefix length furthest from the level
     agree = worst is not None and abs(worst["median_ratio"] / level - 1.0) <= tol["samples"]
     if not out[0]["passed"] and agree:
         passed, why = noisy_status(report.get("baseline_refit"), tol)
         out[0].update(passed=passed, noisy=passed, detail=out[0]["detail"] + why)
     if report["level"]["ratio"] is not None:
-        out.append(check("level", abs(level - 1.0), tol["level"], level_words(report["level"])))
+        out.append(check("level", abs(level - 1.0), tol["level"], machine_level_words(report["level"])))
     tgt = report["target_latency_ms"]
     if tgt["change"] is not None:
         out.append(check("target", abs(tgt["change_at_level"]), tol["target"],
@@ -234,14 +234,6 @@ def checks(report: dict, tol: dict[str, float]) -> list[dict]:
     return out
 
 
-def worst_prefix_at_level(drift: dict | None, level: float) -> dict | None:
-    """The prefix length whose median latency ratio is furthest from the level (fit.drift's by_prefix); None without
-    common cells."""
-    if not drift or not drift.get("by_prefix"):
-        return None
-    return max(drift["by_prefix"], key=lambda r: abs(math.log(r["median_ratio"] / level)))
-
-
 def level_of(drift: dict | None) -> dict:
     """The level the latency figures are judged at: fit.drift's, where both sides have samples at enough prefix
     lengths; else none (ratio None: every figure as measured)."""
@@ -250,10 +242,9 @@ def level_of(drift: dict | None) -> dict:
             "source": "samples" if ratio is not None else "none"}
 
 
-def level_words(level: dict) -> str:
+def machine_level_words(level: dict) -> str:
+    """The measured level in words (not the policy's pipelined level, LatencyModel.level_words)."""
     ratio = level["ratio"]
-    if ratio is None:
-        return "not measured (no samples on both sides at enough prefix lengths): latencies judged as measured"
     pace = f"{ratio:.3f} x the baseline's" if ratio >= 1 else f"{1 / ratio:.3f} x faster than the baseline's"
     return (f"the candidate's latencies ran {pace} (the median of {level['num_prefix_lens']} prefix lengths' median "
             f"latency ratios); ttft, target, overhead and samples are judged at the baseline's level")
