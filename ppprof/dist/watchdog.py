@@ -39,8 +39,9 @@ STALE_S = 2.0
 """A rank whose heartbeat has not changed for this long does not answer."""
 TICK_S = 0.1
 SIGTERM_GRACE_S = 3.0
-"""How long a SIGTERM, where a rank of this node is gone, waits for the main thread to report its failed wait before
-it counts as an interrupt; the launcher SIGKILLs a rank only 5 s after its SIGTERM."""
+"""How long a SIGTERM that came after a rank of this node was gone waits for the main thread to report its failed
+wait (which names the rank) before the rank ends as a failure on its own words; the launcher SIGKILLs a rank only
+5 s after its SIGTERM."""
 
 
 def local_rank_gone(parent: int) -> bool:
@@ -154,6 +155,7 @@ class Watchdog:
         self._parent = os.getppid()
         self._signum: int | None = None
         self._signal_at = 0.0
+        self._after_death = False  # the SIGTERM came after a rank of this node was gone: the launcher's, not a user's
         self._broken: int | None = None
         self._failing = False
         self._signal_fd: int | None = None
@@ -232,7 +234,8 @@ class Watchdog:
         return."""
         error_at, self._failing = time.monotonic(), True
         time.sleep(2 * TICK_S)  # a SIGINT forwarded to every rank breaks the transfers of the others too
-        if self._signum is not None and (self._signum == signal.SIGINT or self._signal_at <= error_at):
+        if self._signum is not None and (self._signum == signal.SIGINT or (
+                self._signal_at <= error_at and not self._after_death)):
             self._stop_on_signal(self._signum)
         verdict = self._read_verdict()
         if verdict is None and self._broken is not None and self._broken >= 0:
@@ -251,6 +254,9 @@ class Watchdog:
     def _note_signal(self, signum, frame) -> None:
         if self._signum is None:
             self._signum, self._signal_at = signum, time.monotonic()
+            # Judged when the signal is noted: the launcher stops the other ranks only after it saw one end, while a
+            # user's SIGTERM reaches every rank at once, before any of them is gone.
+            self._after_death = signum == signal.SIGTERM and local_rank_gone(self._parent)
         # the monitor thread acts: the main thread may be inside a wait that ignores signals
 
     def _monitor(self) -> None:
@@ -262,13 +268,15 @@ class Watchdog:
                         self._note_signal(signum, None)
             # A SIGTERM that finds the main thread failing is most often the launcher stopping the ranks after one
             # died: the main thread tells which (failed()).
-            # The launcher's SIGTERM can also come before the main thread's wait on the dead rank has failed: where
-            # a rank of this node is gone, a SIGTERM waits up to SIGTERM_GRACE_S for that failure before it stops the
-            # rank as an interrupt.
-            if self._signum is not None and not (self._failing and self._signum != signal.SIGINT) and not (
-                    self._signum == signal.SIGTERM and time.monotonic() - self._signal_at < SIGTERM_GRACE_S
-                    and local_rank_gone(self._parent)):
-                self._stop_on_signal(self._signum)
+            # The launcher's SIGTERM can also come before the main thread's wait on the dead rank has failed (it
+            # may be inside a forward): a SIGTERM that came after a rank of this node was gone waits up to
+            # SIGTERM_GRACE_S for that failure, then ends the rank as a failure, never as an interrupt.
+            if self._signum is not None and not (self._failing and self._signum != signal.SIGINT):
+                if not self._after_death:
+                    self._stop_on_signal(self._signum)
+                elif time.monotonic() - self._signal_at >= SIGTERM_GRACE_S:
+                    self._exit(self._read_verdict() or f"stopped by the launcher during {self.phase}: a rank of "
+                               "this node ended first", EXIT_FAILED)
             if os.getppid() != self._parent:
                 self._stop_on_signal(signal.SIGTERM)
             self._check_wait()
