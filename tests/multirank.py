@@ -6,7 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
+"""The checkout this file is in (whatever its folder is named): the subprocesses of the tests run there."""
 TIMEOUT_S = 180
 
 

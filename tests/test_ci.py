@@ -82,3 +82,15 @@ def test_profile_job_refuses_bad_input_before_setup(tmp_path):
         out = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=60)
         assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out
     assert not (tmp_path / "artifacts").exists()
+
+
+def test_the_multirank_tests_run_in_this_checkout_whatever_its_folder_is_named():
+    # The subprocesses of the multirank tests run in tests.multirank.REPO: it must be this checkout (a clone in a
+    # folder named ppprof, the name `git clone` gives, once took its parent folder and failed every one of them).
+    from tests.multirank import REPO as MULTIRANK_REPO
+    assert MULTIRANK_REPO == REPO and (REPO / "pyproject.toml").is_file() and (REPO / "ppprof/__init__.py").is_file()
+
+
+def test_ci_runs_the_tests_from_a_clone_in_a_folder_named_ppprof():
+    text = (REPO / ".ci/run").read_text()
+    assert re.search(r'git clone -q \. "\$\w+/ppprof"', text) and 'basename "$PWD"' in text

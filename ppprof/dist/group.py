@@ -14,6 +14,8 @@ import torch.distributed as dist
 from ppprof.dist.mesh import Mesh, build_mesh
 from ppprof.dist.watchdog import DEFAULT_TIMEOUT_S, EVERY_RANK, Watchdog, die_with_parent, launcher_store
 
+JOIN_PHASE = "join the process group"
+"""The watchdog's phase from the rank's start until its job names the first phase of its own."""
 DIST_TIMEOUT_S = 600
 """How long gloo / NCCL let a collective wait (PPPROF_DIST_TIMEOUT overrides it): a backstop behind the watchdog."""
 
@@ -48,10 +50,13 @@ def process_group(device_type: str, timeout_s: float = DEFAULT_TIMEOUT_S, tp_siz
     else:
         device, backend = torch.device("cpu"), "gloo"
     timeout = _dt.timedelta(seconds=int(os.environ.get("PPPROF_DIST_TIMEOUT", DIST_TIMEOUT_S)))
-    dist.init_process_group(backend, timeout=timeout)
+    # The heartbeat runs before the group forms, so that a rank stopped while it starts is told from a slow one.
     store = launcher_store()
     if store is not None:
         watchdog.attach(store)
+    watchdog.phase = JOIN_PHASE
+    with watchdog.waiting(EVERY_RANK):  # joining waits for every rank
+        dist.init_process_group(backend, timeout=timeout)
     with watchdog.waiting(EVERY_RANK):  # creating the mesh's groups is collective
         mesh = build_mesh(device_type, world_size, rank, tp_size, watchdog)
     try:

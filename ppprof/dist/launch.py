@@ -4,6 +4,7 @@ Job-agnostic: the caller gives the arguments each rank runs after `python -m ppp
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -97,7 +98,7 @@ def launch(nproc_per_node: int, torchrun: dict, worker_args: list[str], job: str
     # --rdzv-endpoint / --master-addr names, the one the ranks share on --local-addr's (every interface without it).
     single = single_node(torchrun)
     try:
-        with bound_stores(LOOPBACK if single else torchrun.get("local_addr"), single):
+        with bound_stores(LOOPBACK if single else torchrun.get("local_addr"), single), bounded_close():
             run(args)
     except ChildFailedError as e:
         failure = failed_ranks(e.failures)
@@ -110,13 +111,36 @@ def launch(nproc_per_node: int, torchrun: dict, worker_args: list[str], job: str
 
 def failed_ranks(failures: dict) -> str:
     """Which ranks failed, a rank that died of a signal first (the others failed after it: a closed connection),
-    from torch's ProcessFailure of each failed rank: "rank 1 died of SIGKILL (pid 123); rank 0 stopped after it"."""
-    dead = {r: f for r, f in failures.items() if f.exitcode is not None and f.exitcode < 0}
-    after = sorted(r for r in failures if r not in dead)
+    from torch's ProcessFailure of each failed rank: "rank 1 died of SIGKILL (pid 123); rank 0 stopped after it".
+    Only the failures the launcher saw first (within a second of the first) are causes: torch also lists the ranks
+    its own shutdown ended, SIGKILLed SHUTDOWN_TIMEOUT_S later when they took no SIGTERM (a stopped rank)."""
+    first = min(getattr(f, "timestamp", 0) for f in failures.values())
+    causes = {r: f for r, f in failures.items() if getattr(f, "timestamp", 0) <= first + 1}
+    dead = {r: f for r, f in causes.items() if f.exitcode is not None and f.exitcode < 0}
     if not dead:
-        return f"rank {', '.join(map(str, after))} failed; the [rank N] lines above say why"
+        return f"rank {', '.join(map(str, sorted(causes)))} failed; the [rank N] lines above say why"
+    after = sorted(r for r in failures if r not in dead)
     died = "; ".join(f"rank {r} died of {signal_name(-f.exitcode)} (pid {f.pid})" for r, f in sorted(dead.items()))
     return died + (f"; rank {', '.join(map(str, after))} stopped after it" if after else "")
+
+
+@contextlib.contextmanager
+def bounded_close():
+    """The launcher ends the other ranks within SHUTDOWN_TIMEOUT_S of a failure too, as on a signal: torch's own
+    close after a failed rank waits 30 s (PContext.close's default, which --shutdown-timeout does not reach) before it
+    SIGKILLs a rank that takes no SIGTERM, so a rank stopped while it started held the run 30 s after it had failed."""
+    from torch.distributed.elastic.multiprocessing.api import PContext
+
+    close = PContext.close
+
+    def bounded(self, death_sig=None, timeout=SHUTDOWN_TIMEOUT_S):
+        return close(self, death_sig, min(timeout, SHUTDOWN_TIMEOUT_S))
+
+    PContext.close = bounded
+    try:
+        yield
+    finally:
+        PContext.close = close
 
 
 def signal_name(signum: int) -> str:

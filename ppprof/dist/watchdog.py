@@ -63,6 +63,34 @@ def local_rank_gone(parent: int) -> bool:
     except (OSError, ValueError):
         return False
     return 0 < alive < expected
+
+
+def stopped_sibling(parent: int, rank: int) -> int | None:
+    """The pid of this node's rank `rank` (a child of the launcher `parent` whose environment says RANK=`rank`) when
+    that process is stopped (SIGSTOP, a debugger), None otherwise: running, gone, or not on this node. Linux (/proc);
+    None elsewhere."""
+    want = f"RANK={rank}".encode()
+    try:
+        entries = list(os.scandir("/proc"))
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[1]) != parent:
+                continue
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if want in environ:
+            return int(entry.name) if fields[0] in ("T", "t") else None
+    return None
+
+
 EXIT_FAILED = 1
 WORKING = -2
 """A rank's published wait: none (it is working)."""
@@ -163,6 +191,7 @@ class Watchdog:
         self._watched: tuple[float, int] | None = None  # the wait observed
         self._seen: dict[int, tuple[int, float]] = {}  # rank -> (heartbeat, when it last changed), in that wait
         self._states: dict[int, RankState] = {}
+        self._states_read = False  # the heartbeat thread has read the others' states in the wait observed
         self._watch = threading.Event()  # a wait nears its deadline: the heartbeat thread reads the others
         self._closing = threading.Event()
         self._heartbeat_thread: threading.Thread | None = None
@@ -285,7 +314,7 @@ class Watchdog:
         wait = self._wait
         if wait != self._watched:  # another wait: its observations start afresh
             self._watch.clear()
-            self._watched, self._seen, self._states = wait, {}, {}
+            self._watched, self._seen, self._states, self._states_read = wait, {}, {}, False
         if wait is None:
             return
         start, peer = wait
@@ -300,6 +329,12 @@ class Watchdog:
         if elapsed < deadline:
             return
         others = [r for r in range(self.world_size) if r != self.rank]
+        unstarted = self._unstarted(others)
+        if unstarted:
+            who, pid = min(unstarted.items())
+            # The launcher stops it (SIGKILL: a stopped process takes nothing else) once this rank has ended.
+            self._exit(self._publish_verdict(f"rank {who} did not start within {round(deadline, 1):g} s: its "
+                                             f"process (pid {pid}) is stopped"), EXIT_FAILED)
         stale = {r for r in others if r in self._seen and now - self._seen[r][1] >= STALE_S}
         strict = self._phase_measured
         lenient = max(LENIENT_FACTOR * deadline, self.lenient_min_s)
@@ -320,6 +355,15 @@ class Watchdog:
                     pass
         self._exit(verdict, EXIT_FAILED)
 
+    def _unstarted(self, others: list[int]) -> dict[int, int]:
+        """{rank: pid} of the ranks of this node that never published a heartbeat and whose process is stopped: they
+        were stopped while they started (before their watchdog ran). One that starts slowly (a loaded host) still
+        runs, and is judged as any rank that beats."""
+        if self.store is None or not self._states_read:
+            return {}
+        found = {r: stopped_sibling(self._parent, r) for r in others if r not in self._states}
+        return {r: pid for r, pid in found.items() if pid is not None}
+
     def _heartbeat(self) -> None:
         while not self._closing.is_set():
             self._beat += 1
@@ -328,7 +372,7 @@ class Watchdog:
             try:
                 self.store.set(self._state_key + str(self.rank), state.encode())
                 if self._watch.is_set():
-                    self._states = self._read_states()
+                    self._states, self._states_read = self._read_states(), True
             except Exception:  # the store went away with the launcher: the parent watch ends this rank
                 pass
             self._closing.wait(HEARTBEAT_S)

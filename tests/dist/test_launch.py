@@ -97,3 +97,10 @@ def test_a_rank_that_died_of_a_signal_is_named_first():
     assert failed_ranks({1: Failure(exitcode=-9, pid=11)}) == "rank 1 died of SIGKILL (pid 11)"
     assert failed_ranks({0: Failure(exitcode=1, pid=10), 2: Failure(exitcode=1, pid=12)}) == \
         "rank 0, 2 failed; the [rank N] lines above say why"
+    # a rank the launcher's own shutdown SIGKILLed (a stopped rank takes no SIGTERM) 5 s after rank 1 failed
+    assert failed_ranks({1: Failure(exitcode=1, pid=11, timestamp=100), 0: Failure(exitcode=-9, pid=10,
+                                                                                      timestamp=105)}) == \
+        "rank 1 failed; the [rank N] lines above say why"
+    assert failed_ranks({1: Failure(exitcode=-9, pid=11, timestamp=100), 0: Failure(exitcode=1, pid=10,
+                                                                                       timestamp=101)}) == \
+        "rank 1 died of SIGKILL (pid 11); rank 0 stopped after it"

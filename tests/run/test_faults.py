@@ -105,6 +105,43 @@ def test_a_stopped_rank_ends_the_run_within_the_deadline(tmp_path):
     assert set(samples["probe"]) >= {0, 1, 2}  # what was measured stays
 
 
+def first_worker(launcher_pid: int, within_s: float = 60.0) -> int:
+    """The pid of the first rank process that appears below the launcher (polled every few milliseconds)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        for pid in descendants(launcher_pid):
+            try:
+                if b"--resolved-config" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return pid
+            except OSError:
+                pass
+        time.sleep(0.005)
+    raise AssertionError(f"no rank appeared within {within_s} s")
+
+
+def test_a_rank_stopped_while_it_starts_ends_the_run_within_the_deadline_naming_it(tmp_path):
+    out = tmp_path / "run"
+    p = start("profile", "--out", str(out), *LONG, "--timeout", str(TIMEOUT_S))
+    try:
+        pid = first_worker(p.pid)
+        os.kill(pid, signal.SIGSTOP)  # before it imports torch, long before it joins the group
+        stopped = time.monotonic()
+        rank = int(dict(e.split(b"=", 1) for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                        if b"=" in e)[b"RANK"])
+        rest = p.stderr.read()
+        p.wait(timeout=120)
+        took = time.monotonic() - stopped
+    finally:
+        p.kill()
+    assert p.returncode == 1, rest[-3000:]
+    line = f"rank {rank} did not start within {TIMEOUT_S} s: its process (pid {pid}) is stopped"
+    assert f"error: [rank {1 - rank}] {line}" in rest, rest[-3000:]
+    assert "Traceback" not in rest and "died of" not in rest, rest[-3000:]
+    # the other rank's start-up (a torch import), the deadline, the launcher's SIGKILL of the stopped rank 5 s on
+    assert took < TIMEOUT_S + 20, took
+    assert not alive(pid)
+
+
 @pytest.mark.parametrize("victim,named", [(1, True), (0, True), (0, False)])
 def test_a_killed_rank_fails_the_run_at_once_and_is_not_taken_for_an_interrupt(tmp_path, victim, named):
     out = tmp_path / "run"
