@@ -9,6 +9,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 """The checkout this file is in (whatever its folder is named): the subprocesses of the tests run there."""
 TIMEOUT_S = 180
+TINY_RUN = REPO / "tests" / "runs" / "tiny-hybrid"
+"""A committed run folder: a profile of tiny-hybrid at B = 256, context 4096, two stages, its policy dynamic
+(tests/runs/README.md)."""
 
 
 def free_port() -> int:

@@ -1,4 +1,6 @@
 """Least-squares fits of the latency models (scikit-learn), outlier trimming, k-fold cross-validation, diagnostics.
+scikit-learn is imported by the functions that fit (0.6 s): the CLI and the ranks, which import this module through
+the adaptive design, start without it.
 
 - quadratic (SGLang): f(l) = a l^2 + b l + c, fitted only on prefix-free rows (prefix_len == 0), where a request of l
   tokens really takes f(l) (SGLang profiles prefix-free requests only); >= 8 such rows; a <= 0 is a failure; a
@@ -24,9 +26,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from sklearn.linear_model import LinearRegression
-from sklearn.metrics import r2_score
-from sklearn.model_selection import KFold, StratifiedKFold
 
 from ppprof.policy.rule import MODEL_NAMES, LatencyModel
 
@@ -95,6 +94,7 @@ def design(name: str, prefix_len, chunk_size, terms=None) -> np.ndarray:
 
 def fit_model(name: str, prefix_len: np.ndarray, chunk_size: np.ndarray, latency_ms: np.ndarray) -> LatencyModel:
     """Least squares on the model's admissible rows among those given (no trimming)."""
+    from sklearn.linear_model import LinearRegression  # here: a rank that never fits need not import scikit-learn
     reason = ineligible(name, prefix_len, chunk_size)
     if reason:
         raise Unfittable(reason)
@@ -182,6 +182,7 @@ def fit_trimmed(name: str, prefix_len, chunk_size, latency_ms) -> tuple[LatencyM
 def cv_splits(prefix_len, folds: int):
     """k folds over all rows, shuffled; stratified by prefix-free or not where both kinds fill every fold, so each
     training set keeps its share of the quadratic's rows."""
+    from sklearn.model_selection import KFold, StratifiedKFold
     free = np.asarray(prefix_len) == 0
     if min(free.sum(), (~free).sum()) >= folds:
         return StratifiedKFold(n_splits=folds, shuffle=True, random_state=CV_SEED).split(free, free)
@@ -264,6 +265,7 @@ def condition_number(name: str, prefix_len, chunk_size) -> float:
 
 def fit_stats(model: LatencyModel, prefix_len, chunk_size, latency_ms) -> dict:
     """R^2, MAPE, RMS and the worst residual of chunk_latency_ms on the rows given."""
+    from sklearn.metrics import r2_score
     pred = model.chunk_latency_ms(prefix_len, chunk_size)
     resid = latency_ms - pred
     worst = int(np.argmax(np.abs(resid)))

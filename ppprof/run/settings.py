@@ -124,7 +124,8 @@ def resolve_bench(policy_path: str, flags: dict) -> BenchConfig:
     profile["out"] = flags.get("out")
     profile = resolve_config(None, profile)
     strategies = flags.pop("strategies")
-    strategies = tuple(s.strip() for s in strategies.split(",") if s.strip()) if strategies else BENCH_STRATEGIES
+    # "" is no strategy (refused), not the default: only a flag not given means every strategy
+    strategies = BENCH_STRATEGIES if strategies is None else tuple(s.strip() for s in strategies.split(",") if s.strip())
     if flags.get("plans") is not None:
         flags["plans"] = read_plans(flags["plans"])
         if not flags.get("prompt_lens") and isinstance(flags["plans"], dict):

@@ -15,6 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from ppprof.cli import main
+from ppprof.probe.synth import make_probes
+from ppprof.run.settings import resolve_config
 from ppprof.runfiles import LOCK_FILE
 from tests.multirank import REPO, TINY
 
@@ -24,7 +26,17 @@ TIMEOUT_S = 3
 # Nine probes of 32 requests on the 4-layer tiny-dense model: long enough to stop a rank in the middle.
 LONG = ("--model", "tiny-dense", "--base-chunk-size", "32", "--requests-per-probe", "32",
         "--prefix-lens", "32,64,96,128,160,192,224,256", "--warmup", "1", "--no-fit", "--seed", "5")
+LONG_SETTINGS = {"model": "tiny-dense", "base_chunk_size": 32, "requests_per_probe": 32,
+                 "prefix_lens": "32,64,96,128,160,192,224,256", "warmup": 1, "fit": False, "seed": 5}
+"""LONG as the settings of a job (ppprof.run.settings.resolve_config)."""
 PROBE_COLUMNS = ["probe", "kind", "request", "prefix_len", "chunk_size"]
+
+
+def design_rows(settings: dict) -> pd.DataFrame:
+    """The PROBE_COLUMNS of every timed request the grid design of `settings` runs, in order."""
+    probes = make_probes(resolve_config(None, settings))
+    return pd.DataFrame([(p.index, p.kind, r.rid, r.prefix_len, r.chunk_size) for p in probes for r in p.requests],
+                        columns=PROBE_COLUMNS)
 
 
 def start(*args: str, launcher=None) -> subprocess.Popen:
@@ -171,14 +183,9 @@ def test_a_killed_rank_fails_the_run_at_once_and_is_not_taken_for_an_interrupt(t
     assert json.loads((out / "run.json").read_text())["status"].startswith(f"failed: {died}")
 
 
-@pytest.mark.parametrize("launcher", ["ppprof", "torchrun"])
-def test_a_sigkilled_launcher_leaves_no_process(tmp_path, launcher):
+def test_a_sigkilled_launcher_leaves_no_process(tmp_path):
     out = tmp_path / "run"
-    if launcher == "torchrun":
-        p = start("--standalone", "--nproc-per-node", "2", "-m", "ppprof", "profile", "--out", str(out), *LONG,
-                  launcher=[sys.executable, "-m", "torch.distributed.run"])
-    else:
-        p = start("profile", "--out", str(out), *LONG)
+    p = start("profile", "--out", str(out), *LONG)
     try:
         read_until(p, "probe 0 (sweep")
         ranks = rank_pids(p.pid)
@@ -199,7 +206,7 @@ def test_a_sigkilled_launcher_leaves_no_process(tmp_path, launcher):
 
 
 def test_sigint_keeps_the_samples_and_resume_gives_the_probes_of_an_uninterrupted_run(tmp_path):
-    out, whole = tmp_path / "run", tmp_path / "whole"
+    out = tmp_path / "run"
     p = start("profile", "--out", str(out), *LONG)
     try:
         read_until(p, "probe 2 (prefix", rank=0)  # logged once its rows are on disk (rank 1 may log first)
@@ -220,6 +227,17 @@ def test_sigint_keeps_the_samples_and_resume_gives_the_probes_of_an_uninterrupte
     kept = pd.read_csv(out / "samples.csv")
     assert kept["probe"].nunique() >= 3 and (len(kept) - 32 - 4) % 32 == 0  # the sweep, the wide probe (32 / 8)
 
+    # an interrupted run is fitted, and said so (a copy: the resume below needs the folder as it was)
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    for name in ("samples.csv", "run.json"):
+        (partial / name).write_bytes((out / name).read_bytes())
+    r = CliRunner().invoke(main, ["fit", str(partial / "samples.csv"), "--alignment", "8", "--latency-model",
+                                  "quadratic"])
+    assert r.exit_code == 0, r.output
+    assert f"warning: the run in {partial} is interrupted (run.json), not complete: fitted the" in r.stderr
+    assert (partial / "policy.json").is_file()
+
     # a changed setting is refused, in one line, before any rank starts
     r = CliRunner().invoke(main, ["profile", "--resume", str(out), "--seed", "6"])
     assert r.exit_code == 2 and r.stderr.count("\n") == 1
@@ -233,10 +251,8 @@ def test_sigint_keeps_the_samples_and_resume_gives_the_probes_of_an_uninterrupte
     resumed = pd.read_csv(out / "samples.csv")
     assert resumed.iloc[:len(kept)].equals(kept)  # the samples kept are kept as they were
 
-    r = subprocess.run([sys.executable, "-m", "ppprof", "profile", "--out", str(whole), *LONG], cwd=REPO,
-                       capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr[-3000:]
-    uninterrupted = pd.read_csv(whole / "samples.csv")
+    # the probes of an uninterrupted run: the grid design of the same settings, row for row
+    uninterrupted = design_rows(LONG_SETTINGS)
     assert len(resumed) == len(uninterrupted) == 9 * 32 + 4
     pd.testing.assert_frame_equal(resumed[PROBE_COLUMNS], uninterrupted[PROBE_COLUMNS])
 
@@ -292,99 +308,17 @@ def test_sigterm_ends_every_rank_with_143_and_an_interrupted_folder(tmp_path):
     assert not (out / LOCK_FILE).exists()
 
 
-def test_an_incomplete_run_is_fitted_and_said_so(tmp_path):
-    out = tmp_path / "run"
-    p = start("profile", "--out", str(out), *LONG)
-    try:
-        read_until(p, "probe 2 (prefix")
-        p.send_signal(signal.SIGINT)
-        p.communicate(timeout=60)
-    finally:
-        p.kill()
-    r = CliRunner().invoke(main, ["fit", str(out / "samples.csv"), "--alignment", "8", "--latency-model",
-                                  "quadratic"])
-    assert r.exit_code == 0, r.output
-    assert f"warning: the run in {out} is interrupted (run.json), not complete: fitted the" in r.stderr
-    assert (out / "policy.json").is_file()
-
-
-def test_a_run_folder_in_use_or_holding_a_run_is_refused_unless_overwrite(tmp_path):
+def test_a_stale_lock_and_other_files_are_kept_by_overwrite(tmp_path):
+    """A lock whose holder is gone is stale: --overwrite replaces the run and leaves other files alone (refusals of
+    a folder in use or holding files: tests/run/test_fault_input.py)."""
     out = tmp_path / "run"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    r = CliRunner().invoke(main, ["profile", "--out", str(out), *TINY])
-    assert r.exit_code == 2 and r.stderr.count("\n") == 1
-    assert r.stderr.startswith(f"error: --out {out} is not empty (it holds notes.txt): choose a new folder, add "
-                               "--overwrite")
-    # a live process holds the lock: refused even with --overwrite
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from ppprof.runfiles import take_lock; "
-                               "take_lock(sys.argv[1]); print('held', flush=True); time.sleep(60)", str(out)],
-                              cwd=REPO, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline() == "held\n"
-        r = CliRunner().invoke(main, ["profile", "--out", str(out), "--overwrite", *TINY])
-        assert r.exit_code == 2 and r.stderr.count("\n") == 1
-        assert f"error: --out {out} is in use by another ppprof run (pid {holder.pid} on" in r.stderr
-    finally:
-        holder.kill()
-        holder.wait()
-    # its holder gone, the lock is stale; --overwrite replaces the run and leaves other files alone
+    holder = subprocess.run([sys.executable, "-c", "import sys; from ppprof.runfiles import take_lock; "
+                             "take_lock(sys.argv[1])", str(out)], cwd=REPO, timeout=60)
+    assert holder.returncode == 0 and (out / LOCK_FILE).exists()
     r = subprocess.run([sys.executable, "-m", "ppprof", "profile", "--out", str(out), "--overwrite", *TINY],
                        cwd=REPO, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     assert (out / "notes.txt").read_text() == "mine" and not (out / LOCK_FILE).exists()
     assert json.loads((out / "run.json").read_text())["status"] == "complete"
-
-
-@pytest.mark.parametrize("args,message", [
-    (["--timeout", "0"], "--timeout 0.0 must be a number of seconds in 0.5..86400"),
-    (["--timeout", "nan"], "--timeout nan must be a number of seconds"),
-    (["--timeout", "x"], "Invalid value for '--timeout'"),
-    (["--resume", "/no/such/run"], "--resume /no/such/run: /no/such/run/run.json does not exist"),
-    (["--resume", "/a", "--out", "/b"], "--out /b with --resume /a: a resumed run writes into the folder it resumes"),
-    (["--resume", "/a", "--overwrite"], "--overwrite with --resume /a: a resumed run keeps the samples it has"),
-])
-def test_bad_fault_flags_are_one_line_before_any_rank(tmp_path, args, message):
-    r = CliRunner().invoke(main, ["profile", *args])
-    assert r.exit_code == 2, r.output
-    assert message in r.stderr and r.stderr.count("\n") == 1
-
-
-def test_timeout_is_read_from_yaml(tmp_path):
-    from ppprof.run.settings import resolve_config
-
-    cfg_file = tmp_path / "p.yaml"
-    cfg_file.write_text("timeout: 12.5\n")
-    assert resolve_config(str(cfg_file), {}).timeout == 12.5
-    cfg_file.write_text("timeout: soon\n")
-    r = CliRunner().invoke(main, ["profile", "--config", str(cfg_file)])
-    assert r.exit_code == 2 and "--timeout 'soon' must be a number of seconds" in r.stderr
-
-
-def test_an_adaptive_run_is_not_resumed(tmp_path):
-    """The adaptive design chose its probes from its own measurements: resuming would change them."""
-    run = json.loads((Path(__file__).resolve().parents[2] / "results" / "baseline" / "run.json").read_text())
-    run.update(schema_version=3, status="interrupted")
-    run["config"]["design"] = "adaptive"
-    (tmp_path / "run.json").write_text(json.dumps(run))
-    r = CliRunner().invoke(main, ["profile", "--resume", str(tmp_path)])
-    assert r.exit_code == 2 and r.stderr.count("\n") == 1
-    assert "an adaptive design chose its probes from what it had measured" in r.stderr
-
-
-def test_a_write_refused_by_the_disk_names_the_file_and_leaves_nothing(tmp_path):
-    import resource
-
-    def no_room():  # every write that would grow a file fails, as on a full disk (EFBIG here, ENOSPC there)
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
-
-    out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "ppprof", "profile", "--out", str(out), *TINY], cwd=REPO,
-                       capture_output=True, text=True, timeout=120, preexec_fn=no_room,
-                       env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "JOBLIB_MULTIPROCESSING": "0"})
-    assert r.returncode == 2, r.stderr[-2000:]
-    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
-    assert r.stderr == f"error: cannot use {out / LOCK_FILE}: File too large; raise the file size limit (ulimit -f) "\
-                       "or write elsewhere\n", r.stderr
-    assert not out.exists(), f"{list(out.iterdir())=}"  # neither the folder nor an empty lock

@@ -102,25 +102,6 @@ def test_a_forward_that_raises_stops_every_rank_and_leaks_nothing(tmp_path):
     assert not (out / "samples.csv").exists()
 
 
-def test_torchrun_started_ranks_write_samples_and_run_json(tmp_path):
-    out = tmp_path / "run"
-    r = run_cli("--standalone", "--nproc-per-node", "2", "-m", "ppprof", "profile", "--out", str(out),
-                "--model", "tiny-dense", "--layer-partition", "1,3", *TINY, "--overhead-repeats", "0",
-                launcher=[sys.executable, "-m", "torch.distributed.run"])
-    assert r.returncode == 0, r.stderr[-3000:]
-    samples, run = read_run(out)
-    assert run["layer_partition"] == [1, 3]
-    assert run["model"]["name"] == "tiny-dense"
-    assert len(samples) == 8 + 3 + 8 + 8  # the sweep, the wide probe (one request a wide size), two prefix probes
-    assert run["config"]["overhead_repeats"] == 0
-    assert "pipeline_overhead" not in run and "overhead_wall_s" not in run  # not measured
-    assert list(samples.columns) == ["probe", "kind", "request", "prefix_len", "chunk_size", "stage0_latency_ms",
-                                     "stage1_latency_ms", "latency_ms", "slowest_stage", "design_step"]
-    assert samples["design_step"].eq(0).all()  # the grid is one fixed design
-    assert run["design"]["design"] == "grid" and run["design"]["stopping_reason"] == "grid"
-    assert run["design"]["requests"] == 27
-
-
 def test_two_launches_with_nnodes_2_form_one_two_stage_pipeline(tmp_path):
     import subprocess
 

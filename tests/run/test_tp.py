@@ -1,6 +1,6 @@
 """PP x TP profiles on real gloo ranks (subprocesses, each bounded by a timeout): the (pp, tp) mesh, one stage's TP
-ranks timed as its slowest, per-TP-rank pools checked for leaks, a policy written; the mesh and the model's TP
-split refused before launch in one line; a stopped TP rank ends the run."""
+ranks timed as its slowest, per-TP-rank pools checked for leaks, a policy written; a stopped TP rank ends the run.
+The mesh and the model's TP split refused before launch: tests/run/test_tp_input.py."""
 
 import json
 import os
@@ -11,9 +11,7 @@ import time
 
 import pandas as pd
 import pytest
-from click.testing import CliRunner
 
-from ppprof.cli import main
 from tests.multirank import TINY, run_cli
 from tests.run.test_faults import LONG, alive, rank_pids, read_until, start
 
@@ -28,15 +26,23 @@ def read_run(out):
     return pd.read_csv(out / "samples.csv"), json.loads((out / "run.json").read_text())
 
 
-def test_pp2_tp2_profile_of_the_hybrid_model_writes_a_policy(tmp_path):
+def test_torchrun_with_four_processes_and_tp_size_2_profiles_pp2_tp2_writes_a_policy_and_benches(tmp_path):
+    """torchrun itself (the one launch of the suite through it) starting 4 ranks: --tp-size 2 makes it PP2 x TP2."""
     out = tmp_path / "run"
-    r = run_cli("profile", "--model", "tiny-hybrid", "--pp-size", "2", "--tp-size", "2", *SMALL, "--out", str(out))
+    r = run_cli("--standalone", "--nproc-per-node", "4", "-m", "ppprof", "profile", "--model", "tiny-hybrid",
+                "--tp-size", "2", "--layer-partition", "3,5", *SMALL, "--out", str(out),
+                launcher=[sys.executable, "-m", "torch.distributed.run"])
     assert r.returncode == 0, r.stderr[-3000:]
     samples, run = read_run(out)
     assert (run["world_size"], run["pp_size"], run["tp_size"]) == (4, 2, 2)
-    assert run["config"]["nproc_per_node"] == 4 and run["layer_partition"] == [4, 4]
-    assert [c for c in samples.columns if c.startswith("stage")] == ["stage0_latency_ms", "stage1_latency_ms"]
+    assert run["config"]["nproc_per_node"] == 4 and run["layer_partition"] == [3, 5]
+    assert run["model"]["name"] == "tiny-hybrid"
+    assert list(samples.columns) == ["probe", "kind", "request", "prefix_len", "chunk_size", "stage0_latency_ms",
+                                     "stage1_latency_ms", "latency_ms", "slowest_stage", "design_step"]
     assert samples[["stage0_latency_ms", "stage1_latency_ms"]].gt(0).all().all()
+    assert samples["design_step"].eq(0).all()  # the grid is one fixed design
+    assert run["design"]["design"] == "grid" and run["design"]["stopping_reason"] == "grid"
+    assert run["design"]["requests"] == len(samples)
     for key in ("median_forward_ms_per_tp_rank", "peak_memory_bytes_per_tp_rank"):
         assert len(run[key]) == 2 and all(len(per_stage) == 2 for per_stage in run[key]), run[key]
     policy = json.loads((out / "policy.json").read_text())
@@ -64,45 +70,9 @@ def test_pp1_tp2_profile_runs_one_stage_on_two_ranks(tmp_path):
     assert (run["world_size"], run["pp_size"], run["tp_size"]) == (2, 1, 2)
     assert run["layer_partition"] == [4]
     assert samples["stage0_latency_ms"].gt(0).all() and "stage1_latency_ms" not in samples
-
-
-def test_torchrun_with_four_processes_and_tp_size_2_is_pp2_tp2(tmp_path):
-    out = tmp_path / "run"
-    r = run_cli("--standalone", "--nproc-per-node", "4", "-m", "ppprof", "profile", "--tp-size", "2",
-                "--model", "tiny-dense", *TINY, "--overhead-repeats", "0", "--out", str(out),
-                launcher=[sys.executable, "-m", "torch.distributed.run"])
-    assert r.returncode == 0, r.stderr[-3000:]
-    _, run = read_run(out)
-    assert (run["world_size"], run["pp_size"], run["tp_size"]) == (4, 2, 2)
-
-
-@pytest.mark.parametrize("args,message", [
-    (["--model", "tiny-dense", "--tp-size", "3"],
-     "--tp-size 3 does not divide num_attention_heads (4) of model 'tiny-dense': use a --tp-size that is a divisor "
-     "of 4"),
-    (["--model", "tiny-hybrid", "--tp-size", "8", "--pp-size", "1"],
-     "--tp-size 8 does not divide num_attention_heads (4) of model 'tiny-hybrid'"),
-    (["--model", "tiny-dense", "--pp-size", "2", "--tp-size", "2", "--nproc-per-node", "2"],
-     "--pp-size 2 x --tp-size 2 = 4 ranks but the job has 2 (nnodes x nproc-per-node)"),
-    (["--model", "tiny-dense", "--tp-size", "2", "--nproc-per-node", "3"],
-     "--tp-size 2 does not divide the 3 ranks of the job"),
-    (["--model", "tiny-dense", "--tp-size", "2", "--nproc-per-node", "1", "--nnodes", "2"],
-     "--tp-size 2 would span nodes: a node's 1 ranks must hold whole TP groups"),
-    (["--model", "tiny-dense", "--tp-size", "0"], "--tp-size 0 must be an integer"),
-    (["--model", "tiny-dense", "--pp-size", "0"], "--pp-size 0 must be an integer"),
-])
-def test_bad_meshes_and_tp_splits_are_one_line_before_any_rank(tmp_path, args, message):
-    r = CliRunner().invoke(main, ["profile", *args, "--out", str(tmp_path / "run")])
-    assert r.exit_code == 2, r.output
-    assert message in r.stderr and r.stderr.count("\n") == 1, r.stderr
-    assert not (tmp_path / "run").exists()
-
-
-def test_tp_size_is_read_from_yaml(tmp_path):
-    config = tmp_path / "tp.yaml"
-    config.write_text("model: tiny-dense\ntp_size: 3\n")
-    r = CliRunner().invoke(main, ["profile", "--config", str(config)])
-    assert r.exit_code == 2 and "--tp-size 3 does not divide num_attention_heads (4)" in r.stderr, r.output
+    assert len(samples) == 8 + 3 + 8 + 8  # the sweep, the wide probe (one request a wide size), two prefix probes
+    assert run["config"]["overhead_repeats"] == 0
+    assert "pipeline_overhead" not in run and "overhead_wall_s" not in run  # not measured
 
 
 def test_a_stopped_tp_rank_ends_the_run_within_the_deadline(tmp_path):
@@ -127,20 +97,6 @@ def test_a_stopped_tp_rank_ends_the_run_within_the_deadline(tmp_path):
     assert took < timeout_s + 15, took
     assert not any(alive(pid) for pid in ranks.values())
     assert json.loads((out / "run.json").read_text())["status"] == f"failed: {line}"
-
-
-def test_the_gpu_check_runs_pp2_tp2_over_nccl_with_flags_profile_takes():
-    import subprocess
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.sh"
-    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
-    text = script.read_text()
-    block = text[text.index("PP2 x TP2 over NCCL"):text.index("PP2 x TP2 skipped")]
-    command = block[block.index("ppprof profile"):block.index(" > ")].replace("\\\n", " ")
-    assert "--device cuda --pp-size 2 --tp-size 2 --nproc-per-node 4" in command
-    known = {o for p in main.commands["profile"].params for o in p.opts}
-    assert set(re.findall(r"--[a-z][a-z0-9-]*", command)) <= known, command
 
 
 def test_a_forward_that_fails_on_one_tp_rank_ends_every_rank_with_its_message(tmp_path):

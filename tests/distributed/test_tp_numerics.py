@@ -78,6 +78,7 @@ def worker(rank: int, port: int) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.multirank
 @pytest.mark.timeout(240)
 def test_tp2_stage_equals_tp1():
     mp.start_processes(worker, args=(free_port(),), nprocs=TP, start_method="spawn", join=True)

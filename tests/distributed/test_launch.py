@@ -60,7 +60,7 @@ def test_a_store_listens_on_the_one_address_it_is_given():
 
 def listening(port: int) -> list[str]:
     """The local addresses of this host's listening TCP sockets on `port` (from /proc/net/tcp and tcp6)."""
-    from tests.dist.sockets import listening_sockets
+    from tests.distributed.sockets import listening_sockets
 
     return sorted(address for address, p, _ in listening_sockets() if p == port)
 
