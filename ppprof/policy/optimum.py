@@ -49,6 +49,8 @@ MAX_WINDOW_UNITS = 128
 """The most units in one chunk of the DP (the largest chunk / the unit)."""
 MAX_POSITIONS = 2048
 """The most positions of the DP (the longest prompt / the unit)."""
+WALK_BATCH = 1024
+"""The history rule's candidates walked at a time: their walks stay a few MB (all at once: ~1 GB, 3x slower)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,18 +171,27 @@ class Walks:
 
 def walk_rules(model: LatencyModel, bounds: np.ndarray, caps: np.ndarray, unit: int, end: int) -> Walks:
     """Every rule (bounds[r], caps[r]) walked at once, chunk by chunk, until each has passed `end`."""
-    L = np.zeros(len(bounds), dtype=np.int64)
-    s, m = np.zeros(len(bounds)), np.zeros(len(bounds))
-    starts, sums, maxes, sizes = [L.copy()], [s.copy()], [m.copy()], []
-    while (L < end).any():
-        x = bounded_sizes(model, bounds, caps, L, unit)
-        t = model.chunk_latency_ms(L, x)
-        alive = L < end
-        s = np.where(alive, s + t, s)
-        m = np.where(alive, np.maximum(m, t), m)
-        L = np.where(alive, L + x, L)
-        starts.append(L.copy()), sums.append(s.copy()), maxes.append(m.copy()), sizes.append(np.where(alive, x, 0))
-    return Walks(np.array(starts), np.array(sums), np.array(maxes), np.array(sizes))
+    # Every chunk is at least one unit: at most ceil(end / unit) chunks, rows written in place. Only the rules not
+    # yet past `end` are walked on: a rule of large chunks ends in a few steps, so with every cap (the history rule's
+    # thousands of rules) that is a twentieth of walking all of them every step.
+    steps, n = -(-end // unit), len(bounds)
+    starts, sums, maxes = (np.zeros((steps + 1, n), dtype=np.int64), np.zeros((steps + 1, n)),
+                           np.zeros((steps + 1, n)))
+    sizes = np.zeros((steps, n), dtype=np.int64)
+    L, s, m = np.zeros(n, dtype=np.int64), np.zeros(n), np.zeros(n)
+    live, k = np.flatnonzero(L < end), 0
+    while live.size:
+        at = L[live]
+        x = bounded_sizes(model, bounds[live], caps[live], at, unit)
+        t = model.chunk_latency_ms(at, x)
+        s[live] += t
+        m[live] = np.maximum(m[live], t)
+        L[live] = at + x
+        k += 1
+        starts[k], sums[k], maxes[k] = L, s, m
+        sizes[k - 1, live] = x
+        live = live[L[live] < end]
+    return Walks(starts[:k + 1], sums[:k + 1], maxes[:k + 1], sizes[:k])
 
 
 def rule_ttft(model: LatencyModel, walks: Walks, r: int, lengths: np.ndarray, merge: int, num_stages: int,
@@ -407,8 +418,11 @@ def build_history_rule(model: LatencyModel, dom: Domain, num_stages: int, length
     levels = rule_bounds(model, dom, HISTORY_BOUNDS)
     bounds = np.repeat(levels, len(caps))
     cap_of = np.tile(caps, len(levels))
-    walks = walk_rules(model, bounds, cap_of, dom.unit, int(lengths.max()))
-    mean = workload_ttft(model, walks, lengths, weights, num_stages)
+    # The rules in batches: every rule's walk at once would hold 4 arrays of (steps x rules), ~1 GB at a long context
+    mean = np.concatenate([
+        workload_ttft(model, walk_rules(model, bounds[i:i + WALK_BATCH], cap_of[i:i + WALK_BATCH], dom.unit,
+                                        int(lengths.max())), lengths, weights, num_stages)
+        for i in range(0, len(bounds), WALK_BATCH)])
     fixed = np.flatnonzero(~np.isfinite(bounds))
     f = int(fixed[np.argmin(mean[fixed])])
     r = int(np.argmin(mean))
