@@ -160,3 +160,25 @@ def test_a_deadline_is_said_to_a_tenth_of_a_second():
     code, out, err, _ = run_rank_script(body, timeout=1.23456)
     assert code == 1, err
     assert err.strip() == "error: [rank 0] rank 1 did not answer within 1.2 s during test phase"  # not 1.23456
+
+
+def test_a_stopped_child_of_the_launcher_is_found_by_its_rank_and_a_running_one_is_not():
+    from ppprof.dist.watchdog import stopped_sibling
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, "RANK": "7"})
+    try:
+        assert stopped_sibling(os.getpid(), 7) is None  # running
+        os.kill(child.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while stopped_sibling(os.getpid(), 7) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert stopped_sibling(os.getpid(), 7) == child.pid
+        assert stopped_sibling(os.getpid(), 6) is None and stopped_sibling(child.pid, 7) is None
+        os.kill(child.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while stopped_sibling(os.getpid(), 7) is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert stopped_sibling(os.getpid(), 7) is None
+    finally:
+        child.kill()
+        child.wait()
