@@ -6,8 +6,8 @@ policy's model describes) by the model of each POLICY given, and compared with i
 over chunks, and per arm and prompt the median over repeats of (measured sum of the arm's chunk times) / (predicted
 sum) - 1, the part of a TTFT error that comes from the stage times (the rest is the pipeline's overhead and waits).
 
-Usage: python scripts/bench_repredict.py BENCH_DIR POLICY [POLICY ...] [-o OUT.json]
-  e.g. python scripts/bench_repredict.py results/bench-reference-2026-12-02/pp2 results/bench-reference-2026-12-02/profile/policy.json \
+Usage: python scripts/experiments/repredict.py BENCH_DIR POLICY [POLICY ...] [-o OUT.json]
+  e.g. python scripts/experiments/repredict.py results/bench-reference-2026-12-02/pp2 results/bench-reference-2026-12-02/profile/policy.json \
            /tmp/refit/policy.json -o results/bench-reference-2026-12-02/repredict.json
 """
 

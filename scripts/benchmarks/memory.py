@@ -4,8 +4,8 @@ both attention backends. The probe sizes and pools are the profile's defaults fo
 largest probe chunk 1.25 B (--max-probe-chunk-multiple 1.25, the size results/bench_memory.json measured: at 4 B the
 reference backend's dense scores at B = 2048 would take several GiB and minutes).
 
-    python scripts/bench_memory.py [--out results/bench_memory.json]
-    python scripts/bench_memory.py --measure MODEL BACKEND BASE_CHUNK [--malloc exact|default]  # one, as JSON
+    python scripts/benchmarks/memory.py [--out results/bench_memory.json]
+    python scripts/benchmarks/memory.py --measure MODEL BACKEND BASE_CHUNK [--malloc exact|default]  # one, as JSON
 
 Each measurement runs in a fresh Python, so that its peak is its own: torch on one thread; a small warm-up forward of
 the same model first (the first call of each op faults in libtorch's code pages, 5-10 MiB that are no tensor of the

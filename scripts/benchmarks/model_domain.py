@@ -6,7 +6,7 @@ log-spaced from B to the context), each judged on what it never saw:
    ranking of fixed-best, greedy and optimal matches the measured one.
 Profiles and benches run one after another on an otherwise idle machine (about 6 minutes on 2 cores).
 
-    python scripts/bench_model_domain.py [--out results/bench_model_domain] [--repeats 3]
+    python scripts/benchmarks/model_domain.py [--out results/bench_model_domain] [--repeats 3]
 """
 
 from __future__ import annotations

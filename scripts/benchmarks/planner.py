@@ -4,7 +4,7 @@ At 1M tokens, PP 4, B 8192, alignment 64 the optimal planner's grid has 16385 po
 latencies, too many to run as bounds one by one: it runs its branch and bound (a first pass of 48 quantile bounds,
 then 3 passes of 48 more) and records how far its TTFT may be above the grid's optimum (search.gap_ms).
 
-Usage: python scripts/bench_planner.py [POLICY.json] [--prompt-len N] [--pp P]
+Usage: python scripts/benchmarks/planner.py [POLICY.json] [--prompt-len N] [--pp P]
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ judged is the MAPE on the prefixed rows after that shift (and without it), overa
 what the holdout's own fit (the same latency model, fitted to the holdout's rows) scores on them: the rows' own noise,
 which no model fitted elsewhere can beat.
 
-Usage: python scripts/bench_holdout.py POLICY HOLDOUT_RUN [-o results/holdout/holdout.json]
+Usage: python scripts/experiments/holdout.py POLICY HOLDOUT_RUN [-o results/holdout/holdout.json]
   e.g. ppprof profile --seed 1 --prefix-lens 3000 --prefix-lens 9000 --prefix-lens 20000 --out /tmp/holdout
-       python scripts/bench_holdout.py results/baseline/policy.json /tmp/holdout
+       python scripts/experiments/holdout.py results/baseline/policy.json /tmp/holdout
 """
 
 from __future__ import annotations

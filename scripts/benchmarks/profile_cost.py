@@ -12,8 +12,8 @@ SGLang's f on [1, l, l^2], is scored instead); and how many entries of its chunk
 validation profile's by more than one alignment unit (entries: stretches of prefix_len on which neither table
 changes). For adaptive profiles also when (probing seconds, and as a ratio to the sweep) the table alone was stable.
 
-    python scripts/bench_profile_cost.py [--seeds 0,1,2] [--out results/bench_profile_cost]
-    python scripts/bench_profile_cost.py --small --seeds 0 --out /tmp/bench_profile_cost   # a quick check
+    python scripts/benchmarks/profile_cost.py [--seeds 0,1,2] [--out results/bench_profile_cost]
+    python scripts/benchmarks/profile_cost.py --small --seeds 0 --out /tmp/bench_profile_cost   # a quick check
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def main() -> None:
                        for seed, (folder, run) in zip(seeds, items)] for kind, items in runs.items()}
     result = {"schema_version": 1, "what": __doc__.split("\n\n")[0], "date": dt.date.today().isoformat(),
               "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}",
-              "command": " ".join(["python", "scripts/bench_profile_cost.py", *sys.argv[1:]]),
+              "command": " ".join(["python", "scripts/benchmarks/profile_cost.py", *sys.argv[1:]]),
               "profile_flags": {kind: common + flags for kind, flags in KINDS.items()},
               "validation": {"flags": vflags, "rows": len(validation), "probe_wall_s": vrun["probe_wall_s"],
                              "table": dense_table},

@@ -4,7 +4,7 @@
 # two prompt lengths for SGLang and for ATOM, then one `ppprof bench` that runs, interleaved: fixed chunks of the
 # profile's B, the policy's own rule (greedy), and tune's plans (the server default, the policy's settings as the
 # server runs them, each server's recommendation, the best fixed chunk and the DP-optimal plan).
-# About 6 minutes on 2 cores. Usage: bash scripts/bench_tune.sh [OUT]
+# About 6 minutes on 2 cores. Usage: bash scripts/experiments/bench_tune.sh [OUT]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-results/bench-tune}

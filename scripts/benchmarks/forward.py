@@ -2,7 +2,7 @@
 
 The prefix is synthetic, as a probe's is: random K/V at the prefix slots and a random Mamba state, not computed.
 
-    python scripts/bench_forward.py [--model tiny-hybrid] [--repeats 5] [--out results/bench_forward.json]
+    python scripts/benchmarks/forward.py [--model tiny-hybrid] [--repeats 5] [--out results/bench_forward.json]
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ as measured by its profile), against the bench's measured median: the relative e
 chunk MAPE of the bottleneck stage. The cells are the bench's, not a profile's: this checks the method, not a
 profile's figures.
 
-Usage: python scripts/bench_calibrate.py BENCH_DIR POLICY [-o OUT.json]
-  e.g. python scripts/bench_calibrate.py results/bench-reference-2026-12-02/pp2 results/bench-reference-2026-12-02/refit/policy.json \
+Usage: python scripts/experiments/calibrate.py BENCH_DIR POLICY [-o OUT.json]
+  e.g. python scripts/experiments/calibrate.py results/bench-reference-2026-12-02/pp2 results/bench-reference-2026-12-02/refit/policy.json \
            -o results/bench-reference-2026-12-02/calibrate.json
 """
 

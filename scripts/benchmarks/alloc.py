@@ -1,7 +1,7 @@
 """Benchmark (not a test): ppprof's allocators against a reference design that keeps the free list as a tensor and
 frees by torch.cat, as common serving engines do. Both run side by side in one process; the ratios are what count.
 
-    python scripts/bench_alloc.py [--repeats 7] [--out results/bench_alloc.json]
+    python scripts/benchmarks/alloc.py [--repeats 7] [--out results/bench_alloc.json]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The default model profiled at PP2 x TP1 and at PP2 x TP2 on this machine, the fitted latency coefficients side by
 # side, and what TP adds to every chunk (the all-reduces after attention, Mamba and MLP of each layer).
-#   bash scripts/tp_compare.sh [OUT] [extra ppprof profile options]      (default OUT results/tp-compare-<UTC time>)
+#   bash scripts/experiments/tp_compare.sh [OUT] [extra ppprof profile options]      (default OUT results/tp-compare-<UTC time>)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-results/tp-compare-$(date -u +%Y%m%d-%H%M%S)}

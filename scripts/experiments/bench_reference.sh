@@ -4,7 +4,7 @@
 # `ppprof bench` on its policy for prompts of 16 x B and 64 x B (B = 512), every strategy (policy, policy-history,
 # greedy, sglang, fixed, fixed-best, optimal) interleaved over 5 repeats: PP2 real and replay, PP4 and PP8 replayed on
 # the same 2 ranks, each on the profile refitted for its depth. tiny-hybrid's runs are in OUT/ (profile/, pp2/, pp4/, pp8/), tiny-dense's in OUT/tiny-dense/.
-# About 30 minutes on 2 idle cores. Usage: bash scripts/bench_reference.sh [OUT]
+# About 30 minutes on 2 idle cores. Usage: bash scripts/experiments/bench_reference.sh [OUT]
 # DEPTHS="4 8" bench only those depths; REUSE_PROFILES=1 keeps OUT's profiles (and the other depths' runs) and benches
 # them again, e.g. on a host too noisy to profile on (a profile's CV gate fails there) but fit for paired benches.
 set -euo pipefail

@@ -1,6 +1,6 @@
 """Benchmark Policy.next_chunk_size lookups (timeit, median of repeats); writes results/bench_policy.json.
 
-Usage: python scripts/bench_policy.py [POLICY.json]   (default: a dynamic policy fitted to synthetic samples)
+Usage: python scripts/benchmarks/policy.py [POLICY.json]   (default: a dynamic policy fitted to synthetic samples)
 """
 
 from __future__ import annotations
