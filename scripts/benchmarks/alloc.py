@@ -1,23 +1,22 @@
 """Benchmark (not a test): ppprof's allocators against a reference design that keeps the free list as a tensor and
 frees by torch.cat, as common serving engines do. Both run side by side in one process; the ratios are what count.
 
-    python scripts/benchmarks/alloc.py [--repeats 7] [--out results/bench_alloc.json]
+    python scripts/benchmarks/alloc.py [--repeats 7] [-o results/bench_alloc.json] [--quick]
 """
 
 from __future__ import annotations
 
-import argparse
-import platform
 import random
 import statistics
 import time
 
 import torch
 
-from ppprof.io import atomic_write_json
+from ppprof.manifest import script_parser, write_result
 from ppprof.mem import KVAllocator, MambaAllocator
 
 NUM_REQUESTS = 128
+MIN_TIME_S = 0.2
 
 
 class TensorFreeList:
@@ -68,7 +67,7 @@ def kv_cycle(a, lengths: list[int]) -> None:
         a.free(s)
 
 
-def ops_per_s(fn, ops_per_call: int, repeats: int, min_time_s: float = 0.2) -> float:
+def ops_per_s(fn, ops_per_call: int, repeats: int, min_time_s: float = MIN_TIME_S) -> float:
     """Median over `repeats` of (ops / s), each repeat running `fn` for at least `min_time_s`."""
     rates = []
     for _ in range(repeats):
@@ -81,10 +80,10 @@ def ops_per_s(fn, ops_per_call: int, repeats: int, min_time_s: float = 0.2) -> f
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = script_parser(__doc__, "results/bench_alloc.json", quick="1 repeat of 10 ms a case")
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--out", default="results/bench_alloc.json")
     args = ap.parse_args()
+    repeats, min_time_s = (1, 0.01) if args.quick else (args.repeats, MIN_TIME_S)
     torch.set_num_threads(1)
 
     rng = random.Random(0)
@@ -105,9 +104,9 @@ def main() -> None:
     for name, (ours, ref) in cases.items():
         # Interleave ours and the reference per repeat so that machine noise hits both alike.
         r_ours, r_ref = [], []
-        for _ in range(args.repeats):
-            r_ours.append(ops_per_s(ours, ops, 1))
-            r_ref.append(ops_per_s(ref, ops, 1))
+        for _ in range(repeats):
+            r_ours.append(ops_per_s(ours, ops, 1, min_time_s))
+            r_ref.append(ops_per_s(ref, ops, 1, min_time_s))
         o, r = statistics.median(r_ours), statistics.median(r_ref)
         results[name] = {"ours_ops_per_s": round(o), "reference_ops_per_s": round(r), "speedup": round(o / r, 2)}
         print(f"{name:16s} ours {o:12,.0f} ops/s   reference {r:12,.0f} ops/s   x{o / r:6.2f}")
@@ -117,10 +116,7 @@ def main() -> None:
     out = {
         "schema_version": 1,
         "what": "ops/s of alloc+free (2 ops a request), 128 requests a cycle; reference = tensor free list + torch.cat",
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "machine": platform.machine(),
-        "repeats": args.repeats,
+        "repeats": repeats,
         "cases": results,
         "grouped_over_per_call": round(grouped_vs_per_call, 2),
         "targets": {
@@ -128,7 +124,7 @@ def main() -> None:
             "grouped_faster_than_per_call": grouped_vs_per_call > 1,
         },
     }
-    atomic_write_json(args.out, out)
+    write_result(args.out, out)
     print(f"wrote {args.out}")
 
 

@@ -2,18 +2,16 @@
 
 The prefix is synthetic, as a probe's is: random K/V at the prefix slots and a random Mamba state, not computed.
 
-    python scripts/benchmarks/forward.py [--model tiny-hybrid] [--repeats 5] [--out results/bench_forward.json]
+    python scripts/benchmarks/forward.py [--model tiny-hybrid] [--repeats 5] [-o results/bench_forward.json] [--quick]
 """
 
 from __future__ import annotations
 
-import argparse
-import platform
 import statistics
 
 import torch
 
-from ppprof.io import atomic_write_json
+from ppprof.manifest import script_parser, write_result
 from ppprof.mem.cache import Request
 from ppprof.model import Stage, build_stage_cache
 from ppprof.probe.request import set_up_request
@@ -48,41 +46,42 @@ def chunk_latency_ms(stage: Stage, cache, chunk_size: int, prefix_len: int, repe
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = script_parser(__doc__, "results/bench_forward.json", quick="chunks 64 and 128, prefixes 0 and 512, 1 repeat")
     ap.add_argument("--model", default="tiny-hybrid", help="preset name or spec file")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--out", default="results/bench_forward.json")
     args = ap.parse_args()
+    chunk_sizes, prefix_lens = (CHUNK_SIZES[:2], PREFIX_LENS[:2]) if args.quick else (CHUNK_SIZES, PREFIX_LENS)
+    repeats = 1 if args.quick else args.repeats
 
     spec = load_spec(args.model)
     device = torch.device(args.device)
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     layer_ids = range(spec.num_layers)
     stage = Stage(spec, layer_ids, dtype=dtype, device=device, seed=0)
-    context_len = max(CHUNK_SIZES) + max(PREFIX_LENS)
+    context_len = max(chunk_sizes) + max(prefix_lens)
     cache = build_stage_cache(spec, layer_ids, max_total_tokens=context_len + 64, page_size=1, max_mamba_cache_size=1,
                               max_running_requests=1, context_len=context_len, dtype=dtype, device=device)
     gen = torch.Generator().manual_seed(0)
 
     # One untimed sweep of every chunk size first: the first calls pay for lazy init (kernels, allocator pools),
     # which the per-cell warm-up alone does not absorb for the first cell.
-    for chunk_size in CHUNK_SIZES:
+    for chunk_size in chunk_sizes:
         chunk_latency_ms(stage, cache, chunk_size, 0, 1, gen)
     print(f"{spec.name} ({spec.pattern}), {dtype}, {device}, {torch.get_num_threads()} threads; median ms")
-    print("chunk \\ prefix " + "".join(f"{p:>10d}" for p in PREFIX_LENS))
+    print("chunk \\ prefix " + "".join(f"{p:>10d}" for p in prefix_lens))
     rows = []
-    for chunk_size in CHUNK_SIZES:
+    for chunk_size in chunk_sizes:
         line = f"{chunk_size:>15d}"
-        for prefix_len in PREFIX_LENS:
-            latency_ms = chunk_latency_ms(stage, cache, chunk_size, prefix_len, args.repeats, gen)
+        for prefix_len in prefix_lens:
+            latency_ms = chunk_latency_ms(stage, cache, chunk_size, prefix_len, repeats, gen)
             rows.append({"chunk_size": chunk_size, "prefix_len": prefix_len, "latency_ms": round(latency_ms, 3)})
             line += f"{latency_ms:>10.2f}"
         print(line)
 
     ms = {(r["chunk_size"], r["prefix_len"]): r["latency_ms"] for r in rows}
-    grows = all(ms[c, PREFIX_LENS[-1]] > ms[c, PREFIX_LENS[0]] for c in CHUNK_SIZES)
-    print(f"latency at prefix {PREFIX_LENS[-1]} > at prefix 0 for every chunk size: {grows}")
+    grows = all(ms[c, prefix_lens[-1]] > ms[c, prefix_lens[0]] for c in chunk_sizes)
+    print(f"latency at prefix {prefix_lens[-1]} > at prefix 0 for every chunk size: {grows}")
     out = {
         "schema_version": 1,
         "what": "median latency (ms) of one prefill chunk through the whole model, after a synthetic prefix",
@@ -90,15 +89,12 @@ def main() -> None:
         "dtype": str(dtype).removeprefix("torch."),
         "device": str(device),
         "threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "machine": platform.machine(),
         "warmup": WARMUP,
-        "repeats": args.repeats,
+        "repeats": repeats,
         "samples": rows,
         "cost_grows_with_prefix": grows,
     }
-    atomic_write_json(args.out, out)
+    write_result(args.out, out)
     print(f"wrote {args.out}")
 
 

@@ -4,7 +4,7 @@ both attention backends. The probe sizes and pools are the profile's defaults fo
 largest probe chunk 1.25 B (--max-probe-chunk-multiple 1.25, the size results/bench_memory.json measured: at 4 B the
 reference backend's dense scores at B = 2048 would take several GiB and minutes).
 
-    python scripts/benchmarks/memory.py [--out results/bench_memory.json]
+    python scripts/benchmarks/memory.py [-o results/bench_memory.json] [--quick]
     python scripts/benchmarks/memory.py --measure MODEL BACKEND BASE_CHUNK [--malloc exact|default]  # one, as JSON
 
 Each measurement runs in a fresh Python, so that its peak is its own: torch on one thread; a small warm-up forward of
@@ -22,10 +22,8 @@ the peak, varies from run to run with address randomisation, by up to ~30% here)
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -116,8 +114,9 @@ def measure_in_fresh_python(model: str, backend: str, base_chunk_size: int, mall
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="results/bench_memory.json")
+    from ppprof.manifest import script_parser, write_result
+
+    ap = script_parser(__doc__, "results/bench_memory.json", quick=f"one case, {' '.join(map(str, CASES[0]))}")
     ap.add_argument("--measure", nargs=3, metavar=("MODEL", "BACKEND", "BASE_CHUNK"), help=argparse.SUPPRESS)
     ap.add_argument("--malloc", choices=tuple(MALLOC_MODES), default="exact", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -130,7 +129,7 @@ def main() -> None:
     print(f"{'model':<12} {'backend':<10} {'B':>5} {'chunk':>6} {'prefix':>6} {'estimate':>9} {'exact':>9} "
           f"{'ratio':>6} {'default':>9} {'ratio':>6}   activations est / exact (MiB)")
     rows = []
-    for model, backend, base in CASES:
+    for model, backend, base in CASES[:1] if args.quick else CASES:
         row = measure_in_fresh_python(model, backend, base)
         other = measure_in_fresh_python(model, backend, base, "default")
         row["measured_default_malloc"], row["ratio_default_malloc"] = other["measured"], other["ratio"]
@@ -143,19 +142,12 @@ def main() -> None:
                for key in ("ratio", "ratio_default_malloc")}
     print("estimate / measured, min .. max: " + ", ".join(f"{k} {lo:.2f} .. {hi:.2f}"
                                                           for k, (lo, hi) in summary.items()))
-    import torch
-
-    from ppprof.io import atomic_write_json
-
-    atomic_write_json(args.out, {
+    write_result(args.out, {
         "schema_version": 1,
         "what": "estimated (ppprof.specs.memory) vs measured (VmHWM - VmRSS, fresh process) bytes of one stage "
                 "holding the whole model: weights, pools and one forward of the largest probe request; CPU, fp32, "
                 "1 thread, profile defaults for each base chunk. measured: malloc 'exact' (MALLOC_MMAP_THRESHOLD_="
                 "131072: RSS follows the live tensors); measured_default_malloc: glibc's defaults",
-        "machine": {"platform": platform.platform(), "machine": platform.machine(), "cpus": os.cpu_count(),
-                    "python": platform.python_version(), "torch": torch.__version__},
-        "date": dt.date.today().isoformat(),
         "rows": rows,
         "ratio_range": summary,
     })

@@ -6,15 +6,14 @@ log-spaced from B to the context), each judged on what it never saw:
    ranking of fixed-best, greedy and optimal matches the measured one.
 Profiles and benches run one after another on an otherwise idle machine (about 6 minutes on 2 cores).
 
-    python scripts/benchmarks/model_domain.py [--out results/bench_model_domain] [--repeats 3]
+    python scripts/benchmarks/model_domain.py [-o results/bench_model_domain] [--repeats 3]
+
+It starts ranks for minutes: tests/test_scripts.py runs its --help only. OUT/manifest.json says how OUT was made.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
 import json
-import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from ppprof.io import atomic_write_json
+from ppprof.manifest import script_parser, write_manifest
 from ppprof.policy import load
 from ppprof.runfiles import stage_column
 
@@ -66,16 +66,15 @@ def bench_errors(doc: dict) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="results/bench_model_domain")
+    ap = script_parser(__doc__, "results/bench_model_domain")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     out = Path(args.out)
     validation = out / "validation"
     run(["profile", "--out", str(validation), *VALIDATION])
     samples = pd.read_csv(validation / "samples.csv")
-    result = {"schema_version": 1, "what": __doc__.split("\n\n")[0], "date": dt.date.today().isoformat(),
-              "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}", "validation": VALIDATION,
+    write_manifest(out)
+    result = {"schema_version": 1, "what": __doc__.split("\n\n")[0], "validation": VALIDATION,
               "prompt_lens": list(PROMPTS), "repeats": args.repeats, "grids": {}}
     for name, flags in GRIDS.items():
         folder = out / ("grid-new" if not flags else "grid-old")

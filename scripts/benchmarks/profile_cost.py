@@ -12,16 +12,13 @@ SGLang's f on [1, l, l^2], is scored instead); and how many entries of its chunk
 validation profile's by more than one alignment unit (entries: stretches of prefix_len on which neither table
 changes). For adaptive profiles also when (probing seconds, and as a ratio to the sweep) the table alone was stable.
 
-    python scripts/benchmarks/profile_cost.py [--seeds 0,1,2] [--out results/bench_profile_cost]
+    python scripts/benchmarks/profile_cost.py [--seeds 0,1,2] [-o results/bench_profile_cost]
     python scripts/benchmarks/profile_cost.py --small --seeds 0 --out /tmp/bench_profile_cost   # a quick check
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
 import json
-import platform
 import subprocess
 import sys
 import time
@@ -30,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ppprof.io import atomic_write_json
+from ppprof.manifest import script_parser, write_result
 from ppprof.policy import load
 from ppprof.policy.rule import LatencyModel
 from ppprof.runfiles import stage_column
@@ -121,8 +118,7 @@ def summarize(per_kind: dict[str, list[dict]]) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="results/bench_profile_cost")
+    ap = script_parser(__doc__, "results/bench_profile_cost")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--small", action="store_true", help=f"a quick check: {' '.join(SMALL)}")
     args = ap.parse_args()
@@ -142,15 +138,13 @@ def main() -> None:
     sweep_wall_s = float(np.median([run["probe_wall_s"] for _, run in runs["sweep"]]))
     per_kind = {kind: [judge(folder, run, validation, dense_table, sweep_wall_s) | {"seed": seed}
                        for seed, (folder, run) in zip(seeds, items)] for kind, items in runs.items()}
-    result = {"schema_version": 1, "what": __doc__.split("\n\n")[0], "date": dt.date.today().isoformat(),
-              "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}",
-              "command": " ".join(["python", "scripts/benchmarks/profile_cost.py", *sys.argv[1:]]),
+    result = {"schema_version": 1, "what": __doc__.split("\n\n")[0],
               "profile_flags": {kind: common + flags for kind, flags in KINDS.items()},
               "validation": {"flags": vflags, "rows": len(validation), "probe_wall_s": vrun["probe_wall_s"],
                              "table": dense_table},
               "seeds": seeds, "sweep_probe_wall_s_median": sweep_wall_s, "profiles": per_kind,
               "summary": summarize(per_kind)}
-    atomic_write_json(out.with_suffix(".json") if out.name == "bench_profile_cost" else out / "summary.json", result)
+    write_result(out.with_suffix(".json") if out.name == "bench_profile_cost" else out / "summary.json", result)
     for kind, s in result["summary"].items():
         text = ", ".join(f"{k} {v:.3g}" for k, v in s.items() if v is not None)
         print(f"{kind}: {text}")

@@ -4,10 +4,12 @@
 # `ppprof bench` on its policy for prompts of 16 x B and 64 x B (B = 512), every strategy (policy, policy-history,
 # greedy, sglang, fixed, fixed-best, optimal) interleaved over 5 repeats: PP2 real and replay, PP4 and PP8 replayed on
 # the same 2 ranks, each on the profile refitted for its depth. tiny-hybrid's runs are in OUT/ (profile/, pp2/, pp4/, pp8/), tiny-dense's in OUT/tiny-dense/.
-# About 30 minutes on 2 idle cores. Usage: bash scripts/experiments/bench_reference.sh [OUT]
+# About 30 minutes on 2 idle cores; OUT/manifest.json records the run. Usage: bash scripts/experiments/bench_reference.sh [OUT]
 # DEPTHS="4 8" bench only those depths; REUSE_PROFILES=1 keeps OUT's profiles (and the other depths' runs) and benches
 # them again, e.g. on a host too noisy to profile on (a profile's CV gate fails there) but fit for paired benches.
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '2,/^set /p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0;; esac
+command="bash scripts/experiments/bench_reference.sh${*:+$(printf ' %q' "$@")}"
 cd "$(dirname "$0")/.."
 out=${1:-results/bench-reference}
 depths=${DEPTHS:-2 4 8}
@@ -36,3 +38,5 @@ for model in tiny-hybrid tiny-dense; do
     grep -v '^\[rank' "$dir/bench-pp$pp.log" | grep -v '^bench:.*it/s\]$' | tail -n 22
   done
 done
+# What made OUT, for results/README.md (ppprof.manifest): the command line, git revision, CPU, date.
+.venv/bin/python -m ppprof.manifest "$out" --command "$command" > /dev/null

@@ -4,8 +4,10 @@
 # two prompt lengths for SGLang and for ATOM, then one `ppprof bench` that runs, interleaved: fixed chunks of the
 # profile's B, the policy's own rule (greedy), and tune's plans (the server default, the policy's settings as the
 # server runs them, each server's recommendation, the best fixed chunk and the DP-optimal plan).
-# About 6 minutes on 2 cores. Usage: bash scripts/experiments/bench_tune.sh [OUT]
+# About 6 minutes on 2 cores; OUT/manifest.json records the run. Usage: bash scripts/experiments/bench_tune.sh [OUT]
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '2,/^set /p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0;; esac
+command="bash scripts/experiments/bench_tune.sh${*:+$(printf ' %q' "$@")}"
 cd "$(dirname "$0")/.."
 out=${1:-results/bench-tune}
 rm -rf "$out"
@@ -33,3 +35,5 @@ PY
 $ppprof bench "$out/profile/policy.json" --plans "$out/plans.json" --strategies fixed,greedy --repeats 5 \
   --out "$out/bench" 2> "$out/bench.log"
 grep -v '^\[rank' "$out/bench.log" | grep -v 'it/s\]$' | tail -n 30
+# What made OUT, for results/README.md (ppprof.manifest): the command line, git revision, CPU, date.
+.venv/bin/python -m ppprof.manifest "$out" --command "$command" > /dev/null

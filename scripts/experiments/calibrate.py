@@ -16,10 +16,7 @@ Usage: python scripts/experiments/calibrate.py BENCH_DIR POLICY [-o OUT.json]
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
 import json
-import platform
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +24,7 @@ import pandas as pd
 
 from ppprof.bench.overhead import DEEP_PREFIX_CHUNKS, OVERHEAD_CHUNKS, overhead_run, summarize
 from ppprof.fit.calibrate import calibration_of
-from ppprof.io import atomic_write_json
+from ppprof.manifest import script_parser, write_result
 from ppprof.policy import load
 from ppprof.policy.planners import ttft_ms
 
@@ -63,10 +60,9 @@ def arms(meta: dict) -> dict[str, dict[str, float]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = script_parser(__doc__, None)
     ap.add_argument("bench_dir")
     ap.add_argument("policy")
-    ap.add_argument("-o", "--out")
     args = ap.parse_args()
     bench = pd.read_csv(Path(args.bench_dir) / "bench.csv")
     meta = json.loads((Path(args.bench_dir) / "bench.json").read_text())
@@ -105,10 +101,9 @@ def main() -> None:
         print(f"{name}: TTFT error mean {s['mean_abs_error']:.3f}, max {s['max_abs_error']:.3f}, "
               f"{s['within_3pct']} of {s['arms']} within 3%; chunk MAPE {s['chunk_mape']:.3f}")
     if args.out:
-        atomic_write_json(args.out, {
+        write_result(args.out, {
             "what": __doc__.splitlines()[0], "bench": args.bench_dir, "policy": args.policy,
-            "calibration": cal, "overhead_ms": policy.overhead_ms, "summary": summary, "arms": rows,
-            "host": platform.node() and "vm", "date": dt.date.today().isoformat()})
+            "calibration": cal, "overhead_ms": policy.overhead_ms, "summary": summary, "arms": rows})
 
 
 if __name__ == "__main__":

@@ -14,10 +14,7 @@ Usage: python scripts/experiments/holdout.py POLICY HOLDOUT_RUN [-o results/hold
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
 import json
-import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -26,7 +23,7 @@ import numpy as np
 
 from ppprof.fit.build import fit, without_warmup
 from ppprof.fit.samples import read_samples
-from ppprof.io import atomic_write_json
+from ppprof.manifest import script_parser, write_result
 from ppprof.policy import LatencyModel, load
 from ppprof.runfiles import SAMPLES_FILE
 
@@ -75,16 +72,13 @@ def holdout(policy_path: Path, run: Path) -> dict:
         "mape_prefixed_own_fit": floor,
         "target_mape": TARGET_MAPE,
         "by_prefix": by_prefix,
-        "machine": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version()},
-        "date": dt.date.today().isoformat(),
     }
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__, None)
     parser.add_argument("policy", type=Path)
     parser.add_argument("run", type=Path)
-    parser.add_argument("-o", "--out", type=Path, default=None)
     args = parser.parse_args()
     try:
         report = holdout(args.policy, args.run)
@@ -100,7 +94,7 @@ def main() -> int:
         print(f"  prefix_len {r['prefix_len']:>6}: {r['rows']:>3} rows, MAPE {r['mape_shifted']:.1%}, "
               f"median measured / predicted {r['median_ratio']:.3f}")
     if args.out:
-        atomic_write_json(args.out, report)
+        write_result(args.out, report)
     return 0
 
 

@@ -13,16 +13,12 @@ Usage: python scripts/experiments/repredict.py BENCH_DIR POLICY [POLICY ...] [-o
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
-import json
-import platform
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from ppprof.io import atomic_write_json
+from ppprof.manifest import script_parser, write_result
 from ppprof.policy import load
 
 
@@ -42,20 +38,19 @@ def repredict(bench: pd.DataFrame, policy_path: str, stage: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = script_parser(__doc__, None)
     ap.add_argument("bench_dir")
     ap.add_argument("policies", nargs="+")
-    ap.add_argument("-o", "--out")
     args = ap.parse_args()
     bench = pd.read_csv(Path(args.bench_dir) / "bench.csv")
     stage = int(load(args.policies[0]).data["diagnostics"]["bottleneck_stage"])
-    out = {"what": __doc__.splitlines()[0], "bench": args.bench_dir, "stage": stage, "host": platform.node(),
-           "date": dt.date.today().isoformat(), "models": [repredict(bench, p, stage) for p in args.policies]}
+    out = {"what": __doc__.splitlines()[0], "bench": args.bench_dir, "stage": stage,
+           "models": [repredict(bench, p, stage) for p in args.policies]}
     for m in out["models"]:
         print(f"{m['policy']}: {m['latency_model']['name']} model, chunk MAPE {m['chunk_mape']:.1%}, worst arm "
               f"{m['worst_arm_error']:+.1%}: " + ", ".join(f"{k} {v:+.1%}" for k, v in m["arms"].items()))
     if args.out:
-        atomic_write_json(args.out, out)
+        write_result(args.out, out)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The default model profiled at PP2 x TP1 and at PP2 x TP2 on this machine, the fitted latency coefficients side by
-# side, and what TP adds to every chunk (the all-reduces after attention, Mamba and MLP of each layer).
+# side, and what TP adds to every chunk (the all-reduces after attention, Mamba and MLP of each layer); OUT/manifest.json
+# records the run.
 #   bash scripts/experiments/tp_compare.sh [OUT] [extra ppprof profile options]      (default OUT results/tp-compare-<UTC time>)
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '2,/^set /p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0;; esac
+command="bash scripts/experiments/tp_compare.sh${*:+$(printf ' %q' "$@")}"
 cd "$(dirname "$0")/.."
 out=${1:-results/tp-compare-$(date -u +%Y%m%d-%H%M%S)}
 shift || true
@@ -34,3 +37,5 @@ c = [runs[tp][1]["latency_model"]["coefficients"].get("c", {}).get("value") for 
 if None not in c:
     print(f"TP adds {c[1] - c[0]:.3f} ms to every chunk's fixed cost c (the all-reduces of a stage's layers)")
 PY
+# What made OUT, for results/README.md (ppprof.manifest): the command line, git revision, CPU, date.
+.venv/bin/python -m ppprof.manifest "$out" --command "$command" > /dev/null
