@@ -10,8 +10,8 @@ chunk MAPE of the bottleneck stage. The cells are the bench's, not a profile's: 
 profile's figures.
 
 Usage: python scripts/experiments/calibrate.py BENCH_DIR POLICY [-o OUT.json]
-  e.g. python scripts/experiments/calibrate.py results/bench-reference-2026-12-02/pp2 results/bench-reference-2026-12-02/refit/policy.json \
-           -o results/bench-reference-2026-12-02/calibrate.json
+  e.g. python scripts/experiments/calibrate.py results/bench-reference/pp2 results/bench-reference/profile/policy.json
+  (the bench of 2026-12-02 it was written for, before the profile measured the level itself, is in git at 11413ca)
 """
 
 from __future__ import annotations

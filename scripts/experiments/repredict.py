@@ -7,8 +7,8 @@ over chunks, and per arm and prompt the median over repeats of (measured sum of 
 sum) - 1, the part of a TTFT error that comes from the stage times (the rest is the pipeline's overhead and waits).
 
 Usage: python scripts/experiments/repredict.py BENCH_DIR POLICY [POLICY ...] [-o OUT.json]
-  e.g. python scripts/experiments/repredict.py results/bench-reference-2026-12-02/pp2 results/bench-reference-2026-12-02/profile/policy.json \
-           /tmp/refit/policy.json -o results/bench-reference-2026-12-02/repredict.json
+  e.g. python scripts/experiments/repredict.py results/bench-reference/pp2 results/bench-reference/profile/policy.json \
+           /tmp/refit/policy.json -o /tmp/repredict.json
 """
 
 from __future__ import annotations
