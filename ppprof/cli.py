@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import errno
+import os
+import shlex
 import sys
 
 import click
 
 from ppprof import __version__
+from ppprof.manifest import COMMAND_ENV
 
 EXIT_BAD_INPUT = 2
 
@@ -15,9 +18,13 @@ EXIT_BAD_INPUT = 2
 class PpprofGroup(click.Group):
     """A click group whose commands report bad input as one line on stderr with exit code 2, never a traceback."""
 
-    def main(self, *args, **kwargs):
+    def main(self, args=None, *rest, **kwargs):
+        # The command line as typed, for the manifest rank 0 writes (ppprof.manifest); a rank keeps its launcher's.
+        typed = os.environ.get(COMMAND_ENV)
+        if typed is None:
+            os.environ[COMMAND_ENV] = shlex.join(["ppprof", *(sys.argv[1:] if args is None else args)])
         try:
-            return super().main(*args, **{**kwargs, "standalone_mode": False})
+            return super().main(args, *rest, **{**kwargs, "standalone_mode": False})
         except click.exceptions.Exit as e:
             sys.exit(e.exit_code)
         except click.exceptions.Abort:
@@ -35,6 +42,9 @@ class PpprofGroup(click.Group):
             click.echo(f"error: cannot use{where}: {e.strerror or e}; {OS_ERROR_FIX.get(e.errno, OS_ERROR_FIX[None])}",
                        err=True)
             sys.exit(EXIT_BAD_INPUT)
+        finally:
+            if typed is None:
+                os.environ.pop(COMMAND_ENV, None)
 
 
 OS_ERROR_FIX = {

@@ -5,6 +5,7 @@
 #   bash scripts/gpu_check.sh [OUT]        (default results/gpu-check-<UTC time>; about 5-10 minutes on one H200)
 # GPU_CHECK_EXTRAS=1 also tries `pip install flashinfer-python mamba-ssm causal-conv1d flash-linear-attention` (the `gpu` extra) first.
 set -uo pipefail
+command="bash scripts/gpu_check.sh${*:+$(printf ' %q' "$@")}"
 cd "$(dirname "$0")/.."
 out=${1:-results/gpu-check-$(date -u +%Y%m%d-%H%M%S)}
 mkdir -p "$out"
@@ -100,5 +101,6 @@ else
   step "SGLang with the policy skipped: it needs sglang in .venv and 2 GPUs ($ngpu visible)"
 fi
 
+$PY -m ppprof.manifest "$out" --command "$command" > /dev/null || status=1  # what made OUT (ppprof.manifest)
 echo "gpu_check: $( [ $status = 0 ] && echo passed || echo FAILED ), results in $out" | tee -a "$out/summary.txt"
 exit $status

@@ -11,7 +11,6 @@ policy's best fixed chunk); sends long prompts (16K, 32K tokens) to each and rec
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -24,6 +23,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from ppprof.manifest import script_parser, write_result
 from ppprof.policy.schema import largest_chunk, load_policy
 
 PAGE_SIZE = 64
@@ -149,14 +149,16 @@ def summary(results: dict, prompt_lens: list[int]) -> list[str]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True, type=Path)
+    p = script_parser(__doc__, None)
     p.add_argument("--pp", type=int, default=2)
     p.add_argument("--base-chunk-size", type=int, default=4096)
     p.add_argument("--prompt-lens", type=lambda s: [int(x) for x in s.split(",")], default=[16384, 32768])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--port", type=int, default=30123)
     args = p.parse_args()
+    if args.out is None:
+        p.error("give -o/--out, the folder of its results")
+    args.out = Path(args.out)
     if args.pp < 2:
         print("sglang_check: SGLang's dynamic chunking needs PP >= 2 (two GPUs); skipped")
         return 0
@@ -166,7 +168,7 @@ def main() -> int:
     print(f"  policy {policy_path}")
     env = {k: v for k, v in os.environ.items() if k != "PPPROF_POLICY"}
     results = {name: run_arm(name, cmd, env, args.out, args) for name, cmd in arms(args, model, policy_path).items()}
-    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    write_result(args.out / "results.json", results)
     print("\n".join(summary(results, args.prompt_lens)))
     matched = any("matches this server" in x for x in results["policy"]["log"])
     print("  policy arm: " + ("the policy was loaded" if matched else "the policy was NOT loaded") + "; log:")

@@ -72,7 +72,7 @@ def test_a_character_device_given_as_output_is_written_into_and_stays_a_device(t
     from ppprof.cli import main
 
     dev = private_null(tmp_path)
-    samples = Path(__file__).resolve().parents[1] / "results/profile-tiny-hybrid/samples.csv"
+    samples = Path(__file__).resolve().parents[1] / "results/baseline/samples.csv"
     r = CliRunner().invoke(main, ["fit", str(samples), "-o", str(dev)])
     assert r.exit_code == 0, r.output
     assert stat.S_ISCHR(os.lstat(dev).st_mode), "the device was replaced by a regular file"

@@ -13,7 +13,7 @@ LAYERS = (
     ("ppprof.mem",),
     ("ppprof.plotting", "ppprof.specs"),
     ("ppprof.config",),
-    ("ppprof.model", "ppprof.policy", "ppprof.runfiles"),
+    ("ppprof.manifest", "ppprof.model", "ppprof.policy", "ppprof.runfiles"),
     ("ppprof.servers",),
     ("ppprof.fit",),
     ("ppprof.dist",),
@@ -28,7 +28,7 @@ LAYERS = (
 """Lowest first. A module may import modules of its own unit (its subpackage) and of any unit in a lower layer."""
 
 TORCH_FREE = ("ppprof.bounds", "ppprof.checks", "ppprof.chunks", "ppprof.io", "ppprof.plotting", "ppprof.policy",
-              "ppprof.servers", "ppprof.fit", "ppprof.runfiles", "ppprof.config", "ppprof.specs",
+              "ppprof.servers", "ppprof.fit", "ppprof.manifest", "ppprof.runfiles", "ppprof.config", "ppprof.specs",
               "ppprof.adaptive.design", "ppprof.adaptive.uncertainty", "ppprof.adaptive.probes", "ppprof.adaptive.step",
               "ppprof.sglang")
 DISTRIBUTED = ("ppprof.dist", "ppprof.run")

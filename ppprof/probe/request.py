@@ -1,5 +1,5 @@
 """One probe request's set-up in a stage's cache, as a server's prefill would find it: admitted, its prefix already
-cached (written, not computed), and slots for the chunk. Used by the probe loop and by scripts/bench_forward.py."""
+cached (written, not computed), and slots for the chunk. Used by the probe loop and by scripts/benchmarks/forward.py."""
 
 from __future__ import annotations
 

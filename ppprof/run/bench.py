@@ -18,6 +18,7 @@ from ppprof.chunks import align_up
 from ppprof.config import BenchConfig
 from ppprof.dist.agree import agreed
 from ppprof.fit.samples import read_run
+from ppprof.manifest import write_manifest
 from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.policy.schema import Policy, extrapolation, load
 from ppprof.run.provenance import default_run_dir
@@ -79,6 +80,7 @@ def prepare(run: RankRun[BenchState]) -> None:
             run_dir = Path(bench.out) if bench.out else default_run_dir(f"bench-{run.cfg.model}")
             run_dir.mkdir(parents=True, exist_ok=True)
             claim_folder(run, run_dir, bench.out, run.state.overwrite)
+            write_manifest(run_dir)
     run_dir, run.state.plans = run.pipe.broadcast((str(run_dir), plans))
     run.state.schedule = schedule(run.state.plans, bench.repeats)
     run.run_dir = Path(run_dir)

@@ -21,6 +21,7 @@ from ppprof.bench.executor import WARMUP_REPEAT, BenchPrompt, BenchStage, Prompt
 from ppprof.bench.overhead import overhead_chunk_sizes, overhead_plans, overhead_run, summarize
 from ppprof.config import ProfileConfig
 from ppprof.dist.agree import RunError, agreed
+from ppprof.manifest import write_manifest
 from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.probe.loop import ProbeRunner
 from ppprof.probe.output import append_samples, complete_probes, samples_frame
@@ -117,6 +118,7 @@ def start_record(run: RankRun[ProfileState], run_dir: Path, probes: list, first:
                        dtype=str(run.dtype).removeprefix("torch."), num_probes=len(probes),
                        **({"resumed_from_probe": first} if run.state.resume else {}))
     record.write()
+    write_manifest(run_dir)
     run.state.record, run.state.probes_done = record, first
 
     def on_stop(status: str, signal_name: str | None) -> None:

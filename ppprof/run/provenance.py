@@ -1,14 +1,16 @@
-"""Where a run happened: the run folder's default name, the hardware, and the git revision of ppprof's source."""
+"""Where a run happened: the run folder's default name, the hardware (the git revision and the CPU model are
+ppprof.manifest's)."""
 
 from __future__ import annotations
 
 import datetime as _dt
 import os
 import platform
-import subprocess
 from pathlib import Path
 
 import torch
+
+from ppprof.manifest import cpu_model, git_revision  # noqa: F401 (git_revision: run.json's, from here)
 
 
 def default_run_dir(model: str, root: str | os.PathLike = "results") -> Path:
@@ -21,21 +23,6 @@ def default_run_dir(model: str, root: str | os.PathLike = "results") -> Path:
     return run_dir
 
 
-def git_revision() -> str | None:
-    """The git commit of the ppprof source tree, when it is a checkout."""
-    here = Path(__file__).resolve().parent
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if out.returncode != 0:
-        return None
-    rev = out.stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True,
-                           text=True, timeout=10).stdout.strip()
-    return rev + ("-dirty" if dirty else "")
-
-
 def hardware(device: torch.device) -> dict:
     info = {"device": device.type, "platform": platform.platform(), "machine": platform.machine(),
             "cpu_count": os.cpu_count(), "hostname": platform.node()}
@@ -43,7 +30,7 @@ def hardware(device: torch.device) -> dict:
         info["device_name"] = torch.cuda.get_device_name(device)
         info["device_count"] = torch.cuda.device_count()
     else:
-        info["device_name"] = _cpu_model() or platform.processor() or platform.machine()
+        info["device_name"] = cpu_model()
     return info
 
 
@@ -56,16 +43,6 @@ def peak_memory_bytes(device: torch.device) -> int | None:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return None

@@ -302,7 +302,7 @@ def activation_peak(spec: ModelSpec, layers: range, *, n: int, prefix_len: int, 
     Beyond the layers: a probe's synthetic prefix (the random K/V block of L rows that KVPool.fill_random keeps, one
     Mamba slot's state; MLA's latent block; a Gated DeltaNet slot) and FlashInfer's workspace. Not modelled: allocator caching and fragmentation (CUDA caching
     allocator, glibc heaps), the CUDA context, each rank's torch runtime. On CPU in fp32 (tiny presets, both
-    backends, scripts/bench_memory.py) the estimate is 1.00-1.06 of the measured peak of the live tensors, 0.76-1.00
+    backends, scripts/benchmarks/memory.py) the estimate is 1.00-1.06 of the measured peak of the live tensors, 0.76-1.00
     of the RSS peak under glibc's default malloc (freed heap memory stays resident); CPU bf16 takes more (matmuls
     upcast internally)."""
     held = 5 * n * spec.hidden_size * b

@@ -3,7 +3,7 @@ import sys
 from pathlib import Path
 
 HEAVY = ("torch", "pandas", "sklearn", "matplotlib")
-POLICY = Path(__file__).resolve().parents[2] / "results" / "profile-tiny-hybrid" / "policy.json"
+POLICY = Path(__file__).resolve().parents[2] / "results" / "baseline" / "policy.json"
 
 
 def loaded_after(statement: str, modules=HEAVY) -> list[str]:

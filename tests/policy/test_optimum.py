@@ -16,15 +16,15 @@ from ppprof.policy.optimum import Domain, all_min_sums, bound_grid, optimum_at
 from ppprof.policy.planners import chunk_latencies_ms, fixed_chunks, optimal_chunks, ttft_ms
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT = REPO / "results" / "profile-tiny-hybrid"
+DEFAULT = REPO / "results" / "bench-reference" / "profile"
 GPU = LatencyModel("prefix", a=3.25e-7, b=6.03e-3, c=26.1, g=5.39e-4)
 """A published 4-stage GPU deployment's chunk latency (ms, tokens), B = 8192, prompts up to 131072 tokens."""
 
 
 @lru_cache(maxsize=None)
 def default_policy(num_stages: int, tmp: str):
-    """The committed default profile's samples, fitted for `num_stages` stages (the rules are dynamic whatever
-    they gain, so that they are built and checked)."""
+    """The committed default profile's samples (results/bench-reference/profile: `ppprof profile` with today's code),
+    fitted for `num_stages` stages (the rules are dynamic whatever they gain, so that they are built and checked)."""
     out = Path(tmp) / f"default-pp{num_stages}"
     out.mkdir(parents=True, exist_ok=True)
     for name in ("samples.csv", "run.json"):

@@ -14,7 +14,7 @@ from ppprof.specs.memory import (FLASHINFER_WORKSPACE_BYTES, MAMBA_FUSED, MAMBA_
                                  mamba_bytes, resolve_backend, stage_memory)
 from ppprof.specs.spec import LayerSpec, ModelSpec
 
-BENCH = Path(__file__).resolve().parents[2] / "scripts" / "bench_memory.py"
+BENCH = Path(__file__).resolve().parents[2] / "scripts" / "benchmarks" / "memory.py"
 TOLERANCE = 0.25
 
 
@@ -128,7 +128,7 @@ def test_format_bytes():
 
 
 def load_bench():
-    """scripts/bench_memory.py as a module (its measurement runs in a fresh Python)."""
+    """scripts/benchmarks/memory.py as a module (its measurement runs in a fresh Python)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_memory", BENCH)
@@ -143,7 +143,7 @@ def load_bench():
     for b in (512, 2048) if (model, backend, b) != ("tiny-dense", "reference", 2048)])
 def test_the_estimate_is_within_25_percent_of_the_measured_peak(model, backend, base_chunk_size):
     """One forward of the largest probe request of a profile with base chunk B (chunk 1.25 B after 4 B cached
-    tokens), the whole model as one stage, fp32, in a fresh Python (scripts/bench_memory.py): its peak RSS above the
+    tokens), the whole model as one stage, fp32, in a fresh Python (scripts/benchmarks/memory.py): its peak RSS above the
     RSS before the stage was built, against the estimate's total. glibc is told to map every block above 128 KiB on
     its own (MALLOC_MMAP_THRESHOLD_), so that RSS follows the live tensors rather than the heap's layout, which
     moves the peak by up to ~30% from run to run. The sizes keep the modelled bytes at tens of MiB and more (the
