@@ -71,6 +71,8 @@ def test_bench_runs_every_strategy_and_tunes_plans_through_the_real_pipeline(pol
         g = frame[(frame.arm == "plan-recommended") & (frame.stage == 0) & (frame.prompt_len == int(n))]
         assert g[g.prompt == g.prompt.min()].sort_values("chunk").chunk_size.tolist() == planned
     assert "ratios (median of paired repeats)" in r.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["recorded"] == "by the command" and "bench" in manifest["command"], manifest
 
 
 def test_a_deeper_pipeline_is_replayed_on_fewer_ranks(policy, tmp_path):

@@ -39,6 +39,9 @@ def test_profile_with_a_mamba_cache_much_smaller_than_the_requests_completes(tmp
     assert run["forward_tokens"] == samples["chunk_size"].sum() + 296
     assert "pools back to full capacity" in (out / "rank1.log").read_text()
     check_pipeline_overhead(run, out, num_stages=2, repeats=3)
+    manifest = json.loads((out / "manifest.json").read_text())  # written by the command, as every result's is
+    assert manifest["recorded"] == "by the command" and "profile --out" in manifest["command"], manifest
+    assert manifest["git_revision"] and manifest["cpu_count"] >= 1 and manifest["date"]
 
 
 def check_pipeline_overhead(run: dict, out, num_stages: int, repeats: int) -> None:
