@@ -91,17 +91,23 @@ def alive(pid: int) -> bool:
         return False
 
 
+def stop_rank(p: subprocess.Popen, pid: int) -> tuple[str, float]:
+    """SIGSTOP the rank `pid` of the run `p`, then read p's stderr to its end: (what it said, seconds from the stop
+    to p's exit)."""
+    os.kill(pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    rest = p.stderr.read()
+    p.wait(timeout=120)
+    return rest, time.monotonic() - stopped
+
+
 def test_a_stopped_rank_ends_the_run_within_the_deadline(tmp_path):
     out = tmp_path / "run"
     p = start("profile", "--out", str(out), *LONG, "--timeout", str(TIMEOUT_S))
     try:
         read_until(p, "probe 2 (prefix")  # the first prefix probe, after the sweep and the wide probe
         ranks = rank_pids(p.pid)
-        os.kill(ranks[1], signal.SIGSTOP)
-        stopped = time.monotonic()
-        rest = p.stderr.read()
-        p.wait(timeout=120)
-        took = time.monotonic() - stopped
+        rest, took = stop_rank(p, ranks[1])
     finally:
         p.kill()
     assert p.returncode == 1, rest[-3000:]
@@ -136,13 +142,9 @@ def test_a_rank_stopped_while_it_starts_ends_the_run_within_the_deadline_naming_
     p = start("profile", "--out", str(out), *LONG, "--timeout", str(TIMEOUT_S))
     try:
         pid = first_worker(p.pid)
-        os.kill(pid, signal.SIGSTOP)  # before it imports torch, long before it joins the group
-        stopped = time.monotonic()
         rank = int(dict(e.split(b"=", 1) for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
                         if b"=" in e)[b"RANK"])
-        rest = p.stderr.read()
-        p.wait(timeout=120)
-        took = time.monotonic() - stopped
+        rest, took = stop_rank(p, pid)  # before it imports torch, long before it joins the group
     finally:
         p.kill()
     assert p.returncode == 1, rest[-3000:]

@@ -3,17 +3,14 @@ ranks timed as its slowest, per-TP-rank pools checked for leaks, a policy writte
 The mesh and the model's TP split refused before launch: tests/run/test_tp_input.py."""
 
 import json
-import os
 import re
-import signal
 import sys
-import time
 
 import pandas as pd
 import pytest
 
 from tests.multirank import TINY, run_cli
-from tests.run.test_faults import LONG, alive, rank_pids, read_until, start
+from tests.run.test_faults import LONG, alive, rank_pids, read_until, start, stop_rank
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(300)]
 
@@ -83,11 +80,7 @@ def test_a_stopped_tp_rank_ends_the_run_within_the_deadline(tmp_path):
     try:
         read_until(p, "probe 2 (prefix")
         ranks = rank_pids(p.pid)
-        os.kill(ranks[1], signal.SIGSTOP)  # TP rank 1 of the one stage: rank 0 waits in a TP collective
-        stopped = time.monotonic()
-        rest = p.stderr.read()
-        p.wait(timeout=120)
-        took = time.monotonic() - stopped
+        rest, took = stop_rank(p, ranks[1])  # TP rank 1 of the one stage: rank 0 waits in a TP collective
     finally:
         p.kill()
     assert p.returncode == 1, rest[-3000:]
