@@ -16,7 +16,7 @@ LAYERS = (
     ("ppprof.manifest", "ppprof.model", "ppprof.policy", "ppprof.runfiles"),
     ("ppprof.servers",),
     ("ppprof.fit",),
-    ("ppprof.dist",),
+    ("ppprof.distributed",),
     ("ppprof.probe",),
     ("ppprof.adaptive",),
     ("ppprof.bench",),
@@ -31,7 +31,7 @@ TORCH_FREE = ("ppprof.bounds", "ppprof.checks", "ppprof.chunks", "ppprof.io", "p
               "ppprof.servers", "ppprof.fit", "ppprof.manifest", "ppprof.runfiles", "ppprof.config", "ppprof.specs",
               "ppprof.adaptive.design", "ppprof.adaptive.uncertainty", "ppprof.adaptive.probes", "ppprof.adaptive.step",
               "ppprof.sglang")
-DISTRIBUTED = ("ppprof.dist", "ppprof.run")
+DISTRIBUTED = ("ppprof.distributed", "ppprof.run")
 """The only units that may touch torch.distributed."""
 
 

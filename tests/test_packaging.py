@@ -36,3 +36,10 @@ def test_installed_copy_finds_presets_without_the_repository(tmp_path):
         r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path,
                            timeout=120, env={"PATH": "/usr/bin:/bin", "PPPROF_POLICY": policy})
         assert r.returncode == 0 and r.stdout.strip() == hooked, (policy, r.stdout, r.stderr[-2000:])
+
+
+def test_no_package_folder_has_a_name_linters_and_build_tools_skip():
+    # ruff's and black's default excludes (and pytest's norecursedirs) skip folders named so: ppprof/dist was one
+    skipped = {"build", "dist", "venv", ".venv", "_build", "buck-out", "node_modules", "site-packages", "__pypackages__"}
+    names = {p.parent.name for p in (REPO / "ppprof").rglob("__init__.py")}
+    assert not names & skipped, names & skipped

@@ -12,8 +12,8 @@ from typing import Iterator
 from ppprof.adaptive.probes import design_probe
 from ppprof.adaptive.step import GRID_DONE, DesignState, choose
 from ppprof.config import ProfileConfig
-from ppprof.dist.agree import agreed
-from ppprof.dist.pipe import Pipe
+from ppprof.distributed.agree import agreed
+from ppprof.distributed.pipe import Pipe
 from ppprof.fit.samples import read_samples
 from ppprof.probe.synth import Probe
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ppprof.dist.agree import RunError, stop_if_any_failed
-from ppprof.dist.pipe import FAILED, OK, Pipe
+from ppprof.distributed.agree import RunError, stop_if_any_failed
+from ppprof.distributed.pipe import FAILED, OK, Pipe
 from ppprof.mem import Request, StageCache
 from ppprof.mem.cache import describe_leaks
 from ppprof.model.stage import Stage

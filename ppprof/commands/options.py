@@ -9,7 +9,7 @@ import click
 
 from ppprof.bounds import ATTENTION_BACKENDS, DEVICES
 from ppprof.config import PolicyOptions, ProfileConfig, flag
-from ppprof.dist.launch import TORCHRUN_OPTIONS
+from ppprof.distributed.launch import TORCHRUN_OPTIONS
 from ppprof.run.job import RESOLVED_CONFIG
 
 resolved_config_option = click.option(RESOLVED_CONFIG, hidden=True,

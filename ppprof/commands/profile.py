@@ -12,7 +12,7 @@ import click
 from ppprof.commands.options import (resolved_config_option, shown, sizing_options, timeout_option,
                                      torchrun_options)
 from ppprof.config import DESIGNS
-from ppprof.dist.launch import TORCHRUN_OPTIONS
+from ppprof.distributed.launch import TORCHRUN_OPTIONS
 from ppprof.probe.loop import FAULTS
 from ppprof.run.job import start
 from ppprof.run.profile import profile_rank

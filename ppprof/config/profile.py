@@ -180,7 +180,7 @@ class ProfileConfig:
     each, interleaved; 0: not measured."""
     timeout: float = 60.0
     """Seconds: the least time a rank waits on another before the run stops with "rank N did not answer"; a wait
-    may take longer when the requests measured so far are slow (ppprof.dist.watchdog: 20 x the slowest)."""
+    may take longer when the requests measured so far are slow (ppprof.distributed.watchdog: 20 x the slowest)."""
 
     def __post_init__(self) -> None:
         check_types(self)

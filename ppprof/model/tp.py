@@ -1,5 +1,5 @@
 """What a tensor-parallel layer needs besides its shapes (ppprof.specs.tp): the TP group as a small handle (the
-collectives come from ppprof.dist, which builds it; this package never imports torch.distributed), and the
+collectives come from ppprof.distributed, which builds it; this package never imports torch.distributed), and the
 sharding of a parameter drawn at its full shape, so that the TP ranks' shards of one seed's weights together are
 exactly the TP = 1 weights.
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ppprof.dist.agree import RunError
+from ppprof.distributed.agree import RunError
 from ppprof.mem import Request, StageCache
 from ppprof.mem.cache import describe_leaks
 from ppprof.probe.synth import ProbeRequest

@@ -16,7 +16,7 @@ from ppprof.bench.plans import Arm, arms
 from ppprof.bench.report import write_report
 from ppprof.chunks import align_up
 from ppprof.config import BenchConfig
-from ppprof.dist.agree import agreed
+from ppprof.distributed.agree import agreed
 from ppprof.fit.samples import read_run
 from ppprof.manifest import write_manifest
 from ppprof.model.stage import Stage, build_stage_cache

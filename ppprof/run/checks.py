@@ -11,7 +11,7 @@ from typing import Callable
 
 from ppprof.adaptive import check as check_adaptive_design
 from ppprof.config import BenchConfig, ProfileConfig
-from ppprof.dist.launch import in_worker
+from ppprof.distributed.launch import in_worker
 from ppprof.model.attention_kernels import resolve_attention_backend
 from ppprof.run.memory import check_memory
 from ppprof.runfiles import LOCK_FILE, check_lock

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from ppprof.config import ProfileConfig
-from ppprof.dist.launch import Outcome, in_worker, launch, num_nodes
+from ppprof.distributed.launch import Outcome, in_worker, launch, num_nodes
 from ppprof.run.checks import check_before_launch, warnings
 from ppprof.runfiles import LOCK_HELD_ENV, RUN_DIR_NOTE_ENV, RUN_FILE, mark_failed, release_lock, take_lock
 

@@ -20,7 +20,7 @@ from ppprof.adaptive.step import DesignState, design_record
 from ppprof.bench.executor import WARMUP_REPEAT, BenchPrompt, BenchStage, PromptRunner
 from ppprof.bench.overhead import overhead_chunk_sizes, overhead_plans, overhead_run, summarize
 from ppprof.config import ProfileConfig
-from ppprof.dist.agree import RunError, agreed
+from ppprof.distributed.agree import RunError, agreed
 from ppprof.manifest import write_manifest
 from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.probe.loop import ProbeRunner

@@ -15,10 +15,10 @@ from typing import Callable, Generic, Sequence, TypeVar
 import torch
 
 from ppprof.config import ProfileConfig
-from ppprof.dist.agree import RunError, agreed
-from ppprof.dist.group import RankInfo, process_group
-from ppprof.dist.pipe import Pipe
-from ppprof.dist.watchdog import DEFAULT_TIMEOUT_S
+from ppprof.distributed.agree import RunError, agreed
+from ppprof.distributed.group import RankInfo, process_group
+from ppprof.distributed.pipe import Pipe
+from ppprof.distributed.watchdog import DEFAULT_TIMEOUT_S
 from ppprof.io import atomic_write_text, open_append
 from ppprof.mem import StageCache
 from ppprof.model.stage import Stage

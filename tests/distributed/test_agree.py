@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from ppprof.dist.agree import RunError, agreed, stop_if_any_failed
-from ppprof.dist.pipe import Pipe
+from ppprof.distributed.agree import RunError, agreed, stop_if_any_failed
+from ppprof.distributed.pipe import Pipe
 
 
 def pipe():

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from ppprof.config import ProfileConfig
-from ppprof.dist.launch import launcher_argv, num_nodes
+from ppprof.distributed.launch import launcher_argv, num_nodes
 
 
 def test_launcher_passes_torchrun_options_and_the_resolved_config():
@@ -45,7 +45,7 @@ def test_a_store_listens_on_the_one_address_it_is_given():
     import torch.distributed as dist
     from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
 
-    from ppprof.dist.rendezvous import bound_stores
+    from ppprof.distributed.rendezvous import bound_stores
 
     with bound_stores("127.0.0.1", single_node=True):
         store = c10d_rendezvous_backend.TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True,
@@ -71,7 +71,7 @@ def test_across_nodes_the_rendezvous_store_listens_on_the_address_named():
 
     from torch.distributed.elastic.rendezvous import static_tcp_rendezvous
 
-    from ppprof.dist.rendezvous import bound_stores
+    from ppprof.distributed.rendezvous import bound_stores
 
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # this host's address on its default route
         try:
@@ -90,7 +90,7 @@ def test_across_nodes_the_rendezvous_store_listens_on_the_address_named():
 def test_a_rank_that_died_of_a_signal_is_named_first():
     from types import SimpleNamespace as Failure
 
-    from ppprof.dist.launch import failed_ranks
+    from ppprof.distributed.launch import failed_ranks
 
     assert failed_ranks({0: Failure(exitcode=1, pid=10), 1: Failure(exitcode=-9, pid=11)}) == \
         "rank 1 died of SIGKILL (pid 11); rank 0 stopped after it"

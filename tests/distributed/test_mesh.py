@@ -1,7 +1,7 @@
 """The (pp, tp) mesh's arithmetic: the TP ranks of a stage adjacent, each talking to its own TP rank on the
 neighbouring stages."""
 
-from ppprof.dist.mesh import MeshCoords
+from ppprof.distributed.mesh import MeshCoords
 
 
 def test_pp2_tp2_puts_the_tp_ranks_of_a_stage_side_by_side():

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ppprof.dist.mesh import build_mesh
+from ppprof.distributed.mesh import build_mesh
 from ppprof.mem.cache import Request
 from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.specs import LayerSpec, load_spec

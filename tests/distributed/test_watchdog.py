@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ppprof.dist.watchdog import (EVERY_RANK, LENIENT_FACTOR, REQUEST_FACTOR, WORKING, RankState, Watchdog,
+from ppprof.distributed.watchdog import (EVERY_RANK, LENIENT_FACTOR, REQUEST_FACTOR, WORKING, RankState, Watchdog,
                                   culprit)
 from tests.multirank import REPO
 
@@ -54,7 +54,7 @@ def test_the_deadline_follows_the_slowest_request_above_the_floor():
 
 RANK_SCRIPT = """
 import sys, time
-from ppprof.dist.watchdog import Watchdog
+from ppprof.distributed.watchdog import Watchdog
 w = Watchdog(0, 2, timeout_s={timeout}, lenient_min_s=0).start()
 w.phase = "test phase"
 w.on_stop.append(lambda status, sig: print("status:", status, sig, flush=True))
@@ -153,7 +153,7 @@ def alive(pid: int) -> bool:
 
 
 def test_a_stopped_child_of_the_launcher_is_found_by_its_rank_and_a_running_one_is_not():
-    from ppprof.dist.watchdog import stopped_sibling
+    from ppprof.distributed.watchdog import stopped_sibling
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, "RANK": "7"})
     try:

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from ppprof.config import ProfileConfig
-from ppprof.dist.agree import RunError
-from ppprof.dist.pipe import Pipe
+from ppprof.distributed.agree import RunError
+from ppprof.distributed.pipe import Pipe
 from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.probe import loop
 from ppprof.probe.loop import SKIP_MAMBA_RELEASE, ProbeRunner

@@ -21,7 +21,7 @@ def test_hardware_names_the_device_and_the_cpu():
 def test_a_replayed_deeper_pipeline_repeats_the_profiled_split():
     """--pp above the profiled stages: every stage holds the layers of one profiled stage, in the profile's split."""
     from ppprof.config import ProfileConfig
-    from ppprof.dist.group import RankInfo
+    from ppprof.distributed.group import RankInfo
     from ppprof.run.rank import set_up
 
     info = RankInfo(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"), backend="gloo")

@@ -11,8 +11,8 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from ppprof.dist.mesh import Mesh, build_mesh
-from ppprof.dist.watchdog import DEFAULT_TIMEOUT_S, EVERY_RANK, Watchdog, die_with_parent, launcher_store
+from ppprof.distributed.mesh import Mesh, build_mesh
+from ppprof.distributed.watchdog import DEFAULT_TIMEOUT_S, EVERY_RANK, Watchdog, die_with_parent, launcher_store
 
 JOIN_PHASE = "join the process group"
 """The watchdog's phase from the rank's start until its job names the first phase of its own."""
@@ -30,9 +30,9 @@ class RankInfo:
     device: torch.device
     backend: str
     watchdog: Watchdog | None = None
-    """Deadlines on this rank's waits, its signals and its parent (ppprof.dist.watchdog)."""
+    """Deadlines on this rank's waits, its signals and its parent (ppprof.distributed.watchdog)."""
     mesh: Mesh | None = None
-    """The job's (pp, tp) mesh (ppprof.dist.mesh): this rank's stage and TP rank, and their groups."""
+    """The job's (pp, tp) mesh (ppprof.distributed.mesh): this rank's stage and TP rank, and their groups."""
 
 
 @contextmanager

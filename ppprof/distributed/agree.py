@@ -6,7 +6,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
-from ppprof.dist.pipe import Pipe
+from ppprof.distributed.pipe import Pipe
 
 
 class RunError(RuntimeError):

@@ -11,8 +11,8 @@ import signal
 import sys
 from dataclasses import dataclass
 
-from ppprof.dist.rendezvous import LOOPBACK, bound_stores, single_node_argv
-from ppprof.dist.watchdog import EXIT_FAILED, SIGNAL_EXIT
+from ppprof.distributed.rendezvous import LOOPBACK, bound_stores, single_node_argv
+from ppprof.distributed.watchdog import EXIT_FAILED, SIGNAL_EXIT
 
 # torchrun options `ppprof profile` accepts and passes to the launcher unchanged: (option, takes a value).
 TORCHRUN_OPTIONS = (
@@ -49,7 +49,7 @@ def in_worker() -> bool:
 
 
 SINGLE_NODE_SET = ("standalone", "rdzv_backend", "rdzv_id", "local_addr")
-"""The options a single-node run sets itself (ppprof.dist.rendezvous.single_node_argv)."""
+"""The options a single-node run sets itself (ppprof.distributed.rendezvous.single_node_argv)."""
 
 
 def single_node(torchrun: dict) -> bool:
@@ -69,7 +69,7 @@ def launcher_argv(nproc_per_node: int, torchrun: dict, worker_args: list[str]) -
             continue
         flag = "--" + name.replace("_", "-")
         argv += [flag, str(value)] if takes_value else [flag]
-    # Ranks end within a second of SIGINT/SIGTERM (ppprof.dist.watchdog); a stopped one gets SIGKILL soon after.
+    # Ranks end within a second of SIGINT/SIGTERM (ppprof.distributed.watchdog); a stopped one gets SIGKILL soon after.
     argv += ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]
     return argv + ["--module", "ppprof", *worker_args]
 

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ppprof.dist.mesh import Mesh, TPGroup
-from ppprof.dist.watchdog import EVERY_RANK, Watchdog
+from ppprof.distributed.mesh import Mesh, TPGroup
+from ppprof.distributed.watchdog import EVERY_RANK, Watchdog
 
 OK = 0
 FAILED = 1
@@ -39,7 +39,7 @@ class PendingActivation:
 class Pipe:
     """This rank's links to its neighbours in the pipeline (activations down, "done" back to rank 0), and the few
     collectives of a run (agreement, gather, broadcast). With a watchdog, every wait on another rank has a deadline
-    (ppprof.dist.watchdog).
+    (ppprof.distributed.watchdog).
 
     `rank` is this rank's stage and `world_size` the number of stages. With a (pp, tp) mesh, TP rank t of a stage
     sends its whole hidden state to TP rank t of the next over the mesh's pp group: after the row-parallel

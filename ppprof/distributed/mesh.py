@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ppprof.dist.watchdog import EVERY_RANK, Watchdog
+from ppprof.distributed.watchdog import EVERY_RANK, Watchdog
 from ppprof.specs.tp import mesh_problem
 
 
