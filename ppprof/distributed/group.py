@@ -12,7 +12,9 @@ import torch
 import torch.distributed as dist
 
 from ppprof.distributed.mesh import Mesh, build_mesh
-from ppprof.distributed.watchdog import DEFAULT_TIMEOUT_S, EVERY_RANK, Watchdog, die_with_parent, launcher_store
+from ppprof.distributed.parent import die_with_parent
+from ppprof.distributed.rankstate import EVERY_RANK
+from ppprof.distributed.watchdog import DEFAULT_TIMEOUT_S, Watchdog, launcher_store
 
 JOIN_PHASE = "join the process group"
 """The watchdog's phase from the rank's start until its job names the first phase of its own."""

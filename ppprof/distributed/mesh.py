@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ppprof.distributed.watchdog import EVERY_RANK, Watchdog
+from ppprof.distributed.rankstate import EVERY_RANK
+from ppprof.distributed.watchdog import Watchdog
 from ppprof.specs.tp import mesh_problem
 
 

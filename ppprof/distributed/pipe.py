@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 
 from ppprof.distributed.mesh import Mesh, TPGroup
-from ppprof.distributed.watchdog import EVERY_RANK, Watchdog
+from ppprof.distributed.rankstate import EVERY_RANK
+from ppprof.distributed.watchdog import Watchdog
 
 OK = 0
 FAILED = 1

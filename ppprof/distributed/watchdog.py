@@ -11,7 +11,6 @@ otherwise after LENIENT_FACTOR deadlines (at least LENIENT_MIN_S)."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import select
 import signal
@@ -20,10 +19,11 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Callable, Iterator
 
+from ppprof.distributed.procfs import local_rank_gone, stopped_sibling
+from ppprof.distributed.rankstate import WORKING, RankState, culprit
 from ppprof.runfiles import FAILED, INTERRUPTED
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -44,113 +44,10 @@ wait (which names the rank) before the rank ends as a failure on its own words; 
 5 s after its SIGTERM."""
 
 
-def local_rank_gone(parent: int) -> bool:
-    """Whether fewer of this node's ranks (the launcher's children, LOCAL_WORLD_SIZE of them) are alive than it
-    started: a SIGTERM then most likely follows a rank's death, not an interrupt. Linux (/proc); False elsewhere."""
-    try:
-        expected = int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
-        alive = 0
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry.name}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == parent and fields[0] != "Z":
-                alive += 1
-    except (OSError, ValueError):
-        return False
-    return 0 < alive < expected
-
-
-def stopped_sibling(parent: int, rank: int) -> int | None:
-    """The pid of this node's rank `rank` (a child of the launcher `parent` whose environment says RANK=`rank`) when
-    that process is stopped (SIGSTOP, a debugger), None otherwise: running, gone, or not on this node. Linux (/proc);
-    None elsewhere."""
-    want = f"RANK={rank}".encode()
-    try:
-        entries = list(os.scandir("/proc"))
-    except OSError:
-        return None
-    for entry in entries:
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[1]) != parent:
-                continue
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                environ = f.read().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        if want in environ:
-            return int(entry.name) if fields[0] in ("T", "t") else None
-    return None
-
-
 EXIT_FAILED = 1
-WORKING = -2
-"""A rank's published wait: none (it is working)."""
-EVERY_RANK = -1
-"""A rank's published wait: a collective (it waits on every rank)."""
-PR_SET_PDEATHSIG = 1
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 StopCallback = Callable[[str, str | None], None]
 """Called before the rank exits: (run status: "interrupted" or "failed: <reason>", signal name or None)."""
-
-
-@dataclass(frozen=True, slots=True)
-class RankState:
-    """What a rank last published: its heartbeat count, where it runs, and what it waits on."""
-
-    beat: int
-    host: str
-    pid: int
-    peer: int
-    """The rank it waits on, EVERY_RANK in a collective, WORKING when not waiting."""
-    phase: str
-
-    def encode(self) -> str:
-        return f"{self.beat} {self.host} {self.pid} {self.peer} {self.phase}"
-
-    @classmethod
-    def decode(cls, text: str) -> "RankState":
-        beat, host, pid, peer, phase = text.split(" ", 4)
-        return cls(int(beat), host, int(pid), int(peer), phase)
-
-
-def culprit(me: int, peer: int, world_size: int, states: dict[int, RankState], stale: set[int]) -> int:
-    """The rank that does not answer, seen from rank `me` waiting on `peer` (EVERY_RANK in a collective): a stopped
-    rank (its heartbeat stale) first, the awaited one among them if it is; else follow the published waits from the
-    awaited ranks to the first one that is working (or whose state is unknown)."""
-    if stale:
-        return peer if peer in stale else min(stale)
-    todo = [peer] if peer >= 0 else [r for r in range(world_size) if r != me]
-    seen = {me}
-    while todo:
-        r = todo.pop(0)
-        if r in seen:
-            continue
-        seen.add(r)
-        state = states.get(r)
-        if state is None or state.peer == WORKING:
-            return r
-        if state.peer >= 0:
-            todo.insert(0, state.peer)
-    return peer if peer >= 0 else (me + 1) % world_size
-
-
-def die_with_parent() -> None:
-    """Ask Linux to send this process SIGTERM when its parent (the launcher) dies; the monitor thread also watches
-    the parent, so that elsewhere, or where the parent died before this call, the rank goes too."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
 
 
 def launcher_store(timeout_s: float = 30.0):

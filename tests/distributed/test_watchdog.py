@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from ppprof.distributed.watchdog import (EVERY_RANK, LENIENT_FACTOR, REQUEST_FACTOR, WORKING, RankState, Watchdog,
-                                  culprit)
+from ppprof.distributed.rankstate import EVERY_RANK, WORKING, RankState, culprit
+from ppprof.distributed.watchdog import LENIENT_FACTOR, REQUEST_FACTOR, Watchdog
 from tests.multirank import REPO
 
 
@@ -153,7 +153,7 @@ def alive(pid: int) -> bool:
 
 
 def test_a_stopped_child_of_the_launcher_is_found_by_its_rank_and_a_running_one_is_not():
-    from ppprof.distributed.watchdog import stopped_sibling
+    from ppprof.distributed.procfs import stopped_sibling
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, "RANK": "7"})
     try:
