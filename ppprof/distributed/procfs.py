@@ -1,9 +1,28 @@
-"""What /proc tells of this node's processes: whether a rank of the launcher is gone, and which one is stopped.
+"""What /proc tells of this node's processes: whether a rank of the launcher is gone, and which ones are stopped.
 Linux; elsewhere each answers as if nothing were wrong."""
 
 from __future__ import annotations
 
 import os
+from typing import Iterator
+
+
+def children(parent: int) -> Iterator[tuple[int, str]]:
+    """(pid, state letter of /proc/PID/stat) of each child of `parent`; none where /proc cannot be read."""
+    try:
+        entries = list(os.scandir("/proc"))
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[1]) == parent:
+                yield int(entry.name), fields[0]
+        except (OSError, IndexError, ValueError):
+            continue
 
 
 def local_rank_gone(parent: int) -> bool:
@@ -11,43 +30,25 @@ def local_rank_gone(parent: int) -> bool:
     started: a SIGTERM then most likely follows a rank's death, not an interrupt. Linux (/proc); False elsewhere."""
     try:
         expected = int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
-        alive = 0
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry.name}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == parent and fields[0] != "Z":
-                alive += 1
-    except (OSError, ValueError):
+    except ValueError:
         return False
+    alive = sum(state != "Z" for _, state in children(parent))
     return 0 < alive < expected
 
 
-def stopped_sibling(parent: int, rank: int) -> int | None:
-    """The pid of this node's rank `rank` (a child of the launcher `parent` whose environment says RANK=`rank`) when
-    that process is stopped (SIGSTOP, a debugger), None otherwise: running, gone, or not on this node. Linux (/proc);
-    None elsewhere."""
-    want = f"RANK={rank}".encode()
-    try:
-        entries = list(os.scandir("/proc"))
-    except OSError:
-        return None
-    for entry in entries:
-        if not entry.name.isdigit():
+def stopped_ranks(parent: int) -> dict[int, int]:
+    """{rank: pid} of this node's ranks (children of the launcher `parent`, RANK=rank in their environment) that are
+    stopped (SIGSTOP, a debugger), in one pass over /proc. Linux; empty elsewhere."""
+    out = {}
+    for pid, state in children(parent):
+        if state not in ("T", "t"):
             continue
         try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[1]) != parent:
-                continue
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
+            with open(f"/proc/{pid}/environ", "rb") as f:
                 environ = f.read().split(b"\0")
-        except (OSError, IndexError, ValueError):
+        except OSError:
             continue
-        if want in environ:
-            return int(entry.name) if fields[0] in ("T", "t") else None
-    return None
+        for item in environ:
+            if item.startswith(b"RANK=") and item[5:].isdigit():
+                out[int(item[5:])] = pid
+    return out

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Callable, Iterator
 
-from ppprof.distributed.procfs import local_rank_gone, stopped_sibling
+from ppprof.distributed.procfs import local_rank_gone, stopped_ranks
 from ppprof.distributed.rankstate import WORKING, RankState, culprit
 from ppprof.runfiles import FAILED, INTERRUPTED
 
@@ -258,8 +258,8 @@ class Watchdog:
         runs, and is judged as any rank that beats."""
         if self.store is None or not self._states_read:
             return {}
-        found = {r: stopped_sibling(self._parent, r) for r in others if r not in self._states}
-        return {r: pid for r, pid in found.items() if pid is not None}
+        stopped = stopped_ranks(self._parent)
+        return {r: stopped[r] for r in others if r not in self._states and r in stopped}
 
     def _heartbeat(self) -> None:
         while not self._closing.is_set():

@@ -21,13 +21,13 @@ from ppprof.bench.executor import WARMUP_REPEAT, BenchPrompt, BenchStage, Prompt
 from ppprof.bench.overhead import overhead_chunk_sizes, overhead_plans, overhead_run, summarize
 from ppprof.config import ProfileConfig
 from ppprof.distributed.agree import RunError, agreed
-from ppprof.manifest import write_manifest
+from ppprof.manifest import git_revision, write_manifest
 from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.probe.loop import ProbeRunner
 from ppprof.probe.output import append_samples, complete_probes, samples_frame
 from ppprof.probe.synth import Probe, ProbeRequest, warmup_requests
 from ppprof.run.memory import profile_memory
-from ppprof.run.provenance import default_run_dir, git_revision, hardware, peak_memory_bytes
+from ppprof.run.provenance import default_run_dir, hardware, peak_memory_bytes
 from ppprof.run.rank import (Phase, RankRun, add_log_file, claim_folder, release_folder, run_phases, run_rank,
                              set_up, tp_comm, tp_shard)
 from ppprof.specs.spec import layers_pattern

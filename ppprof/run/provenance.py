@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from ppprof.manifest import cpu_model, git_revision  # noqa: F401 (git_revision: run.json's, from here)
+from ppprof.manifest import cpu_model
 
 
 def default_run_dir(model: str, root: str | os.PathLike = "results") -> Path:

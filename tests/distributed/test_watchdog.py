@@ -153,7 +153,10 @@ def alive(pid: int) -> bool:
 
 
 def test_a_stopped_child_of_the_launcher_is_found_by_its_rank_and_a_running_one_is_not():
-    from ppprof.distributed.procfs import stopped_sibling
+    from ppprof.distributed.procfs import stopped_ranks
+
+    def stopped_sibling(parent, rank):
+        return stopped_ranks(parent).get(rank)
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, "RANK": "7"})
     try:
