@@ -17,8 +17,7 @@ def require_int(label: str, value, low: int, high: int | None = None) -> int:
     """`value` if it is an integer in low..high (high None: no upper bound), else ValueError naming `label` (e.g.
     "--page-size"), the value and the fix. A float (4096.0 too), a string, a bool or a list is not an integer."""
     if not is_int(value):
-        raise ValueError(f"{label} {short(value)} must be an integer{range_text(low, high)}, not "
-                         f"{a_type(value)}")
+        raise ValueError(f"{label} {short(value)} must be an integer{range_text(low, high)}, not {a_type(value)}")
     if value < low or (high is not None and value > high):
         raise ValueError(f"{label} {value} must be an integer{range_text(low, high)}")
     return value
@@ -27,16 +26,19 @@ def require_int(label: str, value, low: int, high: int | None = None) -> int:
 def require_bool(label: str, value) -> bool:
     """`value` if it is a bool, else ValueError (a YAML string "false" is not false)."""
     if not isinstance(value, bool):
-        raise ValueError(f"{label} {short(value)} must be true or false (an unquoted YAML boolean), not "
-                         f"{a_type(value)}")
+        raise ValueError(
+            f"{label} {short(value)} must be true or false (an unquoted YAML boolean), not {a_type(value)}"
+        )
     return value
 
 
 def require_str(label: str, value, what: str = "a string") -> str:
     """`value` if it is a non-empty string, else ValueError (`what` says what the string is, e.g. "a folder path")."""
     if not isinstance(value, str) or not value:
-        raise ValueError(f"{label} {short(value)} must be {what}" + (
-            f", not {a_type(value)} (quote it in YAML)" if not isinstance(value, str) else ""))
+        raise ValueError(
+            f"{label} {short(value)} must be {what}"
+            + (f", not {a_type(value)} (quote it in YAML)" if not isinstance(value, str) else "")
+        )
     return value
 
 

@@ -39,8 +39,10 @@ class PpprofGroup(click.Group):
             sys.exit(EXIT_BAD_INPUT)
         except OSError as e:  # an input or output path that cannot be read or written
             where = f" {e.filename}" if e.filename else ""
-            click.echo(f"error: cannot use{where}: {e.strerror or e}; {OS_ERROR_FIX.get(e.errno, OS_ERROR_FIX[None])}",
-                       err=True)
+            click.echo(
+                f"error: cannot use{where}: {e.strerror or e}; {OS_ERROR_FIX.get(e.errno, OS_ERROR_FIX[None])}",
+                err=True,
+            )
             sys.exit(EXIT_BAD_INPUT)
         finally:
             if typed is None:
@@ -57,8 +59,11 @@ OS_ERROR_FIX = {
 """The fix an OSError's one line names, by its errno."""
 
 
-@click.group(cls=PpprofGroup, context_settings={"help_option_names": ["-h", "--help"]},
-             epilog="Example: ppprof profile --out results/my-run")
+@click.group(
+    cls=PpprofGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="Example: ppprof profile --out results/my-run",
+)
 @click.version_option(__version__, prog_name="ppprof")
 def main() -> None:
     """Profile prefill chunks on a pipeline-parallel model and write a dynamic-chunk policy for servers."""

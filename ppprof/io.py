@@ -74,8 +74,9 @@ def open_append(path: str | os.PathLike):
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise OSError(e.errno, "is a symbolic link, which ppprof does not append through; remove it", str(path)) \
-                from None
+            raise OSError(
+                e.errno, "is a symbolic link, which ppprof does not append through; remove it", str(path)
+            ) from None
         raise OSError(e.errno, e.strerror or str(e), str(path)) from None
     return os.fdopen(fd, "a")
 
@@ -220,5 +221,7 @@ class TooDeep(ValueError):
 
 
 def too_deep(label: str, where: str) -> TooDeep:
-    return TooDeep(f"{label} nests lists or mappings deeper than {MAX_DEPTH} levels (at {where}): no ppprof input "
-                      "does; give the right file")
+    return TooDeep(
+        f"{label} nests lists or mappings deeper than {MAX_DEPTH} levels (at {where}): no ppprof input "
+        "does; give the right file"
+    )

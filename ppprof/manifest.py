@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 def git_revision(where: str | os.PathLike = REPO) -> str | None:
     """The git commit of the source tree at `where` (ppprof's own by default), with "-dirty" when tracked files
     changed; None outside a checkout."""
+
     def git(*args: str) -> subprocess.CompletedProcess | None:
         try:
             return subprocess.run(["git", *args], cwd=where, capture_output=True, text=True, timeout=10)
@@ -76,9 +77,15 @@ def command_line(argv: list[str] | None = None) -> str:
 
 def manifest(command: str | None = None, *, recorded: str = BY_THE_COMMAND, **extra) -> dict:
     """The manifest of a result made now by `command` (this process's command line by default)."""
-    out = {"command": command or command_line(), "git_revision": git_revision(), "cpu_model": cpu_model(),
-           "cpu_count": os.cpu_count(), "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-           "python": platform.python_version(), "recorded": recorded}
+    out = {
+        "command": command or command_line(),
+        "git_revision": git_revision(),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "recorded": recorded,
+    }
     torch = sys.modules.get("torch")
     if torch is not None:
         out["torch"] = torch.__version__
@@ -92,8 +99,9 @@ def write_manifest(folder: str | os.PathLike, command: str | None = None, **extr
 
 def write_result(path: str | os.PathLike, result: dict, command: str | None = None) -> Path:
     """A one-file JSON result, its manifest first, atomically (a temporary file, then os.replace)."""
-    return atomic_write_json(path, {MANIFEST_KEY: manifest(command)} | {k: v for k, v in result.items()
-                                                                         if k != MANIFEST_KEY})
+    return atomic_write_json(
+        path, {MANIFEST_KEY: manifest(command)} | {k: v for k, v in result.items() if k != MANIFEST_KEY}
+    )
 
 
 def read_manifest(path: str | os.PathLike) -> dict | None:
@@ -115,8 +123,9 @@ def script_parser(doc: str | None, out: str | None, quick: str | None = None) ->
     printed only) and, where the script has one, --quick (a run of seconds on a tiny input, what
     tests/test_scripts.py runs: `quick` says what it cuts)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-o", "--out", default=out,
-                        help=f"where the result goes (default: {out or 'nowhere, printed only'})")
+    parser.add_argument(
+        "-o", "--out", default=out, help=f"where the result goes (default: {out or 'nowhere, printed only'})"
+    )
     if quick:
         parser.add_argument("--quick", action="store_true", help=f"a tiny run of seconds: {quick}")
     return parser

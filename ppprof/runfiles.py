@@ -42,9 +42,12 @@ def write_run_json(path: str | Path, *, config: dict, **fields) -> Path:
     """run.json: the schema version, the creation time, the resolved `config`, the status (COMPLETE unless given)
     and whatever else the run records (model, hardware, torch_version, dist_backend, world_size, layer_partition, git_revision, the kernels that ran,
     wall times, token counts)."""
-    doc = {"schema_version": RUN_SCHEMA_VERSION,
-           "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "config": config,
-           "status": COMPLETE}
+    doc = {
+        "schema_version": RUN_SCHEMA_VERSION,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "config": config,
+        "status": COMPLETE,
+    }
     doc.update(fields)
     return atomic_write_json(path, doc)
 
@@ -59,8 +62,10 @@ def read_run_json(path: str | Path) -> dict:
         raise ValueError(f"run file {path} is not readable JSON ({e}): {fix}") from None
     if not isinstance(run, dict) or run.get("schema_version") not in READABLE_SCHEMA_VERSIONS:
         version = run.get("schema_version") if isinstance(run, dict) else None
-        raise ValueError(f"run file {path} has schema_version {version!r}: this ppprof reads "
-                         f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))}")
+        raise ValueError(
+            f"run file {path} has schema_version {version!r}: this ppprof reads "
+            f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))}"
+        )
     if not isinstance(run.get("config"), dict):
         raise ValueError(f"run file {path} lacks its 'config' object: regenerate it with `ppprof profile`")
     if run["schema_version"] < 3:  # written once, at the end of a run that completed
@@ -148,8 +153,10 @@ def check_lock(folder: str | Path) -> None:
 
 
 def _in_use(folder: str | Path, owner: str) -> ValueError:
-    return ValueError(f"--out {folder} is in use by another ppprof run ({owner}, lock {Path(folder) / LOCK_FILE}): "
-                      "wait for it to end or choose another --out")
+    return ValueError(
+        f"--out {folder} is in use by another ppprof run ({owner}, lock {Path(folder) / LOCK_FILE}): "
+        "wait for it to end or choose another --out"
+    )
 
 
 _HELD: dict[str, tuple[int, int]] = {}

@@ -29,10 +29,23 @@ from ppprof.policy.schema import largest_chunk, load_policy
 PAGE_SIZE = 64
 CONTEXT_LEN = 40960
 SGLANG_PREFILL_CAP = 16384  # SGLang's default --max-prefill-tokens
-LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-             "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-             "vocab_size": 128256, "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "hidden_act": "silu",
-             "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 128000, "eos_token_id": 128001}
+LLAMA3_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 128256,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 500000.0,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+}
 
 
 def model_dir(out: Path, num_layers: int) -> Path:
@@ -47,11 +60,33 @@ def model_dir(out: Path, num_layers: int) -> Path:
 def profile(out: Path, model: Path, pp: int, base: int, prompt_lens: list[int]) -> Path:
     """ppprof profile of the model on `pp` GPUs (prefix probes up to 32K); the policy's path."""
     run = out / "profile"
-    cmd = [str(Path(sys.executable).with_name("ppprof")), "profile", "--device", "cuda", "--nproc-per-node", str(pp),
-           "--model", str(model / "config.json"), "--dtype", "bf16", "--base-chunk-size", str(base),
-           "--page-size", str(PAGE_SIZE), "--context-len", str(CONTEXT_LEN), "--requests-per-probe", "32",
-           "--prefix-lens", "4096,16384,32768", "--prompt-lens", ",".join(map(str, prompt_lens)), "--out", str(run),
-           "--overwrite"]
+    cmd = [
+        str(Path(sys.executable).with_name("ppprof")),
+        "profile",
+        "--device",
+        "cuda",
+        "--nproc-per-node",
+        str(pp),
+        "--model",
+        str(model / "config.json"),
+        "--dtype",
+        "bf16",
+        "--base-chunk-size",
+        str(base),
+        "--page-size",
+        str(PAGE_SIZE),
+        "--context-len",
+        str(CONTEXT_LEN),
+        "--requests-per-probe",
+        "32",
+        "--prefix-lens",
+        "4096,16384,32768",
+        "--prompt-lens",
+        ",".join(map(str, prompt_lens)),
+        "--out",
+        str(run),
+        "--overwrite",
+    ]
     with open(out / "profile.log", "w") as log:
         subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=1800)
     return run / "policy.json"
@@ -94,10 +129,15 @@ def stop(proc: subprocess.Popen) -> None:
 
 def ttft_ms(port: int, prompt_len: int, rng: random.Random) -> float:
     """One request of `prompt_len` random token ids and one new token: its latency, in ms."""
-    body = {"input_ids": [rng.randrange(1000, 100000) for _ in range(prompt_len)],
-            "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/generate", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    body = {
+        "input_ids": [rng.randrange(1000, 100000) for _ in range(prompt_len)],
+        "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+    }
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/generate",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     start = time.perf_counter()
     with urllib.request.urlopen(request, timeout=600) as r:
         r.read()
@@ -113,23 +153,59 @@ def run_arm(name: str, cmd: list[str], env: dict, out: Path, args) -> dict:
         ttft = {n: [round(ttft_ms(args.port, n, rng), 1) for _ in range(args.repeats)] for n in args.prompt_lens}
     finally:
         stop(proc)
-    lines = [x.strip() for x in log.read_text(errors="replace").splitlines()
-             if "[PP Dynamic Chunk]" in x or x.startswith("ppprof:") or "ChunkSizePredictor" in x]
-    return {"command": cmd, "boot_s": round(boot_s, 1), "ttft_ms": ttft,
-            "median_ttft_ms": {n: statistics.median(v) for n, v in ttft.items()}, "log": lines[:20]}
+    lines = [
+        x.strip()
+        for x in log.read_text(errors="replace").splitlines()
+        if "[PP Dynamic Chunk]" in x or x.startswith("ppprof:") or "ChunkSizePredictor" in x
+    ]
+    return {
+        "command": cmd,
+        "boot_s": round(boot_s, 1),
+        "ttft_ms": ttft,
+        "median_ttft_ms": {n: statistics.median(v) for n, v in ttft.items()},
+        "log": lines[:20],
+    }
 
 
 def arms(args, model: Path, policy_path: Path) -> dict[str, list[str]]:
     policy = load_policy(policy_path)
     base, best = policy.settings.base_chunk_size, (policy.data.get("predicted") or {}).get("fixed_best_chunk")
-    common = ["--model-path", str(model), "--load-format", "dummy", "--skip-tokenizer-init", "--pp-size",
-              str(args.pp), "--tp-size", "1", "--page-size", str(PAGE_SIZE), "--context-length", str(CONTEXT_LEN),
-              "--port", str(args.port), "--max-prefill-tokens", str(max(SGLANG_PREFILL_CAP, largest_chunk(policy)))]
+    common = [
+        "--model-path",
+        str(model),
+        "--load-format",
+        "dummy",
+        "--skip-tokenizer-init",
+        "--pp-size",
+        str(args.pp),
+        "--tp-size",
+        "1",
+        "--page-size",
+        str(PAGE_SIZE),
+        "--context-length",
+        str(CONTEXT_LEN),
+        "--port",
+        str(args.port),
+        "--max-prefill-tokens",
+        str(max(SGLANG_PREFILL_CAP, largest_chunk(policy))),
+    ]
     server = [sys.executable, "-m", "sglang.launch_server"]
-    out = {"policy": [sys.executable, "-m", "ppprof.sglang", "--policy", str(policy_path), "--", *common,
-                      "--enable-dynamic-chunking", "--chunked-prefill-size", str(base)],
-           "sglang-dynamic": [*server, *common, "--enable-dynamic-chunking", "--chunked-prefill-size", str(base)],
-           "fixed": [*server, *common, "--chunked-prefill-size", str(base)]}
+    out = {
+        "policy": [
+            sys.executable,
+            "-m",
+            "ppprof.sglang",
+            "--policy",
+            str(policy_path),
+            "--",
+            *common,
+            "--enable-dynamic-chunking",
+            "--chunked-prefill-size",
+            str(base),
+        ],
+        "sglang-dynamic": [*server, *common, "--enable-dynamic-chunking", "--chunked-prefill-size", str(base)],
+        "fixed": [*server, *common, "--chunked-prefill-size", str(base)],
+    }
     if best and best != base:
         out["fixed-best"] = [*server, *common, "--chunked-prefill-size", str(best)]
     return out
@@ -138,13 +214,15 @@ def arms(args, model: Path, policy_path: Path) -> dict[str, list[str]]:
 def summary(results: dict, prompt_lens: list[int]) -> list[str]:
     lines = ["  arm              boot s  " + "  ".join(f"TTFT {n // 1024}K ms" for n in prompt_lens)]
     for name, r in results.items():
-        lines.append(f"  {name:<16} {r['boot_s']:>6}  " + "  ".join(f"{r['median_ttft_ms'][n]:>11.1f}"
-                                                            for n in prompt_lens))
+        lines.append(
+            f"  {name:<16} {r['boot_s']:>6}  " + "  ".join(f"{r['median_ttft_ms'][n]:>11.1f}" for n in prompt_lens)
+        )
     if "policy" in results and "sglang-dynamic" in results:
         p, s = results["policy"], results["sglang-dynamic"]
-        lines.append(f"  boot time saved by the policy: {s['boot_s'] - p['boot_s']:.1f} s; policy / SGLang's dynamic "
-                     "TTFT: " + ", ".join(f"{n}: {p['median_ttft_ms'][n] / s['median_ttft_ms'][n]:.3f}"
-                                         for n in prompt_lens))
+        lines.append(
+            f"  boot time saved by the policy: {s['boot_s'] - p['boot_s']:.1f} s; policy / SGLang's dynamic "
+            "TTFT: " + ", ".join(f"{n}: {p['median_ttft_ms'][n] / s['median_ttft_ms'][n]:.3f}" for n in prompt_lens)
+        )
     return lines
 
 

@@ -20,7 +20,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_cli(*args: str, timeout: float = TIMEOUT_S, cwd: Path | None = None, launcher=None) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, timeout: float = TIMEOUT_S, cwd: Path | None = None, launcher=None
+) -> subprocess.CompletedProcess:
     """Run `python -m ppprof ...` (or `launcher ...`) in a subprocess with a timeout, so a hang fails the test."""
     cmd = (launcher or [sys.executable, "-m", "ppprof"]) + list(args)
     env = {**os.environ, "PPPROF_DIST_TIMEOUT": "120", "PYTHONUNBUFFERED": "1"}

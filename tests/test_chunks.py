@@ -4,11 +4,13 @@ import math
 
 import pytest
 
-from ppprof.chunks import (align_down, align_up, ceil_div, default_alignment, default_floor, positive_root, walk)
+from ppprof.chunks import align_down, align_up, ceil_div, default_alignment, default_floor, positive_root, walk
 
 
-@pytest.mark.parametrize("x, unit, down, up", [(0, 64, 64, 0), (1, 64, 64, 64), (64, 64, 64, 64), (65, 64, 64, 128),
-                                               (1000, 1, 1000, 1000), (130, 16, 128, 144)])
+@pytest.mark.parametrize(
+    "x, unit, down, up",
+    [(0, 64, 64, 0), (1, 64, 64, 64), (64, 64, 64, 64), (65, 64, 64, 128), (1000, 1, 1000, 1000), (130, 16, 128, 144)],
+)
 def test_align(x, unit, down, up):
     assert align_down(x, unit) == down, f"{x=} {unit=}"
     assert align_up(x, unit) == up, f"{x=} {unit=}"

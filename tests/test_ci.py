@@ -59,7 +59,7 @@ def test_workflow_command_exists():
     assert configs and all((REPO / c).is_file() for c in configs), configs
     # Options after `--` go to `ppprof profile`: each must be one of its options.
     profile_options = {o for p in main.commands["profile"].params for o in p.opts}
-    after = words[words.index("--") + 1:]
+    after = words[words.index("--") + 1 :]
     assert [w for w in after if w.startswith("--")] and all(w in profile_options for w in after if w.startswith("--"))
 
 
@@ -76,9 +76,11 @@ def test_every_ppprof_call_in_the_ci_files_is_a_real_command_and_option():
 
 def test_profile_job_refuses_bad_input_before_setup(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "PPPROF_ARTIFACTS": str(tmp_path / "artifacts")}
-    for args, message in [(["missing.yaml"], "CONFIG missing.yaml does not exist"),
-                          (["", str(tmp_path / "none")], "does not exist: pass a run folder or policy file"),
-                          (["a", "b", "c"], "too many arguments")]:
+    for args, message in [
+        (["missing.yaml"], "CONFIG missing.yaml does not exist"),
+        (["", str(tmp_path / "none")], "does not exist: pass a run folder or policy file"),
+        (["a", "b", "c"], "too many arguments"),
+    ]:
         out = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=60)
         assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out
     assert not (tmp_path / "artifacts").exists()
@@ -88,6 +90,7 @@ def test_the_multirank_tests_run_in_this_checkout_whatever_its_folder_is_named()
     # The subprocesses of the multirank tests run in tests.multirank.REPO: it must be this checkout (a clone in a
     # folder named ppprof, the name `git clone` gives, once took its parent folder and failed every one of them).
     from tests.multirank import REPO as MULTIRANK_REPO
+
     assert MULTIRANK_REPO == REPO and (REPO / "pyproject.toml").is_file() and (REPO / "ppprof/__init__.py").is_file()
 
 

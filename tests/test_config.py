@@ -21,20 +21,27 @@ def test_sweep_is_aligned_and_never_below_one_unit():
     assert align_down(5, 64) == 64
 
 
-@pytest.mark.parametrize("field,value,match", [
-    ("requests_per_probe", 129, "--requests-per-probe 129 must be an integer in 8..128"),
-    ("requests_per_probe", 7, "--requests-per-probe 7 must be an integer in 8..128"),
-    ("max_total_tokens", 100, "--base-chunk-size 512 does not fit the KV cache: the longest probe request needs 32768"),
-    ("device", "tpu", "--device 'tpu' is not supported"),
-    ("page_size", 0, "--page-size 0 must be an integer in 1.."),
-    ("context_len", 600, "exceeds --context-len 600"),
-    ("max_probe_chunk_multiple", 1.0, r"--max-probe-chunk-multiple 1.0 must be a number in 1.25..16"),
-    ("max_probe_chunk_multiple", 17, r"--max-probe-chunk-multiple 17 must be a number in 1.25..16"),
-    ("max_probe_chunk_multiple", "4", r"--max-probe-chunk-multiple '4' must be a number"),
-    ("max_probe_chunk_multiple", True, r"--max-probe-chunk-multiple True must be a number"),
-    ("overhead_repeats", -1, "--overhead-repeats -1 must be an integer in 0..100"),
-    ("overhead_repeats", 3.0, "--overhead-repeats 3.0 must be an integer"),
-])
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        ("requests_per_probe", 129, "--requests-per-probe 129 must be an integer in 8..128"),
+        ("requests_per_probe", 7, "--requests-per-probe 7 must be an integer in 8..128"),
+        (
+            "max_total_tokens",
+            100,
+            "--base-chunk-size 512 does not fit the KV cache: the longest probe request needs 32768",
+        ),
+        ("device", "tpu", "--device 'tpu' is not supported"),
+        ("page_size", 0, "--page-size 0 must be an integer in 1.."),
+        ("context_len", 600, "exceeds --context-len 600"),
+        ("max_probe_chunk_multiple", 1.0, r"--max-probe-chunk-multiple 1.0 must be a number in 1.25..16"),
+        ("max_probe_chunk_multiple", 17, r"--max-probe-chunk-multiple 17 must be a number in 1.25..16"),
+        ("max_probe_chunk_multiple", "4", r"--max-probe-chunk-multiple '4' must be a number"),
+        ("max_probe_chunk_multiple", True, r"--max-probe-chunk-multiple True must be a number"),
+        ("overhead_repeats", -1, "--overhead-repeats -1 must be an integer in 0..100"),
+        ("overhead_repeats", 3.0, "--overhead-repeats 3.0 must be an integer"),
+    ],
+)
 def test_bad_settings_name_the_field_and_value(field, value, match):
     with pytest.raises(ValueError, match=match):
         ProfileConfig(**{field: value})
@@ -112,8 +119,13 @@ def test_a_config_recorded_before_the_largest_probe_chunk_was_a_setting_reads_as
 def test_the_rule_settings_of_a_profile_and_their_overrides():
     cfg = ProfileConfig(base_chunk_size=1024, page_size=128, context_len=65536)
     s = cfg.chunk_settings()
-    assert (s.base_chunk_size, s.page_size, s.context_len, s.alignment, s.min_chunk_size) == (1024, 128, 65536, 128,
-                                                                                               256)
+    assert (s.base_chunk_size, s.page_size, s.context_len, s.alignment, s.min_chunk_size) == (
+        1024,
+        128,
+        65536,
+        128,
+        256,
+    )
     assert cfg.chunk_settings(smooth_factor=0.5, page_size=None).smooth_factor == 0.5  # None: not given
 
 
@@ -132,8 +144,9 @@ def test_chunks_split_evenly_over_the_tp_ranks():
     degrees that divide 64 nothing changes."""
     from ppprof.probe.synth import make_probes
 
-    cfg = ProfileConfig(base_chunk_size=768, tp_size=3, pp_size=1, prefix_lens=(768, 4096), requests_per_probe=16,
-                        overhead_repeats=0)
+    cfg = ProfileConfig(
+        base_chunk_size=768, tp_size=3, pp_size=1, prefix_lens=(768, 4096), requests_per_probe=16, overhead_repeats=0
+    )
     assert cfg.chunk_unit == 3 and cfg.chunk_settings().alignment == 192
     sizes = {r.chunk_size for p in make_probes(cfg) for r in p.requests}
     assert sizes and all(x % 3 == 0 for x in sizes) and cfg.max_probe_chunk_size % 3 == 0
@@ -141,10 +154,15 @@ def test_chunks_split_evenly_over_the_tp_ranks():
     assert paged.chunk_unit == 48 and paged.chunk_settings().alignment == 192
     assert ProfileConfig(base_chunk_size=512, tp_size=4, pp_size=1).chunk_settings().alignment == 64
     assert ProfileConfig(base_chunk_size=512, tp_size=4, pp_size=1).chunk_unit == 4
-    with pytest.raises(ValueError, match=r"--base-chunk-size 128 is below the chunk alignment 192 = "
-                                         r"lcm\(max\(--page-size 1, 64\), --tp-size 3\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"--base-chunk-size 128 is below the chunk alignment 192 = "
+        r"lcm\(max\(--page-size 1, 64\), --tp-size 3\)",
+    ):
         ProfileConfig(base_chunk_size=128, tp_size=3, pp_size=1)
-    with pytest.raises(ValueError, match=r"--base-chunk-size 20 is smaller than 48 = lcm\(--page-size 16, --tp-size 6\)"):
+    with pytest.raises(
+        ValueError, match=r"--base-chunk-size 20 is smaller than 48 = lcm\(--page-size 16, --tp-size 6\)"
+    ):
         ProfileConfig(base_chunk_size=20, page_size=16, tp_size=6, pp_size=1, fit=False)
     with pytest.raises(ValueError, match="--alignment 64 is not a multiple of the profile's --tp-size 3"):
         cfg.chunk_settings(alignment=64)

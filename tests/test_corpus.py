@@ -37,8 +37,9 @@ CASES = read_cases()
 
 def snapshot(*folders: Path) -> dict[str, tuple[int, int]]:
     """Every file under `folders`: (size, mtime in ns)."""
-    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for folder in folders for p in folder.rglob("*")
-            if p.is_file()}
+    return {
+        str(p): (p.stat().st_size, p.stat().st_mtime_ns) for folder in folders for p in folder.rglob("*") if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -97,25 +98,28 @@ def policy():
     return load(CORPUS / "policies" / "valid.json")
 
 
-@pytest.mark.parametrize("call,error,message", [
-    (lambda p: p.next_chunk_size(512.0), TypeError, "prefix_len must be an integer .* got float 512.0"),
-    (lambda p: p.next_chunk_size(1.5), TypeError, "got float 1.5"),
-    (lambda p: p.next_chunk_size(math.nan), TypeError, "got float nan"),
-    (lambda p: p.next_chunk_size(math.inf), TypeError, "got float inf"),
-    (lambda p: p.next_chunk_size(True), TypeError, "got bool True"),
-    (lambda p: p.next_chunk_size("512"), TypeError, "got str '512'"),
-    (lambda p: p.next_chunk_size(np.float64(512)), TypeError, "got float64"),
-    (lambda p: p.next_chunk_size(np.bool_(True)), TypeError, "got bool"),
-    (lambda p: p.next_chunk_size([512]), TypeError, "got list"),
-    (lambda p: p.next_chunk_size(), TypeError, "missing the prefix_len argument"),
-    (lambda p: p.next_chunk_size(history_len=2.0), TypeError, "got float 2.0"),
-    (lambda p: p.next_chunk_size(1, history_len=1), TypeError, "not both"),
-    (lambda p: p.next_chunk_size(-1), ValueError, "prefix_len -1 is negative"),
-    (lambda p: p.next_chunk_size(np.int64(-7)), ValueError, "prefix_len -7 is negative"),
-    (lambda p: p.plan(4096.0), TypeError, "prompt_len must be an integer"),
-    (lambda p: p.plan(0), ValueError, "--prompt-len 0 is invalid"),
-    (lambda p: p.plan(10**12), ValueError, "--prompt-len 1000000000000 exceeds the policy's context_len 8192"),
-])
+@pytest.mark.parametrize(
+    "call,error,message",
+    [
+        (lambda p: p.next_chunk_size(512.0), TypeError, "prefix_len must be an integer .* got float 512.0"),
+        (lambda p: p.next_chunk_size(1.5), TypeError, "got float 1.5"),
+        (lambda p: p.next_chunk_size(math.nan), TypeError, "got float nan"),
+        (lambda p: p.next_chunk_size(math.inf), TypeError, "got float inf"),
+        (lambda p: p.next_chunk_size(True), TypeError, "got bool True"),
+        (lambda p: p.next_chunk_size("512"), TypeError, "got str '512'"),
+        (lambda p: p.next_chunk_size(np.float64(512)), TypeError, "got float64"),
+        (lambda p: p.next_chunk_size(np.bool_(True)), TypeError, "got bool"),
+        (lambda p: p.next_chunk_size([512]), TypeError, "got list"),
+        (lambda p: p.next_chunk_size(), TypeError, "missing the prefix_len argument"),
+        (lambda p: p.next_chunk_size(history_len=2.0), TypeError, "got float 2.0"),
+        (lambda p: p.next_chunk_size(1, history_len=1), TypeError, "not both"),
+        (lambda p: p.next_chunk_size(-1), ValueError, "prefix_len -1 is negative"),
+        (lambda p: p.next_chunk_size(np.int64(-7)), ValueError, "prefix_len -7 is negative"),
+        (lambda p: p.plan(4096.0), TypeError, "prompt_len must be an integer"),
+        (lambda p: p.plan(0), ValueError, "--prompt-len 0 is invalid"),
+        (lambda p: p.plan(10**12), ValueError, "--prompt-len 1000000000000 exceeds the policy's context_len 8192"),
+    ],
+)
 def test_the_reader_refuses_what_is_not_a_token_count(policy, call, error, message):
     with pytest.raises(error, match=message):
         call(policy)
@@ -127,6 +131,7 @@ def test_the_reader_takes_python_and_numpy_ints_alike(policy):
         for value in (np.int64(L), np.int32(min(L, 2**31 - 1)), np.uint64(L)):
             assert policy.next_chunk_size(value) == expected, f"{value=!r}"
             assert type(policy.next_chunk_size(value)) is int
-        assert policy.next_chunk_size(history_len=np.int16(min(L, 2**15 - 1))) == \
-            policy.next_chunk_size(min(L, 2**15 - 1))
+        assert policy.next_chunk_size(history_len=np.int16(min(L, 2**15 - 1))) == policy.next_chunk_size(
+            min(L, 2**15 - 1)
+        )
     assert policy.plan(np.int64(4096)) == policy.plan(4096)

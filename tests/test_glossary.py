@@ -17,11 +17,17 @@ DOCS_ONLY: set[str] = set()
 lands, and the code is checked too (test_docs_only_entries_are_still_in_the_code says when)."""
 
 KEPT = {
-    ("history_len", "ppprof/policy/schema.py"): "",  # Policy.next_chunk_size(history_len=...), the alias for 0.1 readers
+    (
+        "history_len",
+        "ppprof/policy/schema.py",
+    ): "",  # Policy.next_chunk_size(history_len=...), the alias for 0.1 readers
     ("history_len", "docs/policy.md"): "ppprof 0.1",
     ("chunk_len", "ppprof/fit/samples.py"): "ppprof 0.1",  # samples.csv of ppprof 0.1: the column is read as chunk_size
     ("chunk_len", "docs/policy.md"): "ppprof 0.1",
-    ("ppprof export --format", "ppprof/commands/export.py"): "fmt",  # export's hidden --format, the old name of --server
+    (
+        "ppprof export --format",
+        "ppprof/commands/export.py",
+    ): "fmt",  # export's hidden --format, the old name of --server
 }
 """(synonym, file) -> where an old name stays on purpose, for compatibility: on every line of the file (""), or on the
 lines that hold the marker. An entry nothing needs any longer fails test_kept_entries_are_still_needed."""
@@ -45,8 +51,9 @@ class Synonym:
             return cls(text, word, None, re.compile(rf"(?<![\w-]){re.escape(text)}(?![\w-])"))
         if re.fullmatch(r"[A-Za-z_]\w*", text):
             return cls(text, word, None, re.compile(rf"(?<!\w){re.escape(text)}(?!\w)"))
-        raise ValueError(f"glossary: retired synonym {text!r} (of {word}) is not an identifier, a --flag or "
-                         f"'ppprof COMMAND --flag'")
+        raise ValueError(
+            f"glossary: retired synonym {text!r} (of {word}) is not an identifier, a --flag or 'ppprof COMMAND --flag'"
+        )
 
     def hits(self, line: str, file_text: str, markdown: bool) -> bool:
         """Whether `line` uses this synonym. A command's flag counts in markdown after the command's name on the
@@ -71,7 +78,7 @@ def glossary_rows() -> tuple[list[tuple[str, str, str]], range]:
     end = start
     while end < len(lines) and lines[end].startswith("|"):
         end += 1
-    rows = [tuple(cells(line)) for line in lines[start + 2:end]]
+    rows = [tuple(cells(line)) for line in lines[start + 2 : end]]
     assert all(len(r) == 3 for r in rows), f"glossary rows without 3 cells: {[r for r in rows if len(r) != 3]}"
     return rows, range(start + 1, end + 1)
 
@@ -95,8 +102,11 @@ def uses(synonym: Synonym, path: Path) -> list[tuple[int, str]]:
     """(line number, line) where `path` uses `synonym`, the glossary table left out."""
     text = path.read_text()
     table = glossary_rows()[1] if path == GLOSSARY else range(0)
-    return [(n, line) for n, line in enumerate(text.splitlines(), 1)
-            if n not in table and synonym.hits(line, text, path.suffix == ".md")]
+    return [
+        (n, line)
+        for n, line in enumerate(text.splitlines(), 1)
+        if n not in table and synonym.hits(line, text, path.suffix == ".md")
+    ]
 
 
 def kept(synonym: Synonym, path: Path, line: str) -> bool:
@@ -120,8 +130,10 @@ def test_no_retired_synonym_comes_back():
         for path in scanned_files(markdown_only=synonym.text in DOCS_ONLY):
             for n, line in uses(synonym, path):
                 if not kept(synonym, path, line):
-                    problems.append(f"{path.relative_to(REPO)}:{n}: `{synonym.text}` is retired: use `{synonym.word}`"
-                                    f"  | {line.strip()[:100]}")
+                    problems.append(
+                        f"{path.relative_to(REPO)}:{n}: `{synonym.text}` is retired: use `{synonym.word}`"
+                        f"  | {line.strip()[:100]}"
+                    )
     if problems:
         pytest.fail("retired synonyms (see the glossary, docs/architecture.md):\n" + "\n".join(problems), pytrace=False)
 
@@ -139,20 +151,24 @@ def test_kept_entries_are_still_needed():
         path = REPO / name
         assert path.is_file(), f"KEPT names {name}, which does not exist"
         assert any(marker in line for _, line in uses(by_text[text], path)), (
-            f"{name} no longer uses `{text}`{f' on a line with {marker!r}' if marker else ''}: delete it from KEPT")
+            f"{name} no longer uses `{text}`{f' on a line with {marker!r}' if marker else ''}: delete it from KEPT"
+        )
 
 
-@pytest.mark.parametrize("text, line, markdown, expected", [
-    ("chunk_len", "a `chunk_len` column", True, True),
-    ("chunk_len", "max_chunk_len = 3", False, False),
-    ("chunk_len", "chunk_length = 3", False, False),
-    ("--format", "ppprof compare A B --format json", True, True),
-    ("--format", "--format-version 2", True, False),
-    ("ppprof export --format", "ppprof export POLICY --format sglang", True, True),
-    ("ppprof export --format", "`export --format sglang` says which fit", True, True),
-    ("ppprof export --format", "ppprof compare A B --format json", True, False),
-    ("ppprof export --format", "--format before export", True, False),
-])
+@pytest.mark.parametrize(
+    "text, line, markdown, expected",
+    [
+        ("chunk_len", "a `chunk_len` column", True, True),
+        ("chunk_len", "max_chunk_len = 3", False, False),
+        ("chunk_len", "chunk_length = 3", False, False),
+        ("--format", "ppprof compare A B --format json", True, True),
+        ("--format", "--format-version 2", True, False),
+        ("ppprof export --format", "ppprof export POLICY --format sglang", True, True),
+        ("ppprof export --format", "`export --format sglang` says which fit", True, True),
+        ("ppprof export --format", "ppprof compare A B --format json", True, False),
+        ("ppprof export --format", "--format before export", True, False),
+    ],
+)
 def test_a_synonym_matches_precisely(text, line, markdown, expected):
     synonym = Synonym.parse(text, "new")
     assert synonym.hits(line, line, markdown) is expected, f"{text=} {line=} {markdown=}"

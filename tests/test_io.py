@@ -132,8 +132,11 @@ def test_json_and_yaml_nested_too_deep_are_refused_naming_where(depth):
     from ppprof.io import MAX_DEPTH, TooDeep, parse_json, parse_yaml
 
     text = '{"model": {"layers": ' + "[" * depth + "]" * depth + "}}"
-    with pytest.raises(TooDeep, match=rf"^f nests lists or mappings deeper than {MAX_DEPTH} levels "
-                                      r"\(at \$\.model\.layers\[0\]\[0\]\.\.\., \d+ levels down\)"):
+    with pytest.raises(
+        TooDeep,
+        match=rf"^f nests lists or mappings deeper than {MAX_DEPTH} levels "
+        r"\(at \$\.model\.layers\[0\]\[0\]\.\.\., \d+ levels down\)",
+    ):
         parse_json(text, "f")
     with pytest.raises(TooDeep, match=r"^y nests .* \(at \$\.model\.layers\[0\]"):
         parse_yaml(text, "y")

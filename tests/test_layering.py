@@ -27,10 +27,25 @@ LAYERS = (
 )
 """Lowest first. A module may import modules of its own unit (its subpackage) and of any unit in a lower layer."""
 
-TORCH_FREE = ("ppprof.bounds", "ppprof.checks", "ppprof.chunks", "ppprof.io", "ppprof.plotting", "ppprof.policy",
-              "ppprof.servers", "ppprof.fit", "ppprof.manifest", "ppprof.runfiles", "ppprof.config", "ppprof.specs",
-              "ppprof.adaptive.design", "ppprof.adaptive.uncertainty", "ppprof.adaptive.probes", "ppprof.adaptive.step",
-              "ppprof.sglang")
+TORCH_FREE = (
+    "ppprof.bounds",
+    "ppprof.checks",
+    "ppprof.chunks",
+    "ppprof.io",
+    "ppprof.plotting",
+    "ppprof.policy",
+    "ppprof.servers",
+    "ppprof.fit",
+    "ppprof.manifest",
+    "ppprof.runfiles",
+    "ppprof.config",
+    "ppprof.specs",
+    "ppprof.adaptive.design",
+    "ppprof.adaptive.uncertainty",
+    "ppprof.adaptive.probes",
+    "ppprof.adaptive.step",
+    "ppprof.sglang",
+)
 DISTRIBUTED = ("ppprof.distributed", "ppprof.run")
 """The only units that may touch torch.distributed."""
 
@@ -38,7 +53,7 @@ DISTRIBUTED = ("ppprof.distributed", "ppprof.run")
 def module_name(path: Path) -> str:
     """ppprof/probe/loop.py -> ppprof.probe.loop, wherever the ppprof folder lies."""
     parts = list(path.with_suffix("").parts)
-    parts = parts[len(parts) - 1 - parts[::-1].index("ppprof"):]
+    parts = parts[len(parts) - 1 - parts[::-1].index("ppprof") :]
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -133,16 +148,21 @@ def external_imports(prefixes: tuple[str, ...], forbidden: str) -> list[str]:
     for path in PACKAGE.rglob("*.py"):
         name = module_name(path)
         if any(name == p or name.startswith(p + ".") for p in prefixes):
-            bad += [f"{name}:{line} imports {target}" for target, line in imports(path)
-                    if target == forbidden or target.startswith(forbidden + ".")]
+            bad += [
+                f"{name}:{line} imports {target}"
+                for target, line in imports(path)
+                if target == forbidden or target.startswith(forbidden + ".")
+            ]
     return bad
 
 
 def without_package_inits(edges):
     """A package's __init__ re-exports its modules, and those modules may import siblings through it: that is one
     unit, not a cycle between modules, so edges into a package's own __init__ from inside it are dropped."""
-    return {s: {t: n for t, n in ts.items() if not (t in edges and s.startswith(t + ".") and t != "ppprof")}
-            for s, ts in edges.items()}
+    return {
+        s: {t: n for t, n in ts.items() if not (t in edges and s.startswith(t + ".") and t != "ppprof")}
+        for s, ts in edges.items()
+    }
 
 
 def test_every_module_has_a_layer():
@@ -159,8 +179,13 @@ def test_no_import_cycle_between_modules():
 
 
 def test_mem_imports_nothing_of_ppprof_outside_mem():
-    assert [f"{s} imports {t}" for s, ts in graph().items() if s.startswith("ppprof.mem") for t in ts
-            if not t.startswith("ppprof.mem")] == []
+    assert [
+        f"{s} imports {t}"
+        for s, ts in graph().items()
+        if s.startswith("ppprof.mem")
+        for t in ts
+        if not t.startswith("ppprof.mem")
+    ] == []
 
 
 def test_pure_layers_never_import_torch_and_only_dist_and_run_touch_torch_distributed():
@@ -169,10 +194,13 @@ def test_pure_layers_never_import_torch_and_only_dist_and_run_touch_torch_distri
     assert external_imports(others, "torch.distributed") == []
 
 
-@pytest.mark.parametrize("line", [
-    "from ppprof.run.profile import PHASES",
-    "def phases():\n    from ppprof.run import profile\n    return profile.PHASES",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "from ppprof.run.profile import PHASES",
+        "def phases():\n    from ppprof.run import profile\n    return profile.PHASES",
+    ],
+)
 def test_the_check_catches_an_upward_import_into_probe_even_inside_a_function(tmp_path, line):
     import shutil
 
@@ -184,7 +212,8 @@ def test_the_check_catches_an_upward_import_into_probe_even_inside_a_function(tm
     bad = upward_imports(edges)
     assert any(b.startswith("ppprof.probe.synth:") and "ppprof.run" in b for b in bad), f"{bad=}"
     assert ["ppprof.probe.synth", "ppprof.run.profile"] in [
-        [m for m in c if m in ("ppprof.probe.synth", "ppprof.run.profile")] for c in cycles(without_package_inits(edges))
+        [m for m in c if m in ("ppprof.probe.synth", "ppprof.run.profile")]
+        for c in cycles(without_package_inits(edges))
     ], "run.profile imports probe.synth, so the new import closes a cycle"
 
 

@@ -6,16 +6,28 @@ import os
 from click.testing import CliRunner
 
 from ppprof.cli import main
-from ppprof.manifest import (COMMAND_ENV, FIELDS, MANIFEST_KEY, REPO, command_line, git_revision, manifest,
-                             read_manifest, write_manifest, write_result)
+from ppprof.manifest import (
+    COMMAND_ENV,
+    FIELDS,
+    MANIFEST_KEY,
+    REPO,
+    command_line,
+    git_revision,
+    manifest,
+    read_manifest,
+    write_manifest,
+    write_result,
+)
 
 
 def test_the_command_line_names_ppprof_and_scripts_as_typed(monkeypatch):
     monkeypatch.delenv(COMMAND_ENV, raising=False)
     assert command_line(["/x/.venv/bin/ppprof", "profile", "--out", "a b"]) == "ppprof profile --out 'a b'"
     assert command_line([str(REPO / "ppprof" / "__main__.py"), "bench"]) == "ppprof bench"
-    assert command_line([str(REPO / "scripts" / "benchmarks" / "alloc.py"), "--quick"]) == \
-        "python scripts/benchmarks/alloc.py --quick"
+    assert (
+        command_line([str(REPO / "scripts" / "benchmarks" / "alloc.py"), "--quick"])
+        == "python scripts/benchmarks/alloc.py --quick"
+    )
     monkeypatch.setenv(COMMAND_ENV, "ppprof profile --out X")
     assert command_line() == "ppprof profile --out X"  # a rank records its launcher's
 

@@ -19,8 +19,13 @@ def is_multirank(node: ast.expr) -> bool:
 
 
 def starts_ranks(fn: ast.FunctionDef, helpers: dict[str, ast.FunctionDef], seen: frozenset = frozenset()) -> bool:
-    assigned = {t.id: ast.unparse(n.value) for n in ast.walk(fn) if isinstance(n, ast.Assign)
-                for t in n.targets if isinstance(t, ast.Name)}
+    assigned = {
+        t.id: ast.unparse(n.value)
+        for n in ast.walk(fn)
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }
     for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
         name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
         if name == "start_processes" or (isinstance(call.func, ast.Name) and name in STARTERS):
@@ -39,8 +44,12 @@ def marks_of_every_test() -> dict[str, tuple[bool, bool]]:
     out = {}
     for path in sorted(TESTS.rglob("test_*.py")):
         tree = ast.parse(path.read_text())
-        module_mark = any(isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in n.targets)
-                          and is_multirank(n.value) for n in tree.body)
+        module_mark = any(
+            isinstance(n, ast.Assign)
+            and any(getattr(t, "id", "") == "pytestmark" for t in n.targets)
+            and is_multirank(n.value)
+            for n in tree.body
+        )
         helpers = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
         for fn in helpers.values():
             if fn.name.startswith("test_"):
@@ -60,14 +69,20 @@ def test_every_multirank_test_starts_ranks_and_every_test_that_starts_ranks_is_m
 
 
 def test_the_check_tells_a_rank_starter_from_an_input_check():
-    tree = ast.parse('def helper():\n    return run_cli("profile")\n'
-                     'def test_a():\n    helper()\n'
-                     'def test_b():\n    CliRunner().invoke(main, ["profile", "--tp-size", "3"])\n'
-                     'def test_c():\n    subprocess.run(["bash", "-n", "x.sh"])\n'
-                     'def test_d():\n    cmd = [sys.executable, "-m", "ppprof", "profile"]\n    subprocess.Popen(cmd)\n')
+    tree = ast.parse(
+        'def helper():\n    return run_cli("profile")\n'
+        "def test_a():\n    helper()\n"
+        'def test_b():\n    CliRunner().invoke(main, ["profile", "--tp-size", "3"])\n'
+        'def test_c():\n    subprocess.run(["bash", "-n", "x.sh"])\n'
+        'def test_d():\n    cmd = [sys.executable, "-m", "ppprof", "profile"]\n    subprocess.Popen(cmd)\n'
+    )
     helpers = {n.name: n for n in tree.body}
     assert [starts_ranks(helpers[t], helpers) for t in ("test_a", "test_b", "test_c", "test_d")] == [
-        True, False, False, True]
+        True,
+        False,
+        False,
+        True,
+    ]
 
 
 def test_pytest_recurses_into_every_folder_of_tests(request):
@@ -75,6 +90,12 @@ def test_pytest_recurses_into_every_folder_of_tests(request):
     import fnmatch
 
     patterns = request.config.getini("norecursedirs")
-    skipped = [d for d in TESTS.rglob("*") if d.is_dir() and d.name != "__pycache__"
-               and any(fnmatch.fnmatch(d.name, p) for p in patterns) and list(d.rglob("test_*.py"))]
+    skipped = [
+        d
+        for d in TESTS.rglob("*")
+        if d.is_dir()
+        and d.name != "__pycache__"
+        and any(fnmatch.fnmatch(d.name, p) for p in patterns)
+        and list(d.rglob("test_*.py"))
+    ]
     assert not skipped, f"pytest never collects the tests in {skipped}: rename the folder"

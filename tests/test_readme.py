@@ -82,8 +82,12 @@ def test_readme_and_docs_commands_and_options_exist():
 
 
 def test_docs_examples_cover_every_command():
-    used = {m.group(1) for path in doc_files() for line in shell_lines(path)
-            for m in re.finditer(r"(?:^|\s|/)ppprof\s+([a-z][a-z-]*)", line)}
+    used = {
+        m.group(1)
+        for path in doc_files()
+        for line in shell_lines(path)
+        for m in re.finditer(r"(?:^|\s|/)ppprof\s+([a-z][a-z-]*)", line)
+    }
     assert set(main.commands) <= used, f"commands without an example in README.md or docs/: {set(main.commands) - used}"
 
 
@@ -91,7 +95,8 @@ def test_pending_flags_are_still_pending():
     for (command, new), old in PENDING_FLAGS.items():
         known = {o for p in main.commands[command].params for o in p.opts}
         assert old in known and new not in known, (
-            f"ppprof {command} now has {new} (or no longer {old}): delete ({command!r}, {new!r}) from PENDING_FLAGS")
+            f"ppprof {command} now has {new} (or no longer {old}): delete ({command!r}, {new!r}) from PENDING_FLAGS"
+        )
 
 
 def slug(heading: str) -> str:
@@ -141,7 +146,8 @@ def test_relative_links_resolve():
             if anchor and dest.suffix == ".md":
                 assert anchor in anchors(dest), (
                     f"{where}:{number}: link {target!r}: no heading of {dest.relative_to(REPO)} has the anchor "
-                    f"#{anchor}; its anchors: {sorted(anchors(dest))}")
+                    f"#{anchor}; its anchors: {sorted(anchors(dest))}"
+                )
             checked += 1
     assert checked >= 10, f"{checked=}: README.md and docs/ should link each other"
 

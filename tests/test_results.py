@@ -14,8 +14,11 @@ REQUIRED = ("command", "git_revision", "cpu_model", "date", "recorded")
 
 
 def entries() -> list[str]:
-    return sorted(p.name + ("/" if p.is_dir() else "") for p in RESULTS.iterdir()
-                  if p.name != "README.md" and not p.name.startswith("."))
+    return sorted(
+        p.name + ("/" if p.is_dir() else "")
+        for p in RESULTS.iterdir()
+        if p.name != "README.md" and not p.name.startswith(".")
+    )
 
 
 def indexed() -> dict[str, str]:

@@ -15,11 +15,14 @@ def test_run_json_round_trips_and_is_written_whole(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["run.json"]  # no temporary files left
 
 
-@pytest.mark.parametrize("text,match", [
-    ("{", "is not readable JSON"),
-    ('{"schema_version": 99, "config": {}}', "has schema_version 99"),
-    ('{"schema_version": 2}', "lacks its 'config' object"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("{", "is not readable JSON"),
+        ('{"schema_version": 99, "config": {}}', "has schema_version 99"),
+        ('{"schema_version": 2}', "lacks its 'config' object"),
+    ],
+)
 def test_a_bad_run_json_is_one_line_naming_the_file(tmp_path, text, match):
     (tmp_path / "run.json").write_text(text)
     with pytest.raises(ValueError, match=match):

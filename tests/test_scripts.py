@@ -51,16 +51,23 @@ OPERATIONS = {
 
 
 def every_script() -> list[str]:
-    return sorted(str(p.relative_to(SCRIPTS)) for p in SCRIPTS.rglob("*")
-                  if p.is_file() and "__pycache__" not in p.parts)
+    return sorted(
+        str(p.relative_to(SCRIPTS)) for p in SCRIPTS.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+    )
 
 
 @pytest.mark.parametrize("script", sorted(RUNS))
 def test_the_script_runs_on_a_tiny_input_and_writes_its_manifest(script, tmp_path):
     out = tmp_path / "result.json"
     env = {**os.environ, "PYTHONHASHSEED": "0"}
-    done = subprocess.run([sys.executable, str(SCRIPTS / script), *RUNS[script], "-o", str(out)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120, env=env)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPTS / script), *RUNS[script], "-o", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert done.returncode == 0, f"{script}: {done.stderr[-3000:]}"
     manifest = read_manifest(out)
     assert manifest is not None, f"{script} wrote no manifest into {out}"
@@ -95,8 +102,10 @@ def test_every_file_under_scripts_is_run_by_a_test():
     named = set(RUNS) | set(HELP_ONLY) | set(OPERATIONS)
     assert not set(RUNS) & set(HELP_ONLY)
     unrun = [s for s in every_script() if s not in named]
-    assert unrun == [], (f"{unrun}: add each to RUNS (a tiny run, --quick) or HELP_ONLY (--help, where a run needs "
-                         "minutes, ranks or GPUs) in tests/test_scripts.py")
+    assert unrun == [], (
+        f"{unrun}: add each to RUNS (a tiny run, --quick) or HELP_ONLY (--help, where a run needs "
+        "minutes, ranks or GPUs) in tests/test_scripts.py"
+    )
     gone = sorted(named - set(every_script()))
     assert gone == [], f"{gone} named in tests/test_scripts.py are gone from scripts/"
 
@@ -107,11 +116,19 @@ def test_a_shell_result_gets_its_manifest_from_the_module(tmp_path):
     folder.mkdir()
     result.write_text('{"figure": 1}')
     for path in (folder, result):
-        done = subprocess.run([sys.executable, "-m", "ppprof.manifest", str(path), "--command", "bash x.sh a"],
-                              capture_output=True, text=True, cwd=REPO)
+        done = subprocess.run(
+            [sys.executable, "-m", "ppprof.manifest", str(path), "--command", "bash x.sh a"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
         assert done.returncode == 0, done.stderr
         assert read_manifest(path)["command"] == "bash x.sh a"
     assert json.loads(result.read_text())["figure"] == 1
-    done = subprocess.run([sys.executable, "-m", "ppprof.manifest", str(tmp_path / "none"), "--command", "x"],
-                          capture_output=True, text=True, cwd=REPO)
+    done = subprocess.run(
+        [sys.executable, "-m", "ppprof.manifest", str(tmp_path / "none"), "--command", "x"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert done.returncode == 2 and "neither a folder nor a JSON file" in done.stderr

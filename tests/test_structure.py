@@ -43,6 +43,9 @@ def test_only_the_command_layer_imports_click():
 
 
 def test_no_settings_are_built_from_a_hand_made_run_json_dict():
-    hits = [f"{name}:{text[:m.start()].count(chr(10)) + 1}" for name, text in sources()
-            for m in re.finditer(r"\{\s*[\"']config[\"']\s*:", text)]
+    hits = [
+        f"{name}:{text[: m.start()].count(chr(10)) + 1}"
+        for name, text in sources()
+        for m in re.finditer(r"\{\s*[\"']config[\"']\s*:", text)
+    ]
     assert hits == []

@@ -26,8 +26,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ppprof.adaptive.uncertainty import (CONFIDENCE, MAX_REQUESTS, MAX_SECONDS, STABLE, TTFT_TOLERANCE, Uncertainty,
-                                         regressors)
+from ppprof.adaptive.uncertainty import (
+    CONFIDENCE,
+    MAX_REQUESTS,
+    MAX_SECONDS,
+    STABLE,
+    TTFT_TOLERANCE,
+    Uncertainty,
+    regressors,
+)
 from ppprof.config import ChunkSettings
 from ppprof.fit.regress import admissible
 from ppprof.policy.rule import LatencyModel
@@ -69,8 +76,7 @@ def log_det(Z: np.ndarray) -> float:
 
 
 def feasible(prefix_len: np.ndarray, chunk_size: np.ndarray, picks: list[int]) -> bool:
-    return (len(set(prefix_len[picks].tolist())) >= MIN_PREFIX_LEVELS
-            and len(set(chunk_size[picks].tolist())) >= 2)
+    return len(set(prefix_len[picks].tolist())) >= MIN_PREFIX_LEVELS and len(set(chunk_size[picks].tolist())) >= 2
 
 
 def d_optimal(prefix_len, chunk_size, num_points: int, cost=None) -> list[int]:
@@ -85,8 +91,10 @@ def d_optimal(prefix_len, chunk_size, num_points: int, cost=None) -> list[int]:
     m, p = Z.shape
     levels, sizes = len(np.unique(L)), len(np.unique(x))
     if levels < MIN_PREFIX_LEVELS or sizes < 2:
-        raise ValueError(f"the candidate grid has {levels} prefix lengths and {sizes} chunk sizes: the prefix model "
-                         f"needs >= {MIN_PREFIX_LEVELS} and >= 2")
+        raise ValueError(
+            f"the candidate grid has {levels} prefix lengths and {sizes} chunk sizes: the prefix model "
+            f"needs >= {MIN_PREFIX_LEVELS} and >= 2"
+        )
     if num_points > m:
         raise ValueError(f"the candidate grid has {m} points, fewer than the {num_points} the design needs")
     ridge = 1e-6 * np.eye(p)
@@ -94,8 +102,9 @@ def d_optimal(prefix_len, chunk_size, num_points: int, cost=None) -> list[int]:
     for k in range(num_points):
         picked_levels = set(L[picks].tolist())
         missing_levels = MIN_PREFIX_LEVELS - len(picked_levels)
-        pool = [j for j in range(m) if j not in picks
-                and (missing_levels < num_points - k or L[j] not in picked_levels)]
+        pool = [
+            j for j in range(m) if j not in picks and (missing_levels < num_points - k or L[j] not in picked_levels)
+        ]
         M = Z[picks].T @ Z[picks] + ridge
         picks.append(max(pool, key=lambda j: np.linalg.slogdet(M + np.outer(Z[j], Z[j]))[1]))
     best = log_det(Z[picks])
@@ -106,7 +115,7 @@ def d_optimal(prefix_len, chunk_size, num_points: int, cost=None) -> list[int]:
             for j in range(m):
                 if j in picks:
                     continue
-                trial = picks[:i] + [j] + picks[i + 1:]
+                trial = picks[:i] + [j] + picks[i + 1 :]
                 if not feasible(L, x, trial):
                     continue
                 value = log_det(Z[trial])
@@ -120,19 +129,24 @@ def check_identifiable(prefix_len, chunk_size) -> None:
     L, x = np.asarray(prefix_len), np.asarray(chunk_size)
     levels, sizes = len(np.unique(L)), len(np.unique(x))
     if levels < MIN_PREFIX_LEVELS or sizes < 2:
-        raise ValueError(f"design has {levels} prefix lengths and {sizes} chunk sizes: the prefix model needs >= "
-                         f"{MIN_PREFIX_LEVELS} and >= 2")
+        raise ValueError(
+            f"design has {levels} prefix lengths and {sizes} chunk sizes: the prefix model needs >= "
+            f"{MIN_PREFIX_LEVELS} and >= 2"
+        )
     Z = regressors(INITIAL_MODEL, L, x)
     Z = Z / np.maximum(np.abs(Z).max(axis=0), 1e-300)
     rank = int(np.linalg.matrix_rank(Z))
     cond = float(np.linalg.cond(Z)) if rank == Z.shape[1] else math.inf
     if rank < Z.shape[1] or cond > MAX_CONDITION:
-        raise ValueError(f"design does not determine the prefix model's {Z.shape[1]} coefficients (rank {rank}, "
-                         f"condition number {cond:.3g}): add points at other prefix lengths and chunk sizes")
+        raise ValueError(
+            f"design does not determine the prefix model's {Z.shape[1]} coefficients (rank {rank}, "
+            f"condition number {cond:.3g}): add points at other prefix lengths and chunk sizes"
+        )
 
 
-def initial_design(prefix_len, chunk_size, base_chunk_size: int, num_points: int = INITIAL_POINTS,
-                   repeats: int = INITIAL_REPEATS) -> list[tuple[int, int]]:
+def initial_design(
+    prefix_len, chunk_size, base_chunk_size: int, num_points: int = INITIAL_POINTS, repeats: int = INITIAL_REPEATS
+) -> list[tuple[int, int]]:
     """(prefix_len, chunk_size) of the initial design: D-optimal for a fixed probing time under the prior cost, each
     point `repeats` times; checked identifiable."""
     L, x = np.asarray(prefix_len), np.asarray(chunk_size)
@@ -142,8 +156,9 @@ def initial_design(prefix_len, chunk_size, base_chunk_size: int, num_points: int
     return points
 
 
-def chunk_size_gradient(model: LatencyModel, settings: ChunkSettings, target_ms: float, prefix_len: int
-                        ) -> np.ndarray | None:
+def chunk_size_gradient(
+    model: LatencyModel, settings: ChunkSettings, target_ms: float, prefix_len: int
+) -> np.ndarray | None:
     """d(smoothed chunk size)/d(theta) (model_terms order) at `prefix_len`, by implicit differentiation of the
     equal-latency equation F = t(L, x) - t(0, B) = z(L, x) . theta - z(0, B) . theta = 0 (the fixed cost c drops
     out); None where the rule has no root there."""
@@ -158,8 +173,9 @@ def chunk_size_gradient(model: LatencyModel, settings: ChunkSettings, target_ms:
     return -settings.smooth_factor * dF / dF_dx
 
 
-def ttft_gradient(model: LatencyModel, starts: list[int], sizes: list[int], prompt_len: int, num_stages: int
-                  ) -> np.ndarray:
+def ttft_gradient(
+    model: LatencyModel, starts: list[int], sizes: list[int], prompt_len: int, num_stages: int
+) -> np.ndarray:
     """d(predicted TTFT)/d(theta) with the plan held: the chunks' regressors summed, the slowest's P - 1 times
     more."""
     chunks = table_plan(starts, sizes, prompt_len)
@@ -193,8 +209,18 @@ def unstable_gradients(u: Uncertainty, settings: ChunkSettings, num_stages: int)
     return np.array(grads), np.array(need)
 
 
-def next_batch(u: Uncertainty, settings: ChunkSettings, num_stages: int, rows_L, rows_x, cand_L, cand_x,
-               cost_s: np.ndarray, budget_s: float, max_count: int) -> list[tuple[int, int]]:
+def next_batch(
+    u: Uncertainty,
+    settings: ChunkSettings,
+    num_stages: int,
+    rows_L,
+    rows_x,
+    cand_L,
+    cand_x,
+    cost_s: np.ndarray,
+    budget_s: float,
+    max_count: int,
+) -> list[tuple[int, int]]:
     """Greedy batch of candidates (repeats allowed) by uncertainty reduction per second (module docstring, step 2),
     until the linearized variances have shrunk as much as the bootstrap says they must (at least MIN_BATCH
     requests), or the batch is predicted to cost `budget_s`, or holds `max_count`."""
@@ -225,7 +251,7 @@ def next_batch(u: Uncertainty, settings: ChunkSettings, num_stages: int, rows_L,
         if len(picks) >= MIN_BATCH and np.all(variances(Minv) <= need * start):
             break
         A = G @ Minv @ Zc.T  # (quantities, candidates): g^T M^-1 z
-        gain = w_cand * (A ** 2).sum(axis=0) / (1.0 + w_cand * np.einsum("ij,jk,ik->i", Zc, Minv, Zc))
+        gain = w_cand * (A**2).sum(axis=0) / (1.0 + w_cand * np.einsum("ij,jk,ik->i", Zc, Minv, Zc))
         score = np.where(taken < MAX_REPEATS_PER_BATCH, gain / cost_s, -np.inf)
         j = int(np.argmax(score))
         taken[j] += 1
@@ -244,16 +270,28 @@ class Decision:
     uncertainty: dict | None = None
 
 
-def decide(u: Uncertainty, settings: ChunkSettings, num_stages: int, rows_L, rows_x, cand_L, cand_x, *,
-           cost_s: np.ndarray, requests_run: int, seconds_spent: float, requests_per_probe: int,
-           max_requests: int | None, max_seconds: float | None) -> Decision:
+def decide(
+    u: Uncertainty,
+    settings: ChunkSettings,
+    num_stages: int,
+    rows_L,
+    rows_x,
+    cand_L,
+    cand_x,
+    *,
+    cost_s: np.ndarray,
+    requests_run: int,
+    seconds_spent: float,
+    requests_per_probe: int,
+    max_requests: int | None,
+    max_seconds: float | None,
+) -> Decision:
     """Stop when the policy is stable or a budget is spent; else the next batch, sized to BATCH_GROWTH x the time
     spent and to what the budgets leave."""
     record = u.to_dict()
     if u.stable:
         return Decision(stop_reason=STABLE, uncertainty=record)
-    left_requests = requests_per_probe if max_requests is None else min(requests_per_probe,
-                                                                       max_requests - requests_run)
+    left_requests = requests_per_probe if max_requests is None else min(requests_per_probe, max_requests - requests_run)
     if left_requests <= 0:
         return Decision(stop_reason=MAX_REQUESTS, uncertainty=record)
     budget = max(BATCH_GROWTH * seconds_spent, MIN_BATCH_SECONDS)

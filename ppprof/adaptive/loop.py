@@ -20,8 +20,16 @@ from ppprof.probe.synth import Probe
 log = logging.getLogger("ppprof")
 
 
-def probe_sequence(pipe: Pipe, cfg: ProfileConfig, probes: list[Probe], design: DesignState, samples_path: Path,
-                   e2e_ms: list, t_probes: float, first: int = 0) -> Iterator[Probe]:
+def probe_sequence(
+    pipe: Pipe,
+    cfg: ProfileConfig,
+    probes: list[Probe],
+    design: DesignState,
+    samples_path: Path,
+    e2e_ms: list,
+    t_probes: float,
+    first: int = 0,
+) -> Iterator[Probe]:
     """The probes to run, in order. Grid: `probes` from `first` (a resumed run's first probe not yet complete).
     Adaptive (never resumed): the initial design, then after each probe (once the caller has appended its rows to
     `samples_path` and its end-to-end latencies to `e2e_ms`) the next one rank 0 chooses, appended to `probes`,
@@ -40,8 +48,15 @@ def probe_sequence(pipe: Pipe, cfg: ProfileConfig, probes: list[Probe], design: 
         decision = None
         with agreed(pipe, "choose the next probe"):
             if pipe.rank == 0:
-                decision = choose(cfg, pipe.world_size, probes, read_samples(samples_path), e2e_ms,
-                                  time.perf_counter() - start, time.perf_counter() - t_probes)
+                decision = choose(
+                    cfg,
+                    pipe.world_size,
+                    probes,
+                    read_samples(samples_path),
+                    e2e_ms,
+                    time.perf_counter() - start,
+                    time.perf_counter() - t_probes,
+                )
         decision = pipe.broadcast(decision)
         record_step(design, probes, decision, time.perf_counter() - t_probes)
         if decision.stop_reason:
@@ -54,13 +69,22 @@ def probe_sequence(pipe: Pipe, cfg: ProfileConfig, probes: list[Probe], design: 
 def record_step(design: DesignState, probes: list[Probe], decision, seconds: float) -> None:
     """The step's entry in the design's history, and its log line."""
     u = decision.uncertainty
-    design.history.append({"design_step": probes[-1].design_step, "requests": sum(len(p.requests) for p in probes),
-                           "seconds": round(seconds, 3),
-                           "table_within_one_unit": None if u is None else min(u["table"]["within_one_unit"]),
-                           "ttft_half_width": None if u is None else u["ttft"]["half_width"]})
+    design.history.append(
+        {
+            "design_step": probes[-1].design_step,
+            "requests": sum(len(p.requests) for p in probes),
+            "seconds": round(seconds, 3),
+            "table_within_one_unit": None if u is None else min(u["table"]["within_one_unit"]),
+            "ttft_half_width": None if u is None else u["ttft"]["half_width"],
+        }
+    )
     if u is not None:
-        log.info("design step %d: %d requests, table entries within one unit in >= %.0f%% of refits, predicted "
-                 "TTFT +-%s; %s", probes[-1].design_step, design.history[-1]["requests"],
-                 100 * design.history[-1]["table_within_one_unit"],
-                 ", ".join(f"{h:.1%}" for h in u["ttft"]["half_width"]),
-                 f"stop: {decision.stop_reason}" if decision.stop_reason else f"next {len(decision.points)} requests")
+        log.info(
+            "design step %d: %d requests, table entries within one unit in >= %.0f%% of refits, predicted "
+            "TTFT +-%s; %s",
+            probes[-1].design_step,
+            design.history[-1]["requests"],
+            100 * design.history[-1]["table_within_one_unit"],
+            ", ".join(f"{h:.1%}" for h in u["ttft"]["half_width"]),
+            f"stop: {decision.stop_reason}" if decision.stop_reason else f"next {len(decision.points)} requests",
+        )

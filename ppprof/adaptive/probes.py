@@ -18,10 +18,12 @@ NUM_CANDIDATE_PREFIXES = 12
 
 def candidate_grid(cfg: ProfileConfig) -> tuple[list[int], list[int]]:
     """(prefix_len, chunk_size) of every candidate of the adaptive design, as two lists."""
-    prefixes = (0,) + (cfg.resolved_prefix_lens() if cfg.prefix_lens is not None
-                       else cfg.resolved_prefix_lens(NUM_CANDIDATE_PREFIXES))
-    chunks = (wide_chunk_sizes(cfg.base_chunk_size, cfg.max_probe_chunk_size, cfg.chunk_unit)
-              + grid_chunk_sizes(cfg.base_chunk_size, cfg.chunk_unit, NUM_CANDIDATE_CHUNKS))
+    prefixes = (0,) + (
+        cfg.resolved_prefix_lens() if cfg.prefix_lens is not None else cfg.resolved_prefix_lens(NUM_CANDIDATE_PREFIXES)
+    )
+    chunks = wide_chunk_sizes(cfg.base_chunk_size, cfg.max_probe_chunk_size, cfg.chunk_unit) + grid_chunk_sizes(
+        cfg.base_chunk_size, cfg.chunk_unit, NUM_CANDIDATE_CHUNKS
+    )
     pairs = [(p, c) for p in sorted(set(prefixes)) for c in chunks]
     return [p for p, _ in pairs], [c for _, c in pairs]
 
@@ -51,8 +53,12 @@ def check(cfg: ProfileConfig) -> None:
     try:
         initial_probes(cfg)
     except ValueError as e:
-        raise ValueError(f"--design adaptive with --prefix-lens {','.join(map(str, cfg.resolved_prefix_lens()))}: "
-                         f"{e}; give at least two prefix lengths (or none, for the default)") from None
+        raise ValueError(
+            f"--design adaptive with --prefix-lens {','.join(map(str, cfg.resolved_prefix_lens()))}: "
+            f"{e}; give at least two prefix lengths (or none, for the default)"
+        ) from None
     if cfg.max_requests is not None and cfg.max_requests < INITIAL_REQUESTS:
-        raise ValueError(f"--max-requests {cfg.max_requests} is below the {INITIAL_REQUESTS} requests of the "
-                         f"adaptive design's initial design: use at least {INITIAL_REQUESTS}")
+        raise ValueError(
+            f"--max-requests {cfg.max_requests} is below the {INITIAL_REQUESTS} requests of the "
+            f"adaptive design's initial design: use at least {INITIAL_REQUESTS}"
+        )

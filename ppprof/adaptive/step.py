@@ -65,16 +65,24 @@ def design_fit(cfg: ProfileConfig, num_stages: int, samples: Samples) -> DesignF
         return DesignFit(used, None, str(e))
 
 
-def choose(cfg: ProfileConfig, num_stages: int, probes: list[Probe], samples: Samples, e2e_ms: list[list[float]],
-           last_probe_s: float, seconds_spent: float) -> Decision:
+def choose(
+    cfg: ProfileConfig,
+    num_stages: int,
+    probes: list[Probe],
+    samples: Samples,
+    e2e_ms: list[list[float]],
+    last_probe_s: float,
+    seconds_spent: float,
+) -> Decision:
     """Rank 0, after every probe in `probes` ran (`samples`: samples.csv read back; e2e_ms[probe][request]): fit,
     bootstrap, and stop or choose the next batch (costed from what the probes so far took)."""
     requests_run = len(samples)
     step = design_fit(cfg, num_stages, samples)
     u = step.uncertainty
     if u is None:  # e.g. noise so large that no term keeps a non-negative coefficient: measure the start again
-        log.warning("the samples so far do not determine the latency model (%s): the initial design runs again",
-                    step.error)
+        log.warning(
+            "the samples so far do not determine the latency model (%s): the initial design runs again", step.error
+        )
         if cfg.max_seconds is not None and seconds_spent >= cfg.max_seconds:
             return Decision(stop_reason=MAX_SECONDS)
         left = min(cfg.request_budget - requests_run, cfg.requests_per_probe)
@@ -86,10 +94,21 @@ def choose(cfg: ProfileConfig, num_stages: int, probes: list[Probe], samples: Sa
     # An adaptive run is never resumed: samples.csv holds this run's requests, in the order they ran.
     e2e_per_stage_ms = float(np.median(np.concatenate(e2e_ms) / samples.chunk_latency_ms))
     cost_s = (e2e_per_stage_ms * u.model.chunk_latency_ms(cand_L, cand_x) + overhead_ms) / 1e3
-    return decide(u, cfg.chunk_settings(), num_stages, step.used.prefix_len, step.used.chunk_size, cand_L, cand_x,
-                  cost_s=cost_s, requests_run=requests_run, seconds_spent=seconds_spent,
-                  requests_per_probe=cfg.requests_per_probe, max_requests=cfg.request_budget,
-                  max_seconds=cfg.max_seconds)
+    return decide(
+        u,
+        cfg.chunk_settings(),
+        num_stages,
+        step.used.prefix_len,
+        step.used.chunk_size,
+        cand_L,
+        cand_x,
+        cost_s=cost_s,
+        requests_run=requests_run,
+        seconds_spent=seconds_spent,
+        requests_per_probe=cfg.requests_per_probe,
+        max_requests=cfg.request_budget,
+        max_seconds=cfg.max_seconds,
+    )
 
 
 def final_uncertainty(cfg: ProfileConfig, num_stages: int, samples_path: Path) -> tuple[dict | None, str | None]:
@@ -102,8 +121,15 @@ def final_uncertainty(cfg: ProfileConfig, num_stages: int, samples_path: Path) -
     return (None, step.error) if step.uncertainty is None else (step.uncertainty.to_dict(), None)
 
 
-def design_record(cfg: ProfileConfig, design: DesignState, probes: list[Probe], samples_path: Path, num_stages: int,
-                  probe_wall_s: float, forward_tokens: int) -> dict:
+def design_record(
+    cfg: ProfileConfig,
+    design: DesignState,
+    probes: list[Probe],
+    samples_path: Path,
+    num_stages: int,
+    probe_wall_s: float,
+    forward_tokens: int,
+) -> dict:
     """run.json's `design` (policy.json copies it): what the probing of `probes` cost, why it stopped, and the
     uncertainty of the table, the predicted TTFT and the coefficients of the policy fit's model on the whole
     samples.csv (for the grid too, from the same bootstrap)."""
@@ -111,10 +137,19 @@ def design_record(cfg: ProfileConfig, design: DesignState, probes: list[Probe], 
     u, error = design.uncertainty, None
     if u is None:
         u, error = final_uncertainty(cfg, num_stages, samples_path)
-    return finite({"design": cfg.design, "steps": 1 + max((p.design_step for p in probes), default=0),
-                   "requests": sum(len(p.requests) for p in probes), "forward_tokens": forward_tokens,
-                   "probe_wall_s": round(probe_wall_s, 3), "stopping_reason": reason,
-                   "stopping_rule": STOPPING_REASONS_ALL[reason],
-                   "max_requests": cfg.request_budget if cfg.design == "adaptive" else None,
-                   "max_seconds": cfg.max_seconds, "uncertainty": u, "uncertainty_error": error,
-                   "history": design.history})
+    return finite(
+        {
+            "design": cfg.design,
+            "steps": 1 + max((p.design_step for p in probes), default=0),
+            "requests": sum(len(p.requests) for p in probes),
+            "forward_tokens": forward_tokens,
+            "probe_wall_s": round(probe_wall_s, 3),
+            "stopping_reason": reason,
+            "stopping_rule": STOPPING_REASONS_ALL[reason],
+            "max_requests": cfg.request_budget if cfg.design == "adaptive" else None,
+            "max_seconds": cfg.max_seconds,
+            "uncertainty": u,
+            "uncertainty_error": error,
+            "history": design.history,
+        }
+    )

@@ -51,8 +51,9 @@ def ttft_prompt_lens(settings: ChunkSettings) -> tuple[int, ...]:
     return tuple(sorted({min(16 * settings.base_chunk_size, settings.context_len), settings.context_len}))
 
 
-def plan_ttft_ms(model: LatencyModel, starts: list[int], sizes: list[int], prompt_len: int, num_stages: int
-                 ) -> tuple[float, list[int]]:
+def plan_ttft_ms(
+    model: LatencyModel, starts: list[int], sizes: list[int], prompt_len: int, num_stages: int
+) -> tuple[float, list[int]]:
     """Predicted TTFT of the greedy plan of `prompt_len` tokens, and the plan."""
     chunks = table_plan(starts, sizes, prompt_len)
     return ttft_ms(chunk_latencies_ms(model, chunks), num_stages), chunks
@@ -145,21 +146,41 @@ class Uncertainty:
         """What run.json and policy.json record (the `uncertainty` of their `design`)."""
         return {
             "model": self.model.name,
-            "method": (f"residual bootstrap, {self.replicates} refits ({self.failed_replicates} failed); "
-                       f"{CONFIDENCE:.0%} confidence"),
+            "method": (
+                f"residual bootstrap, {self.replicates} refits ({self.failed_replicates} failed); "
+                f"{CONFIDENCE:.0%} confidence"
+            ),
             "residual_rel_std": self.residual_rel_std,
             "coefficients": self.coefficients,
-            "table": {"alignment": self.alignment, "prefix_len": self.starts, "chunk_size": self.sizes,
-                      "within_one_unit": self.within_one_unit, "deviation_units_p95": self.deviation_units_p95,
-                      "stable": self.table_stable},
-            "ttft": {"prompt_len": list(self.prompt_lens), "ttft_ms": self.ttft_ms,
-                     "half_width": self.ttft_half_width, "tolerance": TTFT_TOLERANCE, "stable": self.ttft_stable},
+            "table": {
+                "alignment": self.alignment,
+                "prefix_len": self.starts,
+                "chunk_size": self.sizes,
+                "within_one_unit": self.within_one_unit,
+                "deviation_units_p95": self.deviation_units_p95,
+                "stable": self.table_stable,
+            },
+            "ttft": {
+                "prompt_len": list(self.prompt_lens),
+                "ttft_ms": self.ttft_ms,
+                "half_width": self.ttft_half_width,
+                "tolerance": TTFT_TOLERANCE,
+                "stable": self.ttft_stable,
+            },
             "stable": self.stable,
         }
 
 
-def bootstrap(fit: Fit, L, x, y, settings: ChunkSettings, num_stages: int, replicates: int = REPLICATES,
-              seed: int = BOOTSTRAP_SEED) -> Uncertainty:
+def bootstrap(
+    fit: Fit,
+    L,
+    x,
+    y,
+    settings: ChunkSettings,
+    num_stages: int,
+    replicates: int = REPLICATES,
+    seed: int = BOOTSTRAP_SEED,
+) -> Uncertainty:
     """Bootstrap `fit`, a model fitted with the policy's trimming to the rows L, x, y (ppprof.fit.regress's
     fit_candidates); raises Unfittable where its rule has no positive target latency."""
     L, x, y = (np.asarray(v) for v in (L, x, y))
@@ -203,14 +224,28 @@ def bootstrap(fit: Fit, L, x, y, settings: ChunkSettings, num_stages: int, repli
         values = np.array([getattr(m, term) for m, k in zip(models, ok) if k])
         point = getattr(model, term)
         q = np.percentile(values, [2.5, 97.5]) if len(values) else (math.nan, math.nan)
-        coefs[term] = {"value": point, "std": float(values.std()) if len(values) else math.nan,
-                       "interval_95": [float(q[0]), float(q[1])]}
+        coefs[term] = {
+            "value": point,
+            "std": float(values.std()) if len(values) else math.nan,
+            "interval_95": [float(q[0]), float(q[1])],
+        }
     return Uncertainty(
-        model=model, fit_rows=fit_rows, target_ms=target, starts=starts, sizes=sizes, alignment=align,
+        model=model,
+        fit_rows=fit_rows,
+        target_ms=target,
+        starts=starts,
+        sizes=sizes,
+        alignment=align,
         within_one_unit=[float(np.mean(dev[:, i] <= TABLE_TOLERANCE_UNITS)) for i in range(len(starts))],
         deviation_units_p95=[float(np.percentile(dev[:, i], 95, method="higher")) for i in range(len(starts))],
-        prompt_lens=prompts, ttft_ms=[float(v) for v in point_ttft], ttft_half_width=half, coefficients=coefs,
-        replicates=replicates, failed_replicates=failed, residual_rel_std=float(r.std()))
+        prompt_lens=prompts,
+        ttft_ms=[float(v) for v in point_ttft],
+        ttft_half_width=half,
+        coefficients=coefs,
+        replicates=replicates,
+        failed_replicates=failed,
+        residual_rel_std=float(r.std()),
+    )
 
 
 def table_differences(a: dict, b: dict, alignment: int) -> tuple[int, int]:

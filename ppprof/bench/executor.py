@@ -67,8 +67,14 @@ class PromptRunner:
         result, error = PromptResult(), None
         start = time.perf_counter()
         try:
-            admit_error = next((f"stage {s.index} cannot admit prompt {prompt.index}: {s.cache.outstanding()}"
-                                for s, req in zip(self.stages, reqs) if not s.cache.admit(req)), None)
+            admit_error = next(
+                (
+                    f"stage {s.index} cannot admit prompt {prompt.index}: {s.cache.outstanding()}"
+                    for s, req in zip(self.stages, reqs)
+                    if not s.cache.admit(req)
+                ),
+                None,
+            )
             stop_if_any_failed(self.pipe, admit_error)  # no rank goes on to wait for a chunk that will not come
             self.pipe.barrier()  # every rank starts the prompt's clock together
             error = self._chunks(prompt, reqs, result)
@@ -97,16 +103,25 @@ class PromptRunner:
         for k, n in enumerate(sizes):
             wait_start = time.perf_counter()
             if pipe.is_first:
-                x, residual = tokens[prefix_len:prefix_len + n], None
+                x, residual = tokens[prefix_len : prefix_len + n], None
             else:
                 chunk_status, x, residual = pending.wait()
                 status = FAILED if chunk_status != OK else status
                 pending = pipe.irecv_activation(sizes[k + 1]) if k + 1 < len(sizes) else None
             wait_ms = (time.perf_counter() - wait_start) * 1e3 if not pipe.is_first else 0.0
             for j, (s, req) in enumerate(zip(self.stages, reqs)):
-                row = {"prompt": prompt.index, "arm": prompt.arm, "repeat": prompt.repeat,
-                       "prompt_len": prompt.prompt_len, "chunk": k, "chunk_size": n, "prefix_len": prefix_len,
-                       "stage": s.index, "rank": pipe.rank, "wait_ms": round(wait_ms if j == 0 else 0.0, 4)}
+                row = {
+                    "prompt": prompt.index,
+                    "arm": prompt.arm,
+                    "repeat": prompt.repeat,
+                    "prompt_len": prompt.prompt_len,
+                    "chunk": k,
+                    "chunk_size": n,
+                    "prefix_len": prefix_len,
+                    "stage": s.index,
+                    "rank": pipe.rank,
+                    "wait_ms": round(wait_ms if j == 0 else 0.0, 4),
+                }
                 if status == OK:
                     try:
                         if s.cache.extend(req, n) is None:
@@ -115,11 +130,19 @@ class PromptRunner:
                             x, residual = s.stage(s.cache, req, x, residual, prefix_len)
                         first_start = t.start if first_start is None else first_start
                         compute_ms = pipe.tp_slowest(t.elapsed_ms)  # the stage's: its slowest TP rank's
-                        row.update(start_ms=(t.start - t0) * 1e3, end_ms=(t.start - t0) * 1e3 + compute_ms,
-                                   compute_ms=compute_ms)
+                        row.update(
+                            start_ms=(t.start - t0) * 1e3,
+                            end_ms=(t.start - t0) * 1e3 + compute_ms,
+                            compute_ms=compute_ms,
+                        )
                     except Exception as e:
-                        status, error = FAILED, (f"stage {s.index}, prompt {prompt.index}, chunk {k} "
-                                                 f"({prefix_len} + {n} tokens): {type(e).__name__}: {e}")
+                        status, error = (
+                            FAILED,
+                            (
+                                f"stage {s.index}, prompt {prompt.index}, chunk {k} "
+                                f"({prefix_len} + {n} tokens): {type(e).__name__}: {e}"
+                            ),
+                        )
                         pipe.tp_failed(error)  # under TP, the run's verdict (its TP peers may wait in an all-reduce)
                 result.rows.append(row)
             if not pipe.is_last:

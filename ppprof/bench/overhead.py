@@ -20,22 +20,26 @@ MIN_CHUNKS = 2
 """The fewest chunks a plan keeps where the KV pool holds fewer than OVERHEAD_CHUNKS: a pipeline needs two."""
 MEDIAN_SE = 1.2533 * 1.4826
 """The median's standard error is ~1.2533 sigma / sqrt(n) (normal samples), sigma ~1.4826 x the MAD."""
-METHOD = (f"fixed plans of {OVERHEAD_CHUNKS} chunks at B/4, B and 2B (the B/4 plan after {DEEP_PREFIX_CHUNKS} "
-          "chunks of B) run pipelined through the profile's stages after its probes, interleaved, after one warm-up; "
-          "each run's overhead o solves replay(stage times + o) = measured TTFT, "
-          "o = (measured - replay) / (num_chunks + num_stages - 1)")
+METHOD = (
+    f"fixed plans of {OVERHEAD_CHUNKS} chunks at B/4, B and 2B (the B/4 plan after {DEEP_PREFIX_CHUNKS} "
+    "chunks of B) run pipelined through the profile's stages after its probes, interleaved, after one warm-up; "
+    "each run's overhead o solves replay(stage times + o) = measured TTFT, "
+    "o = (measured - replay) / (num_chunks + num_stages - 1)"
+)
 
 
 def overhead_chunk_sizes(base_chunk_size: int, page_size: int, max_chunk_size: int) -> list[int]:
     """The fixed plans' chunk sizes: B/4, B and 2B aligned down to the page (at least one page), at most
     `max_chunk_size` (the largest probe chunk), distinct, smallest first."""
-    sizes = {min(max(align_down(int(m * base_chunk_size), page_size), page_size), max_chunk_size)
-             for m in OVERHEAD_MULTIPLES}
+    sizes = {
+        min(max(align_down(int(m * base_chunk_size), page_size), page_size), max_chunk_size) for m in OVERHEAD_MULTIPLES
+    }
     return sorted(sizes)
 
 
-def overhead_plans(chunk_sizes: list[int], capacity: int, repeats: int, base_chunk_size: int | None = None
-                   ) -> tuple[tuple[int, ...], list[tuple[int, tuple[int, ...]]]]:
+def overhead_plans(
+    chunk_sizes: list[int], capacity: int, repeats: int, base_chunk_size: int | None = None
+) -> tuple[tuple[int, ...], list[tuple[int, tuple[int, ...]]]]:
     """The warm-up prompt's chunks (one of each size, as many as fit) and the timed prompts, (repeat, chunks) in the
     order they run: `repeats` rounds of one plan a size, each round starting one size later (interleaved, so no size
     always runs first). A plan has OVERHEAD_CHUNKS chunks, fewer where `capacity` (the tokens a request can hold) is
@@ -76,11 +80,16 @@ def overhead_run(chunk_sizes, stage_ms, measured_ms: float, repeat: int) -> dict
     stage's forward of every chunk (stage_ms, (P, n): what the fit's calibration onto the pipelined level reads,
     ppprof.fit.calibrate)."""
     t = np.asarray(stage_ms, dtype=float)
-    return {"chunk_size": int(chunk_sizes[-1]), "num_chunks": len(chunk_sizes),
-            "chunk_sizes": [int(n) for n in chunk_sizes], "repeat": int(repeat),
-            "measured_ms": round(float(measured_ms), 4), "replay_ms": round(float(replay(t)[1][-1, -1]), 4),
-            "ms_per_chunk": round(chunk_overhead_ms(t, measured_ms), 4),
-            "stage_ms": [[round(float(v), 4) for v in row] for row in t]}
+    return {
+        "chunk_size": int(chunk_sizes[-1]),
+        "num_chunks": len(chunk_sizes),
+        "chunk_sizes": [int(n) for n in chunk_sizes],
+        "repeat": int(repeat),
+        "measured_ms": round(float(measured_ms), 4),
+        "replay_ms": round(float(replay(t)[1][-1, -1]), 4),
+        "ms_per_chunk": round(chunk_overhead_ms(t, measured_ms), 4),
+        "stage_ms": [[round(float(v), 4) for v in row] for row in t],
+    }
 
 
 def median_stderr(values) -> float:
@@ -97,7 +106,14 @@ def summarize(runs: list[dict], num_stages: int) -> dict:
     chunk size, and the runs."""
     values = [r["ms_per_chunk"] for r in runs]
     sizes = sorted({r["chunk_size"] for r in runs})
-    by_size = {str(n): round(float(np.median([r["ms_per_chunk"] for r in runs if r["chunk_size"] == n])), 4)
-               for n in sizes}
-    return {"ms_per_chunk": round(float(np.median(values)), 4), "stderr_ms": round(median_stderr(values), 4),
-            "num_stages": int(num_stages), "method": METHOD, "by_chunk_size": by_size, "runs": runs}
+    by_size = {
+        str(n): round(float(np.median([r["ms_per_chunk"] for r in runs if r["chunk_size"] == n])), 4) for n in sizes
+    }
+    return {
+        "ms_per_chunk": round(float(np.median(values)), 4),
+        "stderr_ms": round(median_stderr(values), 4),
+        "num_stages": int(num_stages),
+        "method": METHOD,
+        "by_chunk_size": by_size,
+        "runs": runs,
+    }

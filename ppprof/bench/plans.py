@@ -45,13 +45,15 @@ def server_plan(server: Server, policy: Policy, samples_path: Path | None) -> Ca
     return lambda prompt_len: server.chunks(setting, model, context_len, prompt_len)
 
 
-def arms(policy: Policy, samples_path: Path | None, prompt_lens, strategies, num_stages: int,
-         extra: dict | None = None) -> list[Arm]:
+def arms(
+    policy: Policy, samples_path: Path | None, prompt_lens, strategies, num_stages: int, extra: dict | None = None
+) -> list[Arm]:
     """Every plan to run: for each prompt length, each requested strategy (fixed-best as its fixed sweep), and the
     `extra` plans ({"<prompt_len>": {name: chunks}}, `--plans`) as plan-<name>."""
     settings, model = policy.settings, policy.planning_model
-    servers = {name: server_plan(server, policy, samples_path) for name, server in REGISTRY.items()
-               if name in strategies}
+    servers = {
+        name: server_plan(server, policy, samples_path) for name, server in REGISTRY.items() if name in strategies
+    }
     out = []
     for prompt_len in prompt_lens:
         plans: dict[str, list[int]] = {}

@@ -20,9 +20,17 @@ from ppprof.policy.timeline import replay, start_times
 BENCH_CSV = "bench.csv"
 BENCH_JSON = "bench.json"
 BENCH_SCHEMA_VERSION = 1
-RATIOS = (("policy", "fixed-best"), ("policy", "optimal"), ("policy-history", "fixed-best"), ("greedy", "fixed"),
-          ("optimal", "fixed"), ("optimal", "fixed-best"), ("greedy", "fixed-best"), ("greedy", "sglang"),
-          ("optimal", "sglang"))
+RATIOS = (
+    ("policy", "fixed-best"),
+    ("policy", "optimal"),
+    ("policy-history", "fixed-best"),
+    ("greedy", "fixed"),
+    ("optimal", "fixed"),
+    ("optimal", "fixed-best"),
+    ("greedy", "fixed-best"),
+    ("greedy", "sglang"),
+    ("optimal", "sglang"),
+)
 
 
 def per_prompt(frame: pd.DataFrame, ttft: dict, transfer: dict, num_stages: int, real: bool) -> pd.DataFrame:
@@ -38,11 +46,20 @@ def per_prompt(frame: pd.DataFrame, ttft: dict, transfer: dict, num_stages: int,
         bottleneck = int(np.argmax(t.sum(axis=1)))
         lat = t[bottleneck]
         reference = measured if real else replay_ms
-        out.append({"prompt": prompt, "arm": g.arm.iloc[0], "repeat": int(g.repeat.iloc[0]),
-                    "prompt_len": int(g.prompt_len.iloc[0]), "num_chunks": t.shape[1], "ttft_ms": measured,
-                    "replay_ttft_ms": replay_ms, "bottleneck_stage": bottleneck,
-                    "bottleneck_cv": float(lat.std() / lat.mean()) if lat.mean() > 0 else np.nan,
-                    "idle_ms": [float(reference - t[s].sum()) for s in range(num_stages)]})
+        out.append(
+            {
+                "prompt": prompt,
+                "arm": g.arm.iloc[0],
+                "repeat": int(g.repeat.iloc[0]),
+                "prompt_len": int(g.prompt_len.iloc[0]),
+                "num_chunks": t.shape[1],
+                "ttft_ms": measured,
+                "replay_ttft_ms": replay_ms,
+                "bottleneck_stage": bottleneck,
+                "bottleneck_cv": float(lat.std() / lat.mean()) if lat.mean() > 0 else np.nan,
+                "idle_ms": [float(reference - t[s].sum()) for s in range(num_stages)],
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -51,8 +68,13 @@ def spread(values: np.ndarray) -> dict:
     v = v[np.isfinite(v)]
     if not v.size:
         return {"median": None, "min": None, "max": None, "p10": None, "p90": None}
-    return {"median": float(np.median(v)), "min": float(v.min()), "max": float(v.max()),
-            "p10": float(np.percentile(v, 10)), "p90": float(np.percentile(v, 90))}
+    return {
+        "median": float(np.median(v)),
+        "min": float(v.min()),
+        "max": float(v.max()),
+        "p10": float(np.percentile(v, 10)),
+        "p90": float(np.percentile(v, 90)),
+    }
 
 
 def strategy_names(arms_here: list[Arm], base_chunk_size: int, prompts: pd.DataFrame, key: str) -> dict[str, str]:
@@ -76,12 +98,17 @@ def summarize(prompts: pd.DataFrame, arms_here: list[Arm], names: dict[str, str]
         measured = spread(p[key])
         pred = predicted[arm]
         out[strategy] = {
-            "arm": arm, "num_chunks": int(p.num_chunks.iloc[0]), "ttft_ms": spread(p.ttft_ms),
-            "replay_ttft_ms": spread(p.replay_ttft_ms), "predicted_ttft_ms": pred,
+            "arm": arm,
+            "num_chunks": int(p.num_chunks.iloc[0]),
+            "ttft_ms": spread(p.ttft_ms),
+            "replay_ttft_ms": spread(p.replay_ttft_ms),
+            "predicted_ttft_ms": pred,
             "prediction_error": None if measured["median"] is None else pred / measured["median"] - 1.0,
             "replay_vs_real": None if p.ttft_ms.isna().all() else float(np.median(p.replay_ttft_ms / p.ttft_ms) - 1),
             "bottleneck_cv": float(p.bottleneck_cv.median()),
-            "idle_ms_per_stage": [float(np.median([row[s] for row in p.idle_ms])) for s in range(len(p.idle_ms.iloc[0]))],
+            "idle_ms_per_stage": [
+                float(np.median([row[s] for row in p.idle_ms])) for s in range(len(p.idle_ms.iloc[0]))
+            ],
         }
     return out
 
@@ -97,8 +124,18 @@ def paired_ratios(prompts: pd.DataFrame, names: dict[str, str], key: str) -> dic
     return out
 
 
-def write_report(run_dir: Path, *, bench, plans: list[Arm], rows: list[dict], ttft: dict, transfer: dict,
-                 world_size: int, profile_run: dict, notes: dict[int, str | None]) -> str:
+def write_report(
+    run_dir: Path,
+    *,
+    bench,
+    plans: list[Arm],
+    rows: list[dict],
+    ttft: dict,
+    transfer: dict,
+    world_size: int,
+    profile_run: dict,
+    notes: dict[int, str | None],
+) -> str:
     """Write bench.csv, bench.json and the timelines into `run_dir`; return the summary table."""
     num_stages = bench.num_stages
     real = num_stages == world_size
@@ -107,23 +144,33 @@ def write_report(run_dir: Path, *, bench, plans: list[Arm], rows: list[dict], tt
     frame = frame[frame.repeat != WARMUP_REPEAT].sort_values(["prompt", "stage", "chunk"]).reset_index(drop=True)
     atomic_write(run_dir / BENCH_CSV, lambda p: frame.to_csv(p, index=False))
     prompts = per_prompt(frame, ttft, transfer, num_stages, real)
-    doc = {"schema_version": BENCH_SCHEMA_VERSION, "policy": str(bench.policy), "num_stages": num_stages,
-           "world_size": world_size, "composition": "real and replay" if real else "replay",
-           "measured_by": key, "transfer": {k: v for k, v in transfer.items() if k != "points"},
-           "config": bench.to_dict(), "profile": {k: profile_run.get(k) for k in
-                                                  ("hardware", "attention_kernel", "mamba_kernel", "torch_threads")},
-           "prompt_lens": {}}
+    doc = {
+        "schema_version": BENCH_SCHEMA_VERSION,
+        "policy": str(bench.policy),
+        "num_stages": num_stages,
+        "world_size": world_size,
+        "composition": "real and replay" if real else "replay",
+        "measured_by": key,
+        "transfer": {k: v for k, v in transfer.items() if k != "points"},
+        "config": bench.to_dict(),
+        "profile": {k: profile_run.get(k) for k in ("hardware", "attention_kernel", "mamba_kernel", "torch_threads")},
+        "prompt_lens": {},
+    }
     base = bench.profile.base_chunk_size
-    lines = [f"bench: {num_stages} stages on {world_size} ranks ({doc['composition']}); TTFT ms, median of "
-             f"{bench.repeats} (min-max); predicted by the policy; error = predicted / measured - 1"]
+    lines = [
+        f"bench: {num_stages} stages on {world_size} ranks ({doc['composition']}); TTFT ms, median of "
+        f"{bench.repeats} (min-max); predicted by the policy; error = predicted / measured - 1"
+    ]
     for prompt_len in bench.prompt_lens:
         here = [a for a in plans if a.prompt_len == prompt_len]
         p = prompts[prompts.prompt_len == prompt_len]
         names = strategy_names(here, base, p, key)
-        entry = {"strategies": summarize(p, here, names, key),
-                 "fixed_sweep": summarize(p, here, {a.name: a.name for a in here if a.name.startswith("fixed-")},
-                                          key),
-                 "ratios": paired_ratios(p, names, key), "extrapolation": notes.get(prompt_len)}
+        entry = {
+            "strategies": summarize(p, here, names, key),
+            "fixed_sweep": summarize(p, here, {a.name: a.name for a in here if a.name.startswith("fixed-")}, key),
+            "ratios": paired_ratios(p, names, key),
+            "extrapolation": notes.get(prompt_len),
+        }
         doc["prompt_lens"][str(prompt_len)] = entry
         lines += table(prompt_len, entry)
         lines += [f"  note: {notes[prompt_len]}"] if notes.get(prompt_len) else []
@@ -136,26 +183,40 @@ def table(prompt_len: int, entry: dict) -> list[str]:
     def f(x, spec=".1f"):
         return "n/a" if x is None or (isinstance(x, float) and not np.isfinite(x)) else format(x, spec)
 
-    lines = [f"prompt {prompt_len}: {'strategy':<11} {'arm':<11} {'chunks':>6} {'measured':>24} {'replay':>9} "
-             f"{'predicted':>9} {'error':>7} {'cv':>5}"]
+    lines = [
+        f"prompt {prompt_len}: {'strategy':<11} {'arm':<11} {'chunks':>6} {'measured':>24} {'replay':>9} "
+        f"{'predicted':>9} {'error':>7} {'cv':>5}"
+    ]
     for name, s in entry["strategies"].items():
         m = s["ttft_ms"] if s["ttft_ms"]["median"] is not None else s["replay_ttft_ms"]
-        lines.append(f"{'':>{len(str(prompt_len)) + 8}}{name:<11} {s['arm']:<11} {s['num_chunks']:>6} "
-                     f"{f(m['median']):>9} ({f(m['min'])}-{f(m['max'])}) {f(s['replay_ttft_ms']['median']):>9} "
-                     f"{f(s['predicted_ttft_ms']):>9} {f(s['prediction_error'], '+.1%'):>7} "
-                     f"{f(s['bottleneck_cv'], '.0%'):>5}")
-    lines.append("  ratios (median of paired repeats): " + ", ".join(
-        f"{k} {f(v['median'], '.3f')}" for k, v in entry["ratios"].items()))
+        lines.append(
+            f"{'':>{len(str(prompt_len)) + 8}}{name:<11} {s['arm']:<11} {s['num_chunks']:>6} "
+            f"{f(m['median']):>9} ({f(m['min'])}-{f(m['max'])}) {f(s['replay_ttft_ms']['median']):>9} "
+            f"{f(s['predicted_ttft_ms']):>9} {f(s['prediction_error'], '+.1%'):>7} "
+            f"{f(s['bottleneck_cv'], '.0%'):>5}"
+        )
+    lines.append(
+        "  ratios (median of paired repeats): "
+        + ", ".join(f"{k} {f(v['median'], '.3f')}" for k, v in entry["ratios"].items())
+    )
     return lines
 
 
-def draw(path: Path, frame: pd.DataFrame, prompts: pd.DataFrame, arms_here: list[Arm], names: dict[str, str],
-         num_stages: int, key: str) -> Path:
+def draw(
+    path: Path,
+    frame: pd.DataFrame,
+    prompts: pd.DataFrame,
+    arms_here: list[Arm],
+    names: dict[str, str],
+    num_stages: int,
+    key: str,
+) -> Path:
     """Per strategy, the measured timeline of its median repeat (stages x time, bars per chunk) beside the predicted."""
     plt = pyplot()
     shown = list(names.items())
-    fig, axes = plt.subplots(len(shown), 2, figsize=(14, 0.6 + (0.35 * num_stages + 0.6) * len(shown)),
-                             squeeze=False, sharex=True)
+    fig, axes = plt.subplots(
+        len(shown), 2, figsize=(14, 0.6 + (0.35 * num_stages + 0.6) * len(shown)), squeeze=False, sharex=True
+    )
     cmap = plt.get_cmap("tab20")
     for row, (strategy, arm) in enumerate(shown):
         p = prompts[prompts.arm == arm].sort_values(key)
@@ -163,14 +224,23 @@ def draw(path: Path, frame: pd.DataFrame, prompts: pd.DataFrame, arms_here: list
         g = frame[frame.prompt == prompt]
         left, right = axes[row]
         for s, rows in g.groupby("stage"):
-            left.broken_barh(list(zip(rows.start_ms - g.start_ms.min(), rows.compute_ms)), (s - 0.4, 0.8),
-                             facecolors=[cmap(int(c) % 20) for c in rows.chunk], edgecolor="black", linewidth=0.2)
+            left.broken_barh(
+                list(zip(rows.start_ms - g.start_ms.min(), rows.compute_ms)),
+                (s - 0.4, 0.8),
+                facecolors=[cmap(int(c) % 20) for c in rows.chunk],
+                edgecolor="black",
+                linewidth=0.2,
+            )
         plan = next(a for a in arms_here if a.name == arm)
         start = start_times(plan.predicted_ms, num_stages)
         for s in range(num_stages):
-            right.broken_barh([(start[i, s], t) for i, t in enumerate(plan.predicted_ms)], (s - 0.4, 0.8),
-                              facecolors=[cmap(i % 20) for i in range(len(plan.predicted_ms))], edgecolor="black",
-                              linewidth=0.2)
+            right.broken_barh(
+                [(start[i, s], t) for i, t in enumerate(plan.predicted_ms)],
+                (s - 0.4, 0.8),
+                facecolors=[cmap(i % 20) for i in range(len(plan.predicted_ms))],
+                edgecolor="black",
+                linewidth=0.2,
+            )
         left.set_title(f"{strategy} ({arm}) measured: {p[key].iloc[len(p) // 2]:.1f} ms", fontsize=8)
         right.set_title(f"{strategy} predicted: {plan.predicted_ttft_ms:.1f} ms", fontsize=8)
         for ax in (left, right):

@@ -11,5 +11,14 @@ from ppprof.commands.profile import profile
 from ppprof.commands.tune import tune_command
 from ppprof.commands.validate import validate_command
 
-COMMANDS = (model, profile, fit_command, plan_command, export_command, tune_command, validate_command, bench,
-            compare_command)
+COMMANDS = (
+    model,
+    profile,
+    fit_command,
+    plan_command,
+    export_command,
+    tune_command,
+    validate_command,
+    bench,
+    compare_command,
+)

@@ -25,12 +25,24 @@ PROFILES = "[the profile's]"
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False), required=False)
 @click.option("--prompt-len", "prompt_lens", type=int, multiple=True, help="Prompt length in tokens (repeatable).")
 @click.option("--strategies", help=f"Comma-separated subset of {','.join(BENCH_STRATEGIES)}. [all]")
-@click.option("--plans", "plans", help="JSON of extra chunk plans to run as arms plan-<name> (e.g. `ppprof tune "
-              "--json` output); its prompt lengths are the default --prompt-len.")
-@click.option("--repeats", type=int, help=f"Prompts per strategy and prompt length, interleaved. "
-                                            f"{shown('repeats', settings=BenchConfig)}")
-@click.option("--pp-size", "--pp", "pp", type=int,
-              help=f"Pipeline stages (--pp: the same); more than the profile's: replay only. {PROFILES}")
+@click.option(
+    "--plans",
+    "plans",
+    help="JSON of extra chunk plans to run as arms plan-<name> (e.g. `ppprof tune "
+    "--json` output); its prompt lengths are the default --prompt-len.",
+)
+@click.option(
+    "--repeats",
+    type=int,
+    help=f"Prompts per strategy and prompt length, interleaved. {shown('repeats', settings=BenchConfig)}",
+)
+@click.option(
+    "--pp-size",
+    "--pp",
+    "pp",
+    type=int,
+    help=f"Pipeline stages (--pp: the same); more than the profile's: replay only. {PROFILES}",
+)
 @click.option("--out", help="Run folder. [results/<time>-bench-<model>]")
 @click.option("--nproc-per-node", type=int, help=f"Ranks on this node. {PROFILES}")
 @click.option("--device", type=click.Choice(DEVICES), help=PROFILES)
@@ -38,12 +50,15 @@ PROFILES = "[the profile's]"
 @click.option("--attention-backend", type=click.Choice(ATTENTION_BACKENDS), help=PROFILES)
 @click.option("--torch-threads", type=int, help=f"Intra-op threads per rank. {PROFILES}")
 @timeout_option
-@click.option("--overwrite", is_flag=True, default=False,
-              help="Let --out name a folder that holds files: an older bench's results there are replaced.")
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    default=False,
+    help="Let --out name a folder that holds files: an older bench's results there are replaced.",
+)
 @torchrun_options
 @resolved_config_option
-def bench(policy_path, prompt_lens, strategies, plans, repeats, pp, out, resolved_config, overwrite,
-          **options) -> None:
+def bench(policy_path, prompt_lens, strategies, plans, repeats, pp, out, resolved_config, overwrite, **options) -> None:
     """Run real chunked prefills of synthetic prompts through the pipeline under each strategy (fixed, fixed-best,
     sglang, greedy, optimal) and compare measured TTFT with the policy's prediction. Writes bench.csv, bench.json
     and a timeline PNG per prompt length.
@@ -56,8 +71,28 @@ def bench(policy_path, prompt_lens, strategies, plans, repeats, pp, out, resolve
     elif policy_path is None:
         raise click.UsageError("Missing argument 'POLICY': give the policy.json of a profile")
     else:
-        cfg = resolve_bench(policy_path, {"profile": options, "strategies": strategies, "out": out, "pp": pp,
-                                          "repeats": repeats, "prompt_lens": tuple(prompt_lens),
-                                          "plans": plans})
-    sys.exit(start("bench", functools.partial(bench_rank, overwrite=overwrite), cfg, cfg.profile, torchrun,
-                   resolved_config is not None, None, bench_world_check(cfg), overwrite=overwrite))
+        cfg = resolve_bench(
+            policy_path,
+            {
+                "profile": options,
+                "strategies": strategies,
+                "out": out,
+                "pp": pp,
+                "repeats": repeats,
+                "prompt_lens": tuple(prompt_lens),
+                "plans": plans,
+            },
+        )
+    sys.exit(
+        start(
+            "bench",
+            functools.partial(bench_rank, overwrite=overwrite),
+            cfg,
+            cfg.profile,
+            torchrun,
+            resolved_config is not None,
+            None,
+            bench_world_check(cfg),
+            overwrite=overwrite,
+        )
+    )

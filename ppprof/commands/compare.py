@@ -18,25 +18,55 @@ from ppprof.policy.compare import DEFAULT_TOLERANCES, parse_tolerances, render
 @click.argument("baseline", type=click.Path())
 @click.argument("candidate", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the whole comparison as JSON.")
-@click.option("--tolerance", "tolerances", multiple=True, metavar="NAME=VALUE",
-              help="Override a tolerance (repeat, or separate with commas); NAME [default]: " + ", ".join(
-                  f"{k} [{'none' if v == float('inf') else f'{v:g}'}]" for k, v in DEFAULT_TOLERANCES.items())
-              + ". Values are fractions (0.1), percentages (10%) or none.")
-@click.option("--prompt-len", "prompt_lens", type=int, multiple=True,
-              help="Prompt length whose predicted TTFT is compared (repeat)  [default: 4, 16 and 64 x B]")
-@click.option("--pp-size", "--pp", "num_stages", type=int, default=None,
-              help="Pipeline stages of the predicted TTFT  [default: the baseline's profiled stages]")
-@click.option("--plot", type=click.Path(dir_okay=False), default=None,
-              help="PNG of both chunk-size tables and both latency models.")
-@click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="Also write the JSON comparison to this file (written even when the policy drifted).")
+@click.option(
+    "--tolerance",
+    "tolerances",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Override a tolerance (repeat, or separate with commas); NAME [default]: "
+    + ", ".join(f"{k} [{'none' if v == float('inf') else f'{v:g}'}]" for k, v in DEFAULT_TOLERANCES.items())
+    + ". Values are fractions (0.1), percentages (10%) or none.",
+)
+@click.option(
+    "--prompt-len",
+    "prompt_lens",
+    type=int,
+    multiple=True,
+    help="Prompt length whose predicted TTFT is compared (repeat)  [default: 4, 16 and 64 x B]",
+)
+@click.option(
+    "--pp-size",
+    "--pp",
+    "num_stages",
+    type=int,
+    default=None,
+    help="Pipeline stages of the predicted TTFT  [default: the baseline's profiled stages]",
+)
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="PNG of both chunk-size tables and both latency models.",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write the JSON comparison to this file (written even when the policy drifted).",
+)
 def compare_command(baseline, candidate, as_json, tolerances, prompt_lens, num_stages, plot, out) -> None:
     """Compare CANDIDATE with BASELINE (run folders or policy files): coefficients, target, chunk-size table,
     predicted TTFT, status and, for run folders, the samples. Exit 0 within tolerance, 1 on drift, 2 on bad input."""
     for n in prompt_lens:
         require_int("--prompt-len", n, 1)
-    report = compare(baseline, candidate, parse_tolerances(tolerances), prompt_lens=sorted(set(prompt_lens)) or None,
-                     num_stages=num_stages, plot=plot)
+    report = compare(
+        baseline,
+        candidate,
+        parse_tolerances(tolerances),
+        prompt_lens=sorted(set(prompt_lens)) or None,
+        num_stages=num_stages,
+        plot=plot,
+    )
     if out:
         atomic_write_json(out, report)
     click.echo(json.dumps(report, indent=2) if as_json else render(report))

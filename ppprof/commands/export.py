@@ -14,12 +14,20 @@ from ppprof.servers.export import export, export_data
 
 @click.command("export", epilog="Example: ppprof export results/my-run/policy.json --server sglang")
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False))
-@click.option("--server", type=click.Choice(SERVERS), default=None,
-              help="The server whose flags carry the policy (required).")
-@click.option("--format", "fmt", type=click.Choice(SERVERS), default=None, hidden=True,
-              help="Deprecated: the old name of --server.")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print JSON: flags, comments and where the server's rule differs.")
+@click.option(
+    "--server", type=click.Choice(SERVERS), default=None, help="The server whose flags carry the policy (required)."
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(SERVERS),
+    default=None,
+    hidden=True,
+    help="Deprecated: the old name of --server.",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON: flags, comments and where the server's rule differs."
+)
 def export_command(policy_path, server, fmt, as_json) -> None:
     """Print the server settings that carry POLICY (SGLang, vllm-ascend or ATOM), and where that server's own rule
     would size chunks differently with them."""

@@ -26,27 +26,57 @@ DEFAULT_STAGES = 1
 @click.command("model", epilog="Example: ppprof model nemotron-h-8b --pp 4 --memory --device cuda")
 @click.argument("model")
 @click.option("--num-layers", type=int, default=None, help="Keep N layers of the model (its mix of layer kinds kept).")
-@click.option("--pp-size", "--pp", "num_stages", type=int, default=None,
-              help=f"Pipeline stages. [{DEFAULT_STAGES}; with --memory: --config's nproc_per_node, else "
-                   f"{DEFAULT_PP_SIZE}]")
-@click.option("--tp-size", type=int, default=None,
-              help="Tensor-parallel ranks of each stage: the stage table (and --memory) per TP rank. [1]")
+@click.option(
+    "--pp-size",
+    "--pp",
+    "num_stages",
+    type=int,
+    default=None,
+    help=f"Pipeline stages. [{DEFAULT_STAGES}; with --memory: --config's nproc_per_node, else {DEFAULT_PP_SIZE}]",
+)
+@click.option(
+    "--tp-size",
+    type=int,
+    default=None,
+    help="Tensor-parallel ranks of each stage: the stage table (and --memory) per TP rank. [1]",
+)
 @click.option("--layer-partition", default=None, help="Layers per stage, e.g. 3,5 (default: even split).")
-@click.option("--dtype", default=None,
-              help=f"Weight/KV dtype: {', '.join(DTYPE_BYTES)} (default: bfloat16 on GPU, float32 on CPU).")
+@click.option(
+    "--dtype",
+    default=None,
+    help=f"Weight/KV dtype: {', '.join(DTYPE_BYTES)} (default: bfloat16 on GPU, float32 on CPU).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the spec and its stages.")
-@click.option("--memory", is_flag=True,
-              help="Also show what each stage of `ppprof profile` with these settings needs in memory (stages as "
-                   "--pp says) and the limit it is checked against.")
+@click.option(
+    "--memory",
+    is_flag=True,
+    help="Also show what each stage of `ppprof profile` with these settings needs in memory (stages as "
+    "--pp says) and the limit it is checked against.",
+)
 @sizing_options
-def model(model: str, num_layers: int | None, num_stages: int | None, tp_size: int | None, layer_partition: str | None,
-          dtype: str | None, as_json: bool, memory: bool, **sizing) -> None:
+def model(
+    model: str,
+    num_layers: int | None,
+    num_stages: int | None,
+    tp_size: int | None,
+    layer_partition: str | None,
+    dtype: str | None,
+    as_json: bool,
+    memory: bool,
+    **sizing,
+) -> None:
     """Show the resolved spec of MODEL (a preset name, a YAML file, a HF config.json or its folder) and what each
     pipeline stage holds: layers, parameters, KV bytes per token, Mamba bytes per slot."""
     if memory:
-        flags = {**{k: v for k, v in sizing.items() if k != "config_path"}, "model": model, "num_layers": num_layers,
-                 "layer_partition": layer_partition, "dtype": dtype, "tp_size": tp_size,
-                 "nproc_per_node": num_stages and num_stages * (tp_size or 1)}  # --pp-size wins over the config's
+        flags = {
+            **{k: v for k, v in sizing.items() if k != "config_path"},
+            "model": model,
+            "num_layers": num_layers,
+            "layer_partition": layer_partition,
+            "dtype": dtype,
+            "tp_size": tp_size,
+            "nproc_per_node": num_stages and num_stages * (tp_size or 1),
+        }  # --pp-size wins over the config's
         return show_memory(resolve_config(sizing["config_path"], flags), as_json)
     given = [decls[0] for decls, _, _ in SIZING_OPTIONS if sizing[option_name(decls)] is not None]
     if given:
@@ -68,8 +98,10 @@ def model(model: str, num_layers: int | None, num_stages: int | None, tp_size: i
 
 def tp_line(tp_size: int) -> str:
     """The line that says the figures below are one TP rank's."""
-    return (f"tp          {tp_size} ranks a stage (heads, KV heads, intermediate, Mamba heads and vocab split); "
-            "params and the stage table per TP rank")
+    return (
+        f"tp          {tp_size} ranks a stage (heads, KV heads, intermediate, Mamba heads and vocab split); "
+        "params and the stage table per TP rank"
+    )
 
 
 def show_memory(cfg: ProfileConfig, as_json: bool) -> None:
@@ -78,12 +110,19 @@ def show_memory(cfg: ProfileConfig, as_json: bool) -> None:
     world_size, dtype = len(stages), stages[0].dtype
     spec = rank_spec(spec, cfg.tp_size)
     if as_json:
-        memory = {"settings": cfg.to_dict(), "stages": [m.to_dict() for m in stages], "limit": verdict.limit,
-                  "checked": verdict.checked, "problem": verdict.problem}
+        memory = {
+            "settings": cfg.to_dict(),
+            "stages": [m.to_dict() for m in stages],
+            "limit": verdict.limit,
+            "checked": verdict.checked,
+            "problem": verdict.problem,
+        }
         click.echo(json.dumps({**describe(spec, world_size, cfg.layer_partition, dtype), "memory": memory}))
         return
-    settings = (f"pools: KV {cfg.max_total_tokens} slots (page {cfg.page_size}), {cfg.max_mamba_cache_size} Mamba "
-                f"slots, {cfg.max_running_requests} requests x context {cfg.context_len}; {world_size} stages")
+    settings = (
+        f"pools: KV {cfg.max_total_tokens} slots (page {cfg.page_size}), {cfg.max_mamba_cache_size} Mamba "
+        f"slots, {cfg.max_running_requests} requests x context {cfg.context_len}; {world_size} stages"
+    )
     text = format_text(spec, stage_accounts(spec, world_size, cfg.layer_partition, dtype=dtype), dtype)
     click.echo(text if cfg.tp_size == 1 else text.replace("\nparams ", f"\n{tp_line(cfg.tp_size)}\nparams ", 1))
     click.echo("")

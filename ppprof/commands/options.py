@@ -12,8 +12,9 @@ from ppprof.config import PolicyOptions, ProfileConfig, flag
 from ppprof.distributed.launch import TORCHRUN_OPTIONS
 from ppprof.run.job import RESOLVED_CONFIG
 
-resolved_config_option = click.option(RESOLVED_CONFIG, hidden=True,
-                                      help="Internal: the launcher hands each rank the resolved settings.")
+resolved_config_option = click.option(
+    RESOLVED_CONFIG, hidden=True, help="Internal: the launcher hands each rank the resolved settings."
+)
 
 
 def shown(name: str, when_none: str | None = None, settings=ProfileConfig) -> str:
@@ -28,8 +29,11 @@ def shown(name: str, when_none: str | None = None, settings=ProfileConfig) -> st
 
 
 timeout_option = click.option(
-    "--timeout", type=float, help="Seconds a rank waits on another at least before the run stops with \"rank N did "
-    f"not answer\"; more where requests are slow (20 x the slowest so far). {shown('timeout')}")
+    "--timeout",
+    type=float,
+    help='Seconds a rank waits on another at least before the run stops with "rank N did '
+    f'not answer"; more where requests are slow (20 x the slowest so far). {shown("timeout")}',
+)
 
 
 def torchrun_options(f):
@@ -46,25 +50,42 @@ def torchrun_options(f):
 SIZING_OPTIONS = (
     (("--config", "config_path"), dict(type=click.Path(dir_okay=False)), "YAML file of settings (flags win)."),
     (("--device",), dict(type=click.Choice(DEVICES)), f"cpu (gloo) or cuda (NCCL). {shown('device')}"),
-    (("--base-chunk-size",), dict(type=int),
-     f"Base chunk B; the sweep runs from 1.25 B down to ~B/128. {shown('base_chunk_size')}"),
-    (("--requests-per-probe",), dict(type=int),
-     f"Synthetic prefill requests per probe, 8..128. {shown('requests_per_probe')}"),
+    (
+        ("--base-chunk-size",),
+        dict(type=int),
+        f"Base chunk B; the sweep runs from 1.25 B down to ~B/128. {shown('base_chunk_size')}",
+    ),
+    (
+        ("--requests-per-probe",),
+        dict(type=int),
+        f"Synthetic prefill requests per probe, 8..128. {shown('requests_per_probe')}",
+    ),
     (("--page-size",), dict(type=int), f"KV cache page size in tokens. {shown('page_size')}"),
-    (("--max-probe-chunk-multiple",), dict(type=float),
-     f"Largest probe chunk in multiples of B, 1.25..16 (1.25: SGLang's range only). "
-     f"{shown('max_probe_chunk_multiple')}"),
+    (
+        ("--max-probe-chunk-multiple",),
+        dict(type=float),
+        f"Largest probe chunk in multiples of B, 1.25..16 (1.25: SGLang's range only). "
+        f"{shown('max_probe_chunk_multiple')}",
+    ),
     (("--max-mamba-cache-size",), dict(type=int), f"Mamba state slots per stage. {shown('max_mamba_cache_size')}"),
-    (("--max-running-requests",), dict(type=int),
-     f"Request pool entries per stage. {shown('max_running_requests')}"),
-    (("--max-total-tokens",), dict(type=int),
-     f"KV cache slots per stage. {shown('max_total_tokens', 'the longest probe request')}"),
+    (("--max-running-requests",), dict(type=int), f"Request pool entries per stage. {shown('max_running_requests')}"),
+    (
+        ("--max-total-tokens",),
+        dict(type=int),
+        f"KV cache slots per stage. {shown('max_total_tokens', 'the longest probe request')}",
+    ),
     (("--context-len",), dict(type=int), f"Context length of the served model. {shown('context_len')}"),
-    (("--prefix-lens",), dict(),
-     f"Prefix lengths of the prefix probes, e.g. 512,1024,2048. {shown('prefix_lens', 'log-spaced, B..context')}"),
-    (("--attention-backend",), dict(type=click.Choice(ATTENTION_BACKENDS)),
-     f"auto (flashinfer on CUDA when installed, else sdpa), sdpa, flashinfer or reference. "
-     f"{shown('attention_backend')}"),
+    (
+        ("--prefix-lens",),
+        dict(),
+        f"Prefix lengths of the prefix probes, e.g. 512,1024,2048. {shown('prefix_lens', 'log-spaced, B..context')}",
+    ),
+    (
+        ("--attention-backend",),
+        dict(type=click.Choice(ATTENTION_BACKENDS)),
+        f"auto (flashinfer on CUDA when installed, else sdpa), sdpa, flashinfer or reference. "
+        f"{shown('attention_backend')}",
+    ),
 )
 """The options of `ppprof profile` that size what a stage holds; `ppprof model --memory` takes the same ones, so
 that both resolve one ProfileConfig alike."""
@@ -85,19 +106,39 @@ def sizing_options(f):
 def policy_options(f):
     """Add the options the policy's rules are chosen with (ppprof.config.PolicyOptions) to `ppprof fit`."""
     opts = [
-        click.option("--prompt-lens", default=None,
-                     help="Workload the history-only table and the status are chosen on: lengths (8192:3,32768:1) "
-                          "or a file, as `ppprof tune` takes them. [default: log-spaced, B..the profiled domain]"),
-        click.option("--min-gain", type=float, default=None,
-                     help="Least predicted gain of the prompt-aware rule over the best fixed chunk for a dynamic "
-                          f"policy. {shown('min_gain', settings=PolicyOptions)}"),
-        click.option("--overhead-ms", type=float, default=None,
-                     help="Per-chunk pipeline overhead in ms. [default: the profile's measured one, else 0]"),
-        click.option("--pp-size", "--pp", "num_stages", type=int, default=None,
-                     help="Pipeline stages the rules are chosen for. [default: the profile's]"),
-        click.option("--extrapolate", is_flag=True, default=False,
-                     help="Let the rules plan chunks (up to 4 B) and prompts (up to the context) beyond the "
-                          "profiled domain."),
+        click.option(
+            "--prompt-lens",
+            default=None,
+            help="Workload the history-only table and the status are chosen on: lengths (8192:3,32768:1) "
+            "or a file, as `ppprof tune` takes them. [default: log-spaced, B..the profiled domain]",
+        ),
+        click.option(
+            "--min-gain",
+            type=float,
+            default=None,
+            help="Least predicted gain of the prompt-aware rule over the best fixed chunk for a dynamic "
+            f"policy. {shown('min_gain', settings=PolicyOptions)}",
+        ),
+        click.option(
+            "--overhead-ms",
+            type=float,
+            default=None,
+            help="Per-chunk pipeline overhead in ms. [default: the profile's measured one, else 0]",
+        ),
+        click.option(
+            "--pp-size",
+            "--pp",
+            "num_stages",
+            type=int,
+            default=None,
+            help="Pipeline stages the rules are chosen for. [default: the profile's]",
+        ),
+        click.option(
+            "--extrapolate",
+            is_flag=True,
+            default=False,
+            help="Let the rules plan chunks (up to 4 B) and prompts (up to the context) beyond the profiled domain.",
+        ),
     ]
     for opt in reversed(opts):
         f = opt(f)

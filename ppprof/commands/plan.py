@@ -33,31 +33,54 @@ def echo_side_by_side(plans: list[Plan]) -> None:
 
 def echo_plan(p: Plan) -> None:
     """A plan's lines: chunk count and TTFT, chunks, latencies and, for the optimal plan, how exact its search was."""
-    click.echo(f"{p.strategy}: {len(p.chunk_sizes)} chunks, predicted TTFT {p.ttft_ms:.2f} ms "
-               f"(sum {sum(p.latencies_ms):.2f} ms, max {max(p.latencies_ms):.2f} ms)")
+    click.echo(
+        f"{p.strategy}: {len(p.chunk_sizes)} chunks, predicted TTFT {p.ttft_ms:.2f} ms "
+        f"(sum {sum(p.latencies_ms):.2f} ms, max {max(p.latencies_ms):.2f} ms)"
+    )
     click.echo(f"  chunks: {run_length(p.chunk_sizes)}")
     click.echo(f"  latency_ms: {run_length([round(t, 2) for t in p.latencies_ms], '{:.2f}')}")
     if p.search:
         search, where = p.search, f"on the {p.search['grid_tokens']}-token grid"
-        quality = f"exact {where}" if search["exact_on_grid"] else \
-            f"within {search['gap_ms']:.2f} ms of the optimum {where}"
-        click.echo(f"  search: {quality} ({search['bounds_evaluated']} of {search['num_chunk_costs']} "
-                   f"chunk-latency bounds)")
+        quality = (
+            f"exact {where}" if search["exact_on_grid"] else f"within {search['gap_ms']:.2f} ms of the optimum {where}"
+        )
+        click.echo(
+            f"  search: {quality} ({search['bounds_evaluated']} of {search['num_chunk_costs']} chunk-latency bounds)"
+        )
 
 
 @click.command("plan", epilog="Example: ppprof plan results/my-run/policy.json --prompt-len 32768 --pp 4")
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False))
 @click.option("--prompt-len", type=int, required=True, help="Prompt length in tokens.")
-@click.option("--pp-size", "--pp", "num_stages", type=int, default=None,
-              help="Pipeline stages  [default: the policy's profiled stages, else 1]")
-@click.option("--strategy", type=click.Choice(STRATEGIES + ("all",)), default="all", show_default=True,
-              help="policy (the prompt-aware rule), policy-history (its history-only table), greedy (SGLang's rule "
-                   "on the fitted model), fixed (B), fixed-best (the best fixed chunk for this prompt), optimal (DP).")
-@click.option("--extrapolate", is_flag=True, default=False,
-              help="Plan a prompt beyond the policy's profiled domain, and chunks up to 4 B, on the latency model.")
+@click.option(
+    "--pp-size",
+    "--pp",
+    "num_stages",
+    type=int,
+    default=None,
+    help="Pipeline stages  [default: the policy's profiled stages, else 1]",
+)
+@click.option(
+    "--strategy",
+    type=click.Choice(STRATEGIES + ("all",)),
+    default="all",
+    show_default=True,
+    help="policy (the prompt-aware rule), policy-history (its history-only table), greedy (SGLang's rule "
+    "on the fitted model), fixed (B), fixed-best (the best fixed chunk for this prompt), optimal (DP).",
+)
+@click.option(
+    "--extrapolate",
+    is_flag=True,
+    default=False,
+    help="Plan a prompt beyond the policy's profiled domain, and chunks up to 4 B, on the latency model.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-@click.option("--png", type=click.Path(dir_okay=False), default=None,
-              help="Timeline PNG  [default: <policy>.plan-<N>-pp<P>.png beside the policy]")
+@click.option(
+    "--png",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Timeline PNG  [default: <policy>.plan-<N>-pp<P>.png beside the policy]",
+)
 def plan_command(policy_path, prompt_len, num_stages, strategy, extrapolate, as_json, png) -> None:
     """Chunk plans of one prompt with predicted per-chunk latency and TTFT = sum t + (P - 1) max t (t: the fitted
     latency plus the per-chunk pipeline overhead), side by side."""
@@ -70,15 +93,27 @@ def plan_command(policy_path, prompt_len, num_stages, strategy, extrapolate, as_
     write_timeline(plans, num_stages, png, f"{path.name}: prompt {prompt_len} tokens, {num_stages} stages")
     notes = [n for n in (extrapolation(policy, prompt_len, p.chunk_sizes) for p in plans) if n]
     if as_json:
-        click.echo(json.dumps({"policy": str(path), "prompt_len": prompt_len, "num_stages": num_stages,
-                               "png": str(png), "extrapolation": notes[0] if notes else None,
-                               "plans": [p.to_dict() for p in plans]}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "policy": str(path),
+                    "prompt_len": prompt_len,
+                    "num_stages": num_stages,
+                    "png": str(png),
+                    "extrapolation": notes[0] if notes else None,
+                    "plans": [p.to_dict() for p in plans],
+                },
+                indent=2,
+            )
+        )
         return
     if notes:
         click.echo(f"warning: {notes[0]}", err=True)
-    click.echo(f"policy {path} ({policy.status}, rules chosen for {policy.num_stages} stages, overhead "
-               f"{policy.overhead_ms:.3g} ms a chunk{level_text(policy.calibration)}), prompt {prompt_len} tokens, "
-               f"{num_stages} stages")
+    click.echo(
+        f"policy {path} ({policy.status}, rules chosen for {policy.num_stages} stages, overhead "
+        f"{policy.overhead_ms:.3g} ms a chunk{level_text(policy.calibration)}), prompt {prompt_len} tokens, "
+        f"{num_stages} stages"
+    )
     echo_side_by_side(plans)
     for p in plans:
         echo_plan(p)

@@ -17,28 +17,60 @@ from ppprof.servers.tune import draw, tune
 from ppprof.servers.workload import parse_prompt_spec
 
 
-@click.command("tune", epilog="Example: ppprof tune results/my-run/policy.json --prompt-lens 8192,32768,131072 --pp 4 "
-                                "--server sglang")
+@click.command(
+    "tune",
+    epilog="Example: ppprof tune results/my-run/policy.json --prompt-lens 8192,32768,131072 --pp 4 --server sglang",
+)
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False))
-@click.option("--prompt-lens", "spec", required=True, metavar="SPEC",
-              help="Prompt lengths: a list (8192,32768; weights as 8192:3,32768:1) or a file (one a line, or a CSV "
-                   "with a prompt_len column and an optional weight column; a trace's rows count once each).")
-@click.option("--pp-size", "--pp", "num_stages", type=int, default=None,
-              help="Pipeline stages  [default: the policy's profiled stages, else 1]")
-@click.option("--server", type=click.Choice(SERVERS), default=DEFAULT_SERVER, show_default=True,
-              help="The server whose flags, boot fit and chunk rule are tuned.")
-@click.option("--current", default=None, metavar="FLAGS",
-              help="Your current flags in the server's syntax, as one string  [default: the server's defaults]")
-@click.option("--boot-fit", type=click.Choice(["samples", "model"]), default=None,
-              help="What SGLang's and vllm-ascend's boot fit is taken from: the profile's prefix-free samples (as the "
-                   "server would fit them), or the policy's model  [default: samples where samples.csv is beside "
-                   "the policy]")
-@click.option("--extrapolate", is_flag=True,
-              help="Search chunk sizes beyond the profiled ones (the latency model is extrapolated there).")
+@click.option(
+    "--prompt-lens",
+    "spec",
+    required=True,
+    metavar="SPEC",
+    help="Prompt lengths: a list (8192,32768; weights as 8192:3,32768:1) or a file (one a line, or a CSV "
+    "with a prompt_len column and an optional weight column; a trace's rows count once each).",
+)
+@click.option(
+    "--pp-size",
+    "--pp",
+    "num_stages",
+    type=int,
+    default=None,
+    help="Pipeline stages  [default: the policy's profiled stages, else 1]",
+)
+@click.option(
+    "--server",
+    type=click.Choice(SERVERS),
+    default=DEFAULT_SERVER,
+    show_default=True,
+    help="The server whose flags, boot fit and chunk rule are tuned.",
+)
+@click.option(
+    "--current",
+    default=None,
+    metavar="FLAGS",
+    help="Your current flags in the server's syntax, as one string  [default: the server's defaults]",
+)
+@click.option(
+    "--boot-fit",
+    type=click.Choice(["samples", "model"]),
+    default=None,
+    help="What SGLang's and vllm-ascend's boot fit is taken from: the profile's prefix-free samples (as the "
+    "server would fit them), or the policy's model  [default: samples where samples.csv is beside "
+    "the policy]",
+)
+@click.option(
+    "--extrapolate",
+    is_flag=True,
+    help="Search chunk sizes beyond the profiled ones (the latency model is extrapolated there).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (every setting's TTFT per prompt, and its plans).")
-@click.option("--png", type=click.Path(dir_okay=False), default=None,
-              help="Plot of TTFT versus base chunk and smoothing factor  [default: <policy>.tune-<server>.png "
-                   "beside the policy]")
+@click.option(
+    "--png",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Plot of TTFT versus base chunk and smoothing factor  [default: <policy>.tune-<server>.png beside the policy]",
+)
 def tune_command(policy_path, spec, num_stages, server, current, boot_fit, extrapolate, as_json, png) -> None:
     """Recommend server flags (base chunk, smoothing factor, floor or cap) that minimise the predicted TTFT of your
     prompt lengths, as that server would chunk them; compare with your current flags, the best fixed chunk and the
@@ -55,8 +87,11 @@ def tune_command(policy_path, spec, num_stages, server, current, boot_fit, extra
     result = tune(policy, workload, num_stages, server, current, extrapolate, forwards)
     path = Path(policy_path)
     png = Path(png) if png else path.with_name(f"{path.stem}.tune-{server}.png")
-    draw(result, png, f"{path.name}: {get(server).label}, {num_stages} stages, {len(workload.prompt_lens)} prompt "
-                      f"lengths")
+    draw(
+        result,
+        png,
+        f"{path.name}: {get(server).label}, {num_stages} stages, {len(workload.prompt_lens)} prompt lengths",
+    )
     result["png"] = str(png)
     if as_json:
         click.echo(json.dumps(result, indent=2))
@@ -86,12 +121,19 @@ def echo_tune(result: dict, path: Path) -> None:
         click.echo(f"  {name:>10} {'':>6} " + " ".join(f"{c:>14.2f}" for c in cells))
     for k in settings:
         s = settings[k]["setting"]
-        mode = (f"dynamic, B {s['base_chunk_size']}, s {s['smooth_factor']:g}, floor {s['min_chunk_size']}, "
-                f"cap {s['max_chunk_size']}") if s["dynamic"] else \
-            f"fixed {server.fixed_chunk_size(ServerSetting.from_dict(s))}"
+        mode = (
+            (
+                f"dynamic, B {s['base_chunk_size']}, s {s['smooth_factor']:g}, floor {s['min_chunk_size']}, "
+                f"cap {s['max_chunk_size']}"
+            )
+            if s["dynamic"]
+            else f"fixed {server.fixed_chunk_size(ServerSetting.from_dict(s))}"
+        )
         click.echo(f"  {k}: {mode}")
     gain = result["gain"]
-    click.echo(f"recommended vs {list(settings)[0]}: {gain['vs_current']:+.1%} mean TTFT saved; vs the policy's "
-               f"settings {gain['vs_policy']:+.1%}; vs the best fixed chunk {gain['vs_best_fixed']:+.1%}; "
-               f"{result['gap_to_optimal']:.1%} above the DP-optimal bound")
+    click.echo(
+        f"recommended vs {list(settings)[0]}: {gain['vs_current']:+.1%} mean TTFT saved; vs the policy's "
+        f"settings {gain['vs_policy']:+.1%}; vs the best fixed chunk {gain['vs_best_fixed']:+.1%}; "
+        f"{result['gap_to_optimal']:.1%} above the DP-optimal bound"
+    )
     click.echo(f"plot: {result['png']}")

@@ -9,8 +9,12 @@ from ppprof.policy.schema import SCHEMA_FILE, load_policy, summary_line
 
 @click.command("validate", epilog="Example: ppprof validate results/my-run/policy.json")
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False), required=False)
-@click.option("--schema", "show_schema", is_flag=True,
-              help="Print the policy's JSON Schema (draft 2020-12), the contract servers validate against.")
+@click.option(
+    "--schema",
+    "show_schema",
+    is_flag=True,
+    help="Print the policy's JSON Schema (draft 2020-12), the contract servers validate against.",
+)
 def validate_command(policy_path, show_schema) -> None:
     """Check POLICY against the policy schema and the rule; print 'ok ...' (exit 0) or one line naming the field
     (exit 2). With --schema, print the JSON Schema instead."""

@@ -8,5 +8,17 @@ from ppprof.config.chunk import CONTEXT_MARGIN, DEFAULT_CONTEXT_LEN, DEFAULT_SMO
 from ppprof.config.policy import DEFAULT_MIN_GAIN, PolicyOptions
 from ppprof.config.profile import DESIGNS, ProfileConfig, flag, sweep_chunk_sizes
 
-__all__ = ["BENCH_STRATEGIES", "CONTEXT_MARGIN", "DEFAULT_CONTEXT_LEN", "DEFAULT_MIN_GAIN", "DEFAULT_SMOOTH_FACTOR",
-           "DESIGNS", "BenchConfig", "ChunkSettings", "PolicyOptions", "ProfileConfig", "flag", "sweep_chunk_sizes"]
+__all__ = [
+    "BENCH_STRATEGIES",
+    "CONTEXT_MARGIN",
+    "DEFAULT_CONTEXT_LEN",
+    "DEFAULT_MIN_GAIN",
+    "DEFAULT_SMOOTH_FACTOR",
+    "DESIGNS",
+    "BenchConfig",
+    "ChunkSettings",
+    "PolicyOptions",
+    "ProfileConfig",
+    "flag",
+    "sweep_chunk_sizes",
+]

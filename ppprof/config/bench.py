@@ -50,12 +50,16 @@ class BenchConfig:
         for n in self.prompt_lens:
             require_int("--prompt-len", n, 1)
             if n > self.profile.context_len:
-                raise ValueError(f"--prompt-len {n} exceeds the context length {self.profile.context_len} of the "
-                                 "profile: use a shorter prompt or profile with a larger --context-len")
+                raise ValueError(
+                    f"--prompt-len {n} exceeds the context length {self.profile.context_len} of the "
+                    "profile: use a shorter prompt or profile with a larger --context-len"
+                )
         unknown = [s for s in self.strategies if s not in BENCH_STRATEGIES]
         if unknown or not self.strategies:
-            raise ValueError(f"--strategies {','.join(self.strategies)!r} is invalid: use a comma-separated subset "
-                             f"of {','.join(BENCH_STRATEGIES)}")
+            raise ValueError(
+                f"--strategies {','.join(self.strategies)!r} is invalid: use a comma-separated subset "
+                f"of {','.join(BENCH_STRATEGIES)}"
+            )
         require_int("--repeats", self.repeats, 1, MAX_REPEATS)
         require_int("profiled_stages", self.profiled_stages, 1)
         if self.plans is not None:
@@ -65,8 +69,10 @@ class BenchConfig:
         if self.pp is not None:
             require_int("--pp", self.pp, 1, MAX_STAGES)
             if self.pp % self.profiled_stages:
-                raise ValueError(f"--pp {self.pp} is not a multiple of the profile's {self.profiled_stages} stages: "
-                                 f"use a multiple, e.g. {2 * self.profiled_stages}")
+                raise ValueError(
+                    f"--pp {self.pp} is not a multiple of the profile's {self.profiled_stages} stages: "
+                    f"use a multiple, e.g. {2 * self.profiled_stages}"
+                )
 
     @property
     def num_stages(self) -> int:
@@ -92,12 +98,15 @@ def check_plans(plans, prompt_lens) -> None:
     """ValueError (one line) unless `plans` is {"<prompt_len>": {name: [chunk sizes summing to prompt_len]}} with a
     plan for every prompt length."""
     if not isinstance(plans, dict) or not plans:
-        raise ValueError("--plans must hold {\"<prompt_len>\": {name: [chunk sizes]}}: give the JSON of `ppprof tune "
-                         "--json` or such an object")
+        raise ValueError(
+            '--plans must hold {"<prompt_len>": {name: [chunk sizes]}}: give the JSON of `ppprof tune '
+            "--json` or such an object"
+        )
     for n in prompt_lens:
         if str(n) not in plans:
-            raise ValueError(f"--plans has no plan for --prompt-len {n}: it has {', '.join(plans)}; tune or give that "
-                             f"length")
+            raise ValueError(
+                f"--plans has no plan for --prompt-len {n}: it has {', '.join(plans)}; tune or give that length"
+            )
     for key, named in plans.items():
         if not isinstance(named, dict) or not named:
             raise ValueError(f"--plans[{key!r}] must be an object of named chunk lists")
@@ -107,5 +116,6 @@ def check_plans(plans, prompt_lens) -> None:
             if not isinstance(chunks, list) or not chunks or not all(is_int(c) and c >= 1 for c in chunks):
                 raise ValueError(f"--plans[{key!r}][{name!r}] must be a non-empty list of positive integers")
             if str(sum(chunks)) != key:
-                raise ValueError(f"--plans[{key!r}][{name!r}] chunks sum to {sum(chunks)}, not the prompt length "
-                                 f"{key}: fix the plan")
+                raise ValueError(
+                    f"--plans[{key!r}][{name!r}] chunks sum to {sum(chunks)}, not the prompt length {key}: fix the plan"
+                )

@@ -39,8 +39,14 @@ class ChunkSettings:
     """Tokens kept free at the end of the context (SGLang's 100)."""
 
     def __post_init__(self) -> None:
-        for name, low in (("base_chunk_size", 1), ("page_size", 1), ("alignment", 0), ("min_chunk_size", 0),
-                          ("max_chunk_size", 0), ("context_len", 1)):
+        for name, low in (
+            ("base_chunk_size", 1),
+            ("page_size", 1),
+            ("alignment", 0),
+            ("min_chunk_size", 0),
+            ("max_chunk_size", 0),
+            ("context_len", 1),
+        ):
             require_int("--" + name.replace("_", "-"), getattr(self, name), low)
         require_int("context_margin", self.context_margin, 0)
         s = self.smooth_factor
@@ -65,8 +71,10 @@ class ChunkSettings:
         if self.min_chunk_size > B:
             raise ValueError(f"--min-chunk-size {self.min_chunk_size} is above --base-chunk-size {B}: use at most {B}")
         if self.max_chunk_size < self.alignment:
-            raise ValueError(f"--max-chunk-size {self.max_chunk_size} is below the alignment {self.alignment}: every "
-                             f"later chunk would be capped to 0 tokens; use at least {self.alignment}")
+            raise ValueError(
+                f"--max-chunk-size {self.max_chunk_size} is below the alignment {self.alignment}: every "
+                f"later chunk would be capped to 0 tokens; use at least {self.alignment}"
+            )
         if self.context_len < B:
             raise ValueError(f"--context-len {self.context_len} is below --base-chunk-size {B}: use at least {B}")
 

@@ -35,8 +35,9 @@ class PolicyOptions:
 
     def __post_init__(self) -> None:
         if self.prompt_lens is not None and (not isinstance(self.prompt_lens, str) or not self.prompt_lens.strip()):
-            raise ValueError(f"--prompt-lens {short(self.prompt_lens)} is invalid: give lengths like 8192,32768 or "
-                             "a file of them")
+            raise ValueError(
+                f"--prompt-lens {short(self.prompt_lens)} is invalid: give lengths like 8192,32768 or a file of them"
+            )
         g = self.min_gain
         if not is_number(g) or not 0.0 <= g < 1.0:
             raise ValueError(f"--min-gain {short(g)} is out of range: use a fraction in [0, 1), e.g. 0.02")

@@ -34,14 +34,21 @@ MAX_OVERHEAD_REPEATS = 100
 """The most rounds of the pipeline overhead's fixed plans."""
 INT_FIELDS = (
     # (field, low, high, may be None)
-    ("num_layers", 1, MAX_LAYERS, True), ("nproc_per_node", 1, MAX_STAGES, True),
-    ("tp_size", 1, MAX_TP_SIZE, False), ("pp_size", 1, MAX_STAGES, True),
-    ("base_chunk_size", 1, MAX_TOKENS, False), ("requests_per_probe", MIN_REQUESTS_PER_PROBE, MAX_REQUESTS_PER_PROBE,
-                                                 False),
-    ("page_size", 1, MAX_TOKENS, False), ("max_mamba_cache_size", 1, MAX_SLOTS, False),
-    ("max_running_requests", 1, MAX_SLOTS, False), ("max_total_tokens", 1, MAX_TOKENS, True),
-    ("context_len", 1, MAX_TOKENS, False), ("num_prefix_lens", 1, MAX_PREFIX_LENS, False),
-    ("warmup", 0, MAX_WARMUP, False), ("seed", 0, MAX_SEED, False), ("torch_threads", 1, MAX_TORCH_THREADS, True),
+    ("num_layers", 1, MAX_LAYERS, True),
+    ("nproc_per_node", 1, MAX_STAGES, True),
+    ("tp_size", 1, MAX_TP_SIZE, False),
+    ("pp_size", 1, MAX_STAGES, True),
+    ("base_chunk_size", 1, MAX_TOKENS, False),
+    ("requests_per_probe", MIN_REQUESTS_PER_PROBE, MAX_REQUESTS_PER_PROBE, False),
+    ("page_size", 1, MAX_TOKENS, False),
+    ("max_mamba_cache_size", 1, MAX_SLOTS, False),
+    ("max_running_requests", 1, MAX_SLOTS, False),
+    ("max_total_tokens", 1, MAX_TOKENS, True),
+    ("context_len", 1, MAX_TOKENS, False),
+    ("num_prefix_lens", 1, MAX_PREFIX_LENS, False),
+    ("warmup", 0, MAX_WARMUP, False),
+    ("seed", 0, MAX_SEED, False),
+    ("torch_threads", 1, MAX_TORCH_THREADS, True),
     ("overhead_repeats", 0, MAX_OVERHEAD_REPEATS, False),
 )
 """ProfileConfig's integer fields and their bounds (a float, 4096.0 too, a string, a bool or a list is refused)."""
@@ -84,8 +91,10 @@ def check_types(cfg: "ProfileConfig") -> None:
     low, high = MAX_PROBE_CHUNK_MULTIPLES
     m = cfg.max_probe_chunk_multiple
     if not is_number(m) or not low <= m <= high:
-        raise ValueError(f"--max-probe-chunk-multiple {short(m)} must be a number in {low:g}..{high:g} (the largest "
-                         f"probe chunk in multiples of B), e.g. 4")
+        raise ValueError(
+            f"--max-probe-chunk-multiple {short(m)} must be a number in {low:g}..{high:g} (the largest "
+            f"probe chunk in multiples of B), e.g. 4"
+        )
     cfg.max_probe_chunk_multiple = float(m)
     cfg.prefix_lens = int_tuple("prefix_lens", cfg.prefix_lens, 0)
     if cfg.prefix_lens and max(cfg.prefix_lens) > MAX_TOKENS:
@@ -93,6 +102,8 @@ def check_types(cfg: "ProfileConfig") -> None:
     cfg.layer_partition = int_tuple("layer_partition", cfg.layer_partition, None)  # split_layers says why < 1
     if cfg.layer_partition is not None and len(cfg.layer_partition) > MAX_STAGES:
         raise ValueError(f"--layer-partition has {len(cfg.layer_partition)} stages: use at most {MAX_STAGES}")
+
+
 DEFAULT_PP_SIZE = 2
 """Stages of a one-node profile where neither --pp-size nor --nproc-per-node is given."""
 MAX_DESIGN_REQUESTS = 1_000_000
@@ -187,8 +198,10 @@ class ProfileConfig:
         if self.nproc_per_node is None:
             self.nproc_per_node = (self.pp_size or DEFAULT_PP_SIZE) * self.tp_size
             if self.nproc_per_node > MAX_STAGES:
-                raise ValueError(f"--pp-size x --tp-size = {self.nproc_per_node} ranks exceed {MAX_STAGES} a node: "
-                                 "give --nproc-per-node (and --nnodes) for a job over several nodes")
+                raise ValueError(
+                    f"--pp-size x --tp-size = {self.nproc_per_node} ranks exceed {MAX_STAGES} a node: "
+                    "give --nproc-per-node (and --nnodes) for a job over several nodes"
+                )
         try:
             self.dtype = normalize_dtype(self.dtype)
         except ValueError as e:
@@ -196,13 +209,17 @@ class ProfileConfig:
         if self.device not in DEVICES:
             raise ValueError(f"--device {short(self.device)} is not supported: use cpu or cuda")
         if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"--attention-backend {short(self.attention_backend)} is unknown: use one of "
-                             f"{', '.join(ATTENTION_BACKENDS)}")
+            raise ValueError(
+                f"--attention-backend {short(self.attention_backend)} is unknown: use one of "
+                f"{', '.join(ATTENTION_BACKENDS)}"
+            )
         self.check_design_bounds()
         PolicyOptions(prompt_lens=self.prompt_lens, min_gain=self.min_gain)  # the fit's checks, before any rank
         if not is_number(self.timeout) or not MIN_TIMEOUT_S <= self.timeout <= MAX_TIMEOUT_S:
-            raise ValueError(f"--timeout {self.timeout!r} must be a number of seconds in {MIN_TIMEOUT_S:g}.."
-                             f"{MAX_TIMEOUT_S:g}, e.g. 60")
+            raise ValueError(
+                f"--timeout {self.timeout!r} must be a number of seconds in {MIN_TIMEOUT_S:g}.."
+                f"{MAX_TIMEOUT_S:g}, e.g. 60"
+            )
         if self.base_chunk_size < self.page_size:
             raise ValueError(
                 f"--base-chunk-size {self.base_chunk_size} is smaller than --page-size {self.page_size}: "
@@ -257,8 +274,9 @@ class ProfileConfig:
         if self.design != "adaptive":
             for flag, value in (("--max-requests", self.max_requests), ("--max-seconds", self.max_seconds)):
                 if value is not None:
-                    raise ValueError(f"{flag} {value} bounds the adaptive design only: add --design adaptive or "
-                                     f"drop {flag}")
+                    raise ValueError(
+                        f"{flag} {value} bounds the adaptive design only: add --design adaptive or drop {flag}"
+                    )
 
     @property
     def request_budget(self) -> int:
@@ -306,15 +324,19 @@ class ProfileConfig:
         unit = default_alignment(self.page_size, self.tp_size)
         if unit != default_alignment(self.page_size):  # a TP degree that does not divide max(page, 64)
             if unit > self.base_chunk_size:
-                raise ValueError(f"--base-chunk-size {self.base_chunk_size} is below the chunk alignment {unit} = "
-                                 f"lcm(max(--page-size {self.page_size}, 64), --tp-size {self.tp_size}): use "
-                                 f"--base-chunk-size {unit} or more")
+                raise ValueError(
+                    f"--base-chunk-size {self.base_chunk_size} is below the chunk alignment {unit} = "
+                    f"lcm(max(--page-size {self.page_size}, 64), --tp-size {self.tp_size}): use "
+                    f"--base-chunk-size {unit} or more"
+                )
             chunk["alignment"] = unit
         chunk.update({k: v for k, v in given.items() if v is not None})
         alignment = chunk.get("alignment")
         if self.tp_size > 1 and is_int(alignment) and alignment > 0 and alignment % self.tp_size:
-            raise ValueError(f"--alignment {alignment} is not a multiple of the profile's --tp-size {self.tp_size}: "
-                             f"its chunks would not split evenly over the TP ranks; use a multiple of {self.tp_size}")
+            raise ValueError(
+                f"--alignment {alignment} is not a multiple of the profile's --tp-size {self.tp_size}: "
+                f"its chunks would not split evenly over the TP ranks; use a multiple of {self.tp_size}"
+            )
         return ChunkSettings(**chunk)
 
     def to_dict(self) -> dict:

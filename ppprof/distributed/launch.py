@@ -16,9 +16,19 @@ from ppprof.distributed.watchdog import EXIT_FAILED, SIGNAL_EXIT
 
 # torchrun options `ppprof profile` accepts and passes to the launcher unchanged: (option, takes a value).
 TORCHRUN_OPTIONS = (
-    ("nnodes", True), ("node_rank", True), ("rdzv_backend", True), ("rdzv_endpoint", True), ("rdzv_id", True),
-    ("rdzv_conf", True), ("standalone", False), ("max_restarts", True), ("master_addr", True), ("master_port", True),
-    ("local_addr", True), ("log_dir", True), ("start_method", True),
+    ("nnodes", True),
+    ("node_rank", True),
+    ("rdzv_backend", True),
+    ("rdzv_endpoint", True),
+    ("rdzv_id", True),
+    ("rdzv_conf", True),
+    ("standalone", False),
+    ("max_restarts", True),
+    ("master_addr", True),
+    ("master_port", True),
+    ("local_addr", True),
+    ("log_dir", True),
+    ("start_method", True),
 )
 
 
@@ -36,8 +46,10 @@ def num_nodes(nnodes: str | None) -> int:
         if hi and int(hi) != n:
             raise ValueError
     except ValueError:
-        raise ValueError(f"--nnodes {nnodes!r} must be a fixed node count such as 2 (the pipeline has one stage per "
-                         "rank, so elastic ranges are not supported)") from None
+        raise ValueError(
+            f"--nnodes {nnodes!r} must be a fixed node count such as 2 (the pipeline has one stage per "
+            "rank, so elastic ranges are not supported)"
+        ) from None
     if n < 1:
         raise ValueError(f"--nnodes {nnodes} must be >= 1")
     return n

@@ -81,8 +81,11 @@ class TPGroup:
             t.item()
 
     def _device(self) -> torch.device:
-        return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(self.group) == "nccl" \
+        return (
+            torch.device("cuda", torch.cuda.current_device())
+            if dist.get_backend(self.group) == "nccl"
             else torch.device("cpu")
+        )
 
 
 @dataclass(slots=True)

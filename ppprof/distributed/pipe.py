@@ -24,8 +24,14 @@ FAILED = 1
 class PendingActivation:
     """Receives posted for one chunk: wait() gives (status, hidden, residual), the tensors None unless OK."""
 
-    def __init__(self, works: list, header: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor,
-                 waiting: AbstractContextManager) -> None:
+    def __init__(
+        self,
+        works: list,
+        header: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor,
+        waiting: AbstractContextManager,
+    ) -> None:
         self.works, self.header, self.hidden, self.residual = works, header, hidden, residual
         self.waiting = waiting
 
@@ -50,8 +56,17 @@ class Pipe:
     of the mesh; `all_gather` gives one entry a stage (its TP rank 0's: the TP ranks of a stage agree on what they
     gather, their latencies being the slowest's), `all_gather_ranks` one a rank."""
 
-    def __init__(self, *, rank: int, world_size: int, device: torch.device, hidden_size: int,
-                 dtype: torch.dtype, watchdog: Watchdog | None = None, mesh: Mesh | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        hidden_size: int,
+        dtype: torch.dtype,
+        watchdog: Watchdog | None = None,
+        mesh: Mesh | None = None,
+    ) -> None:
         self.rank = rank
         self.world_size = world_size
         self.device = device
@@ -140,16 +155,20 @@ class Pipe:
             dist.recv(residual, src, group=self._group)
         return status, hidden, residual
 
-    def isend_activation(self, status: int, hidden: torch.Tensor | None, residual: torch.Tensor | None,
-                         chunk_size: int) -> list:
+    def isend_activation(
+        self, status: int, hidden: torch.Tensor | None, residual: torch.Tensor | None, chunk_size: int
+    ) -> list:
         """Non-blocking send to the next stage of the header and both tensors, always of shape (chunk_size, hidden),
         zeros when the status is not OK (the receiver posted its receives for exactly these shapes). Returns the works
         to wait on."""
         dst = self.peer(self.rank + 1)
         if status != OK:
             hidden = residual = torch.zeros((chunk_size, self.hidden_size), dtype=self.dtype, device=self.device)
-        tensors = (self._header(status, chunk_size), hidden.to(self.dtype).contiguous(),
-                   residual.to(self.dtype).contiguous())
+        tensors = (
+            self._header(status, chunk_size),
+            hidden.to(self.dtype).contiguous(),
+            residual.to(self.dtype).contiguous(),
+        )
         return [dist.isend(t, dst, group=self._group) for t in tensors]
 
     def irecv_activation(self, chunk_size: int) -> "PendingActivation":
@@ -180,8 +199,7 @@ class Pipe:
         every other rank (the second echoes). Half a round trip is one transfer, whatever the nodes' clocks."""
         if self.rank not in (boundary, boundary + 1):
             return []
-        tensors = [torch.zeros((chunk_size, self.hidden_size), dtype=self.dtype, device=self.device)
-                   for _ in range(2)]
+        tensors = [torch.zeros((chunk_size, self.hidden_size), dtype=self.dtype, device=self.device) for _ in range(2)]
         out = []
         peer = self.peer(boundary + 1 if self.rank == boundary else boundary)
         with self.waiting(peer):
@@ -224,7 +242,7 @@ class Pipe:
 
     def all_gather(self, obj: Any) -> list[Any]:
         """`obj` of every stage (its TP rank 0's), on every rank (picklable objects)."""
-        return self.all_gather_ranks(obj)[::self.tp_size]
+        return self.all_gather_ranks(obj)[:: self.tp_size]
 
     def all_gather_ranks(self, obj: Any) -> list[Any]:
         """`obj` of every rank, in rank order, on every rank (picklable objects)."""

@@ -17,8 +17,16 @@ LOOPBACK = "127.0.0.1"
 def single_node_argv() -> list[str]:
     """torchrun's options for a rendezvous on this node only (what --standalone does, but on LOOPBACK: --standalone
     names `localhost`, which may resolve to ::1, and the ranks' MASTER_ADDR to the host's name)."""
-    return ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{LOOPBACK}:0", "--rdzv-id", str(uuid.uuid4()),
-            "--local-addr", LOOPBACK]
+    return [
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"{LOOPBACK}:0",
+        "--rdzv-id",
+        str(uuid.uuid4()),
+        "--local-addr",
+        LOOPBACK,
+    ]
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -51,8 +59,7 @@ def bound_stores(worker_store_host: str | None, single_node: bool):
     Across nodes, a host name that resolves to loopback here (a hostname mapped to 127.0.1.1 in /etc/hosts) keeps
     torch's every-interface store: the other nodes reach it at the name's address in their DNS."""
     import torch.distributed as dist
-    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, dynamic_rendezvous, \
-        static_tcp_rendezvous
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, dynamic_rendezvous, static_tcp_rendezvous
 
     def store(host_name, port, world_size=None, is_master=False, *args, **kwargs):
         if not is_master or kwargs.get("master_listen_fd") is not None:
@@ -71,8 +78,11 @@ def bound_stores(worker_store_host: str | None, single_node: bool):
             raise
 
     def worker_store(self, master_addr, master_port):
-        return store(worker_store_host or master_addr, master_port, is_master=True, multi_tenant=True) \
-            if worker_store_host else original(self, master_addr, master_port)
+        return (
+            store(worker_store_host or master_addr, master_port, is_master=True, multi_tenant=True)
+            if worker_store_host
+            else original(self, master_addr, master_port)
+        )
 
     handler = dynamic_rendezvous.DynamicRendezvousHandler
     original = handler._create_tcp_store_server

@@ -55,8 +55,12 @@ def launcher_store(timeout_s: float = 30.0):
     import torch.distributed as dist  # here only: the module's pure parts need no torch
 
     try:
-        return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                             timeout=timedelta(seconds=timeout_s))
+        return dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=timedelta(seconds=timeout_s),
+        )
     except (KeyError, ValueError, RuntimeError, OSError):
         return None
 
@@ -65,8 +69,9 @@ class Watchdog:
     """The deadlines, heartbeat, signals and parent watch of one rank. `waiting(peer)` around every blocking wait,
     `measured()` after every request, `phase` names what the run does (a new phase has measured nothing yet)."""
 
-    def __init__(self, rank: int, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 lenient_min_s: float = LENIENT_MIN_S) -> None:
+    def __init__(
+        self, rank: int, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S, lenient_min_s: float = LENIENT_MIN_S
+    ) -> None:
         self.rank, self.world_size, self.timeout_s = rank, world_size, float(timeout_s)
         self.store = None  # attach() gives it, once the group is formed
         self.lenient_min_s = lenient_min_s
@@ -160,8 +165,9 @@ class Watchdog:
         return."""
         error_at, self._failing = time.monotonic(), True
         time.sleep(2 * TICK_S)  # a SIGINT forwarded to every rank breaks the transfers of the others too
-        if self._signum is not None and (self._signum == signal.SIGINT or (
-                self._signal_at <= error_at and not self._after_death)):
+        if self._signum is not None and (
+            self._signum == signal.SIGINT or (self._signal_at <= error_at and not self._after_death)
+        ):
             self._stop_on_signal(self._signum)
         verdict = self._read_verdict()
         if verdict is None and self._broken is not None and self._broken >= 0:
@@ -201,8 +207,11 @@ class Watchdog:
                 if not self._after_death:
                     self._stop_on_signal(self._signum)
                 elif time.monotonic() - self._signal_at >= SIGTERM_GRACE_S:
-                    self._exit(self._read_verdict() or f"stopped by the launcher during {self.phase}: a rank of "
-                               "this node ended first", EXIT_FAILED)
+                    self._exit(
+                        self._read_verdict()
+                        or f"stopped by the launcher during {self.phase}: a rank of this node ended first",
+                        EXIT_FAILED,
+                    )
             if os.getppid() != self._parent:
                 self._stop_on_signal(signal.SIGTERM)
             self._check_wait()
@@ -230,8 +239,12 @@ class Watchdog:
         if unstarted:
             who, pid = min(unstarted.items())
             # The launcher stops it (SIGKILL: a stopped process takes nothing else) once this rank has ended.
-            self._exit(self._publish_verdict(f"rank {who} did not start within {round(deadline, 1):g} s: its "
-                                             f"process (pid {pid}) is stopped"), EXIT_FAILED)
+            self._exit(
+                self._publish_verdict(
+                    f"rank {who} did not start within {round(deadline, 1):g} s: its process (pid {pid}) is stopped"
+                ),
+                EXIT_FAILED,
+            )
         stale = {r for r in others if r in self._seen and now - self._seen[r][1] >= STALE_S}
         strict = self._phase_measured
         lenient = max(LENIENT_FACTOR * deadline, self.lenient_min_s)

@@ -67,21 +67,31 @@ def fit_used_rows(used: Samples, latency_model: str) -> tuple[dict[str, Fit], di
         return {}, {latency_model: "no samples left after dropping the warm-up row"}, {}
     L, x, y = used.prefix_len, used.chunk_size, used.chunk_latency_ms
     fitted, failed = fit_candidates(L, x, y, latency_model)
-    per_model = {name: diagnostics(f.model, f.fit_rows, L, x, y, f.cv_mape) | {"held_out_mape": f.held_out_mape}
-                 for name, f in fitted.items()}
+    per_model = {
+        name: diagnostics(f.model, f.fit_rows, L, x, y, f.cv_mape) | {"held_out_mape": f.held_out_mape}
+        for name, f in fitted.items()
+    }
     return fitted, failed, per_model
 
 
 def candidate_table(per_model: dict[str, dict], failed: dict[str, str]) -> dict[str, dict]:
     """The few diagnostics of every candidate kept in the policy, or why it could not be fitted."""
-    candidates = {name: {k: d[k] for k in CANDIDATE_KEYS} | {"fit_r2": d["fit"]["r2"], "fit_rows": d["fit"]["rows"]}
-                  for name, d in per_model.items()}
+    candidates = {
+        name: {k: d[k] for k in CANDIDATE_KEYS} | {"fit_r2": d["fit"]["r2"], "fit_rows": d["fit"]["rows"]}
+        for name, d in per_model.items()
+    }
     candidates.update({name: {"error": reason} for name, reason in failed.items()})
     return candidates
 
 
-def select_and_gate(fitted: dict[str, Fit], failed: dict[str, str], per_model: dict[str, dict], diag: dict,
-                    settings: ChunkSettings, latency_model: str) -> tuple[LatencyModel | None, float | None, str, str]:
+def select_and_gate(
+    fitted: dict[str, Fit],
+    failed: dict[str, str],
+    per_model: dict[str, dict],
+    diag: dict,
+    settings: ChunkSettings,
+    latency_model: str,
+) -> tuple[LatencyModel | None, float | None, str, str]:
     """Pick the fitted model (select_model), gate it and add its diagnostics to `diag`. Returns (model, target
     latency, status, reason); a model that fails a gate is kept, with status static."""
     if not fitted:
@@ -119,10 +129,14 @@ def overhead_of(run: dict | None, given: float | None) -> dict:
     measured = (run or {}).get("pipeline_overhead")
     if isinstance(measured, dict) and is_number(measured.get("ms_per_chunk")):
         stderr = measured.get("stderr_ms")
-        return {"ms_per_chunk": max(0.0, float(measured["ms_per_chunk"])),
-                "stderr_ms": float(stderr) if is_number(stderr) else None, "source": "measured",
-                "measured_ms_per_chunk": float(measured["ms_per_chunk"]),
-                "by_chunk_size": measured.get("by_chunk_size"), "method": measured.get("method")}
+        return {
+            "ms_per_chunk": max(0.0, float(measured["ms_per_chunk"])),
+            "stderr_ms": float(stderr) if is_number(stderr) else None,
+            "source": "measured",
+            "measured_ms_per_chunk": float(measured["ms_per_chunk"]),
+            "by_chunk_size": measured.get("by_chunk_size"),
+            "method": measured.get("method"),
+        }
     return {"ms_per_chunk": 0.0, "stderr_ms": None, "source": "none"}
 
 
@@ -135,8 +149,17 @@ def profiled_stages(run: dict | None) -> int:
     return world if is_int(world) and world > 0 else 1
 
 
-def carried(model: LatencyModel | None, status: str, reason: str, settings: ChunkSettings, measured: dict | None,
-            run: dict | None, options: PolicyOptions, parity: bool, calibration: dict | None = None) -> dict:
+def carried(
+    model: LatencyModel | None,
+    status: str,
+    reason: str,
+    settings: ChunkSettings,
+    measured: dict | None,
+    run: dict | None,
+    options: PolicyOptions,
+    parity: bool,
+    calibration: dict | None = None,
+) -> dict:
     """The policy's fields beyond the fit: overhead, calibration, stages, workload, the history-only table, the
     prompt-aware rule, what they are predicted to give, and the status and reason that follow. `measured`: the
     profiled domain (`domain`), None for none (chunks up to B, prompts up to the context). The rules are chosen on
@@ -146,8 +169,12 @@ def carried(model: LatencyModel | None, status: str, reason: str, settings: Chun
     stages = options.num_stages or profiled_stages(run)
     dom = rule_domain(settings, measured, options.extrapolate)
     lengths, weights, source = workload_of(options.prompt_lens, settings, dom)
-    out = {"overhead": overhead, "calibration": calibration, "num_stages": stages,
-           "workload": {"prompt_lens": lengths, "weights": weights, "source": source}}
+    out = {
+        "overhead": overhead,
+        "calibration": calibration,
+        "num_stages": stages,
+        "workload": {"prompt_lens": lengths, "weights": weights, "source": source},
+    }
     if model is None or status == "static" or parity:
         size = settings.base_chunk_size
         table = {"prefix_len": [0], "chunk_size": [size]}
@@ -156,14 +183,27 @@ def carried(model: LatencyModel | None, status: str, reason: str, settings: Chun
             starts, sizes = build_table(model, settings, model.target_ms(size))
             table = {"prefix_len": starts, "chunk_size": sizes}
             rule = PromptRule([1], [math.inf], [0], [starts], [sizes], max(sizes))
-        return out | {"status": status, "reason": reason, "table": table, "prompt_table": rule.to_dict(dom),
-                      "predicted": None}
-    choice = choose(model.planning(calibration, overhead["ms_per_chunk"]), settings, dom, stages, lengths, weights,
-                    options.min_gain)
-    table = choice.history_table | {"bound_ms": choice.history_bound_ms if math.isfinite(choice.history_bound_ms)
-                                    else None, "chunk_cap": choice.history_chunk_cap}
-    return out | {"status": choice.status, "reason": f"{reason}; {choice.reason}", "table": table,
-                  "prompt_table": choice.prompt_rule.to_dict(dom), "predicted": choice.predicted}
+        return out | {
+            "status": status,
+            "reason": reason,
+            "table": table,
+            "prompt_table": rule.to_dict(dom),
+            "predicted": None,
+        }
+    choice = choose(
+        model.planning(calibration, overhead["ms_per_chunk"]), settings, dom, stages, lengths, weights, options.min_gain
+    )
+    table = choice.history_table | {
+        "bound_ms": choice.history_bound_ms if math.isfinite(choice.history_bound_ms) else None,
+        "chunk_cap": choice.history_chunk_cap,
+    }
+    return out | {
+        "status": choice.status,
+        "reason": f"{reason}; {choice.reason}",
+        "table": table,
+        "prompt_table": choice.prompt_rule.to_dict(dom),
+        "predicted": choice.predicted,
+    }
 
 
 def workload_of(spec: str | None, settings: ChunkSettings, dom) -> tuple[list[int], list[float], str]:
@@ -175,8 +215,14 @@ def workload_of(spec: str | None, settings: ChunkSettings, dom) -> tuple[list[in
     return list(w.prompt_lens), list(w.weights), spec
 
 
-def fit_samples(samples: Samples, run: dict | None, settings: ChunkSettings, latency_model: str = "auto",
-                parity: str | None = None, options: PolicyOptions | None = None) -> dict:
+def fit_samples(
+    samples: Samples,
+    run: dict | None,
+    settings: ChunkSettings,
+    latency_model: str = "auto",
+    parity: str | None = None,
+    options: PolicyOptions | None = None,
+) -> dict:
     """Fit and gate, then choose the rules (ppprof.policy.choice); return the policy dict (nothing is written).
     parity PARITY: SGLang's own fit and rule instead (ppprof.fit.parity), for the quadratic model only."""
     options = options or PolicyOptions()
@@ -184,63 +230,106 @@ def fit_samples(samples: Samples, run: dict | None, settings: ChunkSettings, lat
         raise ValueError(f"--latency-model {latency_model} is unknown: use one of {', '.join(LATENCY_MODEL_CHOICES)}")
     if parity is not None:
         if parity != PARITY or latency_model != "quadratic":
-            raise ValueError(f"--parity {parity} with --latency-model {latency_model}: parity is '{PARITY}' and needs "
-                             "--latency-model quadratic (the only model SGLang fits)")
+            raise ValueError(
+                f"--parity {parity} with --latency-model {latency_model}: parity is '{PARITY}' and needs "
+                "--latency-model quadratic (the only model SGLang fits)"
+            )
         model, reason, diag = sglang_fit(samples)
         diag.update({"requested_model": latency_model, "bottleneck_stage": samples.bottleneck_stage})
         target = None if model is None else model.target_ms(settings.base_chunk_size)
-        rules = carried(model, "dynamic" if model else "static", reason, settings, domain(samples), run, options,
-                        True, calibration_of(run, model, samples.bottleneck_stage))
+        rules = carried(
+            model,
+            "dynamic" if model else "static",
+            reason,
+            settings,
+            domain(samples),
+            run,
+            options,
+            True,
+            calibration_of(run, model, samples.bottleneck_stage),
+        )
         return assemble(samples, run, settings, model, target, diag, rules | {"parity": PARITY})
     # The first timed request ran cold (no warm-up), and SGLang drops the first of its prefix-free probes: both go
     # (one row when the file starts with a prefix-free request, as `ppprof profile` writes it).
     used, dropped = without_warmup(samples)
     fitted, failed, per_model = fit_used_rows(used, latency_model)
-    diag = {"requested_model": latency_model, "dropped_warmup_rows": [int(i) + 1 for i in dropped],
-            "candidates": candidate_table(per_model, failed), "bottleneck_stage": samples.bottleneck_stage,
-            "stage_totals_ms": samples.stage_totals_ms}
+    diag = {
+        "requested_model": latency_model,
+        "dropped_warmup_rows": [int(i) + 1 for i in dropped],
+        "candidates": candidate_table(per_model, failed),
+        "bottleneck_stage": samples.bottleneck_stage,
+        "stage_totals_ms": samples.stage_totals_ms,
+    }
     model, target, status, reason = select_and_gate(fitted, failed, per_model, diag, settings, latency_model)
-    rules = carried(model, status, reason, settings, domain(samples), run, options, False,
-                    calibration_of(run, model, samples.bottleneck_stage))
+    rules = carried(
+        model,
+        status,
+        reason,
+        settings,
+        domain(samples),
+        run,
+        options,
+        False,
+        calibration_of(run, model, samples.bottleneck_stage),
+    )
     return assemble(samples, run, settings, model, target, diag, rules | {"parity": None})
 
 
-def assemble(samples: Samples, run: dict | None, settings: ChunkSettings, model: LatencyModel | None,
-             target: float | None, diag: dict, rules: dict) -> dict:
+def assemble(
+    samples: Samples,
+    run: dict | None,
+    settings: ChunkSettings,
+    model: LatencyModel | None,
+    target: float | None,
+    diag: dict,
+    rules: dict,
+) -> dict:
     """The policy dict: the model, the rule's settings, diagnostics, provenance, domain and the rules (`carried`:
     status, reason, overhead, stages, workload, tables, predictions, parity)."""
     prov = provenance(run, samples)
-    prov.update({"created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                 "ppprof_version": __version__})
+    prov.update(
+        {"created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "ppprof_version": __version__}
+    )
     # How the samples were collected, as run.json records it (absent for a plain CSV or an older run).
     design = {"design": (run or {})["design"]} if isinstance((run or {}).get("design"), dict) else {}
-    return finite({
-        "schema_version": SCHEMA_VERSION,
-        "status": rules.pop("status"),
-        "reason": rules.pop("reason"),
-        "latency_model": None if model is None else model.to_dict(),
-        "settings": settings.to_dict(),
-        "target_latency_ms": target,
-        "target_chunk_latency_ms": None if model is None else model.c + target,
-        "rule": RULE_TEXT,
-        "diagnostics": diag,
-        "provenance": prov,
-        "domain": domain(samples),
-        **rules,
-        **design,
-    })
+    return finite(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "status": rules.pop("status"),
+            "reason": rules.pop("reason"),
+            "latency_model": None if model is None else model.to_dict(),
+            "settings": settings.to_dict(),
+            "target_latency_ms": target,
+            "target_chunk_latency_ms": None if model is None else model.c + target,
+            "rule": RULE_TEXT,
+            "diagnostics": diag,
+            "provenance": prov,
+            "domain": domain(samples),
+            **rules,
+            **design,
+        }
+    )
 
 
 def domain(samples: Samples) -> dict:
     """The prefix and chunk ranges the samples measured: where the latency model is interpolated, not extrapolated."""
-    return {"prefix_len": [int(samples.prefix_len.min()), int(samples.prefix_len.max())],
-            "chunk_size": [int(samples.chunk_size.min()), int(samples.chunk_size.max())],
-            "prefix_lens": sorted(int(p) for p in set(samples.prefix_len.tolist()))}
+    return {
+        "prefix_len": [int(samples.prefix_len.min()), int(samples.prefix_len.max())],
+        "chunk_size": [int(samples.chunk_size.min()), int(samples.chunk_size.max())],
+        "prefix_lens": sorted(int(p) for p in set(samples.prefix_len.tolist())),
+    }
 
 
-def fit(samples_path: str | Path, out: str | Path | None = None, latency_model: str = "auto", *,
-        plots: bool = False, parity: str | None = None, policy_options: dict | None = None,
-        **options) -> tuple[Path, dict]:
+def fit(
+    samples_path: str | Path,
+    out: str | Path | None = None,
+    latency_model: str = "auto",
+    *,
+    plots: bool = False,
+    parity: str | None = None,
+    policy_options: dict | None = None,
+    **options,
+) -> tuple[Path, dict]:
     """Read, fit, gate and write the policy (default: policy.json beside the samples); with `plots`, also fit.png
     and chunks.png beside the policy. Returns (path, policy)."""
     samples_path = Path(samples_path)
@@ -271,11 +360,14 @@ def rechoose(data: dict, model: LatencyModel, status: str = "dynamic", reason: s
     chooses them, on the same settings, domain, overhead, calibration, stages and workload."""
     settings = ChunkSettings(**data["settings"])
     workload = data.get("workload") or {}
-    options = PolicyOptions(overhead_ms=data["overhead"]["ms_per_chunk"], num_stages=data.get("num_stages"),
-                            prompt_lens=",".join(f"{n}:{w}" for n, w in zip(workload.get("prompt_lens", []),
-                                                                           workload.get("weights", []))) or None)
-    rules = carried(model, status, reason, settings, data.get("domain"), None, options, False,
-                    data.get("calibration"))
+    options = PolicyOptions(
+        overhead_ms=data["overhead"]["ms_per_chunk"],
+        num_stages=data.get("num_stages"),
+        prompt_lens=",".join(f"{n}:{w}" for n, w in zip(workload.get("prompt_lens", []), workload.get("weights", [])))
+        or None,
+    )
+    rules = carried(model, status, reason, settings, data.get("domain"), None, options, False, data.get("calibration"))
     target = None if model is None else model.target_ms(settings.base_chunk_size)
-    return finite(dict(data, latency_model=None if model is None else model.to_dict(), target_latency_ms=target,
-                       **rules))
+    return finite(
+        dict(data, latency_model=None if model is None else model.to_dict(), target_latency_ms=target, **rules)
+    )

@@ -23,15 +23,19 @@ import numpy as np
 
 from ppprof.policy.rule import NO_CALIBRATION, LatencyModel
 
-METHOD = ("linear_scale * (c + b x) + (t(L, x) - c - b x) + shift_ms fitted (least squares on relative error) to "
-          "the bottleneck stage's forwards in "
-          "the profile's pipelined runs (run.json pipeline_overhead.runs[].stage_ms), the median of each cell "
-          "(chunk size, prefix) over the repeats, each run's first chunk left out")
+METHOD = (
+    "linear_scale * (c + b x) + (t(L, x) - c - b x) + shift_ms fitted (least squares on relative error) to "
+    "the bottleneck stage's forwards in "
+    "the profile's pipelined runs (run.json pipeline_overhead.runs[].stage_ms), the median of each cell "
+    "(chunk size, prefix) over the repeats, each run's first chunk left out"
+)
 SCALE_RANGE = (0.5, 2.0)
 """A linear scale outside this range is not a level shift but a broken run or a model that does not hold: not
 applied."""
 MIN_CHUNK_SIZES = 2
 """Distinct chunk sizes the cells need for the scale and the shift to be told apart."""
+
+
 def none(why: str) -> dict:
     """No calibration (linear scale 1, shift 0), and why."""
     return NO_CALIBRATION | {"why": why}
@@ -84,14 +88,22 @@ def calibration_of(run: dict | None, model: LatencyModel | None, stage: int | No
     dof = max(len(target) - 2, 1)
     cov = float(resid @ resid) / dof * np.linalg.pinv(design.T @ design)
     stderr = np.sqrt(np.clip(np.diag(cov), 0.0, None))
-    out = {"linear_scale": scale, "shift_ms": shift, "linear_scale_stderr": float(stderr[0]),
-           "shift_stderr_ms": float(stderr[1]), "cells": int(len(ms)),
-           "chunk_sizes": sorted(int(x) for x in np.unique(size)), "max_prefix_len": int(prefix.max()),
-           "rel_residual": float(np.sqrt(np.mean(resid ** 2))), "stage": stage,
-           "method": METHOD}
+    out = {
+        "linear_scale": scale,
+        "shift_ms": shift,
+        "linear_scale_stderr": float(stderr[0]),
+        "shift_stderr_ms": float(stderr[1]),
+        "cells": int(len(ms)),
+        "chunk_sizes": sorted(int(x) for x in np.unique(size)),
+        "max_prefix_len": int(prefix.max()),
+        "rel_residual": float(np.sqrt(np.mean(resid**2))),
+        "stage": stage,
+        "method": METHOD,
+    }
     if not SCALE_RANGE[0] <= scale <= SCALE_RANGE[1]:
-        return none(f"the fitted linear scale {scale:.3g} is outside {SCALE_RANGE[0]}-{SCALE_RANGE[1]}") | \
-            {"rejected": out}
+        return none(f"the fitted linear scale {scale:.3g} is outside {SCALE_RANGE[0]}-{SCALE_RANGE[1]}") | {
+            "rejected": out
+        }
     one = float(model.planning(out, 0.0).chunk_latency_ms(0, 1))
     if one <= 0:
         return none(f"the calibrated latency of a 1-token chunk, {one:.3g} ms, is not positive") | {"rejected": out}

@@ -25,19 +25,27 @@ def resolve(path: str | Path, label: str) -> tuple[Path, Path | None]:
     if path.is_dir():
         policy = path / POLICY_FILE
         if not policy.is_file():
-            raise ValueError(f"{label} run folder {path} has no {POLICY_FILE}: fit it first with "
-                             f"`ppprof fit {path / SAMPLES_FILE}`")
+            raise ValueError(
+                f"{label} run folder {path} has no {POLICY_FILE}: fit it first with `ppprof fit {path / SAMPLES_FILE}`"
+            )
         samples = path / SAMPLES_FILE
         return policy, samples if samples.is_file() else None
     if not path.exists():
-        raise ValueError(f"{label} {path} does not exist: pass a run folder (policy.json, samples.csv) or a "
-                         f"policy file")
+        raise ValueError(
+            f"{label} {path} does not exist: pass a run folder (policy.json, samples.csv) or a policy file"
+        )
     return path, None
 
 
-def compare(baseline: str | Path, candidate: str | Path, tolerances: dict[str, float], *,
-            prompt_lens: list[int] | None = None, num_stages: int | None = None, plot: str | Path | None = None
-            ) -> dict:
+def compare(
+    baseline: str | Path,
+    candidate: str | Path,
+    tolerances: dict[str, float],
+    *,
+    prompt_lens: list[int] | None = None,
+    num_stages: int | None = None,
+    plot: str | Path | None = None,
+) -> dict:
     """The comparison report (ppprof.policy.compare.compare_policies) of two run folders or policy files, with
     samples-level drift where both are run folders with samples; the PNG `plot` is written last, only when every
     input was good."""
@@ -48,12 +56,20 @@ def compare(baseline: str | Path, candidate: str | Path, tolerances: dict[str, f
     gated = gates_passed(base), gates_passed(cand)
     if samples and None not in gated and gated[0] != gated[1]:
         # One of the two failed the quality gates: on its samples, or would this code judge the baseline's otherwise?
-        passed, reason = gate_samples(samples[0], base.settings,
-                                      base.data["diagnostics"].get("requested_model") or "auto")
+        passed, reason = gate_samples(
+            samples[0], base.settings, base.data["diagnostics"].get("requested_model") or "auto"
+        )
         refit = {"passed": passed, "reason": reason, "baseline_passed": gated[0]}
-    report = compare_policies(base, cand, tolerances, prompt_lens=prompt_lens, num_stages=num_stages,
-                              samples=samples_drift(*samples) if samples else None, baseline_refit=refit,
-                              labels=(str(baseline), str(candidate)))
+    report = compare_policies(
+        base,
+        cand,
+        tolerances,
+        prompt_lens=prompt_lens,
+        num_stages=num_stages,
+        samples=samples_drift(*samples) if samples else None,
+        baseline_refit=refit,
+        labels=(str(baseline), str(candidate)),
+    )
     report["baseline"].update(policy=str(bp), samples=str(bs) if bs else None)
     report["candidate"].update(policy=str(cp), samples=str(cs) if cs else None)
     if plot:
@@ -64,8 +80,14 @@ def compare(baseline: str | Path, candidate: str | Path, tolerances: dict[str, f
 def fit_prefixes(base: Policy, cand: Policy) -> list[int]:
     """Prefix lengths whose latency curves are drawn: the smallest, a middle and the largest of the profiled prefix
     lengths (the policies' domains), else 0, the middle and the end of the compared range."""
-    profiled = sorted({int(L) for p in (base, cand) if isinstance(p.data.get("domain"), dict)
-                       for L in p.data["domain"].get("prefix_lens") or ()})
+    profiled = sorted(
+        {
+            int(L)
+            for p in (base, cand)
+            if isinstance(p.data.get("domain"), dict)
+            for L in p.data["domain"].get("prefix_lens") or ()
+        }
+    )
     if len(profiled) < NUM_FIT_PREFIXES:
         end = table_end(base, cand)
         profiled = sorted({0, end // 2, end})
@@ -81,9 +103,15 @@ def write_compare_plot(base: Policy, cand: Policy, samples: tuple[Samples, Sampl
     styles = (("baseline", base, "-", "tab:blue"), ("candidate", cand, "--", "tab:orange"))
     for label, pol, ls, color in styles:
         starts = [s for s in pol.data["table"]["prefix_len"] if s <= end]
-        sizes = pol.data["table"]["chunk_size"][:len(starts)]
-        left.step(starts + [end], sizes + [sizes[-1]], where="post", ls=ls, color=color,
-                  label=f"{label}: {pol.status}, B {pol.base_chunk_size}")
+        sizes = pol.data["table"]["chunk_size"][: len(starts)]
+        left.step(
+            starts + [end],
+            sizes + [sizes[-1]],
+            where="post",
+            ls=ls,
+            color=color,
+            label=f"{label}: {pol.status}, B {pol.base_chunk_size}",
+        )
     left.set_xlabel("prefix_len (tokens)")
     left.set_ylabel("next chunk size (tokens)")
     left.set_ylim(bottom=0)
@@ -91,19 +119,28 @@ def write_compare_plot(base: Policy, cand: Policy, samples: tuple[Samples, Sampl
     left.set_title("chunk-size tables", fontsize=9)
     prefixes = fit_prefixes(base, cand)
     shades = plt.cm.viridis(np.linspace(0, 0.85, len(prefixes)))
-    largest = max(base.settings.max_chunk_size, base.base_chunk_size, cand.base_chunk_size,
-                  cand.settings.max_chunk_size)
+    largest = max(
+        base.settings.max_chunk_size, base.base_chunk_size, cand.base_chunk_size, cand.settings.max_chunk_size
+    )
     x = np.linspace(1, 1.25 * largest, 100)
     for (label, pol, ls, _), marker, sam in zip(styles, ("o", "x"), samples or (None, None)):
         for prefix, shade in zip(prefixes, shades):
             if pol.model is not None:
-                right.plot(x, pol.model.chunk_latency_ms(np.full_like(x, prefix), x), ls=ls, color=shade, lw=1.2,
-                           label=f"{label} ({pol.model.name}), prefix {prefix}")
+                right.plot(
+                    x,
+                    pol.model.chunk_latency_ms(np.full_like(x, prefix), x),
+                    ls=ls,
+                    color=shade,
+                    lw=1.2,
+                    label=f"{label} ({pol.model.name}), prefix {prefix}",
+                )
             if sam is not None:
                 measured = np.unique(sam.prefix_len)
                 near = measured[np.argmin(np.abs(measured - prefix))]
                 sel = sam.prefix_len == near
-                right.scatter(sam.chunk_size[sel], sam.chunk_latency_ms[sel], s=8, marker=marker, color=shade, alpha=0.6)
+                right.scatter(
+                    sam.chunk_size[sel], sam.chunk_latency_ms[sel], s=8, marker=marker, color=shade, alpha=0.6
+                )
     right.set_xlabel("chunk_size (tokens)")
     right.set_ylabel("chunk latency (ms)")
     right.set_title("latency models (lines) and samples (o baseline, x candidate)", fontsize=9)

@@ -19,7 +19,9 @@ def cell_medians(samples: Samples) -> dict[tuple[int, int], float]:
     keys = np.stack([samples.prefix_len, samples.chunk_size], axis=1)
     cells, inverse = np.unique(keys, axis=0, return_inverse=True)
     inverse = inverse.reshape(-1)
-    return {(int(L), int(x)): float(np.median(samples.chunk_latency_ms[inverse == i])) for i, (L, x) in enumerate(cells)}
+    return {
+        (int(L), int(x)): float(np.median(samples.chunk_latency_ms[inverse == i])) for i, (L, x) in enumerate(cells)
+    }
 
 
 def samples_drift(base: Samples, cand: Samples) -> dict:
@@ -32,26 +34,48 @@ def samples_drift(base: Samples, cand: Samples) -> dict:
     than MIN_LEVEL_PREFIXES common prefix lengths."""
     b, c = cell_medians(base), cell_medians(cand)
     common = sorted(set(b) & set(c))
-    out = {"bottleneck_stage": [base.bottleneck_stage, cand.bottleneck_stage], "num_cells": len(common),
-           "num_cells_baseline": len(b), "num_cells_candidate": len(c), "median_ratio": None, "worst_cell": None,
-           "by_prefix": [], "worst_prefix": None, "level": None, "cells": [], "note": None}
+    out = {
+        "bottleneck_stage": [base.bottleneck_stage, cand.bottleneck_stage],
+        "num_cells": len(common),
+        "num_cells_baseline": len(b),
+        "num_cells_candidate": len(c),
+        "median_ratio": None,
+        "worst_cell": None,
+        "by_prefix": [],
+        "worst_prefix": None,
+        "level": None,
+        "cells": [],
+        "note": None,
+    }
     if not common:
         out["note"] = "no (prefix_len, chunk_size) cell measured in both profiles: samples not compared"
         return out
     ratios = np.array([c[k] / b[k] for k in common])
     worst = int(np.argmax(np.abs(np.log(ratios))))
     out["median_ratio"] = float(np.median(ratios))
-    out["worst_cell"] = {"prefix_len": common[worst][0], "chunk_size": common[worst][1],
-                         "baseline_ms": b[common[worst]], "candidate_ms": c[common[worst]],
-                         "ratio": float(ratios[worst])}
+    out["worst_cell"] = {
+        "prefix_len": common[worst][0],
+        "chunk_size": common[worst][1],
+        "baseline_ms": b[common[worst]],
+        "candidate_ms": c[common[worst]],
+        "ratio": float(ratios[worst]),
+    }
     out["quantiles"] = {q: float(v) for q, v in zip(("p10", "p50", "p90"), np.quantile(ratios, [0.1, 0.5, 0.9]))}
     prefixes = np.array([k[0] for k in common])
-    out["by_prefix"] = [{"prefix_len": int(L), "num_cells": int((prefixes == L).sum()),
-                         "median_ratio": float(np.median(ratios[prefixes == L]))} for L in np.unique(prefixes)]
+    out["by_prefix"] = [
+        {
+            "prefix_len": int(L),
+            "num_cells": int((prefixes == L).sum()),
+            "median_ratio": float(np.median(ratios[prefixes == L])),
+        }
+        for L in np.unique(prefixes)
+    ]
     if len(out["by_prefix"]) >= MIN_LEVEL_PREFIXES:
         out["level"] = float(np.median([r["median_ratio"] for r in out["by_prefix"]]))
     level = out["level"] or 1.0
     out["worst_prefix"] = max(out["by_prefix"], key=lambda r: abs(np.log(r["median_ratio"] / level)))
-    out["cells"] = [{"prefix_len": k[0], "chunk_size": k[1], "baseline_ms": b[k], "candidate_ms": c[k],
-                     "ratio": float(r)} for k, r in list(zip(common, ratios))[:MAX_CELLS_KEPT]]
+    out["cells"] = [
+        {"prefix_len": k[0], "chunk_size": k[1], "baseline_ms": b[k], "candidate_ms": c[k], "ratio": float(r)}
+        for k, r in list(zip(common, ratios))[:MAX_CELLS_KEPT]
+    ]
     return out

@@ -32,8 +32,10 @@ def gates(diag: dict) -> list[dict]:
         ("condition_number", diag["condition_number"], "<=", MAX_CONDITION_NUMBER),
         ("cv_mape", diag["cv_mape"], "<=", MAX_CV_MAPE),
     ]
-    return [{"name": n, "value": v, "op": op, "limit": lim, "passed": bool(v <= lim if op == "<=" else v >= lim)}
-            for n, v, op, lim in checks]
+    return [
+        {"name": n, "value": v, "op": op, "limit": lim, "passed": bool(v <= lim if op == "<=" else v >= lim)}
+        for n, v, op, lim in checks
+    ]
 
 
 def failure_reason(checks: list[dict]) -> str | None:

@@ -21,8 +21,11 @@ def plot_fit(samples: Samples, model: LatencyModel | None, title: str):
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     prefixes = np.unique(samples.prefix_len)
-    shown = prefixes if len(prefixes) <= MAX_PREFIX_CURVES else prefixes[
-        np.unique(np.linspace(0, len(prefixes) - 1, MAX_PREFIX_CURVES).astype(int))]
+    shown = (
+        prefixes
+        if len(prefixes) <= MAX_PREFIX_CURVES
+        else prefixes[np.unique(np.linspace(0, len(prefixes) - 1, MAX_PREFIX_CURVES).astype(int))]
+    )
     colors = plt.cm.viridis(np.linspace(0, 0.9, len(shown)))
     ax.scatter(samples.chunk_size, samples.chunk_latency_ms, s=6, color="0.7", label="all samples")
     for prefix, color in zip(shown, colors):

@@ -44,11 +44,16 @@ MODEL_TERMS = {"prefix": PREFIX_TERMS, "pairs": PREFIX_TERMS + ("h",)}
 PAIR_HEADROOM = 2.0
 """A pairs model's negative h holds up to this many times the largest chunk fitted (a + h x >= 0 there: the latency
 grows with the chunk at every prefix): beyond the largest plan a policy makes, --extrapolate's 4 B included."""
-OUTLIER_RULE = (f"after a first fit, drop points whose relative residual is more than {OUTLIER_MADS:g} x 1.4826 MAD "
-                f"(at least {MIN_OUTLIER_REL:.0%}) from the median, at most {MAX_OUTLIER_FRACTION:.0%} of points, "
-                f"then refit")
-ADMISSIBLE_ROWS = {"quadratic": "prefix-free rows (prefix_len == 0)", "prefix": "rows, prefix-free and prefixed",
-                   "pairs": "rows, prefix-free and prefixed"}
+OUTLIER_RULE = (
+    f"after a first fit, drop points whose relative residual is more than {OUTLIER_MADS:g} x 1.4826 MAD "
+    f"(at least {MIN_OUTLIER_REL:.0%}) from the median, at most {MAX_OUTLIER_FRACTION:.0%} of points, "
+    f"then refit"
+)
+ADMISSIBLE_ROWS = {
+    "quadratic": "prefix-free rows (prefix_len == 0)",
+    "prefix": "rows, prefix-free and prefixed",
+    "pairs": "rows, prefix-free and prefixed",
+}
 
 
 class Unfittable(Exception):
@@ -67,15 +72,19 @@ def ineligible(name: str, prefix_len: np.ndarray, chunk_size: np.ndarray) -> str
         free = admissible(name, prefix_len)
         num_free = int(free.sum())
         if num_free < MIN_QUADRATIC_POINTS:
-            return (f"quadratic needs >= {MIN_QUADRATIC_POINTS} prefix-free samples (prefix_len == 0), has {num_free} "
-                    f"of {len(prefix_len)}: profile a prefix-free sweep or use the prefix model")
+            return (
+                f"quadratic needs >= {MIN_QUADRATIC_POINTS} prefix-free samples (prefix_len == 0), has {num_free} "
+                f"of {len(prefix_len)}: profile a prefix-free sweep or use the prefix model"
+            )
         if len(np.unique(chunk_size[free])) < MIN_QUADRATIC_LENGTHS:
             return f"quadratic needs >= {MIN_QUADRATIC_LENGTHS} distinct lengths among its prefix-free samples"
         return None
     num_chunks, num_prefixes = len(np.unique(chunk_size)), len(np.unique(prefix_len))
     if num_chunks < MIN_PREFIX_CHUNK_SIZES or num_prefixes < MIN_PREFIX_PREFIXES:
-        return (f"{name} needs >= {MIN_PREFIX_CHUNK_SIZES} distinct chunk sizes and >= {MIN_PREFIX_PREFIXES} distinct "
-                f"prefixes, has {num_chunks} and {num_prefixes}")
+        return (
+            f"{name} needs >= {MIN_PREFIX_CHUNK_SIZES} distinct chunk sizes and >= {MIN_PREFIX_PREFIXES} distinct "
+            f"prefixes, has {num_chunks} and {num_prefixes}"
+        )
     return None
 
 
@@ -95,6 +104,7 @@ def design(name: str, prefix_len, chunk_size, terms=None) -> np.ndarray:
 def fit_model(name: str, prefix_len: np.ndarray, chunk_size: np.ndarray, latency_ms: np.ndarray) -> LatencyModel:
     """Least squares on the model's admissible rows among those given (no trimming)."""
     from sklearn.linear_model import LinearRegression  # here: a rank that never fits need not import scikit-learn
+
     reason = ineligible(name, prefix_len, chunk_size)
     if reason:
         raise Unfittable(reason)
@@ -104,8 +114,10 @@ def fit_model(name: str, prefix_len: np.ndarray, chunk_size: np.ndarray, latency
         reg = LinearRegression().fit(X, latency_ms[free])
         b, a = (float(v) for v in reg.coef_)
         if a <= 0.0:
-            raise Unfittable(f"quadratic fit has a = {a:.3g} ms/token^2 <= 0 (latency does not grow faster than "
-                             f"linearly in the prefix-free samples)")
+            raise Unfittable(
+                f"quadratic fit has a = {a:.3g} ms/token^2 <= 0 (latency does not grow faster than "
+                f"linearly in the prefix-free samples)"
+            )
         return LatencyModel("quadratic", a=a, b=max(b, 0.0), c=float(reg.intercept_))
 
     if name == "pairs":
@@ -183,6 +195,7 @@ def cv_splits(prefix_len, folds: int):
     """k folds over all rows, shuffled; stratified by prefix-free or not where both kinds fill every fold, so each
     training set keeps its share of the quadratic's rows."""
     from sklearn.model_selection import KFold, StratifiedKFold
+
     free = np.asarray(prefix_len) == 0
     if min(free.sum(), (~free).sum()) >= folds:
         return StratifiedKFold(n_splits=folds, shuffle=True, random_state=CV_SEED).split(free, free)
@@ -238,7 +251,7 @@ def cross_validate(names, prefix_len, chunk_size, latency_ms, folds: int = CV_FO
     errors = {name: np.full(n, np.nan) for name in names}
     fold_means: dict[str, list[float]] = {name: [] for name in names}
     unfittable = set()
-    for train, test in (splits if splits is not None else cv_splits(prefix_len, folds)):
+    for train, test in splits if splits is not None else cv_splits(prefix_len, folds):
         for name in set(names) - unfittable:
             try:
                 model, _ = fit_trimmed(name, prefix_len[train], chunk_size[train], latency_ms[train])
@@ -266,6 +279,7 @@ def condition_number(name: str, prefix_len, chunk_size) -> float:
 def fit_stats(model: LatencyModel, prefix_len, chunk_size, latency_ms) -> dict:
     """R^2, MAPE, RMS and the worst residual of chunk_latency_ms on the rows given."""
     from sklearn.metrics import r2_score
+
     pred = model.chunk_latency_ms(prefix_len, chunk_size)
     resid = latency_ms - pred
     worst = int(np.argmax(np.abs(resid)))
@@ -275,9 +289,13 @@ def fit_stats(model: LatencyModel, prefix_len, chunk_size, latency_ms) -> dict:
         "mape": float(np.mean(np.abs(resid) / latency_ms)),
         "rms_residual_ms": float(np.sqrt(np.mean(resid**2))),
         "mean_latency_ms": float(np.mean(latency_ms)),
-        "worst_residual": {"residual_ms": float(resid[worst]), "relative": float(resid[worst] / latency_ms[worst]),
-                           "prefix_len": int(prefix_len[worst]), "chunk_size": int(chunk_size[worst]),
-                           "latency_ms": float(latency_ms[worst])},
+        "worst_residual": {
+            "residual_ms": float(resid[worst]),
+            "relative": float(resid[worst] / latency_ms[worst]),
+            "prefix_len": int(prefix_len[worst]),
+            "chunk_size": int(chunk_size[worst]),
+            "latency_ms": float(latency_ms[worst]),
+        },
     }
 
 
@@ -292,20 +310,28 @@ def diagnostics(model: LatencyModel, fit_rows: np.ndarray, prefix_len, chunk_siz
     keep = outlier_mask(model, L, x, y)
     num_fit_candidates = int(admissible(model.name, L).sum())
     diag = {
-        "rows": (f"all {n} evaluation rows ({num_free} prefix-free, {n - num_free} prefixed) less "
-                 f"{int((~keep).sum())} outliers; predicted with chunk_latency_ms(prefix_len, chunk_size) as the "
-                 f"planner does"),
+        "rows": (
+            f"all {n} evaluation rows ({num_free} prefix-free, {n - num_free} prefixed) less "
+            f"{int((~keep).sum())} outliers; predicted with chunk_latency_ms(prefix_len, chunk_size) as the "
+            f"planner does"
+        ),
         "num_evaluation_rows": n,
         "num_outliers_dropped": int((~keep).sum()),
         "outlier_rule": OUTLIER_RULE,
         **fit_stats(model, L[keep], x[keep], y[keep]),
         "cv_folds": int(min(CV_FOLDS, n)),
         "cv_mape": cv_mape,
-        "cv_rows": (f"all {n} evaluation rows, each held out once; each fold fits {model.name} on its "
-                    f"{ADMISSIBLE_ROWS[model.name]} among the training rows"),
-        "fit": {"rows": (f"{int(fit_rows.sum())} of the {num_fit_candidates} {ADMISSIBLE_ROWS[model.name]}, "
-                         f"{num_fit_candidates - int(fit_rows.sum())} outliers dropped"),
-                **fit_stats(model, L[fit_rows], x[fit_rows], y[fit_rows])},
+        "cv_rows": (
+            f"all {n} evaluation rows, each held out once; each fold fits {model.name} on its "
+            f"{ADMISSIBLE_ROWS[model.name]} among the training rows"
+        ),
+        "fit": {
+            "rows": (
+                f"{int(fit_rows.sum())} of the {num_fit_candidates} {ADMISSIBLE_ROWS[model.name]}, "
+                f"{num_fit_candidates - int(fit_rows.sum())} outliers dropped"
+            ),
+            **fit_stats(model, L[fit_rows], x[fit_rows], y[fit_rows]),
+        },
         "condition_number": condition_number(model.name, L[fit_rows], x[fit_rows]),
     }
     return diag

@@ -29,7 +29,9 @@ class Samples:
 
     prefix_len: np.ndarray  # (n,) int64
     chunk_size: np.ndarray  # (n,) int64
-    chunk_latency_ms: np.ndarray  # (n,) float64: the bottleneck stage's column where stage columns exist, else latency_ms
+    chunk_latency_ms: (
+        np.ndarray
+    )  # (n,) float64: the bottleneck stage's column where stage columns exist, else latency_ms
     kind: np.ndarray | None  # (n,) str ("sweep" / "prefix") where the column exists
     bottleneck_stage: int | None  # the stage with the largest total latency, None without stage columns
     stage_totals_ms: list[float] | None
@@ -41,9 +43,16 @@ class Samples:
 
     def subset(self, keep: np.ndarray) -> "Samples":
         """The rows selected by `keep` (a mask or indices), with the same file facts."""
-        return Samples(self.prefix_len[keep], self.chunk_size[keep], self.chunk_latency_ms[keep],
-                       None if self.kind is None else self.kind[keep], self.bottleneck_stage, self.stage_totals_ms,
-                       self.path, self.sha256)
+        return Samples(
+            self.prefix_len[keep],
+            self.chunk_size[keep],
+            self.chunk_latency_ms[keep],
+            None if self.kind is None else self.kind[keep],
+            self.bottleneck_stage,
+            self.stage_totals_ms,
+            self.path,
+            self.sha256,
+        )
 
 
 def read_samples(path: str | Path) -> Samples:
@@ -60,8 +69,10 @@ def read_samples(path: str | Path) -> Samples:
         v = numeric[col]
         bad = np.flatnonzero((v != np.round(v)) | (v < low) | (v > MAX_TOKENS))  # before any cast to int64
         if bad.size:
-            raise ValueError(f"samples file {path} column {col} row {bad[0] + 1} is {float(v[bad[0]])!r}: "
-                             f"use an integer in {low}..{MAX_TOKENS}")
+            raise ValueError(
+                f"samples file {path} column {col} row {bad[0] + 1} is {float(v[bad[0]])!r}: "
+                f"use an integer in {low}..{MAX_TOKENS}"
+            )
     for col in ["latency_ms"] + [c for _, c in stage_cols]:
         check_latencies(path, col, numeric[col], numeric["chunk_size"])
     bottleneck_stage, totals, latency = None, None, numeric["latency_ms"]
@@ -72,11 +83,21 @@ def read_samples(path: str | Path) -> Samples:
     for col in ["latency_ms"] + [c for _, c in stage_cols]:
         bad = np.flatnonzero(numeric[col] <= 0)
         if bad.size:
-            raise ValueError(f"samples file {path} column {col} row {bad[0] + 1} has latency "
-                             f"{float(numeric[col][bad[0]])!r} ms: latencies must be positive")
+            raise ValueError(
+                f"samples file {path} column {col} row {bad[0] + 1} has latency "
+                f"{float(numeric[col][bad[0]])!r} ms: latencies must be positive"
+            )
     kind = frame["kind"].astype(str).to_numpy() if "kind" in frame.columns else None
-    return Samples(numeric["prefix_len"].astype(np.int64), numeric["chunk_size"].astype(np.int64), latency, kind,
-                   bottleneck_stage, totals, path, hashlib.sha256(raw).hexdigest())
+    return Samples(
+        numeric["prefix_len"].astype(np.int64),
+        numeric["chunk_size"].astype(np.int64),
+        latency,
+        kind,
+        bottleneck_stage,
+        totals,
+        path,
+        hashlib.sha256(raw).hexdigest(),
+    )
 
 
 ABSURD_RATIO = 1000.0
@@ -98,14 +119,17 @@ def check_latencies(path: Path, col: str, latency: np.ndarray, chunk_size: np.nd
         if near.sum() < MIN_NEIGHBOURS:
             continue
         median = float(np.median(latency[near]))
-        rows = np.flatnonzero(ok & (band == b) & ((latency > ABSURD_RATIO * median) |
-                                                   (latency * ABSURD_RATIO < median)))
+        rows = np.flatnonzero(
+            ok & (band == b) & ((latency > ABSURD_RATIO * median) | (latency * ABSURD_RATIO < median))
+        )
         if rows.size:
             r = int(rows[0])
             lo, hi = int(chunk_size[near].min()), int(chunk_size[near].max())
-            raise ValueError(f"samples file {path} column {col} row {r + 1} has latency {float(latency[r])!r} ms, "
-                             f"{latency[r] / median:.3g}x the median {median:.4g} ms of the {int(near.sum())} rows "
-                             f"at chunk sizes {lo}-{hi}: not a measurement; remove or re-measure that row")
+            raise ValueError(
+                f"samples file {path} column {col} row {r + 1} has latency {float(latency[r])!r} ms, "
+                f"{latency[r] / median:.3g}x the median {median:.4g} ms of the {int(near.sum())} rows "
+                f"at chunk sizes {lo}-{hi}: not a measurement; remove or re-measure that row"
+            )
 
 
 def read_frame(path: Path) -> tuple[bytes, pd.DataFrame]:
@@ -113,8 +137,10 @@ def read_frame(path: Path) -> tuple[bytes, pd.DataFrame]:
     if not path.exists():
         raise ValueError(f"samples file {path} does not exist: pass the samples.csv written by `ppprof profile`")
     if not path.is_file():
-        raise ValueError(f"samples file {path} is {special_kind(path.stat().st_mode)}, not a file: pass the samples.csv "
-                         "written by `ppprof profile`")
+        raise ValueError(
+            f"samples file {path} is {special_kind(path.stat().st_mode)}, not a file: pass the samples.csv "
+            "written by `ppprof profile`"
+        )
     try:
         raw = path.read_bytes()
         frame = pd.read_csv(io.BytesIO(raw))
@@ -124,16 +150,24 @@ def read_frame(path: Path) -> tuple[bytes, pd.DataFrame]:
     repeated = sorted({c.strip() for c in header if [h.strip() for h in header].count(c.strip()) > 1})
     if repeated:  # pandas would read the second as `name.1`, silently
         raise ValueError(f"samples file {path} has column(s) {', '.join(repeated)} more than once: keep one of each")
-    frame = frame.rename(columns={alias: name for alias, name in COLUMN_ALIASES.items()
-                                  if alias in frame.columns and name not in frame.columns})
+    frame = frame.rename(
+        columns={
+            alias: name
+            for alias, name in COLUMN_ALIASES.items()
+            if alias in frame.columns and name not in frame.columns
+        }
+    )
     if not raw.endswith(b"\n") and len(frame) and frame.iloc[-1].isna().any():
-        raise ValueError(f"samples file {path} ends mid-row (row {len(frame)} lacks fields: a run stopped while it "
-                         f"wrote it): finish the run with `ppprof profile --resume {path.parent}`, or delete that "
-                         "last line")
+        raise ValueError(
+            f"samples file {path} ends mid-row (row {len(frame)} lacks fields: a run stopped while it "
+            f"wrote it): finish the run with `ppprof profile --resume {path.parent}`, or delete that "
+            "last line"
+        )
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
     if missing:
-        raise ValueError(f"samples file {path} lacks column(s) {', '.join(missing)}: it needs "
-                         f"{', '.join(REQUIRED_COLUMNS)}")
+        raise ValueError(
+            f"samples file {path} lacks column(s) {', '.join(missing)}: it needs {', '.join(REQUIRED_COLUMNS)}"
+        )
     if len(frame) == 0:
         raise ValueError(f"samples file {path} has no rows: profile first")
     return raw, frame
@@ -193,6 +227,11 @@ def model_shape(model: dict | None) -> dict | None:
         value = model.get(key)
         return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
-    return {"model_type": model.get("family"), "hidden_size": size("hidden_size"),
-            "num_hidden_layers": len(model["layers"]), "num_attention_heads": size("num_attention_heads"),
-            "num_key_value_heads": size("num_key_value_heads"), "head_dim": size("head_dim")}
+    return {
+        "model_type": model.get("family"),
+        "hidden_size": size("hidden_size"),
+        "num_hidden_layers": len(model["layers"]),
+        "num_attention_heads": size("num_attention_heads"),
+        "num_key_value_heads": size("num_key_value_heads"),
+        "head_dim": size("head_dim"),
+    }

@@ -17,8 +17,9 @@ def resolve_settings(run: dict | None, samples_path: Path, **given) -> ChunkSett
     if run is not None and "config" in run:
         return ProfileConfig.from_dict(run["config"], f"run.json beside {samples_path}").chunk_settings(**given)
     if given.get("base_chunk_size") is None:
-        raise ValueError(f"--base-chunk-size is required: there is no run.json with config.base_chunk_size "
-                         f"beside {samples_path}")
+        raise ValueError(
+            f"--base-chunk-size is required: there is no run.json with config.base_chunk_size beside {samples_path}"
+        )
     return ChunkSettings(**{k: v for k, v in given.items() if v is not None})
 
 

@@ -30,25 +30,39 @@ def fit_summary(path: Path, policy: dict) -> str:
         coefs = policy["latency_model"]["coefficients"]
         terms = ", ".join(f"{k}={v['value']:.4g} {v['unit']}" for k, v in coefs.items())
         lines.append(f"model {policy['latency_model']['name']}: {terms}; target {policy['target_latency_ms']:.4g} ms")
-        lines.append(f"scored on {diag['rows']}: R^2 {num(diag['r2'], '.4f')}, MAPE {num(diag['mape'], '.2%')}, "
-                     f"worst residual {num(diag['worst_residual']['residual_ms'], '.3g')} ms; CV MAPE "
-                     f"{num(diag['cv_mape'], '.2%')} (every row held out once)")
-        lines.append(f"fitted to {diag['fit']['rows']}: R^2 {num(diag['fit']['r2'], '.4f')}; condition "
-                     f"{num(diag['condition_number'], '.3g')}")
-    others = {k: v for k, v in diag["candidates"].items() if not policy["latency_model"]
-              or k != policy["latency_model"]["name"]}
+        lines.append(
+            f"scored on {diag['rows']}: R^2 {num(diag['r2'], '.4f')}, MAPE {num(diag['mape'], '.2%')}, "
+            f"worst residual {num(diag['worst_residual']['residual_ms'], '.3g')} ms; CV MAPE "
+            f"{num(diag['cv_mape'], '.2%')} (every row held out once)"
+        )
+        lines.append(
+            f"fitted to {diag['fit']['rows']}: R^2 {num(diag['fit']['r2'], '.4f')}; condition "
+            f"{num(diag['condition_number'], '.3g')}"
+        )
+    others = {
+        k: v
+        for k, v in diag["candidates"].items()
+        if not policy["latency_model"] or k != policy["latency_model"]["name"]
+    }
     for name, c in others.items():
-        lines.append(f"{name} (not selected): " + (c["error"] if "error" in c else
-                     f"R^2 {num(c['r2'], '.4f')}, CV MAPE {num(c['cv_mape'], '.2%')}"))
+        lines.append(
+            f"{name} (not selected): "
+            + (c["error"] if "error" in c else f"R^2 {num(c['r2'], '.4f')}, CV MAPE {num(c['cv_mape'], '.2%')}")
+        )
     if diag.get("bottleneck_stage") is not None:
         lines.append(f"bottleneck stage {diag['bottleneck_stage']} (largest total latency)")
     shrink = diag.get("predicted_shrink")
     largest = min(s["base_chunk_size"], s["max_chunk_size"])
-    deep = "" if not shrink else (f", {largest * (1 - shrink['fraction']):.0f} at prefix_len "
-                                  f"{shrink['prefix_len']} if dynamic")
-    lines.append(f"chunks: base {s['base_chunk_size']}{deep}; alignment {s['alignment']}, smooth "
-                 f"{s['smooth_factor']:g}, floor {s['min_chunk_size']}, cap {s['max_chunk_size']}, "
-                 f"{len(policy['table']['chunk_size'])} table entries")
+    deep = (
+        ""
+        if not shrink
+        else (f", {largest * (1 - shrink['fraction']):.0f} at prefix_len {shrink['prefix_len']} if dynamic")
+    )
+    lines.append(
+        f"chunks: base {s['base_chunk_size']}{deep}; alignment {s['alignment']}, smooth "
+        f"{s['smooth_factor']:g}, floor {s['min_chunk_size']}, cap {s['max_chunk_size']}, "
+        f"{len(policy['table']['chunk_size'])} table entries"
+    )
     return "\n".join(lines)
 
 
@@ -60,6 +74,10 @@ def incomplete_run_note(samples_path: str) -> str | None:
     frame = pd.read_csv(samples_path)
     probes = frame["probe"].nunique() if "probe" in frame.columns else None
     total = run.get("num_probes")
-    kept = f"the {len(frame)} samples of {probes} of {total} probes" if probes and total else f"its {len(frame)} samples"
-    return (f"the run in {Path(samples_path).parent} is {run['status']} (run.json), not complete: fitted {kept}; "
-            f"`ppprof profile --resume {Path(samples_path).parent}` finishes it")
+    kept = (
+        f"the {len(frame)} samples of {probes} of {total} probes" if probes and total else f"its {len(frame)} samples"
+    )
+    return (
+        f"the run in {Path(samples_path).parent} is {run['status']} (run.json), not complete: fitted {kept}; "
+        f"`ppprof profile --resume {Path(samples_path).parent}` finishes it"
+    )

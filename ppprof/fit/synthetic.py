@@ -13,9 +13,19 @@ from ppprof.policy.rule import LatencyModel
 from ppprof.runfiles import RUN_FILE, SAMPLES_FILE, stage_column, write_run_json
 
 
-def make_samples(model: LatencyModel, *, base_chunk_size: int, prefixes=(), chunk_sizes=(), repeats: int = 4,
-                 noise: float = 0.02, num_outliers: int = 0, num_stages: int = 2, bottleneck_stage: int = 0,
-                 seed: int = 0) -> pd.DataFrame:
+def make_samples(
+    model: LatencyModel,
+    *,
+    base_chunk_size: int,
+    prefixes=(),
+    chunk_sizes=(),
+    repeats: int = 4,
+    noise: float = 0.02,
+    num_outliers: int = 0,
+    num_stages: int = 2,
+    bottleneck_stage: int = 0,
+    seed: int = 0,
+) -> pd.DataFrame:
     """One sweep probe (prefix 0, SGLang's sizes) and, for each prefix, `repeats` requests of each chunk size.
 
     Latency = model.chunk_latency_ms(prefix_len, chunk_size) x (1 + noise N(0,1)) (for the quadratic, a prefixed row
@@ -42,21 +52,42 @@ def make_samples(model: LatencyModel, *, base_chunk_size: int, prefixes=(), chun
     return frame
 
 
-def write_run_dir(run_dir: str | Path, frame: pd.DataFrame, *, base_chunk_size: int, page_size: int = 64,
-                  context_len: int = 131072, num_layers: int = 4, world_size: int = 2,
-                  min_gain: float | None = None, pipeline_overhead: dict | None = None) -> Path:
+def write_run_dir(
+    run_dir: str | Path,
+    frame: pd.DataFrame,
+    *,
+    base_chunk_size: int,
+    page_size: int = 64,
+    context_len: int = 131072,
+    num_layers: int = 4,
+    world_size: int = 2,
+    min_gain: float | None = None,
+    pipeline_overhead: dict | None = None,
+) -> Path:
     """Write samples.csv and a run.json like `ppprof profile` does (with --min-gain and the pipelined runs'
     pipeline_overhead where given); return the samples path."""
     run_dir = Path(run_dir)
     samples = atomic_write_text(run_dir / SAMPLES_FILE, frame.to_csv(index=False))
     write_run_json(
         run_dir / RUN_FILE,
-        config={"model": "synthetic", "base_chunk_size": base_chunk_size, "page_size": page_size,
-                "context_len": context_len, "requests_per_probe": 128, "num_layers": num_layers, "seed": 0}
+        config={
+            "model": "synthetic",
+            "base_chunk_size": base_chunk_size,
+            "page_size": page_size,
+            "context_len": context_len,
+            "requests_per_probe": 128,
+            "num_layers": num_layers,
+            "seed": 0,
+        }
         | ({} if min_gain is None else {"min_gain": min_gain}),
-        hardware={"device": "cpu", "device_name": "synthetic"}, torch_version="synthetic", dist_backend="gloo",
-        world_size=world_size, layer_partition=[num_layers // world_size] * world_size, git_revision=None,
-        profile_wall_s=0.0, forward_tokens=int(frame.prefix_len.sum() + frame.chunk_size.sum()),
+        hardware={"device": "cpu", "device_name": "synthetic"},
+        torch_version="synthetic",
+        dist_backend="gloo",
+        world_size=world_size,
+        layer_partition=[num_layers // world_size] * world_size,
+        git_revision=None,
+        profile_wall_s=0.0,
+        forward_tokens=int(frame.prefix_len.sum() + frame.chunk_size.sum()),
         **({} if pipeline_overhead is None else {"pipeline_overhead": pipeline_overhead}),
     )
     return samples

@@ -44,8 +44,15 @@ class Request:
 class StageCache:
     """Request pool, KV and Mamba allocators, and the pools of a stage's own layers."""
 
-    def __init__(self, *, req_pool: ReqToTokenPool, kv_alloc: KVAllocator, mamba_alloc: MambaAllocator | None = None,
-                 kv_pool: KVPool | LatentPool | None = None, mamba_pool: MambaPool | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        req_pool: ReqToTokenPool,
+        kv_alloc: KVAllocator,
+        mamba_alloc: MambaAllocator | None = None,
+        kv_pool: KVPool | LatentPool | None = None,
+        mamba_pool: MambaPool | None = None,
+    ) -> None:
         if (mamba_pool is None) != (mamba_alloc is None):
             raise ValueError("a Mamba pool needs a Mamba allocator and the other way round")
         self.req_pool = req_pool

@@ -56,7 +56,7 @@ class KVAllocator:
         if num_pages > self._top:
             return None
         top = self._top
-        pages = self._stack[top - num_pages:top][::-1].copy()
+        pages = self._stack[top - num_pages : top][::-1].copy()
         self._top = top - num_pages
         self._is_free[pages] = False
         return pages
@@ -107,7 +107,7 @@ class KVAllocator:
             raise ValueError(f"double free of KV slot {bad * ps} (page {bad}): it is already free")
         # Repeats inside one call: after mark[pages] = position, only the last occurrence of a page reads back its
         # own position. With paging, slots of one page legitimately repeat the page; without, a repeat is an error.
-        positions = self._positions[:pages.size]
+        positions = self._positions[: pages.size]
         mark = self._mark
         mark[pages] = positions
         last = mark[pages] == positions
@@ -117,6 +117,5 @@ class KVAllocator:
             pages = pages[last]
         self._is_free[pages] = True
         top = self._top
-        self._stack[top:top + pages.size] = pages[::-1]
+        self._stack[top : top + pages.size] = pages[::-1]
         self._top = top + pages.size
-

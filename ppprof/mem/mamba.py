@@ -53,7 +53,7 @@ class MambaAllocator:
             return [slot]
         out = free[-n:] if n else []
         out.reverse()
-        del free[len(free) - n:]
+        del free[len(free) - n :]
         is_free = self._is_free
         for s in out:
             is_free[s] = 0
@@ -70,7 +70,7 @@ class MambaAllocator:
             return []
         if group is not None and len(group) >= n:
             out = group[-n:]
-            del group[len(group) - n:]
+            del group[len(group) - n :]
             out.reverse()
             return out
         return self._take(n)

@@ -8,8 +8,15 @@ import torch
 class KVPool:
     """K and V buffers per attention layer: (total_slots, num_kv_heads, head_dim) each."""
 
-    def __init__(self, total_slots: int, layer_ids: list[int], num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: str | torch.device) -> None:
+    def __init__(
+        self,
+        total_slots: int,
+        layer_ids: list[int],
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: str | torch.device,
+    ) -> None:
         self.total_slots = total_slots
         self.layer_ids = list(layer_ids)
         shape = (total_slots, num_kv_heads, head_dim)
@@ -45,8 +52,9 @@ class LatentPool:
     """MLA's KV pool: one buffer per MLA layer, (total_slots, latent_dim), each token's normed latent (kv_lora_rank)
     and its RoPE'd key shared by the heads (qk_rope_head_dim), as servers keep MLA's cache. Same calls as KVPool."""
 
-    def __init__(self, total_slots: int, layer_ids: list[int], latent_dim: int, dtype: torch.dtype,
-                 device: str | torch.device) -> None:
+    def __init__(
+        self, total_slots: int, layer_ids: list[int], latent_dim: int, dtype: torch.dtype, device: str | torch.device
+    ) -> None:
         self.total_slots = total_slots
         self.layer_ids = list(layer_ids)
         self.latent = {i: torch.zeros((total_slots, latent_dim), dtype=dtype, device=device) for i in self.layer_ids}
@@ -75,16 +83,29 @@ class MambaPool:
     per Mamba layer. A Gated DeltaNet layer keeps its slot here too (as SGLang does): its conv state, and its
     recurrent state (value heads, key head dim, value head dim) in the SSM buffer."""
 
-    def __init__(self, total_slots: int, layer_ids: list[int], conv_dim: int, conv_kernel: int, num_heads: int,
-                 head_dim: int, state_size: int, dtype: torch.dtype, device: str | torch.device,
-                 ssm_dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        total_slots: int,
+        layer_ids: list[int],
+        conv_dim: int,
+        conv_kernel: int,
+        num_heads: int,
+        head_dim: int,
+        state_size: int,
+        dtype: torch.dtype,
+        device: str | torch.device,
+        ssm_dtype: torch.dtype = torch.float32,
+    ) -> None:
         self.total_slots = total_slots
         self.layer_ids = list(layer_ids)
-        self.conv = {i: torch.zeros((total_slots, conv_dim, conv_kernel - 1), dtype=dtype, device=device)
-                     for i in self.layer_ids}
+        self.conv = {
+            i: torch.zeros((total_slots, conv_dim, conv_kernel - 1), dtype=dtype, device=device) for i in self.layer_ids
+        }
         # The SSM state is kept in fp32, as serving engines do, since it accumulates over the whole prompt.
-        self.ssm = {i: torch.zeros((total_slots, num_heads, head_dim, state_size), dtype=ssm_dtype, device=device)
-                    for i in self.layer_ids}
+        self.ssm = {
+            i: torch.zeros((total_slots, num_heads, head_dim, state_size), dtype=ssm_dtype, device=device)
+            for i in self.layer_ids
+        }
         self._noise: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def reset(self, slot: int) -> None:
@@ -97,8 +118,10 @@ class MambaPool:
         """Random state at `slot` (a probe's synthetic prefix); one random state, drawn once, serves every layer."""
         if self._noise is None:
             first = self.layer_ids[0]
-            self._noise = tuple(torch.randn(buf.shape[1:], generator=generator, dtype=torch.float32).to(buf) * 0.1
-                                for buf in (self.conv[first], self.ssm[first]))
+            self._noise = tuple(
+                torch.randn(buf.shape[1:], generator=generator, dtype=torch.float32).to(buf) * 0.1
+                for buf in (self.conv[first], self.ssm[first])
+            )
         conv_noise, ssm_noise = self._noise
         for i in self.layer_ids:
             self.conv[i][slot] = conv_noise

@@ -11,6 +11,22 @@ from ppprof.model.mlp import MLP, MoE
 from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.specs.partition import split_layers
 
-__all__ = ["ATTENTION_BACKENDS", "MLP", "Attention", "GatedDeltaNet", "MLAttention", "Mamba2", "MoE", "Stage",
-           "build_stage_cache", "chunk_gated_delta_rule", "mla_absorbed", "mla_decompressed",
-           "recurrent_gated_delta_rule", "reference_attention", "sdpa_attention", "split_layers", "ssd_chunked"]
+__all__ = [
+    "ATTENTION_BACKENDS",
+    "MLP",
+    "Attention",
+    "GatedDeltaNet",
+    "MLAttention",
+    "Mamba2",
+    "MoE",
+    "Stage",
+    "build_stage_cache",
+    "chunk_gated_delta_rule",
+    "mla_absorbed",
+    "mla_decompressed",
+    "recurrent_gated_delta_rule",
+    "reference_attention",
+    "sdpa_attention",
+    "split_layers",
+    "ssd_chunked",
+]

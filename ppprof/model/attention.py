@@ -36,8 +36,16 @@ class Attention(nn.Module):
     Under TP (`tp`), this rank's heads only: QKV column-parallel (its query heads, with their gates, and its KV
     heads, replicated where there are fewer KV heads than TP ranks), o_proj row-parallel, then the all-reduce."""
 
-    def __init__(self, spec: ModelSpec, layer_id: int, *, dtype: torch.dtype, device: str | torch.device,
-                 kernel: AttentionKernel, tp: TPComm = NO_TP) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        layer_id: int,
+        *,
+        dtype: torch.dtype,
+        device: str | torch.device,
+        kernel: AttentionKernel,
+        tp: TPComm = NO_TP,
+    ) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.kernel = kernel
@@ -56,8 +64,9 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(q_size, spec.hidden_size, **kw)
         d = self.head_dim
         q_unit = 2 * d if self.gated else d  # a gated head's query and gate side by side
-        mark_segments(self.qkv_proj.weight, [(shapes.q_heads, q_unit), (shapes.kv_heads, d), (shapes.kv_heads, d)],
-                      dim=0)
+        mark_segments(
+            self.qkv_proj.weight, [(shapes.q_heads, q_unit), (shapes.kv_heads, d), (shapes.kv_heads, d)], dim=0
+        )
         mark_segments(self.o_proj.weight, [(shapes.q_heads, d)], dim=1)
         if spec.qk_norm:
             self.q_norm = nn.Parameter(torch.ones(self.head_dim, dtype=dtype, device=device))
@@ -88,8 +97,15 @@ class Attention(nn.Module):
         slots = cache.req_pool.slots(req.req_pool_idx, prefix_len + n)  # (prefix_len + n,)
         pool = cache.kv_pool
         pool.write(self.layer_id, slots[prefix_len:], k, v)
-        out = self.kernel(q, pool.k[self.layer_id], pool.v[self.layer_id], slots, prefix_len,
-                          page_size=cache.kv_alloc.page_size, chunk_id=(req.rid, req.req_pool_idx, prefix_len, n))
+        out = self.kernel(
+            q,
+            pool.k[self.layer_id],
+            pool.v[self.layer_id],
+            slots,
+            prefix_len,
+            page_size=cache.kv_alloc.page_size,
+            chunk_id=(req.rid, req.req_pool_idx, prefix_len, n),
+        )
         if gate is not None:
             out = out * torch.sigmoid(gate)
         return self.tp.all_reduce(self.o_proj(out.reshape(n, self.q_size)))  # (n, hidden), summed over TP ranks

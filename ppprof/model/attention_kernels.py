@@ -39,8 +39,10 @@ def resolve_attention_backend(name: str, device_type: str) -> str:
         if device_type != "cuda":
             raise ValueError("--attention-backend flashinfer runs on CUDA only: use sdpa (or auto) with --device cpu")
         if not flashinfer_available():
-            raise ValueError("--attention-backend flashinfer: the flashinfer package is not importable; install "
-                             "ppprof[gpu] (flashinfer-python) or use --attention-backend sdpa")
+            raise ValueError(
+                "--attention-backend flashinfer: the flashinfer package is not importable; install "
+                "ppprof[gpu] (flashinfer-python) or use --attention-backend sdpa"
+            )
     return name
 
 
@@ -57,8 +59,7 @@ def _check_slots(q: torch.Tensor, slots: torch.Tensor, prefix_len: int) -> None:
         raise ValueError(f"slots has {slots.numel()} entries but prefix_len + n is {prefix_len + q.shape[0]}")
 
 
-def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
-                    ) -> torch.Tensor:
+def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
     """Exact softmax attention over the union of two key sets from each set's output and log-sum-exp.
     out: (1, heads, n, d); lse: (1, heads, n) fp32. The weight of each part is its share of the total exp-sum."""
     m = torch.maximum(lse_a, lse_b)
@@ -66,8 +67,9 @@ def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tenso
     return ((out_a.float() * w_a + out_b.float() * w_b) / (w_a + w_b)).to(out_a.dtype)
 
 
-def cpu_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int,
-                         scale: float | None = None) -> torch.Tensor:
+def cpu_prefix_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int, scale: float | None = None
+) -> torch.Tensor:
     """q: (1, heads, n, d); k, v: (1, kv_heads, L + n, d) -> (1, heads, n, d), with CPU flash calls only."""
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     out, lse = flash(q, k[:, :, prefix_len:], v[:, :, prefix_len:], 0.0, True, scale=scale)  # chunk: causal, square
@@ -88,8 +90,14 @@ def cuda_sdpa_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
     return "efficient" if can_use_efficient_attention(params) else "math (dense mask)"
 
 
-def sdpa_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor, prefix_len: int,
-                   scale: float | None = None) -> tuple[torch.Tensor, str]:
+def sdpa_attention(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    slots: torch.Tensor,
+    prefix_len: int,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, str]:
     """The fast path. q: (n, heads, d) for positions [L, L + n); k_buf, v_buf: (total_slots, kv_heads, d);
     slots: (L + n,). Returns (n, heads, d) and the name of the kernel that ran."""
     _check_slots(q, slots, prefix_len)
@@ -99,8 +107,9 @@ def sdpa_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, sl
     return out[0].transpose(0, 1), kernel  # (n, heads, d)
 
 
-def dense_prefix_attention(q4: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int,
-                           scale: float | None = None) -> tuple[torch.Tensor, str]:
+def dense_prefix_attention(
+    q4: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int, scale: float | None = None
+) -> tuple[torch.Tensor, str]:
     """A chunk's queries over its prefix + chunk keys, already gathered. q4: (1, heads, n, d); k: (1, kv_heads,
     L + n, d); v: (1, kv_heads, L + n, dv) with dv <= d (a narrower V is zero-padded to d for the flash kernels, as
     vLLM does for MLA's prefill, and the padding cut from the output) -> (1, heads, n, dv), the kernel's name."""
@@ -114,8 +123,9 @@ def dense_prefix_attention(q4: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p
         if prefix_len == 0:
             out = F.scaled_dot_product_attention(q4, k, v, is_causal=True, scale=scale, enable_gqa=True)
         else:
-            out = F.scaled_dot_product_attention(q4, k, v, attn_mask=causal_lower_right(n, prefix_len + n),
-                                                 scale=scale, enable_gqa=True)
+            out = F.scaled_dot_product_attention(
+                q4, k, v, attn_mask=causal_lower_right(n, prefix_len + n), scale=scale, enable_gqa=True
+            )
     else:
         kernel = CPU_FLASH
         out = cpu_prefix_attention(q4, k, v, prefix_len, scale)
@@ -129,8 +139,14 @@ def prefix_causal_mask(chunk_size: int, prefix_len: int, device: torch.device) -
     return torch.ones(chunk_size, total, dtype=torch.bool, device=device).tril(diagonal=prefix_len)
 
 
-def reference_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor,
-                        prefix_len: int, scale: float | None = None) -> tuple[torch.Tensor, str]:
+def reference_attention(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    slots: torch.Tensor,
+    prefix_len: int,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, str]:
     """The oracle: 3-D SDPA, the query heads sharing a KV head stacked along the query axis, a dense mask tiled to
     match (so SDPA runs its math path). Same arguments and result as sdpa_attention."""
     _check_slots(q, slots, prefix_len)
@@ -157,8 +173,16 @@ class FlashInferAttention:
         self.wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, kv_layout="NHD")
         self._planned = None
 
-    def __call__(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor,
-                 prefix_len: int, page_size: int, chunk_id: tuple) -> tuple[torch.Tensor, str]:
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        slots: torch.Tensor,
+        prefix_len: int,
+        page_size: int,
+        chunk_id: tuple,
+    ) -> tuple[torch.Tensor, str]:
         """`chunk_id` names the chunk (request, prefix, size): a new one makes a new plan."""
         _check_slots(q, slots, prefix_len)
         n, num_heads, head_dim = q.shape
@@ -169,10 +193,17 @@ class FlashInferAttention:
             dev = q.device
             self.wrapper.plan(
                 torch.tensor([0, n], dtype=torch.int32, device=dev),
-                torch.tensor([0, pages.numel()], dtype=torch.int32, device=dev), pages,
+                torch.tensor([0, pages.numel()], dtype=torch.int32, device=dev),
+                pages,
                 torch.tensor([total - (pages.numel() - 1) * page_size], dtype=torch.int32, device=dev),
-                num_heads, num_kv_heads, head_dim, page_size, causal=True, q_data_type=q.dtype,
-                kv_data_type=k_buf.dtype)
+                num_heads,
+                num_kv_heads,
+                head_dim,
+                page_size,
+                causal=True,
+                q_data_type=q.dtype,
+                kv_data_type=k_buf.dtype,
+            )
             self._planned = key
         paged = (k_buf.view(-1, page_size, num_kv_heads, head_dim), v_buf.view(-1, page_size, num_kv_heads, head_dim))
         return self.wrapper.run(q.contiguous(), paged), "flashinfer paged prefill"

@@ -24,14 +24,22 @@ DELTANET_TORCH = "torch chunked delta rule (states fp32)"
 DELTANET_FLA = "fla chunk_gated_delta_rule"
 
 
-def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                               beta: torch.Tensor, initial_state: torch.Tensor | None = None
-                               ) -> tuple[torch.Tensor, torch.Tensor]:
+def recurrent_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The token-by-token recurrence (the oracle). q, k: (T, H, dk); v: (T, H, dv); g, beta: (T, H);
     initial_state: (H, dk, dv) or None (zeros). Returns o: (T, H, dv) and the final state (H, dk, dv), fp32."""
     q, k, v, g, beta = (t.float() for t in (q, k, v, g, beta))
-    state = (torch.zeros(q.shape[1], q.shape[2], v.shape[2], device=q.device) if initial_state is None
-             else initial_state.float().clone())
+    state = (
+        torch.zeros(q.shape[1], q.shape[2], v.shape[2], device=q.device)
+        if initial_state is None
+        else initial_state.float().clone()
+    )
     out = []
     for t in range(q.shape[0]):
         state = state * g[t].exp()[:, None, None]
@@ -42,9 +50,15 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return torch.stack(out), state
 
 
-def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                           chunk_size: int, initial_state: torch.Tensor | None = None
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    chunk_size: int,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The same recurrence, a block of C steps at a time (the WY form of the delta rule). Same arguments and result
     as recurrent_gated_delta_rule. A length that is not a multiple of C is padded with g = 0, beta = 0, k = v = 0
     steps: they leave the state unchanged and their outputs are dropped.
@@ -83,8 +97,7 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     last = cum[..., -1]  # (H, blocks): G_C
     k_to_end = k * (last[..., None] - cum).exp()[..., None]  # (H, blocks, C, dk)
 
-    state = (torch.zeros(heads, dk, dv, device=q.device) if initial_state is None
-             else initial_state.float().clone())
+    state = torch.zeros(heads, dk, dv, device=q.device) if initial_state is None else initial_state.float().clone()
     out = torch.empty(heads, blocks, c, dv, device=q.device)
     for b in range(blocks):
         u = uv[:, b] - w[:, b] @ state  # (H, C, dv)
@@ -106,16 +119,25 @@ class DeltaNetKernel:
         self.fused = fla_available(device.type)
         self.kernel = DELTANET_FLA if self.fused else DELTANET_TORCH
 
-    def __call__(self, q, k, v, g, beta, chunk_size: int, initial_state: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, q, k, v, g, beta, chunk_size: int, initial_state: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.fused:
             return chunk_gated_delta_rule(q, k, v, g, beta, chunk_size, initial_state)
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
 
         # fla takes (batch, T, heads, dim) with q, k, v of one dtype; q is already scaled (scale 1).
         q, k = q.to(v.dtype), k.to(v.dtype)
-        o, state = fla_chunk(q=q[None], k=k[None], v=v[None], g=g[None].float(), beta=beta[None].to(v.dtype),
-                             scale=1.0, initial_state=initial_state[None].float(), output_final_state=True)
+        o, state = fla_chunk(
+            q=q[None],
+            k=k[None],
+            v=v[None],
+            g=g[None].float(),
+            beta=beta[None].to(v.dtype),
+            scale=1.0,
+            initial_state=initial_state[None].float(),
+            output_final_state=True,
+        )
         return o[0].float(), state[0].float()
 
 
@@ -123,8 +145,15 @@ class GatedDeltaNet(nn.Module):
     """in_proj_qkvz -> q, k, v, z; in_proj_ba -> beta, the decay's input; causal conv + SiLU over q, k, v; the gated
     delta rule; RMSNorm per head gated by silu(z); out_proj. Hv / Hk value heads share a key head."""
 
-    def __init__(self, spec: ModelSpec, layer_id: int, *, dtype: torch.dtype, device: str | torch.device,
-                 kernel: DeltaNetKernel | None = None) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        layer_id: int,
+        *,
+        dtype: torch.dtype,
+        device: str | torch.device,
+        kernel: DeltaNetKernel | None = None,
+    ) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.kernel = kernel or DeltaNetKernel(torch.device(device))
@@ -146,6 +175,7 @@ class GatedDeltaNet(nn.Module):
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator, std: float) -> None:
         """Random projections, a conv of unit gain, A in [1, 16] and dt in [1e-3, 1e-1] as Mamba2's init."""
+
         def draw(p: torch.Tensor, t: torch.Tensor) -> None:
             p.copy_(t.to(p.dtype))
 
@@ -173,7 +203,7 @@ class GatedDeltaNet(nn.Module):
         group = self.num_v_heads // self.num_k_heads
         q = q.view(n, self.num_k_heads, self.k_dim).float().repeat_interleave(group, dim=1)  # (n, Hv, dk)
         k = k.view(n, self.num_k_heads, self.k_dim).float().repeat_interleave(group, dim=1)
-        q = F.normalize(q, dim=-1) * self.k_dim ** -0.5
+        q = F.normalize(q, dim=-1) * self.k_dim**-0.5
         k = F.normalize(k, dim=-1)
         v = v.view(n, self.num_v_heads, self.v_dim)
         beta = b.sigmoid()

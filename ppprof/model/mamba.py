@@ -31,8 +31,15 @@ def segsum(x: torch.Tensor) -> torch.Tensor:
     return out.masked_fill(~lower, -math.inf)
 
 
-def ssd_chunked(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
-                block_len: int, initial_state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def ssd_chunked(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    block_len: int,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The SSD scan of one sequence, computed block by block (Mamba2's "SSD minimal" structure).
 
     Recurrence it computes, per head h:  state_t = exp(dt_t a_h) state_{t-1} + dt_t x_t B_t^T,  y_t = state_t C_t.
@@ -92,8 +99,9 @@ def ssd_chunked(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Ten
     return y, final_state
 
 
-def causal_conv(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def causal_conv(
+    x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Depthwise causal conv1d that resumes from the last kernel-1 inputs of the previous chunk.
 
     x: (n, channels); conv_state: (channels, kernel - 1); weight: (channels, kernel); bias: (channels,).
@@ -102,7 +110,7 @@ def causal_conv(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
     kernel = weight.shape[1]
     seq = torch.cat([conv_state.to(x.dtype), x.T], dim=1)  # (channels, kernel - 1 + n)
     out = F.conv1d(seq[None], weight[:, None, :], bias, groups=weight.shape[0])  # (1, channels, n)
-    return out[0].T, seq[:, seq.shape[1] - (kernel - 1):]
+    return out[0].T, seq[:, seq.shape[1] - (kernel - 1) :]
 
 
 MAMBA_TORCH = "torch SSD (states fp32, contractions in the pipeline dtype)"
@@ -111,8 +119,9 @@ MAMBA_FUSED = "mamba_ssm chunk scan + causal_conv1d"
 
 def fused_mamba_available(device_type: str) -> bool:
     """mamba_ssm's chunked scan and causal_conv1d run on CUDA when both packages are importable (ppprof[gpu])."""
-    return device_type == "cuda" and all(importlib.util.find_spec(m) is not None
-                                         for m in ("mamba_ssm", "causal_conv1d"))
+    return device_type == "cuda" and all(
+        importlib.util.find_spec(m) is not None for m in ("mamba_ssm", "causal_conv1d")
+    )
 
 
 class MambaKernel:
@@ -123,8 +132,9 @@ class MambaKernel:
         self.fused = fused_mamba_available(device.type)
         self.kernel = MAMBA_FUSED if self.fused else MAMBA_TORCH
 
-    def conv(self, xbc: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+    def conv(
+        self, xbc: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """SiLU(causal conv) resumed from conv_state. xbc: (n, channels) -> (n, channels), new state."""
         if not self.fused:
             out, state = causal_conv(xbc, conv_state, weight, bias)
@@ -133,8 +143,14 @@ class MambaKernel:
 
         # causal_conv1d takes x and the initial state channel-last: (1, channels, n) with stride 1 along channels.
         initial = conv_state.to(xbc.dtype).t().contiguous().t()[None]  # (1, channels, kernel - 1)
-        out, state = causal_conv1d_fn(xbc.contiguous().t()[None], weight, bias, initial_states=initial, return_final_states=True,
-                                      activation="silu")
+        out, state = causal_conv1d_fn(
+            xbc.contiguous().t()[None],
+            weight,
+            bias,
+            initial_states=initial,
+            return_final_states=True,
+            activation="silu",
+        )
         return out[0].t(), state[0]
 
     def scan(self, x, dt, a, b, c, block_len: int, initial_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,8 +159,16 @@ class MambaKernel:
             return ssd_chunked(x, dt, a, b, c, block_len, initial_state=initial_state)
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
 
-        y, state = mamba_chunk_scan_combined(x[None], dt[None], a, b[None], c[None], chunk_size=block_len,
-                                             initial_states=initial_state[None], return_final_states=True)
+        y, state = mamba_chunk_scan_combined(
+            x[None],
+            dt[None],
+            a,
+            b[None],
+            c[None],
+            chunk_size=block_len,
+            initial_states=initial_state[None],
+            return_final_states=True,
+        )
         return y[0].float(), state[0].float()
 
 
@@ -156,8 +180,16 @@ class Mamba2(nn.Module):
     replicated), in_proj and the conv column-parallel, out_proj row-parallel, then the all-reduce. Where a norm group
     spans ranks (fewer groups than TP ranks), its sum of squares is all-reduced first."""
 
-    def __init__(self, spec: ModelSpec, layer_id: int, *, dtype: torch.dtype, device: str | torch.device,
-                 kernel: MambaKernel | None = None, tp: TPComm = NO_TP) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        layer_id: int,
+        *,
+        dtype: torch.dtype,
+        device: str | torch.device,
+        kernel: MambaKernel | None = None,
+        tp: TPComm = NO_TP,
+    ) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.kernel = kernel or MambaKernel(torch.device(device))

@@ -27,8 +27,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (h * torch.rsqrt(h.pow(2).mean(dim=-1, keepdim=True) + eps)).to(x.dtype) * weight
 
 
-def mla_decompressed(q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor,
-                     w_kv_b: torch.Tensor, prefix_len: int, scale: float, *, reference: bool = False) -> torch.Tensor:
+def mla_decompressed(
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    latent: torch.Tensor,
+    k_rope: torch.Tensor,
+    w_kv_b: torch.Tensor,
+    prefix_len: int,
+    scale: float,
+    *,
+    reference: bool = False,
+) -> torch.Tensor:
     """The prefill form: keys and values rebuilt from the latents, then attention per head.
 
     q_nope: (n, H, dn); q_rope: (n, H, dr); latent: (T, c) and k_rope: (T, dr) for the T = L + n positions;
@@ -43,8 +52,17 @@ def mla_decompressed(q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.T
     return _attend(q, k, v, prefix_len, scale, reference)
 
 
-def mla_absorbed(q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor,
-                 w_kv_b: torch.Tensor, prefix_len: int, scale: float, *, reference: bool = False) -> torch.Tensor:
+def mla_absorbed(
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    latent: torch.Tensor,
+    k_rope: torch.Tensor,
+    w_kv_b: torch.Tensor,
+    prefix_len: int,
+    scale: float,
+    *,
+    reference: bool = False,
+) -> torch.Tensor:
     """The absorbed form: q_nope . (W_uk c) = (W_uk^T q_nope) . c, so each head's query moves into the latent space,
     all heads attend over one shared key [c, k_r] with value c, and W_uv maps the result out. Same arguments and
     result as mla_decompressed."""
@@ -59,8 +77,9 @@ def mla_absorbed(q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tenso
     return torch.einsum("nhc,hvc->nhv", out_latent, w_uv)  # (n, H, dv)
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int, scale: float,
-            reference: bool) -> torch.Tensor:
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int, scale: float, reference: bool
+) -> torch.Tensor:
     """q: (n, H, d); k: (T, Hk, d); v: (T, Hk, dv) -> (n, H, dv), causal with prefix; `reference`: a dense mask."""
     q4, k4, v4 = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
     if reference:
@@ -77,8 +96,16 @@ class MLAttention(nn.Module):
     q's and k's rotary parts; the latent row written to the pool; attention over the request's rows (decompressed,
     or absorbed with `absorb`); o_proj. No biases."""
 
-    def __init__(self, spec: ModelSpec, layer_id: int, *, dtype: torch.dtype, device: str | torch.device,
-                 absorb: bool = False, reference: bool = False) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        layer_id: int,
+        *,
+        dtype: torch.dtype,
+        device: str | torch.device,
+        absorb: bool = False,
+        reference: bool = False,
+    ) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.absorb, self.reference = absorb, reference
@@ -86,7 +113,7 @@ class MLAttention(nn.Module):
         self.nope, self.rope, self.v_dim = spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.v_head_dim
         self.kv_lora_rank = spec.kv_lora_rank
         self.rope_theta, self.eps = spec.rope_theta, spec.rms_norm_eps
-        self.scale = spec.qk_head_dim ** -0.5
+        self.scale = spec.qk_head_dim**-0.5
         kw = dict(bias=False, dtype=dtype, device=device)
         h, q_out = spec.hidden_size, self.num_heads * spec.qk_head_dim
         if spec.q_lora_rank:
@@ -109,7 +136,7 @@ class MLAttention(nn.Module):
         else:
             q = self.q_proj(x)
         q = q.view(n, self.num_heads, self.nope + self.rope)
-        q_nope, q_rope = q[..., :self.nope], q[..., self.nope:]
+        q_nope, q_rope = q[..., : self.nope], q[..., self.nope :]
         latent, k_rope = self.kv_a_proj(x).split([self.kv_lora_rank, self.rope], dim=-1)
         latent = rms_norm(latent, self.kv_a_norm, self.eps)  # (n, c)
         positions = torch.arange(prefix_len, prefix_len + n, device=x.device)
@@ -122,6 +149,14 @@ class MLAttention(nn.Module):
         pool.write(self.layer_id, slots[prefix_len:], torch.cat([latent, k_rope], dim=-1))
         rows = pool.latent[self.layer_id].index_select(0, slots)  # (L + n, c + dr)
         form = mla_absorbed if self.absorb else mla_decompressed
-        out = form(q_nope, q_rope, rows[:, :self.kv_lora_rank], rows[:, self.kv_lora_rank:], self.kv_b_proj.weight,
-                   prefix_len, self.scale, reference=self.reference)  # (n, H, dv)
+        out = form(
+            q_nope,
+            q_rope,
+            rows[:, : self.kv_lora_rank],
+            rows[:, self.kv_lora_rank :],
+            self.kv_b_proj.weight,
+            prefix_len,
+            self.scale,
+            reference=self.reference,
+        )  # (n, H, dv)
         return self.o_proj(out.reshape(n, self.num_heads * self.v_dim))

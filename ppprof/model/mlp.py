@@ -49,8 +49,16 @@ class MLP(nn.Module):
     act relu(up)^2. Under TP: in_proj column-parallel, down_proj row-parallel over the intermediate dimension, then
     the all-reduce."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, *, act: str = SILU, dtype: torch.dtype,
-                 device: str | torch.device, tp: TPComm = NO_TP) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        *,
+        act: str = SILU,
+        dtype: torch.dtype,
+        device: str | torch.device,
+        tp: TPComm = NO_TP,
+    ) -> None:
         super().__init__()
         kw = dict(bias=False, dtype=dtype, device=device)
         self.act = act
@@ -66,9 +74,17 @@ class MLP(nn.Module):
         return self.tp.all_reduce(self.down_proj(activate(self.in_proj(x), self.act)))
 
 
-def route(logits: torch.Tensor, *, top_k: int, scoring: str, bias: torch.Tensor | None = None, num_groups: int = 1,
-          topk_groups: int = 1, norm_topk_prob: bool = True, scaling: float = 1.0
-          ) -> tuple[torch.Tensor, torch.Tensor]:
+def route(
+    logits: torch.Tensor,
+    *,
+    top_k: int,
+    scoring: str,
+    bias: torch.Tensor | None = None,
+    num_groups: int = 1,
+    topk_groups: int = 1,
+    norm_topk_prob: bool = True,
+    scaling: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Each token's experts and their weights. logits: (n, experts) fp32 -> weights (n, top_k) fp32, experts
     (n, top_k) int64.
 
@@ -120,24 +136,36 @@ class MoE(nn.Module):
         self.num_groups, self.topk_groups = spec.moe_n_group, spec.moe_topk_group
         self.router = nn.Linear(hidden, self.num_experts, bias=False, dtype=dtype, device=device)
         # The selection bias of sigmoid routers, fp32 as DeepSeek-V3 keeps it.
-        self.score_bias = (nn.Parameter(torch.zeros(self.num_experts, dtype=torch.float32, device=device))
-                           if self.scoring == SIGMOID else None)
+        self.score_bias = (
+            nn.Parameter(torch.zeros(self.num_experts, dtype=torch.float32, device=device))
+            if self.scoring == SIGMOID
+            else None
+        )
         # Experts stacked in two tensors, as checkpoints of fused-MoE kernels lay them out.
-        self.w_in = nn.Parameter(torch.empty(self.num_experts, in_width(inter, self.act), hidden, dtype=dtype,
-                                             device=device))
+        self.w_in = nn.Parameter(
+            torch.empty(self.num_experts, in_width(inter, self.act), hidden, dtype=dtype, device=device)
+        )
         self.w_down = nn.Parameter(torch.empty(self.num_experts, hidden, inter, dtype=dtype, device=device))
         mark_segments(self.w_in, in_segments(shard, self.act), dim=1)
         mark_segments(self.w_down, [(shard, 1)], dim=2)
         shared = spec.shared_expert_intermediate_size
         self.shared = MLP(hidden, shared, act=self.act, dtype=dtype, device=device, tp=tp) if shared else None
-        self.shared_gate = (nn.Linear(hidden, 1, bias=False, dtype=dtype, device=device)
-                            if shared and spec.shared_expert_gate else None)
+        self.shared_gate = (
+            nn.Linear(hidden, 1, bias=False, dtype=dtype, device=device) if shared and spec.shared_expert_gate else None
+        )
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (n, hidden) -> weights (n, top_k) fp32, experts (n, top_k)."""
-        return route(self.router(x).float(), top_k=self.top_k, scoring=self.scoring, bias=self.score_bias,
-                     num_groups=self.num_groups, topk_groups=self.topk_groups, norm_topk_prob=self.norm_topk_prob,
-                     scaling=self.scaling)
+        return route(
+            self.router(x).float(),
+            top_k=self.top_k,
+            scoring=self.scoring,
+            bias=self.score_bias,
+            num_groups=self.num_groups,
+            topk_groups=self.topk_groups,
+            norm_topk_prob=self.norm_topk_prob,
+            scaling=self.scaling,
+        )
 
     def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert e on x: (m, hidden) -> (m, hidden) (this TP rank's part of it under TP)."""
@@ -159,8 +187,8 @@ class MoE(nn.Module):
         for e, count in enumerate(counts):
             if count == 0:
                 continue
-            idx = token_idx[start:start + count]  # (count,)
-            w = flat_weights[start:start + count, None]  # (count, 1)
+            idx = token_idx[start : start + count]  # (count,)
+            w = flat_weights[start : start + count, None]  # (count, 1)
             start += count
             out.index_add_(0, idx, self.expert(e, x.index_select(0, idx)) * w)  # (count, hidden) at its tokens
         return self.tp.all_reduce(out) + self.shared_output(x)  # summed over TP ranks

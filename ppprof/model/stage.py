@@ -46,9 +46,18 @@ class Layer(nn.Module):
     """norm -> mixers in parallel, summed (if any) -> norm -> FFN (if any); each norm adds the pending output into the
     residual stream first."""
 
-    def __init__(self, spec: ModelSpec, layer_id: int, *, dtype: torch.dtype, device: str | torch.device,
-                 attention_kernel: AttentionKernel, mamba_kernel: MambaKernel,
-                 deltanet_kernel: DeltaNetKernel | None = None, tp: TPComm = NO_TP) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        layer_id: int,
+        *,
+        dtype: torch.dtype,
+        device: str | torch.device,
+        attention_kernel: AttentionKernel,
+        mamba_kernel: MambaKernel,
+        deltanet_kernel: DeltaNetKernel | None = None,
+        tp: TPComm = NO_TP,
+    ) -> None:
         super().__init__()
         layer = spec.layers[layer_id]
         kw = dict(dtype=dtype, device=device)
@@ -59,8 +68,9 @@ class Layer(nn.Module):
         if layer.has_mla:  # MLA takes the attention slot: a model has one KV mixer kind (ModelSpec checks it)
             self.attention = MLAttention(spec, layer_id, reference=attention_kernel.backend == "reference", **kw)
         else:
-            self.attention = Attention(spec, layer_id, kernel=attention_kernel, tp=tp, **kw) if layer.has_attention \
-                else None
+            self.attention = (
+                Attention(spec, layer_id, kernel=attention_kernel, tp=tp, **kw) if layer.has_attention else None
+            )
         if layer.has_deltanet:  # likewise the Gated DeltaNet takes the Mamba slot
             self.mamba = GatedDeltaNet(spec, layer_id, kernel=deltanet_kernel, **kw)
         else:
@@ -81,8 +91,11 @@ class Layer(nn.Module):
             self.mamba.init_weights(generator, std)
         mamba_params = set(self.mamba.parameters()) if self.mamba is not None else set()
         # The layer's norms, and those inside its mixer (MLA's q_a and kv_a norms, attention's q/k norms).
-        norm_params = {p for name, p in self.named_parameters() if "norm" in name.rsplit(".", 1)[-1]
-                       or name.endswith("norm.weight")}
+        norm_params = {
+            p
+            for name, p in self.named_parameters()
+            if "norm" in name.rsplit(".", 1)[-1] or name.endswith("norm.weight")
+        }
         for p in self.parameters():
             if p in mamba_params:
                 continue
@@ -91,8 +104,9 @@ class Layer(nn.Module):
             else:
                 assign(p, torch.randn(full_shape(p), generator=generator) * std)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cache: StageCache, req: Request,
-                prefix_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, cache: StageCache, req: Request, prefix_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (n, hidden) pending output of the previous layer; residual: (n, hidden) or None before the first layer.
         Returns this layer's pending output and the residual stream, both (n, hidden)."""
         if self.mixer_norm is not None:
@@ -128,9 +142,17 @@ class Stage(nn.Module):
     generators as TP = 1, so that the TP ranks together compute the TP = 1 stage; the embedding and the LM head
     vocab-parallel (the logits gathered)."""
 
-    def __init__(self, spec: ModelSpec, layer_ids: range, *, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu", seed: int = 0, attention_backend: str = "sdpa",
-                 tp: TPComm = NO_TP) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        layer_ids: range,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        seed: int = 0,
+        attention_backend: str = "sdpa",
+        tp: TPComm = NO_TP,
+    ) -> None:
         super().__init__()
         _check_layer_ids(spec, layer_ids)
         self.attention_kernel = AttentionKernel(attention_backend, torch.device(device))
@@ -145,17 +167,30 @@ class Stage(nn.Module):
         kw = dict(dtype=dtype, device=device)
         self.embed = nn.Embedding(self.vocab.size, spec.hidden_size, **kw) if self.is_first else None
         # Keyed by global layer id, so a stage's state_dict names match the unsplit model's.
-        self.layers = nn.ModuleDict({str(i): Layer(spec, i, attention_kernel=self.attention_kernel,
-                                                   mamba_kernel=self.mamba_kernel,
-                                                   deltanet_kernel=self.deltanet_kernel, tp=tp, **kw)
-                                     for i in layer_ids})
+        self.layers = nn.ModuleDict(
+            {
+                str(i): Layer(
+                    spec,
+                    i,
+                    attention_kernel=self.attention_kernel,
+                    mamba_kernel=self.mamba_kernel,
+                    deltanet_kernel=self.deltanet_kernel,
+                    tp=tp,
+                    **kw,
+                )
+                for i in layer_ids
+            }
+        )
         self.final_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, **kw) if self.is_last else None
         self.lm_head = nn.Linear(spec.hidden_size, self.vocab.size, bias=False, **kw) if self.is_last else None
         if tp.size > 1:
             for module in (self.embed, self.lm_head):
                 if module is not None:
-                    mark_sharded(module.weight, (spec.vocab_size, spec.hidden_size),
-                                 lambda full: take_padded_rows(full, self.vocab))
+                    mark_sharded(
+                        module.weight,
+                        (spec.vocab_size, spec.hidden_size),
+                        lambda full: take_padded_rows(full, self.vocab),
+                    )
         self._init_weights(seed)
 
     @torch.no_grad()
@@ -168,8 +203,9 @@ class Stage(nn.Module):
                 assign(module.weight, torch.randn(full_shape(module.weight), generator=gen) * INIT_STD)
 
     @torch.inference_mode()
-    def forward(self, cache: StageCache, req: Request, x: torch.Tensor, residual: torch.Tensor | None,
-                prefix_len: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, cache: StageCache, req: Request, x: torch.Tensor, residual: torch.Tensor | None, prefix_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run one chunk of one request: its n new tokens at positions [prefix_len, prefix_len + n).
 
         x: (n,) int64 token ids on the first stage, else (n, hidden) pending output from the previous stage;
@@ -181,16 +217,22 @@ class Stage(nn.Module):
         """
         if self.is_first:
             if x.dtype != torch.int64 or x.dim() != 1 or residual is not None:
-                raise ValueError(f"the first stage takes token ids (n,) int64 and no residual; got {tuple(x.shape)} "
-                                 f"{x.dtype}, residual={'set' if residual is not None else None}")
+                raise ValueError(
+                    f"the first stage takes token ids (n,) int64 and no residual; got {tuple(x.shape)} "
+                    f"{x.dtype}, residual={'set' if residual is not None else None}"
+                )
             x = vocab_embed(self.embed.weight, x, self.vocab, self.tp)  # (n, hidden)
         elif x.dim() != 2 or residual is None:
-            raise ValueError(f"stage {self.layer_ids} takes hidden states (n, hidden) and a residual; "
-                             f"got {tuple(x.shape)}, residual={'set' if residual is not None else None}")
+            raise ValueError(
+                f"stage {self.layer_ids} takes hidden states (n, hidden) and a residual; "
+                f"got {tuple(x.shape)}, residual={'set' if residual is not None else None}"
+            )
         chunk_size = x.shape[0]
         if req.kv_len < prefix_len + chunk_size:
-            raise ValueError(f"request {req.rid} has KV slots for {req.kv_len} positions but the chunk ends at "
-                             f"{prefix_len + chunk_size}: call cache.extend(req, n) first")
+            raise ValueError(
+                f"request {req.rid} has KV slots for {req.kv_len} positions but the chunk ends at "
+                f"{prefix_len + chunk_size}: call cache.extend(req, n) first"
+            )
         for layer in self.layers.values():
             x, residual = layer(x, residual, cache, req, prefix_len)  # (n, hidden) each
         if not self.is_last:
@@ -198,13 +240,24 @@ class Stage(nn.Module):
         h, _ = self.final_norm(x[-1:], residual[-1:])  # (1, hidden)
         logits = self.lm_head(h)[0]  # (vocab,), or this rank's (vocab rows,) under TP
         if self.tp.size > 1:
-            logits = self.tp.all_gather(logits)[:self.spec.vocab_size]  # (vocab,): the padding dropped
+            logits = self.tp.all_gather(logits)[: self.spec.vocab_size]  # (vocab,): the padding dropped
         return logits, None
 
 
-def build_stage_cache(spec: ModelSpec, layer_ids: range, *, max_total_tokens: int, page_size: int,
-                      max_mamba_cache_size: int, max_running_requests: int, context_len: int, dtype: torch.dtype = torch.float32,
-                      device: str | torch.device = "cpu", tp_size: int = 1, tp_rank: int = 0) -> StageCache:
+def build_stage_cache(
+    spec: ModelSpec,
+    layer_ids: range,
+    *,
+    max_total_tokens: int,
+    page_size: int,
+    max_mamba_cache_size: int,
+    max_running_requests: int,
+    context_len: int,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    tp_size: int = 1,
+    tp_rank: int = 0,
+) -> StageCache:
     """StageCache with pools for the stage's own layers only: the KV pool of its attention layers (or the latent pool
     of its MLA layers), the Mamba pool of its Mamba2 (or Gated DeltaNet) layers; under TP, those of TP rank
     `tp_rank`: KV for its KV heads, Mamba state for its heads and groups (the allocators the same on every rank).
@@ -228,12 +281,23 @@ def build_stage_cache(spec: ModelSpec, layer_ids: range, *, max_total_tokens: in
         mamba_alloc = MambaAllocator(max_mamba_cache_size)
         if spec.layers[state_ids[0]].has_deltanet:
             (conv_dim, conv_width), state_shape = deltanet_state_shapes(spec)
-            mamba_pool = MambaPool(mamba_alloc.total_slots, state_ids, conv_dim, conv_width + 1, *state_shape, dtype,
-                                   device)
+            mamba_pool = MambaPool(
+                mamba_alloc.total_slots, state_ids, conv_dim, conv_width + 1, *state_shape, dtype, device
+            )
         else:
             heads, groups = shapes.mamba_heads.size, shapes.mamba_groups.size
             conv_dim = heads * spec.mamba_head_dim + 2 * groups * spec.ssm_state_size
-            mamba_pool = MambaPool(mamba_alloc.total_slots, state_ids, conv_dim, spec.conv_kernel, heads,
-                                   spec.mamba_head_dim, spec.ssm_state_size, dtype, device)
-    return StageCache(req_pool=req_pool, kv_alloc=kv_alloc, mamba_alloc=mamba_alloc, kv_pool=kv_pool,
-                      mamba_pool=mamba_pool)
+            mamba_pool = MambaPool(
+                mamba_alloc.total_slots,
+                state_ids,
+                conv_dim,
+                spec.conv_kernel,
+                heads,
+                spec.mamba_head_dim,
+                spec.ssm_state_size,
+                dtype,
+                device,
+            )
+    return StageCache(
+        req_pool=req_pool, kv_alloc=kv_alloc, mamba_alloc=mamba_alloc, kv_pool=kv_pool, mamba_pool=mamba_pool
+    )

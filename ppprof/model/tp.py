@@ -66,7 +66,7 @@ def take_padded_rows(full: torch.Tensor, shard: Shard) -> torch.Tensor:
     """Rows [shard.start, shard.stop) of `full`, zero rows past its end (the last vocab shard's padding)."""
     out = full.new_zeros((shard.size, *full.shape[1:]))
     rows = max(0, min(shard.stop, full.shape[0]) - shard.start)
-    out[:rows] = full[shard.start:shard.start + rows]
+    out[:rows] = full[shard.start : shard.start + rows]
     return out
 
 

@@ -7,5 +7,14 @@ from ppprof.config import ChunkSettings
 from ppprof.policy.rule import LatencyModel, next_chunk_size
 from ppprof.policy.schema import SCHEMA_VERSION, Policy, from_dict, load, save, validate
 
-__all__ = ["SCHEMA_VERSION", "ChunkSettings", "LatencyModel", "Policy", "from_dict", "load", "next_chunk_size", "save",
-           "validate"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "ChunkSettings",
+    "LatencyModel",
+    "Policy",
+    "from_dict",
+    "load",
+    "next_chunk_size",
+    "save",
+    "validate",
+]

@@ -11,8 +11,15 @@ import numpy as np
 
 from ppprof.config import ChunkSettings
 from ppprof.config.policy import DEFAULT_MIN_GAIN
-from ppprof.policy.optimum import (EXTRAPOLATED_CHUNKS, Domain, PromptRule, build_history_rule, build_prompt_rule, make_domain,
-                                   rule_table)
+from ppprof.policy.optimum import (
+    EXTRAPOLATED_CHUNKS,
+    Domain,
+    PromptRule,
+    build_history_rule,
+    build_prompt_rule,
+    make_domain,
+    rule_table,
+)
 from ppprof.policy.planners import chunk_latencies_ms, fixed_chunks, ttft_ms
 from ppprof.policy.rule import LatencyModel
 
@@ -62,8 +69,15 @@ def mean_ttft(model: LatencyModel, plans: list[list[int]], weights, num_stages: 
     return sum(w * ttft_ms(chunk_latencies_ms(model, chunks), num_stages) for chunks, w in zip(plans, weights))
 
 
-def choose(model: LatencyModel, settings: ChunkSettings, dom: Domain, num_stages: int, lengths, weights,
-           min_gain: float = DEFAULT_MIN_GAIN) -> Choice:
+def choose(
+    model: LatencyModel,
+    settings: ChunkSettings,
+    dom: Domain,
+    num_stages: int,
+    lengths,
+    weights,
+    min_gain: float = DEFAULT_MIN_GAIN,
+) -> Choice:
     """Build the prompt-aware rule and the history-only table on the planning `model`, score them and the fixed
     chunks on the workload, and set the status: dynamic when the prompt-aware rule's gain over the best fixed chunk
     is at least `min_gain`, else static at the best fixed chunk."""
@@ -75,25 +89,44 @@ def choose(model: LatencyModel, settings: ChunkSettings, dom: Domain, num_stages
     base = fixed_mean(model, settings.base_chunk_size, lengths, weights, num_stages)
     gain = 1.0 - prompt_mean / history.fixed_mean_ttft_ms
     predicted = {
-        "num_stages": num_stages, "max_ratio_to_optimum": quality["max_ratio"], "bands": quality["bands"],
-        "mean_ttft_ms": {"policy": prompt_mean, "policy-history": history.mean_ttft_ms,
-                         "fixed-best": history.fixed_mean_ttft_ms, "fixed": base},
+        "num_stages": num_stages,
+        "max_ratio_to_optimum": quality["max_ratio"],
+        "bands": quality["bands"],
+        "mean_ttft_ms": {
+            "policy": prompt_mean,
+            "policy-history": history.mean_ttft_ms,
+            "fixed-best": history.fixed_mean_ttft_ms,
+            "fixed": base,
+        },
         "fixed_best_chunk": history.fixed_chunk,
         "gain_vs_fixed_best": gain,
         "history_gap_to_policy": history.mean_ttft_ms / prompt_mean - 1.0,
     }
-    numbers = (f"predicted mean TTFT on the workload: prompt-aware rule {prompt_mean:.1f} ms, history-only "
-               f"{history.mean_ttft_ms:.1f} ms, best fixed chunk ({history.fixed_chunk}) "
-               f"{history.fixed_mean_ttft_ms:.1f} ms, fixed B ({settings.base_chunk_size}) {base:.1f} ms")
+    numbers = (
+        f"predicted mean TTFT on the workload: prompt-aware rule {prompt_mean:.1f} ms, history-only "
+        f"{history.mean_ttft_ms:.1f} ms, best fixed chunk ({history.fixed_chunk}) "
+        f"{history.fixed_mean_ttft_ms:.1f} ms, fixed B ({settings.base_chunk_size}) {base:.1f} ms"
+    )
     if gain >= min_gain:
         status, reason = "dynamic", f"gain {gain:.1%} over the best fixed chunk >= {min_gain:.1%}; {numbers}"
-        return Choice(prompt_rule, table, history.bound_ms, history.chunk_cap, history.fixed_chunk, predicted,
-                      status, reason)
-    reason = f"gain {gain:.1%} over the best fixed chunk is below {min_gain:.1%}: fixed chunks of " \
-             f"{history.fixed_chunk}; {numbers}"
+        return Choice(
+            prompt_rule, table, history.bound_ms, history.chunk_cap, history.fixed_chunk, predicted, status, reason
+        )
+    reason = (
+        f"gain {gain:.1%} over the best fixed chunk is below {min_gain:.1%}: fixed chunks of "
+        f"{history.fixed_chunk}; {numbers}"
+    )
     fixed = history.fixed_chunk
-    return Choice(PromptRule.fixed(fixed), {"prefix_len": [0], "chunk_size": [fixed]}, math.inf, fixed, fixed,
-                  predicted, "static", reason)
+    return Choice(
+        PromptRule.fixed(fixed),
+        {"prefix_len": [0], "chunk_size": [fixed]},
+        math.inf,
+        fixed,
+        fixed,
+        predicted,
+        "static",
+        reason,
+    )
 
 
 def fixed_mean(model: LatencyModel, size: int, lengths, weights, num_stages: int) -> float:

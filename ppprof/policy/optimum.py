@@ -69,8 +69,11 @@ class Domain:
 def make_domain(alignment: int, largest_chunk: int, max_prompt_len: int) -> Domain:
     """The domain of the rules and the DP: the unit is the alignment, coarsened (by a whole factor) to at most
     MAX_WINDOW_UNITS units a chunk and MAX_POSITIONS positions a prompt; the largest chunk a whole number of units."""
-    factor = max(1, math.ceil(largest_chunk / (alignment * MAX_WINDOW_UNITS)),
-                 math.ceil(max_prompt_len / (alignment * MAX_POSITIONS)))
+    factor = max(
+        1,
+        math.ceil(largest_chunk / (alignment * MAX_WINDOW_UNITS)),
+        math.ceil(max_prompt_len / (alignment * MAX_POSITIONS)),
+    )
     unit = alignment * factor
     return Domain(unit, max(unit, largest_chunk // unit * unit), max_prompt_len)
 
@@ -84,8 +87,10 @@ def ttft(sums, maxes, num_stages: int):
 
 def latency_range(model: LatencyModel, dom: Domain) -> tuple[float, float]:
     """The cheapest chunk of the domain (one unit, no prefix) and the dearest (the largest after the longest prompt)."""
-    return (float(model.chunk_latency_ms(0, dom.unit)),
-            float(model.chunk_latency_ms(dom.max_prompt_len, dom.largest_chunk)))
+    return (
+        float(model.chunk_latency_ms(0, dom.unit)),
+        float(model.chunk_latency_ms(dom.max_prompt_len, dom.largest_chunk)),
+    )
 
 
 def bound_grid(model: LatencyModel, dom: Domain, step: float = BOUND_STEP) -> np.ndarray:
@@ -134,8 +139,9 @@ def optimum_table(model: LatencyModel, dom: Domain, num_stages: int) -> tuple[np
 # -- bounded rules ---------------------------------------------------------------------------------------------------
 
 
-def bounded_sizes(model: LatencyModel, bounds: np.ndarray, caps: np.ndarray, prefix_len: np.ndarray,
-                  unit: int) -> np.ndarray:
+def bounded_sizes(
+    model: LatencyModel, bounds: np.ndarray, caps: np.ndarray, prefix_len: np.ndarray, unit: int
+) -> np.ndarray:
     """The bounded rule's chunk after prefix_len[k] for each (bounds[k], caps[k]): the largest multiple of the
     unit <= cap whose latency is <= the bound, at least one unit. The root of
     (a + h L) x^2 + (2 a L + b) x + (c + g L - M) = 0, aligned down, then checked against the model itself."""
@@ -147,8 +153,11 @@ def bounded_sizes(model: LatencyModel, bounds: np.ndarray, caps: np.ndarray, pre
         disc = qb * qb - 4.0 * qa * qc
         # qa > 0: the larger root; qa < 0 (a pairs model's h < 0 at a long prefix: concave in x): the smaller, the
         # first crossing of the bound, none (no cap from the bound) where the latency never reaches it; qa == 0: linear.
-        root = np.where(qa != 0, (-qb + np.sqrt(np.maximum(disc, 0.0))) / (2.0 * np.where(qa != 0, qa, 1.0)),
-                        np.where(qb > 0, -qc / np.where(qb > 0, qb, 1.0), np.inf))
+        root = np.where(
+            qa != 0,
+            (-qb + np.sqrt(np.maximum(disc, 0.0))) / (2.0 * np.where(qa != 0, qa, 1.0)),
+            np.where(qb > 0, -qc / np.where(qb > 0, qb, 1.0), np.inf),
+        )
         root = np.where((qa < 0) & (disc < 0), np.inf, root)
     root = np.where(np.isfinite(bounds), root, np.inf)
     x = np.floor(np.minimum(root, caps) / unit) * unit
@@ -175,8 +184,7 @@ def walk_rules(model: LatencyModel, bounds: np.ndarray, caps: np.ndarray, unit: 
     # yet past `end` are walked on: a rule of large chunks ends in a few steps, so with every cap (the history rule's
     # thousands of rules) that is a twentieth of walking all of them every step.
     steps, n = -(-end // unit), len(bounds)
-    starts, sums, maxes = (np.zeros((steps + 1, n), dtype=np.int64), np.zeros((steps + 1, n)),
-                           np.zeros((steps + 1, n)))
+    starts, sums, maxes = (np.zeros((steps + 1, n), dtype=np.int64), np.zeros((steps + 1, n)), np.zeros((steps + 1, n)))
     sizes = np.zeros((steps, n), dtype=np.int64)
     L, s, m = np.zeros(n, dtype=np.int64), np.zeros(n), np.zeros(n)
     live, k = np.flatnonzero(L < end), 0
@@ -191,11 +199,18 @@ def walk_rules(model: LatencyModel, bounds: np.ndarray, caps: np.ndarray, unit: 
         starts[k], sums[k], maxes[k] = L, s, m
         sizes[k - 1, live] = x
         live = live[L[live] < end]
-    return Walks(starts[:k + 1], sums[:k + 1], maxes[:k + 1], sizes[:k])
+    return Walks(starts[: k + 1], sums[: k + 1], maxes[: k + 1], sizes[:k])
 
 
-def rule_ttft(model: LatencyModel, walks: Walks, r: int, lengths: np.ndarray, merge: int, num_stages: int,
-              largest: int | None = None) -> np.ndarray:
+def rule_ttft(
+    model: LatencyModel,
+    walks: Walks,
+    r: int,
+    lengths: np.ndarray,
+    merge: int,
+    num_stages: int,
+    largest: int | None = None,
+) -> np.ndarray:
     """TTFT of rule r's plan of each prompt length (sorted): chunks up to the last start below the length, then the
     rest; with `merge` > 0, a rest of at most `merge` tokens joins the chunk before it where that stays within
     `largest`."""
@@ -227,8 +242,16 @@ def rule_table(model: LatencyModel, bound: float, cap: int, unit: int, end: int)
     return [int(v) for v in starts], [int(v) for v in size[starts]]
 
 
-def optimum_at(model: LatencyModel, dom: Domain, pos: np.ndarray, sums: np.ndarray, bounds: np.ndarray,
-               lengths: np.ndarray, num_stages: int, block: int = 256) -> tuple[np.ndarray, np.ndarray]:
+def optimum_at(
+    model: LatencyModel,
+    dom: Domain,
+    pos: np.ndarray,
+    sums: np.ndarray,
+    bounds: np.ndarray,
+    lengths: np.ndarray,
+    num_stages: int,
+    block: int = 256,
+) -> tuple[np.ndarray, np.ndarray]:
     """(lower, upper) bounds of the least TTFT at any prompt lengths (aligned or not) from all_min_sums: the last
     chunk runs from an aligned position below the length, at most largest_chunk before it. `block` lengths at a
     time keep the arrays small."""
@@ -236,7 +259,7 @@ def optimum_at(model: LatencyModel, dom: Domain, pos: np.ndarray, sums: np.ndarr
     lower, upper = np.empty(len(lengths)), np.empty(len(lengths))
     sums32, columns = sums.astype(np.float32), np.arange(len(bounds))
     for b in range(0, len(lengths), block):
-        n = lengths[b:b + block]
+        n = lengths[b : b + block]
         hi = np.searchsorted(pos, n, side="left")  # the last chunk starts at pos[hi - 1 - k], k = 0 .. window - 1
         best = np.full((len(n), len(bounds)), np.inf, dtype=np.float32)
         cand = np.empty_like(best)
@@ -250,7 +273,7 @@ def optimum_at(model: LatencyModel, dom: Domain, pos: np.ndarray, sums: np.ndarr
             np.add(sums32[i], cost[:, None].astype(np.float32), out=cand)
             cand[columns[None, :] < fits[:, None]] = np.inf
             np.minimum(best, cand, out=best)
-        lower[b:b + block], upper[b:b + block] = optimum_bounds(best.astype(float), bounds, num_stages)
+        lower[b : b + block], upper[b : b + block] = optimum_bounds(best.astype(float), bounds, num_stages)
     return lower, upper
 
 
@@ -282,15 +305,28 @@ class PromptRule:
     def to_dict(self, dom: Domain) -> dict:
         """The policy's prompt_table (a bound of None: no bound), with the domain's unit, largest chunk and longest
         prompt."""
-        return {"prompt_len": self.prompt_len, "bound_ms": [b if math.isfinite(b) else None for b in self.bound_ms],
-                "merge_len": self.merge_len, "prefix_len": self.prefix_len, "chunk_size": self.chunk_size,
-                "unit": dom.unit, "largest_chunk": self.largest_chunk, "max_prompt_len": dom.max_prompt_len}
+        return {
+            "prompt_len": self.prompt_len,
+            "bound_ms": [b if math.isfinite(b) else None for b in self.bound_ms],
+            "merge_len": self.merge_len,
+            "prefix_len": self.prefix_len,
+            "chunk_size": self.chunk_size,
+            "unit": dom.unit,
+            "largest_chunk": self.largest_chunk,
+            "max_prompt_len": dom.max_prompt_len,
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> "PromptRule":
         bounds = [math.inf if b is None else float(b) for b in d["bound_ms"]]
-        return cls(list(d["prompt_len"]), bounds, list(d["merge_len"]), [list(v) for v in d["prefix_len"]],
-                   [list(v) for v in d["chunk_size"]], int(d["largest_chunk"]))
+        return cls(
+            list(d["prompt_len"]),
+            bounds,
+            list(d["merge_len"]),
+            [list(v) for v in d["prefix_len"]],
+            [list(v) for v in d["chunk_size"]],
+            int(d["largest_chunk"]),
+        )
 
     @classmethod
     def fixed(cls, chunk_size: int) -> "PromptRule":
@@ -336,14 +372,15 @@ def score_candidates(model: LatencyModel, dom: Domain, num_stages: int) -> tuple
     pos, sums = all_min_sums(model, dom, grid)
     lower, _ = optimum_at(model, dom, pos, sums, grid, lengths, num_stages)
     bounds = rule_bounds(model, dom, RULE_BOUNDS)
-    walks = walk_rules(model, bounds, np.full(len(bounds), dom.largest_chunk, dtype=np.int64), dom.unit,
-                       dom.max_prompt_len)
+    walks = walk_rules(
+        model, bounds, np.full(len(bounds), dom.largest_chunk, dtype=np.int64), dom.unit, dom.max_prompt_len
+    )
     merges = [u * dom.unit for u in MERGE_UNITS]
     ratio = np.full((len(merges), len(bounds), len(first)), np.inf)
     for r in range(len(bounds)):
         for g, merge in enumerate(merges):
             both = rule_ttft(model, walks, r, lengths, merge, num_stages, dom.largest_chunk) / lower
-            ratio[g, r] = np.maximum(both[:len(first)], both[len(first):])
+            ratio[g, r] = np.maximum(both[: len(first)], both[len(first) :])
     return Candidates(bounds, merges, walks, ratio), first
 
 
@@ -362,8 +399,9 @@ def cover(ratio: np.ndarray, tolerance: float) -> list[tuple[int, int, int]]:
     return bands
 
 
-def build_prompt_rule(model: LatencyModel, dom: Domain, num_stages: int, tolerance: float = PROMPT_TOLERANCE
-                      ) -> tuple[PromptRule, dict]:
+def build_prompt_rule(
+    model: LatencyModel, dom: Domain, num_stages: int, tolerance: float = PROMPT_TOLERANCE
+) -> tuple[PromptRule, dict]:
     """The prompt-aware rule: bands of prompt lengths, each the bounded rule (and merge length) whose plans stay
     within `tolerance` of the DP's lower bound over the most pieces of the domain from the band's start. Returns the
     rule and how close it came: {"max_ratio": the worst ratio on the pieces' ends, "bands": how many}."""
@@ -374,8 +412,7 @@ def build_prompt_rule(model: LatencyModel, dom: Domain, num_stages: int, toleran
     for n, (k, g, r) in enumerate(bands):
         end = bands[n + 1][0] if n + 1 < len(bands) else len(first)
         worst = max(worst, float(cand.ratio[g, r, k:end].max()))
-        starts, sizes = rule_table(model, float(cand.bounds[r]), dom.largest_chunk, dom.unit,
-                                   dom.max_prompt_len)
+        starts, sizes = rule_table(model, float(cand.bounds[r]), dom.largest_chunk, dom.unit, dom.max_prompt_len)
         rule.prompt_len.append(int(first[k]))
         rule.bound_ms.append(float(cand.bounds[r]))
         rule.merge_len.append(cand.merges[g])
@@ -399,13 +436,15 @@ class HistoryRule:
     fixed_mean_ttft_ms: float
 
 
-def workload_ttft(model: LatencyModel, walks: Walks, lengths: np.ndarray, weights: np.ndarray, num_stages: int
-                  ) -> np.ndarray:
+def workload_ttft(
+    model: LatencyModel, walks: Walks, lengths: np.ndarray, weights: np.ndarray, num_stages: int
+) -> np.ndarray:
     """Weighted mean TTFT of every walked rule's plans of the workload's prompt lengths."""
     order = np.argsort(lengths)
     lengths, weights = lengths[order], weights[order]
-    return np.array([rule_ttft(model, walks, r, lengths, 0, num_stages) @ weights
-                     for r in range(walks.starts.shape[1])])
+    return np.array(
+        [rule_ttft(model, walks, r, lengths, 0, num_stages) @ weights for r in range(walks.starts.shape[1])]
+    )
 
 
 def build_history_rule(model: LatencyModel, dom: Domain, num_stages: int, lengths, weights) -> HistoryRule:
@@ -419,10 +458,18 @@ def build_history_rule(model: LatencyModel, dom: Domain, num_stages: int, length
     bounds = np.repeat(levels, len(caps))
     cap_of = np.tile(caps, len(levels))
     # The rules in batches: every rule's walk at once would hold 4 arrays of (steps x rules), ~1 GB at a long context
-    mean = np.concatenate([
-        workload_ttft(model, walk_rules(model, bounds[i:i + WALK_BATCH], cap_of[i:i + WALK_BATCH], dom.unit,
-                                        int(lengths.max())), lengths, weights, num_stages)
-        for i in range(0, len(bounds), WALK_BATCH)])
+    mean = np.concatenate(
+        [
+            workload_ttft(
+                model,
+                walk_rules(model, bounds[i : i + WALK_BATCH], cap_of[i : i + WALK_BATCH], dom.unit, int(lengths.max())),
+                lengths,
+                weights,
+                num_stages,
+            )
+            for i in range(0, len(bounds), WALK_BATCH)
+        ]
+    )
     fixed = np.flatnonzero(~np.isfinite(bounds))
     f = int(fixed[np.argmin(mean[fixed])])
     r = int(np.argmin(mean))

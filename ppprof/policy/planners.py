@@ -46,8 +46,13 @@ class Plan:
     search: dict | None = None  # optimal only: grid_tokens, bounds_evaluated, exact, gap_ms
 
     def to_dict(self) -> dict:
-        d = {"strategy": self.strategy, "num_chunks": len(self.chunk_sizes), "chunk_sizes": self.chunk_sizes,
-             "latencies_ms": self.latencies_ms, "ttft_ms": self.ttft_ms}
+        d = {
+            "strategy": self.strategy,
+            "num_chunks": len(self.chunk_sizes),
+            "chunk_sizes": self.chunk_sizes,
+            "latencies_ms": self.latencies_ms,
+            "ttft_ms": self.ttft_ms,
+        }
         if self.search is not None:
             d["search"] = self.search
         return d
@@ -109,7 +114,7 @@ def min_sums(cost: np.ndarray, bounds: np.ndarray, with_arg: bool = False):
     rev = cost[:, ::-1]  # rev[j, window - 1 - k] = cost[j, k]: rows in the order of the starts j - window .. j - 1
     for j in range(1, n):
         lo = max(0, j - window)
-        c = rev[j, window - (j - lo):][:, None]  # (j - lo, 1)
+        c = rev[j, window - (j - lo) :][:, None]  # (j - lo, 1)
         cand = np.where(c <= limit, total[lo:j] + c, np.inf)  # (j - lo, m)
         if with_arg:
             k = cand.argmin(axis=0)
@@ -133,8 +138,9 @@ def backtrack(pos: np.ndarray, start: np.ndarray) -> list[int]:
 def grid_positions(prompt_len: int, alignment: int, max_chunk: int, seeds: list[list[int]]) -> tuple[np.ndarray, int]:
     """Sorted chunk boundaries the DP may use: multiples of the grid step, the seeds' boundaries and prompt_len; and
     the grid step (the alignment, coarsened to at most MAX_GRID_POINTS positions and MAX_WINDOW steps per chunk)."""
-    grid = alignment * max(1, math.ceil(prompt_len / (alignment * MAX_GRID_POINTS)),
-                           math.ceil(max_chunk / (alignment * MAX_WINDOW)))
+    grid = alignment * max(
+        1, math.ceil(prompt_len / (alignment * MAX_GRID_POINTS)), math.ceil(max_chunk / (alignment * MAX_WINDOW))
+    )
     points = [np.arange(0, prompt_len, grid, dtype=np.int64), np.array([prompt_len], dtype=np.int64)]
     for seed in seeds:
         points.append(np.cumsum(seed, dtype=np.int64))
@@ -178,8 +184,9 @@ def search_bounds(cost: np.ndarray, costs: np.ndarray, P1: int) -> tuple[float, 
     return best["bound"], evaluated, open_gaps
 
 
-def optimal_chunks(model: LatencyModel, prompt_len: int, num_stages: int, alignment: int, max_chunk: int,
-                   seeds: list[list[int]]) -> tuple[list[int], dict]:
+def optimal_chunks(
+    model: LatencyModel, prompt_len: int, num_stages: int, alignment: int, max_chunk: int, seeds: list[list[int]]
+) -> tuple[list[int], dict]:
     """TeraPipe's DP: for a bound M on the largest chunk latency, the plan minimising the sum of latencies; over
     bounds, the plan with the least TTFT. Returns (chunk sizes, search facts). Never worse than any plan in `seeds`.
 
@@ -208,8 +215,13 @@ def optimal_chunks(model: LatencyModel, prompt_len: int, num_stages: int, alignm
     scores = [ttft_ms(chunk_latencies_ms(model, c), num_stages) for c in candidates]
     pick = int(np.argmin(scores))
     lower = min([lb for lb, _, _ in open_gaps], default=np.inf)
-    search = {"grid_tokens": int(grid), "num_chunk_costs": int(len(costs)), "bounds_evaluated": int(evaluated),
-              "exact_on_grid": not open_gaps, "gap_ms": max(0.0, scores[pick] - lower) if open_gaps else 0.0}
+    search = {
+        "grid_tokens": int(grid),
+        "num_chunk_costs": int(len(costs)),
+        "bounds_evaluated": int(evaluated),
+        "exact_on_grid": not open_gaps,
+        "gap_ms": max(0.0, scores[pick] - lower) if open_gaps else 0.0,
+    }
     return candidates[pick], search
 
 
@@ -250,9 +262,11 @@ def plan_domain(policy: Policy, prompt_len: int, extrapolate: bool) -> int:
     also EXTRAPOLATED_CHUNKS x B. ValueError (one line) for a prompt beyond the policy's domain without `extrapolate`."""
     rule = policy.data["prompt_table"]
     if prompt_len > rule["max_prompt_len"] and not extrapolate:
-        raise ValueError(f"--prompt-len {prompt_len} is beyond the policy's domain (prompts up to "
-                         f"{rule['max_prompt_len']} tokens, whose prefixes the profile measured): give --extrapolate "
-                         "to plan it on the latency model anyway, or profile with --prefix-lens reaching it")
+        raise ValueError(
+            f"--prompt-len {prompt_len} is beyond the policy's domain (prompts up to "
+            f"{rule['max_prompt_len']} tokens, whose prefixes the profile measured): give --extrapolate "
+            "to plan it on the latency model anyway, or profile with --prefix-lens reaching it"
+        )
     largest = rule["largest_chunk"]
     return max(largest, EXTRAPOLATED_CHUNKS * policy.base_chunk_size) if extrapolate else largest
 
@@ -264,8 +278,9 @@ def best_fixed(model: LatencyModel, prompt_len: int, num_stages: int, alignment:
     return min(plans, key=lambda p: ttft_ms(chunk_latencies_ms(model, p), num_stages))
 
 
-def plan_prompt(policy: Policy, prompt_len: int, num_stages: int, strategies=STRATEGIES,
-                extrapolate: bool = False) -> list[Plan]:
+def plan_prompt(
+    policy: Policy, prompt_len: int, num_stages: int, strategies=STRATEGIES, extrapolate: bool = False
+) -> list[Plan]:
     """Plans of `prompt_len` tokens for each strategy, with latencies and TTFT predicted by the policy's planning
     model (fitted latency + overhead)."""
     if not is_int(prompt_len) or prompt_len < 1:
@@ -280,9 +295,13 @@ def plan_prompt(policy: Policy, prompt_len: int, num_stages: int, strategies=STR
         raise ValueError(f"--strategy {unknown[0]} is unknown: use one of {', '.join(STRATEGIES)} or all")
     largest = plan_domain(policy, prompt_len, extrapolate)
     model, align = policy.planning_model, policy.settings.alignment
-    chunks = {"policy": policy.plan(prompt_len), "policy-history": policy.plan_history(prompt_len),
-              "greedy": policy.sglang_plan(prompt_len), "fixed": fixed_chunks(policy.base_chunk_size, prompt_len),
-              "fixed-best": best_fixed(model, prompt_len, num_stages, align, largest)}
+    chunks = {
+        "policy": policy.plan(prompt_len),
+        "policy-history": policy.plan_history(prompt_len),
+        "greedy": policy.sglang_plan(prompt_len),
+        "fixed": fixed_chunks(policy.base_chunk_size, prompt_len),
+        "fixed-best": best_fixed(model, prompt_len, num_stages, align, largest),
+    }
     plans = []
     for strategy in strategies:
         search = None

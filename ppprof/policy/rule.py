@@ -40,7 +40,7 @@ FORMS = {
     "quadratic": "f(l) = a*l^2 + b*l + c, fitted on prefix-free samples (l = chunk_size); chunk c + f(L+x) - f(L)",
     "prefix": "t(L, x) = c + g*L + b*x + a*(2*L*x + x^2), L = prefix_len, x = chunk_size",
     "pairs": "t(L, x) = c + g*L + b*x + a*(2*L*x + x^2) + h*L*x^2: the cost of a query-key pair across the prefix, "
-             "a + h*x/2, changes with the chunk size (h < 0: larger chunks reuse each key over more queries)",
+    "a + h*x/2, changes with the chunk size (h < 0: larger chunks reuse each key over more queries)",
 }
 
 
@@ -63,8 +63,9 @@ class LatencyModel:
             if not math.isfinite(value):
                 raise ValueError(f"latency model coefficient {key}={value} is not finite: refit the samples")
             if key not in MODEL_COEFS[self.name] and value != 0.0:
-                raise ValueError(f"{self.name} latency model has {key}={value}: {key} must be 0 (use a model with "
-                                 f"that term)")
+                raise ValueError(
+                    f"{self.name} latency model has {key}={value}: {key} must be 0 (use a model with that term)"
+                )
 
     def chunk_latency_ms(self, prefix_len, chunk_size):
         """Latency of a chunk of `chunk_size` new tokens after `prefix_len` cached tokens (works on arrays).
@@ -149,7 +150,6 @@ class LatencyModel:
 def sglang_f(model: LatencyModel, l):
     """SGLang's f(l) = a*l*l + b*l + c, evaluated in its order ((a*l)*l, not a*l**2) so floats round the same way."""
     return model.a * l * l + model.b * l + model.c
-
 
 
 def next_chunk_size(model: LatencyModel, settings: ChunkSettings, target_ms: float, prefix_len: int) -> int:

@@ -43,9 +43,28 @@ class Policy:
     """A loaded policy. `next_chunk_size(prefix_len, prompt_len)` is two bisects in the prompt-aware rule's tables;
     without the prompt length, one bisect in the history-only table."""
 
-    __slots__ = ("data", "status", "reason", "model", "settings", "target_ms", "_starts", "_sizes", "base_chunk_size",
-                 "overhead_ms", "calibration", "planning_model", "num_stages", "provenance", "tp_size", "rule_tables", "_bands",
-                 "_band_starts", "_band_sizes", "_merge")
+    __slots__ = (
+        "data",
+        "status",
+        "reason",
+        "model",
+        "settings",
+        "target_ms",
+        "_starts",
+        "_sizes",
+        "base_chunk_size",
+        "overhead_ms",
+        "calibration",
+        "planning_model",
+        "num_stages",
+        "provenance",
+        "tp_size",
+        "rule_tables",
+        "_bands",
+        "_band_starts",
+        "_band_sizes",
+        "_merge",
+    )
 
     def __init__(self, data: dict):
         self.data = data
@@ -73,8 +92,9 @@ class Policy:
         self._bands, self._merge = self.rule_tables.prompt_len, self.rule_tables.merge_len
         self._band_starts, self._band_sizes = self.rule_tables.prefix_len, self.rule_tables.chunk_size
 
-    def next_chunk_size(self, prefix_len: int | None = None, prompt_len: int | None = None, *,
-                        history_len: int | None = None) -> int:
+    def next_chunk_size(
+        self, prefix_len: int | None = None, prompt_len: int | None = None, *, history_len: int | None = None
+    ) -> int:
         """Size of the next prefill chunk of a prompt whose first `prefix_len` tokens are already in the cache.
 
         prompt_len: the prompt's length in tokens, where the server knows it: the chunk of the prompt-aware rule (the
@@ -97,8 +117,10 @@ class Policy:
         if type(prompt_len) is not int:
             prompt_len = token_count("prompt_len", prompt_len)
         if prompt_len <= prefix_len:
-            raise ValueError(f"prefix_len {prefix_len} leaves nothing of prompt_len {prompt_len} to prefill: ask only "
-                             "while tokens are left")
+            raise ValueError(
+                f"prefix_len {prefix_len} leaves nothing of prompt_len {prompt_len} to prefill: ask only "
+                "while tokens are left"
+            )
         return self.rule_tables.next_chunk_size(prefix_len, prompt_len)
 
     def plan(self, prompt_len: int) -> list[int]:
@@ -139,22 +161,27 @@ def token_count(name: str, value) -> int:
     and inf too, a bool, a string, None): a token count is never fractional, and a silent int() would hide a bug."""
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return int(value)
-    raise TypeError(f"{name} must be an integer (a Python or numpy int) number of tokens, got "
-                    f"{type(value).__name__} {short(value)}")
+    raise TypeError(
+        f"{name} must be an integer (a Python or numpy int) number of tokens, got {type(value).__name__} {short(value)}"
+    )
 
 
 def check_prompt_len(policy: Policy, prompt_len: int) -> None:
     """ValueError when a prompt is longer than the policy's context length (its table ends there)."""
     context_len = policy.settings.context_len
     if prompt_len > context_len:
-        raise ValueError(f"--prompt-len {prompt_len} exceeds the policy's context_len {context_len}: no prompt is "
-                         f"longer than the model's context; use a prompt of at most {context_len} tokens or a policy "
-                         "profiled with a larger --context-len")
+        raise ValueError(
+            f"--prompt-len {prompt_len} exceeds the policy's context_len {context_len}: no prompt is "
+            f"longer than the model's context; use a prompt of at most {context_len} tokens or a policy "
+            "profiled with a larger --context-len"
+        )
     smallest = min(policy._sizes)
     if prompt_len > smallest * MAX_PLAN_CHUNKS:
-        raise ValueError(f"--prompt-len {prompt_len} could take {-(-prompt_len // smallest)} chunks of the policy's "
-                         f"smallest, {smallest} tokens: a plan holds at most {MAX_PLAN_CHUNKS}; use a prompt of at "
-                         f"most {smallest * MAX_PLAN_CHUNKS} tokens")
+        raise ValueError(
+            f"--prompt-len {prompt_len} could take {-(-prompt_len // smallest)} chunks of the policy's "
+            f"smallest, {smallest} tokens: a plan holds at most {MAX_PLAN_CHUNKS}; use a prompt of at "
+            f"most {smallest * MAX_PLAN_CHUNKS} tokens"
+        )
 
 
 def extrapolation(policy: Policy, prompt_len: int, chunk_sizes: list[int] | None = None) -> str | None:
@@ -168,14 +195,17 @@ def extrapolation(policy: Policy, prompt_len: int, chunk_sizes: list[int] | None
     (_, max_prefix), (_, max_chunk) = dom["prefix_len"], dom["chunk_size"]
     notes = []
     if deepest > max_prefix:
-        notes.append(f"prefixes up to {deepest}, {deepest / max(max_prefix, 1):.2f}x the largest profiled prefix "
-                     f"({max_prefix})")
+        notes.append(
+            f"prefixes up to {deepest}, {deepest / max(max_prefix, 1):.2f}x the largest profiled prefix ({max_prefix})"
+        )
     if largest > max_chunk:
         notes.append(f"chunks up to {largest}, {largest / max_chunk:.2f}x the largest profiled chunk ({max_chunk})")
     if not notes:
         return None
-    return (f"prompt {prompt_len} reaches " + " and ".join(notes) + ": the latency model is extrapolated there; "
-            "profile with --prefix-lens (or --context-len) covering it")
+    return (
+        f"prompt {prompt_len} reaches " + " and ".join(notes) + ": the latency model is extrapolated there; "
+        "profile with --prefix-lens (or --context-len) covering it"
+    )
 
 
 SCHEMA_FILE = Path(__file__).with_name("policy.schema.json")
@@ -229,8 +259,10 @@ def schema_error(data) -> str | None:
 def check_breakpoints(where: str, starts: list[int], sizes: list[int]) -> None:
     """A breakpoint table's columns have one length, start at prefix 0 and increase strictly."""
     if len(starts) != len(sizes):
-        raise ValueError(f"{where}: prefix_len has {len(starts)} entries but chunk_size {len(sizes)}: the columns "
-                         "must have one length")
+        raise ValueError(
+            f"{where}: prefix_len has {len(starts)} entries but chunk_size {len(sizes)}: the columns "
+            "must have one length"
+        )
     if starts[0] != 0:
         raise ValueError(f"{where}.prefix_len[0]: {starts[0]}: a table starts at prefix_len 0")
     for i, (a, b) in enumerate(zip(starts, starts[1:])):
@@ -283,12 +315,16 @@ def check_policy(policy: Policy) -> None:
         smallest = policy.settings.alignment
         t = float(policy.model.chunk_latency_ms(0, smallest))
         if not t > 0:
-            raise ValueError(f"$.latency_model: predicts {t:.4g} ms for a {smallest}-token chunk: a latency must be "
-                             "positive; refit the samples")
+            raise ValueError(
+                f"$.latency_model: predicts {t:.4g} ms for a {smallest}-token chunk: a latency must be "
+                "positive; refit the samples"
+            )
         t = float(policy.planning_model.chunk_latency_ms(0, smallest))
         if not t > 0:
-            raise ValueError(f"$.calibration: the calibrated model predicts {t:.4g} ms for a {smallest}-token chunk: "
-                             "a latency must be positive; refit the samples")
+            raise ValueError(
+                f"$.calibration: the calibrated model predicts {t:.4g} ms for a {smallest}-token chunk: "
+                "a latency must be positive; refit the samples"
+            )
     if policy.status == "static":
         if len(policy._sizes) != 1 or policy._bands != [1] or policy._band_sizes != [policy._sizes]:
             raise ValueError("$.table: a static policy's table and prompt_table must be the one fixed chunk: refit")
@@ -296,20 +332,32 @@ def check_policy(policy: Policy) -> None:
     rule, table = policy.data["prompt_table"], policy.data["table"]
     if policy.data.get("parity") is not None:  # SGLang's own rule on SGLang's fit
         starts, sizes = build_table(policy.model, policy.settings, policy.target_ms)
-        if (starts, sizes) != (policy._starts, policy._sizes) or policy._band_sizes != [sizes] or \
-                policy._band_starts != [starts]:
+        if (
+            (starts, sizes) != (policy._starts, policy._sizes)
+            or policy._band_sizes != [sizes]
+            or policy._band_starts != [starts]
+        ):
             raise ValueError("$.table: a parity policy's tables must be SGLang's rule from its coefficients: refit")
         return
     unit, largest = rule["unit"], rule["largest_chunk"]
-    check_bounded("$.table", policy.planning_model, table["bound_ms"], table["chunk_cap"], unit,
-                  policy._starts, policy._sizes)
+    check_bounded(
+        "$.table", policy.planning_model, table["bound_ms"], table["chunk_cap"], unit, policy._starts, policy._sizes
+    )
     for i, bound in enumerate(rule["bound_ms"]):
-        check_bounded(f"$.prompt_table.band[{i}]", policy.planning_model, bound, largest, unit,
-                      policy._band_starts[i], policy._band_sizes[i])
+        check_bounded(
+            f"$.prompt_table.band[{i}]",
+            policy.planning_model,
+            bound,
+            largest,
+            unit,
+            policy._band_starts[i],
+            policy._band_sizes[i],
+        )
 
 
-def check_bounded(where: str, model: LatencyModel, bound: float | None, cap: int, unit: int, starts: list[int],
-                  sizes: list[int]) -> None:
+def check_bounded(
+    where: str, model: LatencyModel, bound: float | None, cap: int, unit: int, starts: list[int], sizes: list[int]
+) -> None:
     """The table is the bounded rule (bound, cap) on the model: its size at each breakpoint and just before the next.
     ValueError naming the entry otherwise."""
     bound = math.inf if bound is None else bound
@@ -320,8 +368,10 @@ def check_bounded(where: str, model: LatencyModel, bound: float | None, cap: int
     bad = np.flatnonzero(got != want)
     if bad.size:
         k = int(bad[0])
-        raise ValueError(f"{where}: chunk {int(want[k])} at prefix_len {int(at[k])} is not the rule's {int(got[k])} "
-                         "from the coefficients, overhead and bound: refit")
+        raise ValueError(
+            f"{where}: chunk {int(want[k])} at prefix_len {int(at[k])} is not the rule's {int(got[k])} "
+            "from the coefficients, overhead and bound: refit"
+        )
 
 
 def from_dict(data) -> Policy:
@@ -392,10 +442,12 @@ def summary_line(policy: Policy) -> str:
     if policy.status == "static":
         return f"static (chunk {policy._sizes[0]}): {policy.reason}{domain_text(policy)}"
     sizes = [x for band in policy._band_sizes for x in band]
-    return (f"dynamic ({policy.model.name}, overhead {policy.overhead_ms:.3g} ms a chunk"
-            f"{level_text(policy.calibration)}, {policy.num_stages} "
-            f"stages): prompt-aware rule of {len(policy._bands)} bands, chunks {min(sizes)}-{max(sizes)}; "
-            f"history-only table of {len(policy._sizes)} entries{domain_text(policy)}")
+    return (
+        f"dynamic ({policy.model.name}, overhead {policy.overhead_ms:.3g} ms a chunk"
+        f"{level_text(policy.calibration)}, {policy.num_stages} "
+        f"stages): prompt-aware rule of {len(policy._bands)} bands, chunks {min(sizes)}-{max(sizes)}; "
+        f"history-only table of {len(policy._sizes)} entries{domain_text(policy)}"
+    )
 
 
 def domain_text(policy: Policy) -> str:

@@ -41,12 +41,16 @@ def draw_plan(ax, plan: Plan, num_stages: int, stages: list[int], cmap) -> None:
     start = start_times(plan.latencies_ms, num_stages)
     for row, s in enumerate(stages):
         bars = [(start[i, s], plan.latencies_ms[i]) for i in range(len(plan.latencies_ms))]
-        ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=[cmap(i % 20) for i in range(len(bars))],
-                       edgecolor="black", linewidth=0.2)
+        ax.broken_barh(
+            bars,
+            (row - 0.4, 0.8),
+            facecolors=[cmap(i % 20) for i in range(len(bars))],
+            edgecolor="black",
+            linewidth=0.2,
+        )
     ax.set_yticks(range(len(stages)), [f"stage {s}" for s in stages])
     ax.invert_yaxis()
-    ax.set_title(f"{plan.strategy}: {len(plan.chunk_sizes)} chunks, predicted TTFT {plan.ttft_ms:.1f} ms",
-                 fontsize=9)
+    ax.set_title(f"{plan.strategy}: {len(plan.chunk_sizes)} chunks, predicted TTFT {plan.ttft_ms:.1f} ms", fontsize=9)
 
 
 def write_timeline(plans: list[Plan], num_stages: int, path: str | Path, title: str = "") -> Path:
@@ -54,10 +58,11 @@ def write_timeline(plans: list[Plan], num_stages: int, path: str | Path, title: 
     plt = pyplot()
     stages = drawn_stages(num_stages)
     if len(stages) < num_stages:
-        title += (f"{'; ' if title else ''}stages {stages[-2] + 1}..{num_stages - 2} of {num_stages} not drawn")
+        title += f"{'; ' if title else ''}stages {stages[-2] + 1}..{num_stages - 2} of {num_stages} not drawn"
     rows = len(stages)
-    fig, axes = plt.subplots(len(plans), 1, figsize=(10, 1.0 + 0.9 * len(plans) + 0.25 * rows * len(plans)),
-                             squeeze=False, sharex=True)
+    fig, axes = plt.subplots(
+        len(plans), 1, figsize=(10, 1.0 + 0.9 * len(plans) + 0.25 * rows * len(plans)), squeeze=False, sharex=True
+    )
     cmap = plt.get_cmap("tab20")
     for ax, plan in zip(axes[:, 0], plans):
         draw_plan(ax, plan, num_stages, stages, cmap)

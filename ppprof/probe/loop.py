@@ -70,7 +70,8 @@ class ProbeRunner:
         """This TP rank's own timed forwards (ms), before the slowest of the stage's TP ranks is taken."""
         self._timed_requests = 0
         self._release: Callable[[StageCache, Request], None] = (
-            release_without_mamba if fault == SKIP_MAMBA_RELEASE else StageCache.release)
+            release_without_mamba if fault == SKIP_MAMBA_RELEASE else StageCache.release
+        )
 
     def run_request(self, pr: ProbeRequest, timed: bool) -> tuple[float, float, str | None]:
         """One request through this rank's stage: (stage_ms, e2e_ms (rank 0, else nan), error or None)."""
@@ -83,12 +84,16 @@ class ProbeRunner:
         try:
             setup_error = None
             try:
-                gen = torch.Generator().manual_seed(self.seed * 1_000_003 + pr.rid * 31 + pipe.rank) \
-                    if pr.prefix_len else None  # only a prefix is filled with random values
+                gen = (
+                    torch.Generator().manual_seed(self.seed * 1_000_003 + pr.rid * 31 + pipe.rank)
+                    if pr.prefix_len
+                    else None
+                )  # only a prefix is filled with random values
                 set_up_request(self.cache, req, pr, gen)
                 if pipe.is_first:
-                    x = torch.randint(self.vocab_size, (pr.chunk_size,), generator=torch.Generator().manual_seed(
-                        self.seed + pr.rid)).to(self.device)
+                    x = torch.randint(
+                        self.vocab_size, (pr.chunk_size,), generator=torch.Generator().manual_seed(self.seed + pr.rid)
+                    ).to(self.device)
             except Exception as e:
                 setup_error = f"setup of request {pr.rid} failed: {e}"
             # Every rank finishes its set-up before any rank starts the timed part, so that no later stage's set-up
@@ -117,8 +122,9 @@ class ProbeRunner:
         pipe.measured(time.perf_counter() - start)  # the deadlines of later waits follow it
         return stage_ms, e2e_ms, error
 
-    def _forward(self, pr: ProbeRequest, req: Request, x: torch.Tensor, residual: torch.Tensor | None, timed: bool
-                 ) -> tuple[int, torch.Tensor | None, torch.Tensor | None, float, float, str | None]:
+    def _forward(
+        self, pr: ProbeRequest, req: Request, x: torch.Tensor, residual: torch.Tensor | None, timed: bool
+    ) -> tuple[int, torch.Tensor | None, torch.Tensor | None, float, float, str | None]:
         """The primer, then the timed forward of the chunk: (status, out, residual, stage_ms, when the timer started,
         error or None).
 
@@ -131,16 +137,24 @@ class ProbeRunner:
         try:
             if timed and self.fault == RAISE_IN_FORWARD and self.pipe.is_last and self._timed_requests == 2:
                 raise RuntimeError("injected fault (--inject-fault raise-in-forward)")
-            if timed and self.fault == RAISE_ON_ONE_TP_RANK and self.pipe.is_first and self._timed_requests == 2 \
-                    and self.pipe.tp is not None and self.pipe.tp.rank == self.pipe.tp_size - 1:
+            if (
+                timed
+                and self.fault == RAISE_ON_ONE_TP_RANK
+                and self.pipe.is_first
+                and self._timed_requests == 2
+                and self.pipe.tp is not None
+                and self.pipe.tp.rank == self.pipe.tp_size - 1
+            ):
                 raise RuntimeError("injected fault (--inject-fault raise-on-one-tp-rank)")
             self.stage(self.cache, req, x[:1], None if residual is None else residual[:1], pr.prefix_len)
             self.pipe.tp_barrier()  # the TP ranks of the stage start the timed forward together
             with Timer(self.device) as t:
                 out, residual = self.stage(self.cache, req, x, residual, pr.prefix_len)
         except Exception as e:
-            error = (f"forward of request {pr.rid} (prefix {pr.prefix_len}, chunk {pr.chunk_size}) raised "
-                     f"{type(e).__name__}: {e}")
+            error = (
+                f"forward of request {pr.rid} (prefix {pr.prefix_len}, chunk {pr.chunk_size}) raised "
+                f"{type(e).__name__}: {e}"
+            )
             self.pipe.tp_failed(error)
             return FAILED, None, None, math.nan, math.nan, error
         self.forward_tokens += pr.chunk_size
@@ -167,8 +181,12 @@ class ProbeRunner:
         if mamba is not None:
             grouped = mamba.alloc_group_begin(len(probe.requests))
             if not grouped:
-                log.debug("probe %d: %d Mamba slots free for %d requests; slots taken one by one",
-                          probe.index, mamba.available_size(), len(probe.requests))
+                log.debug(
+                    "probe %d: %d Mamba slots free for %d requests; slots taken one by one",
+                    probe.index,
+                    mamba.available_size(),
+                    len(probe.requests),
+                )
         try:
             for pr in probe.requests:
                 stage_ms, e2e_ms, error = self.run_request(pr, timed=True)

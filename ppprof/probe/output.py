@@ -22,8 +22,13 @@ def samples_frame(probes: list[Probe], stage_ms: list[list[list[float]]], e2e_ms
         num_stages = len(stage_ms[p])
         for i, pr in enumerate(probe.requests):
             lat = [stage_ms[p][s][i] for s in range(num_stages)]
-            row = {"probe": probe.index, "kind": probe.kind, "request": pr.rid, "prefix_len": pr.prefix_len,
-                   "chunk_size": pr.chunk_size}
+            row = {
+                "probe": probe.index,
+                "kind": probe.kind,
+                "request": pr.rid,
+                "prefix_len": pr.prefix_len,
+                "chunk_size": pr.chunk_size,
+            }
             row.update({stage_column(s): round(v, 4) for s, v in enumerate(lat)})
             row["latency_ms"] = round(e2e_ms[p][i], 4)
             row["slowest_stage"] = max(range(num_stages), key=lat.__getitem__)
@@ -73,16 +78,23 @@ def complete_probes(path: Path, probes: list[Probe]) -> int:
         return 0
     frame, num_cut = whole_rows(path)
     if num_cut:
-        log.warning("%s ended in a row cut while it was written (%d row%s without all fields): dropped before "
-                    "resuming", path, num_cut, "s" * (num_cut != 1))
+        log.warning(
+            "%s ended in a row cut while it was written (%d row%s without all fields): dropped before resuming",
+            path,
+            num_cut,
+            "s" * (num_cut != 1),
+        )
     if frame.empty:
         atomic_write(path, lambda tmp: tmp.write_text(""))
         return 0
     done, end = 0, 0
     for probe in probes:
-        rows = frame.iloc[end:end + len(probe.requests)]
-        if (len(rows) < len(probe.requests) or list(rows["probe"]) != [probe.index] * len(probe.requests)
-                or list(rows["request"]) != [r.rid for r in probe.requests]):
+        rows = frame.iloc[end : end + len(probe.requests)]
+        if (
+            len(rows) < len(probe.requests)
+            or list(rows["probe"]) != [probe.index] * len(probe.requests)
+            or list(rows["request"]) != [r.rid for r in probe.requests]
+        ):
             break
         done, end = done + 1, end + len(probe.requests)
     if end < len(frame) or num_cut:

@@ -23,8 +23,10 @@ def set_up_request(cache: StageCache, req: Request, pr: ProbeRequest, gen: torch
         if cache.mamba_alloc is not None:
             held["mamba"] -= cache.mamba_alloc.group_remaining()
         leaks = describe_leaks({pool: n for pool, n in held.items() if n}, sep="; ")
-        raise RunError(f"request {pr.rid} cannot be admitted although no request is live: "
-                       + (leaks or "the request or Mamba pool has no slot"))
+        raise RunError(
+            f"request {pr.rid} cannot be admitted although no request is live: "
+            + (leaks or "the request or Mamba pool has no slot")
+        )
     if pr.prefix_len:
         slots = cache.extend(req, pr.prefix_len)
         if slots is None:

@@ -55,8 +55,9 @@ def grid_chunk_sizes(base_chunk_size: int, align: int, num_sizes: int = NUM_GRID
     return sorted(sizes, reverse=True)
 
 
-def wide_chunk_sizes(base_chunk_size: int, max_chunk_size: int, align: int,
-                     num_sizes: int = NUM_WIDE_CHUNKS) -> list[int]:
+def wide_chunk_sizes(
+    base_chunk_size: int, max_chunk_size: int, align: int, num_sizes: int = NUM_WIDE_CHUNKS
+) -> list[int]:
     """Distinct chunk sizes above 1.25 x B up to `max_chunk_size` (an aligned size), log-spaced, aligned down,
     largest first; none where the largest probe chunk is 1.25 B."""
     low = int(SGLANG_PROBE_MULTIPLE * base_chunk_size)
@@ -73,14 +74,21 @@ def make_probes(cfg: ProfileConfig) -> list[Probe]:
     length, its requests cycling through the grid's chunk sizes, one in WIDE_SHARE through the wide ones, in a
     seeded random order. Request ids are unique across the run."""
     n, align = cfg.requests_per_probe, cfg.chunk_unit
-    probes = [Probe(0, SWEEP, tuple(ProbeRequest(i, 0, c)
-                                    for i, c in enumerate(sweep_chunk_sizes(cfg.base_chunk_size, n, align))))]
+    probes = [
+        Probe(
+            0,
+            SWEEP,
+            tuple(ProbeRequest(i, 0, c) for i, c in enumerate(sweep_chunk_sizes(cfg.base_chunk_size, n, align))),
+        )
+    ]
     grid = grid_chunk_sizes(cfg.base_chunk_size, align)
     wide = wide_chunk_sizes(cfg.base_chunk_size, cfg.max_probe_chunk_size, align)
     num_wide = max(1, n // WIDE_SHARE) if wide else 0
     shapes = [(WIDE, 0, [wide[i % len(wide)] for i in range(max(num_wide, len(wide)))])] if wide else []
-    shapes += [(PREFIX, p, [grid[i % len(grid)] for i in range(n - num_wide)] +
-                [wide[i % len(wide)] for i in range(num_wide)]) for p in cfg.resolved_prefix_lens()]
+    shapes += [
+        (PREFIX, p, [grid[i % len(grid)] for i in range(n - num_wide)] + [wide[i % len(wide)] for i in range(num_wide)])
+        for p in cfg.resolved_prefix_lens()
+    ]
     rid = n
     for kind, prefix_len, chunks in shapes:
         k = len(probes)
@@ -104,6 +112,8 @@ def warmup_requests(probes: list[Probe], count: int) -> list[ProbeRequest]:
     first = probes[0].requests
     out = [ProbeRequest(-1 - i, 0, first[i % len(first)].chunk_size) for i in range(count)]
     if count:
-        out += [ProbeRequest(-1 - count - k, p.requests[0].prefix_len, max(r.chunk_size for r in p.requests))
-                for k, p in enumerate(probes[1:])]
+        out += [
+            ProbeRequest(-1 - count - k, p.requests[0].prefix_len, max(r.chunk_size for r in p.requests))
+            for k, p in enumerate(probes[1:])
+        ]
     return out

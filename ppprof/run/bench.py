@@ -23,8 +23,18 @@ from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.policy.schema import Policy, extrapolation, load
 from ppprof.run.provenance import default_run_dir
 from ppprof.runfiles import SAMPLES_FILE
-from ppprof.run.rank import (Phase, RankRun, add_log_file, claim_folder, release_folder, run_phases, run_rank, set_up,
-                             tp_comm, tp_shard)
+from ppprof.run.rank import (
+    Phase,
+    RankRun,
+    add_log_file,
+    claim_folder,
+    release_folder,
+    run_phases,
+    run_rank,
+    set_up,
+    tp_comm,
+    tp_shard,
+)
 
 log = logging.getLogger("ppprof")
 TRANSFER_REPEATS = 7
@@ -75,8 +85,14 @@ def prepare(run: RankRun[BenchState]) -> None:
             if policy.model is None:
                 raise ValueError(f"policy {bench.policy} has no latency model ({policy.reason}): profile again")
             samples = Path(bench.policy).parent / SAMPLES_FILE
-            plans = arms(policy, samples if samples.is_file() else None, bench.prompt_lens, bench.strategies,
-                         bench.num_stages, bench.plans)
+            plans = arms(
+                policy,
+                samples if samples.is_file() else None,
+                bench.prompt_lens,
+                bench.strategies,
+                bench.num_stages,
+                bench.plans,
+            )
             run_dir = Path(bench.out) if bench.out else default_run_dir(f"bench-{run.cfg.model}")
             run_dir.mkdir(parents=True, exist_ok=True)
             claim_folder(run, run_dir, bench.out, run.state.overwrite)
@@ -97,12 +113,27 @@ def build_stages(run: RankRun[BenchState]) -> None:
     stages = []
     for index in range(run.stage_idx * per_rank, (run.stage_idx + 1) * per_rank):
         layer_ids = run.stage_ranges[index]
-        stage = Stage(run.spec, layer_ids, dtype=run.dtype, device=run.info.device, seed=cfg.seed,
-                      attention_backend=cfg.attention_backend, **tp_comm(run))
-        cache = build_stage_cache(run.spec, layer_ids, max_total_tokens=longest, page_size=cfg.page_size,
-                                  max_mamba_cache_size=1, max_running_requests=1,
-                                  context_len=max(longest, cfg.context_len), dtype=run.dtype, device=run.info.device,
-                                  **tp_shard(run))
+        stage = Stage(
+            run.spec,
+            layer_ids,
+            dtype=run.dtype,
+            device=run.info.device,
+            seed=cfg.seed,
+            attention_backend=cfg.attention_backend,
+            **tp_comm(run),
+        )
+        cache = build_stage_cache(
+            run.spec,
+            layer_ids,
+            max_total_tokens=longest,
+            page_size=cfg.page_size,
+            max_mamba_cache_size=1,
+            max_running_requests=1,
+            context_len=max(longest, cfg.context_len),
+            dtype=run.dtype,
+            device=run.info.device,
+            **tp_shard(run),
+        )
         stages.append(BenchStage(index, stage.eval(), cache))
     run.state.runner = PromptRunner(stages=stages, pipe=run.pipe, seed=cfg.seed)
     log.info("stages %s of %d (%s) on rank %d", [s.index for s in stages], bench.num_stages, run.spec.name, run.rank)
@@ -125,8 +156,11 @@ def measure_transfers(run: RankRun[BenchState]) -> None:
     x, y = np.array([p[0] for p in points], float), np.array([p[1] for p in points], float)
     b, a = np.polyfit(x, y, 1) if len(set(x)) > 1 else (0.0, float(y.mean()))
     run.state.transfer = {"a_ms": max(float(a), 0.0), "b_ms_per_token": max(float(b), 0.0), "points": points}
-    log.info("transfer between ranks: %.3f ms + %.2e ms/token", run.state.transfer["a_ms"],
-             run.state.transfer["b_ms_per_token"])
+    log.info(
+        "transfer between ranks: %.3f ms + %.2e ms/token",
+        run.state.transfer["a_ms"],
+        run.state.transfer["b_ms_per_token"],
+    )
 
 
 def run_prompts(run: RankRun[BenchState]) -> None:
@@ -135,6 +169,7 @@ def run_prompts(run: RankRun[BenchState]) -> None:
     bar = None
     if run.rank == 0:
         from tqdm import tqdm
+
         bar = tqdm(total=len(prompts), desc="bench", unit="prompt", file=sys.stderr, disable=None, dynamic_ncols=True)
     rows, ttft = [], {}
     for prompt in prompts:
@@ -162,9 +197,17 @@ def write_results(run: RankRun[BenchState]) -> None:
         plans = [a.chunk_sizes for a in run.state.plans if a.prompt_len == n]
         # The deepest prefix and the largest chunk any plan of this prompt reaches.
         notes[n] = extrapolation(policy, n, [max(max(c) for c in plans), min(c[-1] for c in plans)])
-    summary = write_report(run.run_dir, bench=bench, plans=run.state.plans, rows=run.state.rows,
-                           ttft=run.state.ttft, transfer=run.state.transfer, world_size=run.num_stages,
-                           profile_run=run_json, notes=notes)
+    summary = write_report(
+        run.run_dir,
+        bench=bench,
+        plans=run.state.plans,
+        rows=run.state.rows,
+        ttft=run.state.ttft,
+        transfer=run.state.transfer,
+        world_size=run.num_stages,
+        profile_run=run_json,
+        notes=notes,
+    )
     print(summary, file=sys.stderr)
     log.info("wrote %s", run.run_dir)
 
@@ -180,13 +223,21 @@ PHASES: tuple[Phase, ...] = (
 
 def bench_rank(bench: BenchConfig, fault: str | None = None, overwrite: bool = False) -> int:
     """One rank of `ppprof bench` (`overwrite`: --out may hold files); returns its exit code."""
+
     def job(info) -> None:
-        run = set_up(bench.profile, info, fault, state=BenchState(bench, overwrite),
-                     repeat=bench.num_stages // bench.profiled_stages, num_stages=bench.num_stages)
+        run = set_up(
+            bench.profile,
+            info,
+            fault,
+            state=BenchState(bench, overwrite),
+            repeat=bench.num_stages // bench.profiled_stages,
+            num_stages=bench.num_stages,
+        )
         try:
             run_phases(run, PHASES)
         finally:
             release_folder(run)
 
-    return run_rank(job, bench.profile.device, bench.profile.torch_threads, bench.profile.timeout,
-                    bench.profile.tp_size)
+    return run_rank(
+        job, bench.profile.device, bench.profile.torch_threads, bench.profile.timeout, bench.profile.tp_size
+    )

@@ -19,6 +19,7 @@ from ppprof.servers.workload import parse_prompt_spec
 from ppprof.specs import load_spec, split_layers
 from ppprof.specs.tp import check_tp, mesh_problem
 
+
 def check_output_folder(out: str | None, overwrite: bool = False, resume: bool = False, folder: bool = True) -> None:
     """The run folder (or, by default, results/) can be created and written and (unless not `folder`) no live run
     holds it, and it holds no files unless `overwrite` (replace its run) or `resume` (finish its run)."""
@@ -36,13 +37,21 @@ def check_output_folder(out: str | None, overwrite: bool = False, resume: bool =
     held = sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE)
     if held and not (overwrite or resume):
         shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
-        raise ValueError(f"--out {out} is not empty (it holds {shown}): choose a new folder, add --overwrite to "
-                         f"replace its run, or finish an interrupted run with --resume {out}")
+        raise ValueError(
+            f"--out {out} is not empty (it holds {shown}): choose a new folder, add --overwrite to "
+            f"replace its run, or finish an interrupted run with --resume {out}"
+        )
 
 
-def check_before_launch(cfg: ProfileConfig, world_size: int, local_ranks: int,
-                        torchrun: dict | None = None, overwrite: bool = False, resume: bool = False,
-                        folder: bool = True) -> None:
+def check_before_launch(
+    cfg: ProfileConfig,
+    world_size: int,
+    local_ranks: int,
+    torchrun: dict | None = None,
+    overwrite: bool = False,
+    resume: bool = False,
+    folder: bool = True,
+) -> None:
     """What can be checked without any rank: the output folder (check_output_folder; what it holds only where
     `folder`), the ranks form a pp_size x tp_size mesh with whole TP groups on a node, the model splits over the TP
     ranks (ppprof.specs.tp) and its layers over the stages, the device exists, the attention backend runs there,
@@ -91,33 +100,41 @@ def check_master_port(torchrun: dict) -> None:
         try:
             sock.bind(("", number))
         except OSError as e:
-            raise ValueError(f"--master-port {number} is in use on this host ({e.strerror}): choose a free port, or "
-                             "leave --master-port out for a one-node run") from None
+            raise ValueError(
+                f"--master-port {number} is in use on this host ({e.strerror}): choose a free port, or "
+                "leave --master-port out for a one-node run"
+            ) from None
 
 
 def warnings(cfg: ProfileConfig) -> list[str]:
     """Settings that run but do not measure what a server does, one line each."""
     out = []
     if cfg.max_mamba_cache_size < cfg.requests_per_probe:
-        out.append(f"--max-mamba-cache-size {cfg.max_mamba_cache_size} is below --requests-per-probe "
-                   f"{cfg.requests_per_probe}: a probe's Mamba slots cannot be taken in one grouped window (where the "
-                   "model has Mamba layers), so every request takes its slot one by one; raise it to "
-                   f"{cfg.requests_per_probe} to profile the grouped path")
+        out.append(
+            f"--max-mamba-cache-size {cfg.max_mamba_cache_size} is below --requests-per-probe "
+            f"{cfg.requests_per_probe}: a probe's Mamba slots cannot be taken in one grouped window (where the "
+            "model has Mamba layers), so every request takes its slot one by one; raise it to "
+            f"{cfg.requests_per_probe} to profile the grouped path"
+        )
     return out
 
 
 def check_cuda(local_ranks: int, start_method: str | None) -> None:
     """CUDA is visible with a GPU per local rank, and the ranks are not forked from a process that may hold CUDA."""
     if start_method == "fork":
-        raise ValueError("--start-method fork cannot be used with --device cuda: a forked child cannot use CUDA "
-                         "once the parent touched it; use spawn (the default)")
+        raise ValueError(
+            "--start-method fork cannot be used with --device cuda: a forked child cannot use CUDA "
+            "once the parent touched it; use spawn (the default)"
+        )
     import torch  # only here: input errors should not wait for torch
 
     if not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is visible; use --device cpu")
     if torch.cuda.device_count() < local_ranks:
-        raise ValueError(f"{local_ranks} ranks on this node exceed the {torch.cuda.device_count()} visible GPUs: "
-                         "one rank a GPU; lower --nproc-per-node")
+        raise ValueError(
+            f"{local_ranks} ranks on this node exceed the {torch.cuda.device_count()} visible GPUs: "
+            "one rank a GPU; lower --nproc-per-node"
+        )
 
 
 def bench_world_check(bench: BenchConfig) -> Callable[[int], None]:
@@ -127,7 +144,10 @@ def bench_world_check(bench: BenchConfig) -> Callable[[int], None]:
             return  # check_before_launch names the mesh that does not fit
         ranks = world_size // tp  # the pipeline's stages on ranks: every TP group one
         if bench.num_stages % ranks:
-            raise ValueError(f"--pp-size {bench.num_stages} is not a multiple of the {ranks} stages the ranks run "
-                             f"({world_size} ranks over --tp-size {tp}): use a multiple of {ranks} (each runs "
-                             "--pp-size / stages of the pipeline), or change --nproc-per-node")
+            raise ValueError(
+                f"--pp-size {bench.num_stages} is not a multiple of the {ranks} stages the ranks run "
+                f"({world_size} ranks over --tp-size {tp}): use a multiple of {ranks} (each runs "
+                "--pp-size / stages of the pipeline), or change --nproc-per-node"
+            )
+
     return check

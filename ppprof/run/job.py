@@ -19,9 +19,19 @@ RESOLVED_CONFIG = "--resolved-config"
 """The hidden flag by which the launcher hands each rank the resolved settings (ppprof.commands.options)."""
 
 
-def start(command: str, rank_main: Callable, settings, profile: ProfileConfig, torchrun: dict, resolved: bool,
-          fault: str | None, world_check: Callable[[int], None] | None = None, *, overwrite: bool = False,
-          resume: bool = False) -> int:
+def start(
+    command: str,
+    rank_main: Callable,
+    settings,
+    profile: ProfileConfig,
+    torchrun: dict,
+    resolved: bool,
+    fault: str | None,
+    world_check: Callable[[int], None] | None = None,
+    *,
+    overwrite: bool = False,
+    resume: bool = False,
+) -> int:
     """Run `ppprof COMMAND` as a job: under torchrun this process is one rank (each rank checks the input before it
     joins the group, so each exits 2 alike and none waits); otherwise check once, take the run folder's lock and
     launch this node's ranks, each running `ppprof COMMAND --resolved-config JSON`. `settings` is the job's config
@@ -42,9 +52,12 @@ def start(command: str, rank_main: Callable, settings, profile: ProfileConfig, t
     check_before_launch(profile, world_size, profile.nproc_per_node, torchrun, overwrite, resume, folder=one_node)
     for line in warnings(profile):
         print(f"warning: {line}", file=sys.stderr)
-    worker_args = ([command, RESOLVED_CONFIG, json.dumps(settings.to_dict())] + (["--inject-fault", fault] if fault
-                                                                                 else [])
-                   + (["--resume", profile.out] if resume else []) + (["--overwrite"] if overwrite else []))
+    worker_args = (
+        [command, RESOLVED_CONFIG, json.dumps(settings.to_dict())]
+        + (["--inject-fault", fault] if fault else [])
+        + (["--resume", profile.out] if resume else [])
+        + (["--overwrite"] if overwrite else [])
+    )
     if not one_node:  # rank 0 checks and locks the folder for every node
         return record_outcome(profile.out, launch(profile.nproc_per_node, torchrun, worker_args, job=command))
     if not profile.out:  # rank 0 names a new folder, and tells which

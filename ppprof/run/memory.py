@@ -16,8 +16,13 @@ from ppprof.specs.tp import rank_spec
 MEMINFO = Path("/proc/meminfo")
 
 
-MEMORY_PARTS = (("weights", "weights"), ("kv_pool", "KV"), ("mamba_pool", "Mamba"), ("request_table", "requests"),
-                ("activation_peak", "activations"))
+MEMORY_PARTS = (
+    ("weights", "weights"),
+    ("kv_pool", "KV"),
+    ("mamba_pool", "Mamba"),
+    ("request_table", "requests"),
+    ("activation_peak", "activations"),
+)
 """StageMemory's parts, in the order and the words of the messages."""
 
 
@@ -29,12 +34,24 @@ def profile_memory(cfg: ProfileConfig, world_size: int, spec: ModelSpec | None =
     probe request, the largest probe chunk after the longest prefix."""
     spec = spec or load_spec(cfg.model, num_layers=cfg.num_layers, dtype=cfg.dtype)
     prefix_len = max(cfg.resolved_prefix_lens(), default=0)
-    return [stage_memory(spec, layers, stage_idx=i, dtype=cfg.dtype, max_total_tokens=cfg.max_total_tokens,
-                         page_size=cfg.page_size, max_mamba_cache_size=cfg.max_mamba_cache_size,
-                         max_running_requests=cfg.max_running_requests, context_len=cfg.context_len,
-                         chunk_size=cfg.max_probe_chunk_size, prefix_len=prefix_len,
-                         attention_backend=cfg.attention_backend, device=cfg.device)
-            for i, layers in enumerate(split_layers(spec.num_layers, world_size, cfg.layer_partition))]
+    return [
+        stage_memory(
+            spec,
+            layers,
+            stage_idx=i,
+            dtype=cfg.dtype,
+            max_total_tokens=cfg.max_total_tokens,
+            page_size=cfg.page_size,
+            max_mamba_cache_size=cfg.max_mamba_cache_size,
+            max_running_requests=cfg.max_running_requests,
+            context_len=cfg.context_len,
+            chunk_size=cfg.max_probe_chunk_size,
+            prefix_len=prefix_len,
+            attention_backend=cfg.attention_backend,
+            device=cfg.device,
+        )
+        for i, layers in enumerate(split_layers(spec.num_layers, world_size, cfg.layer_partition))
+    ]
 
 
 def rank_memory(cfg: ProfileConfig, world_size: int, spec: ModelSpec | None = None) -> list[StageMemory]:
@@ -99,8 +116,11 @@ def memory_fixes(cfg: ProfileConfig, m: StageMemory) -> str:
     if cfg.device == "cuda":
         smaller_stages = [MORE_STAGES]
     else:
-        smaller_stages = (["keep fewer layers (--num-layers)"] + (["use --dtype bfloat16"] if m.dtype == "float32"
-                                                                  else []) + ["spread the stages over more hosts"])
+        smaller_stages = (
+            ["keep fewer layers (--num-layers)"]
+            + (["use --dtype bfloat16"] if m.dtype == "float32" else [])
+            + ["spread the stages over more hosts"]
+        )
     fixes = []
     for key, _ in sorted(MEMORY_PARTS, key=lambda kw: -getattr(m, kw[0])):
         if getattr(m, key) < m.total / 10:
@@ -109,7 +129,8 @@ def memory_fixes(cfg: ProfileConfig, m: StageMemory) -> str:
             fixes.append("lower --base-chunk-size")
             if "attention" in m.activation_terms:
                 fixes += (["use --attention-backend sdpa"] if m.attention_backend == "reference" else []) + [
-                    "fewer/shorter --prefix-lens"]
+                    "fewer/shorter --prefix-lens"
+                ]
         elif key == "kv_pool":
             if cfg.max_total_tokens > cfg.needed_total_tokens():
                 fixes.append(f"lower --max-total-tokens (the probes need {cfg.needed_total_tokens()})")
@@ -136,8 +157,9 @@ class MemoryVerdict:
     """One line when they do not fit: the stage, the estimate, the limit and the fix."""
 
 
-def memory_verdict(cfg: ProfileConfig, stages: list[StageMemory], local_ranks: int,
-                   local: range | None) -> MemoryVerdict:
+def memory_verdict(
+    cfg: ProfileConfig, stages: list[StageMemory], local_ranks: int, local: range | None
+) -> MemoryVerdict:
     """Whether the stages of this node (`local`; None where unknown) fit: on CUDA each against its GPU's total
     memory, on CPU together against the host's MemAvailable."""
     mine = [stages[i] for i in local] if local is not None else []
@@ -156,36 +178,51 @@ def gpu_verdict(cfg: ProfileConfig, mine: list[StageMemory], local_ranks: int) -
     for j, m in enumerate(mine):
         limit = limits[min(j, len(limits) - 1)]
         if m.total > limit:
-            return MemoryVerdict(limit_text, True, (
-                f"stage {m.stage_idx} needs ~{format_bytes(m.total)} ({stage_summary(m)}) but its GPU (cuda:{j}) "
-                f"has {format_bytes(limit)}: {memory_fixes(cfg, m)}"))
+            return MemoryVerdict(
+                limit_text,
+                True,
+                (
+                    f"stage {m.stage_idx} needs ~{format_bytes(m.total)} ({stage_summary(m)}) but its GPU (cuda:{j}) "
+                    f"has {format_bytes(limit)}: {memory_fixes(cfg, m)}"
+                ),
+            )
     return MemoryVerdict(limit_text, True)
 
 
-def host_verdict(cfg: ProfileConfig, mine: list[StageMemory], largest: StageMemory,
-                 local_ranks: int) -> MemoryVerdict:
+def host_verdict(cfg: ProfileConfig, mine: list[StageMemory], largest: StageMemory, local_ranks: int) -> MemoryVerdict:
     """This node's stages together (the largest x local ranks where they are unknown) against MemAvailable."""
     available = host_available_bytes()
     if available is None:
         return MemoryVerdict("host memory unknown here (no /proc/meminfo)", False)
-    limit_text = (f"{format_bytes(available)} available on this host (MemAvailable), shared by its {local_ranks} "
-                  f"stage{'s' * (local_ranks != 1)}")
+    limit_text = (
+        f"{format_bytes(available)} available on this host (MemAvailable), shared by its {local_ranks} "
+        f"stage{'s' * (local_ranks != 1)}"
+    )
     if len(mine) == 1:
         need, who, detail = mine[0].total, f"stage {mine[0].stage_idx} needs", stage_summary(largest)
     else:
         need = sum(m.total for m in mine) if mine else largest.total * local_ranks
-        who = (f"stages {mine[0].stage_idx}-{mine[-1].stage_idx} of this host need" if mine else
-               f"the {local_ranks} stages of this host need up to")
+        who = (
+            f"stages {mine[0].stage_idx}-{mine[-1].stage_idx} of this host need"
+            if mine
+            else f"the {local_ranks} stages of this host need up to"
+        )
         detail = f"the largest, stage {largest.stage_idx}: {stage_summary(largest)}"
     if need <= available:
         return MemoryVerdict(limit_text, True)
-    return MemoryVerdict(limit_text, True, (
-        f"{who} ~{format_bytes(need)} ({detail}) but this host has {format_bytes(available)} available "
-        f"(MemAvailable): {memory_fixes(cfg, largest)}"))
+    return MemoryVerdict(
+        limit_text,
+        True,
+        (
+            f"{who} ~{format_bytes(need)} ({detail}) but this host has {format_bytes(available)} available "
+            f"(MemAvailable): {memory_fixes(cfg, largest)}"
+        ),
+    )
 
 
-def check_memory(cfg: ProfileConfig, world_size: int, local_ranks: int, torchrun: dict | None = None,
-                 spec: ModelSpec | None = None) -> None:
+def check_memory(
+    cfg: ProfileConfig, world_size: int, local_ranks: int, torchrun: dict | None = None, spec: ModelSpec | None = None
+) -> None:
     """ValueError, one line, when this node's stages do not fit in its memory (memory_verdict); nothing where it
     cannot be told (no GPU visible, no /proc/meminfo)."""
     ranks = rank_memory(cfg, world_size, spec)

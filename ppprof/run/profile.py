@@ -28,8 +28,18 @@ from ppprof.probe.output import append_samples, complete_probes, samples_frame
 from ppprof.probe.synth import Probe, ProbeRequest, warmup_requests
 from ppprof.run.memory import profile_memory
 from ppprof.run.provenance import default_run_dir, hardware, peak_memory_bytes
-from ppprof.run.rank import (Phase, RankRun, add_log_file, claim_folder, release_folder, run_phases, run_rank,
-                             set_up, tp_comm, tp_shard)
+from ppprof.run.rank import (
+    Phase,
+    RankRun,
+    add_log_file,
+    claim_folder,
+    release_folder,
+    run_phases,
+    run_rank,
+    set_up,
+    tp_comm,
+    tp_shard,
+)
 from ppprof.specs.spec import layers_pattern
 from ppprof.specs.tp import rank_spec
 from ppprof.runfiles import COMPLETE, FAILED, RUN_FILE, SAMPLES_FILE, RunRecord, stage_column
@@ -103,20 +113,30 @@ def prepare_run_folder(run: RankRun[ProfileState]) -> None:
     run.run_dir.mkdir(parents=True, exist_ok=True)
     add_log_file(run.run_dir / f"rank{run.rank}.log")
     if first:
-        log.info("resuming %s: probes 0..%d are complete, %d to run", run.run_dir, first - 1,
-                 len(run.state.probes) - first)
+        log.info(
+            "resuming %s: probes 0..%d are complete, %d to run", run.run_dir, first - 1, len(run.state.probes) - first
+        )
 
 
 def start_record(run: RankRun[ProfileState], run_dir: Path, probes: list, first: int) -> None:
     """Rank 0: run.json with status running, and what records the status when the rank is stopped (a signal, a rank
     that does not answer)."""
-    record = RunRecord(run_dir / RUN_FILE, config=run.cfg.to_dict(), model=run.spec.to_dict(),
-                       hardware=hardware(run.info.device), torch_version=torch.__version__,
-                       dist_backend=run.info.backend, world_size=run.info.world_size, pp_size=run.num_stages,
-                       tp_size=run.tp_size,
-                       layer_partition=[len(r) for r in run.stage_ranges], git_revision=git_revision(),
-                       dtype=str(run.dtype).removeprefix("torch."), num_probes=len(probes),
-                       **({"resumed_from_probe": first} if run.state.resume else {}))
+    record = RunRecord(
+        run_dir / RUN_FILE,
+        config=run.cfg.to_dict(),
+        model=run.spec.to_dict(),
+        hardware=hardware(run.info.device),
+        torch_version=torch.__version__,
+        dist_backend=run.info.backend,
+        world_size=run.info.world_size,
+        pp_size=run.num_stages,
+        tp_size=run.tp_size,
+        layer_partition=[len(r) for r in run.stage_ranges],
+        git_revision=git_revision(),
+        dtype=str(run.dtype).removeprefix("torch."),
+        num_probes=len(probes),
+        **({"resumed_from_probe": first} if run.state.resume else {}),
+    )
     record.write()
     write_manifest(run_dir)
     run.state.record, run.state.probes_done = record, first
@@ -124,9 +144,12 @@ def start_record(run: RankRun[ProfileState], run_dir: Path, probes: list, first:
     def on_stop(status: str, signal_name: str | None) -> None:
         record.write(status=status)
         if signal_name is not None:
-            print(f"interrupted by {signal_name}: {run_dir} keeps the samples of {run.state.probes_done} of "
-                  f"{len(probes)} probes; finish it with: ppprof profile --resume {run_dir}", file=sys.stderr,
-                  flush=True)
+            print(
+                f"interrupted by {signal_name}: {run_dir} keeps the samples of {run.state.probes_done} of "
+                f"{len(probes)} probes; finish it with: ppprof profile --resume {run_dir}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     if run.pipe.watchdog is not None:
         run.pipe.watchdog.on_stop.append(on_stop)
@@ -135,38 +158,71 @@ def start_record(run: RankRun[ProfileState], run_dir: Path, probes: list, first:
 def build_stage(run: RankRun[ProfileState]) -> None:
     """This rank's layers (random weights) and its pools: KV, Mamba state and request entries."""
     cfg, spec, layer_ids = run.cfg, run.spec, run.layer_ids
-    log.info("stage %d/%d%s: layers %d..%d (%s) of %s on %s, %s, backend %s, %d threads", run.stage_idx,
-             run.num_stages, f" (TP rank {run.pipe.tp.rank} of {run.tp_size})" if run.tp_size > 1 else "",
-             layer_ids.start, layer_ids.stop - 1,
-             layers_pattern(spec.layers[layer_ids.start:layer_ids.stop]), spec.name, run.info.device, str(run.dtype).removeprefix("torch."),
-             run.info.backend, torch.get_num_threads())
+    log.info(
+        "stage %d/%d%s: layers %d..%d (%s) of %s on %s, %s, backend %s, %d threads",
+        run.stage_idx,
+        run.num_stages,
+        f" (TP rank {run.pipe.tp.rank} of {run.tp_size})" if run.tp_size > 1 else "",
+        layer_ids.start,
+        layer_ids.stop - 1,
+        layers_pattern(spec.layers[layer_ids.start : layer_ids.stop]),
+        spec.name,
+        run.info.device,
+        str(run.dtype).removeprefix("torch."),
+        run.info.backend,
+        torch.get_num_threads(),
+    )
     tp = tp_comm(run)
-    run.stage = Stage(spec, layer_ids, dtype=run.dtype, device=run.info.device, seed=cfg.seed,
-                      attention_backend=cfg.attention_backend, **tp)
+    run.stage = Stage(
+        spec,
+        layer_ids,
+        dtype=run.dtype,
+        device=run.info.device,
+        seed=cfg.seed,
+        attention_backend=cfg.attention_backend,
+        **tp,
+    )
     run.stage.eval()
-    run.cache = build_stage_cache(spec, layer_ids, max_total_tokens=cfg.max_total_tokens, page_size=cfg.page_size,
-                                  max_mamba_cache_size=cfg.max_mamba_cache_size, max_running_requests=cfg.max_running_requests,
-                                  context_len=cfg.context_len, dtype=run.dtype, device=run.info.device,
-                                  **tp_shard(run))
+    run.cache = build_stage_cache(
+        spec,
+        layer_ids,
+        max_total_tokens=cfg.max_total_tokens,
+        page_size=cfg.page_size,
+        max_mamba_cache_size=cfg.max_mamba_cache_size,
+        max_running_requests=cfg.max_running_requests,
+        context_len=cfg.context_len,
+        dtype=run.dtype,
+        device=run.info.device,
+        **tp_shard(run),
+    )
     cache = run.cache
     pool_mib = [0.0 if p is None else p.nbytes() / 2**20 for p in (cache.kv_pool, cache.mamba_pool)]
-    log.info("pools: KV %.1f MiB (%d slots, page %d), Mamba %.1f MiB (%s slots), %d request entries", pool_mib[0],
-             cache.kv_alloc.size, cfg.page_size, pool_mib[1],
-             "no" if cache.mamba_alloc is None else cache.mamba_alloc.size, cfg.max_running_requests)
+    log.info(
+        "pools: KV %.1f MiB (%d slots, page %d), Mamba %.1f MiB (%s slots), %d request entries",
+        pool_mib[0],
+        cache.kv_alloc.size,
+        cfg.page_size,
+        pool_mib[1],
+        "no" if cache.mamba_alloc is None else cache.mamba_alloc.size,
+        cfg.max_running_requests,
+    )
 
 
 def warm_up(run: RankRun[ProfileState]) -> None:
     """Untimed forwards shaped like the first timed ones, so that no timed request is the first of its kind."""
-    run.state.runner = ProbeRunner(stage=run.stage, cache=run.cache, pipe=run.pipe, seed=run.cfg.seed,
-                                      fault=run.fault)
+    run.state.runner = ProbeRunner(stage=run.stage, cache=run.cache, pipe=run.pipe, seed=run.cfg.seed, fault=run.fault)
     run.state.warmup = warmup_requests(run.state.probes, run.cfg.warmup)
     run.state.t_probes = time.perf_counter()
     run.state.runner.warm_up(run.state.warmup)
     # What each stage's attention ran (None on a stage without attention), gathered for run.json.
     kernels = run.pipe.all_gather(run.stage.attention_kernel.kernel)
     run.state.attention_kernel = next((k for k in kernels if k is not None), None)
-    log.info("attention %s (%s), mamba %s", run.stage.attention_kernel.backend, run.state.attention_kernel,
-             run.stage.mamba_kernel.kernel)
+    log.info(
+        "attention %s (%s), mamba %s",
+        run.stage.attention_kernel.backend,
+        run.state.attention_kernel,
+        run.stage.mamba_kernel.kernel,
+    )
 
 
 def run_probes(run: RankRun[ProfileState]) -> None:
@@ -177,32 +233,54 @@ def run_probes(run: RankRun[ProfileState]) -> None:
     bar = None
     if run.rank == 0:
         from tqdm import tqdm
-        total = sum(len(p.requests) for p in run.state.probes[first:]) if run.cfg.design == "grid" else \
-            run.cfg.request_budget
+
+        total = (
+            sum(len(p.requests) for p in run.state.probes[first:])
+            if run.cfg.design == "grid"
+            else run.cfg.request_budget
+        )
         bar = tqdm(total=total, desc="profile", unit="req", file=sys.stderr, disable=None, dynamic_ncols=True)
     e2e_ms = []
-    for probe in probe_sequence(run.pipe, run.cfg, run.state.probes, run.state.design, run.run_dir / SAMPLES_FILE,
-                                e2e_ms, run.state.t_probes, first):
+    for probe in probe_sequence(
+        run.pipe,
+        run.cfg,
+        run.state.probes,
+        run.state.design,
+        run.run_dir / SAMPLES_FILE,
+        e2e_ms,
+        run.state.t_probes,
+        first,
+    ):
         timings = runner.run_probe(probe, on_request=bar.update if bar is not None else None)
         stage_ms = run.pipe.all_gather(timings.stage_ms)
         e2e_ms.append(timings.e2e_ms)
         if run.rank == 0:
             keep_samples(run, probe, stage_ms, timings.e2e_ms)
-        log.info("probe %d (%s, %d requests, prefix %d): pools back to full capacity", probe.index, probe.kind,
-                 len(probe.requests), probe.requests[0].prefix_len)
+        log.info(
+            "probe %d (%s, %d requests, prefix %d): pools back to full capacity",
+            probe.index,
+            probe.kind,
+            len(probe.requests),
+            probe.requests[0].prefix_len,
+        )
     run.state.probe_wall_s = time.perf_counter() - run.state.t_probes
     run.state.forward_tokens = run.pipe.all_gather(runner.forward_tokens)
     run.state.peak_memory = run.pipe.all_gather(peak_memory_bytes(run.info.device))
     if run.tp_size > 1:  # per TP rank: its own median forward (before the slowest is taken) and peak memory
-        own = (round(float(np.median(runner.tp_rank_ms)), 4) if runner.tp_rank_ms else None,
-               peak_memory_bytes(run.info.device))
+        own = (
+            round(float(np.median(runner.tp_rank_ms)), 4) if runner.tp_rank_ms else None,
+            peak_memory_bytes(run.info.device),
+        )
         everyone = run.pipe.all_gather_ranks(own)
         tp = run.tp_size
         run.state.tp_ranks = {
-            "median_forward_ms_per_tp_rank": [[o[0] for o in everyone[s * tp:(s + 1) * tp]]
-                                              for s in range(run.num_stages)],
-            "peak_memory_bytes_per_tp_rank": [[o[1] for o in everyone[s * tp:(s + 1) * tp]]
-                                              for s in range(run.num_stages)]}
+            "median_forward_ms_per_tp_rank": [
+                [o[0] for o in everyone[s * tp : (s + 1) * tp]] for s in range(run.num_stages)
+            ],
+            "peak_memory_bytes_per_tp_rank": [
+                [o[1] for o in everyone[s * tp : (s + 1) * tp]] for s in range(run.num_stages)
+            ],
+        }
     if bar is not None:
         bar.close()
 
@@ -220,8 +298,9 @@ def measure_overhead(run: RankRun[ProfileState]) -> None:
     capacity = min(cfg.max_total_tokens, cfg.context_len)
     warmup, timed = overhead_plans(sizes, capacity, cfg.overhead_repeats, cfg.base_chunk_size)
     if not timed:  # the same on every rank: nothing to agree on
-        log.warning("pipeline overhead not measured: a request holds %d tokens, under two chunks of %d", capacity,
-                    sizes[0])
+        log.warning(
+            "pipeline overhead not measured: a request holds %d tokens, under two chunks of %d", capacity, sizes[0]
+        )
         return
     plans = [(WARMUP_REPEAT, warmup)] + timed
     runner = PromptRunner(stages=[BenchStage(run.stage_idx, run.stage, run.cache)], pipe=run.pipe, seed=cfg.seed)
@@ -239,13 +318,21 @@ def measure_overhead(run: RankRun[ProfileState]) -> None:
     for row in rows:
         stage_ms.setdefault(row["prompt"], {})[(row["stage"], row["chunk"])] = row["compute_ms"]
     P = run.num_stages
-    runs = [overhead_run(chunks, [[stage_ms[i][(s, k)] for k in range(len(chunks))] for s in range(P)], ttft[i],
-                         repeat) for i, (repeat, chunks) in enumerate(plans) if repeat != WARMUP_REPEAT]
+    runs = [
+        overhead_run(chunks, [[stage_ms[i][(s, k)] for k in range(len(chunks))] for s in range(P)], ttft[i], repeat)
+        for i, (repeat, chunks) in enumerate(plans)
+        if repeat != WARMUP_REPEAT
+    ]
     run.state.overhead = summarize(runs, P)
     o = run.state.overhead
-    log.info("pipeline overhead: %.3f +- %.3f ms a chunk (median of %d runs; by chunk size %s), measured in %.1f s",
-             o["ms_per_chunk"], o["stderr_ms"], len(runs),
-             ", ".join(f"{n}: {v:.3f}" for n, v in o["by_chunk_size"].items()), run.state.overhead_wall_s)
+    log.info(
+        "pipeline overhead: %.3f +- %.3f ms a chunk (median of %d runs; by chunk size %s), measured in %.1f s",
+        o["ms_per_chunk"],
+        o["stderr_ms"],
+        len(runs),
+        ", ".join(f"{n}: {v:.3f}" for n, v in o["by_chunk_size"].items()),
+        run.state.overhead_wall_s,
+    )
 
 
 def keep_samples(run: RankRun[ProfileState], probe, stage_ms: list[list[float]], e2e_ms: list[float]) -> None:
@@ -261,26 +348,41 @@ def write_results(run: RankRun[ProfileState]) -> None:
     if run.rank != 0:
         return
     probes, warmup, forward_tokens = run.state.probes, run.state.warmup, run.state.forward_tokens
-    probes = probes[run.state.first_probe:]
+    probes = probes[run.state.first_probe :]
     frame = pd.read_csv(run.run_dir / SAMPLES_FILE)  # every probe's rows, appended as each completed
     wall_s = time.perf_counter() - run.t_start
     run.state.record.write(
         status=COMPLETE,
-        attention_backend=run.stage.attention_kernel.backend, attention_kernel=run.state.attention_kernel,
+        attention_backend=run.stage.attention_kernel.backend,
+        attention_kernel=run.state.attention_kernel,
         mamba_kernel=run.stage.mamba_kernel.kernel if any(layer.has_mamba for layer in run.spec.layers) else None,
-        torch_threads=torch.get_num_threads(), profile_wall_s=round(wall_s, 3),
-        probe_wall_s=round(run.state.probe_wall_s, 3), forward_tokens=int(forward_tokens[0]),
+        torch_threads=torch.get_num_threads(),
+        profile_wall_s=round(wall_s, 3),
+        probe_wall_s=round(run.state.probe_wall_s, 3),
+        forward_tokens=int(forward_tokens[0]),
         forward_tokens_per_stage=[int(t) for t in forward_tokens],
         peak_memory_bytes_per_stage=run.state.peak_memory,
-        estimated_memory_bytes_per_stage=[m.total for m in profile_memory(run.cfg, run.num_stages,
-                                                                       rank_spec(run.spec, run.tp_size))],
+        estimated_memory_bytes_per_stage=[
+            m.total for m in profile_memory(run.cfg, run.num_stages, rank_spec(run.spec, run.tp_size))
+        ],
         **run.state.tp_ranks,
-        timed_requests=sum(len(p.requests) for p in probes), warmup_requests=len(warmup),
-        **({"pipeline_overhead": run.state.overhead, "overhead_wall_s": round(run.state.overhead_wall_s, 3)}
-           if run.state.overhead is not None else {}),
+        timed_requests=sum(len(p.requests) for p in probes),
+        warmup_requests=len(warmup),
+        **(
+            {"pipeline_overhead": run.state.overhead, "overhead_wall_s": round(run.state.overhead_wall_s, 3)}
+            if run.state.overhead is not None
+            else {}
+        ),
         warmup_tokens=sum(r.chunk_size for r in warmup),
-        design=design_record(run.cfg, run.state.design, probes, run.run_dir / SAMPLES_FILE, run.num_stages,
-                             run.state.probe_wall_s, int(forward_tokens[0])),
+        design=design_record(
+            run.cfg,
+            run.state.design,
+            probes,
+            run.run_dir / SAMPLES_FILE,
+            run.num_stages,
+            run.state.probe_wall_s,
+            int(forward_tokens[0]),
+        ),
     )
     log_summary(frame, run.num_stages, wall_s, forward_tokens[0], run.run_dir)
 
@@ -308,6 +410,7 @@ PHASES: tuple[Phase, ...] = (
 def profile_rank(cfg: ProfileConfig, fault: str | None = None, resume: bool = False, overwrite: bool = False) -> int:
     """One rank of `ppprof profile` (`resume`: finish the interrupted run in cfg.out; `overwrite`: it may hold
     files); returns its exit code. A run that fails records it in run.json (status "failed: <reason>")."""
+
     def job(info) -> None:
         run = set_up(cfg, info, fault, state=ProfileState(resume=resume, overwrite=overwrite))
         try:
@@ -330,6 +433,12 @@ def log_summary(frame, world_size: int, wall_s: float, forward_tokens: int, run_
     big, small = sweep.loc[sweep["chunk_size"].idxmax()], sweep.loc[sweep["chunk_size"].idxmin()]
     for s in range(world_size):
         col = stage_column(s)
-        log.info("stage %d: chunk %d -> %.3f ms, chunk %d -> %.3f ms", s, big["chunk_size"], big[col],
-                 small["chunk_size"], small[col])
+        log.info(
+            "stage %d: chunk %d -> %.3f ms, chunk %d -> %.3f ms",
+            s,
+            big["chunk_size"],
+            big[col],
+            small["chunk_size"],
+            small[col],
+        )
     log.info("profile wall time %.2f s, %d forward tokens a stage; wrote %s", wall_s, forward_tokens, run_dir)

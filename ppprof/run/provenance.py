@@ -24,8 +24,13 @@ def default_run_dir(model: str, root: str | os.PathLike = "results") -> Path:
 
 
 def hardware(device: torch.device) -> dict:
-    info = {"device": device.type, "platform": platform.platform(), "machine": platform.machine(),
-            "cpu_count": os.cpu_count(), "hostname": platform.node()}
+    info = {
+        "device": device.type,
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "hostname": platform.node(),
+    }
     if device.type == "cuda":
         info["device_name"] = torch.cuda.get_device_name(device)
         info["device_count"] = torch.cuda.device_count()

@@ -84,8 +84,9 @@ def resolve_dtype(cfg: ProfileConfig, spec_dtype: str | None) -> torch.dtype:
     return getattr(torch, cfg.dtype or spec_dtype or (AUTO_DTYPE_GPU if cfg.device == "cuda" else AUTO_DTYPE_CPU))
 
 
-def set_up(cfg: ProfileConfig, info: RankInfo, fault: str | None, *, state: S, repeat: int = 1,
-           num_stages: int | None = None) -> RankRun[S]:
+def set_up(
+    cfg: ProfileConfig, info: RankInfo, fault: str | None, *, state: S, repeat: int = 1, num_stages: int | None = None
+) -> RankRun[S]:
     """The model, dtype, layer split and the pipe to the neighbours; `state` the job's own. No collective: the
     launcher checked the input. `repeat` > 1 repeats the model's layers (and the partition), split over `num_stages` stages (default: a stage a
     rank)."""
@@ -100,10 +101,16 @@ def set_up(cfg: ProfileConfig, info: RankInfo, fault: str | None, *, state: S, r
     mesh = info.mesh
     stage, ranks = (info.rank, info.world_size) if mesh is None else (mesh.coords.stage, mesh.coords.pp_size)
     ranges = split_layers(spec.num_layers, num_stages or ranks, partition)
-    pipe = Pipe(rank=stage, world_size=ranks, device=info.device, hidden_size=spec.hidden_size, dtype=dtype,
-                watchdog=info.watchdog, mesh=mesh)
-    return RankRun(cfg=cfg, info=info, spec=spec, dtype=dtype, stage_ranges=ranges, pipe=pipe, state=state,
-                   fault=fault)
+    pipe = Pipe(
+        rank=stage,
+        world_size=ranks,
+        device=info.device,
+        hidden_size=spec.hidden_size,
+        dtype=dtype,
+        watchdog=info.watchdog,
+        mesh=mesh,
+    )
+    return RankRun(cfg=cfg, info=info, spec=spec, dtype=dtype, stage_ranges=ranges, pipe=pipe, state=state, fault=fault)
 
 
 def tp_comm(run: RankRun) -> dict:
@@ -150,8 +157,13 @@ def run_phases(run: RankRun, phases: Sequence[Phase]) -> None:
             phase(run)
 
 
-def run_rank(job: Callable[[RankInfo], None], device: str, threads: int | None = None,
-             timeout_s: float = DEFAULT_TIMEOUT_S, tp_size: int = 1) -> int:
+def run_rank(
+    job: Callable[[RankInfo], None],
+    device: str,
+    threads: int | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    tp_size: int = 1,
+) -> int:
     """The body of one rank: join the group on `device` (cpu or cuda) as a (pp, tp_size) mesh with `threads`
     intra-op threads (None: as the environment says) and a watchdog giving each wait at least `timeout_s`, run
     `job`, leave. Returns the exit code (1 when the job failed on any rank; every rank then prints the same agreed

@@ -67,7 +67,9 @@ def _int_list(text: str, key: str) -> list[int]:
     try:
         return [int(p) for p in text.split(",") if p.strip()]
     except ValueError:
-        raise ValueError(f"--{key.replace('_', '-')} {text!r} must be comma-separated integers, e.g. 512,1024") from None
+        raise ValueError(
+            f"--{key.replace('_', '-')} {text!r} must be comma-separated integers, e.g. 512,1024"
+        ) from None
 
 
 RESUMABLE_FIELDS = ("timeout", "fit", "overhead_repeats")
@@ -80,14 +82,17 @@ def resume_config(run_dir: str, config_path: str | None, flags: dict) -> Profile
     of the uninterrupted run."""
     run_file = Path(run_dir) / RUN_FILE
     if not run_file.is_file():
-        raise ValueError(f"--resume {run_dir}: {run_file} does not exist; give the run folder of an interrupted "
-                         "`ppprof profile`")
+        raise ValueError(
+            f"--resume {run_dir}: {run_file} does not exist; give the run folder of an interrupted `ppprof profile`"
+        )
     run = read_run_json(run_file)
     if run["status"] == COMPLETE:
         raise ValueError(f"--resume {run_dir}: the run is complete (status in {run_file}); nothing to resume")
     if run["config"].get("design") == "adaptive":
-        raise ValueError(f"--resume {run_dir}: an adaptive design chose its probes from what it had measured and "
-                         f"cannot be resumed; start a new run with another --out (it costs a fraction of the grid)")
+        raise ValueError(
+            f"--resume {run_dir}: an adaptive design chose its probes from what it had measured and "
+            f"cannot be resumed; start a new run with another --out (it costs a fraction of the grid)"
+        )
     recorded = ProfileConfig.recorded(run["config"])
     recorded["out"] = str(run_dir)
     base = resolve_config(None, recorded)
@@ -102,9 +107,11 @@ def resume_config(run_dir: str, config_path: str | None, flags: dict) -> Profile
             same = False
         if not same:
             flag = config_flag(key)
-            raise ValueError(f"--resume {run_dir}: {flag} {value} differs from the run's recorded "
-                             f"{getattr(base, key)!r}; drop {flag} (a resumed run keeps its settings) or start a new "
-                             "run with another --out")
+            raise ValueError(
+                f"--resume {run_dir}: {flag} {value} differs from the run's recorded "
+                f"{getattr(base, key)!r}; drop {flag} (a resumed run keeps its settings) or start a new "
+                "run with another --out"
+            )
     return resolve_config(None, {**recorded, **given})
 
 
@@ -115,8 +122,10 @@ def resolve_bench(policy_path: str, flags: dict) -> BenchConfig:
         raise ValueError(f"policy file {policy_path} does not exist: give a policy.json written by `ppprof profile`")
     load_policy(policy_path)  # checked as `ppprof validate` checks it, before any rank starts
     if not run_file.is_file():
-        raise ValueError(f"{run_file} does not exist: `ppprof bench` needs the run.json of the profile that wrote "
-                         f"{policy_path} (the model, split and device come from it)")
+        raise ValueError(
+            f"{run_file} does not exist: `ppprof bench` needs the run.json of the profile that wrote "
+            f"{policy_path} (the model, split and device come from it)"
+        )
     run = read_run_json(run_file)
     profile = ProfileConfig.recorded(run["config"])
     profile["torch_threads"] = run.get("torch_threads")  # measure under the profile's conditions
@@ -125,14 +134,21 @@ def resolve_bench(policy_path: str, flags: dict) -> BenchConfig:
     profile = resolve_config(None, profile)
     strategies = flags.pop("strategies")
     # "" is no strategy (refused), not the default: only a flag not given means every strategy
-    strategies = BENCH_STRATEGIES if strategies is None else tuple(s.strip() for s in strategies.split(",") if s.strip())
+    strategies = (
+        BENCH_STRATEGIES if strategies is None else tuple(s.strip() for s in strategies.split(",") if s.strip())
+    )
     if flags.get("plans") is not None:
         flags["plans"] = read_plans(flags["plans"])
         if not flags.get("prompt_lens") and isinstance(flags["plans"], dict):
             flags["prompt_lens"] = tuple(sorted(int(n) for n in flags["plans"] if n.isdigit()))
     stages = run.get("layer_partition") or [None] * run.get("world_size", 1)
-    return BenchConfig(policy=str(policy_path), profile=profile, strategies=strategies,
-                       profiled_stages=len(stages), **{k: v for k, v in flags.items() if v is not None})
+    return BenchConfig(
+        policy=str(policy_path),
+        profile=profile,
+        strategies=strategies,
+        profiled_stages=len(stages),
+        **{k: v for k, v in flags.items() if v is not None},
+    )
 
 
 def read_plans(path: str) -> dict:
@@ -141,8 +157,9 @@ def read_plans(path: str) -> dict:
     try:
         data = parse_json(read_small_text(path, "--plans file", fix), f"--plans file {path}")
     except FileNotFoundError:
-        raise ValueError(f"--plans file {path} does not exist: write it with `ppprof tune ... --json > {path}`") \
-            from None
+        raise ValueError(
+            f"--plans file {path} does not exist: write it with `ppprof tune ... --json > {path}`"
+        ) from None
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"--plans file {path} is not readable JSON ({e.__class__.__name__}): {fix}") from None
     return data.get("plans", data) if isinstance(data, dict) else data

@@ -16,8 +16,16 @@ import numpy as np
 from ppprof.chunks import align_down
 from ppprof.policy.rule import LatencyModel
 from ppprof.policy.schema import Policy
-from ppprof.servers.base import (CALIBRATION, DYNAMIC, PP_SIZE, TP_SIZE, Server, ServerSetting, concave_free_root,
-                                 parse_number)
+from ppprof.servers.base import (
+    CALIBRATION,
+    DYNAMIC,
+    PP_SIZE,
+    TP_SIZE,
+    Server,
+    ServerSetting,
+    concave_free_root,
+    parse_number,
+)
 
 PREFIX_SHARE = 0.2
 """ATOM floors a chunk where its prefix cost gamma * L would exceed this share of its latency."""
@@ -65,12 +73,21 @@ class Atom(Server):
     targets = "ATOM's Dynamic CPP guide (--enable-dynamic-chunking with --dynamic-chunking-calibration)"
     form = "prefix"
     context_margin = 0
-    flag_keys = {"--max-num-batched-tokens": "max_chunk_size", "--block-size": "page_size",
-                 "--enable-dynamic-chunking": DYNAMIC, "--dynamic-chunking-base-size": "base_chunk_size",
-                 "--dynamic-chunking-smooth-factor": "smooth_factor",
-                 "--dynamic-chunking-min-chunk-size": "min_chunk_size", "--dynamic-chunking-calibration": CALIBRATION}
-    parallel_flags = {"--pipeline-parallel-size": PP_SIZE, "--tensor-parallel-size": TP_SIZE, "-pp": PP_SIZE,
-                      "-tp": TP_SIZE}
+    flag_keys = {
+        "--max-num-batched-tokens": "max_chunk_size",
+        "--block-size": "page_size",
+        "--enable-dynamic-chunking": DYNAMIC,
+        "--dynamic-chunking-base-size": "base_chunk_size",
+        "--dynamic-chunking-smooth-factor": "smooth_factor",
+        "--dynamic-chunking-min-chunk-size": "min_chunk_size",
+        "--dynamic-chunking-calibration": CALIBRATION,
+    }
+    parallel_flags = {
+        "--pipeline-parallel-size": PP_SIZE,
+        "--tensor-parallel-size": TP_SIZE,
+        "-pp": PP_SIZE,
+        "-tp": TP_SIZE,
+    }
     fits_at_boot = False
 
     def default_setting(self, page_size: int = 1) -> ServerSetting:
@@ -107,9 +124,15 @@ class Atom(Server):
             args += ["--block-size", str(s.page_size)]
         if not s.dynamic:
             return {}, args
-        args = ["--enable-dynamic-chunking", "--dynamic-chunking-base-size", str(s.base_chunk_size),
-                "--dynamic-chunking-smooth-factor", f"{s.smooth_factor:g}",
-                "--dynamic-chunking-min-chunk-size", str(s.min_chunk_size)] + args
+        args = [
+            "--enable-dynamic-chunking",
+            "--dynamic-chunking-base-size",
+            str(s.base_chunk_size),
+            "--dynamic-chunking-smooth-factor",
+            f"{s.smooth_factor:g}",
+            "--dynamic-chunking-min-chunk-size",
+            str(s.min_chunk_size),
+        ] + args
         if calibration is not None:
             coefs = ",".join(f"{v:.6g}" for v in (calibration.a, calibration.b, calibration.c, calibration.g))
             args += ["--dynamic-chunking-calibration", coefs]
@@ -130,21 +153,29 @@ class Atom(Server):
         return fields
 
     def export_header(self, policy: Policy, source: str) -> list[str]:
-        return [f"# ATOM sizes chunks with the prefix model given by --dynamic-chunking-calibration (ppprof's); "
-                f"settings from {source}", f"# (policy {policy.status}: {policy.reason})."]
+        return [
+            f"# ATOM sizes chunks with the prefix model given by --dynamic-chunking-calibration (ppprof's); "
+            f"settings from {source}",
+            f"# (policy {policy.status}: {policy.reason}).",
+        ]
 
     def causes(self, policy: Policy) -> list[str]:
         s = policy.settings
-        out = [f"ATOM aligns down to the KV block size ({s.page_size}), ppprof to {s.alignment}",
-               "ATOM floors a chunk at max(block, min chunk, the chunk whose prefix cost gamma*L is 20% of its "
-               "latency); ppprof floors at min_chunk_size only",
-               "ATOM has no context cap; its ceiling (--max-num-batched-tokens) holds for the first chunk too"]
+        out = [
+            f"ATOM aligns down to the KV block size ({s.page_size}), ppprof to {s.alignment}",
+            "ATOM floors a chunk at max(block, min chunk, the chunk whose prefix cost gamma*L is 20% of its "
+            "latency); ppprof floors at min_chunk_size only",
+            "ATOM has no context cap; its ceiling (--max-num-batched-tokens) holds for the first chunk too",
+        ]
         if s.max_chunk_size < s.base_chunk_size:
-            out.append(f"the policy's cap of {s.max_chunk_size} tokens from the second chunk on has no ATOM flag "
-                       f"and is lost")
+            out.append(
+                f"the policy's cap of {s.max_chunk_size} tokens from the second chunk on has no ATOM flag and is lost"
+            )
         if policy.model is not None and policy.model.name == "pairs":
-            out.append("ATOM carries the prefix form: the pairs model's h term is folded into a and gamma by a "
-                       "least-squares fit over the profiled domain")
+            out.append(
+                "ATOM carries the prefix form: the pairs model's h term is folded into a and gamma by a "
+                "least-squares fit over the profiled domain"
+            )
         return out
 
 

@@ -43,17 +43,29 @@ class ServerSetting:
 
     def fields(self) -> dict:
         """Every field but the server's name."""
-        return {"base_chunk_size": self.base_chunk_size, "dynamic": self.dynamic, "smooth_factor": self.smooth_factor,
-                "min_chunk_size": self.min_chunk_size, "max_chunk_size": self.max_chunk_size,
-                "page_size": self.page_size}
+        return {
+            "base_chunk_size": self.base_chunk_size,
+            "dynamic": self.dynamic,
+            "smooth_factor": self.smooth_factor,
+            "min_chunk_size": self.min_chunk_size,
+            "max_chunk_size": self.max_chunk_size,
+            "page_size": self.page_size,
+        }
 
     def to_dict(self) -> dict:
         return {"server": self.server, **self.fields()}
 
     @classmethod
     def from_dict(cls, d: dict) -> ServerSetting:
-        return cls(d["server"], d["base_chunk_size"], d["dynamic"], d["smooth_factor"], d["min_chunk_size"],
-                   d["max_chunk_size"], d["page_size"])
+        return cls(
+            d["server"],
+            d["base_chunk_size"],
+            d["dynamic"],
+            d["smooth_factor"],
+            d["min_chunk_size"],
+            d["max_chunk_size"],
+            d["page_size"],
+        )
 
 
 class Rule(Protocol):
@@ -95,8 +107,15 @@ class Server(ABC):
         """The policy's settings in its terms: B, the smoothing factor, the floor and the cap. By default B is the
         token budget and so the cap too (a policy's lower cap from the second chunk on has no flag)."""
         s = policy.settings
-        return ServerSetting(self.name, s.base_chunk_size, policy.status == "dynamic", s.smooth_factor,
-                             s.min_chunk_size, s.base_chunk_size, s.page_size)
+        return ServerSetting(
+            self.name,
+            s.base_chunk_size,
+            policy.status == "dynamic",
+            s.smooth_factor,
+            s.min_chunk_size,
+            s.base_chunk_size,
+            s.page_size,
+        )
 
     def alignment(self, page_size: int) -> int:
         """The unit its chunk sizes are multiples of."""
@@ -136,7 +155,9 @@ class Server(ABC):
     def rule(self, setting: ServerSetting, model: LatencyModel | None, context_len: int) -> Rule:
         """Its next-chunk rule with `setting`, the model it has and a context of `context_len` tokens."""
 
-    def chunks(self, setting: ServerSetting, model: LatencyModel | None, context_len: int, prompt_len: int) -> list[int]:
+    def chunks(
+        self, setting: ServerSetting, model: LatencyModel | None, context_len: int, prompt_len: int
+    ) -> list[int]:
         """The chunks it prefills a `prompt_len`-token prompt in: its rule where dynamic, else fixed chunks."""
         if setting.dynamic:
             return walk(self.rule(setting, model, context_len).next, prompt_len)
@@ -199,8 +220,9 @@ class Server(ABC):
         for field in ("base_chunk_size", "max_chunk_size"):
             value = getattr(s, field)
             if not is_int(value) or value < align:
-                raise ValueError(f"{self.label} {self.flag_name(field)} {value} is below the alignment {align}: use "
-                                 f"at least {align}")
+                raise ValueError(
+                    f"{self.label} {self.flag_name(field)} {value} is below the alignment {align}: use at least {align}"
+                )
 
     def with_context(self, setting: ServerSetting, context_len: int) -> ServerSetting:
         """`setting` with its chunk sizes limited to what a `context_len` context admits (a server default of 8192
@@ -210,8 +232,12 @@ class Server(ABC):
         if self.fixed_chunk_size(setting) <= limit and setting.base_chunk_size <= limit:
             return setting
         base = min(setting.base_chunk_size, limit)
-        return replace(setting, base_chunk_size=base, max_chunk_size=min(setting.max_chunk_size, limit),
-                       min_chunk_size=min(setting.min_chunk_size, base))
+        return replace(
+            setting,
+            base_chunk_size=base,
+            max_chunk_size=min(setting.max_chunk_size, limit),
+            min_chunk_size=min(setting.min_chunk_size, base),
+        )
 
     # --- why its chunks differ from the policy's ---------------------------------------------------------------------
 
@@ -222,9 +248,11 @@ class Server(ABC):
     def export_header(self, policy: Policy, source: str) -> list[str]:
         """The export's first comment lines: where the latency model it sizes chunks with and the settings come
         from."""
-        return [f"# {self.label} re-profiles its own latency model at start; these settings come from {source}",
-                f"# (policy {policy.status}: {policy.reason});",
-                "# the policy's coefficients inform them, they are not loaded."]
+        return [
+            f"# {self.label} re-profiles its own latency model at start; these settings come from {source}",
+            f"# (policy {policy.status}: {policy.reason});",
+            "# the policy's coefficients inform them, they are not loaded.",
+        ]
 
     def export_notes(self, policy: Policy) -> list[str]:
         """Comment lines its export adds about where the policy's coefficients come from."""
@@ -237,8 +265,9 @@ class Server(ABC):
         """Candidate dynamic settings at base chunk B: each smoothing factor with each floor (B/8, B/4, B/2 aligned
         down to `alignment`, and the default floor where it fits)."""
         default_floor = self.default_setting().min_chunk_size
-        floors = sorted({align_down(B // k, alignment) for k in (8, 4, 2)} |
-                        ({default_floor} if default_floor <= B else set()))
+        floors = sorted(
+            {align_down(B // k, alignment) for k in (8, 4, 2)} | ({default_floor} if default_floor <= B else set())
+        )
         return [ServerSetting(self.name, B, True, s, floor, B, page_size) for s in smooth_factors for floor in floors]
 
     def fixed_candidate(self, size: int, page_size: int) -> ServerSetting:
@@ -261,8 +290,10 @@ def boot_quadratic_cause(label: str, policy: Policy) -> list[str]:
     name = policy.model.name if policy.model is not None else None
     if name in (None, "quadratic"):
         return []
-    return [f"{label} sizes chunks with its own prefix-free quadratic fitted at boot, not ppprof's {name} model (its "
-            f"form: {FORMS['quadratic']}), so it cannot see the prefix cost"]
+    return [
+        f"{label} sizes chunks with its own prefix-free quadratic fitted at boot, not ppprof's {name} model (its "
+        f"form: {FORMS['quadratic']}), so it cannot see the prefix cost"
+    ]
 
 
 # --- command lines -----------------------------------------------------------------------------------------------------
@@ -309,10 +340,14 @@ def parse_number(name: str, value: str, kind, low, high=None, low_open=False):
     try:
         number = kind(value)
     except ValueError:
-        raise ValueError(f"--current: {name} {value!r} is not {'an integer' if kind is int else 'a number'}: "
-                         f"give one") from None
-    if not math.isfinite(number) or (number <= low if low_open else number < low) or \
-            (high is not None and number > high):
+        raise ValueError(
+            f"--current: {name} {value!r} is not {'an integer' if kind is int else 'a number'}: give one"
+        ) from None
+    if (
+        not math.isfinite(number)
+        or (number <= low if low_open else number < low)
+        or (high is not None and number > high)
+    ):
         bound = f"in ({low}, {high}]" if high is not None else f">= {low}"
         raise ValueError(f"--current: {name} {value} is out of range: use a value {bound}")
     return number

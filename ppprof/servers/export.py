@@ -31,8 +31,9 @@ def server_model(policy: Policy, server: str) -> LatencyModel | None:
     return get(server).model_for(policy)
 
 
-def compare_rules(policy: Policy, server: str, setting: ServerSetting | None = None,
-                  model: LatencyModel | None = None) -> dict:
+def compare_rules(
+    policy: Policy, server: str, setting: ServerSetting | None = None, model: LatencyModel | None = None
+) -> dict:
     """The chunk after each prefix length L (every alignment unit up to the context; at most MAX_CHECKED of them)
     under the policy and under `server`'s own rule with `setting` (default: the export's) and the model it would
     have: how many L differ, the first, the largest difference, and a few examples."""
@@ -51,16 +52,27 @@ def compare_rules(policy: Policy, server: str, setting: ServerSetting | None = N
     ours, theirs = np.minimum(ours, left), np.minimum(theirs, left)
     diff = theirs - ours
     where = np.flatnonzero(diff)
-    out = {"prefix_lens_checked": int(len(prefix_lens)), "step_tokens": int(step), "differ": int(len(where)),
-           "first_differs_at": None, "max_diff_tokens": 0, "max_diff_fraction": 0.0, "examples": []}
+    out = {
+        "prefix_lens_checked": int(len(prefix_lens)),
+        "step_tokens": int(step),
+        "differ": int(len(where)),
+        "first_differs_at": None,
+        "max_diff_tokens": 0,
+        "max_diff_fraction": 0.0,
+        "examples": [],
+    }
     if len(where):
         rel = np.abs(diff[where]) / ours[where]
         k = where[int(np.argmax(np.abs(diff[where])))]
-        out.update(first_differs_at=int(prefix_lens[where[0]]), max_diff_tokens=int(diff[k]),
-                   max_diff_fraction=round(float(rel.max()), 4))
+        out.update(
+            first_differs_at=int(prefix_lens[where[0]]),
+            max_diff_tokens=int(diff[k]),
+            max_diff_fraction=round(float(rel.max()), 4),
+        )
         picks = sorted({int(where[0]), int(k), int(where[len(where) // 2]), int(where[-1])})
-        out["examples"] = [{"prefix_len": int(prefix_lens[i]), "ppprof": int(ours[i]), target.label: int(theirs[i])}
-                           for i in picks]
+        out["examples"] = [
+            {"prefix_len": int(prefix_lens[i]), "ppprof": int(ours[i]), target.label: int(theirs[i])} for i in picks
+        ]
     return out
 
 
@@ -81,8 +93,10 @@ def header(policy: Policy, server: Server, source: str) -> list[str]:
         lines.append(f"# ppprof model {policy.model.name}: {coefs} (ms, tokens); target {policy.target_ms:.4g} ms")
         form = server.form
         if policy.model.name != form and server.fits_at_boot:
-            lines.append(f"# note: {label} can carry only the {form} form ({FORMS[form]}); ppprof's "
-                         f"{policy.model.name} model does not carry over, only the settings below do")
+            lines.append(
+                f"# note: {label} can carry only the {form} form ({FORMS[form]}); ppprof's "
+                f"{policy.model.name} model does not carry over, only the settings below do"
+            )
     return lines
 
 
@@ -99,35 +113,56 @@ def export_data(policy: Policy, server: str, source: str = "the policy") -> dict
     env, args = target.format_flags(setting, calibration)
     args = target.format_parallel(policy.num_stages, policy.tp_size) + args
     comments = header(policy, target, source)
-    comments.append(f"# profiled at {policy.num_stages} stages of {policy.tp_size} TP rank"
-                    f"{'s' if policy.tp_size > 1 else ''}: serve with the same layout, which the flags set")
+    comments.append(
+        f"# profiled at {policy.num_stages} stages of {policy.tp_size} TP rank"
+        f"{'s' if policy.tp_size > 1 else ''}: serve with the same layout, which the flags set"
+    )
     comments.append(f"# targets: {target.targets}")
     comments += target.export_notes(policy)
     if policy.status == "dynamic" and not setting.dynamic:
-        comments.append(f"# note: {label} would keep dynamic chunking off with this model; fixed chunks of "
-                        f"{target.fixed_chunk_size(setting)}")
+        comments.append(
+            f"# note: {label} would keep dynamic chunking off with this model; fixed chunks of "
+            f"{target.fixed_chunk_size(setting)}"
+        )
     comparison = compare_rules(policy, server, setting, model)
     if comparison["differ"] == 0:
-        comments.append(f"# {label}'s rule with these flags gives the policy's chunk size at every one of "
-                        f"{comparison['prefix_lens_checked']} prefix lengths checked")
+        comments.append(
+            f"# {label}'s rule with these flags gives the policy's chunk size at every one of "
+            f"{comparison['prefix_lens_checked']} prefix lengths checked"
+        )
     else:
         first = comparison["examples"][0]
-        comments.append(f"# {label}'s rule with these flags differs from the policy at {comparison['differ']} of "
-                        f"{comparison['prefix_lens_checked']} prefix lengths checked (from L = "
-                        f"{comparison['first_differs_at']}, e.g. {first['ppprof']} -> {first[label]}; at most "
-                        f"{comparison['max_diff_tokens']:+d} tokens, {comparison['max_diff_fraction']:.1%}), because:")
+        comments.append(
+            f"# {label}'s rule with these flags differs from the policy at {comparison['differ']} of "
+            f"{comparison['prefix_lens_checked']} prefix lengths checked (from L = "
+            f"{comparison['first_differs_at']}, e.g. {first['ppprof']} -> {first[label]}; at most "
+            f"{comparison['max_diff_tokens']:+d} tokens, {comparison['max_diff_fraction']:.1%}), because:"
+        )
         comments += [f"#   - {c}" for c in causes(policy, server)]
     loaded = {"policy_file": policy_file(policy, source)} if server == LOADS_POLICY else {}
     if loaded:
-        comments += [f"# or {label} loads the policy file itself, with ppprof's rules and no start-up profile "
-                     "(docs/sglang.md):", f"#   {loaded['policy_file']['command']}",
-                     f"#   {loaded['policy_file']['launcher']}"]
+        comments += [
+            f"# or {label} loads the policy file itself, with ppprof's rules and no start-up profile (docs/sglang.md):",
+            f"#   {loaded['policy_file']['command']}",
+            f"#   {loaded['policy_file']['launcher']}",
+        ]
         if not isinstance(policy.provenance.get("model_shape"), dict):
-            comments.append("# note: this policy does not record the profiled model's shapes, which SGLang checks at "
-                            "load: refit it from its run folder first (ppprof fit RUN/samples.csv)")
-    return {"server": server, "targets": target.targets, "env": env, "args": args, "command": command_line(env, args),
-            "setting": setting.to_dict(), "comments": comments, "differences": comparison,
-            "causes": causes(policy, server), **loaded}
+            comments.append(
+                "# note: this policy does not record the profiled model's shapes, which SGLang checks at "
+                "load: refit it from its run folder first (ppprof fit RUN/samples.csv)"
+            )
+    return {
+        "server": server,
+        "targets": target.targets,
+        "env": env,
+        "args": args,
+        "command": command_line(env, args),
+        "setting": setting.to_dict(),
+        "comments": comments,
+        "differences": comparison,
+        "causes": causes(policy, server),
+        **loaded,
+    }
 
 
 LOADS_POLICY = "sglang"
@@ -141,12 +176,22 @@ def policy_file(policy: Policy, source: str) -> dict:
     path = str(Path(source).resolve()) if Path(source).is_file() else "POLICY"
     s, server = policy.settings, get(LOADS_POLICY)
     cap = max(largest_chunk(policy), server.default_setting().max_chunk_size)
-    args = ["--model-path", "MODEL", *server.format_parallel(policy.num_stages, policy.tp_size),
-            "--enable-dynamic-chunking", "--chunked-prefill-size", str(s.base_chunk_size), "--max-prefill-tokens",
-            str(cap)] + (["--page-size", str(s.page_size)] if s.page_size > 1 else [])
-    return {"env": {POLICY_ENV: path}, "args": args,
-            "command": command_line({POLICY_ENV: path}, ["python", "-m", "sglang.launch_server", *args]),
-            "launcher": command_line({}, ["python", "-m", "ppprof.sglang", "--policy", path, "--", *args])}
+    args = [
+        "--model-path",
+        "MODEL",
+        *server.format_parallel(policy.num_stages, policy.tp_size),
+        "--enable-dynamic-chunking",
+        "--chunked-prefill-size",
+        str(s.base_chunk_size),
+        "--max-prefill-tokens",
+        str(cap),
+    ] + (["--page-size", str(s.page_size)] if s.page_size > 1 else [])
+    return {
+        "env": {POLICY_ENV: path},
+        "args": args,
+        "command": command_line({POLICY_ENV: path}, ["python", "-m", "sglang.launch_server", *args]),
+        "launcher": command_line({}, ["python", "-m", "ppprof.sglang", "--policy", path, "--", *args]),
+    }
 
 
 def export(policy: Policy, server: str, source: str = "the policy") -> str:

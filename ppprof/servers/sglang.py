@@ -25,9 +25,13 @@ class SGLangRule:
     def __init__(self, setting: ServerSetting, model: LatencyModel | None, context_len: int):
         self.setting, self.model, self.target = setting, model, None
         if setting.dynamic and model is not None:
-            self.chunk_settings = ChunkSettings(base_chunk_size=setting.base_chunk_size,
-                                                smooth_factor=setting.smooth_factor, page_size=setting.page_size,
-                                                max_chunk_size=setting.max_chunk_size, context_len=context_len)
+            self.chunk_settings = ChunkSettings(
+                base_chunk_size=setting.base_chunk_size,
+                smooth_factor=setting.smooth_factor,
+                page_size=setting.page_size,
+                max_chunk_size=setting.max_chunk_size,
+                context_len=context_len,
+            )
             self.target = model.target_ms(setting.base_chunk_size)
 
     def next(self, prefix_len: int) -> int:
@@ -42,10 +46,20 @@ class SGLang(Server):
     targets = "SGLang's documented dynamic chunking (--enable-dynamic-chunking, SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR)"
     form = "quadratic"
     context_margin = CONTEXT_MARGIN
-    flag_keys = {"--chunked-prefill-size": "base_chunk_size", "--max-prefill-tokens": "max_chunk_size",
-                 "--page-size": "page_size", "--enable-dynamic-chunking": DYNAMIC, SMOOTH_ENV: "smooth_factor"}
-    parallel_flags = {"--pp-size": PP_SIZE, "--tp-size": TP_SIZE, "--pipeline-parallel-size": PP_SIZE,
-                      "--tensor-parallel-size": TP_SIZE, "--tp": TP_SIZE}
+    flag_keys = {
+        "--chunked-prefill-size": "base_chunk_size",
+        "--max-prefill-tokens": "max_chunk_size",
+        "--page-size": "page_size",
+        "--enable-dynamic-chunking": DYNAMIC,
+        SMOOTH_ENV: "smooth_factor",
+    }
+    parallel_flags = {
+        "--pp-size": PP_SIZE,
+        "--tp-size": TP_SIZE,
+        "--pipeline-parallel-size": PP_SIZE,
+        "--tensor-parallel-size": TP_SIZE,
+        "--tp": TP_SIZE,
+    }
 
     def default_setting(self, page_size: int = 1) -> ServerSetting:
         """--chunked-prefill-size 8192 (its default on large GPUs), --max-prefill-tokens 16384, s 0.75."""
@@ -53,8 +67,15 @@ class SGLang(Server):
 
     def setting_of(self, policy: Policy) -> ServerSetting:
         s = policy.settings
-        return ServerSetting(self.name, s.base_chunk_size, policy.status == "dynamic", s.smooth_factor,
-                             default_floor(s.base_chunk_size), s.max_chunk_size, s.page_size)
+        return ServerSetting(
+            self.name,
+            s.base_chunk_size,
+            policy.status == "dynamic",
+            s.smooth_factor,
+            default_floor(s.base_chunk_size),
+            s.max_chunk_size,
+            s.page_size,
+        )
 
     def boot_model(self, model: LatencyModel | None, domain: dict | None = None) -> LatencyModel | None:
         """Every ppprof model's prefix-free latency c + b l + a l^2 is the quadratic SGLang fits, so a least-squares
@@ -83,40 +104,55 @@ class SGLang(Server):
         s, name = policy.settings, policy.model.name if policy.model is not None else None
         out = boot_quadratic_cause(self.label, policy)
         if name == "quadratic" and not fitted_as_sglang(policy):
-            out.append("ppprof's fit (warm-up rows dropped, outliers trimmed, gated) may differ from SGLang's boot "
-                       "fit by one alignment unit at some L; `ppprof fit --latency-model quadratic --parity sglang` "
-                       "fits as SGLang does")
+            out.append(
+                "ppprof's fit (warm-up rows dropped, outliers trimmed, gated) may differ from SGLang's boot "
+                "fit by one alignment unit at some L; `ppprof fit --latency-model quadratic --parity sglang` "
+                "fits as SGLang does"
+            )
         if s.min_chunk_size != default_floor(s.base_chunk_size):
-            out.append(f"SGLang floors chunks at B // 4 = {default_floor(s.base_chunk_size)}, not at min_chunk_size "
-                       f"{s.min_chunk_size}")
+            out.append(
+                f"SGLang floors chunks at B // 4 = {default_floor(s.base_chunk_size)}, not at min_chunk_size "
+                f"{s.min_chunk_size}"
+            )
         return out
 
     def export_notes(self, policy: Policy) -> list[str]:
         if fitted_as_sglang(policy):
-            return ["# fit: SGLang's own (ppprof fit --parity sglang): its start-up fit of these samples gives these "
-                    "coefficients"]
-        return ["# fit: ppprof's (warm-up rows dropped, outliers trimmed, gated); SGLang's own fit of the same "
-                "samples may differ (ppprof fit --latency-model quadratic --parity sglang gives it)"]
+            return [
+                "# fit: SGLang's own (ppprof fit --parity sglang): its start-up fit of these samples gives these "
+                "coefficients"
+            ]
+        return [
+            "# fit: ppprof's (warm-up rows dropped, outliers trimmed, gated); SGLang's own fit of the same "
+            "samples may differ (ppprof fit --latency-model quadratic --parity sglang gives it)"
+        ]
 
     # The floor is fixed (B // 4): tune tries the cap instead.
 
     def dynamic_candidates(self, B: int, smooth_factors, alignment: int, page_size: int) -> list[ServerSetting]:
         """Each smoothing factor with each cap: max(B, the default cap), 3B/4 and B/2 aligned down."""
         default_cap = self.default_setting().max_chunk_size
-        caps = sorted({max(B, default_cap)} | {align_down(v, alignment) for v in (B // 2, 3 * B // 4) if v >= alignment})
-        return [ServerSetting(self.name, B, True, s, default_floor(B), cap, page_size)
-                for s in smooth_factors for cap in caps]
+        caps = sorted(
+            {max(B, default_cap)} | {align_down(v, alignment) for v in (B // 2, 3 * B // 4) if v >= alignment}
+        )
+        return [
+            ServerSetting(self.name, B, True, s, default_floor(B), cap, page_size)
+            for s in smooth_factors
+            for cap in caps
+        ]
 
     def fixed_candidate(self, size: int, page_size: int) -> ServerSetting:
         d = self.default_setting()
-        return ServerSetting(self.name, size, False, d.smooth_factor, default_floor(size),
-                             max(size, d.max_chunk_size), page_size)
+        return ServerSetting(
+            self.name, size, False, d.smooth_factor, default_floor(size), max(size, d.max_chunk_size), page_size
+        )
 
     def same_knob(self, candidate: ServerSetting, pick: ServerSetting, B: int) -> bool:
         """Refinement keeps the cap above B where the pick's is, else in the same proportion to B."""
         above = candidate.max_chunk_size >= B
-        return above == (pick.max_chunk_size >= pick.base_chunk_size) and \
-            (above or abs(candidate.max_chunk_size / B - pick.max_chunk_size / pick.base_chunk_size) < 0.13)
+        return above == (pick.max_chunk_size >= pick.base_chunk_size) and (
+            above or abs(candidate.max_chunk_size / B - pick.max_chunk_size / pick.base_chunk_size) < 0.13
+        )
 
 
 def fitted_as_sglang(policy: Policy) -> bool:

@@ -45,17 +45,22 @@ class Scored:
     plans: list[list[int]]
 
     def to_dict(self, workload: Workload) -> dict:
-        return {"label": self.label, "setting": self.setting.to_dict(), "mean_ttft_ms": self.mean_ms,
-                "p90_ttft_ms": self.p90_ms,
-                "per_prompt": [{"prompt_len": n, "ttft_ms": float(t), "num_chunks": len(p)}
-                               for n, t, p in zip(workload.prompt_lens, self.ttft_ms, self.plans)]}
+        return {
+            "label": self.label,
+            "setting": self.setting.to_dict(),
+            "mean_ttft_ms": self.mean_ms,
+            "p90_ttft_ms": self.p90_ms,
+            "per_prompt": [
+                {"prompt_len": n, "ttft_ms": float(t), "num_chunks": len(p)}
+                for n, t, p in zip(workload.prompt_lens, self.ttft_ms, self.plans)
+            ],
+        }
 
 
 def weighted_p90(values: np.ndarray, weights: np.ndarray) -> float:
     order = np.argsort(values)
     cum = np.cumsum(weights[order])
     return float(values[order][min(int(np.searchsorted(cum, 0.9 - 1e-12)), len(values) - 1)])
-
 
 
 def cut(chunks: np.ndarray, prompt_len: int) -> np.ndarray:
@@ -71,8 +76,15 @@ def cut(chunks: np.ndarray, prompt_len: int) -> np.ndarray:
 class Tuner:
     """Scores settings of one server on one workload with the policy's model."""
 
-    def __init__(self, policy: Policy, workload: Workload, num_stages: int, server: str, extrapolate: bool = False,
-                 forwards: Forwards | None = None):
+    def __init__(
+        self,
+        policy: Policy,
+        workload: Workload,
+        num_stages: int,
+        server: str,
+        extrapolate: bool = False,
+        forwards: Forwards | None = None,
+    ):
         self.server = get(server)
         if not is_int(num_stages) or not 1 <= num_stages <= MAX_STAGES:
             raise ValueError(f"--pp {num_stages!r} is invalid: use a number of pipeline stages in 1..{MAX_STAGES}")
@@ -101,12 +113,19 @@ class Tuner:
         if calibration is None and setting in self.cache:
             hit = self.cache[setting]
             return Scored(hit.setting, label or hit.label, hit.ttft_ms, hit.mean_ms, hit.p90_ms, hit.plans)
-        chunks = np.asarray(self.server.chunks(setting, self.model_for(calibration), self.context, self.longest),
-                            dtype=np.int64)
+        chunks = np.asarray(
+            self.server.chunks(setting, self.model_for(calibration), self.context, self.longest), dtype=np.int64
+        )
         plans = [cut(chunks, int(n)) for n in self.lengths]
         ttft = np.array([ttft_ms(chunk_latencies_ms(self.truth, p), self.num_stages) for p in plans])
-        scored = Scored(setting, label, ttft, float(ttft @ self.weights), weighted_p90(ttft, self.weights),
-                        [[int(c) for c in p] for p in plans])
+        scored = Scored(
+            setting,
+            label,
+            ttft,
+            float(ttft @ self.weights),
+            weighted_p90(ttft, self.weights),
+            [[int(c) for c in p] for p in plans],
+        )
         if calibration is None:
             self.cache[setting] = scored
         return scored
@@ -129,8 +148,9 @@ class Tuner:
         return sorted(sizes)
 
     def dynamic_settings(self, B: int, smooth_factors) -> list[ServerSetting]:
-        return self.server.dynamic_candidates(B, smooth_factors, self.policy.settings.alignment,
-                                              self.policy.settings.page_size)
+        return self.server.dynamic_candidates(
+            B, smooth_factors, self.policy.settings.alignment, self.policy.settings.page_size
+        )
 
     def fixed_setting(self, size: int) -> ServerSetting:
         return self.server.fixed_candidate(size, self.policy.settings.page_size)
@@ -140,8 +160,11 @@ class Tuner:
         grid = self.base_grid([s.base_chunk_size for s in extra])
         fixed = [self.score(self.fixed_setting(B)) for B in grid]
         # With no model (SGLang's boot fit has a <= 0) dynamic chunking stays off: its candidates would be fixed ones.
-        dynamic = [] if self.model is None else \
-            [self.score(st) for B in grid for st in self.dynamic_settings(B, SMOOTH_FACTORS)]
+        dynamic = (
+            []
+            if self.model is None
+            else [self.score(st) for B in grid for st in self.dynamic_settings(B, SMOOTH_FACTORS)]
+        )
         extras = [self.score(st) for st in extra if st.dynamic is False or self.model is not None]
         best_fixed = min(fixed, key=lambda r: r.mean_ms)
         best = min(fixed + dynamic + extras, key=lambda r: r.mean_ms)  # fixed first: a tie goes to fixed chunks
@@ -165,8 +188,12 @@ class Tuner:
         else:
             s0 = pick.setting.smooth_factor
             smooth = sorted({round(min(1.0, max(0.5, s0 + 0.01 * k)), 2) for k in range(-5, 6)})
-            found = [self.score(st) for b in near for st in self.dynamic_settings(b, smooth)
-                     if self.server.same_knob(st, pick.setting, b)]
+            found = [
+                self.score(st)
+                for b in near
+                for st in self.dynamic_settings(b, smooth)
+                if self.server.same_knob(st, pick.setting, b)
+            ]
         return min(found + [pick], key=lambda r: r.mean_ms)
 
     def optimal(self, seeds: list[Scored]) -> list[tuple[list[int], float]]:
@@ -176,14 +203,22 @@ class Tuner:
         out = []
         for i, n in enumerate(self.lengths):
             plans = [s.plans[i] for s in seeds]
-            chunks, _ = optimal_chunks(self.truth, int(n), self.num_stages, self.policy.settings.alignment,
-                                       largest, plans)
+            chunks, _ = optimal_chunks(
+                self.truth, int(n), self.num_stages, self.policy.settings.alignment, largest, plans
+            )
             out.append((chunks, ttft_ms(chunk_latencies_ms(self.truth, chunks), self.num_stages)))
         return out
 
 
-def tune(policy: Policy, workload: Workload, num_stages: int, server: str = DEFAULT_SERVER,
-         current: str | None = None, extrapolate: bool = False, forwards: Forwards | None = None) -> dict:
+def tune(
+    policy: Policy,
+    workload: Workload,
+    num_stages: int,
+    server: str = DEFAULT_SERVER,
+    current: str | None = None,
+    extrapolate: bool = False,
+    forwards: Forwards | None = None,
+) -> dict:
     """The recommendation and its comparison (what `ppprof tune --json` prints, less the plot path). `forwards`: the
     profile's samples, which a server that fits at boot fits its model to (else its model comes from the policy's)."""
     tuner = Tuner(policy, workload, num_stages, server, extrapolate=extrapolate, forwards=forwards)
@@ -192,8 +227,11 @@ def tune(policy: Policy, workload: Workload, num_stages: int, server: str = DEFA
     if tuner.model is None:
         own = replace(own, dynamic=False)
     scored_policy = tuner.score(own, "policy")
-    inside = [st for st in (own, scored_current.setting) if tuner.max_chunk is None or
-              max(st.base_chunk_size, tuner.server.fixed_chunk_size(st)) <= tuner.max_chunk]
+    inside = [
+        st
+        for st in (own, scored_current.setting)
+        if tuner.max_chunk is None or max(st.base_chunk_size, tuner.server.fixed_chunk_size(st)) <= tuner.max_chunk
+    ]
     best, best_fixed = tuner.search(inside)
     current_wins = scored_current.mean_ms < best.mean_ms  # the user's own calibration (ATOM) can beat ppprof's model
     if current_wins:
@@ -210,21 +248,41 @@ def tune(policy: Policy, workload: Workload, num_stages: int, server: str = DEFA
     rows = [scored_current, scored_policy, best, best_fixed]
     mean_opt = float(opt_ttft @ tuner.weights)
     return {
-        "server": tuner.server.name, "num_stages": num_stages, "latency_model": policy.model.name,
+        "server": tuner.server.name,
+        "num_stages": num_stages,
+        "latency_model": policy.model.name,
         "boot_fit": "samples" if tuner.booted else "model",
         "workload": {"prompt_lens": list(workload.prompt_lens), "weights": list(workload.weights)},
-        "recommended": {"env": env, "args": args, "command": command_line(env, args),
-                        "setting": best.setting.to_dict()},
+        "recommended": {
+            "env": env,
+            "args": args,
+            "command": command_line(env, args),
+            "setting": best.setting.to_dict(),
+        },
         "settings": {r.label: r.to_dict(workload) for r in rows},
-        "optimal": {"mean_ttft_ms": mean_opt, "p90_ttft_ms": weighted_p90(opt_ttft, tuner.weights),
-                    "per_prompt": [{"prompt_len": int(n), "ttft_ms": float(t), "num_chunks": len(c)}
-                                   for n, (c, t) in zip(workload.prompt_lens, optimal)]},
-        "gain": {"vs_" + key: 1.0 - best.mean_ms / r.mean_ms for key, r in
-                 (("current", scored_current), ("policy", scored_policy), ("best_fixed", best_fixed))},
+        "optimal": {
+            "mean_ttft_ms": mean_opt,
+            "p90_ttft_ms": weighted_p90(opt_ttft, tuner.weights),
+            "per_prompt": [
+                {"prompt_len": int(n), "ttft_ms": float(t), "num_chunks": len(c)}
+                for n, (c, t) in zip(workload.prompt_lens, optimal)
+            ],
+        },
+        "gain": {
+            "vs_" + key: 1.0 - best.mean_ms / r.mean_ms
+            for key, r in (("current", scored_current), ("policy", scored_policy), ("best_fixed", best_fixed))
+        },
         "gap_to_optimal": best.mean_ms / mean_opt - 1.0,
-        "plans": {str(n): {"current": scored_current.plans[i], "policy": scored_policy.plans[i],
-                           "recommended": best.plans[i], "best-fixed": best_fixed.plans[i],
-                           "optimal": optimal[i][0]} for i, n in enumerate(workload.prompt_lens)},
+        "plans": {
+            str(n): {
+                "current": scored_current.plans[i],
+                "policy": scored_policy.plans[i],
+                "recommended": best.plans[i],
+                "best-fixed": best_fixed.plans[i],
+                "optimal": optimal[i][0],
+            }
+            for i, n in enumerate(workload.prompt_lens)
+        },
         "notes": notes(tuner, workload, (best, scored_current), ignored),
         "surface": surface(tuner),
     }
@@ -251,12 +309,15 @@ def check_layout(tuner: Tuner, current: str) -> None:
     layout, _ = tuner.server.parse_parallel(split_command(current))
     tp, pp = layout.get(TP_SIZE), layout.get(PP_SIZE)
     if tp is not None and tp != tuner.policy.tp_size:
-        raise ValueError(f"--current sets TP degree {tp} but the policy was profiled at --tp-size "
-                         f"{tuner.policy.tp_size}: profile with --tp-size {tp}, or tune the flags of a TP "
-                         f"{tuner.policy.tp_size} server")
+        raise ValueError(
+            f"--current sets TP degree {tp} but the policy was profiled at --tp-size "
+            f"{tuner.policy.tp_size}: profile with --tp-size {tp}, or tune the flags of a TP "
+            f"{tuner.policy.tp_size} server"
+        )
     if pp is not None and pp != tuner.num_stages:
-        raise ValueError(f"--current sets {pp} pipeline stages but tune plans for {tuner.num_stages}: give "
-                         f"--pp-size {pp}")
+        raise ValueError(
+            f"--current sets {pp} pipeline stages but tune plans for {tuner.num_stages}: give --pp-size {pp}"
+        )
 
 
 def notes(tuner: Tuner, workload: Workload, scored: tuple[Scored, ...], ignored: list[str]) -> list[str]:
@@ -265,16 +326,25 @@ def notes(tuner: Tuner, workload: Workload, scored: tuple[Scored, ...], ignored:
     policy, label = tuner.policy, tuner.server.label
     out = [workload.note] if workload.note else []
     if policy.status != "dynamic":
-        out.append(f"the policy is {policy.status} ({policy.reason}): its model failed ppprof's quality gates, so "
-                   f"these predictions are less reliable; profile again on a quiet machine")
+        out.append(
+            f"the policy is {policy.status} ({policy.reason}): its model failed ppprof's quality gates, so "
+            f"these predictions are less reliable; profile again on a quiet machine"
+        )
     if tuner.booted:
         m = tuner.model
-        out.append(f"{label}'s boot fit of the profile's prefix-free samples: " +
-                   (f"a={m.a:.4g}, b={m.b:.4g}, c={m.c:.4g}" if m is not None else
-                    "none it would use (a <= 0 or too few points): it keeps fixed chunks"))
+        out.append(
+            f"{label}'s boot fit of the profile's prefix-free samples: "
+            + (
+                f"a={m.a:.4g}, b={m.b:.4g}, c={m.c:.4g}"
+                if m is not None
+                else "none it would use (a <= 0 or too few points): it keeps fixed chunks"
+            )
+        )
     if tuner.max_chunk is not None:
-        out.append(f"candidates keep chunks within the profiled chunk sizes (up to {tuner.max_chunk} tokens); "
-                   f"profile with a larger --base-chunk-size, or pass --extrapolate, to search beyond")
+        out.append(
+            f"candidates keep chunks within the profiled chunk sizes (up to {tuner.max_chunk} tokens); "
+            f"profile with a larger --base-chunk-size, or pass --extrapolate, to search beyond"
+        )
     longest = int(np.argmax(workload.prompt_lens))
     for r in scored:
         note = extrapolation(policy, workload.prompt_lens[longest], r.plans[longest])
@@ -296,8 +366,10 @@ def surface(tuner: Tuner) -> dict:
             row[st.base_chunk_size] = min(row.get(st.base_chunk_size, math.inf), r.mean_ms)
         else:
             fixed[st.base_chunk_size] = r.mean_ms
-    return {"fixed": sorted(fixed.items()),
-            "dynamic": {f"{s:g}": sorted(v.items()) for s, v in sorted(dyn.items()) if s in SMOOTH_FACTORS}}
+    return {
+        "fixed": sorted(fixed.items()),
+        "dynamic": {f"{s:g}": sorted(v.items()) for s, v in sorted(dyn.items()) if s in SMOOTH_FACTORS},
+    }
 
 
 def draw(result: dict, path: str | Path, title: str) -> Path:
@@ -318,12 +390,24 @@ def draw(result: dict, path: str | Path, title: str) -> Path:
         xs, ys = zip(*result["surface"]["fixed"])
         ax.plot(xs, ys, color="black", ls="--", lw=1.5, label="fixed chunks")
     ax.axhline(result["optimal"]["mean_ttft_ms"], color="grey", ls=":", label="DP-optimal bound")
-    marks = {"server default": ("x", "tab:red"), "current": ("x", "tab:red"), "policy": ("o", "tab:blue"),
-             "recommended": ("*", "tab:green"), "best fixed": ("s", "black")}
+    marks = {
+        "server default": ("x", "tab:red"),
+        "current": ("x", "tab:red"),
+        "policy": ("o", "tab:blue"),
+        "recommended": ("*", "tab:green"),
+        "best fixed": ("s", "black"),
+    }
     for label, r in result["settings"].items():
         marker, color = marks.get(label, ("o", "grey"))
-        ax.scatter([r["setting"]["base_chunk_size"]], [r["mean_ttft_ms"]], marker=marker, color=color, s=90, zorder=5,
-                   label=f"{label}: {r['mean_ttft_ms']:.1f} ms")
+        ax.scatter(
+            [r["setting"]["base_chunk_size"]],
+            [r["mean_ttft_ms"]],
+            marker=marker,
+            color=color,
+            s=90,
+            zorder=5,
+            label=f"{label}: {r['mean_ttft_ms']:.1f} ms",
+        )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("base chunk size B (tokens)")
     ax.set_ylabel("predicted TTFT, weighted mean over the prompts (ms)")

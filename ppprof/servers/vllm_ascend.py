@@ -16,8 +16,15 @@ import json
 from ppprof.chunks import align_up
 from ppprof.policy.rule import LatencyModel
 from ppprof.policy.schema import Policy
-from ppprof.servers.base import (PP_SIZE, TP_SIZE, Server, ServerSetting, boot_quadratic_cause, concave_free_root,
-                                 parse_number)
+from ppprof.servers.base import (
+    PP_SIZE,
+    TP_SIZE,
+    Server,
+    ServerSetting,
+    boot_quadratic_cause,
+    concave_free_root,
+    parse_number,
+)
 
 A_FLOOR = 1e-9
 """vllm-ascend replaces a negative fitted a with this."""
@@ -54,15 +61,24 @@ class VllmAscendRule:
 class VllmAscend(Server):
     name = "vllm-ascend"
     label = "vllm-ascend"
-    targets = ("vllm-ascend's latest docs (2026-11: --additional-config scheduler_config.profiling_chunk_config, "
-               "smooth_factor default 1.0, min_chunk 4096); the v0.20.2rc and v0.22.1rc guides show the top-level "
-               "profiling_chunk_config, which later releases still read (deprecated)")
+    targets = (
+        "vllm-ascend's latest docs (2026-11: --additional-config scheduler_config.profiling_chunk_config, "
+        "smooth_factor default 1.0, min_chunk 4096); the v0.20.2rc and v0.22.1rc guides show the top-level "
+        "profiling_chunk_config, which later releases still read (deprecated)"
+    )
     form = "quadratic"
     context_margin = 1
-    flag_keys = {"--max-num-batched-tokens": "base_chunk_size", "--block-size": "page_size",
-                 "--additional-config": ADDITIONAL_CONFIG}
-    parallel_flags = {"--pipeline-parallel-size": PP_SIZE, "--tensor-parallel-size": TP_SIZE, "-pp": PP_SIZE,
-                      "-tp": TP_SIZE}
+    flag_keys = {
+        "--max-num-batched-tokens": "base_chunk_size",
+        "--block-size": "page_size",
+        "--additional-config": ADDITIONAL_CONFIG,
+    }
+    parallel_flags = {
+        "--pipeline-parallel-size": PP_SIZE,
+        "--tensor-parallel-size": TP_SIZE,
+        "-pp": PP_SIZE,
+        "-tp": TP_SIZE,
+    }
 
     def default_setting(self, page_size: int = 1) -> ServerSetting:
         """--max-num-batched-tokens 8192 (vllm serve's default), smooth_factor 1.0, min_chunk 4096."""
@@ -79,8 +95,15 @@ class VllmAscend(Server):
 
     def format_flags(self, setting: ServerSetting, calibration: LatencyModel | None = None) -> tuple[dict, list[str]]:
         s = setting
-        config = {"scheduler_config": {"profiling_chunk_config": {
-            "enabled": s.dynamic, "smooth_factor": round(s.smooth_factor, 6), "min_chunk": s.min_chunk_size}}}
+        config = {
+            "scheduler_config": {
+                "profiling_chunk_config": {
+                    "enabled": s.dynamic,
+                    "smooth_factor": round(s.smooth_factor, 6),
+                    "min_chunk": s.min_chunk_size,
+                }
+            }
+        }
         args = ["--max-num-batched-tokens", str(s.base_chunk_size)]
         if s.page_size > 1:
             args += ["--block-size", str(s.page_size)]
@@ -99,13 +122,15 @@ class VllmAscend(Server):
     def causes(self, policy: Policy) -> list[str]:
         s = policy.settings
         out = boot_quadratic_cause(self.label, policy)
-        out += ["vllm-ascend aligns chunk sizes UP to max(page, 64) where ppprof aligns down",
-                f"vllm-ascend floors at min_chunk {s.min_chunk_size} before aligning (ppprof floors, then aligns down)",
-                "vllm-ascend caps a chunk only by the token budget B and by max_model_len - 1 - L (ppprof: "
-                f"context - L - {s.context_margin})",
-                "vllm-ascend sets a negative fitted a to 1e-9 instead of turning dynamic chunking off",
-                "vllm-ascend's online calibration (need_timing, on by default) refits a prefix-aware model on live "
-                "batches and then sizes chunks with it; set need_timing false to keep the boot fit"]
+        out += [
+            "vllm-ascend aligns chunk sizes UP to max(page, 64) where ppprof aligns down",
+            f"vllm-ascend floors at min_chunk {s.min_chunk_size} before aligning (ppprof floors, then aligns down)",
+            "vllm-ascend caps a chunk only by the token budget B and by max_model_len - 1 - L (ppprof: "
+            f"context - L - {s.context_margin})",
+            "vllm-ascend sets a negative fitted a to 1e-9 instead of turning dynamic chunking off",
+            "vllm-ascend's online calibration (need_timing, on by default) refits a prefix-aware model on live "
+            "batches and then sizes chunks with it; set need_timing false to keep the boot fit",
+        ]
         if s.max_chunk_size < s.base_chunk_size:
             out.append(f"the policy's cap of {s.max_chunk_size} tokens has no vllm-ascend flag and is lost")
         return out
@@ -119,8 +144,11 @@ def parse_ascend_config(value: str) -> dict:
         raise ValueError(f"--current: --additional-config is not JSON ({e.msg}): quote the JSON") from None
     if not isinstance(config, dict):
         raise ValueError("--current: --additional-config must be a JSON object")
-    nested = (config.get("scheduler_config") or {}).get("profiling_chunk_config") \
-        if isinstance(config.get("scheduler_config"), dict) else None
+    nested = (
+        (config.get("scheduler_config") or {}).get("profiling_chunk_config")
+        if isinstance(config.get("scheduler_config"), dict)
+        else None
+    )
     legacy = config.get("profiling_chunk_config")
     merged = {**(legacy if isinstance(legacy, dict) else {}), **(nested if isinstance(nested, dict) else {})}
     out = {}
@@ -129,8 +157,9 @@ def parse_ascend_config(value: str) -> dict:
             raise ValueError(f"--current: profiling_chunk_config.enabled {merged['enabled']!r} must be true or false")
         out["dynamic"] = merged["enabled"]
     if "smooth_factor" in merged:
-        out["smooth_factor"] = parse_number("profiling_chunk_config.smooth_factor", str(merged["smooth_factor"]),
-                                            float, 0.0, 1.0, low_open=True)
+        out["smooth_factor"] = parse_number(
+            "profiling_chunk_config.smooth_factor", str(merged["smooth_factor"]), float, 0.0, 1.0, low_open=True
+        )
     if "min_chunk" in merged:
         out["min_chunk_size"] = parse_number("profiling_chunk_config.min_chunk", str(merged["min_chunk"]), int, 1)
     return out

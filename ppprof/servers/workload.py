@@ -18,8 +18,17 @@ from ppprof.checks import short
 from ppprof.io import special_kind
 
 MAX_LENGTHS = 32  # distinct prompt lengths planned; a trace with more is grouped into this many weighted quantiles
-PROMPT_COLUMNS = ("prompt_len", "prompt_lens", "prompt_length", "prompt_tokens", "num_prompt_tokens", "input_len",
-                  "input_length", "input_tokens", "isl")
+PROMPT_COLUMNS = (
+    "prompt_len",
+    "prompt_lens",
+    "prompt_length",
+    "prompt_tokens",
+    "num_prompt_tokens",
+    "input_len",
+    "input_length",
+    "input_tokens",
+    "isl",
+)
 WEIGHT_COLUMNS = ("weight", "count", "frequency")
 LIST_SPEC = re.compile(r"^\s*\d+(\s*:\s*[^,:\s]+)?(\s*,\s*\d+(\s*:\s*[^,:\s]+)?)*\s*,?\s*$")
 
@@ -56,8 +65,9 @@ def parse_prompt_spec(spec: str, context_len: int | None = None) -> Workload:
             length, _, weight = item.partition(":")
             tally.add(length.strip(), weight.strip() or "1", lambda: f"--prompt-lens item {item.strip()!r}")
     else:
-        raise ValueError(f"--prompt-lens {spec!r} is neither a list of token counts (8192,32768) nor an existing file: "
-                         f"give one")
+        raise ValueError(
+            f"--prompt-lens {spec!r} is neither a list of token counts (8192,32768) nor an existing file: give one"
+        )
     if not tally.num_rows:
         raise ValueError(f"--prompt-lens {spec!r} holds no prompt length: give at least one")
     return group(*tally.sums())
@@ -85,8 +95,10 @@ class Tally:
         fast = length.isascii() and length.isdigit() and len(length) < 10 and length != "0"  # most rows: no checks
         n = int(length) if fast else to_length(length, where())
         if self.context_len is not None and n > self.context_len:
-            raise ValueError(f"{where()}: prompt length {n} is beyond the policy's context length {self.context_len}: "
-                             f"profile with a larger --context-len or drop it")
+            raise ValueError(
+                f"{where()}: prompt length {n} is beyond the policy's context length {self.context_len}: "
+                f"profile with a larger --context-len or drop it"
+            )
         self.lengths.append(n)
         self.weights.append(1.0 if weight == "1" else to_weight(weight, where()))
         self.num_rows += 1
@@ -94,8 +106,9 @@ class Tally:
             self.fold()
 
     def fold(self) -> None:
-        uniq, inverse = np.unique(np.concatenate([self.uniq, np.asarray(self.lengths, dtype=np.int64)]),
-                                  return_inverse=True)
+        uniq, inverse = np.unique(
+            np.concatenate([self.uniq, np.asarray(self.lengths, dtype=np.int64)]), return_inverse=True
+        )
         self.summed = np.bincount(inverse, weights=np.concatenate([self.summed, self.weights]), minlength=len(uniq))
         self.uniq = uniq
         self.lengths, self.weights = [], []
@@ -123,8 +136,10 @@ def read_prompt_lines(f, what: str, tally: Tally) -> None:
     while line := f.readline(MAX_LINE_CHARS + 1):
         line_idx += 1
         if len(line) > MAX_LINE_CHARS:
-            raise ValueError(f"{what} line {line_idx} is longer than {MAX_LINE_CHARS} characters: give one prompt "
-                             "length (and its weight) a line")
+            raise ValueError(
+                f"{what} line {line_idx} is longer than {MAX_LINE_CHARS} characters: give one prompt "
+                "length (and its weight) a line"
+            )
         text = line.strip()
         if not text or text.startswith("#"):
             continue
@@ -135,8 +150,10 @@ def read_prompt_lines(f, what: str, tally: Tally) -> None:
             if not all(re.fullmatch(r"[0-9.eE+-]+", c) for c in header):
                 found = [i for i, c in enumerate(header) if c in PROMPT_COLUMNS]
                 if not found:
-                    raise ValueError(f"{what} has columns {', '.join(row)} but no prompt-length column: name one "
-                                     f"{' or '.join(PROMPT_COLUMNS[:3])}")
+                    raise ValueError(
+                        f"{what} has columns {', '.join(row)} but no prompt-length column: name one "
+                        f"{' or '.join(PROMPT_COLUMNS[:3])}"
+                    )
                 length_col = found[0]
                 weights = [i for i, c in enumerate(header) if c in WEIGHT_COLUMNS]
                 weight_col = weights[0] if weights else None
@@ -151,8 +168,9 @@ def to_length(text: str, where: str) -> int:
     if not re.fullmatch(r"\d+", text):
         raise ValueError(f"{where}: prompt length {text!r} is not a whole number of tokens: give one like 8192")
     if len(text) > 10 or int(text) > MAX_TOKENS:  # bounded before numpy's int64 sees it
-        raise ValueError(f"{where}: prompt length {short(text)} is beyond {MAX_TOKENS} tokens: give a prompt length "
-                         "a server takes")
+        raise ValueError(
+            f"{where}: prompt length {short(text)} is beyond {MAX_TOKENS} tokens: give a prompt length a server takes"
+        )
     n = int(text)
     if n < 1:
         raise ValueError(f"{where}: prompt length {n} must be at least 1 token")

@@ -16,18 +16,26 @@ from ppprof.policy.schema import Policy, largest_chunk, load_policy
 ON_PYTHONPATH = Path(__file__).resolve().with_name("on-pythonpath")
 """The folder put first on PYTHONPATH: its sitecustomize.py installs the hook in every process that starts."""
 SERVER_MODULE = "sglang.launch_server"
-EXAMPLE = ("Example: python -m ppprof.sglang --policy results/my-run/policy.json -- --model-path "
-           "meta-llama/Meta-Llama-3-8B --pp-size 2 --enable-dynamic-chunking --chunked-prefill-size 8192")
+EXAMPLE = (
+    "Example: python -m ppprof.sglang --policy results/my-run/policy.json -- --model-path "
+    "meta-llama/Meta-Llama-3-8B --pp-size 2 --enable-dynamic-chunking --chunked-prefill-size 8192"
+)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ppprof.sglang", epilog=EXAMPLE,
-                                usage="python -m ppprof.sglang --policy POLICY [--server-module M] -- SERVER_ARGS",
-                                description="Run SGLang's server with ppprof's policy sizing its prefill chunks "
-                                            "(docs/sglang.md).")
+    p = argparse.ArgumentParser(
+        prog="python -m ppprof.sglang",
+        epilog=EXAMPLE,
+        usage="python -m ppprof.sglang --policy POLICY [--server-module M] -- SERVER_ARGS",
+        description="Run SGLang's server with ppprof's policy sizing its prefill chunks (docs/sglang.md).",
+    )
     p.add_argument("--policy", required=True, metavar="POLICY", help="The policy.json the server loads.")
-    p.add_argument("--server-module", default=SERVER_MODULE, metavar="M",
-                   help=f"The module that starts the server (default {SERVER_MODULE}).")
+    p.add_argument(
+        "--server-module",
+        default=SERVER_MODULE,
+        metavar="M",
+        help=f"The module that starts the server (default {SERVER_MODULE}).",
+    )
     return p
 
 
@@ -46,27 +54,35 @@ def check_server_args(policy: Policy, args: list[str]) -> None:
     """ValueError (one line, the fix) where SGLang's arguments cannot carry the policy: dynamic chunking off, or
     a chunked prefill size or chunk cap the sizer would refuse at load."""
     if "--enable-dynamic-chunking" not in args:
-        raise ValueError("--enable-dynamic-chunking is not among the server's arguments: SGLang builds no chunk "
-                         "sizer without it; add it after --")
+        raise ValueError(
+            "--enable-dynamic-chunking is not among the server's arguments: SGLang builds no chunk "
+            "sizer without it; add it after --"
+        )
     base = policy.settings.base_chunk_size
     given = server_flag(args, "--chunked-prefill-size")
     if given != str(base):
-        raise ValueError(f"--chunked-prefill-size {given or '(not given)'}: the policy's base_chunk_size is {base}; "
-                         f"pass --chunked-prefill-size {base} after --")
+        raise ValueError(
+            f"--chunked-prefill-size {given or '(not given)'}: the policy's base_chunk_size is {base}; "
+            f"pass --chunked-prefill-size {base} after --"
+        )
     largest, cap = largest_chunk(policy), server_flag(args, "--max-prefill-tokens")
     if cap is not None and (not cap.isdigit() or int(cap) < largest):
-        raise ValueError(f"--max-prefill-tokens {cap}: below the policy's largest chunk {largest}; pass "
-                         f"--max-prefill-tokens {largest} or more after --")
+        raise ValueError(
+            f"--max-prefill-tokens {cap}: below the policy's largest chunk {largest}; pass "
+            f"--max-prefill-tokens {largest} or more after --"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
-    options, server_args = parser().parse_args(argv[:split]), argv[split + 1:]
+    options, server_args = parser().parse_args(argv[:split]), argv[split + 1 :]
     try:
         if split == len(argv):
-            raise ValueError("no server arguments: give SGLang's after --, python -m ppprof.sglang --policy POLICY "
-                             "-- --model-path MODEL ...")
+            raise ValueError(
+                "no server arguments: give SGLang's after --, python -m ppprof.sglang --policy POLICY "
+                "-- --model-path MODEL ..."
+            )
         policy = load_policy(options.policy)
         check_server_args(policy, server_args)
     except ValueError as e:

@@ -11,14 +11,25 @@ import os
 import sys
 
 from ppprof.bounds import POLICY_ENV  # the hook does nothing without it
+
 SIZER_MODULE = "sglang.srt.managers.scheduler_components.dynamic_chunk_sizer"
 SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
 RUNTIME_MODULE = "sglang.srt.runtime_context"
 SIZER_CLASS = "DynamicChunkSizer"
 SCHEDULER_CLASS = "Scheduler"
 SCHEDULER_METHOD = "maybe_init_dynamic_chunk_sizer"
-SIZER_KWARGS = ("model_runner", "model_config", "tree_cache", "req_to_token_pool", "token_to_kv_pool_allocator",
-                "spec_algorithm", "chunked_prefill_size", "max_prefill_tokens", "page_size", "device")
+SIZER_KWARGS = (
+    "model_runner",
+    "model_config",
+    "tree_cache",
+    "req_to_token_pool",
+    "token_to_kv_pool_allocator",
+    "spec_algorithm",
+    "chunked_prefill_size",
+    "max_prefill_tokens",
+    "page_size",
+    "device",
+)
 """The keyword-only arguments of SGLang 0.5.23's DynamicChunkSizer, which its scheduler passes."""
 BUILT_FOR = "0.5.23"
 """The SGLang release whose scheduler and sizer the contract test reads (tests/sglang/test_contract.py)."""
@@ -65,8 +76,16 @@ class Watcher:
             return None
         self.finding.add(fullname)
         try:
-            spec = next((s for f in sys.meta_path if f is not self and hasattr(f, "find_spec")
-                         for s in [f.find_spec(fullname, path, target)] if s is not None), None)
+            spec = next(
+                (
+                    s
+                    for f in sys.meta_path
+                    if f is not self and hasattr(f, "find_spec")
+                    for s in [f.find_spec(fullname, path, target)]
+                    if s is not None
+                ),
+                None,
+            )
         finally:
             self.finding.discard(fullname)
         if spec is None:
@@ -129,8 +148,10 @@ def class_mismatch(cls: type) -> str | None:
     if set(names) != set(SIZER_KWARGS) or any(p.kind is not p.KEYWORD_ONLY for p in params):
         new = sorted(set(names) - set(SIZER_KWARGS)) or "none"
         gone = sorted(set(SIZER_KWARGS) - set(names)) or "none"
-        return (f"{SIZER_CLASS}.__init__ takes ({', '.join(names)}), not the keyword-only arguments of SGLang "
-                f"{BUILT_FOR} (new: {new}, gone: {gone})")
+        return (
+            f"{SIZER_CLASS}.__init__ takes ({', '.join(names)}), not the keyword-only arguments of SGLang "
+            f"{BUILT_FOR} (new: {new}, gone: {gone})"
+        )
     for method, count in (("profile_and_fit", 0), ("predict", 1)):
         fn = getattr(cls, method, None)
         if not callable(fn):
@@ -159,8 +180,11 @@ def call_mismatch(method_source: str) -> str | None:
     import textwrap
 
     tree = ast.parse(textwrap.dedent(method_source))
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
-             and n.func.id == SIZER_CLASS]
+    calls = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == SIZER_CLASS
+    ]
     if len(calls) != 1:
         return f"{SCHEDULER_CLASS}.{SCHEDULER_METHOD} builds {SIZER_CLASS} {len(calls)} times, not once"
     keywords = tuple(str(k.arg) for k in calls[0].keywords)
@@ -197,8 +221,10 @@ def on_scheduler_module(module) -> None:
     from ppprof.sglang.sizer import PolicySizer
 
     setattr(module, SIZER_CLASS, PolicySizer)
-    say(f"SGLang's {SIZER_CLASS} is ppprof's policy sizer in this process (PPPROF_POLICY="
-        f"{os.environ.get(POLICY_ENV)}; built for SGLang {BUILT_FOR}, found {sglang_version()})")
+    say(
+        f"SGLang's {SIZER_CLASS} is ppprof's policy sizer in this process (PPPROF_POLICY="
+        f"{os.environ.get(POLICY_ENV)}; built for SGLang {BUILT_FOR}, found {sglang_version()})"
+    )
 
 
 def restore() -> None:

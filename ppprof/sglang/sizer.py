@@ -54,8 +54,20 @@ class PolicySizer:
     runtime = staticmethod(sglang_runtime)
     """Where the running server's state comes from (a test without SGLang gives its own)."""
 
-    def __init__(self, *, model_runner, model_config, tree_cache, req_to_token_pool, token_to_kv_pool_allocator,
-                 spec_algorithm, chunked_prefill_size, max_prefill_tokens, page_size, device):
+    def __init__(
+        self,
+        *,
+        model_runner,
+        model_config,
+        tree_cache,
+        req_to_token_pool,
+        token_to_kv_pool_allocator,
+        spec_algorithm,
+        chunked_prefill_size,
+        max_prefill_tokens,
+        page_size,
+        device,
+    ):
         self.model_config = model_config
         self.chunked_prefill_size, self.max_prefill_tokens = chunked_prefill_size, max_prefill_tokens
         self.page_size, self.device = page_size, device
@@ -109,15 +121,22 @@ class PolicySizer:
         return (None if problem else policy), problem, digest
 
     def server_config(self, runtime: Runtime) -> ServerConfig:
-        return ServerConfig(pp_size=runtime.pp_size, tp_size=runtime.tp_size, page_size=self.page_size,
-                            chunked_prefill_size=self.chunked_prefill_size,
-                            max_prefill_tokens=self.max_prefill_tokens,
-                            context_len=getattr(self.model_config, "context_len", None), device=str(self.device),
-                            device_name=runtime.device_name, model_shape=model_shape_of(self.model_config))
+        return ServerConfig(
+            pp_size=runtime.pp_size,
+            tp_size=runtime.tp_size,
+            page_size=self.page_size,
+            chunked_prefill_size=self.chunked_prefill_size,
+            max_prefill_tokens=self.max_prefill_tokens,
+            context_len=getattr(self.model_config, "context_len", None),
+            device=str(self.device),
+            device_name=runtime.device_name,
+            model_shape=model_shape_of(self.model_config),
+        )
 
     def refuse(self, path: str, problem: str) -> bool:
-        logger.warning(f"{LOG_PREFIX} policy {path or '(none)'} refused, static chunks of "
-                       f"{self.chunked_prefill_size}: {problem}")
+        logger.warning(
+            f"{LOG_PREFIX} policy {path or '(none)'} refused, static chunks of {self.chunked_prefill_size}: {problem}"
+        )
         return False
 
     def predict(self, prefix_len: int) -> int | None:
@@ -156,6 +175,7 @@ def agreement(verdicts: list[tuple[str | None, str | None]]) -> str | None:
     digests = {digest for _, digest in verdicts}
     if len(digests) > 1:
         by_rank = ", ".join(f"rank {r} {d[:12]}" for r, (_, d) in enumerate(verdicts))
-        return (f"the ranks read different policy files (sha256 {by_rank}): put the same file at {POLICY_ENV} on "
-                "every node")
+        return (
+            f"the ranks read different policy files (sha256 {by_rank}): put the same file at {POLICY_ENV} on every node"
+        )
     return None

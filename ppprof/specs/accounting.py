@@ -86,15 +86,24 @@ def layer_params(spec: ModelSpec, layer: LayerSpec) -> dict[str, int]:
     out = dict.fromkeys(("attention", "deltanet", "mamba", "mlp", "moe", "norm"), 0)
     if layer.has_attention:
         q_dim, kv_dim = spec.num_attention_heads * spec.head_dim, spec.num_key_value_heads * spec.head_dim
-        out["attention"] = h * q_dim * (2 if spec.attn_output_gate else 1) + q_dim * h + 2 * h * kv_dim \
+        out["attention"] = (
+            h * q_dim * (2 if spec.attn_output_gate else 1)
+            + q_dim * h
+            + 2 * h * kv_dim
             + 2 * spec.head_dim * spec.qk_norm
+        )
     if layer.has_mla:
         out["attention"] = mla_params(spec)
     if layer.has_deltanet:
         hv, key_dim, value_dim = spec.linear_num_value_heads, spec.deltanet_key_dim, spec.deltanet_value_dim
-        out["deltanet"] = (h * (2 * key_dim + 2 * value_dim) + h * 2 * hv
-                           + spec.deltanet_conv_dim * spec.linear_conv_kernel_dim
-                           + DELTANET_FP32_PARAMS_PER_HEAD * hv + spec.linear_value_head_dim + value_dim * h)
+        out["deltanet"] = (
+            h * (2 * key_dim + 2 * value_dim)
+            + h * 2 * hv
+            + spec.deltanet_conv_dim * spec.linear_conv_kernel_dim
+            + DELTANET_FP32_PARAMS_PER_HEAD * hv
+            + spec.linear_value_head_dim
+            + value_dim * h
+        )
     if layer.has_mamba:
         d_inner, heads, conv_dim = spec.mamba_d_inner, spec.mamba_num_heads, spec.mamba_conv_dim
         in_proj = h * (2 * d_inner + 2 * spec.mamba_n_groups * spec.ssm_state_size + heads)
@@ -103,9 +112,13 @@ def layer_params(spec: ModelSpec, layer: LayerSpec) -> dict[str, int]:
     if layer.ffn == MLP:
         out["mlp"] = mlp_params(spec, spec.intermediate_size)
     elif layer.ffn == MOE:
-        out["moe"] = (h * spec.num_experts + spec.num_experts * (spec.moe_scoring == SIGMOID)
-                      + spec.num_experts * expert_params(spec) + mlp_params(spec, spec.shared_expert_intermediate_size)
-                      + h * spec.shared_expert_gate)
+        out["moe"] = (
+            h * spec.num_experts
+            + spec.num_experts * (spec.moe_scoring == SIGMOID)
+            + spec.num_experts * expert_params(spec)
+            + mlp_params(spec, spec.shared_expert_intermediate_size)
+            + h * spec.shared_expert_gate
+        )
     out["norm"] = h * (bool(layer.mixers) + bool(layer.ffn))
     return out
 
@@ -125,8 +138,11 @@ def mla_params(spec: ModelSpec) -> int:
     h, heads = spec.hidden_size, spec.num_attention_heads
     q_out = heads * spec.qk_head_dim
     q = h * spec.q_lora_rank + spec.q_lora_rank + spec.q_lora_rank * q_out if spec.q_lora_rank else h * q_out
-    kv = h * spec.mla_latent_dim + spec.kv_lora_rank + spec.kv_lora_rank * heads * (spec.qk_nope_head_dim
-                                                                                    + spec.v_head_dim)
+    kv = (
+        h * spec.mla_latent_dim
+        + spec.kv_lora_rank
+        + spec.kv_lora_rank * heads * (spec.qk_nope_head_dim + spec.v_head_dim)
+    )
     return q + kv + heads * spec.v_head_dim * h
 
 
@@ -170,9 +186,9 @@ def stage_params(spec: ModelSpec, layers: range) -> dict[str, int]:
 def stage_weight_bytes(spec: ModelSpec, layers: range, *, dtype: str | None = None) -> int:
     """Bytes of the stage's parameters (stage_params): the pipeline dtype, except the fp32 A_log, dt_bias (and D) of
     Mamba and Gated DeltaNet."""
-    fp32 = (MAMBA_FP32_PARAMS_PER_HEAD * spec.mamba_num_heads * sum(spec.layers[i].has_mamba for i in layers)
-            + DELTANET_FP32_PARAMS_PER_HEAD * spec.linear_num_value_heads
-            * sum(spec.layers[i].has_deltanet for i in layers))
+    fp32 = MAMBA_FP32_PARAMS_PER_HEAD * spec.mamba_num_heads * sum(
+        spec.layers[i].has_mamba for i in layers
+    ) + DELTANET_FP32_PARAMS_PER_HEAD * spec.linear_num_value_heads * sum(spec.layers[i].has_deltanet for i in layers)
     rest = stage_params(spec, layers)["total"] - fp32
     return rest * dtype_bytes(accounting_dtype(spec, dtype)) + fp32 * FP32_BYTES
 
@@ -211,30 +227,36 @@ def mamba_bytes_per_slot(spec: ModelSpec, layers: range | None = None, *, dtype:
 def deltanet_state_shapes(spec: ModelSpec) -> tuple[tuple[int, int], tuple[int, int, int]]:
     """A Gated DeltaNet layer's slot in the Mamba pool, in MambaPool's layout: conv (channels, kernel - 1) and the
     recurrent state (value heads, key head dim, value head dim)."""
-    return ((spec.deltanet_conv_dim, spec.linear_conv_kernel_dim - 1),
-            (spec.linear_num_value_heads, spec.linear_key_head_dim, spec.linear_value_head_dim))
+    return (
+        (spec.deltanet_conv_dim, spec.linear_conv_kernel_dim - 1),
+        (spec.linear_num_value_heads, spec.linear_key_head_dim, spec.linear_value_head_dim),
+    )
 
 
-def stage_accounts(spec: ModelSpec, num_stages: int = 1, partition: Sequence[int] | None = None, *,
-                   dtype: str | None = None) -> list[StageAccount]:
+def stage_accounts(
+    spec: ModelSpec, num_stages: int = 1, partition: Sequence[int] | None = None, *, dtype: str | None = None
+) -> list[StageAccount]:
     """One StageAccount per pipeline stage, the layers split by ppprof.specs.partition.split_layers."""
     out = []
     for stage_idx, layers in enumerate(split_layers(spec.num_layers, num_stages, partition)):
-        out.append(StageAccount(
-            stage_idx=stage_idx,
-            layers=layers,
-            pattern=layers_pattern([spec.layers[i] for i in layers]),
-            layout=format_layers([spec.layers[i] for i in layers]),
-            num_params=stage_params(spec, layers),
-            num_active_params=active_params(spec, layers),
-            kv_bytes_per_token=kv_bytes_per_token(spec, layers, dtype=dtype),
-            mamba_bytes_per_slot=mamba_bytes_per_slot(spec, layers, dtype=dtype),
-        ))
+        out.append(
+            StageAccount(
+                stage_idx=stage_idx,
+                layers=layers,
+                pattern=layers_pattern([spec.layers[i] for i in layers]),
+                layout=format_layers([spec.layers[i] for i in layers]),
+                num_params=stage_params(spec, layers),
+                num_active_params=active_params(spec, layers),
+                kv_bytes_per_token=kv_bytes_per_token(spec, layers, dtype=dtype),
+                mamba_bytes_per_slot=mamba_bytes_per_slot(spec, layers, dtype=dtype),
+            )
+        )
     return out
 
 
-def describe(spec: ModelSpec, num_stages: int = 1, partition: list[int] | None = None,
-             dtype: str | None = None) -> dict:
+def describe(
+    spec: ModelSpec, num_stages: int = 1, partition: list[int] | None = None, dtype: str | None = None
+) -> dict:
     """spec.to_dict() plus the byte dtype and one entry per stage (StageAccount.to_dict())."""
     stages = stage_accounts(spec, num_stages, partition, dtype=dtype)
     return {

@@ -17,26 +17,89 @@ from ppprof.specs.hf_fields import read_int as _int
 from ppprof.specs.hf_moe import MOE_ARCHITECTURES, MOE_FAMILIES, MOE_RECORD_KEYS
 
 FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                  num_attention_heads=32, num_key_value_heads=None, head_dim=None, rms_norm_eps=1e-6,
-                  rope_theta=10000.0),
-    "mistral": dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                    num_attention_heads=32, num_key_value_heads=8, head_dim=None, rms_norm_eps=1e-6,
-                    rope_theta=10000.0),
-    "qwen2": dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
-                  num_attention_heads=32, num_key_value_heads=32, head_dim=None, rms_norm_eps=1e-6,
-                  rope_theta=10000.0),
-    "qwen3": dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
-                  num_attention_heads=32, num_key_value_heads=32, head_dim=128, rms_norm_eps=1e-6,
-                  rope_theta=10000.0),
-    "nemotron_h": dict(vocab_size=131072, hidden_size=4096, intermediate_size=21504, num_attention_heads=32,
-                       num_key_value_heads=8, head_dim=128, rope_theta=10000.0),
-    "jamba": dict(vocab_size=65536, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                  num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-6, rope_theta=10000.0),
-    "bamba": dict(vocab_size=128000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                  num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-5, rope_theta=10000.0),
-    "falcon_h1": dict(vocab_size=128000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                      num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-5, rope_theta=100000.0),
+    "llama": dict(
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=None,
+        head_dim=None,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+    ),
+    "mistral": dict(
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=None,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+    ),
+    "qwen2": dict(
+        vocab_size=151936,
+        hidden_size=4096,
+        intermediate_size=22016,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        head_dim=None,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+    ),
+    "qwen3": dict(
+        vocab_size=151936,
+        hidden_size=4096,
+        intermediate_size=22016,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        head_dim=128,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+    ),
+    "nemotron_h": dict(
+        vocab_size=131072,
+        hidden_size=4096,
+        intermediate_size=21504,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        rope_theta=10000.0,
+    ),
+    "jamba": dict(
+        vocab_size=65536,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+    ),
+    "bamba": dict(
+        vocab_size=128000,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+    ),
+    "falcon_h1": dict(
+        vocab_size=128000,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        rms_norm_eps=1e-5,
+        rope_theta=100000.0,
+    ),
 }
 """Each family's defaults (transformers' configuration_*.py) for the fields a config may leave out."""
 
@@ -49,13 +112,32 @@ JAMBA_MAMBA_HEAD_DIM = 64
 projections differ slightly (Mamba2's B, C and dt come from in_proj instead of x_proj/dt_proj)."""
 
 # Nemotron-H layers_block_type names, old and new, to pattern characters.
-NEMOTRON_BLOCK_TYPES = {"mamba": "M", "linear_attention": "M", "attention": "*", "full_attention": "*",
-                        "mlp": "-", "moe": "E"}
+NEMOTRON_BLOCK_TYPES = {
+    "mamba": "M",
+    "linear_attention": "M",
+    "attention": "*",
+    "full_attention": "*",
+    "mlp": "-",
+    "moe": "E",
+}
 
 # Fields kept in ModelSpec.extra for the record when present.
-RECORD_KEYS = ("model_type", "architectures", "torch_dtype", "dtype", "max_position_embeddings",
-               "tie_word_embeddings", "hidden_act", "mlp_hidden_act", "attention_bias", "sliding_window",
-               "n_shared_experts", "moe_shared_expert_intermediate_size", "mamba_expand", "expand")
+RECORD_KEYS = (
+    "model_type",
+    "architectures",
+    "torch_dtype",
+    "dtype",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+    "hidden_act",
+    "mlp_hidden_act",
+    "attention_bias",
+    "sliding_window",
+    "n_shared_experts",
+    "moe_shared_expert_intermediate_size",
+    "mamba_expand",
+    "expand",
+)
 
 
 def _mlp_act(cfg: dict, family: str) -> str:
@@ -79,8 +161,10 @@ def _nemotron_h(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
     blocks = cfg.get("layers_block_type") or cfg.get("layer_types")
     if cfg.get("hybrid_override_pattern"):
         if not isinstance(cfg["hybrid_override_pattern"], str):
-            raise ValueError(f"hybrid_override_pattern={short(cfg['hybrid_override_pattern'])} must be a string of "
-                             "layer characters, e.g. \"M-M*-\"; fix the config")
+            raise ValueError(
+                f"hybrid_override_pattern={short(cfg['hybrid_override_pattern'])} must be a string of "
+                'layer characters, e.g. "M-M*-"; fix the config'
+            )
         layers = parse_pattern(cfg["hybrid_override_pattern"])
     elif blocks:
         if not isinstance(blocks, list) or not all(isinstance(b, str) for b in blocks):
@@ -113,18 +197,23 @@ def _jamba(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
     num_experts = _int(cfg, "num_experts", default=16)
     for what, period, offset in (("attn", attn_period, attn_offset), ("expert", moe_period, moe_offset)):
         if not 0 <= offset < period:
-            raise ValueError(f"{what}_layer_offset ({offset}) must be in 0..{what}_layer_period-1 ({period - 1}); "
-                             "fix the config")
+            raise ValueError(
+                f"{what}_layer_offset ({offset}) must be in 0..{what}_layer_period-1 ({period - 1}); fix the config"
+            )
     layers = tuple(
-        LayerSpec(mixers=(ATTENTION,) if i % attn_period == attn_offset else (MAMBA,),
-                  ffn=MOE if num_experts > 1 and i % moe_period == moe_offset else MLP)
+        LayerSpec(
+            mixers=(ATTENTION,) if i % attn_period == attn_offset else (MAMBA,),
+            ffn=MOE if num_experts > 1 and i % moe_period == moe_offset else MLP,
+        )
         for i in range(n)
     )
     d_inner = _int(cfg, "mamba_expand", default=2) * fields["hidden_size"]
     if d_inner % JAMBA_MAMBA_HEAD_DIM:
-        raise ValueError(f"Jamba d_inner = mamba_expand * hidden_size = {d_inner} is not a multiple of "
-                         f"{JAMBA_MAMBA_HEAD_DIM}, the Mamba2 head dim ppprof uses for Jamba: use a hidden_size "
-                         "that makes it one")
+        raise ValueError(
+            f"Jamba d_inner = mamba_expand * hidden_size = {d_inner} is not a multiple of "
+            f"{JAMBA_MAMBA_HEAD_DIM}, the Mamba2 head dim ppprof uses for Jamba: use a hidden_size "
+            "that makes it one"
+        )
     fields.update(
         mamba_num_heads=d_inner // JAMBA_MAMBA_HEAD_DIM,
         mamba_head_dim=JAMBA_MAMBA_HEAD_DIM,
@@ -145,8 +234,10 @@ def _mamba2_fields(cfg: dict, hidden: int, d_inner: int) -> dict[str, Any]:
     head_dim = "auto" if cfg.get("mamba_d_head") in (None, "auto") else _int(cfg, "mamba_d_head", default=None)
     if head_dim == "auto":
         if heads <= 0 or d_inner % heads:
-            raise ValueError(f"mamba_n_heads ({heads}) does not divide the mamba inner size ({d_inner}): "
-                             "give mamba_d_head or a divisor")
+            raise ValueError(
+                f"mamba_n_heads ({heads}) does not divide the mamba inner size ({d_inner}): "
+                "give mamba_d_head or a divisor"
+            )
         head_dim = d_inner // heads
     return dict(
         mamba_num_heads=heads,
@@ -188,15 +279,27 @@ def _falcon_h1(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
 
 
 FAMILIES: dict[str, Callable[[dict, str], tuple[tuple[LayerSpec, ...], dict]]] = {
-    "llama": _dense, "qwen2": _dense, "qwen3": _dense, "mistral": _dense,
-    "nemotron_h": _nemotron_h, "jamba": _jamba, "bamba": _bamba, "falcon_h1": _falcon_h1,
+    "llama": _dense,
+    "qwen2": _dense,
+    "qwen3": _dense,
+    "mistral": _dense,
+    "nemotron_h": _nemotron_h,
+    "jamba": _jamba,
+    "bamba": _bamba,
+    "falcon_h1": _falcon_h1,
     **MOE_FAMILIES,
 }
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 ARCHITECTURES = {
-    "LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-    "MistralForCausalLM": "mistral", "NemotronHForCausalLM": "nemotron_h", "JambaForCausalLM": "jamba",
-    "BambaForCausalLM": "bamba", "FalconH1ForCausalLM": "falcon_h1", **MOE_ARCHITECTURES,
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "MistralForCausalLM": "mistral",
+    "NemotronHForCausalLM": "nemotron_h",
+    "JambaForCausalLM": "jamba",
+    "BambaForCausalLM": "bamba",
+    "FalconH1ForCausalLM": "falcon_h1",
+    **MOE_ARCHITECTURES,
 }
 
 
@@ -204,21 +307,26 @@ def hf_family(cfg: dict) -> str:
     """The family of a HF config: its model_type, else its first known architecture."""
     model_type = cfg.get("model_type")
     if model_type is not None and not isinstance(model_type, str):
-        raise ValueError(f"model_type={short(model_type)} must be a string, e.g. \"llama\"; fix the config")
+        raise ValueError(f'model_type={short(model_type)} must be a string, e.g. "llama"; fix the config')
     if model_type:
         if model_type not in FAMILIES:
-            raise ValueError(f"model_type {model_type!r} is not supported: use a config with model_type one of "
-                             f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+            raise ValueError(
+                f"model_type {model_type!r} is not supported: use a config with model_type one of "
+                f"{', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
         return model_type
     archs = cfg.get("architectures") or []
     if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
-        raise ValueError(f"architectures={short(archs)} must be a list of class names, e.g. [\"LlamaForCausalLM\"]; "
-                         "fix the config")
+        raise ValueError(
+            f'architectures={short(archs)} must be a list of class names, e.g. ["LlamaForCausalLM"]; fix the config'
+        )
     for arch in archs:
         if arch in ARCHITECTURES:
             return ARCHITECTURES[arch]
-    raise ValueError(f"architectures {archs} without a model_type are not supported: use one of "
-                     f"{', '.join(ARCHITECTURES)} (model_type {', '.join(SUPPORTED_MODEL_TYPES)})")
+    raise ValueError(
+        f"architectures {archs} without a model_type are not supported: use one of "
+        f"{', '.join(ARCHITECTURES)} (model_type {', '.join(SUPPORTED_MODEL_TYPES)})"
+    )
 
 
 def spec_from_hf_config(cfg: dict, *, name: str) -> ModelSpec:
@@ -234,13 +342,33 @@ def spec_from_hf_config(cfg: dict, *, name: str) -> ModelSpec:
     unused = {
         ATTENTION: ("num_key_value_heads", "head_dim", "qk_norm", "attn_output_gate"),
         MLA: ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"),
-        MAMBA: ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "conv_kernel", "mamba_n_groups",
-                "mamba_chunk_size"),
-        DELTANET: ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
-                   "linear_conv_kernel_dim"),
-        MOE: ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "moe_scoring", "norm_topk_prob",
-              "routed_scaling_factor", "moe_n_group", "moe_topk_group", "shared_expert_intermediate_size",
-              "shared_expert_gate"),
+        MAMBA: (
+            "mamba_num_heads",
+            "mamba_head_dim",
+            "ssm_state_size",
+            "conv_kernel",
+            "mamba_n_groups",
+            "mamba_chunk_size",
+        ),
+        DELTANET: (
+            "linear_num_key_heads",
+            "linear_num_value_heads",
+            "linear_key_head_dim",
+            "linear_value_head_dim",
+            "linear_conv_kernel_dim",
+        ),
+        MOE: (
+            "num_experts",
+            "num_experts_per_tok",
+            "moe_intermediate_size",
+            "moe_scoring",
+            "norm_topk_prob",
+            "routed_scaling_factor",
+            "moe_n_group",
+            "moe_topk_group",
+            "shared_expert_intermediate_size",
+            "shared_expert_gate",
+        ),
     }
     if not kinds & {ATTENTION, MLA}:
         for key in ("num_attention_heads", "rope_theta"):
@@ -259,6 +387,8 @@ def spec_from_hf_config(cfg: dict, *, name: str) -> ModelSpec:
         fields["qk_norm"] = True
         extra["qkv_bias"] = bool(cfg.get("attention_bias", False))
     if family == "jamba":
-        extra["mamba_approximation"] = (f"Mamba1 run as Mamba2: heads = mamba_expand*hidden/{JAMBA_MAMBA_HEAD_DIM}, "
-                                        f"head_dim {JAMBA_MAMBA_HEAD_DIM}, n_groups 1")
+        extra["mamba_approximation"] = (
+            f"Mamba1 run as Mamba2: heads = mamba_expand*hidden/{JAMBA_MAMBA_HEAD_DIM}, "
+            f"head_dim {JAMBA_MAMBA_HEAD_DIM}, n_groups 1"
+        )
     return ModelSpec(name=name, family=family, layers=layers, extra=extra, **fields)

@@ -16,8 +16,7 @@ def read_int(cfg: dict, *keys: str, default: Any) -> int:
     key = next((k for k in keys if cfg.get(k) is not None), None)
     value = default if key is None else cfg[key]
     if not is_int(value):
-        raise ValueError(f"{key or keys[0]}={short(value)} must be an integer, not {a_type(value)}; "
-                         "fix the config")
+        raise ValueError(f"{key or keys[0]}={short(value)} must be an integer, not {a_type(value)}; fix the config")
     return value
 
 
@@ -46,12 +45,17 @@ def attention_fields(cfg: dict, d: dict[str, Any]) -> dict[str, Any]:
     hidden = read_int(cfg, "hidden_size", default=d["hidden_size"])
     heads = read_int(cfg, "num_attention_heads", default=d["num_attention_heads"])
     kv_heads = read_int(cfg, "num_key_value_heads", default=d["num_key_value_heads"] or heads)
-    head_dim = None if cfg.get("head_dim") is None and d.get("head_dim") is None else \
-        read_int(cfg, "head_dim", default=d.get("head_dim"))
+    head_dim = (
+        None
+        if cfg.get("head_dim") is None and d.get("head_dim") is None
+        else read_int(cfg, "head_dim", default=d.get("head_dim"))
+    )
     if head_dim is None:
         if heads <= 0 or hidden % heads:
-            raise ValueError(f"hidden_size ({hidden}) is not a multiple of num_attention_heads ({heads}): "
-                             "give head_dim in the config")
+            raise ValueError(
+                f"hidden_size ({hidden}) is not a multiple of num_attention_heads ({heads}): "
+                "give head_dim in the config"
+            )
         head_dim = hidden // heads
     return dict(
         hidden_size=hidden,

@@ -12,30 +12,100 @@ from ppprof.specs.hf_fields import attention_fields, num_layers, read_float, rea
 from ppprof.specs.spec import ATTENTION, DELTANET, MLA, MLP, MOE, SIGMOID, SOFTMAX, LayerSpec
 
 MOE_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "deepseek_v2": dict(vocab_size=102400, hidden_size=4096, intermediate_size=11008, moe_intermediate_size=1407,
-                        num_hidden_layers=30, num_attention_heads=32, num_key_value_heads=None, n_shared_experts=None,
-                        n_routed_experts=None, routed_scaling_factor=1.0, n_group=None, topk_group=None,
-                        num_experts_per_tok=None, moe_layer_freq=1, first_k_dense_replace=0, norm_topk_prob=False,
-                        scoring_func=SOFTMAX, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
-                        qk_rope_head_dim=64, v_head_dim=128, num_nextn_predict_layers=0, rms_norm_eps=1e-6,
-                        rope_theta=10000.0),
-    "deepseek_v3": dict(vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
-                        num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128, n_shared_experts=1,
-                        n_routed_experts=256, routed_scaling_factor=2.5, n_group=8, topk_group=4,
-                        num_experts_per_tok=8, moe_layer_freq=1, first_k_dense_replace=3, norm_topk_prob=True,
-                        scoring_func=SIGMOID, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
-                        qk_rope_head_dim=64, v_head_dim=128, num_nextn_predict_layers=1, rms_norm_eps=1e-6,
-                        rope_theta=10000.0),
-    "qwen3_moe": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
-                      num_attention_heads=32, num_key_value_heads=4, head_dim=128, rms_norm_eps=1e-6,
-                      rope_theta=10000.0, decoder_sparse_step=1, moe_intermediate_size=768, num_experts_per_tok=8,
-                      num_experts=128, norm_topk_prob=False, shared_expert_intermediate_size=0),
-    "qwen3_next": dict(vocab_size=151936, hidden_size=2048, intermediate_size=5632, num_hidden_layers=48,
-                       num_attention_heads=16, num_key_value_heads=2, head_dim=256, rms_norm_eps=1e-6,
-                       rope_theta=10000.0, decoder_sparse_step=1, moe_intermediate_size=512, num_experts_per_tok=10,
-                       num_experts=512, norm_topk_prob=True, shared_expert_intermediate_size=512,
-                       full_attention_interval=4, linear_conv_kernel_dim=4, linear_key_head_dim=128,
-                       linear_value_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=32),
+    "deepseek_v2": dict(
+        vocab_size=102400,
+        hidden_size=4096,
+        intermediate_size=11008,
+        moe_intermediate_size=1407,
+        num_hidden_layers=30,
+        num_attention_heads=32,
+        num_key_value_heads=None,
+        n_shared_experts=None,
+        n_routed_experts=None,
+        routed_scaling_factor=1.0,
+        n_group=None,
+        topk_group=None,
+        num_experts_per_tok=None,
+        moe_layer_freq=1,
+        first_k_dense_replace=0,
+        norm_topk_prob=False,
+        scoring_func=SOFTMAX,
+        q_lora_rank=1536,
+        kv_lora_rank=512,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        num_nextn_predict_layers=0,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+    ),
+    "deepseek_v3": dict(
+        vocab_size=129280,
+        hidden_size=7168,
+        intermediate_size=18432,
+        moe_intermediate_size=2048,
+        num_hidden_layers=61,
+        num_attention_heads=128,
+        num_key_value_heads=128,
+        n_shared_experts=1,
+        n_routed_experts=256,
+        routed_scaling_factor=2.5,
+        n_group=8,
+        topk_group=4,
+        num_experts_per_tok=8,
+        moe_layer_freq=1,
+        first_k_dense_replace=3,
+        norm_topk_prob=True,
+        scoring_func=SIGMOID,
+        q_lora_rank=1536,
+        kv_lora_rank=512,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        num_nextn_predict_layers=1,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+    ),
+    "qwen3_moe": dict(
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=24,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        decoder_sparse_step=1,
+        moe_intermediate_size=768,
+        num_experts_per_tok=8,
+        num_experts=128,
+        norm_topk_prob=False,
+        shared_expert_intermediate_size=0,
+    ),
+    "qwen3_next": dict(
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=48,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        head_dim=256,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        decoder_sparse_step=1,
+        moe_intermediate_size=512,
+        num_experts_per_tok=10,
+        num_experts=512,
+        norm_topk_prob=True,
+        shared_expert_intermediate_size=512,
+        full_attention_interval=4,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_num_key_heads=16,
+        linear_num_value_heads=32,
+    ),
 }
 """Each family's defaults for the fields a config may leave out (kimi_k2 reads as deepseek_v3, qwen3_5 and
 qwen3_5_moe as qwen3_next, from their text_config)."""
@@ -92,8 +162,9 @@ def _deepseek(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
     freq = _positive_field(cfg, "moe_layer_freq", d["moe_layer_freq"])
     if first_dense < 0:
         raise ValueError(f"first_k_dense_replace={first_dense} must be >= 0; fix the config")
-    layers = tuple(LayerSpec(mixers=(MLA,), ffn=MOE if experts and i >= first_dense and i % freq == 0 else MLP)
-                   for i in range(n))
+    layers = tuple(
+        LayerSpec(mixers=(MLA,), ffn=MOE if experts and i >= first_dense and i % freq == 0 else MLP) for i in range(n)
+    )
     scoring = cfg.get("scoring_func") or d["scoring_func"]
     if scoring not in (SOFTMAX, SIGMOID):
         raise ValueError(f"scoring_func={short(scoring)} is not supported: use {SOFTMAX} or {SIGMOID}")
@@ -150,8 +221,9 @@ def _qwen_moe_fields(cfg: dict, d: dict) -> dict:
         num_experts_per_tok=read_int(cfg, "num_experts_per_tok", default=d["num_experts_per_tok"]),
         moe_intermediate_size=read_int(cfg, "moe_intermediate_size", default=d["moe_intermediate_size"]),
         norm_topk_prob=_bool(cfg, "norm_topk_prob", d["norm_topk_prob"]),
-        shared_expert_intermediate_size=read_int(cfg, "shared_expert_intermediate_size",
-                                                 default=d["shared_expert_intermediate_size"]),
+        shared_expert_intermediate_size=read_int(
+            cfg, "shared_expert_intermediate_size", default=d["shared_expert_intermediate_size"]
+        ),
     )
 
 
@@ -172,31 +244,57 @@ def _qwen3_next(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
     types = cfg.get("layer_types")
     if types is not None:
         if not isinstance(types, list) or len(types) != n or not all(t in QWEN3_NEXT_LAYER_TYPES for t in types):
-            raise ValueError(f"layer_types={short(types)} must list {n} of {', '.join(QWEN3_NEXT_LAYER_TYPES)}; "
-                             "fix the config")
+            raise ValueError(
+                f"layer_types={short(types)} must list {n} of {', '.join(QWEN3_NEXT_LAYER_TYPES)}; fix the config"
+            )
         mixers = [QWEN3_NEXT_LAYER_TYPES[t] for t in types]
     else:
         interval = _positive_field(cfg, "full_attention_interval", d["full_attention_interval"])
         mixers = [ATTENTION if (i + 1) % interval == 0 else DELTANET for i in range(n)]
     layers = tuple(LayerSpec(mixers=(m,), ffn=ffn) for m, ffn in zip(mixers, _moe_ffns(cfg, d, n)))
-    fields.update(_qwen_moe_fields(cfg, d), qk_norm=True, attn_output_gate=_bool(cfg, "attn_output_gate", True),
-                  shared_expert_gate=True,
-                  num_mtp_layers=read_int(cfg, "mtp_num_hidden_layers", "num_nextn_predict_layers", default=0))
-    for key in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
-                "linear_conv_kernel_dim"):
+    fields.update(
+        _qwen_moe_fields(cfg, d),
+        qk_norm=True,
+        attn_output_gate=_bool(cfg, "attn_output_gate", True),
+        shared_expert_gate=True,
+        num_mtp_layers=read_int(cfg, "mtp_num_hidden_layers", "num_nextn_predict_layers", default=0),
+    )
+    for key in (
+        "linear_num_key_heads",
+        "linear_num_value_heads",
+        "linear_key_head_dim",
+        "linear_value_head_dim",
+        "linear_conv_kernel_dim",
+    ):
         fields[key] = read_int(cfg, key, default=d[key])
     return layers, fields
 
 
 MOE_FAMILIES: dict[str, Callable[[dict, str], tuple[tuple[LayerSpec, ...], dict]]] = {
-    "deepseek_v2": _deepseek, "deepseek_v3": _deepseek, "kimi_k2": _deepseek, "qwen3_moe": _qwen3_moe,
-    "qwen3_next": _qwen3_next, "qwen3_5": _qwen3_next, "qwen3_5_moe": _qwen3_next,
+    "deepseek_v2": _deepseek,
+    "deepseek_v3": _deepseek,
+    "kimi_k2": _deepseek,
+    "qwen3_moe": _qwen3_moe,
+    "qwen3_next": _qwen3_next,
+    "qwen3_5": _qwen3_next,
+    "qwen3_5_moe": _qwen3_next,
 }
 MOE_ARCHITECTURES = {
-    "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3", "Qwen3MoeForCausalLM": "qwen3_moe",
-    "Qwen3NextForCausalLM": "qwen3_next", "Qwen3_5ForConditionalGeneration": "qwen3_5",
+    "DeepseekV2ForCausalLM": "deepseek_v2",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "Qwen3NextForCausalLM": "qwen3_next",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5",
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
 }
-MOE_RECORD_KEYS = ("n_shared_experts", "topk_method", "scoring_func", "partial_rotary_factor", "rope_scaling",
-                   "num_nextn_predict_layers", "mtp_num_hidden_layers", "full_attention_interval",
-                   "quantization_config")
+MOE_RECORD_KEYS = (
+    "n_shared_experts",
+    "topk_method",
+    "scoring_func",
+    "partial_rotary_factor",
+    "rope_scaling",
+    "num_nextn_predict_layers",
+    "mtp_num_hidden_layers",
+    "full_attention_interval",
+    "quantization_config",
+)

@@ -19,6 +19,7 @@ from ppprof.specs.dtypes import normalize_dtype
 from ppprof.specs.hf import spec_from_hf_config
 from ppprof.specs.pattern import parse_layer_tokens, parse_pattern, shorten_layers
 
+
 def _presets_dir() -> Path:
     source = Path(__file__).resolve().parents[2] / "configs" / "models"
     return source if source.is_dir() else Path(__file__).resolve().parents[1] / "presets"
@@ -30,8 +31,15 @@ HF_CONFIG_NAME = "config.json"
 # Keys of the YAML layout that are not ModelSpec fields.
 LAYOUT_KEYS = ("pattern", "layers", "repeat")
 # Keys `ppprof model --json` adds to ModelSpec.to_dict().
-DERIVED_KEYS = ("num_layers", "num_params", "num_active_params", "num_mtp_params", "layout", "accounting_dtype",
-                "stages")
+DERIVED_KEYS = (
+    "num_layers",
+    "num_params",
+    "num_active_params",
+    "num_mtp_params",
+    "layout",
+    "accounting_dtype",
+    "stages",
+)
 SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSpec))
 
 

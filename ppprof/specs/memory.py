@@ -11,8 +11,13 @@ from dataclasses import dataclass, field
 from ppprof.bounds import ATTENTION_BACKENDS, DEVICES
 from ppprof.chunks import align_up
 from ppprof.checks import require_int
-from ppprof.specs.accounting import (FP32_BYTES, deltanet_state_shapes, kv_bytes_per_token, mamba_bytes_per_slot,
-                                    stage_weight_bytes)
+from ppprof.specs.accounting import (
+    FP32_BYTES,
+    deltanet_state_shapes,
+    kv_bytes_per_token,
+    mamba_bytes_per_slot,
+    stage_weight_bytes,
+)
 from ppprof.specs.dtypes import AUTO_DTYPE_CPU, AUTO_DTYPE_GPU, dtype_bytes, normalize_dtype
 from ppprof.specs.spec import MOE, LayerSpec, ModelSpec
 
@@ -66,12 +71,21 @@ class StageMemory:
 
     def to_dict(self) -> dict:
         return {
-            "stage_idx": self.stage_idx, "layer_start": self.layers.start, "layer_stop": self.layers.stop,
-            **{part: getattr(self, part) for part in PARTS}, "weights_init": self.weights_init,
-            "running": self.running, "total": self.total,
-            "chunk_size": self.chunk_size, "prefix_len": self.prefix_len, "dtype": self.dtype, "device": self.device,
-            "attention_backend": self.attention_backend, "mamba_kernel": self.mamba_kernel,
-            "activation_layer": self.activation_layer, "activation_terms": dict(self.activation_terms),
+            "stage_idx": self.stage_idx,
+            "layer_start": self.layers.start,
+            "layer_stop": self.layers.stop,
+            **{part: getattr(self, part) for part in PARTS},
+            "weights_init": self.weights_init,
+            "running": self.running,
+            "total": self.total,
+            "chunk_size": self.chunk_size,
+            "prefix_len": self.prefix_len,
+            "dtype": self.dtype,
+            "device": self.device,
+            "attention_backend": self.attention_backend,
+            "mamba_kernel": self.mamba_kernel,
+            "activation_layer": self.activation_layer,
+            "activation_terms": dict(self.activation_terms),
         }
 
 
@@ -113,8 +127,12 @@ def largest_parameter(spec: ModelSpec, layers: range) -> int:
             out.append(h * (q_heads + 2 * spec.num_key_value_heads) * spec.head_dim)
         if layer.has_mla:
             heads = spec.num_attention_heads
-            out += [max(h, spec.q_lora_rank) * heads * spec.qk_head_dim, h * spec.mla_latent_dim,
-                    spec.kv_lora_rank * heads * (spec.qk_nope_head_dim + spec.v_head_dim), heads * spec.v_head_dim * h]
+            out += [
+                max(h, spec.q_lora_rank) * heads * spec.qk_head_dim,
+                h * spec.mla_latent_dim,
+                spec.kv_lora_rank * heads * (spec.qk_nope_head_dim + spec.v_head_dim),
+                heads * spec.v_head_dim * h,
+            ]
         if layer.has_deltanet:
             out.append(h * (2 * spec.deltanet_key_dim + 2 * spec.deltanet_value_dim))
         if layer.has_mamba:
@@ -132,8 +150,9 @@ def kv_pool_bytes(spec: ModelSpec, layers: range, *, dtype: str, max_total_token
     / page_size pages and the reserved page 0. (The allocators' host-side numpy arrays, about 33 bytes a KV slot,
     are left out.)"""
     if max_total_tokens < page_size or max_total_tokens % page_size:
-        raise ValueError(f"--max-total-tokens {max_total_tokens} must be a positive multiple of --page-size "
-                         f"{page_size}")
+        raise ValueError(
+            f"--max-total-tokens {max_total_tokens} must be a positive multiple of --page-size {page_size}"
+        )
     total_slots = (max_total_tokens // page_size + 1) * page_size
     return total_slots * kv_bytes_per_token(spec, layers, dtype=dtype)
 
@@ -157,8 +176,13 @@ def attention_bytes(spec: ModelSpec, n: int, total: int, b: int, backend: str, d
             return out + n * heads * d * b
         return out + 2 * n * heads * d * b + 3 * n * heads * d * FP32_BYTES
     upcast = (n * heads * d + 2 * kv_heads * total * d) * FP32_BYTES if b < FP32_BYTES else 0
-    return (out + n * heads * d * (b + FP32_BYTES) + group * n * total * (1 + FP32_BYTES)
-            + heads * n * total * (2 * FP32_BYTES + 1) + upcast)
+    return (
+        out
+        + n * heads * d * (b + FP32_BYTES)
+        + group * n * total * (1 + FP32_BYTES)
+        + heads * n * total * (2 * FP32_BYTES + 1)
+        + upcast
+    )
 
 
 def mla_bytes(spec: ModelSpec, n: int, total: int, b: int, backend: str, device: str) -> int:
@@ -176,8 +200,12 @@ def mla_bytes(spec: ModelSpec, n: int, total: int, b: int, backend: str, device:
 
 def deltanet_bytes(spec: ModelSpec, n: int, b: int) -> int:
     """Transient of one Gated DeltaNet mixer on n tokens, the torch path (see activation_peak)."""
-    hv, dk, dv, q = (spec.linear_num_value_heads, spec.linear_key_head_dim, spec.linear_value_head_dim,
-                     spec.deltanet_chunk_size)
+    hv, dk, dv, q = (
+        spec.linear_num_value_heads,
+        spec.linear_key_head_dim,
+        spec.linear_value_head_dim,
+        spec.deltanet_chunk_size,
+    )
     conv_dim = spec.deltanet_conv_dim
     padded = align_up(n, q)
     io = n * (2 * spec.deltanet_key_dim + 2 * spec.deltanet_value_dim) * b + 2 * n * hv * FP32_BYTES
@@ -201,8 +229,7 @@ def mamba_bytes(spec: ModelSpec, n: int, b: int, kernel: str) -> int:
     fused = kernel == MAMBA_FUSED
     io = n * (in_width + (1 if fused else 2) * conv_dim) * b
     if fused:
-        scan = (2 * states * FP32_BYTES + spec.mamba_n_groups * padded * q * FP32_BYTES
-                + n * d_inner * (b + FP32_BYTES))
+        scan = 2 * states * FP32_BYTES + spec.mamba_n_groups * padded * q * FP32_BYTES + n * d_inner * (b + FP32_BYTES)
     else:
         scan = padded * heads * (head_dim + 2 * state) * b + max(
             3 * decay * FP32_BYTES,
@@ -224,8 +251,9 @@ def ffn_bytes(spec: ModelSpec, layer: LayerSpec, n: int, b: int) -> int:
     return routing + max(n * (3 * h * b + inner * spec.moe_intermediate_size * b), shared)
 
 
-def layer_terms(spec: ModelSpec, layer: LayerSpec, *, n: int, prefix_len: int, b: int, backend: str, device: str,
-                kernel: str) -> dict[str, int]:
+def layer_terms(
+    spec: ModelSpec, layer: LayerSpec, *, n: int, prefix_len: int, b: int, backend: str, device: str, kernel: str
+) -> dict[str, int]:
     """The transient of each part of `layer` that it has: norm, attention, mamba, mlp or moe."""
     out = {"norm": 2 * n * spec.hidden_size * FP32_BYTES}
     if layer.has_attention:
@@ -252,16 +280,19 @@ def prefix_noise_bytes(spec: ModelSpec, layers: range, prefix_len: int, b: int) 
     if any(spec.layers[i].has_mla for i in layers):
         out += prefix_len * spec.mla_latent_dim * b  # LatentPool.fill_random's block
     if any(spec.layers[i].has_mamba for i in layers):
-        out += (spec.mamba_conv_dim * (spec.conv_kernel - 1) * b
-                + spec.mamba_num_heads * spec.mamba_head_dim * spec.ssm_state_size * FP32_BYTES)
+        out += (
+            spec.mamba_conv_dim * (spec.conv_kernel - 1) * b
+            + spec.mamba_num_heads * spec.mamba_head_dim * spec.ssm_state_size * FP32_BYTES
+        )
     if any(spec.layers[i].has_deltanet for i in layers):
         (conv_dim, width), (hv, dk, dv) = deltanet_state_shapes(spec)
         out += conv_dim * width * b + hv * dk * dv * FP32_BYTES
     return out
 
 
-def activation_peak(spec: ModelSpec, layers: range, *, n: int, prefix_len: int, b: int, backend: str, device: str,
-                    kernel: str) -> tuple[int, int, dict[str, int]]:
+def activation_peak(
+    spec: ModelSpec, layers: range, *, n: int, prefix_len: int, b: int, backend: str, device: str, kernel: str
+) -> tuple[int, int, dict[str, int]]:
     """(peak bytes, the layer whose peak wins, its named terms) of a chunk of n tokens after L = prefix_len cached
     ones (T = L + n), hidden h, the pipeline dtype b bytes, fp32 4 bytes.
 
@@ -308,8 +339,9 @@ def activation_peak(spec: ModelSpec, layers: range, *, n: int, prefix_len: int, 
     held = 5 * n * spec.hidden_size * b
     best_layer, best = layers.start, {}
     for i in layers:
-        parts = layer_terms(spec, spec.layers[i], n=n, prefix_len=prefix_len, b=b, backend=backend, device=device,
-                            kernel=kernel)
+        parts = layer_terms(
+            spec, spec.layers[i], n=n, prefix_len=prefix_len, b=b, backend=backend, device=device, kernel=kernel
+        )
         part = max(parts, key=parts.get)
         if not best or parts[part] > max(best.values()):
             best_layer, best = i, {part: parts[part]}
@@ -322,39 +354,65 @@ def activation_peak(spec: ModelSpec, layers: range, *, n: int, prefix_len: int, 
     return sum(terms.values()), best_layer, terms
 
 
-def stage_memory(spec: ModelSpec, layer_ids: range, *, dtype: str | None, max_total_tokens: int, page_size: int,
-                 max_mamba_cache_size: int, max_running_requests: int, context_len: int, chunk_size: int,
-                 prefix_len: int, attention_backend: str = "auto", device: str = "cpu",
-                 stage_idx: int = 0) -> StageMemory:
+def stage_memory(
+    spec: ModelSpec,
+    layer_ids: range,
+    *,
+    dtype: str | None,
+    max_total_tokens: int,
+    page_size: int,
+    max_mamba_cache_size: int,
+    max_running_requests: int,
+    context_len: int,
+    chunk_size: int,
+    prefix_len: int,
+    attention_backend: str = "auto",
+    device: str = "cpu",
+    stage_idx: int = 0,
+) -> StageMemory:
     """What the stage holding `layer_ids` needs for a profile whose largest probe request is a `chunk_size` chunk
     after `prefix_len` cached tokens (ProfileConfig.max_probe_chunk_size, max(resolved_prefix_lens())). `dtype` None
     means the spec's, else bf16 on CUDA and fp32 on CPU (as ppprof.run.rank.resolve_dtype resolves it)."""
-    for label, value, low in (("--max-total-tokens", max_total_tokens, 1), ("--page-size", page_size, 1),
-                              ("--max-mamba-cache-size", max_mamba_cache_size, 1),
-                              ("--max-running-requests", max_running_requests, 1), ("--context-len", context_len, 1),
-                              ("chunk_size", chunk_size, 1), ("prefix_len", prefix_len, 0)):
+    for label, value, low in (
+        ("--max-total-tokens", max_total_tokens, 1),
+        ("--page-size", page_size, 1),
+        ("--max-mamba-cache-size", max_mamba_cache_size, 1),
+        ("--max-running-requests", max_running_requests, 1),
+        ("--context-len", context_len, 1),
+        ("chunk_size", chunk_size, 1),
+        ("prefix_len", prefix_len, 0),
+    ):
         require_int(label, value, low)
     if device not in DEVICES:
         raise ValueError(f"--device {device!r} is not supported: use cpu or cuda")
     if len(layer_ids) == 0 or layer_ids.step != 1 or layer_ids.start < 0 or layer_ids.stop > spec.num_layers:
-        raise ValueError(f"layer_ids {layer_ids} must be a non-empty contiguous range inside [0, {spec.num_layers}): "
-                         "use a range from ppprof.specs.partition.split_layers")
+        raise ValueError(
+            f"layer_ids {layer_ids} must be a non-empty contiguous range inside [0, {spec.num_layers}): "
+            "use a range from ppprof.specs.partition.split_layers"
+        )
     dtype = normalize_dtype(dtype) or spec.dtype or (AUTO_DTYPE_GPU if device == "cuda" else AUTO_DTYPE_CPU)
     b = dtype_bytes(dtype)
     backend = resolve_backend(attention_backend, device)
     has_mamba = any(spec.layers[i].has_mamba for i in layer_ids)
     kernel = mamba_kernel(device)
-    peak, layer, terms = activation_peak(spec, layer_ids, n=chunk_size, prefix_len=prefix_len, b=b, backend=backend,
-                                         device=device, kernel=kernel)
+    peak, layer, terms = activation_peak(
+        spec, layer_ids, n=chunk_size, prefix_len=prefix_len, b=b, backend=backend, device=device, kernel=kernel
+    )
     return StageMemory(
-        stage_idx=stage_idx, layers=layer_ids,
+        stage_idx=stage_idx,
+        layers=layer_ids,
         weights=stage_weight_bytes(spec, layer_ids, dtype=dtype),
         kv_pool=kv_pool_bytes(spec, layer_ids, dtype=dtype, max_total_tokens=max_total_tokens, page_size=page_size),
         mamba_pool=mamba_pool_bytes(spec, layer_ids, dtype=dtype, max_mamba_cache_size=max_mamba_cache_size),
         request_table=max_running_requests * context_len * INDEX_BYTES,
         activation_peak=peak,
         weights_init=INIT_DRAW_BYTES * largest_parameter(spec, layer_ids) if device == "cpu" else 0,
-        chunk_size=chunk_size, prefix_len=prefix_len, dtype=dtype, device=device,
-        attention_backend=backend, mamba_kernel=kernel if has_mamba else None, activation_layer=layer,
+        chunk_size=chunk_size,
+        prefix_len=prefix_len,
+        dtype=dtype,
+        device=device,
+        attention_backend=backend,
+        mamba_kernel=kernel if has_mamba else None,
+        activation_layer=layer,
         activation_terms=terms,
     )

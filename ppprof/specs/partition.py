@@ -50,4 +50,6 @@ def parse_partition(text: str | None) -> list[int] | None:
     try:
         return [int(p) for p in str(text).split(",")]
     except ValueError:
-        raise ValueError(f"--layer-partition {text!r} is not a comma-separated list of layer counts, e.g. 3,5") from None
+        raise ValueError(
+            f"--layer-partition {text!r} is not a comma-separated list of layer counts, e.g. 3,5"
+        ) from None

@@ -8,8 +8,19 @@ Two notations, both built from Nemotron-H's characters (M mamba, * attention, - 
 
 from __future__ import annotations
 
-from ppprof.specs.spec import (ATTENTION, DELTANET, FFN_CHARS, MAMBA, MIXER_CHARS, MIXERS, MLA, MLP, MOE, LayerSpec,
-                               token_separator)
+from ppprof.specs.spec import (
+    ATTENTION,
+    DELTANET,
+    FFN_CHARS,
+    MAMBA,
+    MIXER_CHARS,
+    MIXERS,
+    MLA,
+    MLP,
+    MOE,
+    LayerSpec,
+    token_separator,
+)
 
 # Kinds a shortened model keeps if the full one has them, most important first.
 KEEP_PRIORITY = (ATTENTION, MLA, MAMBA, DELTANET, MOE, MLP)
@@ -93,7 +104,8 @@ def shorten_layers(layers: tuple[LayerSpec, ...], num_layers: int) -> tuple[Laye
         protected = {k for k in KEEP_PRIORITY[:rank] if any(k in layer_kinds(layers[i]) for i in chosen)}
         for pos in reversed(range(len(chosen))):
             kept = set(layer_kinds(layers[source])).union(
-                *(layer_kinds(layers[i]) for j, i in enumerate(chosen) if j != pos))
+                *(layer_kinds(layers[i]) for j, i in enumerate(chosen) if j != pos)
+            )
             if protected <= kept:
                 chosen[pos] = source
                 chosen.sort()

@@ -110,7 +110,7 @@ def layers_pattern(layers) -> str:
 
 
 def token_separator(tokens: list[str]) -> str:
-    """"" when every layer is one character (a Nemotron-H pattern), else " " between layer tokens."""
+    """ "" when every layer is one character (a Nemotron-H pattern), else " " between layer tokens."""
     return "" if all(len(t) == 1 for t in tokens) else " "
 
 
@@ -206,8 +206,9 @@ class ModelSpec:
             raise ValueError(f"model {self.name!r} has no layers: give at least one layer")
         _positive(self, "hidden_size", "vocab_size")
         if self.mlp_act not in MLP_ACTS:
-            raise ValueError(f"model {self.name!r}: mlp_act={self.mlp_act!r} is unknown: use one of "
-                             f"{', '.join(MLP_ACTS)}")
+            raise ValueError(
+                f"model {self.name!r}: mlp_act={self.mlp_act!r} is unknown: use one of {', '.join(MLP_ACTS)}"
+            )
         if any(layer.ffn == MLP for layer in self.layers):
             _positive(self, "intermediate_size")
         if any(layer.has_attention for layer in self.layers):
@@ -218,35 +219,56 @@ class ModelSpec:
                     f"({self.num_key_value_heads}): use a divisor of num_attention_heads"
                 )
         if any(layer.has_mamba for layer in self.layers):
-            _positive(self, "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "conv_kernel", "mamba_n_groups",
-                      "mamba_chunk_size")
+            _positive(
+                self,
+                "mamba_num_heads",
+                "mamba_head_dim",
+                "ssm_state_size",
+                "conv_kernel",
+                "mamba_n_groups",
+                "mamba_chunk_size",
+            )
             if self.mamba_num_heads % self.mamba_n_groups:
                 raise ValueError(
                     f"mamba_num_heads ({self.mamba_num_heads}) is not a multiple of mamba_n_groups "
                     f"({self.mamba_n_groups}): use a divisor of mamba_num_heads"
                 )
         if any(layer.has_mla for layer in self.layers):
-            _positive(self, "num_attention_heads", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-                      "v_head_dim")
+            _positive(self, "num_attention_heads", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
             if self.qk_rope_head_dim % 2:
-                raise ValueError(f"model {self.name!r}: qk_rope_head_dim={self.qk_rope_head_dim} must be even "
-                                 "(RoPE rotates pairs); fix the config")
+                raise ValueError(
+                    f"model {self.name!r}: qk_rope_head_dim={self.qk_rope_head_dim} must be even "
+                    "(RoPE rotates pairs); fix the config"
+                )
             if any(layer.has_attention for layer in self.layers):
-                raise ValueError(f"model {self.name!r} mixes MLA and attention layers: ppprof keeps one KV pool "
-                                 "layout a model; use one kind")
+                raise ValueError(
+                    f"model {self.name!r} mixes MLA and attention layers: ppprof keeps one KV pool "
+                    "layout a model; use one kind"
+                )
         if any(layer.has_deltanet for layer in self.layers):
-            _positive(self, "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-                      "linear_value_head_dim", "linear_conv_kernel_dim", "deltanet_chunk_size")
+            _positive(
+                self,
+                "linear_num_key_heads",
+                "linear_num_value_heads",
+                "linear_key_head_dim",
+                "linear_value_head_dim",
+                "linear_conv_kernel_dim",
+                "deltanet_chunk_size",
+            )
             if self.linear_num_value_heads % self.linear_num_key_heads:
                 raise ValueError(
                     f"model {self.name!r}: linear_num_value_heads ({self.linear_num_value_heads}) is not a multiple "
-                    f"of linear_num_key_heads ({self.linear_num_key_heads}): use a divisor of linear_num_value_heads")
+                    f"of linear_num_key_heads ({self.linear_num_key_heads}): use a divisor of linear_num_value_heads"
+                )
             if any(layer.has_mamba for layer in self.layers):
-                raise ValueError(f"model {self.name!r} mixes Mamba2 and Gated DeltaNet layers: ppprof keeps one "
-                                 "Mamba-pool layout a model; use one kind")
+                raise ValueError(
+                    f"model {self.name!r} mixes Mamba2 and Gated DeltaNet layers: ppprof keeps one "
+                    "Mamba-pool layout a model; use one kind"
+                )
         if any(layer.ffn == MOE for layer in self.layers):
-            _positive(self, "num_experts", "num_experts_per_tok", "moe_intermediate_size", "moe_n_group",
-                      "moe_topk_group")
+            _positive(
+                self, "num_experts", "num_experts_per_tok", "moe_intermediate_size", "moe_n_group", "moe_topk_group"
+            )
             if self.num_experts_per_tok > self.num_experts:
                 raise ValueError(
                     f"num_experts_per_tok ({self.num_experts_per_tok}) exceeds num_experts ({self.num_experts}): "
@@ -254,8 +276,10 @@ class ModelSpec:
                 )
             _check_groups(self)
             if self.moe_scoring not in MOE_SCORINGS:
-                raise ValueError(f"model {self.name!r}: moe_scoring={self.moe_scoring!r} is unknown: use one of "
-                                 f"{', '.join(MOE_SCORINGS)}")
+                raise ValueError(
+                    f"model {self.name!r}: moe_scoring={self.moe_scoring!r} is unknown: use one of "
+                    f"{', '.join(MOE_SCORINGS)}"
+                )
 
     @property
     def num_layers(self) -> int:
@@ -314,15 +338,20 @@ def _check_groups(spec: ModelSpec) -> None:
     """Grouped routing: the groups split the experts evenly, a token's groups hold its top-k."""
     experts, groups, top_groups = spec.num_experts, spec.moe_n_group, spec.moe_topk_group
     if experts % groups:
-        raise ValueError(f"model {spec.name!r}: moe_n_group ({groups}) does not divide num_experts ({experts}): use "
-                         "a divisor (1: no groups)")
+        raise ValueError(
+            f"model {spec.name!r}: moe_n_group ({groups}) does not divide num_experts ({experts}): use "
+            "a divisor (1: no groups)"
+        )
     if top_groups > groups:
-        raise ValueError(f"model {spec.name!r}: moe_topk_group ({top_groups}) exceeds moe_n_group ({groups}): "
-                         "lower moe_topk_group")
+        raise ValueError(
+            f"model {spec.name!r}: moe_topk_group ({top_groups}) exceeds moe_n_group ({groups}): lower moe_topk_group"
+        )
     if spec.num_experts_per_tok > top_groups * (experts // groups):
-        raise ValueError(f"model {spec.name!r}: num_experts_per_tok ({spec.num_experts_per_tok}) exceeds the "
-                         f"experts of moe_topk_group ({top_groups}) groups of {experts // groups}: raise "
-                         "moe_topk_group")
+        raise ValueError(
+            f"model {spec.name!r}: num_experts_per_tok ({spec.num_experts_per_tok}) exceeds the "
+            f"experts of moe_topk_group ({top_groups}) groups of {experts // groups}: raise "
+            "moe_topk_group"
+        )
 
 
 def _positive(spec: ModelSpec, *names: str) -> None:
@@ -347,13 +376,17 @@ def check_types(spec: ModelSpec) -> None:
     for f in fields(spec):
         value = getattr(spec, f.name)
         if f.type == "int" and (not is_int(value) or value < 0):
-            raise ValueError(f"model {spec.name!r}: {f.name}={short(value)} must be an integer >= 0"
-                             + ("" if is_int(value) else f", not {a_type(value)}") + "; fix the config")
+            raise ValueError(
+                f"model {spec.name!r}: {f.name}={short(value)} must be an integer >= 0"
+                + ("" if is_int(value) else f", not {a_type(value)}")
+                + "; fix the config"
+            )
     for name in FLOAT_FIELDS:
         value = getattr(spec, name)
         if not is_number(value) or not math.isfinite(value) or value <= 0:
-            raise ValueError(f"model {spec.name!r}: {name}={short(value)} must be a finite positive number; fix the "
-                             "config")
+            raise ValueError(
+                f"model {spec.name!r}: {name}={short(value)} must be a finite positive number; fix the config"
+            )
     if not isinstance(spec.layers, tuple) or not all(isinstance(layer, LayerSpec) for layer in spec.layers):
         raise ValueError(f"model {spec.name!r}: layers must be layer specs (give `pattern` or `layers`)")
     if len(spec.layers) > MAX_LAYERS:

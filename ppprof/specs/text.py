@@ -9,8 +9,9 @@ from ppprof.specs.dtypes import AUTO_DTYPE_CPU, AUTO_DTYPE_GPU
 from ppprof.specs.memory import StageMemory, format_bytes
 from ppprof.specs.pattern import format_layers
 
-LAYOUT_LEGEND = ("one char or token a layer: * attention, L MLA, M mamba, D Gated DeltaNet, - MLP, E MoE; "
-                 "\"*-\" = attention + MLP")
+LAYOUT_LEGEND = (
+    'one char or token a layer: * attention, L MLA, M mamba, D Gated DeltaNet, - MLP, E MoE; "*-" = attention + MLP'
+)
 
 
 def _count(n: int) -> str:
@@ -29,42 +30,63 @@ def format_text(spec: ModelSpec, stages: list[StageAccount], dtype: str) -> str:
         f"mlp {spec.mlp_act}",
     ]
     if any(layer.has_attention for layer in spec.layers):
-        extras = "".join(f", {name}" for name, on in (("q/k norm", spec.qk_norm),
-                                                       ("output gate", spec.attn_output_gate)) if on)
-        lines.append(f"attention   {spec.num_attention_heads} heads, {spec.num_key_value_heads} kv heads, "
-                     f"head_dim {spec.head_dim}, rope_theta {spec.rope_theta:g}{extras}")
+        extras = "".join(
+            f", {name}" for name, on in (("q/k norm", spec.qk_norm), ("output gate", spec.attn_output_gate)) if on
+        )
+        lines.append(
+            f"attention   {spec.num_attention_heads} heads, {spec.num_key_value_heads} kv heads, "
+            f"head_dim {spec.head_dim}, rope_theta {spec.rope_theta:g}{extras}"
+        )
     if any(layer.has_mla for layer in spec.layers):
         q = f"q_lora_rank {spec.q_lora_rank}" if spec.q_lora_rank else "q_proj"
-        lines.append(f"mla         {spec.num_attention_heads} heads, {q}, kv_lora_rank {spec.kv_lora_rank}, qk "
-                     f"{spec.qk_nope_head_dim} nope + {spec.qk_rope_head_dim} rope, v {spec.v_head_dim}; cache "
-                     f"{spec.mla_latent_dim} values a token a layer; prefill decompresses the prefix's latents")
+        lines.append(
+            f"mla         {spec.num_attention_heads} heads, {q}, kv_lora_rank {spec.kv_lora_rank}, qk "
+            f"{spec.qk_nope_head_dim} nope + {spec.qk_rope_head_dim} rope, v {spec.v_head_dim}; cache "
+            f"{spec.mla_latent_dim} values a token a layer; prefill decompresses the prefix's latents"
+        )
     if any(layer.has_deltanet for layer in spec.layers):
-        lines.append(f"deltanet    {spec.linear_num_key_heads} key heads x {spec.linear_key_head_dim}, "
-                     f"{spec.linear_num_value_heads} value heads x {spec.linear_value_head_dim}, conv "
-                     f"{spec.linear_conv_kernel_dim}, chunk {spec.deltanet_chunk_size}; state in the Mamba pool")
+        lines.append(
+            f"deltanet    {spec.linear_num_key_heads} key heads x {spec.linear_key_head_dim}, "
+            f"{spec.linear_num_value_heads} value heads x {spec.linear_value_head_dim}, conv "
+            f"{spec.linear_conv_kernel_dim}, chunk {spec.deltanet_chunk_size}; state in the Mamba pool"
+        )
     if any(layer.has_mamba for layer in spec.layers):
-        lines.append(f"mamba2      {spec.mamba_num_heads} heads x {spec.mamba_head_dim}, d_state {spec.ssm_state_size}, "
-                     f"groups {spec.mamba_n_groups}, conv {spec.conv_kernel}, ssd chunk {spec.mamba_chunk_size}")
+        lines.append(
+            f"mamba2      {spec.mamba_num_heads} heads x {spec.mamba_head_dim}, d_state {spec.ssm_state_size}, "
+            f"groups {spec.mamba_n_groups}, conv {spec.conv_kernel}, ssd chunk {spec.mamba_chunk_size}"
+        )
     if spec.num_experts and any(layer.ffn == "moe" for layer in spec.layers):
-        groups = (f", top-{spec.moe_topk_group} of {spec.moe_n_group} groups" if spec.moe_n_group > 1 else "")
-        shared = (f", shared {spec.shared_expert_intermediate_size}" + (" gated" if spec.shared_expert_gate else "")
-                  if spec.shared_expert_intermediate_size else "")
-        lines.append(f"moe         {spec.num_experts} experts, top-{spec.num_experts_per_tok}, "
-                     f"intermediate {spec.moe_intermediate_size}, {spec.moe_scoring}{groups}{shared}")
+        groups = f", top-{spec.moe_topk_group} of {spec.moe_n_group} groups" if spec.moe_n_group > 1 else ""
+        shared = (
+            f", shared {spec.shared_expert_intermediate_size}" + (" gated" if spec.shared_expert_gate else "")
+            if spec.shared_expert_intermediate_size
+            else ""
+        )
+        lines.append(
+            f"moe         {spec.num_experts} experts, top-{spec.num_experts_per_tok}, "
+            f"intermediate {spec.moe_intermediate_size}, {spec.moe_scoring}{groups}{shared}"
+        )
     auto = f"auto ({AUTO_DTYPE_GPU} on GPU, {AUTO_DTYPE_CPU} on CPU)"
     lines.append(f"dtype       {spec.dtype or auto}; bytes below for {dtype}, SSM state in float32")
     total = sum(s.num_params["total"] for s in stages)
     active = sum(s.num_active_params for s in stages)
-    lines.append(f"params      {_count(total)} ({total:,}); active a token {_count(active)} (no embedding, top-k "
-                 "experts only)")
+    lines.append(
+        f"params      {_count(total)} ({total:,}); active a token {_count(active)} (no embedding, top-k experts only)"
+    )
     if spec.num_mtp_layers:
         lines.append(f"mtp         {spec.num_mtp_layers} module(s), {_count(mtp_params(spec))} more: counted, not run")
     lines.append("")
     header = ("stage", "layers", "params", "active", "KV/token", "Mamba/slot", "layout")
     rows = [
-        (str(s.stage_idx), f"{s.layers.start}-{s.layers.stop - 1}", _count(s.num_params["total"]),
-         _count(s.num_active_params), format_bytes(s.kv_bytes_per_token), format_bytes(s.mamba_bytes_per_slot),
-         s.layout)
+        (
+            str(s.stage_idx),
+            f"{s.layers.start}-{s.layers.stop - 1}",
+            _count(s.num_params["total"]),
+            _count(s.num_active_params),
+            format_bytes(s.kv_bytes_per_token),
+            format_bytes(s.mamba_bytes_per_slot),
+            s.layout,
+        )
         for s in stages
     ]
     return "\n".join(lines + _table(header, rows))
@@ -76,8 +98,9 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in (header, *rows)]
 
 
-def format_memory_text(stages: list[StageMemory], settings: str, limit: str, problem: str | None, *,
-                       checked: bool = True) -> str:
+def format_memory_text(
+    stages: list[StageMemory], settings: str, limit: str, problem: str | None, *, checked: bool = True
+) -> str:
     """The memory table of `ppprof model --memory`: one row a stage, then the limit and the verdict (`problem`, None
     when they fit; `checked` False when the limit is unknown here). `settings` says what the pools are sized for."""
     first = stages[0]
@@ -88,18 +111,22 @@ def format_memory_text(stages: list[StageMemory], settings: str, limit: str, pro
         f"            {settings}",
         "",
     ]
-    header = ("stage", "weights", "init draws", "KV pool", "Mamba pool", "requests", "activations", "total",
-              "peak in")
+    header = ("stage", "weights", "init draws", "KV pool", "Mamba pool", "requests", "activations", "total", "peak in")
     rows = [
-        (str(s.stage_idx), format_bytes(s.weights), f"+{format_bytes(s.weights_init)}" if s.weights_init else "-",
-         *(format_bytes(getattr(s, key)) for key in ("kv_pool", "mamba_pool", "request_table", "activation_peak")),
-         format_bytes(s.total), f"layer {s.activation_layer} ({_peak_part(s)})")
+        (
+            str(s.stage_idx),
+            format_bytes(s.weights),
+            f"+{format_bytes(s.weights_init)}" if s.weights_init else "-",
+            *(format_bytes(getattr(s, key)) for key in ("kv_pool", "mamba_pool", "request_table", "activation_peak")),
+            format_bytes(s.total),
+            f"layer {s.activation_layer} ({_peak_part(s)})",
+        )
         for s in stages
     ]
     lines += _table(header, rows)
     if any(s.weights + s.weights_init > s.running for s in stages):
         lines.append("(total: the weights and their init draws, where that is more than the run's need)")
-    verdict = ("not checked here" if not checked else "fits" if problem is None else f"does not fit: {problem}")
+    verdict = "not checked here" if not checked else "fits" if problem is None else f"does not fit: {problem}"
     lines += ["", f"limit       {limit}", f"check       {verdict}"]
     return "\n".join(lines)
 

@@ -72,6 +72,7 @@ class RankShapes:
 
 def rank_shapes(spec: ModelSpec, tp_size: int = 1, tp_rank: int = 0) -> RankShapes:
     """The per-rank shards of `spec` at TP rank `tp_rank` of `tp_size` (check_tp first: this assumes it passed)."""
+
     def shard(count: int, replicate: bool = False) -> Shard:
         if count == 0:
             return Shard(0, 0, 0)
@@ -79,12 +80,17 @@ def rank_shapes(spec: ModelSpec, tp_size: int = 1, tp_rank: int = 0) -> RankShap
 
     vocab_rows = -(-spec.vocab_size // tp_size)
     vocab = Shard(tp_rank * vocab_rows, vocab_rows, spec.vocab_size)
-    return RankShapes(tp_size=tp_size, tp_rank=tp_rank, q_heads=shard(spec.num_attention_heads),
-                      kv_heads=shard(spec.num_key_value_heads, replicate=True),
-                      intermediate=shard(spec.intermediate_size),
-                      moe_intermediate=shard(spec.moe_intermediate_size),
-                      mamba_heads=shard(spec.mamba_num_heads),
-                      mamba_groups=shard(spec.mamba_n_groups, replicate=True), vocab=vocab)
+    return RankShapes(
+        tp_size=tp_size,
+        tp_rank=tp_rank,
+        q_heads=shard(spec.num_attention_heads),
+        kv_heads=shard(spec.num_key_value_heads, replicate=True),
+        intermediate=shard(spec.intermediate_size),
+        moe_intermediate=shard(spec.moe_intermediate_size),
+        mamba_heads=shard(spec.mamba_num_heads),
+        mamba_groups=shard(spec.mamba_n_groups, replicate=True),
+        vocab=vocab,
+    )
 
 
 def rank_spec(spec: ModelSpec, tp_size: int, tp_rank: int = 0) -> ModelSpec:
@@ -95,10 +101,16 @@ def rank_spec(spec: ModelSpec, tp_size: int, tp_rank: int = 0) -> ModelSpec:
         return spec
     s = rank_shapes(spec, tp_size, tp_rank)
     return dataclasses.replace(
-        spec, num_attention_heads=s.q_heads.size, num_key_value_heads=s.kv_heads.size,
-        intermediate_size=s.intermediate.size, moe_intermediate_size=s.moe_intermediate.size,
+        spec,
+        num_attention_heads=s.q_heads.size,
+        num_key_value_heads=s.kv_heads.size,
+        intermediate_size=s.intermediate.size,
+        moe_intermediate_size=s.moe_intermediate.size,
         shared_expert_intermediate_size=spec.shared_expert_intermediate_size // tp_size,
-        mamba_num_heads=s.mamba_heads.size, mamba_n_groups=s.mamba_groups.size, vocab_size=s.vocab.size)
+        mamba_num_heads=s.mamba_heads.size,
+        mamba_n_groups=s.mamba_groups.size,
+        vocab_size=s.vocab.size,
+    )
 
 
 def tp_problem(spec: ModelSpec, tp_size: int) -> str | None:
@@ -107,8 +119,10 @@ def tp_problem(spec: ModelSpec, tp_size: int) -> str | None:
     if tp_size > 1:
         for kind, has in (("MLA", lambda layer: layer.has_mla), ("Gated DeltaNet", lambda layer: layer.has_deltanet)):
             if any(has(layer) for layer in layers):
-                return (f"--tp-size {tp_size}: model {spec.name!r} has {kind} layers, which ppprof does not shard "
-                        "over TP ranks yet: use --tp-size 1")
+                return (
+                    f"--tp-size {tp_size}: model {spec.name!r} has {kind} layers, which ppprof does not shard "
+                    "over TP ranks yet: use --tp-size 1"
+                )
     checks = []
     if any(layer.has_attention for layer in layers):
         checks.append(("num_attention_heads", spec.num_attention_heads, False))
@@ -128,8 +142,10 @@ def tp_problem(spec: ModelSpec, tp_size: int) -> str | None:
         if may_replicate and value < tp_size and tp_size % value == 0:
             continue  # replicated: each rank holds one
         how = f"a divisor of {value}" + (" or a multiple of it" if may_replicate else "")
-        return (f"--tp-size {tp_size} does not divide {name} ({value}) of model {spec.name!r}: use a --tp-size that "
-                f"is {how}")
+        return (
+            f"--tp-size {tp_size} does not divide {name} ({value}) of model {spec.name!r}: use a --tp-size that "
+            f"is {how}"
+        )
     return None
 
 
@@ -145,12 +161,18 @@ def check_tp(spec: ModelSpec, tp_size: int) -> None:
 def mesh_problem(world_size: int, tp_size: int, pp_size: int | None, local_world_size: int | None) -> str | None:
     """Why a job of `world_size` ranks (`local_world_size` a node) cannot run as a pp_size x tp_size mesh, or None."""
     if world_size % tp_size:
-        return (f"--tp-size {tp_size} does not divide the {world_size} ranks of the job (nnodes x nproc-per-node): "
-                f"start a multiple of {tp_size} ranks, e.g. --nproc-per-node {tp_size * max(1, world_size // tp_size)}")
+        return (
+            f"--tp-size {tp_size} does not divide the {world_size} ranks of the job (nnodes x nproc-per-node): "
+            f"start a multiple of {tp_size} ranks, e.g. --nproc-per-node {tp_size * max(1, world_size // tp_size)}"
+        )
     if pp_size is not None and pp_size * tp_size != world_size:
-        return (f"--pp-size {pp_size} x --tp-size {tp_size} = {pp_size * tp_size} ranks but the job has {world_size} "
-                f"(nnodes x nproc-per-node): set --nproc-per-node so that the job has {pp_size * tp_size} ranks")
+        return (
+            f"--pp-size {pp_size} x --tp-size {tp_size} = {pp_size * tp_size} ranks but the job has {world_size} "
+            f"(nnodes x nproc-per-node): set --nproc-per-node so that the job has {pp_size * tp_size} ranks"
+        )
     if local_world_size is not None and tp_size > 1 and local_world_size % tp_size:
-        return (f"--tp-size {tp_size} would span nodes: a node's {local_world_size} ranks must hold whole TP groups "
-                f"(the TP ranks of a stage on one node); use --nproc-per-node a multiple of {tp_size}")
+        return (
+            f"--tp-size {tp_size} would span nodes: a node's {local_world_size} ranks must hold whole TP groups "
+            f"(the TP ranks of a stage on one node); use --nproc-per-node a multiple of {tp_size}"
+        )
     return None

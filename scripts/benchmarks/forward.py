@@ -24,8 +24,9 @@ PREFIX_LENS = (0, 512, 1024, 2048)
 WARMUP = 2
 
 
-def chunk_latency_ms(stage: Stage, cache, chunk_size: int, prefix_len: int, repeats: int, gen: torch.Generator
-                     ) -> float:
+def chunk_latency_ms(
+    stage: Stage, cache, chunk_size: int, prefix_len: int, repeats: int, gen: torch.Generator
+) -> float:
     """Median forward latency of a `chunk_size` chunk after a `prefix_len` prefix, over `repeats` runs after warm-up.
     Each run is a fresh request, set up as a probe's is (ppprof.probe.request) and released afterwards; the set-up
     and the release are not timed; the timer is the profile's (ppprof.probe.timer)."""
@@ -60,8 +61,17 @@ def main() -> None:
     layer_ids = range(spec.num_layers)
     stage = Stage(spec, layer_ids, dtype=dtype, device=device, seed=0)
     context_len = max(chunk_sizes) + max(prefix_lens)
-    cache = build_stage_cache(spec, layer_ids, max_total_tokens=context_len + 64, page_size=1, max_mamba_cache_size=1,
-                              max_running_requests=1, context_len=context_len, dtype=dtype, device=device)
+    cache = build_stage_cache(
+        spec,
+        layer_ids,
+        max_total_tokens=context_len + 64,
+        page_size=1,
+        max_mamba_cache_size=1,
+        max_running_requests=1,
+        context_len=context_len,
+        dtype=dtype,
+        device=device,
+    )
     gen = torch.Generator().manual_seed(0)
 
     # One untimed sweep of every chunk size first: the first calls pay for lazy init (kernels, allocator pools),

@@ -31,8 +31,12 @@ from pathlib import Path
 
 MALLOC_MODES = {"exact": {"MALLOC_MMAP_THRESHOLD_": "131072"}, "default": {}}
 """Environment of each measurement's process (glibc reads MALLOC_MMAP_THRESHOLD_ at start)."""
-CASES = [(model, backend, base) for model in ("tiny-dense", "tiny-hybrid") for backend in ("sdpa", "reference")
-         for base in (512, 2048, 4096)]
+CASES = [
+    (model, backend, base)
+    for model in ("tiny-dense", "tiny-hybrid")
+    for backend in ("sdpa", "reference")
+    for base in (512, 2048, 4096)
+]
 STATUS = Path("/proc/self/status")
 CLEAR_REFS = Path("/proc/self/clear_refs")
 
@@ -59,10 +63,16 @@ def forward(cfg, spec, backend: str, chunk_size: int, prefix_len: int, max_total
 
     layers = range(spec.num_layers)
     stage = Stage(spec, layers, dtype=torch.float32, attention_backend=backend)
-    cache = build_stage_cache(spec, layers, max_total_tokens=max_total_tokens, page_size=cfg.page_size,
-                              max_mamba_cache_size=cfg.max_mamba_cache_size,
-                              max_running_requests=cfg.max_running_requests, context_len=cfg.context_len,
-                              dtype=torch.float32)
+    cache = build_stage_cache(
+        spec,
+        layers,
+        max_total_tokens=max_total_tokens,
+        page_size=cfg.page_size,
+        max_mamba_cache_size=cfg.max_mamba_cache_size,
+        max_running_requests=cfg.max_running_requests,
+        context_len=cfg.context_len,
+        dtype=torch.float32,
+    )
     gen = torch.Generator().manual_seed(0)
     req = Request(0)
     set_up_request(cache, req, ProbeRequest(0, prefix_len, chunk_size), gen)
@@ -84,26 +94,42 @@ def measure(model: str, backend: str, base_chunk_size: int) -> dict:
     from ppprof.specs import load_spec
 
     torch.set_num_threads(1)
-    cfg = ProfileConfig(model=model, base_chunk_size=base_chunk_size, attention_backend=backend, nproc_per_node=1,
-                        max_probe_chunk_multiple=SGLANG_PROBE_MULTIPLE)
+    cfg = ProfileConfig(
+        model=model,
+        base_chunk_size=base_chunk_size,
+        attention_backend=backend,
+        nproc_per_node=1,
+        max_probe_chunk_multiple=SGLANG_PROBE_MULTIPLE,
+    )
     spec = load_spec(model)
     (estimate,) = profile_memory(cfg, 1, spec)
     held = forward(cfg, spec, backend, 16, 16, 64)  # warm-up: every op once, small
     del held
     before = status_bytes("VmRSS")
     reset_peak()
-    held, built, build_peak = forward(cfg, spec, backend, estimate.chunk_size, estimate.prefix_len,
-                                      cfg.max_total_tokens)
+    held, built, build_peak = forward(
+        cfg, spec, backend, estimate.chunk_size, estimate.prefix_len, cfg.max_total_tokens
+    )
     peak = max(build_peak, status_bytes("VmHWM"))
-    return {"model": model, "attention_backend": backend, "base_chunk_size": base_chunk_size,
-            "chunk_size": estimate.chunk_size, "prefix_len": estimate.prefix_len, "estimate": estimate.total,
-            "measured": peak - before, "ratio": round(estimate.total / (peak - before), 3),
-            "activation_estimate": estimate.activation_peak, "activation_measured": status_bytes("VmHWM") - built,
-            "activation_layer": estimate.activation_layer, "estimate_parts": estimate.to_dict()}
+    return {
+        "model": model,
+        "attention_backend": backend,
+        "base_chunk_size": base_chunk_size,
+        "chunk_size": estimate.chunk_size,
+        "prefix_len": estimate.prefix_len,
+        "estimate": estimate.total,
+        "measured": peak - before,
+        "ratio": round(estimate.total / (peak - before), 3),
+        "activation_estimate": estimate.activation_peak,
+        "activation_measured": status_bytes("VmHWM") - built,
+        "activation_layer": estimate.activation_layer,
+        "estimate_parts": estimate.to_dict(),
+    }
 
 
-def measure_in_fresh_python(model: str, backend: str, base_chunk_size: int, malloc: str = "exact",
-                            timeout_s: float = 120) -> dict:
+def measure_in_fresh_python(
+    model: str, backend: str, base_chunk_size: int, malloc: str = "exact", timeout_s: float = 120
+) -> dict:
     """measure() in a new Python process (this script with --measure), malloc set as MALLOC_MODES[malloc] says."""
     argv = [sys.executable, __file__, "--measure", model, backend, str(base_chunk_size), "--malloc", malloc]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")} | MALLOC_MODES[malloc]
@@ -126,31 +152,38 @@ def main() -> None:
         return
 
     mib = 2**20
-    print(f"{'model':<12} {'backend':<10} {'B':>5} {'chunk':>6} {'prefix':>6} {'estimate':>9} {'exact':>9} "
-          f"{'ratio':>6} {'default':>9} {'ratio':>6}   activations est / exact (MiB)")
+    print(
+        f"{'model':<12} {'backend':<10} {'B':>5} {'chunk':>6} {'prefix':>6} {'estimate':>9} {'exact':>9} "
+        f"{'ratio':>6} {'default':>9} {'ratio':>6}   activations est / exact (MiB)"
+    )
     rows = []
     for model, backend, base in CASES[:1] if args.quick else CASES:
         row = measure_in_fresh_python(model, backend, base)
         other = measure_in_fresh_python(model, backend, base, "default")
         row["measured_default_malloc"], row["ratio_default_malloc"] = other["measured"], other["ratio"]
         rows.append(row)
-        print(f"{model:<12} {backend:<10} {base:>5} {row['chunk_size']:>6} {row['prefix_len']:>6} "
-              f"{row['estimate'] / mib:>8.1f}M {row['measured'] / mib:>8.1f}M {row['ratio']:>6.2f} "
-              f"{row['measured_default_malloc'] / mib:>8.1f}M {row['ratio_default_malloc']:>6.2f}   "
-              f"{row['activation_estimate'] / mib:.1f} / {row['activation_measured'] / mib:.1f}")
-    summary = {key: [min(r[key] for r in rows), max(r[key] for r in rows)]
-               for key in ("ratio", "ratio_default_malloc")}
-    print("estimate / measured, min .. max: " + ", ".join(f"{k} {lo:.2f} .. {hi:.2f}"
-                                                          for k, (lo, hi) in summary.items()))
-    write_result(args.out, {
-        "schema_version": 1,
-        "what": "estimated (ppprof.specs.memory) vs measured (VmHWM - VmRSS, fresh process) bytes of one stage "
-                "holding the whole model: weights, pools and one forward of the largest probe request; CPU, fp32, "
-                "1 thread, profile defaults for each base chunk. measured: malloc 'exact' (MALLOC_MMAP_THRESHOLD_="
-                "131072: RSS follows the live tensors); measured_default_malloc: glibc's defaults",
-        "rows": rows,
-        "ratio_range": summary,
-    })
+        print(
+            f"{model:<12} {backend:<10} {base:>5} {row['chunk_size']:>6} {row['prefix_len']:>6} "
+            f"{row['estimate'] / mib:>8.1f}M {row['measured'] / mib:>8.1f}M {row['ratio']:>6.2f} "
+            f"{row['measured_default_malloc'] / mib:>8.1f}M {row['ratio_default_malloc']:>6.2f}   "
+            f"{row['activation_estimate'] / mib:.1f} / {row['activation_measured'] / mib:.1f}"
+        )
+    summary = {key: [min(r[key] for r in rows), max(r[key] for r in rows)] for key in ("ratio", "ratio_default_malloc")}
+    print(
+        "estimate / measured, min .. max: " + ", ".join(f"{k} {lo:.2f} .. {hi:.2f}" for k, (lo, hi) in summary.items())
+    )
+    write_result(
+        args.out,
+        {
+            "schema_version": 1,
+            "what": "estimated (ppprof.specs.memory) vs measured (VmHWM - VmRSS, fresh process) bytes of one stage "
+            "holding the whole model: weights, pools and one forward of the largest probe request; CPU, fp32, "
+            "1 thread, profile defaults for each base chunk. measured: malloc 'exact' (MALLOC_MMAP_THRESHOLD_="
+            "131072: RSS follows the live tensors); measured_default_malloc: glibc's defaults",
+            "rows": rows,
+            "ratio_range": summary,
+        },
+    )
     print(f"wrote {args.out}")
 
 

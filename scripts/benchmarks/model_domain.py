@@ -47,8 +47,12 @@ def validation_errors(policy_path: Path, samples: pd.DataFrame) -> dict:
     y = rows[stage_column(stage)].to_numpy()
     err = np.abs(policy.model.chunk_latency_ms(rows.prefix_len.to_numpy(), rows.chunk_size.to_numpy()) - y) / y
     bands = {str(p): float(err[(rows.prefix_len == p).to_numpy()].mean()) for p in sorted(rows.prefix_len.unique())}
-    return {"model": policy.model.name, "status": policy.status, "mape_prefixed": float(err.mean()),
-            "mape_per_band": bands}
+    return {
+        "model": policy.model.name,
+        "status": policy.status,
+        "mape_prefixed": float(err.mean()),
+        "mape_per_band": bands,
+    }
 
 
 def bench_errors(doc: dict) -> dict:
@@ -58,9 +62,11 @@ def bench_errors(doc: dict) -> dict:
         s = entry["strategies"]
         measured = {k: s[k]["ttft_ms"]["median"] for k in RANKED if k in s}
         predicted = {k: s[k]["predicted_ttft_ms"] for k in RANKED if k in s}
-        out[prompt_len] = {"prediction_error": {k: v["prediction_error"] for k, v in s.items()},
-                           "measured_ranking": sorted(measured, key=measured.get),
-                           "predicted_ranking": sorted(predicted, key=predicted.get)}
+        out[prompt_len] = {
+            "prediction_error": {k: v["prediction_error"] for k, v in s.items()},
+            "measured_ranking": sorted(measured, key=measured.get),
+            "predicted_ranking": sorted(predicted, key=predicted.get),
+        }
         out[prompt_len]["ranking_matches"] = out[prompt_len]["measured_ranking"] == out[prompt_len]["predicted_ranking"]
     return out
 
@@ -74,26 +80,48 @@ def main() -> None:
     run(["profile", "--out", str(validation), *VALIDATION])
     samples = pd.read_csv(validation / "samples.csv")
     write_manifest(out)
-    result = {"schema_version": 1, "what": __doc__.split("\n\n")[0], "validation": VALIDATION,
-              "prompt_lens": list(PROMPTS), "repeats": args.repeats, "grids": {}}
+    result = {
+        "schema_version": 1,
+        "what": __doc__.split("\n\n")[0],
+        "validation": VALIDATION,
+        "prompt_lens": list(PROMPTS),
+        "repeats": args.repeats,
+        "grids": {},
+    }
     for name, flags in GRIDS.items():
         folder = out / ("grid-new" if not flags else "grid-old")
         run(["profile", "--out", str(folder / "profile"), *flags])
-        run(["bench", str(folder / "profile" / "policy.json"), "--out", str(folder / "bench"), "--repeats",
-             str(args.repeats), "--strategies", "fixed,fixed-best,greedy,optimal",
-             *[a for n in PROMPTS for a in ("--prompt-len", str(n))]])
+        run(
+            [
+                "bench",
+                str(folder / "profile" / "policy.json"),
+                "--out",
+                str(folder / "bench"),
+                "--repeats",
+                str(args.repeats),
+                "--strategies",
+                "fixed,fixed-best,greedy,optimal",
+                *[a for n in PROMPTS for a in ("--prompt-len", str(n))],
+            ]
+        )
         doc = json.loads((folder / "bench" / "bench.json").read_text())
-        result["grids"][name] = {"flags": flags, "held_out": validation_errors(folder / "profile" / "policy.json",
-                                                                               samples),
-                                 "bench": bench_errors(doc)}
+        result["grids"][name] = {
+            "flags": flags,
+            "held_out": validation_errors(folder / "profile" / "policy.json", samples),
+            "bench": bench_errors(doc),
+        }
     atomic_write_json(out / "summary.json", result)
     for name, g in result["grids"].items():
-        print(f"{name}: {g['held_out']['model']}, held-out MAPE on prefixed rows {g['held_out']['mape_prefixed']:.1%}"
-              f" (per band: " + ", ".join(f"{k} {v:.1%}" for k, v in g["held_out"]["mape_per_band"].items()) + ")")
+        print(
+            f"{name}: {g['held_out']['model']}, held-out MAPE on prefixed rows {g['held_out']['mape_prefixed']:.1%}"
+            f" (per band: " + ", ".join(f"{k} {v:.1%}" for k, v in g["held_out"]["mape_per_band"].items()) + ")"
+        )
         for n, b in g["bench"].items():
             errors = ", ".join(f"{k} {v:+.1%}" for k, v in b["prediction_error"].items() if v is not None)
-            print(f"  prompt {n}: {errors}; ranking measured {b['measured_ranking']}, predicted "
-                  f"{b['predicted_ranking']} ({'matches' if b['ranking_matches'] else 'differs'})")
+            print(
+                f"  prompt {n}: {errors}; ranking measured {b['measured_ranking']}, predicted "
+                f"{b['predicted_ranking']} ({'matches' if b['ranking_matches'] else 'differs'})"
+            )
 
 
 if __name__ == "__main__":

@@ -34,13 +34,23 @@ def synthetic_policy(context_len: int, num_stages: int, base_chunk_size: int = 8
     measured = {"prefix_len": [0, context_len], "chunk_size": [1, 4 * base_chunk_size]}
     options = PolicyOptions(min_gain=0.0, num_stages=num_stages)
     rules = carried(model, "dynamic", "synthetic", settings, measured, None, options, False)
-    return from_dict({"schema_version": SCHEMA_VERSION, "latency_model": model.to_dict(),
-                      "settings": settings.to_dict(), "target_latency_ms": model.target_ms(base_chunk_size),
-                      "provenance": {"world_size": num_stages, "layer_partition": None}, "parity": None, **rules})
+    return from_dict(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "latency_model": model.to_dict(),
+            "settings": settings.to_dict(),
+            "target_latency_ms": model.target_ms(base_chunk_size),
+            "provenance": {"world_size": num_stages, "layer_partition": None},
+            "parity": None,
+            **rules,
+        }
+    )
 
 
 def main() -> int:
-    parser = script_parser(__doc__, "results/bench_planner.json", quick="a 16384-token prompt, B 1024, 2 stages, 1 repeat")
+    parser = script_parser(
+        __doc__, "results/bench_planner.json", quick="a 16384-token prompt, B 1024, 2 stages, 1 repeat"
+    )
     parser.add_argument("policy", nargs="?", default=None)
     parser.add_argument("--prompt-len", type=int, default=1 << 20)
     parser.add_argument("--pp", type=int, default=4)
@@ -48,8 +58,7 @@ def main() -> int:
     base_chunk_size, repeats = 8192, REPEATS
     if args.quick:
         args.prompt_len, args.pp, base_chunk_size, repeats = 16384, 2, 1024, 1
-    policy = (load(args.policy) if args.policy else
-              synthetic_policy(args.prompt_len + 1024, args.pp, base_chunk_size))
+    policy = load(args.policy) if args.policy else synthetic_policy(args.prompt_len + 1024, args.pp, base_chunk_size)
     timings, plans = {}, {}
     for strategy in STRATEGIES:
         runs = []
@@ -58,18 +67,33 @@ def main() -> int:
             (plan,) = plan_prompt(policy, args.prompt_len, args.pp, (strategy,))
             runs.append(time.perf_counter() - start)
         timings[strategy] = statistics.median(runs)
-        plans[strategy] = {"num_chunks": len(plan.chunk_sizes), "ttft_ms": plan.ttft_ms,
-                           "max_latency_ms": max(plan.latencies_ms)}
+        plans[strategy] = {
+            "num_chunks": len(plan.chunk_sizes),
+            "ttft_ms": plan.ttft_ms,
+            "max_latency_ms": max(plan.latencies_ms),
+        }
         if plan.search is not None:
             plans[strategy]["search"] = plan.search
-    result = {"policy": args.policy or f"synthetic (prefix model, B={base_chunk_size}, alignment 64)",
-              "prompt_len": args.prompt_len, "num_stages": args.pp, "seconds_median": timings, "repeats": repeats,
-              "plans": plans}
+    result = {
+        "policy": args.policy or f"synthetic (prefix model, B={base_chunk_size}, alignment 64)",
+        "prompt_len": args.prompt_len,
+        "num_stages": args.pp,
+        "seconds_median": timings,
+        "repeats": repeats,
+        "plans": plans,
+    }
     write_result(args.out, result)
     for s in STRATEGIES:
         search = plans[s].get("search")
-        note = "" if not search else (" (exact on the grid)" if search["exact_on_grid"] else
-                                      f" (within {search['gap_ms']:.1f} ms of the grid's optimum)")
+        note = (
+            ""
+            if not search
+            else (
+                " (exact on the grid)"
+                if search["exact_on_grid"]
+                else f" (within {search['gap_ms']:.1f} ms of the grid's optimum)"
+            )
+        )
         print(f"{s}: {timings[s]:.3f} s, {plans[s]['num_chunks']} chunks, TTFT {plans[s]['ttft_ms']:.1f} ms{note}")
     print(f"-> {args.out}")
     return 0

@@ -27,8 +27,13 @@ BUDGET_US = 1.0
 def synthetic_policy(tmp: Path, context_len: int = 1 << 20) -> Path:
     """A prefix model's samples (B 8192, prefixes up to half the context) fitted as `ppprof fit` fits them."""
     model = LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=2e-4)
-    frame = make_samples(model, base_chunk_size=8192, prefixes=[0, context_len // 32, context_len // 8, context_len // 2],
-                         chunk_sizes=[1024, 2048, 4096, 8192], noise=0.01)
+    frame = make_samples(
+        model,
+        base_chunk_size=8192,
+        prefixes=[0, context_len // 32, context_len // 8, context_len // 2],
+        chunk_sizes=[1024, 2048, 4096, 8192],
+        noise=0.01,
+    )
     samples = write_run_dir(tmp, frame, base_chunk_size=8192, context_len=context_len)
     path, _ = fit(samples, policy_options={"min_gain": 0.0})  # dynamic whatever its rules gain
     return path
@@ -45,7 +50,9 @@ def linear_lookup(table: dict, prefix_len: int) -> int:
 
 
 def main() -> int:
-    parser = script_parser(__doc__, "results/bench_policy.json", quick="a context of 64K tokens, 3 repeats of 5 x 1000 lookups")
+    parser = script_parser(
+        __doc__, "results/bench_policy.json", quick="a context of 64K tokens, 3 repeats of 5 x 1000 lookups"
+    )
     parser.add_argument("policy", nargs="?", default=None)
     args = parser.parse_args()
     repeats, number = (3, 5) if args.quick else (REPEATS, 200)
@@ -59,12 +66,15 @@ def main() -> int:
         assert all(lookup(k) == linear_lookup(table, k) for k in keys[:200]), "bisect and linear scan disagree"
         timer = timeit.Timer("for k in keys: lookup(k)", globals={"keys": keys, "lookup": lookup})
         loop = timeit.Timer("for k in keys: pass", globals={"keys": keys})
-        per_call = [(t - e) / (number * NUM_KEYS) * 1e6
-                    for t, e in zip(timer.repeat(repeats, number), loop.repeat(repeats, number))]
+        per_call = [
+            (t - e) / (number * NUM_KEYS) * 1e6
+            for t, e in zip(timer.repeat(repeats, number), loop.repeat(repeats, number))
+        ]
         # The prompt-aware rule: a prompt of the context's length, asked at every key (two bisects).
         prompt_len = context_len
-        rule_calls = timeit.Timer("for k in keys: lookup(k, n)", globals={"keys": keys[:100], "lookup": lookup,
-                                                                           "n": prompt_len})
+        rule_calls = timeit.Timer(
+            "for k in keys: lookup(k, n)", globals={"keys": keys[:100], "lookup": lookup, "n": prompt_len}
+        )
         rule_us = statistics.median(t / (20 * 100) * 1e6 for t in rule_calls.repeat(5, 20))
         result = {
             "policy": str(path) if args.policy else f"synthetic (prefix model, B=8192, context {context_len})",
@@ -79,8 +89,10 @@ def main() -> int:
             "calls_per_repeat": number * NUM_KEYS,
         }
     write_result(args.out, result)
-    print(f"lookup median {result['lookup_median_us']:.3f} us (prompt-aware rule {rule_us:.3f} us), "
-          f"{result['table_entries']} table entries -> {args.out}")
+    print(
+        f"lookup median {result['lookup_median_us']:.3f} us (prompt-aware rule {rule_us:.3f} us), "
+        f"{result['table_entries']} table entries -> {args.out}"
+    )
     return 0 if result["within_budget"] or args.quick else 1
 
 

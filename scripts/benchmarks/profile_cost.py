@@ -74,8 +74,9 @@ def raw_quadratic(samples: pd.DataFrame, column: str) -> LatencyModel | None:
 
 def mape(model: LatencyModel, rows: pd.DataFrame, column: str) -> float:
     y = rows[column].to_numpy()
-    return float(np.mean(np.abs(model.chunk_latency_ms(rows.prefix_len.to_numpy(), rows.chunk_size.to_numpy()) - y)
-                         / y))
+    return float(
+        np.mean(np.abs(model.chunk_latency_ms(rows.prefix_len.to_numpy(), rows.chunk_size.to_numpy()) - y) / y)
+    )
 
 
 def judge(folder: Path, run: dict, validation: pd.DataFrame, dense_table: dict, sweep_wall_s: float) -> dict:
@@ -89,28 +90,49 @@ def judge(folder: Path, run: dict, validation: pd.DataFrame, dense_table: dict, 
     diff, entries = table_differences(policy.data["table"], dense_table, policy.settings.alignment)
     design = run.get("design") or {}
     # When the adaptive design's table alone was stable (the TTFT criterion is what runs it longer).
-    table_at = next((h["seconds"] for h in design.get("history", []) if (h.get("table_within_one_unit") or 0) >= 0.95),
-                    None)
-    return {"status": policy.status, "model": None if policy.model is None else policy.model.name, "scored": scored,
-            "probe_wall_s": run["probe_wall_s"], "ratio_to_sweep": run["probe_wall_s"] / sweep_wall_s,
-            "process_wall_s": round(run["process_wall_s"], 2), "requests": run["timed_requests"],
-            "forward_tokens": run["forward_tokens"], "stopping_reason": design.get("stopping_reason"),
-            "mape_prefixed": None if model is None else mape(model, prefixed, column),
-            "mape_prefix_free": None if model is None else mape(model, free, column),
-            "table_entries": entries, "table_entries_off_by_more_than_one_unit": diff,
-            "table_within_one_unit": 1 - diff / entries, "table_stable_at_s": table_at,
-            "table_stable_ratio_to_sweep": None if table_at is None else table_at / sweep_wall_s}
+    table_at = next(
+        (h["seconds"] for h in design.get("history", []) if (h.get("table_within_one_unit") or 0) >= 0.95), None
+    )
+    return {
+        "status": policy.status,
+        "model": None if policy.model is None else policy.model.name,
+        "scored": scored,
+        "probe_wall_s": run["probe_wall_s"],
+        "ratio_to_sweep": run["probe_wall_s"] / sweep_wall_s,
+        "process_wall_s": round(run["process_wall_s"], 2),
+        "requests": run["timed_requests"],
+        "forward_tokens": run["forward_tokens"],
+        "stopping_reason": design.get("stopping_reason"),
+        "mape_prefixed": None if model is None else mape(model, prefixed, column),
+        "mape_prefix_free": None if model is None else mape(model, free, column),
+        "table_entries": entries,
+        "table_entries_off_by_more_than_one_unit": diff,
+        "table_within_one_unit": 1 - diff / entries,
+        "table_stable_at_s": table_at,
+        "table_stable_ratio_to_sweep": None if table_at is None else table_at / sweep_wall_s,
+    }
 
 
 def summarize(per_kind: dict[str, list[dict]]) -> dict:
     out = {}
     for kind, rows in per_kind.items():
+
         def med(key):
             values = [r[key] for r in rows if r[key] is not None]
             return float(np.median(values)) if values else None
-        out[kind] = {key: med(key) for key in ("ratio_to_sweep", "probe_wall_s", "requests", "mape_prefixed",
-                                               "mape_prefix_free", "table_within_one_unit",
-                                               "table_stable_ratio_to_sweep")}
+
+        out[kind] = {
+            key: med(key)
+            for key in (
+                "ratio_to_sweep",
+                "probe_wall_s",
+                "requests",
+                "mape_prefixed",
+                "mape_prefix_free",
+                "table_within_one_unit",
+                "table_stable_ratio_to_sweep",
+            )
+        }
     adaptive, sweep = out["adaptive"], out["sweep"]
     if adaptive["mape_prefixed"] and sweep["mape_prefixed"]:
         adaptive["accuracy_vs_sweep_quadratic"] = sweep["mape_prefixed"] / adaptive["mape_prefixed"]
@@ -136,14 +158,28 @@ def main() -> None:
             folder = out / f"{kind}-seed{seed}"
             runs[kind].append((folder, profile(folder, common + flags + ["--seed", str(seed)])))
     sweep_wall_s = float(np.median([run["probe_wall_s"] for _, run in runs["sweep"]]))
-    per_kind = {kind: [judge(folder, run, validation, dense_table, sweep_wall_s) | {"seed": seed}
-                       for seed, (folder, run) in zip(seeds, items)] for kind, items in runs.items()}
-    result = {"schema_version": 1, "what": __doc__.split("\n\n")[0],
-              "profile_flags": {kind: common + flags for kind, flags in KINDS.items()},
-              "validation": {"flags": vflags, "rows": len(validation), "probe_wall_s": vrun["probe_wall_s"],
-                             "table": dense_table},
-              "seeds": seeds, "sweep_probe_wall_s_median": sweep_wall_s, "profiles": per_kind,
-              "summary": summarize(per_kind)}
+    per_kind = {
+        kind: [
+            judge(folder, run, validation, dense_table, sweep_wall_s) | {"seed": seed}
+            for seed, (folder, run) in zip(seeds, items)
+        ]
+        for kind, items in runs.items()
+    }
+    result = {
+        "schema_version": 1,
+        "what": __doc__.split("\n\n")[0],
+        "profile_flags": {kind: common + flags for kind, flags in KINDS.items()},
+        "validation": {
+            "flags": vflags,
+            "rows": len(validation),
+            "probe_wall_s": vrun["probe_wall_s"],
+            "table": dense_table,
+        },
+        "seeds": seeds,
+        "sweep_probe_wall_s_median": sweep_wall_s,
+        "profiles": per_kind,
+        "summary": summarize(per_kind),
+    }
     write_result(out.with_suffix(".json") if out.name == "bench_profile_cost" else out / "summary.json", result)
     for kind, s in result["summary"].items():
         text = ", ".join(f"{k} {v:.3g}" for k, v in s.items() if v is not None)

@@ -35,15 +35,23 @@ def emulated_runs(bench: pd.DataFrame, base: int, num_stages: int) -> list[dict]
     short = int(bench.prompt_len.min())
     for x in (base // 4, base, 2 * base):
         first = DEEP_PREFIX_CHUNKS * base // x if x < base else 0
-        arm = bench[(bench.arm == f"fixed-{x}") & (bench.prompt_len == short) & (bench.chunk >= first)
-                    & (bench.chunk < first + OVERHEAD_CHUNKS)]
+        arm = bench[
+            (bench.arm == f"fixed-{x}")
+            & (bench.prompt_len == short)
+            & (bench.chunk >= first)
+            & (bench.chunk < first + OVERHEAD_CHUNKS)
+        ]
         for repeat, g in arm.groupby("repeat"):
             t = g.pivot_table(index="stage", columns="chunk", values="compute_ms").sort_index()
             if t.shape != (num_stages, OVERHEAD_CHUNKS):
                 continue
             prefix = [base] * (first * x // base)  # the deep prefix, as B-sized chunks, is not a cell here
-            run = overhead_run(prefix + [x] * OVERHEAD_CHUNKS, np.hstack([np.full((num_stages, len(prefix)), np.nan),
-                                                                          t.to_numpy()]), np.nan, int(repeat))
+            run = overhead_run(
+                prefix + [x] * OVERHEAD_CHUNKS,
+                np.hstack([np.full((num_stages, len(prefix)), np.nan), t.to_numpy()]),
+                np.nan,
+                int(repeat),
+            )
             run["stage_ms"] = [[None if np.isnan(v) else v for v in row] for row in run["stage_ms"]]
             runs.append(run)
     return runs
@@ -71,13 +79,23 @@ def main() -> None:
     stage = policy.data["diagnostics"].get("bottleneck_stage") or 0
     runs = emulated_runs(bench, policy.base_chunk_size, num_stages)
     cal = calibration_of({"pipeline_overhead": summarize(runs, num_stages) if runs else {}}, policy.model, stage)
-    models = {"uncalibrated": policy.model.planning(None, policy.overhead_ms),
-              "calibrated": policy.model.planning(cal, policy.overhead_ms)}
+    models = {
+        "uncalibrated": policy.model.planning(None, policy.overhead_ms),
+        "calibrated": policy.model.planning(cal, policy.overhead_ms),
+    }
     rows = []
     for length, measured in arms(meta).items():
         for arm, real in measured.items():
-            sizes = bench[(bench.prompt_len == int(length)) & (bench.arm == arm) & (bench.stage == 0)
-                          & (bench.repeat == bench.repeat.min())].sort_values("chunk").chunk_size.tolist()
+            sizes = (
+                bench[
+                    (bench.prompt_len == int(length))
+                    & (bench.arm == arm)
+                    & (bench.stage == 0)
+                    & (bench.repeat == bench.repeat.min())
+                ]
+                .sort_values("chunk")
+                .chunk_size.tolist()
+            )
             prefix = np.cumsum([0] + sizes[:-1])
             row = {"prompt_len": int(length), "arm": arm, "num_chunks": len(sizes), "measured_ms": round(real, 2)}
             for name, model in models.items():
@@ -88,22 +106,41 @@ def main() -> None:
     for name, model in models.items():
         errors = np.abs([r[name] for r in rows])
         fitted = model.chunk_latency_ms(cells.prefix_len.to_numpy(), cells.chunk_size.to_numpy()) - policy.overhead_ms
-        summary[name] = {"mean_abs_error": round(float(errors.mean()), 4), "max_abs_error": round(float(errors.max()), 4),
-                         "within_3pct": int((errors <= 0.03).sum()), "arms": len(rows),
-                         "chunk_mape": round(float(np.mean(np.abs(cells.compute_ms.to_numpy() / fitted - 1.0))), 4)}
-    print(f"calibration ({cal['source']}): linear scale {cal['linear_scale']:.4f}, shift {cal['shift_ms']:+.3f} ms, "
-          f"{cal.get('cells', 0)} cells; overhead {policy.overhead_ms:.3f} ms a chunk, stage {stage}")
+        summary[name] = {
+            "mean_abs_error": round(float(errors.mean()), 4),
+            "max_abs_error": round(float(errors.max()), 4),
+            "within_3pct": int((errors <= 0.03).sum()),
+            "arms": len(rows),
+            "chunk_mape": round(float(np.mean(np.abs(cells.compute_ms.to_numpy() / fitted - 1.0))), 4),
+        }
+    print(
+        f"calibration ({cal['source']}): linear scale {cal['linear_scale']:.4f}, shift {cal['shift_ms']:+.3f} ms, "
+        f"{cal.get('cells', 0)} cells; overhead {policy.overhead_ms:.3f} ms a chunk, stage {stage}"
+    )
     print(f"{'prompt':>7} {'arm':>15} {'chunks':>6} {'measured':>9} {'uncalibrated':>12} {'calibrated':>10}")
     for r in rows:
-        print(f"{r['prompt_len']:>7} {r['arm']:>15} {r['num_chunks']:>6} {r['measured_ms']:>9.1f} "
-              f"{r['uncalibrated']:>+12.3f} {r['calibrated']:>+10.3f}")
+        print(
+            f"{r['prompt_len']:>7} {r['arm']:>15} {r['num_chunks']:>6} {r['measured_ms']:>9.1f} "
+            f"{r['uncalibrated']:>+12.3f} {r['calibrated']:>+10.3f}"
+        )
     for name, s in summary.items():
-        print(f"{name}: TTFT error mean {s['mean_abs_error']:.3f}, max {s['max_abs_error']:.3f}, "
-              f"{s['within_3pct']} of {s['arms']} within 3%; chunk MAPE {s['chunk_mape']:.3f}")
+        print(
+            f"{name}: TTFT error mean {s['mean_abs_error']:.3f}, max {s['max_abs_error']:.3f}, "
+            f"{s['within_3pct']} of {s['arms']} within 3%; chunk MAPE {s['chunk_mape']:.3f}"
+        )
     if args.out:
-        write_result(args.out, {
-            "what": __doc__.splitlines()[0], "bench": args.bench_dir, "policy": args.policy,
-            "calibration": cal, "overhead_ms": policy.overhead_ms, "summary": summary, "arms": rows})
+        write_result(
+            args.out,
+            {
+                "what": __doc__.splitlines()[0],
+                "bench": args.bench_dir,
+                "policy": args.policy,
+                "calibration": cal,
+                "overhead_ms": policy.overhead_ms,
+                "summary": summary,
+                "arms": rows,
+            },
+        )
 
 
 if __name__ == "__main__":

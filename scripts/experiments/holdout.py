@@ -50,17 +50,24 @@ def holdout(policy_path: Path, run: Path) -> dict:
         _, own = fit(run / SAMPLES_FILE, Path(tmp) / "policy.json", latency_model=policy.model.name)
     own_model = LatencyModel.from_dict(own["latency_model"])
     floor = mape(y[prefixed], own_model.chunk_latency_ms(L[prefixed].astype(float), x[prefixed].astype(float)))
-    by_prefix = [{"prefix_len": int(p), "rows": int((L == p).sum()),
-                  "mape_shifted": mape(y[L == p], shift * predicted[L == p]),
-                  "median_ratio": float(np.median(y[L == p] / (shift * predicted[L == p])))}
-                 for p in np.unique(L[prefixed])]
+    by_prefix = [
+        {
+            "prefix_len": int(p),
+            "rows": int((L == p).sum()),
+            "mape_shifted": mape(y[L == p], shift * predicted[L == p]),
+            "median_ratio": float(np.median(y[L == p] / (shift * predicted[L == p]))),
+        }
+        for p in np.unique(L[prefixed])
+    ]
     run_json = json.loads((run / "run.json").read_text()) if (run / "run.json").is_file() else {}
     return {
         "what": "the policy's latency model on a profile it never saw: MAPE of the prefixed rows after the level "
-                "shift measured on the prefix-free rows",
-        "policy": str(policy_path), "latency_model": policy.model.name,
+        "shift measured on the prefix-free rows",
+        "policy": str(policy_path),
+        "latency_model": policy.model.name,
         "fitted_prefix_lens": (policy.data.get("domain") or {}).get("prefix_lens"),
-        "holdout": str(run), "holdout_seed": (run_json.get("config") or {}).get("seed"),
+        "holdout": str(run),
+        "holdout_seed": (run_json.get("config") or {}).get("seed"),
         "holdout_prefix_lens": [r["prefix_len"] for r in by_prefix],
         "rows": {"sweep": int(sweep.sum()), "prefixed": int(prefixed.sum())},
         "level_shift": shift,
@@ -85,14 +92,18 @@ def main() -> int:
     except (OSError, ValueError) as e:
         print(f"bench_holdout: {e}", file=sys.stderr)
         return 2
-    print(f"level shift {report['level_shift']:.3f} (prefix-free rows); prefixed rows MAPE "
-          f"{report['mape_prefixed_shifted']:.1%} after it ({report['mape_prefixed_unshifted']:.1%} before), "
-          f"{report['mape_prefixed_shifted_all_rows']:.1%} after the whole run's level "
-          f"({report['level_shift_all_rows']:.3f}), target {TARGET_MAPE:.0%}; the holdout's own {report['latency_model']} fit scores "
-          f"{report['mape_prefixed_own_fit']:.1%} on them (the rows' noise)")
+    print(
+        f"level shift {report['level_shift']:.3f} (prefix-free rows); prefixed rows MAPE "
+        f"{report['mape_prefixed_shifted']:.1%} after it ({report['mape_prefixed_unshifted']:.1%} before), "
+        f"{report['mape_prefixed_shifted_all_rows']:.1%} after the whole run's level "
+        f"({report['level_shift_all_rows']:.3f}), target {TARGET_MAPE:.0%}; the holdout's own {report['latency_model']} fit scores "
+        f"{report['mape_prefixed_own_fit']:.1%} on them (the rows' noise)"
+    )
     for r in report["by_prefix"]:
-        print(f"  prefix_len {r['prefix_len']:>6}: {r['rows']:>3} rows, MAPE {r['mape_shifted']:.1%}, "
-              f"median measured / predicted {r['median_ratio']:.3f}")
+        print(
+            f"  prefix_len {r['prefix_len']:>6}: {r['rows']:>3} rows, MAPE {r['mape_shifted']:.1%}, "
+            f"median measured / predicted {r['median_ratio']:.3f}"
+        )
     if args.out:
         write_result(args.out, report)
     return 0

@@ -27,14 +27,18 @@ def repredict(bench: pd.DataFrame, policy_path: str, stage: int) -> dict:
     rows = bench[bench.stage == stage]
     predicted = policy.model.chunk_latency_ms(rows.prefix_len.to_numpy(), rows.chunk_size.to_numpy())
     rows = rows.assign(predicted=predicted)
-    per_run = rows.groupby(["prompt_len", "arm", "repeat"]).agg(measured=("compute_ms", "sum"),
-                                                                 predicted=("predicted", "sum"))
+    per_run = rows.groupby(["prompt_len", "arm", "repeat"]).agg(
+        measured=("compute_ms", "sum"), predicted=("predicted", "sum")
+    )
     per_run["error"] = per_run.measured / per_run.predicted - 1.0
     arms = per_run.groupby(["prompt_len", "arm"]).error.median()
-    return {"policy": policy_path, "latency_model": policy.model.to_dict(),
-            "chunk_mape": float(np.mean(np.abs(rows.compute_ms.to_numpy() / predicted - 1.0))),
-            "worst_arm_error": float(arms.abs().max()),
-            "arms": {f"{arm}@{prompt}": round(float(e), 4) for (prompt, arm), e in arms.items()}}
+    return {
+        "policy": policy_path,
+        "latency_model": policy.model.to_dict(),
+        "chunk_mape": float(np.mean(np.abs(rows.compute_ms.to_numpy() / predicted - 1.0))),
+        "worst_arm_error": float(arms.abs().max()),
+        "arms": {f"{arm}@{prompt}": round(float(e), 4) for (prompt, arm), e in arms.items()},
+    }
 
 
 def main() -> None:
@@ -44,11 +48,17 @@ def main() -> None:
     args = ap.parse_args()
     bench = pd.read_csv(Path(args.bench_dir) / "bench.csv")
     stage = int(load(args.policies[0]).data["diagnostics"]["bottleneck_stage"])
-    out = {"what": __doc__.splitlines()[0], "bench": args.bench_dir, "stage": stage,
-           "models": [repredict(bench, p, stage) for p in args.policies]}
+    out = {
+        "what": __doc__.splitlines()[0],
+        "bench": args.bench_dir,
+        "stage": stage,
+        "models": [repredict(bench, p, stage) for p in args.policies],
+    }
     for m in out["models"]:
-        print(f"{m['policy']}: {m['latency_model']['name']} model, chunk MAPE {m['chunk_mape']:.1%}, worst arm "
-              f"{m['worst_arm_error']:+.1%}: " + ", ".join(f"{k} {v:+.1%}" for k, v in m["arms"].items()))
+        print(
+            f"{m['policy']}: {m['latency_model']['name']} model, chunk MAPE {m['chunk_mape']:.1%}, worst arm "
+            f"{m['worst_arm_error']:+.1%}: " + ", ".join(f"{k} {v:+.1%}" for k, v in m["arms"].items())
+        )
     if args.out:
         write_result(args.out, out)
 

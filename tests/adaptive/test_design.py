@@ -5,8 +5,18 @@ import itertools
 import numpy as np
 import pytest
 
-from ppprof.adaptive.design import (INITIAL_REQUESTS, MAX_REPEATS_PER_BATCH, check_identifiable, d_optimal, decide,
-                                    feasible, initial_design, log_det, prior_cost, regressors)
+from ppprof.adaptive.design import (
+    INITIAL_REQUESTS,
+    MAX_REPEATS_PER_BATCH,
+    check_identifiable,
+    d_optimal,
+    decide,
+    feasible,
+    initial_design,
+    log_det,
+    prior_cost,
+    regressors,
+)
 from ppprof.adaptive.uncertainty import MAX_REQUESTS, MAX_SECONDS, STABLE, bootstrap, table_differences
 from ppprof.config import ChunkSettings
 from ppprof.fit.regress import fit_candidates, fit_model
@@ -29,8 +39,17 @@ def measure(points, noise, seed=0):
 
 def decide_on(L, x, y, **kw):
     u = bootstrap(fit_candidates(L, x, y, "prefix")[0]["prefix"], L, x, y, SETTINGS, 2)
-    args = dict(cost_s=2 * TRUTH.chunk_latency_ms(CAND_L, CAND_X) / 1e3, requests_run=len(L), seconds_spent=1.0,
-                requests_per_probe=128, max_requests=None, max_seconds=None) | kw
+    args = (
+        dict(
+            cost_s=2 * TRUTH.chunk_latency_ms(CAND_L, CAND_X) / 1e3,
+            requests_run=len(L),
+            seconds_spent=1.0,
+            requests_per_probe=128,
+            max_requests=None,
+            max_seconds=None,
+        )
+        | kw
+    )
     return u, decide(u, SETTINGS, 2, L, x, CAND_L, CAND_X, **args)
 
 
@@ -46,11 +65,14 @@ def test_initial_design_determines_the_four_coefficients():
     assert len(set(L.tolist())) >= 3 and len(set(x.tolist())) >= 2
 
 
-@pytest.mark.parametrize("L,x,match", [
-    ([0, 1000, 2000, 0], [100, 100, 100, 200], r"rank 3, condition number inf"),  # x varies at prefix 0 only
-    ([0, 0, 0, 0], [64, 128, 256, 512], r"design has 1 prefix lengths and 4 chunk sizes"),
-    ([0, 512, 1024, 2048], [128, 128, 128, 128], r"design has 4 prefix lengths and 1 chunk sizes"),
-])
+@pytest.mark.parametrize(
+    "L,x,match",
+    [
+        ([0, 1000, 2000, 0], [100, 100, 100, 200], r"rank 3, condition number inf"),  # x varies at prefix 0 only
+        ([0, 0, 0, 0], [64, 128, 256, 512], r"design has 1 prefix lengths and 4 chunk sizes"),
+        ([0, 512, 1024, 2048], [128, 128, 128, 128], r"design has 4 prefix lengths and 1 chunk sizes"),
+    ],
+)
 def test_a_degenerate_design_is_refused(L, x, match):
     with pytest.raises(ValueError, match=match):
         check_identifiable(np.array(L), np.array(x))

@@ -39,10 +39,16 @@ def test_a_grid_profile_starts_with_every_grid_probe():
     check(cfg)  # nothing to check for the grid design
 
 
-@pytest.mark.parametrize("settings,match", [
-    (dict(prefix_lens=(512,)), r"--design adaptive with --prefix-lens 512: the candidate grid has 2 prefix lengths"),
-    (dict(max_requests=5), r"--max-requests 5 is below the 12 requests of the adaptive design's initial design"),
-])
+@pytest.mark.parametrize(
+    "settings,match",
+    [
+        (
+            dict(prefix_lens=(512,)),
+            r"--design adaptive with --prefix-lens 512: the candidate grid has 2 prefix lengths",
+        ),
+        (dict(max_requests=5), r"--max-requests 5 is below the 12 requests of the adaptive design's initial design"),
+    ],
+)
 def test_the_check_before_launch_names_the_flag_and_the_fix(settings, match):
     with pytest.raises(ValueError, match=match):
         check(ProfileConfig(design="adaptive", **settings))

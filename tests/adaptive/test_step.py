@@ -43,8 +43,11 @@ def test_a_model_is_fitted_and_the_next_batch_comes_from_the_candidate_grid(tmp_
     cfg = ProfileConfig(design="adaptive")
     probes = initial_probes(cfg)
     rng = iter(range(1000))
-    path, e2e_ms = write_run(tmp_path, probes, lambda L, x: (2.0 + 7e-3 * x + 2e-6 * (2 * L * x + x * x) + 7e-5 * L)
-                             * (1 + 0.3 * ((next(rng) % 3) - 1)))  # +-30%: not certain yet
+    path, e2e_ms = write_run(
+        tmp_path,
+        probes,
+        lambda L, x: (2.0 + 7e-3 * x + 2e-6 * (2 * L * x + x * x) + 7e-5 * L) * (1 + 0.3 * ((next(rng) % 3) - 1)),
+    )  # +-30%: not certain yet
     decision = choose(cfg, 2, probes, read_samples(path), e2e_ms, 0.5, 0.5)
     assert decision.stop_reason is None and decision.points
     assert set(decision.points) <= set(zip(*candidate_grid(cfg)))
@@ -56,15 +59,15 @@ PAIRS = LatencyModel("pairs", a=2e-6, b=7e-3, c=2.0, g=7e-5, h=4e-9)
 
 
 @pytest.mark.parametrize("slower_stage", [0, 1])
-def test_the_design_judges_the_rows_and_the_model_of_the_policy_fitted_to_the_samples_it_wrote(tmp_path,
-                                                                                               slower_stage):
+def test_the_design_judges_the_rows_and_the_model_of_the_policy_fitted_to_the_samples_it_wrote(tmp_path, slower_stage):
     cfg = ProfileConfig(design="adaptive", base_chunk_size=512)
     probes = initial_probes(cfg)
     cand = list(zip(*candidate_grid(cfg)))
     probes.append(design_probe(1, 1, cand[::3], 100, cfg.seed))
     noise = iter(np.random.default_rng(0).normal(0.0, 0.01, 1000))
-    path, _ = write_run(tmp_path, probes, lambda L, x: float(PAIRS.chunk_latency_ms(L, x)) * (1 + next(noise)),
-                        slower_stage)
+    path, _ = write_run(
+        tmp_path, probes, lambda L, x: float(PAIRS.chunk_latency_ms(L, x)) * (1 + next(noise)), slower_stage
+    )
     samples = read_samples(path)
     _, policy = fit(path, tmp_path / "policy.json", base_chunk_size=512, context_len=cfg.context_len)
     diag = policy["diagnostics"]

@@ -4,8 +4,17 @@ the fixed plans, and the summary run.json carries."""
 import numpy as np
 import pytest
 
-from ppprof.bench.overhead import (DEEP_PREFIX_CHUNKS, MIN_CHUNKS, OVERHEAD_CHUNKS, chunk_overhead_ms, median_stderr,
-                                   overhead_chunk_sizes, overhead_plans, overhead_run, summarize)
+from ppprof.bench.overhead import (
+    DEEP_PREFIX_CHUNKS,
+    MIN_CHUNKS,
+    OVERHEAD_CHUNKS,
+    chunk_overhead_ms,
+    median_stderr,
+    overhead_chunk_sizes,
+    overhead_plans,
+    overhead_run,
+    summarize,
+)
 from ppprof.policy.timeline import replay
 
 
@@ -53,8 +62,14 @@ def test_the_fixed_plans_sizes_are_b_over_4_b_and_2b_aligned_within_the_probed_r
 def test_the_plans_interleave_the_sizes_after_one_warm_up_and_fit_the_request():
     warmup, timed = overhead_plans([128, 512, 1024], 32768, 2)
     assert warmup == (128, 512, 1024)
-    assert [(r, c[0], len(c)) for r, c in timed] == [(0, 128, 8), (0, 512, 8), (0, 1024, 8),
-                                                      (1, 512, 8), (1, 1024, 8), (1, 128, 8)]
+    assert [(r, c[0], len(c)) for r, c in timed] == [
+        (0, 128, 8),
+        (0, 512, 8),
+        (0, 1024, 8),
+        (1, 512, 8),
+        (1, 1024, 8),
+        (1, 128, 8),
+    ]
     warmup, timed = overhead_plans([128, 512, 1024], 2100, 1)
     assert warmup == (128, 512, 1024) and [len(c) for _, c in timed] == [OVERHEAD_CHUNKS, 4, 2]
     warmup, timed = overhead_plans([128, 512, 1024], 1100, 1)  # 1024 fits once only: left out
@@ -91,8 +106,16 @@ def test_the_summary_is_the_median_with_its_standard_error_and_the_median_at_eac
     assert s["by_chunk_size"]["512"] == pytest.approx(0.6, abs=0.03)
     assert list(s["by_chunk_size"]) == ["128", "512"] and s["num_stages"] == 2 and len(s["runs"]) == 10
     assert 0 < s["stderr_ms"] < 0.2
-    assert set(runs[0]) == {"chunk_size", "num_chunks", "repeat", "measured_ms", "replay_ms", "ms_per_chunk",
-                            "stage_ms", "chunk_sizes"}
+    assert set(runs[0]) == {
+        "chunk_size",
+        "num_chunks",
+        "repeat",
+        "measured_ms",
+        "replay_ms",
+        "ms_per_chunk",
+        "stage_ms",
+        "chunk_sizes",
+    }
     assert runs[0]["replay_ms"] < runs[0]["measured_ms"]
 
 

@@ -20,8 +20,9 @@ TRUTH = LatencyModel("prefix", a=2e-7, b=0.01, c=2.0, g=3e-4)
 
 def profile(tmp_path, truth):
     """A run folder of noise-free samples of `truth` and its policy (B = 2048)."""
-    frame = make_samples(truth, base_chunk_size=2048, prefixes=(2048, 8192, 16384), chunk_sizes=(256, 1024, 2048),
-                         noise=0.0)
+    frame = make_samples(
+        truth, base_chunk_size=2048, prefixes=(2048, 8192, 16384), chunk_sizes=(256, 1024, 2048), noise=0.0
+    )
     csv = write_run_dir(tmp_path, frame, base_chunk_size=2048, context_len=32768)
     path, _ = fit(csv, latency_model="prefix")
     return from_dict(json.loads(path.read_text())), csv
@@ -42,8 +43,7 @@ def test_a_servers_arm_is_the_plan_tune_scores_for_the_policys_flags(tmp_path, s
     policy, csv = profile(tmp_path, TRUTH)
     assert policy.status == "dynamic", policy.reason
     bench = arms(policy, csv, PROMPT_LENS, (server,), 2)
-    scored = tune(policy, parse_prompt_spec(",".join(map(str, PROMPT_LENS))), 2, server,
-                  forwards=read_samples(csv))
+    scored = tune(policy, parse_prompt_spec(",".join(map(str, PROMPT_LENS))), 2, server, forwards=read_samples(csv))
     assert scored["boot_fit"] == "samples"
     for n in PROMPT_LENS:
         assert by_name(bench, n)[server] == scored["plans"][str(n)]["policy"], f"{n=}"
@@ -70,8 +70,19 @@ def test_every_arm_covers_its_prompt_and_the_dp_bound_beats_them_all(tmp_path):
     plans = arms(policy, csv, PROMPT_LENS, strategies, 4, extra)
     names = {n: {a.name for a in plans if a.prompt_len == n} for n in PROMPT_LENS}
     best = f"fixed-{policy.data['predicted']['fixed_best_chunk']}"  # the policy's own best fixed chunk joins the sweep
-    assert names[6000] == {"fixed-512", "fixed-1024", "fixed-2048", "fixed-4096", best, "sglang", "greedy", "policy",
-                           "policy-history", "plan-mine", "optimal"} and names[20000] == names[6000] - {"plan-mine"}
+    assert names[6000] == {
+        "fixed-512",
+        "fixed-1024",
+        "fixed-2048",
+        "fixed-4096",
+        best,
+        "sglang",
+        "greedy",
+        "policy",
+        "policy-history",
+        "plan-mine",
+        "optimal",
+    } and names[20000] == names[6000] - {"plan-mine"}
     for n in PROMPT_LENS:
         group = [a for a in plans if a.prompt_len == n]
         assert all(sum(a.chunk_sizes) == n and len(a.predicted_ms) == len(a.chunk_sizes) for a in group)

@@ -12,8 +12,20 @@ NO_TRANSFER = {"a_ms": 0.0, "b_ms_per_token": 0.0}
 
 def rows(prompt: int, arm: str, repeat: int, stage_ms: list[list[float]], sizes: list[int]) -> list[dict]:
     """The bench.csv rows of one prompt: stage s ran chunk k in stage_ms[s][k] ms."""
-    return [{"prompt": prompt, "arm": arm, "repeat": repeat, "prompt_len": sum(sizes), "stage": s, "chunk": k,
-             "chunk_size": sizes[k], "compute_ms": t} for s, per in enumerate(stage_ms) for k, t in enumerate(per)]
+    return [
+        {
+            "prompt": prompt,
+            "arm": arm,
+            "repeat": repeat,
+            "prompt_len": sum(sizes),
+            "stage": s,
+            "chunk": k,
+            "chunk_size": sizes[k],
+            "compute_ms": t,
+        }
+        for s, per in enumerate(stage_ms)
+        for k, t in enumerate(per)
+    ]
 
 
 def test_per_prompt_replays_the_pipeline_and_names_the_bottleneck():
@@ -35,18 +47,38 @@ def test_a_transfer_delays_every_hop():
 
 
 def test_spread_skips_missing_values():
-    assert spread(np.array([1.0, np.nan, 3.0, 2.0])) == {"median": 2.0, "min": 1.0, "max": 3.0, "p10": 1.2,
-                                                         "p90": pytest.approx(2.8)}
+    assert spread(np.array([1.0, np.nan, 3.0, 2.0])) == {
+        "median": 2.0,
+        "min": 1.0,
+        "max": 3.0,
+        "p10": 1.2,
+        "p90": pytest.approx(2.8),
+    }
     assert spread(np.array([np.nan]))["median"] is None
 
 
 def test_fixed_best_is_the_fixed_arm_of_least_median_and_ratios_pair_repeats():
-    arms = [Arm("fixed-512", 300, (300,), 10.0, (10.0,)), Arm("fixed-256", 300, (256, 44), 9.0, (8.0, 1.0)),
-            Arm("greedy", 300, (300,), 10.0, (10.0,))]
+    arms = [
+        Arm("fixed-512", 300, (300,), 10.0, (10.0,)),
+        Arm("fixed-256", 300, (256, 44), 9.0, (8.0, 1.0)),
+        Arm("greedy", 300, (300,), 10.0, (10.0,)),
+    ]
     ttft = {"fixed-512": [10.0, 12.0], "fixed-256": [8.0, 9.0], "greedy": [5.0, 9.0]}
-    prompts = pd.DataFrame([{"arm": arm, "repeat": r, "ttft_ms": t, "replay_ttft_ms": t, "num_chunks": 1,
-                             "bottleneck_cv": 0.0, "idle_ms": [0.0]}
-                            for arm, values in ttft.items() for r, t in enumerate(values)])
+    prompts = pd.DataFrame(
+        [
+            {
+                "arm": arm,
+                "repeat": r,
+                "ttft_ms": t,
+                "replay_ttft_ms": t,
+                "num_chunks": 1,
+                "bottleneck_cv": 0.0,
+                "idle_ms": [0.0],
+            }
+            for arm, values in ttft.items()
+            for r, t in enumerate(values)
+        ]
+    )
     names = strategy_names(arms, 512, prompts, "ttft_ms")
     assert names == {"greedy": "greedy", "fixed": "fixed-512", "fixed-best": "fixed-256"}
     ratios = paired_ratios(prompts, names, "ttft_ms")

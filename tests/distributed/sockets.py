@@ -25,9 +25,8 @@ def listening_sockets() -> list[tuple[str, int, int]]:
             hex_address, hex_port = fields[1].split(":")
             raw = bytes.fromhex(hex_address)
             # the kernel writes each 32-bit word in host (little-endian) order
-            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-            address = str(ipaddress.ip_address(raw)) if family == socket.AF_INET else \
-                str(ipaddress.IPv6Address(raw))
+            raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+            address = str(ipaddress.ip_address(raw)) if family == socket.AF_INET else str(ipaddress.IPv6Address(raw))
             out.append((address, int(hex_port, 16), int(fields[9])))
     return out
 
@@ -50,5 +49,6 @@ def socket_inodes(pid: int) -> set[int]:
 
 def is_loopback(address: str) -> bool:
     ip = ipaddress.ip_address(address)
-    return ip.is_loopback or (isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None
-                              and ip.ipv4_mapped.is_loopback)
+    return ip.is_loopback or (
+        isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback
+    )

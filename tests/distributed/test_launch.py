@@ -15,7 +15,7 @@ def test_launcher_passes_torchrun_options_and_the_resolved_config():
     assert argv[:2] == ["--nproc-per-node", "3"]
     assert "--standalone" not in argv
     assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--node-rank") + 1] == "1"
-    assert argv[argv.index("--module"):argv.index("--module") + 3] == ["--module", "ppprof", "profile"]
+    assert argv[argv.index("--module") : argv.index("--module") + 3] == ["--module", "ppprof", "profile"]
     resolved = json.loads(argv[argv.index("--resolved-config") + 1])
     assert resolved["base_chunk_size"] == 64 and resolved["nproc_per_node"] == 3
     local = launcher_argv(3, {}, worker + ["--inject-fault", "skip-mamba-release"])
@@ -48,8 +48,9 @@ def test_a_store_listens_on_the_one_address_it_is_given():
     from ppprof.distributed.rendezvous import bound_stores
 
     with bound_stores("127.0.0.1", single_node=True):
-        store = c10d_rendezvous_backend.TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True,
-                                                 timeout=datetime.timedelta(seconds=10))
+        store = c10d_rendezvous_backend.TCPStore(
+            "127.0.0.1", 0, is_master=True, multi_tenant=True, timeout=datetime.timedelta(seconds=10)
+        )
         port = store.port
         assert listening(port) == ["127.0.0.1"], f"{listening(port)=}"  # torch alone: 0.0.0.0 and ::
         client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=10))
@@ -82,8 +83,7 @@ def test_across_nodes_the_rendezvous_store_listens_on_the_address_named():
     if address.startswith("127."):
         pytest.skip("this host has no address besides loopback")
     with bound_stores(None, single_node=False):  # as --master-addr ADDRESS starts it
-        store = static_tcp_rendezvous.TCPStore(address, 0, 1, True, datetime.timedelta(seconds=10),
-                                               multi_tenant=True)
+        store = static_tcp_rendezvous.TCPStore(address, 0, 1, True, datetime.timedelta(seconds=10), multi_tenant=True)
         assert listening(store.port) == [address], f"{listening(store.port)=}"
 
 
@@ -92,15 +92,21 @@ def test_a_rank_that_died_of_a_signal_is_named_first():
 
     from ppprof.distributed.launch import failed_ranks
 
-    assert failed_ranks({0: Failure(exitcode=1, pid=10), 1: Failure(exitcode=-9, pid=11)}) == \
-        "rank 1 died of SIGKILL (pid 11); rank 0 stopped after it"
+    assert (
+        failed_ranks({0: Failure(exitcode=1, pid=10), 1: Failure(exitcode=-9, pid=11)})
+        == "rank 1 died of SIGKILL (pid 11); rank 0 stopped after it"
+    )
     assert failed_ranks({1: Failure(exitcode=-9, pid=11)}) == "rank 1 died of SIGKILL (pid 11)"
-    assert failed_ranks({0: Failure(exitcode=1, pid=10), 2: Failure(exitcode=1, pid=12)}) == \
-        "rank 0, 2 failed; the [rank N] lines above say why"
+    assert (
+        failed_ranks({0: Failure(exitcode=1, pid=10), 2: Failure(exitcode=1, pid=12)})
+        == "rank 0, 2 failed; the [rank N] lines above say why"
+    )
     # a rank the launcher's own shutdown SIGKILLed (a stopped rank takes no SIGTERM) 5 s after rank 1 failed
-    assert failed_ranks({1: Failure(exitcode=1, pid=11, timestamp=100), 0: Failure(exitcode=-9, pid=10,
-                                                                                      timestamp=105)}) == \
-        "rank 1 failed; the [rank N] lines above say why"
-    assert failed_ranks({1: Failure(exitcode=-9, pid=11, timestamp=100), 0: Failure(exitcode=1, pid=10,
-                                                                                       timestamp=101)}) == \
-        "rank 1 died of SIGKILL (pid 11); rank 0 stopped after it"
+    assert (
+        failed_ranks({1: Failure(exitcode=1, pid=11, timestamp=100), 0: Failure(exitcode=-9, pid=10, timestamp=105)})
+        == "rank 1 failed; the [rank N] lines above say why"
+    )
+    assert (
+        failed_ranks({1: Failure(exitcode=-9, pid=11, timestamp=100), 0: Failure(exitcode=1, pid=10, timestamp=101)})
+        == "rank 1 died of SIGKILL (pid 11); rank 0 stopped after it"
+    )

@@ -13,5 +13,8 @@ def test_pp2_tp2_puts_the_tp_ranks_of_a_stage_side_by_side():
 
 
 def test_without_tp_a_rank_is_its_stage():
-    assert [(MeshCoords(3, 1, r).stage, MeshCoords(3, 1, r).global_rank(r)) for r in range(3)] == [(0, 0), (1, 1),
-                                                                                                  (2, 2)]
+    assert [(MeshCoords(3, 1, r).stage, MeshCoords(3, 1, r).global_rank(r)) for r in range(3)] == [
+        (0, 0),
+        (1, 1),
+        (2, 2),
+    ]

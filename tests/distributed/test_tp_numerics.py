@@ -25,12 +25,17 @@ CHUNKS = [24, 17]
 def specs():
     hybrid = load_spec("tiny-hybrid")
     moe = dataclasses.replace(hybrid, name="moe-only", layers=(LayerSpec(mixers=("attention",), ffn="moe"),) * 2)
-    replicated = dataclasses.replace(hybrid, name="replicated", num_key_value_heads=1, mamba_n_groups=1,
-                                     vocab_size=509)
+    replicated = dataclasses.replace(hybrid, name="replicated", num_key_value_heads=1, mamba_n_groups=1, vocab_size=509)
     qwen3_moe = load_spec("tiny-moe")  # q/k norms, softmax routing
     # Qwen3-Next's gated attention and sigmoid-gated shared expert, DeepSeek-V3's sigmoid routing with its bias
-    shared = dataclasses.replace(qwen3_moe, name="shared-expert", attn_output_gate=True, moe_scoring="sigmoid",
-                                 shared_expert_intermediate_size=64, shared_expert_gate=True)
+    shared = dataclasses.replace(
+        qwen3_moe,
+        name="shared-expert",
+        attn_output_gate=True,
+        moe_scoring="sigmoid",
+        shared_expert_intermediate_size=64,
+        shared_expert_gate=True,
+    )
     return [load_spec("tiny-dense"), hybrid, moe, replicated, qwen3_moe, shared]
 
 
@@ -40,9 +45,20 @@ def run_stages(spec, tp, tp_rank: int):
     ranges = [range(0, half), range(half, spec.num_layers)]
     kw = {} if tp is None else {"tp": tp}
     stages = [Stage(spec, r, seed=3, **kw) for r in ranges]
-    caches = [build_stage_cache(spec, r, max_total_tokens=128, page_size=1, max_mamba_cache_size=2,
-                                max_running_requests=2, context_len=128, tp_size=TP if tp else 1, tp_rank=tp_rank)
-              for r in ranges]
+    caches = [
+        build_stage_cache(
+            spec,
+            r,
+            max_total_tokens=128,
+            page_size=1,
+            max_mamba_cache_size=2,
+            max_running_requests=2,
+            context_len=128,
+            tp_size=TP if tp else 1,
+            tp_rank=tp_rank,
+        )
+        for r in ranges
+    ]
     tokens = torch.randint(spec.vocab_size, (sum(CHUNKS),), generator=torch.Generator().manual_seed(1))
     logits, reqs = prefill(stages, caches, tokens, CHUNKS)
     # Stage 0 alone on another request: its hidden states and residual, what a stage boundary carries.

@@ -67,8 +67,9 @@ def run_rank_script(body: str, timeout: float = 1.0, signal_after: float | None 
     script = RANK_SCRIPT.format(timeout=timeout, body=textwrap.dedent(body))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     start = time.monotonic()
-    p = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     if signal_after is not None:
         time.sleep(signal_after)
         p.send_signal(sig)
@@ -149,7 +150,6 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
-
 
 
 def test_a_stopped_child_of_the_launcher_is_found_by_its_rank_and_a_running_one_is_not():

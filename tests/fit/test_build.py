@@ -15,8 +15,15 @@ PREFIX_TRUE = LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=4e-4)
 
 def run_dir(tmp_path, model=PREFIX_TRUE, noise=0.01, min_gain=0.0, **kw):
     """A synthetic run; min_gain 0 by default, so that a model that passes the gates gives a dynamic policy."""
-    frame = make_samples(model, base_chunk_size=4096, prefixes=[0, 8192, 32768, 65536],
-                         chunk_sizes=[512, 1024, 2048, 4096], noise=noise, bottleneck_stage=1, **kw)
+    frame = make_samples(
+        model,
+        base_chunk_size=4096,
+        prefixes=[0, 8192, 32768, 65536],
+        chunk_sizes=[512, 1024, 2048, 4096],
+        noise=noise,
+        bottleneck_stage=1,
+        **kw,
+    )
     write_run_dir(tmp_path, frame, base_chunk_size=4096, context_len=131072, min_gain=min_gain)
     return tmp_path
 
@@ -93,8 +100,9 @@ def test_quadratic_is_fitted_on_prefix_free_rows_and_scored_on_all(tmp_path):
 
 
 def test_quadratic_without_enough_prefix_free_rows_is_static(tmp_path):
-    frame = make_samples(PREFIX_TRUE, base_chunk_size=4096, prefixes=[8192, 32768, 65536],
-                         chunk_sizes=[512, 1024, 2048, 4096])
+    frame = make_samples(
+        PREFIX_TRUE, base_chunk_size=4096, prefixes=[8192, 32768, 65536], chunk_sizes=[512, 1024, 2048, 4096]
+    )
     frame = frame[(frame.prefix_len > 0) | (frame.index < 8)]  # the first 8 sweep rows; 7 are left after warm-up
     csv = tmp_path / "samples.csv"
     frame.to_csv(csv, index=False)
@@ -112,8 +120,12 @@ def test_warmup_rows():
 def test_the_policy_carries_the_design_run_json_records(tmp_path):
     from ppprof.runfiles import RUN_FILE
 
-    frame = make_samples(LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=4e-4), base_chunk_size=4096,
-                         prefixes=[8192, 32768, 65536], chunk_sizes=[512, 2048, 4096])
+    frame = make_samples(
+        LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=4e-4),
+        base_chunk_size=4096,
+        prefixes=[8192, 32768, 65536],
+        chunk_sizes=[512, 2048, 4096],
+    )
     samples = write_run_dir(tmp_path, frame, base_chunk_size=4096)
     _, policy = fit(samples)
     assert "design" not in policy  # a run.json without one: nothing invented

@@ -18,10 +18,21 @@ from ppprof.policy.timeline import replay
 MODEL = LatencyModel("pairs", a=2e-7, b=0.01, c=5.0, g=4e-4, h=-1e-12)
 
 
-def make_pipeline_overhead(model: LatencyModel, *, chunk_sizes=(512, 2048, 4096), base_chunk_size: int = 2048,
-                           capacity: int = 131072, repeats: int = 3, linear_scale: float = 1.0, shift_ms: float = 0.0,
-                           overhead_ms: float = 0.0, num_stages: int = 2, bottleneck_stage: int = 0,
-                           noise: float = 0.0, seed: int = 0) -> dict:
+def make_pipeline_overhead(
+    model: LatencyModel,
+    *,
+    chunk_sizes=(512, 2048, 4096),
+    base_chunk_size: int = 2048,
+    capacity: int = 131072,
+    repeats: int = 3,
+    linear_scale: float = 1.0,
+    shift_ms: float = 0.0,
+    overhead_ms: float = 0.0,
+    num_stages: int = 2,
+    bottleneck_stage: int = 0,
+    noise: float = 0.0,
+    seed: int = 0,
+) -> dict:
     """run.json's pipeline_overhead as the profile's pipelined runs would record it (its plans: overhead_plans)
     where the bottleneck stage's forwards take the model at that level, linear_scale (c + b x) + the attention terms
     + shift_ms (x (1 + noise N(0,1))), the other stages 60% of that, and every chunk costs overhead_ms beyond them."""
@@ -64,7 +75,9 @@ def test_runs_without_stage_times_one_size_or_a_wild_level_give_none_and_say_why
     for r in po["runs"]:
         del r["stage_ms"]  # a run.json written before the runs recorded them
     cal = calibration_of({"pipeline_overhead": po}, MODEL, 0)
-    assert (cal["linear_scale"], cal["shift_ms"], cal["source"]) == (1.0, 0.0, "none") and "two chunk sizes" in cal["why"]
+    assert (cal["linear_scale"], cal["shift_ms"], cal["source"]) == (1.0, 0.0, "none") and "two chunk sizes" in cal[
+        "why"
+    ]
     one = make_pipeline_overhead(MODEL, chunk_sizes=(1024,), base_chunk_size=1024)
     assert "two chunk sizes" in calibration_of({"pipeline_overhead": one}, MODEL, 0)["why"]
     wild = make_pipeline_overhead(MODEL, linear_scale=3.0)
@@ -73,13 +86,20 @@ def test_runs_without_stage_times_one_size_or_a_wild_level_give_none_and_say_why
     negative = make_pipeline_overhead(MODEL, linear_scale=0.6, shift_ms=-4.0)  # a 1-token chunk would cost < 0
     cal = calibration_of({"pipeline_overhead": negative}, MODEL, 0)
     assert cal["source"] == "none" and "not positive" in cal["why"]
-    assert calibration_of(None, MODEL, 0)["source"] == "none" and calibration_of({}, None, 0)["why"] == \
-        "no latency model"
+    assert (
+        calibration_of(None, MODEL, 0)["source"] == "none" and calibration_of({}, None, 0)["why"] == "no latency model"
+    )
 
 
 def fitted(tmp_path, scale, shift):
-    frame = make_samples(MODEL, base_chunk_size=4096, prefixes=[0, 8192, 32768, 65536],
-                         chunk_sizes=[512, 1024, 2048, 4096, 8192], noise=0.0, bottleneck_stage=1)
+    frame = make_samples(
+        MODEL,
+        base_chunk_size=4096,
+        prefixes=[0, 8192, 32768, 65536],
+        chunk_sizes=[512, 1024, 2048, 4096, 8192],
+        noise=0.0,
+        bottleneck_stage=1,
+    )
     po = make_pipeline_overhead(MODEL, linear_scale=scale, shift_ms=shift, overhead_ms=0.5, bottleneck_stage=1)
     write_run_dir(tmp_path, frame, base_chunk_size=4096, context_len=131072, min_gain=0.0, pipeline_overhead=po)
     path, data = fit(tmp_path / "samples.csv", latency_model="pairs")
@@ -96,8 +116,11 @@ def test_the_policy_carries_the_level_and_plans_and_predicts_with_it(tmp_path):
     # the planning model is the fitted one at the pipelined level, plus the overhead
     L, x = np.array([0, 10000, 90000]), np.array([256, 4096, 2048])
     m = policy.model
-    np.testing.assert_allclose(policy.planning_model.chunk_latency_ms(L, x),
-                               m.chunk_latency_ms(L, x) - 0.1 * (m.c + m.b * x) - 0.7 + 0.5, rtol=1e-4)
+    np.testing.assert_allclose(
+        policy.planning_model.chunk_latency_ms(L, x),
+        m.chunk_latency_ms(L, x) - 0.1 * (m.c + m.b * x) - 0.7 + 0.5,
+        rtol=1e-4,
+    )
     plans = {p.strategy: p for p in plan_prompt(policy, 60000, policy.num_stages)}
     fixed = plans["fixed"]
     sizes = np.array(fixed.chunk_sizes)

@@ -61,18 +61,26 @@ def test_two_seeds_pass_within_default_tolerance(runs, tmp_path):
     result = compare(base, cand, "--plot", png, "--out", out)
     assert result.exit_code == 0, result.output
     assert result.output.rstrip().endswith("within tolerance")
-    for word in ("coefficients: a ", "target latency (SGLang's rule):", "chunk-size table on prefix_len 0..32128",
-                 "predicted TTFT, 2 stages", "samples: ", "ok    ttft"):
+    for word in (
+        "coefficients: a ",
+        "target latency (SGLang's rule):",
+        "chunk-size table on prefix_len 0..32128",
+        "predicted TTFT, 2 stages",
+        "samples: ",
+        "ok    ttft",
+    ):
         assert word in result.output, word
     report = json.loads(out.read_text())
     assert report["drifted"] is False and png.stat().st_size > 10_000
     assert {c["figure"] for c in report["checks"]} >= {"status", "target", "table", "ttft", "samples"}
     assert [(r["prompt_len"], r["strategy"]) for r in report["ttft"]["rows"]][:6] == [
-        (2048, s) for s in ("policy", "policy-history", "greedy", "fixed", "fixed-best", "optimal")]
+        (2048, s) for s in ("policy", "policy-history", "greedy", "fixed", "fixed-best", "optimal")
+    ]
     assert abs(report["samples"]["median_ratio"] - 1) < 0.03
     sweep = read_samples(base / "samples.csv")
-    assert report["samples"]["num_cells"] == len(set(sweep.chunk_size[sweep.prefix_len == 0])) + \
-        len(PREFIXES) * len(CHUNKS)
+    assert report["samples"]["num_cells"] == len(set(sweep.chunk_size[sweep.prefix_len == 0])) + len(PREFIXES) * len(
+        CHUNKS
+    )
     as_json = json.loads(compare(base, cand, "--json").output)
     assert as_json["table"] == report["table"] and as_json["checks"] == report["checks"]
 
@@ -94,8 +102,12 @@ def test_doubled_a_drifts_and_says_which_figure(runs, tmp_path):
     assert a["change"] == pytest.approx(1.0)
     # A tolerance wide enough lets it through; a tighter one on another figure catches it again.
     assert compare(base, doubled, "--tolerance", "ttft=none,target=none,table=none,table_units=100").exit_code == 0
-    assert compare(base, doubled, "--tolerance", "ttft=none,target=none,table=none,table_units=100",
-                   "--tolerance", "coef=50%").exit_code == 1
+    assert (
+        compare(
+            base, doubled, "--tolerance", "ttft=none,target=none,table=none,table_units=100", "--tolerance", "coef=50%"
+        ).exit_code
+        == 1
+    )
 
 
 def test_status_change_with_agreeing_samples_says_so(runs, tmp_path):
@@ -220,8 +232,12 @@ def test_a_noisy_profile_that_fails_the_gates_is_told_from_a_drift(tmp_path):
     assert table["value"] > 0.001 and table["passed"] and table["noisy"] and not tight["drifted"], table
     report = json.loads(compare(noisy, base, "--json").output)  # the noisy one as the baseline: the same verdict
     status = report["checks"][0]
-    assert report["baseline_refit"] == {"passed": False, "reason": report["baseline_refit"]["reason"],
-                                        "baseline_passed": False} and status["passed"] and status["noisy"], status
+    assert (
+        report["baseline_refit"]
+        == {"passed": False, "reason": report["baseline_refit"]["reason"], "baseline_passed": False}
+        and status["passed"]
+        and status["noisy"]
+    ), status
     assert "the baseline's samples were too noisy" in status["detail"]
     changed = noisy_copy(base, tmp_path / "changed", seed=1, policy_too=False)  # base's policy, scattered samples
     report = json.loads(compare(changed, noisy, "--json").output)

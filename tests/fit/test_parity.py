@@ -23,19 +23,28 @@ def sglang_rederived(csv) -> tuple[float, float, float] | None:
     lengths = free.chunk_size.to_numpy(dtype=float)
     latency = free[[c for c in frame.columns if c.startswith("stage") and c.endswith("_latency_ms")]].to_numpy()
     latency = latency[:, np.argmax(latency.sum(axis=0))] if latency.size else free.latency_ms.to_numpy()
-    A = np.vstack([lengths ** 2, lengths, np.ones(len(lengths))]).T
+    A = np.vstack([lengths**2, lengths, np.ones(len(lengths))]).T
     a, b, c = np.linalg.lstsq(A, latency, rcond=None)[0]
     return None if a <= 0 else (a, max(b, 0.0), c)
 
 
-@pytest.mark.parametrize("noise,num_outliers,seed", [(0.0, 0, 0), (0.03, 0, 1), (0.02, 6, 2), (0.05, 12, 4),
-                                                     (0.1, 12, 3)])
+@pytest.mark.parametrize(
+    "noise,num_outliers,seed", [(0.0, 0, 0), (0.03, 0, 1), (0.02, 6, 2), (0.05, 12, 4), (0.1, 12, 3)]
+)
 def test_parity_fit_equals_the_rederivation_exactly(tmp_path, noise, num_outliers, seed):
-    frame = make_samples(TRUE, base_chunk_size=4096, prefixes=(4096, 8192), chunk_sizes=(512, 2048), noise=noise,
-                         num_outliers=num_outliers, seed=seed)
+    frame = make_samples(
+        TRUE,
+        base_chunk_size=4096,
+        prefixes=(4096, 8192),
+        chunk_sizes=(512, 2048),
+        noise=noise,
+        num_outliers=num_outliers,
+        seed=seed,
+    )
     csv = write_run_dir(tmp_path, frame, base_chunk_size=4096)
-    r = CliRunner().invoke(main, ["fit", str(csv), "--latency-model", "quadratic", "--parity", "sglang", "-o",
-                                  str(tmp_path / "p.json")])
+    r = CliRunner().invoke(
+        main, ["fit", str(csv), "--latency-model", "quadratic", "--parity", "sglang", "-o", str(tmp_path / "p.json")]
+    )
     assert r.exit_code == 0, r.output
     policy = load(tmp_path / "p.json")
     want = sglang_rederived(csv)

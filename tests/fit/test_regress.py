@@ -2,8 +2,16 @@ import numpy as np
 import pytest
 from sklearn.linear_model import LinearRegression
 
-from ppprof.fit.regress import (Unfittable, condition_number, cross_validate, cv_splits, fit_candidates, fit_model,
-                                fit_trimmed, ineligible)
+from ppprof.fit.regress import (
+    Unfittable,
+    condition_number,
+    cross_validate,
+    cv_splits,
+    fit_candidates,
+    fit_model,
+    fit_trimmed,
+    ineligible,
+)
 from ppprof.fit.synthetic import make_samples
 from ppprof.policy.rule import LatencyModel
 
@@ -16,8 +24,14 @@ def arrays(frame):
 
 
 def prefix_frame(model=PREFIX_TRUE, noise=0.01, **kw):
-    return make_samples(model, base_chunk_size=4096, prefixes=[0, 8192, 32768, 65536],
-                        chunk_sizes=[512, 1024, 2048, 4096], noise=noise, **kw)
+    return make_samples(
+        model,
+        base_chunk_size=4096,
+        prefixes=[0, 8192, 32768, 65536],
+        chunk_sizes=[512, 1024, 2048, 4096],
+        noise=noise,
+        **kw,
+    )
 
 
 def test_prefix_fit_recovers_coefficients():
@@ -58,8 +72,9 @@ def test_prefix_negative_term_is_dropped_and_refitted_not_clamped():
 
 
 def test_quadratic_fits_only_prefix_free_rows():
-    frame = make_samples(QUAD_TRUE, base_chunk_size=8192, prefixes=[4096, 16384, 65536], chunk_sizes=[1024, 8192],
-                         noise=0.005)
+    frame = make_samples(
+        QUAD_TRUE, base_chunk_size=8192, prefixes=[4096, 16384, 65536], chunk_sizes=[1024, 8192], noise=0.005
+    )
     L, x, y = arrays(frame)
     got = fit_model("quadratic", L[1:], x[1:], y[1:])
     for key in ("a", "b", "c"):
@@ -110,8 +125,9 @@ def test_auto_prefers_the_prefix_model_when_prefix_work_is_real():
 
 
 def test_auto_on_quadratic_samples():
-    frame = make_samples(QUAD_TRUE, base_chunk_size=8192, prefixes=[4096, 16384, 65536], chunk_sizes=[1024, 8192],
-                         noise=0.01)
+    frame = make_samples(
+        QUAD_TRUE, base_chunk_size=8192, prefixes=[4096, 16384, 65536], chunk_sizes=[1024, 8192], noise=0.01
+    )
     L, x, y = arrays(frame)
     fitted, failed = fit_candidates(L[1:], x[1:], y[1:], "auto")
     # c + f(L+x) - f(L) is the prefix form with g = 0: both models describe these samples, on the same rows.
@@ -158,7 +174,6 @@ def test_the_band_splitter_never_trains_on_a_held_out_band():
         assert not held & set(prefix[train]), f"{held=}"
         assert sorted(np.concatenate([train, test]).tolist()) == list(range(len(prefix)))
     assert band_splits(np.array([0] * 5 + [512] * 5)) == []
-
 
 
 def test_a_chunk_dependent_per_pair_cost_is_recovered_by_the_pairs_form_and_not_by_the_prefix_form():

@@ -67,7 +67,9 @@ class CacheMachine(RuleBasedStateMachine):
         kv = KVAllocator(32, page_size=4)
         mamba = MambaAllocator(3)
         self.cache = StageCache(
-            req_pool=ReqToTokenPool(4, 64), kv_alloc=kv, mamba_alloc=mamba,
+            req_pool=ReqToTokenPool(4, 64),
+            kv_alloc=kv,
+            mamba_alloc=mamba,
             mamba_pool=MambaPool(mamba.total_slots, [0], 4, 2, 1, 2, 2, torch.float32, "cpu"),
         )
         self.live: list[Request] = []

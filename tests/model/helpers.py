@@ -14,9 +14,17 @@ VOCAB = 128
 
 def tiny_dense() -> ModelSpec:
     """4 layers of attention + MLP, GQA with 4 query heads on 2 KV heads."""
-    return ModelSpec(name="test-dense", family="llama", layers=(LayerSpec(mixers=("attention",), ffn="mlp"),) * 4,
-                     hidden_size=HIDDEN, vocab_size=VOCAB, intermediate_size=128, num_attention_heads=4,
-                     num_key_value_heads=2, head_dim=16)
+    return ModelSpec(
+        name="test-dense",
+        family="llama",
+        layers=(LayerSpec(mixers=("attention",), ffn="mlp"),) * 4,
+        hidden_size=HIDDEN,
+        vocab_size=VOCAB,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
 
 
 def tiny_hybrid() -> ModelSpec:
@@ -28,19 +36,45 @@ def tiny_hybrid() -> ModelSpec:
         LayerSpec(mixers=("mamba",), ffn="moe"),
         LayerSpec(mixers=("attention", "mamba"), ffn="mlp"),
     )
-    return ModelSpec(name="test-hybrid", family="falcon_h1", layers=layers, hidden_size=HIDDEN, vocab_size=VOCAB,
-                     intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                     mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=16, conv_kernel=4, mamba_n_groups=1,
-                     mamba_chunk_size=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+    return ModelSpec(
+        name="test-hybrid",
+        family="falcon_h1",
+        layers=layers,
+        hidden_size=HIDDEN,
+        vocab_size=VOCAB,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        mamba_num_heads=4,
+        mamba_head_dim=16,
+        ssm_state_size=16,
+        conv_kernel=4,
+        mamba_n_groups=1,
+        mamba_chunk_size=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+    )
 
 
 def make_cache(spec: ModelSpec, layer_ids: range, page_size: int = 1) -> StageCache:
-    return build_stage_cache(spec, layer_ids, max_total_tokens=256, page_size=page_size, max_mamba_cache_size=4, max_running_requests=4,
-                             context_len=128, dtype=torch.float32, device="cpu")
+    return build_stage_cache(
+        spec,
+        layer_ids,
+        max_total_tokens=256,
+        page_size=page_size,
+        max_mamba_cache_size=4,
+        max_running_requests=4,
+        context_len=128,
+        dtype=torch.float32,
+        device="cpu",
+    )
 
 
-def prefill(stages: list[Stage], caches: list[StageCache], tokens: torch.Tensor, chunk_lens: list[int],
-            rid: int = 0) -> tuple[torch.Tensor, list[Request]]:
+def prefill(
+    stages: list[Stage], caches: list[StageCache], tokens: torch.Tensor, chunk_lens: list[int], rid: int = 0
+) -> tuple[torch.Tensor, list[Request]]:
     """Prefill `tokens` chunk by chunk through the stages in order; returns the last chunk's logits and the requests
     (one per stage, still admitted)."""
     reqs = [Request(rid) for _ in stages]
@@ -48,7 +82,7 @@ def prefill(stages: list[Stage], caches: list[StageCache], tokens: torch.Tensor,
         assert cache.admit(req)
     prefix_len, logits = 0, None
     for n in chunk_lens:
-        x, residual = tokens[prefix_len:prefix_len + n], None
+        x, residual = tokens[prefix_len : prefix_len + n], None
         for stage, cache, req in zip(stages, caches, reqs):
             assert cache.extend(req, n) is not None
             x, residual = stage(cache, req, x, residual, prefix_len)
@@ -58,14 +92,29 @@ def prefill(stages: list[Stage], caches: list[StageCache], tokens: torch.Tensor,
     return logits, reqs
 
 
-def chunked_logits(spec: ModelSpec, chunk_sizes: list[int], page_size: int = 1, attention_backend: str = "sdpa",
-                   dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.Tensor:
+def chunked_logits(
+    spec: ModelSpec,
+    chunk_sizes: list[int],
+    page_size: int = 1,
+    attention_backend: str = "sdpa",
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+) -> torch.Tensor:
     """Logits of the last chunk of one prompt (random tokens from `seed`) prefilled chunk by chunk through the whole
     model as one stage."""
     layers = range(spec.num_layers)
     stage = Stage(spec, layers, dtype=dtype, seed=seed, attention_backend=attention_backend)
-    cache = build_stage_cache(spec, layers, max_total_tokens=256, page_size=page_size, max_mamba_cache_size=4,
-                              max_running_requests=4, context_len=256, dtype=dtype, device="cpu")
+    cache = build_stage_cache(
+        spec,
+        layers,
+        max_total_tokens=256,
+        page_size=page_size,
+        max_mamba_cache_size=4,
+        max_running_requests=4,
+        context_len=256,
+        dtype=dtype,
+        device="cpu",
+    )
     tokens = torch.randint(spec.vocab_size, (sum(chunk_sizes),), generator=torch.Generator().manual_seed(seed))
     logits, _ = prefill([stage], [cache], tokens, chunk_sizes)
     return logits

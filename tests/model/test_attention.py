@@ -9,8 +9,13 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ppprof.model.attention import apply_rope, rope_cos_sin
-from ppprof.model.attention_kernels import (CPU_FLASH, prefix_causal_mask, reference_attention,
-                                            resolve_attention_backend, sdpa_attention)
+from ppprof.model.attention_kernels import (
+    CPU_FLASH,
+    prefix_causal_mask,
+    reference_attention,
+    resolve_attention_backend,
+    sdpa_attention,
+)
 
 
 def dense_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -74,9 +79,17 @@ def test_the_fast_path_reads_the_pool_through_pages_as_the_model_does():
 def make_attention_spec():
     from ppprof.specs.spec import LayerSpec, ModelSpec
 
-    return ModelSpec(name="gqa", family="llama", layers=(LayerSpec(mixers=("attention",), ffn="mlp"),) * 2,
-                     hidden_size=64, vocab_size=97, intermediate_size=96, num_attention_heads=8,
-                     num_key_value_heads=2, head_dim=8)
+    return ModelSpec(
+        name="gqa",
+        family="llama",
+        layers=(LayerSpec(mixers=("attention",), ffn="mlp"),) * 2,
+        hidden_size=64,
+        vocab_size=97,
+        intermediate_size=96,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=8,
+    )
 
 
 class ShapeRecorder(TorchDispatchMode):
@@ -88,7 +101,7 @@ class ShapeRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+        for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor):
                 self.shapes.append(tuple(t.shape))
         return out
@@ -123,8 +136,9 @@ def test_prefix_causal_mask():
     assert torch.equal(prefix_causal_mask(3, 2, torch.device("cpu")), want)
 
 
-@pytest.mark.parametrize("name,device,expect", [("auto", "cpu", "sdpa"), ("sdpa", "cpu", "sdpa"),
-                                                 ("reference", "cuda", "reference")])
+@pytest.mark.parametrize(
+    "name,device,expect", [("auto", "cpu", "sdpa"), ("sdpa", "cpu", "sdpa"), ("reference", "cuda", "reference")]
+)
 def test_backend_resolution(name, device, expect):
     assert resolve_attention_backend(name, device) == expect
 

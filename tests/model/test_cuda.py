@@ -10,8 +10,11 @@ from ppprof.model.mamba import MambaKernel, fused_mamba_available, ssd_chunked
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CUDA = torch.device("cuda")
-TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.bfloat16: dict(rtol=2e-2, atol=2e-2),
-       torch.float16: dict(rtol=5e-3, atol=5e-3)}
+TOL = {
+    torch.float32: dict(rtol=1e-4, atol=1e-4),
+    torch.bfloat16: dict(rtol=2e-2, atol=2e-2),
+    torch.float16: dict(rtol=5e-3, atol=5e-3),
+}
 
 
 def paged_inputs(num_heads, num_kv_heads, head_dim, prefix_len, n, page_size, dtype, seed=0):
@@ -30,8 +33,13 @@ def paged_inputs(num_heads, num_kv_heads, head_dim, prefix_len, n, page_size, dt
     return [t.to(CUDA, dtype) for t in (q, k_buf, v_buf)] + [slots.to(CUDA)]
 
 
-CASES = [(32, 8, 128, 0, 512), (32, 8, 128, 4096, 1), (32, 8, 128, 8192, 2048), (32, 32, 64, 1000, 333),
-         (40, 8, 128, 70, 7)]
+CASES = [
+    (32, 8, 128, 0, 512),
+    (32, 8, 128, 4096, 1),
+    (32, 8, 128, 8192, 2048),
+    (32, 32, 64, 1000, 333),
+    (40, 8, 128, 70, 7),
+]
 
 
 @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,prefix_len,n", CASES)
@@ -49,8 +57,7 @@ def test_sdpa_fast_path_equals_the_reference_on_cuda(num_heads, num_kv_heads, he
 @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,prefix_len,n", CASES)
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 def test_flashinfer_paged_prefill_equals_the_reference(num_heads, num_kv_heads, head_dim, prefix_len, n, page_size):
-    q, k_buf, v_buf, slots = paged_inputs(num_heads, num_kv_heads, head_dim, prefix_len, n, page_size,
-                                          torch.bfloat16)
+    q, k_buf, v_buf, slots = paged_inputs(num_heads, num_kv_heads, head_dim, prefix_len, n, page_size, torch.bfloat16)
     kernel = AttentionKernel("flashinfer", CUDA)
     got = kernel(q, k_buf, v_buf, slots, prefix_len, page_size=page_size, chunk_id=(0, 0, prefix_len, n))
     want, _ = reference_attention(q.float(), k_buf.float(), v_buf.float(), slots, prefix_len)
@@ -92,27 +99,38 @@ def test_a_stage_on_cuda_prefilled_in_chunks_equals_one_shot():
     out = []
     for chunks in ([96], [40, 1, 55]):
         stage = Stage(spec, layers, dtype=torch.float32, device=CUDA, seed=0, attention_backend="sdpa")
-        cache = build_stage_cache(spec, layers, max_total_tokens=256, page_size=16, max_mamba_cache_size=2,
-                                  max_running_requests=2, context_len=256, dtype=torch.float32, device=CUDA)
+        cache = build_stage_cache(
+            spec,
+            layers,
+            max_total_tokens=256,
+            page_size=16,
+            max_mamba_cache_size=2,
+            max_running_requests=2,
+            context_len=256,
+            dtype=torch.float32,
+            device=CUDA,
+        )
         req, done = Request(0), 0
         assert cache.admit(req)
         for n in chunks:
             cache.extend(req, n)
-            logits, _ = stage(cache, req, tokens[done:done + n], None, done)
+            logits, _ = stage(cache, req, tokens[done : done + n], None, done)
             done += n
         out.append(logits)
     torch.testing.assert_close(out[1], out[0], rtol=1e-3, atol=1e-3)
 
 
-@pytest.mark.skipif(not __import__("ppprof.model.deltanet", fromlist=["fla_available"]).fla_available("cuda"),
-                    reason="flash-linear-attention is not installed")
+@pytest.mark.skipif(
+    not __import__("ppprof.model.deltanet", fromlist=["fla_available"]).fla_available("cuda"),
+    reason="flash-linear-attention is not installed",
+)
 @pytest.mark.parametrize("seq_len", [1, 100, 2048])
 def test_fla_delta_rule_equals_the_torch_path(seq_len):
     from ppprof.model.deltanet import DeltaNetKernel, chunk_gated_delta_rule
 
     gen = torch.Generator().manual_seed(seq_len)
     heads, dk, dv = 8, 128, 128
-    q = torch.nn.functional.normalize(torch.randn(seq_len, heads, dk, generator=gen), dim=-1) * dk ** -0.5
+    q = torch.nn.functional.normalize(torch.randn(seq_len, heads, dk, generator=gen), dim=-1) * dk**-0.5
     k = torch.nn.functional.normalize(torch.randn(seq_len, heads, dk, generator=gen), dim=-1)
     v = torch.randn(seq_len, heads, dv, generator=gen)
     g, beta = -torch.rand(seq_len, heads, generator=gen), torch.rand(seq_len, heads, generator=gen)
@@ -136,13 +154,22 @@ def test_the_new_presets_on_cuda_prefilled_in_chunks_equal_one_shot(preset):
     out = []
     for chunks in ([130], [40, 1, 89]):
         stage = Stage(spec, layers, dtype=torch.float32, device=CUDA, seed=0, attention_backend="sdpa")
-        cache = build_stage_cache(spec, layers, max_total_tokens=256, page_size=16, max_mamba_cache_size=2,
-                                  max_running_requests=2, context_len=256, dtype=torch.float32, device=CUDA)
+        cache = build_stage_cache(
+            spec,
+            layers,
+            max_total_tokens=256,
+            page_size=16,
+            max_mamba_cache_size=2,
+            max_running_requests=2,
+            context_len=256,
+            dtype=torch.float32,
+            device=CUDA,
+        )
         req, done = Request(0), 0
         assert cache.admit(req)
         for n in chunks:
             cache.extend(req, n)
-            logits, _ = stage(cache, req, tokens[done:done + n], None, done)
+            logits, _ = stage(cache, req, tokens[done : done + n], None, done)
             done += n
         out.append(logits)
     torch.testing.assert_close(out[1], out[0], rtol=2e-3, atol=2e-3)

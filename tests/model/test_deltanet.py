@@ -18,7 +18,7 @@ TOL = dict(rtol=1e-5, atol=1e-5)
 
 def _inputs(t=45, heads=3, dk=8, dv=6, seed=0):
     g = torch.Generator().manual_seed(seed)
-    q = F.normalize(torch.randn(t, heads, dk, generator=g), dim=-1) * dk ** -0.5
+    q = F.normalize(torch.randn(t, heads, dk, generator=g), dim=-1) * dk**-0.5
     k = F.normalize(torch.randn(t, heads, dk, generator=g), dim=-1)
     v = torch.randn(t, heads, dv, generator=g)
     decay = -torch.rand(t, heads, generator=g) * 2  # log-decays down to -2: fast forgetting too
@@ -67,7 +67,7 @@ def test_layer_state_lives_in_the_mamba_slot():
         assert cache.admit(req)
         start, pieces = 0, []
         for n in splits:
-            pieces.append(layer(x[start:start + n], cache, req))
+            pieces.append(layer(x[start : start + n], cache, req))
             start += n
         outs.append(torch.cat(pieces))
         slot = cache.mamba_slot(req)

@@ -20,9 +20,20 @@ def two_stage_logits(name: str, chunk_sizes: list[int]) -> torch.Tensor:
     half = spec.num_layers // 2
     parts = [range(0, half), range(half, spec.num_layers)]
     stages = [Stage(spec, layers, dtype=torch.float32, seed=0) for layers in parts]
-    caches = [build_stage_cache(spec, layers, max_total_tokens=256, page_size=4, max_mamba_cache_size=2,
-                                max_running_requests=2, context_len=256, dtype=torch.float32, device="cpu")
-              for layers in parts]
+    caches = [
+        build_stage_cache(
+            spec,
+            layers,
+            max_total_tokens=256,
+            page_size=4,
+            max_mamba_cache_size=2,
+            max_running_requests=2,
+            context_len=256,
+            dtype=torch.float32,
+            device="cpu",
+        )
+        for layers in parts
+    ]
     tokens = torch.randint(spec.vocab_size, (sum(chunk_sizes),), generator=torch.Generator().manual_seed(0))
     logits, reqs = prefill(stages, caches, tokens, chunk_sizes)
     for cache, req in zip(caches, reqs):

@@ -80,9 +80,9 @@ def test_causal_conv_resumes_from_state():
     y_ref, state_ref = causal_conv(x, zero, weight, bias)
     # Reference by definition: y[t, ch] = bias + sum_j w[ch, j] x[t - (kernel - 1) + j] (zeros before the start).
     padded = torch.cat([zero.T, x])
-    want = torch.stack([(padded[t:t + kernel].T * weight).sum(-1) + bias for t in range(11)])
+    want = torch.stack([(padded[t : t + kernel].T * weight).sum(-1) + bias for t in range(11)])
     torch.testing.assert_close(y_ref, want)
-    torch.testing.assert_close(state_ref, x[-(kernel - 1):].T)
+    torch.testing.assert_close(state_ref, x[-(kernel - 1) :].T)
     state, ys = zero, []
     for start, end in ((0, 1), (1, 3), (3, 11)):  # chunks shorter than the kernel, too
         y, state = causal_conv(x[start:end], state, weight, bias)
@@ -104,14 +104,14 @@ def mamba2_step_reference(m, x, conv_state, ssm_state):
     out = []
     for t in range(n):
         proj = m.in_proj.weight @ x[t]  # (d_inner + conv_dim + heads,)
-        z, xbc, dt = proj[:m.d_inner], proj[m.d_inner:m.d_inner + m.conv_dim], proj[m.d_inner + m.conv_dim:]
+        z, xbc, dt = proj[: m.d_inner], proj[m.d_inner : m.d_inner + m.conv_dim], proj[m.d_inner + m.conv_dim :]
         # Causal conv over [state || x]: the kernel's last tap multiplies the current input.
         window = torch.cat([window, xbc[None]])[-kernel:]  # (kernel, conv_dim)
         xbc = F.silu(m.conv_bias + (m.conv_weight * window.T).sum(dim=1))  # (conv_dim,)
         window = window[1:]
-        xs = xbc[:m.d_inner].view(heads, head_dim)
-        b = xbc[m.d_inner:m.d_inner + groups * d_state].view(groups, d_state)
-        c = xbc[m.d_inner + groups * d_state:].view(groups, d_state)
+        xs = xbc[: m.d_inner].view(heads, head_dim)
+        b = xbc[m.d_inner : m.d_inner + groups * d_state].view(groups, d_state)
+        c = xbc[m.d_inner + groups * d_state :].view(groups, d_state)
         dt = F.softplus(dt + m.dt_bias)  # (heads,)
         y = torch.empty(heads, head_dim)
         for hd in range(heads):
@@ -128,17 +128,28 @@ def mamba2_step_reference(m, x, conv_state, ssm_state):
 def mamba_layer_setup(num_groups=2, chunk_size=8, seed=0):
     """A one-layer Mamba2 model with random weights (conv bias, norm weight, D, dt bias nonzero), its cache and an
     admitted request whose slot holds a random (nonzero) conv and SSM state."""
-    spec = ModelSpec(name="mamba", family="nemotron_h", layers=(LayerSpec(mixers=("mamba",)),), hidden_size=24,
-                     vocab_size=32, mamba_num_heads=4, mamba_head_dim=8, ssm_state_size=6, conv_kernel=4,
-                     mamba_n_groups=num_groups, mamba_chunk_size=chunk_size)
+    spec = ModelSpec(
+        name="mamba",
+        family="nemotron_h",
+        layers=(LayerSpec(mixers=("mamba",)),),
+        hidden_size=24,
+        vocab_size=32,
+        mamba_num_heads=4,
+        mamba_head_dim=8,
+        ssm_state_size=6,
+        conv_kernel=4,
+        mamba_n_groups=num_groups,
+        mamba_chunk_size=chunk_size,
+    )
     m = Mamba2(spec, 0, dtype=torch.float32, device="cpu")
     gen = torch.Generator().manual_seed(seed)
     m.init_weights(gen, 0.2)
     with torch.no_grad():
         for p in (m.conv_bias, m.norm_weight, m.d_skip, m.dt_bias):
             p.copy_(torch.randn(p.shape, generator=gen) * 0.5 + (1.0 if p is m.norm_weight else 0.0))
-    cache = build_stage_cache(spec, range(1), max_total_tokens=64, page_size=1, max_mamba_cache_size=3, max_running_requests=3,
-                              context_len=64)
+    cache = build_stage_cache(
+        spec, range(1), max_total_tokens=64, page_size=1, max_mamba_cache_size=3, max_running_requests=3, context_len=64
+    )
     req = Request(7)
     assert cache.admit(req)
     slot = cache.mamba_slot(req)

@@ -19,9 +19,13 @@ TOL = dict(rtol=2e-5, atol=2e-5)
 def _inputs(n=5, prefix_len=7, heads=4, dn=16, dr=8, dv=12, c=24, seed=0):
     g = torch.Generator().manual_seed(seed)
     t = prefix_len + n
-    return (torch.randn(n, heads, dn, generator=g), torch.randn(n, heads, dr, generator=g),
-            torch.randn(t, c, generator=g), torch.randn(t, dr, generator=g),
-            torch.randn(heads * (dn + dv), c, generator=g) * 0.2)
+    return (
+        torch.randn(n, heads, dn, generator=g),
+        torch.randn(n, heads, dr, generator=g),
+        torch.randn(t, c, generator=g),
+        torch.randn(t, dr, generator=g),
+        torch.randn(heads * (dn + dv), c, generator=g) * 0.2,
+    )
 
 
 @pytest.mark.parametrize("prefix_len", [0, 1, 7, 40])

@@ -81,9 +81,18 @@ def test_moe_equals_per_token_reference(act):
 @pytest.mark.parametrize("act, num_matrices", [("silu", 3), ("relu2", 2)])
 def test_stage_builds_the_spec_activation(act, num_matrices):
     """A layer's MLP and MoE take the spec's mlp_act: relu2 holds 2 matrices an expert, silu 3."""
-    spec = ModelSpec(name="t", family="nemotron_h", layers=(LayerSpec(ffn="mlp"), LayerSpec(ffn="moe")),
-                     hidden_size=HIDDEN, vocab_size=32, intermediate_size=INTER, num_experts=2, num_experts_per_tok=1,
-                     moe_intermediate_size=8, mlp_act=act)
+    spec = ModelSpec(
+        name="t",
+        family="nemotron_h",
+        layers=(LayerSpec(ffn="mlp"), LayerSpec(ffn="moe")),
+        hidden_size=HIDDEN,
+        vocab_size=32,
+        intermediate_size=INTER,
+        num_experts=2,
+        num_experts_per_tok=1,
+        moe_intermediate_size=8,
+        mlp_act=act,
+    )
     stage = Stage(spec, range(2))
     mlp, moe = stage.layers["0"].ffn, stage.layers["1"].ffn
     assert mlp.act == moe.act == act

@@ -16,17 +16,30 @@ TOL = dict(rtol=1e-5, atol=1e-6)
 
 ROUTERS = {
     "qwen3_moe": dict(moe_scoring="softmax", norm_topk_prob=False),
-    "deepseek_v2": dict(moe_scoring="softmax", moe_n_group=4, moe_topk_group=2, norm_topk_prob=False,
-                        routed_scaling_factor=16.0, shared_expert_intermediate_size=64),
-    "deepseek_v3": dict(moe_scoring="sigmoid", moe_n_group=4, moe_topk_group=2, routed_scaling_factor=2.5,
-                        shared_expert_intermediate_size=32),
+    "deepseek_v2": dict(
+        moe_scoring="softmax",
+        moe_n_group=4,
+        moe_topk_group=2,
+        norm_topk_prob=False,
+        routed_scaling_factor=16.0,
+        shared_expert_intermediate_size=64,
+    ),
+    "deepseek_v3": dict(
+        moe_scoring="sigmoid",
+        moe_n_group=4,
+        moe_topk_group=2,
+        routed_scaling_factor=2.5,
+        shared_expert_intermediate_size=32,
+    ),
     "qwen3_next": dict(moe_scoring="softmax", shared_expert_intermediate_size=32, shared_expert_gate=True),
 }
 
 
 def _moe(router: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> MoE:
-    spec = dataclasses.replace(load_spec("tiny-mla"), **{"moe_n_group": 1, "moe_topk_group": 1,
-                                                         "shared_expert_intermediate_size": 0, **ROUTERS[router]})
+    spec = dataclasses.replace(
+        load_spec("tiny-mla"),
+        **{"moe_n_group": 1, "moe_topk_group": 1, "shared_expert_intermediate_size": 0, **ROUTERS[router]},
+    )
     torch.manual_seed(seed)
     moe = MoE(spec, dtype=dtype, device="cpu")
     with torch.no_grad():
@@ -39,8 +52,9 @@ def dense_reference(moe: MoE, x: torch.Tensor) -> torch.Tensor:
     """Every expert on every token, combined through the (tokens, experts) routing matrix."""
     weights, experts = moe.route(x)
     combine = x.new_zeros(x.shape[0], moe.num_experts).scatter(1, experts, weights.to(x.dtype))  # (n, experts)
-    every = torch.stack([activate(x @ moe.w_in[e].T, moe.act) @ moe.w_down[e].T for e in range(moe.num_experts)],
-                        dim=1)  # (n, experts, hidden)
+    every = torch.stack(
+        [activate(x @ moe.w_in[e].T, moe.act) @ moe.w_down[e].T for e in range(moe.num_experts)], dim=1
+    )  # (n, experts, hidden)
     return (combine[..., None] * every).sum(dim=1) + moe.shared_output(x)
 
 
@@ -64,7 +78,7 @@ def test_routing_is_deterministic_from_the_seed(router):
 def test_grouped_selection_stays_in_the_best_groups():
     logits = torch.randn(200, 8, generator=torch.Generator().manual_seed(0))
     _, experts = route(logits, top_k=2, scoring="sigmoid", bias=torch.zeros(8), num_groups=4, topk_groups=2)
-    groups = (experts // 2)  # (n, 2): the group of each chosen expert
+    groups = experts // 2  # (n, 2): the group of each chosen expert
     scores = torch.sigmoid(logits).view(200, 4, 2).sum(-1)  # two experts a group: the sum of both is its score
     best = scores.topk(2, dim=-1).indices
     for row, chosen in enumerate(groups.tolist()):

@@ -46,8 +46,10 @@ def test_chunked_prefill_equals_one_shot(spec, page_size, chunk_lens):
 
     assert logits.shape == (VOCAB,) and torch.isfinite(logits).all()
     torch.testing.assert_close(logits, ref_logits, **TOL)
-    for got, want in ((kv_by_position(cache, req), kv_by_position(ref_cache, ref_req)),
-                      (mamba_state(cache, req), mamba_state(ref_cache, ref_req))):
+    for got, want in (
+        (kv_by_position(cache, req), kv_by_position(ref_cache, ref_req)),
+        (mamba_state(cache, req), mamba_state(ref_cache, ref_req)),
+    ):
         assert got.keys() == want.keys()
         for i in want:
             torch.testing.assert_close(got[i], want[i], **TOL, msg=lambda m, i=i: f"layer {i}: {m}")
@@ -56,10 +58,19 @@ def test_chunked_prefill_equals_one_shot(spec, page_size, chunk_lens):
         assert set(mamba_state(cache, req)) == {0, 3, 4}
 
 
-@pytest.mark.parametrize("make_spec,partition", [
-    (tiny_dense, [2, 2]), (tiny_dense, [1, 3]), (tiny_dense, None),
-    (tiny_hybrid, [2, 3]), (tiny_hybrid, [1, 1, 3]), (tiny_hybrid, [4, 1]), (tiny_hybrid, None),
-], ids=lambda v: getattr(v, "__name__", None) or ("even" if v is None else "-".join(map(str, v))))
+@pytest.mark.parametrize(
+    "make_spec,partition",
+    [
+        (tiny_dense, [2, 2]),
+        (tiny_dense, [1, 3]),
+        (tiny_dense, None),
+        (tiny_hybrid, [2, 3]),
+        (tiny_hybrid, [1, 1, 3]),
+        (tiny_hybrid, [4, 1]),
+        (tiny_hybrid, None),
+    ],
+    ids=lambda v: getattr(v, "__name__", None) or ("even" if v is None else "-".join(map(str, v))),
+)
 def test_split_stages_equal_unsplit(make_spec, partition):
     spec = make_spec()
     num_stages = 2 if partition is None else len(partition)

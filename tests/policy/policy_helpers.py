@@ -10,8 +10,9 @@ from ppprof.policy.rule import LatencyModel
 from ppprof.policy.schema import SCHEMA_VERSION
 
 
-def policy_dict(model: LatencyModel, status="dynamic", largest=None, num_stages=4, min_gain=0.0, overhead_ms=None,
-                **settings) -> dict:
+def policy_dict(
+    model: LatencyModel, status="dynamic", largest=None, num_stages=4, min_gain=0.0, overhead_ms=None, **settings
+) -> dict:
     """A policy of `model` (B 8192, context 131072, page 64 unless given); status "static" as a failed gate gives it;
     min_gain 0 by default so that the rules are dynamic (and tested) whatever they gain."""
     key = (model, status, largest, num_stages, min_gain, overhead_ms, tuple(sorted(settings.items())))
@@ -26,6 +27,12 @@ def _policy_dict(key) -> dict:
     measured = {"prefix_len": [0, s.context_len], "chunk_size": [1, largest or 4 * s.base_chunk_size]}
     options = PolicyOptions(min_gain=min_gain, overhead_ms=overhead_ms, num_stages=num_stages)
     rules = carried(model, status, "test", s, measured, None, options, False)
-    return {"schema_version": SCHEMA_VERSION, "latency_model": model.to_dict(), "settings": s.to_dict(),
-            "target_latency_ms": target, "provenance": {"world_size": 4, "layer_partition": [8, 8, 8, 8]},
-            "parity": None, **rules}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "latency_model": model.to_dict(),
+        "settings": s.to_dict(),
+        "target_latency_ms": target,
+        "provenance": {"world_size": 4, "layer_partition": [8, 8, 8, 8]},
+        "parity": None,
+        **rules,
+    }

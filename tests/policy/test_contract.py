@@ -68,10 +68,12 @@ def coef(key, **change):
 def setitem(column, index, value):
     """Give the prompt-aware rule's first band the table of its last (longest) band, with entry `index` of a column
     set to `value` (the schema and the structure are checked before the rule's sizes are)."""
+
     def mutate(d):
         rule = d["prompt_table"]
         rule["prefix_len"][0], rule["chunk_size"][0] = list(rule["prefix_len"][-1]), list(rule["chunk_size"][-1])
         rule[column][0][index] = value
+
     return mutate
 
 
@@ -83,8 +85,10 @@ BROKEN = [
     (coef("a", value=-2e-6), "$.latency_model.coefficients.a.value: -2e-06 is less than the minimum of 0"),
     (coef("h", value="1e-11"), "$.latency_model.coefficients.h.value: '1e-11' is not of type 'number'"),
     (coef("g", unit="s/token"), "$.latency_model.coefficients.g.unit: 's/token' given, 'ms/token' expected"),
-    (lambda d: d["latency_model"]["coefficients"].update(k={"value": 1.0, "unit": "ms"}),
-     "$.latency_model.coefficients: Additional properties are not allowed ('k' was unexpected)"),
+    (
+        lambda d: d["latency_model"]["coefficients"].update(k={"value": 1.0, "unit": "ms"}),
+        "$.latency_model.coefficients: Additional properties are not allowed ('k' was unexpected)",
+    ),
     (lambda d: d["settings"].update(page_size=0), "$.settings.page_size: 0 is less than the minimum of 1"),
     (lambda d: d["settings"].update(context_len=32768.0), "$.settings.context_len: 32768.0 is not of type 'integer'"),
     (lambda d: d["settings"].pop("base_chunk_size"), "$.settings.base_chunk_size: missing"),

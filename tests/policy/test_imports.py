@@ -14,7 +14,12 @@ def loaded_after(statement: str, modules=HEAVY) -> list[str]:
 
 def test_policy_imports_no_heavy_module():
     assert loaded_after("import ppprof.policy") == []
-    assert loaded_after("import ppprof.policy.planners, ppprof.policy.timeline, ppprof.servers.export, ppprof.servers.tune") == []
+    assert (
+        loaded_after(
+            "import ppprof.policy.planners, ppprof.policy.timeline, ppprof.servers.export, ppprof.servers.tune"
+        )
+        == []
+    )
 
 
 def test_a_server_loading_a_policy_imports_no_heavy_module_and_jsonschema_only_when_it_loads():

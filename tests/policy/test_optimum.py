@@ -37,10 +37,16 @@ def default_policy(num_stages: int, tmp: str):
 def gpu_policy(num_stages: int, tmp: str):
     """The GPU-sized model profiled through fit.synthetic (a sweep and prefix probes up to 4 B with 1% noise)."""
     out = Path(tmp) / f"gpu-pp{num_stages}"
-    frame = make_samples(GPU, base_chunk_size=8192, prefixes=[0, 8192, 32768, 65536, 98304, 131072],
-                         chunk_sizes=[1024, 4096, 8192, 16384, 32768], noise=0.01)
-    write_run_dir(out, frame, base_chunk_size=8192, context_len=131072, world_size=num_stages, num_layers=32,
-                  min_gain=0.0)
+    frame = make_samples(
+        GPU,
+        base_chunk_size=8192,
+        prefixes=[0, 8192, 32768, 65536, 98304, 131072],
+        chunk_sizes=[1024, 4096, 8192, 16384, 32768],
+        noise=0.01,
+    )
+    write_run_dir(
+        out, frame, base_chunk_size=8192, context_len=131072, world_size=num_stages, num_layers=32, min_gain=0.0
+    )
     path, _ = fit(out / "samples.csv", policy_options={"num_stages": num_stages})
     return load(path)
 
@@ -79,8 +85,9 @@ def test_prompt_aware_rule_is_within_1_percent_of_the_optimum_on_the_default_pro
     for n in np.linspace(1000, policy.data["prompt_table"]["max_prompt_len"], 7).astype(int):
         ours = policy.plan(int(n))
         best, _ = optimal_chunks(model, int(n), num_stages, unit, largest, [ours])
-        assert ttft_ms(chunk_latencies_ms(model, ours), num_stages) <= \
-            1.01 * ttft_ms(chunk_latencies_ms(model, best), num_stages), f"{n=}"
+        assert ttft_ms(chunk_latencies_ms(model, ours), num_stages) <= 1.01 * ttft_ms(
+            chunk_latencies_ms(model, best), num_stages
+        ), f"{n=}"
 
 
 @pytest.mark.parametrize("num_stages", [2, 4, 8])
@@ -103,8 +110,10 @@ def test_history_only_table_is_never_above_the_best_fixed_chunk_on_its_workload(
     model, stages = policy.planning_model, policy.num_stages
     history = workload_mean(model, [policy.plan_history(n) for n in lengths], weights, stages)
     unit, largest = policy.data["prompt_table"]["unit"], policy.data["prompt_table"]["largest_chunk"]
-    fixed = {x: workload_mean(model, [fixed_chunks(x, n) for n in lengths], weights, stages)
-             for x in range(unit, largest + 1, unit)}
+    fixed = {
+        x: workload_mean(model, [fixed_chunks(x, n) for n in lengths], weights, stages)
+        for x in range(unit, largest + 1, unit)
+    }
     assert history <= min(fixed.values()) * (1 + 1e-12), (history, min(fixed.values()))
     predicted = policy.data["predicted"]
     assert predicted["mean_ttft_ms"]["policy-history"] == pytest.approx(history, rel=1e-9)
@@ -113,8 +122,9 @@ def test_history_only_table_is_never_above_the_best_fixed_chunk_on_its_workload(
 
 
 def test_status_is_static_exactly_when_the_gain_is_below_the_threshold(tmp_path):
-    frame = make_samples(GPU, base_chunk_size=2048, prefixes=[0, 4096, 16384, 32768],
-                         chunk_sizes=[512, 2048, 8192], noise=0.01)
+    frame = make_samples(
+        GPU, base_chunk_size=2048, prefixes=[0, 4096, 16384, 32768], chunk_sizes=[512, 2048, 8192], noise=0.01
+    )
     write_run_dir(tmp_path, frame, base_chunk_size=2048, context_len=32768, world_size=4)
     samples = tmp_path / "samples.csv"
     _, data = fit(samples, tmp_path / "any.json", policy_options={"min_gain": 0.0})
@@ -125,5 +135,6 @@ def test_status_is_static_exactly_when_the_gain_is_below_the_threshold(tmp_path)
     assert below["status"] == "dynamic" and f"gain {gain:.1%}" in below["reason"]
     assert above["status"] == "static" and "below" in above["reason"]
     best = above["predicted"]["fixed_best_chunk"]
-    assert above["table"]["chunk_size"] == [best] and load(tmp_path / "above.json").plan(20000) == \
-        fixed_chunks(best, 20000)
+    assert above["table"]["chunk_size"] == [best] and load(tmp_path / "above.json").plan(20000) == fixed_chunks(
+        best, 20000
+    )

@@ -5,8 +5,16 @@ import pytest
 
 from ppprof.policy import LatencyModel, from_dict
 from ppprof.policy.timeline import drawn_stages, start_times
-from ppprof.policy.planners import (STRATEGIES, chunk_costs, chunk_latencies_ms, fixed_chunks, min_sums,
-                                    optimal_chunks, plan_prompt, ttft_ms)
+from ppprof.policy.planners import (
+    STRATEGIES,
+    chunk_costs,
+    chunk_latencies_ms,
+    fixed_chunks,
+    min_sums,
+    optimal_chunks,
+    plan_prompt,
+    ttft_ms,
+)
 
 from .policy_helpers import policy_dict
 
@@ -82,15 +90,28 @@ def brute_force_best_ttft(model, prompt_len, num_stages, alignment, max_chunk):
 
 
 def random_policy(rng, name):
-    model = LatencyModel(name, a=10 ** rng.uniform(-7, -3), b=rng.uniform(0, 0.05), c=rng.uniform(0, 30),
-                         g=rng.uniform(0, 0.1) if name == "prefix" else 0.0)
+    model = LatencyModel(
+        name,
+        a=10 ** rng.uniform(-7, -3),
+        b=rng.uniform(0, 0.05),
+        c=rng.uniform(0, 30),
+        g=rng.uniform(0, 0.1) if name == "prefix" else 0.0,
+    )
     alignment = int(rng.choice([16, 32, 64]))
     base = alignment * int(rng.integers(1, 7))
     cap = int(rng.choice([0, alignment * int(rng.integers(1, 8))]))  # 0: B; may be below B
     largest = max(base, cap)  # the profiled domain: the DP's chunks reach the larger of B and the cap
-    return model, from_dict(policy_dict(model, base_chunk_size=base, alignment=alignment, max_chunk_size=cap,
-                                        smooth_factor=float(rng.uniform(0.3, 1)), context_len=4096,
-                                        largest=largest))
+    return model, from_dict(
+        policy_dict(
+            model,
+            base_chunk_size=base,
+            alignment=alignment,
+            max_chunk_size=cap,
+            smooth_factor=float(rng.uniform(0.3, 1)),
+            context_len=4096,
+            largest=largest,
+        )
+    )
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -102,8 +123,9 @@ def test_optimal_equals_brute_force_minimum(seed):
     stages = int(rng.integers(1, 9))
     fixed, greedy, optimal = plan_prompt(p, prompt_len, stages, ("fixed", "greedy", "optimal"))
     want = brute_force_best_ttft(model, prompt_len, stages, s.alignment, max(s.base_chunk_size, s.max_chunk_size))
-    assert optimal.ttft_ms == pytest.approx(want, rel=1e-9, abs=0), f"{seed=} {model=} {prompt_len=} {stages=} " \
-                                                                       f"{optimal.chunk_sizes=}"
+    assert optimal.ttft_ms == pytest.approx(want, rel=1e-9, abs=0), (
+        f"{seed=} {model=} {prompt_len=} {stages=} {optimal.chunk_sizes=}"
+    )
     assert optimal.search["exact_on_grid"] and optimal.search["gap_ms"] == 0.0
     assert optimal.ttft_ms <= min(fixed.ttft_ms, greedy.ttft_ms) * (1 + 1e-12)
 

@@ -23,8 +23,9 @@ def test_plan_text_json_and_png(tmp_path):
         assert word in result.output
     assert (tmp_path / "policy.plan-50000-pp4.png").stat().st_size > 1000
     png = tmp_path / "t.png"
-    result = CliRunner().invoke(main, ["plan", path, "--prompt-len", "50000", "--pp", "2", "--strategy", "greedy",
-                                       "--json", "--png", str(png)])
+    result = CliRunner().invoke(
+        main, ["plan", path, "--prompt-len", "50000", "--pp", "2", "--strategy", "greedy", "--json", "--png", str(png)]
+    )
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
     assert [p["strategy"] for p in out["plans"]] == ["greedy"] and out["num_stages"] == 2
@@ -33,10 +34,15 @@ def test_plan_text_json_and_png(tmp_path):
 
 def test_plan_bad_input_exit_2_nothing_written(tmp_path):
     path = write(tmp_path)
-    for args, message in [(["--prompt-len", "0"], "--prompt-len 0 is invalid"), (["--prompt-len", "10", "--pp", "0"],
-                          "--pp 0 is invalid"), (["--prompt-len", "x"], "Invalid value for '--prompt-len'"),
-                          (["--prompt-len", "10", "--pp", "100000"], "--pp 100000 is invalid: use a number of "
-                                                                     "pipeline stages in 1..1024")]:
+    for args, message in [
+        (["--prompt-len", "0"], "--prompt-len 0 is invalid"),
+        (["--prompt-len", "10", "--pp", "0"], "--pp 0 is invalid"),
+        (["--prompt-len", "x"], "Invalid value for '--prompt-len'"),
+        (
+            ["--prompt-len", "10", "--pp", "100000"],
+            "--pp 100000 is invalid: use a number of pipeline stages in 1..1024",
+        ),
+    ]:
         result = CliRunner().invoke(main, ["plan", path] + args)
         assert result.exit_code == 2 and message in result.output, (args, result.output)
     assert not list(tmp_path.glob("*.png"))
@@ -51,8 +57,9 @@ def test_export_formats(tmp_path):
     assert "--enable-dynamic-chunking --chunked-prefill-size 8192" in out and "re-profiles" in out
     out = CliRunner().invoke(main, ["export", path, "--server", "vllm-ascend"]).output
     config = json.loads(out.strip().splitlines()[-1].split("--additional-config ")[1].strip("'"))
-    assert config == {"scheduler_config": {"profiling_chunk_config": {"enabled": True, "smooth_factor": 0.7,
-                                                                      "min_chunk": 2048}}}
+    assert config == {
+        "scheduler_config": {"profiling_chunk_config": {"enabled": True, "smooth_factor": 0.7, "min_chunk": 2048}}
+    }
     out = CliRunner().invoke(main, ["export", path, "--server", "atom"]).output
     assert "--dynamic-chunking-smooth-factor 0.7 --dynamic-chunking-min-chunk-size 2048" in out
     assert "--dynamic-chunking-calibration " in out

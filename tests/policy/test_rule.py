@@ -17,6 +17,7 @@ def sglang_reference(a, b, c, base, smooth, page_size, context_len, max_prefill_
     """SGLang's rule re-derived from its description, line by line."""
     if prefix_len == 0:
         return base
+
     def f(l):  # SGLang's order of operations: (a * l) * l
         return a * l * l + b * l + c
 
@@ -48,8 +49,13 @@ def test_quadratic_rule_matches_sglang_on_a_grid():
                     for page_size in (1, 16, 128):
                         for max_prefill in (base // 2 + 7, base, 2 * base):  # the cap may be below B
                             model = LatencyModel("quadratic", a=a, b=b, c=3.0)
-                            s = ChunkSettings(base_chunk_size=base, smooth_factor=smooth, page_size=page_size,
-                                              max_chunk_size=max_prefill, context_len=65536)
+                            s = ChunkSettings(
+                                base_chunk_size=base,
+                                smooth_factor=smooth,
+                                page_size=page_size,
+                                max_chunk_size=max_prefill,
+                                context_len=65536,
+                            )
                             target = model.target_ms(base)
                             for L in (0, 1, 100, 4096, 30000, 65000, 65536, 70000):
                                 want = sglang_reference(a, b, 3.0, base, smooth, page_size, 65536, max_prefill, L)
@@ -103,18 +109,24 @@ def test_sglang_rule_gives_its_floor_where_the_prefix_cost_alone_reaches_the_tar
     assert next_chunk_size(model, s, target, 1000) < 8192
 
 
-models = st.tuples(st.sampled_from(["quadratic", "prefix"]), st.floats(1e-8, 1e-5), st.floats(0.001, 0.1),
-                   st.floats(0.5, 50.0), st.floats(0.0, 0.1)).map(
-    lambda t: LatencyModel(t[0], a=t[1], b=t[2], c=t[3], g=t[4] * t[2] if t[0] == "prefix" else 0.0))
+models = st.tuples(
+    st.sampled_from(["quadratic", "prefix"]),
+    st.floats(1e-8, 1e-5),
+    st.floats(0.001, 0.1),
+    st.floats(0.5, 50.0),
+    st.floats(0.0, 0.1),
+).map(lambda t: LatencyModel(t[0], a=t[1], b=t[2], c=t[3], g=t[4] * t[2] if t[0] == "prefix" else 0.0))
 """g up to 0.1 b (the GPU-sized published model has 0.09 b, the default profile 0.01 b). Where a cached token costs a
 chunk more than that, on one or two stages, the optimum's chunks grow along the prompt (the first chunk small, to
 keep the prefix every later chunk reads short), which no rule whose chunks shrink with the prefix follows; the
 policy's predicted.max_ratio_to_optimum then says how far it is."""
-chunk_settings = st.fixed_dictionaries({
-    "base_chunk_size": st.sampled_from([1024, 2048, 4096]),
-    "page_size": st.sampled_from([1, 16, 64, 256]),
-    "context_len": st.integers(8192, 32768),
-})
+chunk_settings = st.fixed_dictionaries(
+    {
+        "base_chunk_size": st.sampled_from([1024, 2048, 4096]),
+        "page_size": st.sampled_from([1, 16, 64, 256]),
+        "context_len": st.integers(8192, 32768),
+    }
+)
 
 
 @settings(max_examples=8, deadline=None, derandomize=True)

@@ -19,17 +19,28 @@ def test_save_load_roundtrip(tmp_path):
     assert validate(p).startswith("dynamic (prefix, overhead 0 ms a chunk, 4 stages): prompt-aware rule of")
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda d: d.update(schema_version=2), "schema_version 2 is not supported"),
-    (lambda d: d.pop("table"), r"\$\.table: missing"),
-    (lambda d: d.update(status="maybe"), r"\$\.status: 'maybe' is not one of"),
-    (lambda d: d["settings"].update(smooth_factor=2.0), r"\$\.settings\.smooth_factor: 2\.0 is greater than the maximum"),
-    (lambda d: d["latency_model"]["coefficients"]["a"].update(unit="s"),
-     r"\$\.latency_model\.coefficients\.a\.unit: 's' given, 'ms/token\^2' expected"),
-    (lambda d: d["table"].update(prefix_len=[1] + d["table"]["prefix_len"][1:]), r"\$\.table\.prefix_len\[0\]: 1 given"),
-    (lambda d: d.update(design={"design": "adaptive"}), r"\$\.design\.stopping_reason: missing"),
-    (lambda d: d.update(design=[]), r"\$\.design: \[\] is not of type 'object'"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d.update(schema_version=2), "schema_version 2 is not supported"),
+        (lambda d: d.pop("table"), r"\$\.table: missing"),
+        (lambda d: d.update(status="maybe"), r"\$\.status: 'maybe' is not one of"),
+        (
+            lambda d: d["settings"].update(smooth_factor=2.0),
+            r"\$\.settings\.smooth_factor: 2\.0 is greater than the maximum",
+        ),
+        (
+            lambda d: d["latency_model"]["coefficients"]["a"].update(unit="s"),
+            r"\$\.latency_model\.coefficients\.a\.unit: 's' given, 'ms/token\^2' expected",
+        ),
+        (
+            lambda d: d["table"].update(prefix_len=[1] + d["table"]["prefix_len"][1:]),
+            r"\$\.table\.prefix_len\[0\]: 1 given",
+        ),
+        (lambda d: d.update(design={"design": "adaptive"}), r"\$\.design\.stopping_reason: missing"),
+        (lambda d: d.update(design=[]), r"\$\.design: \[\] is not of type 'object'"),
+    ],
+)
 def test_schema_errors(tmp_path, mutate, message):
     data = copy.deepcopy(policy_dict(MODEL))
     mutate(data)
@@ -43,8 +54,11 @@ def test_schema_version_1_is_refused(tmp_path):
     data["schema_version"] = 1
     data["table"] = {"history_len": data["table"].pop("prefix_len"), "chunk_size": data["table"]["chunk_size"]}
     (tmp_path / "p.json").write_text(json.dumps(data))
-    with pytest.raises(ValueError, match=r"schema_version 1 is not supported: this ppprof reads 3; regenerate it "
-                                         r"with `ppprof fit`$"):
+    with pytest.raises(
+        ValueError,
+        match=r"schema_version 1 is not supported: this ppprof reads 3; regenerate it "
+        r"with `ppprof fit`$",
+    ):
         load(tmp_path / "p.json")
 
 
@@ -75,11 +89,14 @@ def test_load_reports_missing_and_broken_files(tmp_path):
         load(tmp_path / "bad.json")
 
 
-@pytest.mark.parametrize("model", [
-    LatencyModel("quadratic", a=2e-6, b=0.05, c=3.0),
-    LatencyModel("prefix", a=2e-6, b=0.05, c=3.0, g=1e-4),
-    LatencyModel("pairs", a=2e-6, b=0.05, c=3.0, g=1e-4, h=3e-11),
-])
+@pytest.mark.parametrize(
+    "model",
+    [
+        LatencyModel("quadratic", a=2e-6, b=0.05, c=3.0),
+        LatencyModel("prefix", a=2e-6, b=0.05, c=3.0, g=1e-4),
+        LatencyModel("pairs", a=2e-6, b=0.05, c=3.0, g=1e-4, h=3e-11),
+    ],
+)
 def test_every_model_round_trips_and_drives_the_rule_the_table_and_the_planners(tmp_path, model):
     from ppprof.policy.planners import plan_prompt
     from ppprof.policy.rule import next_chunk_size

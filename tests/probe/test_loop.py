@@ -18,15 +18,24 @@ def make_runner(max_mamba_cache_size=8, fault=None):
     spec = load_spec("tiny-hybrid")
     layers = range(spec.num_layers)
     stage = Stage(spec, layers, seed=0)
-    cache = build_stage_cache(spec, layers, max_total_tokens=512, page_size=4, max_mamba_cache_size=max_mamba_cache_size,
-                              max_running_requests=4, context_len=512)
+    cache = build_stage_cache(
+        spec,
+        layers,
+        max_total_tokens=512,
+        page_size=4,
+        max_mamba_cache_size=max_mamba_cache_size,
+        max_running_requests=4,
+        context_len=512,
+    )
     pipe = Pipe(rank=0, world_size=1, device=torch.device("cpu"), hidden_size=spec.hidden_size, dtype=torch.float32)
     return ProbeRunner(stage=stage, cache=cache, pipe=pipe, seed=0, fault=fault)
 
 
 def test_probe_times_every_request_and_leaves_pools_full(one_rank_group):
     runner = make_runner()
-    probes = make_probes(ProfileConfig(base_chunk_size=32, requests_per_probe=8, page_size=4, prefix_lens=(64,), fit=False))
+    probes = make_probes(
+        ProfileConfig(base_chunk_size=32, requests_per_probe=8, page_size=4, prefix_lens=(64,), fit=False)
+    )
     assert [len(p.requests) for p in probes] == [8, 3, 8]  # the sweep, the wide probe, the prefix probe
     for probe in probes:
         t = runner.run_probe(probe)
@@ -36,8 +45,9 @@ def test_probe_times_every_request_and_leaves_pools_full(one_rank_group):
     assert runner.forward_tokens == sum(p.forward_tokens for p in probes)
 
 
-def test_the_timer_starts_right_after_a_primer_of_the_same_request_and_brackets_only_its_forward(one_rank_group,
-                                                                                                 monkeypatch):
+def test_the_timer_starts_right_after_a_primer_of_the_same_request_and_brackets_only_its_forward(
+    one_rank_group, monkeypatch
+):
     # In lockstep a rank waits through the other stages' forwards, and a forward after such a wait runs colder (and
     # slower by about a millisecond on CPU) than a running prompt's next chunk; so each timed forward follows an
     # untimed one-token forward of the same request at the chunk's position, with nothing in between.
@@ -61,8 +71,16 @@ def test_the_timer_starts_right_after_a_primer_of_the_same_request_and_brackets_
     runner.stage = recorded_stage
     monkeypatch.setattr(loop, "Timer", RecordedTimer)
     t = runner.run_probe(Probe(1, "prefix", (ProbeRequest(5, 64, 8), ProbeRequest(6, 0, 16))))
-    assert events == [("forward", 5, 1, 64), ("timer start",), ("forward", 5, 8, 64), ("timer stop",),
-                      ("forward", 6, 1, 0), ("timer start",), ("forward", 6, 16, 0), ("timer stop",)], f"{events=}"
+    assert events == [
+        ("forward", 5, 1, 64),
+        ("timer start",),
+        ("forward", 5, 8, 64),
+        ("timer stop",),
+        ("forward", 6, 1, 0),
+        ("timer start",),
+        ("forward", 6, 16, 0),
+        ("timer stop",),
+    ], f"{events=}"
     assert len(t.stage_ms) == 2 and all(ms > 0 for ms in t.stage_ms), f"{t=}"
     assert runner.forward_tokens == 8 + 16  # the probes' tokens; the primers are not counted
 
@@ -97,8 +115,11 @@ def test_a_failing_forward_releases_the_request_and_stops(one_rank_group, monkey
         raise RuntimeError("kaboom")
 
     monkeypatch.setattr(runner, "stage", boom)
-    with pytest.raises(RunError, match=r"rank 0: forward of request 3 \(prefix 0, chunk 8\) raised RuntimeError: "
-                                           "kaboom"):
+    with pytest.raises(
+        RunError,
+        match=r"rank 0: forward of request 3 \(prefix 0, chunk 8\) raised RuntimeError: "
+        "kaboom",
+    ):
         runner.run_probe(Probe(0, "sweep", (ProbeRequest(3, 0, 8),)))
     assert runner.cache.outstanding() == {"request": 0, "kv": 0, "mamba": 0}
     assert not runner.cache.mamba_alloc.group_open

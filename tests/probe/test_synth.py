@@ -1,8 +1,17 @@
 """Probe synthesis: the prefix grid, the probes (deterministic from the seed), the warm-up requests."""
 
 from ppprof.config import ProfileConfig
-from ppprof.probe.synth import (PREFIX, SWEEP, WIDE, WIDE_SHARE, ProbeRequest, grid_chunk_sizes, make_probes,
-                                warmup_requests, wide_chunk_sizes)
+from ppprof.probe.synth import (
+    PREFIX,
+    SWEEP,
+    WIDE,
+    WIDE_SHARE,
+    ProbeRequest,
+    grid_chunk_sizes,
+    make_probes,
+    warmup_requests,
+    wide_chunk_sizes,
+)
 
 
 def test_grid_chunks_are_distinct_aligned_and_span_b_over_8_to_1_25b():
@@ -60,8 +69,13 @@ def test_warmup_covers_the_sweep_and_every_prefix():
     probes = make_probes(ProfileConfig(requests_per_probe=8, base_chunk_size=64, prefix_lens=(64, 128)))
     w = warmup_requests(probes, 2)
     # two like the sweep's first, then each other probe's largest chunk at its prefix (the wide probe's at 0)
-    assert w == [ProbeRequest(-1, 0, 80), ProbeRequest(-2, 0, 68), ProbeRequest(-3, 0, 256), ProbeRequest(-4, 64, 256),
-                 ProbeRequest(-5, 128, 256)]
+    assert w == [
+        ProbeRequest(-1, 0, 80),
+        ProbeRequest(-2, 0, 68),
+        ProbeRequest(-3, 0, 256),
+        ProbeRequest(-4, 64, 256),
+        ProbeRequest(-5, 128, 256),
+    ]
     assert warmup_requests(probes, 0) == []
 
 

@@ -34,13 +34,15 @@ def check_bench(out, prompt_lens, num_stages, arms):
     assert set(frame.arm) == set(arms), f"{set(frame.arm)=}"
     for (prompt, stage), g in frame.groupby(["prompt", "stage"]):
         assert g.chunk_size.sum() == g.prompt_len.iloc[0], f"{prompt=} {stage=}"
-        assert (g.sort_values("chunk").prefix_len == g.sort_values("chunk").chunk_size.cumsum().shift(fill_value=0)
-                ).all()
+        assert (
+            g.sort_values("chunk").prefix_len == g.sort_values("chunk").chunk_size.cumsum().shift(fill_value=0)
+        ).all()
     assert sorted(frame.stage.unique()) == list(range(num_stages))
     assert sorted(int(k) for k in doc["prompt_lens"]) == sorted(prompt_lens)
     for entry in doc["prompt_lens"].values():
         assert set(entry["strategies"]) == {"fixed", "fixed-best", "sglang", "greedy", "optimal"} | (
-            {"policy", "policy-history"} if "policy" in arms else set()) | {a for a in arms if a.startswith("plan-")}
+            {"policy", "policy-history"} if "policy" in arms else set()
+        ) | {a for a in arms if a.startswith("plan-")}
         for s in entry["strategies"].values():
             assert s["replay_ttft_ms"]["median"] > 0 and s["predicted_ttft_ms"] > 0
         assert "optimal/fixed-best" in entry["ratios"]
@@ -53,13 +55,26 @@ def test_bench_runs_every_strategy_and_tunes_plans_through_the_real_pipeline(pol
     """Every strategy, and `ppprof tune --json`'s plans (`bench --plans`: the recommendation measured on the
     pipeline), each an arm of one bench."""
     tuned = tmp_path / "tune.json"
-    r = CliRunner().invoke(main, ["tune", str(policy), "--prompt-lens", "1024,1536", "--json", "--png",
-                                  str(tmp_path / "t.png")])
+    r = CliRunner().invoke(
+        main, ["tune", str(policy), "--prompt-lens", "1024,1536", "--json", "--png", str(tmp_path / "t.png")]
+    )
     assert r.exit_code == 0, r.output
     tuned.write_text(r.stdout)
     out = tmp_path / "bench"
-    r = run_cli("bench", str(policy), "--prompt-len", "1024", "--prompt-len", "1536", "--repeats", "2", "--plans",
-                str(tuned), "--out", str(out))
+    r = run_cli(
+        "bench",
+        str(policy),
+        "--prompt-len",
+        "1024",
+        "--prompt-len",
+        "1536",
+        "--repeats",
+        "2",
+        "--plans",
+        str(tuned),
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     arms = ARMS | {"policy", "policy-history"} | best_fixed(policy) | PLAN_ARMS
     frame, doc = check_bench(out, [1024, 1536], 2, arms)
@@ -77,8 +92,20 @@ def test_bench_runs_every_strategy_and_tunes_plans_through_the_real_pipeline(pol
 
 def test_a_deeper_pipeline_is_replayed_on_fewer_ranks(policy, tmp_path):
     out = tmp_path / "bench"
-    r = run_cli("bench", str(policy), "--prompt-len", "1000", "--repeats", "1", "--pp", "4", "--strategies",
-                "fixed,fixed-best,sglang,greedy,optimal", "--out", str(out))
+    r = run_cli(
+        "bench",
+        str(policy),
+        "--prompt-len",
+        "1000",
+        "--repeats",
+        "1",
+        "--pp",
+        "4",
+        "--strategies",
+        "fixed,fixed-best,sglang,greedy,optimal",
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     frame, doc = check_bench(out, [1000], 4, ARMS | best_fixed(policy))
     assert doc["composition"] == "replay" and doc["num_stages"] == 4

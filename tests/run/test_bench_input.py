@@ -12,13 +12,16 @@ from tests.multirank import TINY_RUN
 POLICY = TINY_RUN / "policy.json"
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--prompt-len", "5000"], "--prompt-len 5000 exceeds the context length 4096"),
-    (["--prompt-len", "256", "--pp", "3"], "--pp 3 is not a multiple of the profile's 2 stages"),
-    (["--prompt-len", "256", "--strategies", "fixed,bogus"], "--strategies 'fixed,bogus' is invalid"),
-    ([], "--prompt-len is required"),
-    (["--prompt-len", "1024", "--timeout", "-1"], "--timeout -1.0 must be a number of seconds"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--prompt-len", "5000"], "--prompt-len 5000 exceeds the context length 4096"),
+        (["--prompt-len", "256", "--pp", "3"], "--pp 3 is not a multiple of the profile's 2 stages"),
+        (["--prompt-len", "256", "--strategies", "fixed,bogus"], "--strategies 'fixed,bogus' is invalid"),
+        ([], "--prompt-len is required"),
+        (["--prompt-len", "1024", "--timeout", "-1"], "--timeout -1.0 must be a number of seconds"),
+    ],
+)
 def test_bad_bench_input_is_one_line_exit_2(tmp_path, args, message):
     out = tmp_path / "bench"
     r = CliRunner().invoke(main, ["bench", str(POLICY), "--out", str(out), *args])
@@ -36,17 +39,21 @@ def test_a_policy_without_its_run_folder_is_refused(tmp_path):
     assert r.exit_code == 2 and "$.schema_version: missing" in r.stderr
 
 
-@pytest.mark.parametrize("plans,message", [
-    ({"1000": {"x": [500, 400]}}, "chunks sum to 900, not the prompt length 1000"),
-    ({"999": {"x": [999]}}, "--plans has no plan for --prompt-len 1000"),
-    ({"1000": {"Bad Name": [1000]}}, "name 'Bad Name' is invalid"),
-    ({"1000": {"x": [1000.0]}}, "must be a non-empty list of positive integers"),
-])
+@pytest.mark.parametrize(
+    "plans,message",
+    [
+        ({"1000": {"x": [500, 400]}}, "chunks sum to 900, not the prompt length 1000"),
+        ({"999": {"x": [999]}}, "--plans has no plan for --prompt-len 1000"),
+        ({"1000": {"Bad Name": [1000]}}, "name 'Bad Name' is invalid"),
+        ({"1000": {"x": [1000.0]}}, "must be a non-empty list of positive integers"),
+    ],
+)
 def test_bad_plans_are_one_line_exit_2(tmp_path, plans, message):
     path = tmp_path / "plans.json"
     path.write_text(json.dumps(plans))
-    r = CliRunner().invoke(main, ["bench", str(POLICY), "--plans", str(path), "--prompt-len", "1000", "--out",
-                                  str(tmp_path / "bench")])
+    r = CliRunner().invoke(
+        main, ["bench", str(POLICY), "--plans", str(path), "--prompt-len", "1000", "--out", str(tmp_path / "bench")]
+    )
     assert r.exit_code == 2 and message in r.stderr and r.stderr.count("\n") == 1, r.output
     assert not (tmp_path / "bench").exists()
 

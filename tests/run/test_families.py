@@ -14,8 +14,18 @@ from tests.multirank import run_cli
 
 pytestmark = pytest.mark.multirank
 
-SMALL = ("--base-chunk-size", "64", "--requests-per-probe", "16", "--prefix-lens", "64,128,192", "--warmup", "1",
-         "--overhead-repeats", "1")
+SMALL = (
+    "--base-chunk-size",
+    "64",
+    "--requests-per-probe",
+    "16",
+    "--prefix-lens",
+    "64,128,192",
+    "--warmup",
+    "1",
+    "--overhead-repeats",
+    "1",
+)
 
 
 def test_the_mla_preset_profiles_fits_and_benches(tmp_path):
@@ -33,8 +43,18 @@ def test_the_mla_preset_profiles_fits_and_benches(tmp_path):
     r = CliRunner().invoke(main, ["fit", str(out / "samples.csv"), "-o", str(tmp_path / "refit.json")])
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "refit.json").read_text())["provenance"]["model"] == preset
-    r = run_cli("bench", str(out / "policy.json"), "--prompt-len", "256", "--repeats", "1", "--strategies",
-                "fixed,policy", "--out", str(tmp_path / "bench"))
+    r = run_cli(
+        "bench",
+        str(out / "policy.json"),
+        "--prompt-len",
+        "256",
+        "--repeats",
+        "1",
+        "--strategies",
+        "fixed,policy",
+        "--out",
+        str(tmp_path / "bench"),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "prompt 256" in r.stdout + r.stderr
     assert list((tmp_path / "bench").iterdir())
@@ -44,9 +64,26 @@ def test_deltanet_states_in_a_mamba_pool_smaller_than_the_probe_leave_no_leak(tm
     """128 requests a probe, 8 Mamba slots: the grouped window cannot take the probe's slots and falls back to the
     per-call path, as for Mamba2; every probe ends with every pool at full capacity."""
     out = tmp_path / "run"
-    r = run_cli("profile", "--out", str(out), "--model", "tiny-gdn", "--max-mamba-cache-size", "8",
-                "--requests-per-probe", "128", "--base-chunk-size", "64", "--prefix-lens", "64", "--warmup", "1",
-                "--overhead-repeats", "0", "--no-fit")
+    r = run_cli(
+        "profile",
+        "--out",
+        str(out),
+        "--model",
+        "tiny-gdn",
+        "--max-mamba-cache-size",
+        "8",
+        "--requests-per-probe",
+        "128",
+        "--base-chunk-size",
+        "64",
+        "--prefix-lens",
+        "64",
+        "--warmup",
+        "1",
+        "--overhead-repeats",
+        "0",
+        "--no-fit",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     samples = pd.read_csv(out / "samples.csv")
     assert (samples["probe"] == 0).sum() == 128 and (samples["probe"] == 2).sum() == 128

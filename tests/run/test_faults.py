@@ -24,10 +24,30 @@ pytestmark = [pytest.mark.multirank, pytest.mark.timeout(300)]
 
 TIMEOUT_S = 3
 # Nine probes of 32 requests on the 4-layer tiny-dense model: long enough to stop a rank in the middle.
-LONG = ("--model", "tiny-dense", "--base-chunk-size", "32", "--requests-per-probe", "32",
-        "--prefix-lens", "32,64,96,128,160,192,224,256", "--warmup", "1", "--no-fit", "--seed", "5")
-LONG_SETTINGS = {"model": "tiny-dense", "base_chunk_size": 32, "requests_per_probe": 32,
-                 "prefix_lens": "32,64,96,128,160,192,224,256", "warmup": 1, "fit": False, "seed": 5}
+LONG = (
+    "--model",
+    "tiny-dense",
+    "--base-chunk-size",
+    "32",
+    "--requests-per-probe",
+    "32",
+    "--prefix-lens",
+    "32,64,96,128,160,192,224,256",
+    "--warmup",
+    "1",
+    "--no-fit",
+    "--seed",
+    "5",
+)
+LONG_SETTINGS = {
+    "model": "tiny-dense",
+    "base_chunk_size": 32,
+    "requests_per_probe": 32,
+    "prefix_lens": "32,64,96,128,160,192,224,256",
+    "warmup": 1,
+    "fit": False,
+    "seed": 5,
+}
 """LONG as the settings of a job (ppprof.run.settings.resolve_config)."""
 PROBE_COLUMNS = ["probe", "kind", "request", "prefix_len", "chunk_size"]
 
@@ -35,8 +55,10 @@ PROBE_COLUMNS = ["probe", "kind", "request", "prefix_len", "chunk_size"]
 def design_rows(settings: dict) -> pd.DataFrame:
     """The PROBE_COLUMNS of every timed request the grid design of `settings` runs, in order."""
     probes = make_probes(resolve_config(None, settings))
-    return pd.DataFrame([(p.index, p.kind, r.rid, r.prefix_len, r.chunk_size) for p in probes for r in p.requests],
-                        columns=PROBE_COLUMNS)
+    return pd.DataFrame(
+        [(p.index, p.kind, r.rid, r.prefix_len, r.chunk_size) for p in probes for r in p.requests],
+        columns=PROBE_COLUMNS,
+    )
 
 
 def start(*args: str, launcher=None) -> subprocess.Popen:
@@ -142,8 +164,9 @@ def test_a_rank_stopped_while_it_starts_ends_the_run_within_the_deadline_naming_
     p = start("profile", "--out", str(out), *LONG, "--timeout", str(TIMEOUT_S))
     try:
         pid = first_worker(p.pid)
-        rank = int(dict(e.split(b"=", 1) for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                        if b"=" in e)[b"RANK"])
+        rank = int(
+            dict(e.split(b"=", 1) for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in e)[b"RANK"]
+        )
         rest, took = stop_rank(p, pid)  # before it imports torch, long before it joins the group
     finally:
         p.kill()
@@ -162,8 +185,13 @@ def test_a_killed_rank_fails_the_run_at_once_and_is_not_taken_for_an_interrupt(t
     if named:
         p = start("profile", "--out", str(out), *LONG)
     else:  # rank 0 names the folder, under results/ here
-        p = subprocess.Popen([sys.executable, "-m", "ppprof", "profile", *LONG], cwd=tmp_path, stderr=subprocess.PIPE,
-                             text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)})
+        p = subprocess.Popen(
+            [sys.executable, "-m", "ppprof", "profile", *LONG],
+            cwd=tmp_path,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)},
+        )
     try:
         read_until(p, "probe 2 (prefix")  # the first prefix probe, after the sweep and the wide probe
         ranks = rank_pids(p.pid)
@@ -234,8 +262,9 @@ def test_sigint_keeps_the_samples_and_resume_gives_the_probes_of_an_uninterrupte
     partial.mkdir()
     for name in ("samples.csv", "run.json"):
         (partial / name).write_bytes((out / name).read_bytes())
-    r = CliRunner().invoke(main, ["fit", str(partial / "samples.csv"), "--alignment", "8", "--latency-model",
-                                  "quadratic"])
+    r = CliRunner().invoke(
+        main, ["fit", str(partial / "samples.csv"), "--alignment", "8", "--latency-model", "quadratic"]
+    )
     assert r.exit_code == 0, r.output
     assert f"warning: the run in {partial} is interrupted (run.json), not complete: fitted the" in r.stderr
     assert (partial / "policy.json").is_file()
@@ -245,13 +274,18 @@ def test_sigint_keeps_the_samples_and_resume_gives_the_probes_of_an_uninterrupte
     assert r.exit_code == 2 and r.stderr.count("\n") == 1
     assert f"--resume {out}: --seed 6 differs from the run's recorded 5" in r.stderr
 
-    r = subprocess.run([sys.executable, "-m", "ppprof", "profile", "--resume", str(out), "--timeout", "30"],
-                       cwd=REPO, capture_output=True, text=True, timeout=240)
+    r = subprocess.run(
+        [sys.executable, "-m", "ppprof", "profile", "--resume", str(out), "--timeout", "30"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     run = json.loads((out / "run.json").read_text())
     assert run["status"] == "complete" and run["resumed_from_probe"] == kept["probe"].nunique()
     resumed = pd.read_csv(out / "samples.csv")
-    assert resumed.iloc[:len(kept)].equals(kept)  # the samples kept are kept as they were
+    assert resumed.iloc[: len(kept)].equals(kept)  # the samples kept are kept as they were
 
     # the probes of an uninterrupted run: the grid design of the same settings, row for row
     uninterrupted = design_rows(LONG_SETTINGS)
@@ -261,8 +295,21 @@ def test_sigint_keeps_the_samples_and_resume_gives_the_probes_of_an_uninterrupte
 
 def test_a_run_stopped_while_it_measures_the_pipeline_overhead_resumes_that_phase_alone(tmp_path):
     out = tmp_path / "run"
-    short = ("--model", "tiny-dense", "--base-chunk-size", "32", "--requests-per-probe", "8", "--prefix-lens", "32,64",
-             "--warmup", "1", "--no-fit", "--seed", "5")
+    short = (
+        "--model",
+        "tiny-dense",
+        "--base-chunk-size",
+        "32",
+        "--requests-per-probe",
+        "8",
+        "--prefix-lens",
+        "32,64",
+        "--warmup",
+        "1",
+        "--no-fit",
+        "--seed",
+        "5",
+    )
     p = start("profile", "--out", str(out), *short, "--overhead-repeats", "100")  # 300 prompts: many seconds
     try:
         read_until(p, "probe 3 (prefix", rank=0)  # the last probe's rows are on disk; the overhead phase is next
@@ -281,8 +328,13 @@ def test_a_run_stopped_while_it_measures_the_pipeline_overhead_resumes_that_phas
 
     # --overhead-repeats may change on resume (it changes no probe): every probe is complete, so only the
     # warm-up and the overhead phase run again
-    r = subprocess.run([sys.executable, "-m", "ppprof", "profile", "--resume", str(out), "--timeout", "30",
-                        "--overhead-repeats", "2"], cwd=REPO, capture_output=True, text=True, timeout=240)
+    r = subprocess.run(
+        [sys.executable, "-m", "ppprof", "profile", "--resume", str(out), "--timeout", "30", "--overhead-repeats", "2"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "probes 0..3 are complete, 0 to run" in r.stderr, r.stderr[-3000:]
     run = json.loads((out / "run.json").read_text())
@@ -316,11 +368,19 @@ def test_a_stale_lock_and_other_files_are_kept_by_overwrite(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    holder = subprocess.run([sys.executable, "-c", "import sys; from ppprof.runfiles import take_lock; "
-                             "take_lock(sys.argv[1])", str(out)], cwd=REPO, timeout=60)
+    holder = subprocess.run(
+        [sys.executable, "-c", "import sys; from ppprof.runfiles import take_lock; take_lock(sys.argv[1])", str(out)],
+        cwd=REPO,
+        timeout=60,
+    )
     assert holder.returncode == 0 and (out / LOCK_FILE).exists()
-    r = subprocess.run([sys.executable, "-m", "ppprof", "profile", "--out", str(out), "--overwrite", *TINY],
-                       cwd=REPO, capture_output=True, text=True, timeout=240)
+    r = subprocess.run(
+        [sys.executable, "-m", "ppprof", "profile", "--out", str(out), "--overwrite", *TINY],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert (out / "notes.txt").read_text() == "mine" and not (out / LOCK_FILE).exists()
     assert json.loads((out / "run.json").read_text())["status"] == "complete"

@@ -20,9 +20,24 @@ def read_run(out):
 
 def test_profile_with_a_mamba_cache_much_smaller_than_the_requests_completes(tmp_path):
     out = tmp_path / "run"
-    r = run_cli("profile", "--out", str(out), "--model", "tiny-hybrid", "--max-mamba-cache-size", "8",
-                "--requests-per-probe", "128", "--base-chunk-size", "32", "--prefix-lens", "32", "--warmup", "1",
-                "--no-fit")
+    r = run_cli(
+        "profile",
+        "--out",
+        str(out),
+        "--model",
+        "tiny-hybrid",
+        "--max-mamba-cache-size",
+        "8",
+        "--requests-per-probe",
+        "128",
+        "--base-chunk-size",
+        "32",
+        "--prefix-lens",
+        "32",
+        "--warmup",
+        "1",
+        "--no-fit",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     samples, run = read_run(out)
     assert len(samples) == 128 + 16 + 128  # the sweep, the wide probe (128 / 8), the prefix probe
@@ -55,7 +70,8 @@ def check_pipeline_overhead(run: dict, out, num_stages: int, repeats: int) -> No
     assert {x["chunk_size"]: x["num_chunks"] for x in runs} == {8: 3 + 8, 32: 5, 64: 2}
     assert all(x["chunk_sizes"] == [32] * 3 + [8] * 8 for x in runs if x["chunk_size"] == 8)
     assert sorted((x["chunk_size"], x["repeat"]) for x in runs) == sorted(
-        (c, r) for c in (8, 32, 64) for r in range(repeats))
+        (c, r) for c in (8, 32, 64) for r in range(repeats)
+    )
     for x in runs:
         assert 0 < x["replay_ms"] and 0 < x["measured_ms"], f"{x=}"
         want = (x["measured_ms"] - x["replay_ms"]) / (x["num_chunks"] + num_stages - 1)
@@ -78,18 +94,38 @@ def test_a_release_that_skips_the_mamba_slot_stops_every_rank_naming_rank_pool_a
     r = run_cli("profile", "--out", str(out), *TINY, "--inject-fault", "skip-mamba-release")
     assert r.returncode == 1, r.stderr[-3000:]
     for rank in (0, 1):  # one warm-up request like the sweep's, one for each other probe (wide, 2 prefix)
-        assert f"error: [rank {rank}] leak check failed after the warm-up: rank 0: mamba pool leaked 4 slots; " \
-               "rank 1: mamba pool leaked 4 slots" in r.stderr
+        assert (
+            f"error: [rank {rank}] leak check failed after the warm-up: rank 0: mamba pool leaked 4 slots; "
+            "rank 1: mamba pool leaked 4 slots" in r.stderr
+        )
     assert not (out / "samples.csv").exists()
 
 
 def test_leaked_mamba_slots_are_named_when_the_pool_runs_dry_before_the_leak_check(tmp_path):
     out = tmp_path / "run"
-    r = run_cli("profile", "--out", str(out), "--base-chunk-size", "32", "--requests-per-probe", "16", "--warmup", "0",
-                "--prefix-lens", "32", "--max-mamba-cache-size", "8", "--no-fit", "--inject-fault", "skip-mamba-release")
+    r = run_cli(
+        "profile",
+        "--out",
+        str(out),
+        "--base-chunk-size",
+        "32",
+        "--requests-per-probe",
+        "16",
+        "--warmup",
+        "0",
+        "--prefix-lens",
+        "32",
+        "--max-mamba-cache-size",
+        "8",
+        "--no-fit",
+        "--inject-fault",
+        "skip-mamba-release",
+    )
     assert r.returncode == 1, r.stderr[-3000:]
-    msg = ("rank 0: setup of request 8 failed: request 8 cannot be admitted although no request is live: mamba pool "
-           "leaked 8 slots; rank 1: setup of request 8 failed")
+    msg = (
+        "rank 0: setup of request 8 failed: request 8 cannot be admitted although no request is live: mamba pool "
+        "leaked 8 slots; rank 1: setup of request 8 failed"
+    )
     for rank in (0, 1):
         assert f"error: [rank {rank}] {msg}" in r.stderr, r.stderr[-3000:]
 
@@ -113,10 +149,33 @@ def test_two_launches_with_nnodes_2_form_one_two_stage_pipeline(tmp_path):
     out = tmp_path / "run"
     port = free_port()
     procs = [
-        subprocess.Popen([sys.executable, "-m", "ppprof", "profile", "--nnodes", "2", "--node-rank", str(node),
-                          "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-                          "--rdzv-id", "ppprof-test", "--out", str(out), *TINY],
-                         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ppprof",
+                "profile",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(node),
+                "--nproc-per-node",
+                "1",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"127.0.0.1:{port}",
+                "--rdzv-id",
+                "ppprof-test",
+                "--out",
+                str(out),
+                *TINY,
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for node in (0, 1)
     ]
     try:
@@ -132,9 +191,29 @@ def test_two_launches_with_nnodes_2_form_one_two_stage_pipeline(tmp_path):
 
 def test_adaptive_design_chooses_probes_on_rank_0_and_every_rank_runs_them_without_a_leak(tmp_path):
     out = tmp_path / "run"
-    r = run_cli("profile", "--out", str(out), "--model", "tiny-hybrid", "--base-chunk-size", "64", "--prefix-lens",
-                "64,128,256", "--context-len", "1024", "--warmup", "1", "--design", "adaptive", "--max-requests", "40",
-                "--requests-per-probe", "16", "--max-mamba-cache-size", "8")
+    r = run_cli(
+        "profile",
+        "--out",
+        str(out),
+        "--model",
+        "tiny-hybrid",
+        "--base-chunk-size",
+        "64",
+        "--prefix-lens",
+        "64,128,256",
+        "--context-len",
+        "1024",
+        "--warmup",
+        "1",
+        "--design",
+        "adaptive",
+        "--max-requests",
+        "40",
+        "--requests-per-probe",
+        "16",
+        "--max-mamba-cache-size",
+        "8",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     samples, run = read_run(out)
     design = run["design"]
@@ -160,5 +239,6 @@ def test_adaptive_design_chooses_probes_on_rank_0_and_every_rank_runs_them_witho
     # The stability verdict is about the policy's own fit: its model, with its coefficients, on the same rows.
     model = policy["latency_model"]
     assert u["model"] == model["name"], f"{u['model']=} {model['name']=}"
-    assert {k: c["value"] for k, c in u["coefficients"].items()} == \
-        {k: c["value"] for k, c in model["coefficients"].items()}
+    assert {k: c["value"] for k, c in u["coefficients"].items()} == {
+        k: c["value"] for k, c in model["coefficients"].items()
+    }

@@ -22,8 +22,12 @@ def reads(path: Path) -> tuple[set[str], set[str]]:
             continue
         if isinstance(node.value, ast.Name) and node.value.id == "run":
             on_run.add(node.attr)
-        elif (isinstance(node.value, ast.Attribute) and node.value.attr == "state"
-              and isinstance(node.value.value, ast.Name) and node.value.value.id == "run"):
+        elif (
+            isinstance(node.value, ast.Attribute)
+            and node.value.attr == "state"
+            and isinstance(node.value.value, ast.Name)
+            and node.value.value.id == "run"
+        ):
             on_state.add(node.attr)
     return on_run, on_state
 
@@ -32,13 +36,13 @@ def names(cls) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)} | {k for k, v in vars(cls).items() if isinstance(v, property)}
 
 
-@pytest.mark.parametrize("module,state", [("profile.py", ProfileState), ("bench.py", BenchState),
-                                          ("rank.py", None)])
+@pytest.mark.parametrize("module,state", [("profile.py", ProfileState), ("bench.py", BenchState), ("rank.py", None)])
 def test_every_field_a_phase_reads_is_one_of_its_run_and_state(module, state):
     on_run, on_state = reads(RUN / module)
     assert on_run - names(RankRun) == set(), f"{module}: RankRun has no {sorted(on_run - names(RankRun))}"
-    assert on_state - (names(state) if state else set()) == set(), \
+    assert on_state - (names(state) if state else set()) == set(), (
         f"{module}: {state and state.__name__} has no {sorted(on_state - names(state) if state else on_state)}"
+    )
     if state is not None:
         assert on_state, f"{module=} reads no run.state field: the check would pass on anything"
 

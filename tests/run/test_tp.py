@@ -14,8 +14,18 @@ from tests.run.test_faults import LONG, alive, rank_pids, read_until, start, sto
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(300)]
 
-SMALL = ("--base-chunk-size", "64", "--requests-per-probe", "8", "--num-prefix-lens", "2", "--warmup", "1",
-         "--overhead-repeats", "1")
+SMALL = (
+    "--base-chunk-size",
+    "64",
+    "--requests-per-probe",
+    "8",
+    "--num-prefix-lens",
+    "2",
+    "--warmup",
+    "1",
+    "--overhead-repeats",
+    "1",
+)
 """Small enough for 4 ranks on 2 cores; B = 64, the least a fitted policy aligns to."""
 
 
@@ -26,16 +36,41 @@ def read_run(out):
 def test_torchrun_with_four_processes_and_tp_size_2_profiles_pp2_tp2_writes_a_policy_and_benches(tmp_path):
     """torchrun itself (the one launch of the suite through it) starting 4 ranks: --tp-size 2 makes it PP2 x TP2."""
     out = tmp_path / "run"
-    r = run_cli("--standalone", "--nproc-per-node", "4", "-m", "ppprof", "profile", "--model", "tiny-hybrid",
-                "--tp-size", "2", "--layer-partition", "3,5", *SMALL, "--out", str(out),
-                launcher=[sys.executable, "-m", "torch.distributed.run"])
+    r = run_cli(
+        "--standalone",
+        "--nproc-per-node",
+        "4",
+        "-m",
+        "ppprof",
+        "profile",
+        "--model",
+        "tiny-hybrid",
+        "--tp-size",
+        "2",
+        "--layer-partition",
+        "3,5",
+        *SMALL,
+        "--out",
+        str(out),
+        launcher=[sys.executable, "-m", "torch.distributed.run"],
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     samples, run = read_run(out)
     assert (run["world_size"], run["pp_size"], run["tp_size"]) == (4, 2, 2)
     assert run["config"]["nproc_per_node"] == 4 and run["layer_partition"] == [3, 5]
     assert run["model"]["name"] == "tiny-hybrid"
-    assert list(samples.columns) == ["probe", "kind", "request", "prefix_len", "chunk_size", "stage0_latency_ms",
-                                     "stage1_latency_ms", "latency_ms", "slowest_stage", "design_step"]
+    assert list(samples.columns) == [
+        "probe",
+        "kind",
+        "request",
+        "prefix_len",
+        "chunk_size",
+        "stage0_latency_ms",
+        "stage1_latency_ms",
+        "latency_ms",
+        "slowest_stage",
+        "design_step",
+    ]
     assert samples[["stage0_latency_ms", "stage1_latency_ms"]].gt(0).all().all()
     assert samples["design_step"].eq(0).all()  # the grid is one fixed design
     assert run["design"]["design"] == "grid" and run["design"]["stopping_reason"] == "grid"
@@ -50,8 +85,18 @@ def test_torchrun_with_four_processes_and_tp_size_2_profiles_pp2_tp2_writes_a_po
         assert "pools back to full capacity" in log and "leak" not in log
     # the bench runs the profile's mesh again: real chunked prompts through the PP2 x TP2 pipeline
     bench = tmp_path / "bench"
-    r = run_cli("bench", str(out / "policy.json"), "--prompt-len", "256", "--repeats", "1", "--strategies",
-                "fixed,policy", "--out", str(bench))
+    r = run_cli(
+        "bench",
+        str(out / "policy.json"),
+        "--prompt-len",
+        "256",
+        "--repeats",
+        "1",
+        "--strategies",
+        "fixed,policy",
+        "--out",
+        str(bench),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     rows = pd.read_csv(bench / "bench.csv")
     assert {a.split("-")[0] for a in rows["arm"]} == {"fixed", "policy"} and rows["compute_ms"].gt(0).all()
@@ -60,8 +105,20 @@ def test_torchrun_with_four_processes_and_tp_size_2_profiles_pp2_tp2_writes_a_po
 
 def test_pp1_tp2_profile_runs_one_stage_on_two_ranks(tmp_path):
     out = tmp_path / "run"
-    r = run_cli("profile", "--model", "tiny-dense", "--pp-size", "1", "--tp-size", "2", *TINY,
-                "--overhead-repeats", "0", "--out", str(out))
+    r = run_cli(
+        "profile",
+        "--model",
+        "tiny-dense",
+        "--pp-size",
+        "1",
+        "--tp-size",
+        "2",
+        *TINY,
+        "--overhead-repeats",
+        "0",
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     samples, run = read_run(out)
     assert (run["world_size"], run["pp_size"], run["tp_size"]) == (2, 1, 2)
@@ -75,8 +132,20 @@ def test_pp1_tp2_profile_runs_one_stage_on_two_ranks(tmp_path):
 def test_a_stopped_tp_rank_ends_the_run_within_the_deadline(tmp_path):
     out = tmp_path / "run"
     timeout_s = 3
-    p = start("profile", "--out", str(out), *LONG, "--pp-size", "1", "--tp-size", "2", "--overhead-repeats", "0",
-              "--timeout", str(timeout_s))
+    p = start(
+        "profile",
+        "--out",
+        str(out),
+        *LONG,
+        "--pp-size",
+        "1",
+        "--tp-size",
+        "2",
+        "--overhead-repeats",
+        "0",
+        "--timeout",
+        str(timeout_s),
+    )
     try:
         read_until(p, "probe 2 (prefix")
         ranks = rank_pids(p.pid)
@@ -94,12 +163,30 @@ def test_a_stopped_tp_rank_ends_the_run_within_the_deadline(tmp_path):
 
 def test_a_forward_that_fails_on_one_tp_rank_ends_every_rank_with_its_message(tmp_path):
     out = tmp_path / "run"
-    r = run_cli("profile", "--out", str(out), *LONG, "--pp-size", "1", "--tp-size", "2", "--overhead-repeats", "0",
-                "--timeout", "3", "--inject-fault", "raise-on-one-tp-rank", timeout=120)
+    r = run_cli(
+        "profile",
+        "--out",
+        str(out),
+        *LONG,
+        "--pp-size",
+        "1",
+        "--tp-size",
+        "2",
+        "--overhead-repeats",
+        "0",
+        "--timeout",
+        "3",
+        "--inject-fault",
+        "raise-on-one-tp-rank",
+        timeout=120,
+    )
     assert r.returncode == 1, r.stderr[-3000:]
     # the third timed request of the sweep, on TP rank 1 alone: rank 0 waits for it in an all-reduce
-    message = re.search(r"error: \[rank 1\] (rank 1: forward of request 2 \(prefix 0, chunk \d+\) raised "
-                        r"RuntimeError: injected fault \(--inject-fault raise-on-one-tp-rank\))", r.stderr)
+    message = re.search(
+        r"error: \[rank 1\] (rank 1: forward of request 2 \(prefix 0, chunk \d+\) raised "
+        r"RuntimeError: injected fault \(--inject-fault raise-on-one-tp-rank\))",
+        r.stderr,
+    )
     assert message, r.stderr[-3000:]
     assert f"error: [rank 0] {message.group(1)}" in r.stderr, r.stderr[-3000:]
     assert "Traceback" not in r.stderr and "did not answer" not in r.stderr

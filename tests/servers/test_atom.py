@@ -16,13 +16,13 @@ def test_atom_rule_by_hand():
     a, b, g = PREFIX.a, PREFIX.b, PREFIX.g
     assert rule.next(0) == 4096
     for L in (100, 4096, 20000, 50000):
-        x = root(a, 2 * a * L + b, a * 4096 ** 2 + b * 4096 - g * L)
+        x = root(a, 2 * a * L + b, a * 4096**2 + b * 4096 - g * L)
         floor = root(a, 2 * a * L + b, 4 * g * L)  # prefix cost at most 20% of the chunk's latency
         size = min(max(int(x), 16, 512, int(floor)), 4096, 8192)
         assert rule.next(L) == size - size % 16, f"{L=}"
     # a prefix cost above the whole budget: the base size
     heavy = LatencyModel("prefix", a=1e-7, b=0.001, c=1.0, g=0.01)
-    assert ATOM.rule(s, heavy, 10 ** 6).next(900000) == 4096
+    assert ATOM.rule(s, heavy, 10**6).next(900000) == 4096
 
 
 def test_atom_refuses_a_calibration_out_of_its_bounds_and_keeps_the_ceiling():
@@ -42,8 +42,10 @@ def test_prefix_form_of_each_model():
 
 
 def test_flags_base_size_zero_is_the_ceiling_and_the_calibration_is_read():
-    atom, calibration, _ = ATOM.parse_flags("--max-num-batched-tokens=32768 --enable-dynamic-chunking "
-                                            "--dynamic-chunking-calibration 3.25e-07,6.03e-03,26.1,5.39e-04")
+    atom, calibration, _ = ATOM.parse_flags(
+        "--max-num-batched-tokens=32768 --enable-dynamic-chunking "
+        "--dynamic-chunking-calibration 3.25e-07,6.03e-03,26.1,5.39e-04"
+    )
     assert atom.base_chunk_size == 32768 and calibration.g == 5.39e-04
     zero = ATOM.parse_flags("--dynamic-chunking-base-size 0 --max-num-batched-tokens 16384 --block-size 16")[0]
     assert (zero.base_chunk_size, zero.max_chunk_size, zero.page_size) == (16384, 16384, 16)

@@ -19,8 +19,9 @@ from .helpers import PREFIX, QUADRATIC, policy_dict
 @pytest.mark.parametrize("model", [PREFIX, QUADRATIC], ids=["prefix", "quadratic"])
 def test_each_export_says_where_its_servers_rule_differs(server, model):
     """Read the export's flags back, run that server's rule on them and count the differences independently."""
-    policy = from_dict(policy_dict(model, base_chunk_size=4096, context_len=32768, smooth_factor=0.75,
-                                   max_chunk_size=3000))
+    policy = from_dict(
+        policy_dict(model, base_chunk_size=4096, context_len=32768, smooth_factor=0.75, max_chunk_size=3000)
+    )
     data = export_data(policy, server)
     target = get(server)
     setting, calibration, ignored = target.parse_flags(data["command"], page_size=64)
@@ -61,11 +62,14 @@ def test_an_export_sets_the_layout_the_policy_was_profiled_at(server):
     data["provenance"] = {**data["provenance"], "world_size": 2, "tp_size": 4}
     doc = export_data(from_dict(data), server)
     target = get(server)
-    names = {"sglang": ["--pp-size", "2", "--tp-size", "4"],
-             "vllm-ascend": ["--pipeline-parallel-size", "2", "--tensor-parallel-size", "4"],
-             "atom": ["--pipeline-parallel-size", "2", "--tensor-parallel-size", "4"]}[server]
+    names = {
+        "sglang": ["--pp-size", "2", "--tp-size", "4"],
+        "vllm-ascend": ["--pipeline-parallel-size", "2", "--tensor-parallel-size", "4"],
+        "atom": ["--pipeline-parallel-size", "2", "--tensor-parallel-size", "4"],
+    }[server]
     assert doc["args"][:4] == names and any("2 stages of 4 TP ranks" in c for c in doc["comments"])
     from ppprof.servers.base import split_command
+
     assert target.parse_parallel(split_command(doc["command"]))[0] == {"pp_size": 2, "tp_size": 4}
     setting, _, ignored = target.parse_flags(doc["command"], page_size=64)
     assert ignored == [] and setting.to_dict() == doc["setting"]
@@ -79,9 +83,11 @@ def test_format_is_the_old_name_of_server_and_prints_the_same(tmp_path):
         old = CliRunner().invoke(main, ["export", str(path), "--format", server])
         assert new.exit_code == old.exit_code == 0 and new.output == old.output, server
     assert "--format" not in CliRunner().invoke(main, ["export", "--help"]).output
-    for args, message in [([], "Missing option '--server'"),
-                          (["--server", "sglang", "--format", "atom"], "name different servers"),
-                          (["--server", "trt"], "'trt' is not one of")]:
+    for args, message in [
+        ([], "Missing option '--server'"),
+        (["--server", "sglang", "--format", "atom"], "name different servers"),
+        (["--server", "trt"], "'trt' is not one of"),
+    ]:
         r = CliRunner().invoke(main, ["export", str(path), *args])
         assert r.exit_code == 2 and message in r.stderr and r.stderr.count("\n") == 1, (args, r.output)
 

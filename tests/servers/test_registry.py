@@ -34,8 +34,9 @@ def test_flags_out_and_back_in_give_the_same_setting(server):
         env, args = server.format_flags(setting, calibration)
         text = " ".join([f"{k}={v}" for k, v in env.items()] + [f"'{a}'" for a in args])
         back, carried, ignored = server.parse_flags(text, page_size=64)
-        assert ignored == [] and back.to_dict() == setting.to_dict() | ({} if dynamic else {
-            k: getattr(back, k) for k in ("smooth_factor", "min_chunk_size")}), f"{back=}"
+        assert ignored == [] and back.to_dict() == setting.to_dict() | (
+            {} if dynamic else {k: getattr(back, k) for k in ("smooth_factor", "min_chunk_size")}
+        ), f"{back=}"
         assert carried == calibration
     assert ServerSetting.from_dict(setting.to_dict()) == setting
 
@@ -63,8 +64,7 @@ def test_a_setting_below_its_alignment_and_a_short_context_are_handled(server):
 @pytest.mark.parametrize("server", REGISTRY.values(), ids=SERVERS)
 def test_its_tune_candidates_are_its_own_settings(server):
     candidates = server.dynamic_candidates(4096, (0.5, 1.0), 64, 64)
-    assert candidates and all(c.server == server.name and c.dynamic and c.base_chunk_size == 4096
-                              for c in candidates)
+    assert candidates and all(c.server == server.name and c.dynamic and c.base_chunk_size == 4096 for c in candidates)
     assert all(server.same_knob(c, c, 4096) for c in candidates)
     fixed = server.fixed_candidate(4096, 64)
     assert not fixed.dynamic and server.fixed_chunk_size(fixed) == 4096
@@ -86,6 +86,9 @@ def test_no_module_outside_the_servers_names_a_server():
         relative = path.relative_to(PACKAGE.parent).as_posix()
         if relative.startswith("ppprof/servers/") or relative in BENCH_STRATEGY_NAMES:
             continue
-        hits += [f"{relative}:{i}: {line.strip()}" for i, line in enumerate(path.read_text().splitlines(), 1)
-                 if pattern.search(line)]
+        hits += [
+            f"{relative}:{i}: {line.strip()}"
+            for i, line in enumerate(path.read_text().splitlines(), 1)
+            if pattern.search(line)
+        ]
     assert hits == [], "ask ppprof.servers (the registry or the server's module) instead:\n" + "\n".join(hits)

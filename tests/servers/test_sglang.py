@@ -34,8 +34,10 @@ def test_boot_clamps_a_non_positive_a_turns_it_off_and_a_negative_b_is_0():
 
 def test_flags_defaults_floor_and_errors():
     assert SGLANG.parse_flags("python -m sglang.launch_server --model m")[0] == SGLANG.default_setting()
-    setting, _, ignored = SGLANG.parse_flags("--chunked-prefill-size 2048 --max-prefill-tokens=4096 --page-size 32 "
-                                             "SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR=0.5 --model m")
+    setting, _, ignored = SGLANG.parse_flags(
+        "--chunked-prefill-size 2048 --max-prefill-tokens=4096 --page-size 32 "
+        "SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR=0.5 --model m"
+    )
     assert setting == ServerSetting("sglang", 2048, False, 0.5, 512, 4096, 32) and ignored == ["--model", "m"]
     env, args = SGLANG.format_flags(ServerSetting("sglang", 2048, True, 0.5, 512, 4096, 32))
     assert env == {"SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR": "0.5"} and args[0] == "--enable-dynamic-chunking"
@@ -57,5 +59,9 @@ def test_tune_tries_caps_not_floors():
     assert {c.min_chunk_size for c in candidates} == {1024}
     assert sorted({c.max_chunk_size for c in candidates}) == [2048, 3072, 16384]
     fixed = SGLANG.fixed_candidate(4096, 1)
-    assert (fixed.dynamic, fixed.base_chunk_size, fixed.min_chunk_size, fixed.max_chunk_size) == \
-        (False, 4096, 1024, 16384)
+    assert (fixed.dynamic, fixed.base_chunk_size, fixed.min_chunk_size, fixed.max_chunk_size) == (
+        False,
+        4096,
+        1024,
+        16384,
+    )

@@ -29,9 +29,11 @@ def policy(model=PREFIX, **settings):
 def test_recommendation_beats_current_and_never_the_bound(server):
     p = policy()
     workload = parse_prompt_spec("8192:2,24576,60000", 65536)
-    currents = {"sglang": "--chunked-prefill-size 4096 --enable-dynamic-chunking",
-                "vllm-ascend": "--max-num-batched-tokens 16384",
-                "atom": "--max-num-batched-tokens 8192"}
+    currents = {
+        "sglang": "--chunked-prefill-size 4096 --enable-dynamic-chunking",
+        "vllm-ascend": "--max-num-batched-tokens 16384",
+        "atom": "--max-num-batched-tokens 8192",
+    }
     for current in (None, currents[server]):
         r = tune(p, workload, 4, server, current)
         settings = r["settings"]
@@ -63,27 +65,52 @@ def test_tune_command_text_json_plot_and_bad_input(tmp_path):
     r = CliRunner().invoke(main, ["tune", str(path), "--prompt-lens", "8192,32768", "--pp", "4"])
     assert r.exit_code == 0, r.output
     # The recommended flags set the layout tuned for: the stages asked for, the profile's TP degree.
-    r8 = CliRunner().invoke(main, ["tune", str(path), "--prompt-lens", "8192", "--pp-size", "8", "--json",
-                                   "--current", "--pp-size 8 --tp-size 1 --chunked-prefill-size 4096"])
+    r8 = CliRunner().invoke(
+        main,
+        [
+            "tune",
+            str(path),
+            "--prompt-lens",
+            "8192",
+            "--pp-size",
+            "8",
+            "--json",
+            "--current",
+            "--pp-size 8 --tp-size 1 --chunked-prefill-size 4096",
+        ],
+    )
     assert r8.exit_code == 0, r8.output
     assert json.loads(r8.stdout)["recommended"]["args"][:4] == ["--pp-size", "8", "--tp-size", "1"]
     assert "--tp-size" not in " ".join(json.loads(r8.stdout)["notes"])  # a layout flag is not "ignored"
     assert "recommended SGLang flags:" in r.stdout and "DP-optimal bound" in r.stdout
     assert (tmp_path / "policy.tune-sglang.png").stat().st_size > 0
-    r = CliRunner().invoke(main, ["tune", str(path), "--prompt-lens", "8192", "--server", "atom", "--json",
-                                  "--png", str(tmp_path / "a.png")])
+    r = CliRunner().invoke(
+        main,
+        ["tune", str(path), "--prompt-lens", "8192", "--server", "atom", "--json", "--png", str(tmp_path / "a.png")],
+    )
     doc = json.loads(r.stdout)
-    assert doc["server"] == "atom" and set(doc["plans"]["8192"]) == {"current", "policy", "recommended",
-                                                                      "best-fixed", "optimal"}
+    assert doc["server"] == "atom" and set(doc["plans"]["8192"]) == {
+        "current",
+        "policy",
+        "recommended",
+        "best-fixed",
+        "optimal",
+    }
     before = sorted(tmp_path.iterdir())
-    for args, message in [(["--prompt-lens", "8192;1"], "--prompt-lens '8192;1' is neither"),
-                          (["--prompt-lens", "8192", "--pp", "0"], "--pp 0 is invalid"),
-                          (["--prompt-lens", "8192", "--current", "--chunked-prefill-size x"], "is not an integer"),
-                          (["--prompt-lens", "8192", "--current", "--tp-size 8 --chunked-prefill-size 4096"],
-                           "--current sets TP degree 8 but the policy was profiled at --tp-size 1"),
-                          (["--prompt-lens", "8192", "--current", "--pp-size 2"],
-                           "--current sets 2 pipeline stages but tune plans for 4: give --pp-size 2"),
-                          (["--prompt-lens", "8192", "--current", "--tp-size two"], "--tp-size 'two' is not")]:
+    for args, message in [
+        (["--prompt-lens", "8192;1"], "--prompt-lens '8192;1' is neither"),
+        (["--prompt-lens", "8192", "--pp", "0"], "--pp 0 is invalid"),
+        (["--prompt-lens", "8192", "--current", "--chunked-prefill-size x"], "is not an integer"),
+        (
+            ["--prompt-lens", "8192", "--current", "--tp-size 8 --chunked-prefill-size 4096"],
+            "--current sets TP degree 8 but the policy was profiled at --tp-size 1",
+        ),
+        (
+            ["--prompt-lens", "8192", "--current", "--pp-size 2"],
+            "--current sets 2 pipeline stages but tune plans for 4: give --pp-size 2",
+        ),
+        (["--prompt-lens", "8192", "--current", "--tp-size two"], "--tp-size 'two' is not"),
+    ]:
         r = CliRunner().invoke(main, ["tune", str(path), *args])
         assert r.exit_code == 2 and message in r.stderr and r.stderr.count("\n") == 1, (args, r.output)
     assert sorted(tmp_path.iterdir()) == before
@@ -94,8 +121,9 @@ def test_the_servers_boot_fit_comes_from_the_profiles_samples(tmp_path):
     from ppprof.fit.synthetic import make_samples, write_run_dir
 
     truth = LatencyModel("prefix", a=-2e-8, b=0.01, c=3.0, g=2e-4)
-    frame = make_samples(truth, base_chunk_size=2048, prefixes=(2048, 8192, 16384), chunk_sizes=(256, 1024, 2048),
-                         noise=0.0)
+    frame = make_samples(
+        truth, base_chunk_size=2048, prefixes=(2048, 8192, 16384), chunk_sizes=(256, 1024, 2048), noise=0.0
+    )
     csv = write_run_dir(tmp_path, frame, base_chunk_size=2048)
     r = CliRunner().invoke(main, ["fit", str(csv), "--latency-model", "quadratic", "-o", str(tmp_path / "q.json")])
     assert r.exit_code == 0, r.output
@@ -129,13 +157,17 @@ def test_when_the_users_own_flags_win_their_calibration_is_the_one_recommended(m
 
     def worse_search(self, inside):  # every searched candidate made slower than anything the user could give
         best, best_fixed = search(self, inside)
-        return (Scored(best.setting, best.label, best.ttft_ms * 10, best.mean_ms * 10, best.p90_ms * 10, best.plans),
-                best_fixed)
+        return (
+            Scored(best.setting, best.label, best.ttft_ms * 10, best.mean_ms * 10, best.p90_ms * 10, best.plans),
+            best_fixed,
+        )
 
     monkeypatch.setattr(Tuner, "search", worse_search)
     mine = "3e-06,0.02,1,0.0002"
-    current = (f"--enable-dynamic-chunking --dynamic-chunking-base-size 4096 --max-num-batched-tokens 4096 "
-               f"--dynamic-chunking-calibration {mine}")
+    current = (
+        f"--enable-dynamic-chunking --dynamic-chunking-base-size 4096 --max-num-batched-tokens 4096 "
+        f"--dynamic-chunking-calibration {mine}"
+    )
     r = tune(policy(), parse_prompt_spec("8192,32768"), 4, "atom", current)
     assert r["recommended"]["setting"] == r["settings"]["current"]["setting"]
     assert f"--dynamic-chunking-calibration {mine}" in r["recommended"]["command"], r["recommended"]["command"]

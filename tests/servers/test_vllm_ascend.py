@@ -16,7 +16,7 @@ def test_vllm_ascend_rule_by_hand():
     s = ServerSetting("vllm-ascend", 4096, True, 0.8, 1024, 4096, page_size=1)
     rule = VLLM_ASCEND.rule(s, VLLM_ASCEND.boot_model(PREFIX), context_len=65536)
     a, b = PREFIX.a, PREFIX.b
-    T = a * 4096 ** 2 + b * 4096
+    T = a * 4096**2 + b * 4096
     assert rule.next(0) == 4096
     for L in (1, 4096, 9000, 30000, 60000):
         x = root(a, 2 * a * L + b, T)
@@ -33,22 +33,34 @@ def test_a_negative_fitted_a_becomes_1e_9_and_no_model_keeps_the_budget():
 
 
 def test_additional_config_both_layouts_and_the_nested_one_wins():
-    legacy = VLLM_ASCEND.parse_flags("--max-num-batched-tokens 16384 --additional-config "
-                                     "'{\"profiling_chunk_config\": {\"enabled\": true, \"min_chunk\": 2048}}'")[0]
-    assert (legacy.dynamic, legacy.base_chunk_size, legacy.max_chunk_size, legacy.min_chunk_size,
-            legacy.smooth_factor) == (True, 16384, 16384, 2048, 1.0)
-    both = {"profiling_chunk_config": {"min_chunk": 2048}, "scheduler_config": {"profiling_chunk_config": {
-        "min_chunk": 512, "smooth_factor": 0.5}}}
+    legacy = VLLM_ASCEND.parse_flags(
+        "--max-num-batched-tokens 16384 --additional-config "
+        '\'{"profiling_chunk_config": {"enabled": true, "min_chunk": 2048}}\''
+    )[0]
+    assert (
+        legacy.dynamic,
+        legacy.base_chunk_size,
+        legacy.max_chunk_size,
+        legacy.min_chunk_size,
+        legacy.smooth_factor,
+    ) == (True, 16384, 16384, 2048, 1.0)
+    both = {
+        "profiling_chunk_config": {"min_chunk": 2048},
+        "scheduler_config": {"profiling_chunk_config": {"min_chunk": 512, "smooth_factor": 0.5}},
+    }
     setting = VLLM_ASCEND.parse_flags(f"--additional-config '{json.dumps(both)}'")[0]
     assert (setting.min_chunk_size, setting.smooth_factor) == (512, 0.5)
 
 
-@pytest.mark.parametrize("text,message", [
-    ("--additional-config '{bad'", "is not JSON"),
-    ("--additional-config '[1]'", "must be a JSON object"),
-    ("--additional-config '{\"profiling_chunk_config\": {\"enabled\": 1}}'", "must be true or false"),
-    ("--max-num-batched-tokens 32", "vllm-ascend --max-num-batched-tokens 32 is below the alignment 64"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("--additional-config '{bad'", "is not JSON"),
+        ("--additional-config '[1]'", "must be a JSON object"),
+        ('--additional-config \'{"profiling_chunk_config": {"enabled": 1}}\'', "must be true or false"),
+        ("--max-num-batched-tokens 32", "vllm-ascend --max-num-batched-tokens 32 is below the alignment 64"),
+    ],
+)
 def test_bad_flags_are_one_line_naming_the_flag(text, message):
     with pytest.raises(ValueError) as e:
         VLLM_ASCEND.parse_flags(text)

@@ -60,8 +60,7 @@ class Scheduler:
     """Builds the sizer as SGLang 0.5.23's Scheduler.maybe_init_dynamic_chunk_sizer does, and holds the request
     being chunked as `chunked_req`."""
 
-    def __init__(self, cls: type, config, *, chunked_prefill_size, max_prefill_tokens=16384, page_size=1,
-                 device="cpu"):
+    def __init__(self, cls: type, config, *, chunked_prefill_size, max_prefill_tokens=16384, page_size=1, device="cpu"):
         self.cls, self.model_config = cls, config
         self.chunked_prefill_size, self.max_prefill_tokens = chunked_prefill_size, max_prefill_tokens
         self.page_size, self.device = page_size, device
@@ -69,10 +68,18 @@ class Scheduler:
         self.dynamic_chunk_sizer = None
 
     def maybe_init_dynamic_chunk_sizer(self):
-        parts = {"model_runner": None, "model_config": self.model_config, "tree_cache": None,
-                 "req_to_token_pool": None, "token_to_kv_pool_allocator": None, "spec_algorithm": None,
-                 "chunked_prefill_size": self.chunked_prefill_size, "max_prefill_tokens": self.max_prefill_tokens,
-                 "page_size": self.page_size, "device": self.device}
+        parts = {
+            "model_runner": None,
+            "model_config": self.model_config,
+            "tree_cache": None,
+            "req_to_token_pool": None,
+            "token_to_kv_pool_allocator": None,
+            "spec_algorithm": None,
+            "chunked_prefill_size": self.chunked_prefill_size,
+            "max_prefill_tokens": self.max_prefill_tokens,
+            "page_size": self.page_size,
+            "device": self.device,
+        }
         assert tuple(parts) == hook.SIZER_KWARGS
         sizer = self.cls(**parts)
         if sizer.profile_and_fit():

@@ -33,18 +33,26 @@ def method(cls: ast.ClassDef, name: str) -> ast.FunctionDef:
 
 
 def is_self_attr(node: ast.AST, attr: str) -> bool:
-    return (isinstance(node, ast.Attribute) and node.attr == attr and isinstance(node.value, ast.Name)
-            and node.value.id == "self")
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == attr
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+    )
 
 
 def assigned_self_attrs(cls: ast.ClassDef) -> set[str]:
     """Every `self.X = ...` / `self.X: T = ...` in the class's methods."""
     out = set()
     for node in ast.walk(cls):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-            node, ast.AnnAssign) else []
-        out |= {t.attr for t in targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
-                and t.value.id == "self"}
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        out |= {
+            t.attr
+            for t in targets
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+        }
     return out
 
 
@@ -67,12 +75,18 @@ def test_the_scheduler_passes_exactly_the_keywords_both_sizers_take(version):
     assert [a.arg for a in init.args.args] == ["self"] and not init.args.vararg and not init.args.kwarg
     assert all(d is None for d in init.args.kw_defaults), "a keyword with a default the scheduler may not pass"
     theirs = {a.arg for a in init.args.kwonlyargs}
-    ours = {p.name for p in inspect.signature(PolicySizer.__init__).parameters.values()
-            if p.kind is p.KEYWORD_ONLY and p.default is p.empty}
+    ours = {
+        p.name
+        for p in inspect.signature(PolicySizer.__init__).parameters.values()
+        if p.kind is p.KEYWORD_ONLY and p.default is p.empty
+    }
     assert theirs == ours == set(hook.SIZER_KWARGS), f"{theirs ^ ours=}"
     scheduler_src, fn = scheduler_method(version)
-    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
-             and n.func.id == hook.SIZER_CLASS]
+    calls = [
+        n
+        for n in ast.walk(fn)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == hook.SIZER_CLASS
+    ]
     assert len(calls) == 1 and not calls[0].args
     assert {k.arg for k in calls[0].keywords} == ours
     # What the hook checks at run time, on the method's real source, accepts it.
@@ -97,11 +111,18 @@ def test_sglangs_real_class_passes_the_hooks_signature_check_and_a_changed_one_d
 @versions
 def test_profile_and_fit_decides_whether_the_scheduler_keeps_the_sizer(version):
     _, fn = scheduler_method(version)
-    decided = [n for n in ast.walk(fn) if isinstance(n, ast.If) and isinstance(n.test, ast.Call)
-               and isinstance(n.test.func, ast.Attribute) and n.test.func.attr == "profile_and_fit"]
+    decided = [
+        n
+        for n in ast.walk(fn)
+        if isinstance(n, ast.If)
+        and isinstance(n.test, ast.Call)
+        and isinstance(n.test.func, ast.Attribute)
+        and n.test.func.attr == "profile_and_fit"
+    ]
     assert len(decided) == 1 and not decided[0].test.args and not decided[0].test.keywords
-    kept = [s for s in decided[0].body
-            if isinstance(s, ast.Assign) and is_self_attr(s.targets[0], "dynamic_chunk_sizer")]
+    kept = [
+        s for s in decided[0].body if isinstance(s, ast.Assign) and is_self_attr(s.targets[0], "dynamic_chunk_sizer")
+    ]
     assert kept, "the sizer is kept only where profile_and_fit() is true"
     sig = inspect.signature(PolicySizer.profile_and_fit)
     assert list(sig.parameters) == ["self"] and sig.return_annotation in (bool, "bool")
@@ -110,24 +131,42 @@ def test_profile_and_fit_decides_whether_the_scheduler_keeps_the_sizer(version):
 @versions
 def test_predict_gets_the_chunked_requests_prefix_and_none_keeps_the_static_size(version):
     tree = ast.parse(sources(version)["scheduler"])
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-             and n.func.attr == "predict" and is_self_attr(n.func.value, "dynamic_chunk_sizer")]
+    calls = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr == "predict"
+        and is_self_attr(n.func.value, "dynamic_chunk_sizer")
+    ]
     assert len(calls) == 1 and len(calls[0].args) == 1 and not calls[0].keywords
     arg = calls[0].args[0]
     assert isinstance(arg, ast.Name)
     fn = next(f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and calls[0] in ast.walk(f))
-    sources_of_arg = [a.value for a in ast.walk(fn) if isinstance(a, ast.Assign)
-                      and any(isinstance(t, ast.Name) and t.id == arg.id for t in a.targets)]
+    sources_of_arg = [
+        a.value
+        for a in ast.walk(fn)
+        if isinstance(a, ast.Assign) and any(isinstance(t, ast.Name) and t.id == arg.id for t in a.targets)
+    ]
     assert len(sources_of_arg) == 1
     value = sources_of_arg[0]
     assert isinstance(value, ast.Attribute) and value.attr == "prefix_len" and is_self_attr(value.value, CHUNKED_REQ)
     result = next(a.targets[0].id for a in ast.walk(fn) if isinstance(a, ast.Assign) and a.value is calls[0])
-    guards = [n for n in ast.walk(fn) if isinstance(n, ast.If) and isinstance(n.test, ast.Compare)
-              and isinstance(n.test.left, ast.Name) and n.test.left.id == result
-              and isinstance(n.test.ops[0], ast.IsNot)]
+    guards = [
+        n
+        for n in ast.walk(fn)
+        if isinstance(n, ast.If)
+        and isinstance(n.test, ast.Compare)
+        and isinstance(n.test.left, ast.Name)
+        and n.test.left.id == result
+        and isinstance(n.test.ops[0], ast.IsNot)
+    ]
     assert len(guards) == 1, "None keeps the static size"
-    uses = [s for s in guards[0].body if isinstance(s, ast.Assign) and isinstance(s.value, ast.Name)
-            and s.value.id == result]
+    uses = [
+        s
+        for s in guards[0].body
+        if isinstance(s, ast.Assign) and isinstance(s.value, ast.Name) and s.value.id == result
+    ]
     assert [u.targets[0].id for u in uses] == ["chunked_prefill_size"]
     predict = inspect.signature(PolicySizer.predict)
     assert len(predict.parameters) == 2
@@ -146,11 +185,15 @@ def test_only_the_scheduler_uses_the_sizer_and_only_its_two_methods(version):
                     users.add(name)
     assert users == {FILES["scheduler"], FILES["sizer"]}, f"{users=}"
     tree = ast.parse(scheduler_src)
-    used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
-            and is_self_attr(n.value, "dynamic_chunk_sizer")}
+    used = {
+        n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and is_self_attr(n.value, "dynamic_chunk_sizer")
+    }
     _, fn = scheduler_method(version)
-    used |= {n.attr for n in ast.walk(fn) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
-             and n.value.id == "sizer"}
+    used |= {
+        n.attr
+        for n in ast.walk(fn)
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "sizer"
+    }
     assert used == {"predict", "profile_and_fit"}, f"{used=}"
     imports = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == hook.SIZER_MODULE]
     assert [a.name for n in imports for a in n.names] == [hook.SIZER_CLASS], "bound by name from the sizer module"
@@ -170,14 +213,27 @@ def test_what_the_sizer_reads_of_sglang_is_there(version):
     read = set()  # what SGLang's own code reads of get_parallel(): the sizer reads only those
     for key in ("sizer", "scheduler"):
         tree = ast.parse(src[key])
-        holders = {t.id for a in ast.walk(tree) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
-                   and getattr(a.value.func, "id", None) == "get_parallel"
-                   for t in a.targets if isinstance(t, ast.Name)}
-        read |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and (
-            (isinstance(n.value, ast.Call) and getattr(n.value.func, "id", None) == "get_parallel")
-            or (isinstance(n.value, ast.Name) and n.value.id in holders))}
+        holders = {
+            t.id
+            for a in ast.walk(tree)
+            if isinstance(a, ast.Assign)
+            and isinstance(a.value, ast.Call)
+            and getattr(a.value.func, "id", None) == "get_parallel"
+            for t in a.targets
+            if isinstance(t, ast.Name)
+        }
+        read |= {
+            n.attr
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute)
+            and (
+                (isinstance(n.value, ast.Call) and getattr(n.value.func, "id", None) == "get_parallel")
+                or (isinstance(n.value, ast.Name) and n.value.id in holders)
+            )
+        }
     assert {"pp_size", "tp_size", "world_group"} <= read, f"{read=}"
     group = method(class_def(ast.parse(src["parallel_state"]), "GroupCoordinator"), "all_gather_object")
     assert [a.arg for a in group.args.args] == ["self", "obj"]
-    assert any(isinstance(n, ast.FunctionDef) and n.name == "get_device_module"
-               for n in ast.parse(src["utils_common"]).body)
+    assert any(
+        isinstance(n, ast.FunctionDef) and n.name == "get_device_module" for n in ast.parse(src["utils_common"]).body
+    )

@@ -24,28 +24,38 @@ def test_the_exported_policy_file_way_is_taken_by_the_launcher_and_matched_by_th
     policy = load_policy(path)
     way = export_data(policy, "sglang", str(path))["policy_file"]
     assert way["env"] == {"PPPROF_POLICY": str(path.resolve())}
-    assert shlex.split(way["command"])[:4] == [f"PPPROF_POLICY={path.resolve()}", "python", "-m",
-                                               "sglang.launch_server"]
+    assert shlex.split(way["command"])[:4] == [
+        f"PPPROF_POLICY={path.resolve()}",
+        "python",
+        "-m",
+        "sglang.launch_server",
+    ]
     launcher = shlex.split(way["launcher"])
     assert launcher[:5] == ["python", "-m", "ppprof.sglang", "--policy", str(path.resolve())]
-    args = launcher[launcher.index("--") + 1:]
+    args = launcher[launcher.index("--") + 1 :]
     assert args == way["args"]
     check_server_args(policy, args)
     config = model_config(path)
-    server = ServerConfig(pp_size=int(server_flag(args, "--pp-size")), tp_size=int(server_flag(args, "--tp-size")),
-                          page_size=int(server_flag(args, "--page-size") or 1),
-                          chunked_prefill_size=int(server_flag(args, "--chunked-prefill-size")),
-                          max_prefill_tokens=int(server_flag(args, "--max-prefill-tokens")),
-                          context_len=config.context_len, device="cpu", device_name=None,
-                          model_shape=model_shape_of(config))
+    server = ServerConfig(
+        pp_size=int(server_flag(args, "--pp-size")),
+        tp_size=int(server_flag(args, "--tp-size")),
+        page_size=int(server_flag(args, "--page-size") or 1),
+        chunked_prefill_size=int(server_flag(args, "--chunked-prefill-size")),
+        max_prefill_tokens=int(server_flag(args, "--max-prefill-tokens")),
+        context_len=config.context_len,
+        device="cpu",
+        device_name=None,
+        model_shape=model_shape_of(config),
+    )
     assert mismatch(policy, server) is None
 
 
 def test_the_text_export_keeps_the_flags_last_and_says_when_the_shapes_are_missing(tmp_path):
     out = CliRunner().invoke(main, ["export", str(BASELINE), "--server", "sglang"]).output
     lines = out.strip().splitlines()
-    assert lines[-1].startswith("--pp-size 2 --tp-size 1 --enable-dynamic-chunking --chunked-prefill-size 512"), \
-        lines[-1]
+    assert lines[-1].startswith("--pp-size 2 --tp-size 1 --enable-dynamic-chunking --chunked-prefill-size 512"), lines[
+        -1
+    ]
     assert any(x.startswith("#   PPPROF_POLICY=") and "python -m sglang.launch_server" in x for x in lines)
     assert any(x.startswith("#   python -m ppprof.sglang --policy ") for x in lines)
     assert not any("does not record" in x for x in lines)  # the committed policy records the model's shapes

@@ -113,8 +113,9 @@ def serve(tmp_path: Path, policy: Path | None, extra_kwarg: str = "") -> tuple[d
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(standin)])
     if policy is not None:
         env[hook.POLICY_ENV] = str(policy)
-    r = subprocess.run([sys.executable, "-c", SERVE, str(site_dir)], capture_output=True, text=True, env=env,
-                       cwd=tmp_path, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", SERVE, str(site_dir)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout), r.stderr.strip().splitlines()
 
@@ -126,8 +127,10 @@ def test_with_the_policy_named_sglangs_scheduler_builds_ppprofs_sizer(tmp_path):
     p = load_policy(policy)
     assert out["512"] == [p.next_chunk_size(512), p.next_chunk_size(4096)] and out["8192"] is None, out
     replaced = [x for x in lines if "is ppprof's policy sizer in this process" in x]
-    assert replaced == [f"ppprof: SGLang's DynamicChunkSizer is ppprof's policy sizer in this process "
-                        f"(PPPROF_POLICY={policy}; built for SGLang {hook.BUILT_FOR}, found unknown)"], lines
+    assert replaced == [
+        f"ppprof: SGLang's DynamicChunkSizer is ppprof's policy sizer in this process "
+        f"(PPPROF_POLICY={policy}; built for SGLang {hook.BUILT_FOR}, found unknown)"
+    ], lines
     matched = [x for x in lines if "matches this server" in x]
     refused = [x for x in lines if "refused" in x]
     assert len(matched) == 1 and len(refused) == 1 and "chunked_prefill_size: server 8192" in refused[0], lines
@@ -143,8 +146,9 @@ def test_without_the_policy_nothing_of_ppprof_is_imported_and_nothing_said(tmp_p
 def test_a_changed_sglang_is_left_alone_with_one_line_why(tmp_path):
     out, lines = serve(tmp_path, shaped(BASELINE, tmp_path), extra_kwarg=", pp_group=None, pp_rank=0")
     assert out["class"].startswith("sglang.") and out["512"] is None, out
-    assert len(lines) == 1 and lines[0].startswith("ppprof: SGLang left alone (its own start-up profile sizes "
-                                                   "chunks): DynamicChunkSizer.__init__ takes ("), lines
+    assert len(lines) == 1 and lines[0].startswith(
+        "ppprof: SGLang left alone (its own start-up profile sizes chunks): DynamicChunkSizer.__init__ takes ("
+    ), lines
     assert "new: ['pp_group', 'pp_rank']" in lines[0]
 
 
@@ -170,8 +174,14 @@ def launch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     (standin / "launched.py").write_text(LAUNCHED)
     env = {k: v for k, v in os.environ.items() if k != hook.POLICY_ENV}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(standin)])
-    return subprocess.run([sys.executable, "-m", "ppprof.sglang", *args], capture_output=True, text=True, env=env,
-                          cwd=tmp_path, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "ppprof.sglang", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
 
 
 def test_the_launcher_reaches_spawned_processes(tmp_path):
@@ -183,14 +193,22 @@ def test_the_launcher_reaches_spawned_processes(tmp_path):
     assert out == {"args": server_args, "child": "ppprof.sglang.sizer"}, out
 
 
-@pytest.mark.parametrize("args, message", [
-    ([], "no server arguments: give SGLang's after --"),
-    (["--", "--chunked-prefill-size", "512"], "--enable-dynamic-chunking is not among the server's arguments"),
-    (["--", "--enable-dynamic-chunking"], "--chunked-prefill-size (not given): the policy's base_chunk_size is 512"),
-    (["--", "--enable-dynamic-chunking", "--chunked-prefill-size=8192"], "pass --chunked-prefill-size 512"),
-    (["--", "--enable-dynamic-chunking", "--chunked-prefill-size", "512", "--max-prefill-tokens", "64"],
-     "--max-prefill-tokens 64: below the policy's largest chunk"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "no server arguments: give SGLang's after --"),
+        (["--", "--chunked-prefill-size", "512"], "--enable-dynamic-chunking is not among the server's arguments"),
+        (
+            ["--", "--enable-dynamic-chunking"],
+            "--chunked-prefill-size (not given): the policy's base_chunk_size is 512",
+        ),
+        (["--", "--enable-dynamic-chunking", "--chunked-prefill-size=8192"], "pass --chunked-prefill-size 512"),
+        (
+            ["--", "--enable-dynamic-chunking", "--chunked-prefill-size", "512", "--max-prefill-tokens", "64"],
+            "--max-prefill-tokens 64: below the policy's largest chunk",
+        ),
+    ],
+)
 def test_the_launcher_refuses_arguments_that_cannot_carry_the_policy(tmp_path, args, message):
     r = launch(tmp_path, "--policy", str(shaped(BASELINE, tmp_path)), "--server-module", "launched", *args)
     assert r.returncode == 2 and r.stdout == "", r

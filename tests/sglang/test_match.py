@@ -39,8 +39,14 @@ def load(caplog, cls, config, **server):
 
 def test_the_model_shape_is_what_run_json_says():
     run = json.loads((BASELINE.parent / "run.json").read_text())
-    assert model_shape(run["model"]) == {"model_type": "nemotron_h", "hidden_size": 64, "num_hidden_layers": 8,
-                                         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
+    assert model_shape(run["model"]) == {
+        "model_type": "nemotron_h",
+        "hidden_size": 64,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+    }
     llama = json.loads((REPO / "results" / "profile-llama3-8b-2layers" / "run.json").read_text())
     assert model_shape(llama["model"])["num_hidden_layers"] == 2  # the layers the profile ran, not the full 32
     assert model_shape(None) is None and model_shape({"name": "x"}) is None
@@ -66,8 +72,11 @@ MISMATCHES = [
     ({}, {"num_stages": 4}, ["num_stages: the policy's rules were chosen for 4 stages", "--pp 2"]),
     ({"tp_size": 2}, {"provenance.tp_size": 1}, ["tp_size: the policy profiled 1 TP ranks", "--tp-size 2"]),
     ({"page_size": 16}, {}, ["page_size: policy 1, server 16"]),
-    ({"chunked_prefill_size": 8192}, {}, ["chunked_prefill_size: server 8192, policy's base_chunk_size 512",
-                                          "--chunked-prefill-size 512"]),
+    (
+        {"chunked_prefill_size": 8192},
+        {},
+        ["chunked_prefill_size: server 8192, policy's base_chunk_size 512", "--chunked-prefill-size 512"],
+    ),
     ({"max_prefill_tokens": 256}, {}, ["max_prefill_tokens: server 256, below the policy's largest chunk"]),
     ({"context_len": 131072}, {}, ["context_len: server 131072, policy 32768"]),
     ({"model_type": "llama"}, {}, ["model model_type: policy 'nemotron_h'", "server 'llama'"]),
@@ -82,18 +91,28 @@ MISMATCHES = [
     ({}, {"table.chunk_size": [512.0]}, ["$.table.chunk_size"]),
 ]
 RUNTIME_KEYS = ("pp_size", "tp_size", "device_name")
-CONFIG_KEYS = ("context_len", "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
-               "num_key_value_heads", "head_dim")
+CONFIG_KEYS = (
+    "context_len",
+    "model_type",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+)
 
 
-@pytest.mark.parametrize("server, policy_changes, words", MISMATCHES,
-                         ids=[next(iter({**s, **p})) for s, p, _ in MISMATCHES])
-def test_each_mismatch_is_one_line_naming_the_field_and_both_values(caplog, tmp_path, monkeypatch, server,
-                                                                    policy_changes, words):
+@pytest.mark.parametrize(
+    "server, policy_changes, words", MISMATCHES, ids=[next(iter({**s, **p})) for s, p, _ in MISMATCHES]
+)
+def test_each_mismatch_is_one_line_naming_the_field_and_both_values(
+    caplog, tmp_path, monkeypatch, server, policy_changes, words
+):
     path = shaped(BASELINE, tmp_path, **policy_changes)
     monkeypatch.setenv(POLICY_ENV, str(path))
-    config = model_config(shaped(BASELINE, tmp_path / "served"), **{k: v for k, v in server.items()
-                                                                    if k in CONFIG_KEYS})
+    config = model_config(
+        shaped(BASELINE, tmp_path / "served"), **{k: v for k, v in server.items() if k in CONFIG_KEYS}
+    )
     cls = sizer_class(**{k: v for k, v in server.items() if k in RUNTIME_KEYS})
     rest = {k: v for k, v in server.items() if k not in RUNTIME_KEYS + CONFIG_KEYS}
     kept, lines, sizer = load(caplog, cls, config, **rest)
@@ -115,9 +134,18 @@ def test_no_policy_named_or_none_there_is_one_line_too(caplog, tmp_path, monkeyp
 
 def test_every_rank_refuses_when_one_rank_refuses_or_reads_another_file(caplog, tmp_path, policy_path):
     config = model_config(policy_path)
-    own = sizer_class()(model_runner=None, model_config=config, tree_cache=None, req_to_token_pool=None,
-                        token_to_kv_pool_allocator=None, spec_algorithm=None, chunked_prefill_size=512,
-                        max_prefill_tokens=16384, page_size=1, device="cpu")
+    own = sizer_class()(
+        model_runner=None,
+        model_config=config,
+        tree_cache=None,
+        req_to_token_pool=None,
+        token_to_kv_pool_allocator=None,
+        spec_algorithm=None,
+        chunked_prefill_size=512,
+        max_prefill_tokens=16384,
+        page_size=1,
+        device="cpu",
+    )
     runtime = own.runtime("cpu")
     other_path = shaped(BASELINE, tmp_path / "other", **{"reason": "another fit of the same samples"})
     _, _, other_digest = own.check(str(other_path), runtime)
@@ -138,14 +166,30 @@ def test_outside_sglang_the_runtime_is_not_readable_and_nothing_is_raised(caplog
 def test_the_checks_read_sglangs_model_config_fields(policy_path):
     policy = load_policy(policy_path)
     config = model_config(policy_path)
-    server = ServerConfig(pp_size=2, tp_size=1, page_size=1, chunked_prefill_size=512, max_prefill_tokens=16384,
-                          context_len=config.context_len, device="cpu", device_name=None,
-                          model_shape=model_shape_of(config))
+    server = ServerConfig(
+        pp_size=2,
+        tp_size=1,
+        page_size=1,
+        chunked_prefill_size=512,
+        max_prefill_tokens=16384,
+        context_len=config.context_len,
+        device="cpu",
+        device_name=None,
+        model_shape=model_shape_of(config),
+    )
     assert mismatch(policy, server) is None
     assert largest_chunk(policy) >= max(policy.data["table"]["chunk_size"])
-    unknown = ServerConfig(pp_size=None, tp_size=None, page_size=1, chunked_prefill_size=512,
-                           max_prefill_tokens=largest_chunk(policy), context_len=None, device="cpu:0",
-                           device_name=None, model_shape=model_shape_of(config))
+    unknown = ServerConfig(
+        pp_size=None,
+        tp_size=None,
+        page_size=1,
+        chunked_prefill_size=512,
+        max_prefill_tokens=largest_chunk(policy),
+        context_len=None,
+        device="cpu:0",
+        device_name=None,
+        model_shape=model_shape_of(config),
+    )
     assert mismatch(policy, unknown) is None  # what the server does not say is not held against it
     data = json.loads(policy_path.read_text())
     del data["provenance"]["tp_size"]  # fitted before TP: the server's TP size is not held against it

@@ -37,10 +37,14 @@ def test_sglangs_scheduler_binds_and_builds_ppprofs_sizer(tmp_path):
     site_dir = tmp_path / "site"
     site_dir.mkdir()
     shutil.copy(REPO / "ppprof" / "sglang" / "ppprof-sglang.pth", site_dir)
-    env = {**os.environ, hook.POLICY_ENV: str(shaped(REPO / "results" / "baseline" / "policy.json", tmp_path)),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    r = subprocess.run([sys.executable, "-c", BUILD, str(site_dir)], capture_output=True, text=True, env=env,
-                       timeout=600)
+    env = {
+        **os.environ,
+        hook.POLICY_ENV: str(shaped(REPO / "results" / "baseline" / "policy.json", tmp_path)),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    r = subprocess.run(
+        [sys.executable, "-c", BUILD, str(site_dir)], capture_output=True, text=True, env=env, timeout=600
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out == {"class": "ppprof.sglang.sizer", "loaded": False, "predict": None}, (out, r.stderr[-3000:])

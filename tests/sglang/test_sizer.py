@@ -22,8 +22,12 @@ def loaded(request, tmp_path, monkeypatch):
     monkeypatch.setenv(POLICY_ENV, str(path))
     policy = load_policy(path)
     s = policy.settings
-    scheduler = Scheduler(sizer_class(pp_size=policy.num_stages, tp_size=policy.tp_size), model_config(path),
-                          chunked_prefill_size=s.base_chunk_size, page_size=s.page_size)
+    scheduler = Scheduler(
+        sizer_class(pp_size=policy.num_stages, tp_size=policy.tp_size),
+        model_config(path),
+        chunked_prefill_size=s.base_chunk_size,
+        page_size=s.page_size,
+    )
     sizer = scheduler.maybe_init_dynamic_chunk_sizer()
     assert scheduler.dynamic_chunk_sizer is sizer, "the committed policy fits its own profile's server"
     return scheduler, sizer, policy
@@ -73,8 +77,12 @@ def test_predict_never_raises_and_says_so_once(caplog, loaded):
 
 def test_two_ranks_with_the_same_file_answer_alike(loaded):
     scheduler, sizer, policy = loaded
-    twin = Scheduler(scheduler.cls, scheduler.model_config, chunked_prefill_size=scheduler.chunked_prefill_size,
-                     page_size=scheduler.page_size)
+    twin = Scheduler(
+        scheduler.cls,
+        scheduler.model_config,
+        chunked_prefill_size=scheduler.chunked_prefill_size,
+        page_size=scheduler.page_size,
+    )
     other = twin.maybe_init_dynamic_chunk_sizer()
     for prefix_len in range(0, policy.settings.context_len, 997):
         assert other.predict(prefix_len) == sizer.predict(prefix_len)

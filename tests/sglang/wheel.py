@@ -32,9 +32,28 @@ def wheel(version: str) -> tuple[Path | None, str]:
         return found[0], ""
     CACHE.mkdir(parents=True, exist_ok=True)
     try:
-        r = subprocess.run([sys.executable, "-m", "pip", "download", f"sglang=={version}", "--no-deps",
-                            "--only-binary", ":all:", "--retries", "1", "--timeout", "30", "-q", "-d", str(CACHE)],
-                           capture_output=True, text=True, timeout=900)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                f"sglang=={version}",
+                "--no-deps",
+                "--only-binary",
+                ":all:",
+                "--retries",
+                "1",
+                "--timeout",
+                "30",
+                "-q",
+                "-d",
+                str(CACHE),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return None, f"pip download sglang=={version} did not finish ({e})"
     found = sorted(CACHE.glob(f"sglang-{version}-*.whl"))

@@ -7,26 +7,30 @@ import dataclasses
 import pytest
 
 from ppprof.specs.spec import ATTENTION, MAMBA, MLP, MOE, LayerSpec, ModelSpec, layers_pattern
-from ppprof.specs import (
-    kv_bytes_per_token,
-    layer_params,
-    load_spec,
-    mamba_bytes_per_slot,
-    stage_accounts,
-    stage_params,
-)
+from ppprof.specs import kv_bytes_per_token, layer_params, load_spec, mamba_bytes_per_slot, stage_accounts, stage_params
 
 
 @pytest.fixture
 def spec():
     # Layers: attention + MLP, mamba only, MoE only.
     return ModelSpec(
-        name="hand", family="nemotron_h",
+        name="hand",
+        family="nemotron_h",
         layers=(LayerSpec(mixers=(ATTENTION,), ffn=MLP), LayerSpec(mixers=(MAMBA,)), LayerSpec(ffn=MOE)),
-        hidden_size=8, vocab_size=10, intermediate_size=16,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=4,
-        mamba_num_heads=2, mamba_head_dim=4, ssm_state_size=3, conv_kernel=4, mamba_n_groups=1,
-        num_experts=2, num_experts_per_tok=1, moe_intermediate_size=5,
+        hidden_size=8,
+        vocab_size=10,
+        intermediate_size=16,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=4,
+        mamba_num_heads=2,
+        mamba_head_dim=4,
+        ssm_state_size=3,
+        conv_kernel=4,
+        mamba_n_groups=1,
+        num_experts=2,
+        num_experts_per_tok=1,
+        moe_intermediate_size=5,
     )
 
 
@@ -50,7 +54,9 @@ def test_relu2_mlp_and_experts_have_two_matrices(spec):
 
 def test_stage_params_by_hand(spec):
     first = stage_params(spec, range(0, 2))
-    assert first == dict(embedding=80, attention=192, deltanet=0, mamba=340, mlp=384, moe=0, norm=24, lm_head=0, total=1020)
+    assert first == dict(
+        embedding=80, attention=192, deltanet=0, mamba=340, mlp=384, moe=0, norm=24, lm_head=0, total=1020
+    )
     last = stage_params(spec, range(2, 3))
     # final norm 8 and lm_head 10*8 on the last stage.
     assert last == dict(embedding=0, attention=0, deltanet=0, mamba=0, mlp=0, moe=256, norm=16, lm_head=80, total=352)

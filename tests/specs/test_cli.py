@@ -27,8 +27,20 @@ def test_json_tiny_hybrid_two_stages():
 
 
 def test_json_options():
-    d = json.loads(run("nemotron-h-8b", "--num-layers", "4", "--pp", "2", "--layer-partition", "3,1",
-                       "--dtype", "float32", "--json").stdout)
+    d = json.loads(
+        run(
+            "nemotron-h-8b",
+            "--num-layers",
+            "4",
+            "--pp",
+            "2",
+            "--layer-partition",
+            "3,1",
+            "--dtype",
+            "float32",
+            "--json",
+        ).stdout
+    )
     assert d["layout"] == "M-M*" and d["dtype"] == "float32"
     assert [s["layout"] for s in d["stages"]] == ["M-M", "*"]
     assert d["stages"][1]["kv_bytes_per_token"] == 2 * 8 * 128 * 4
@@ -44,8 +56,9 @@ def test_text_table():
 
 
 def test_hf_config_path(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 2,
-                                                      "hidden_size": 64, "num_attention_heads": 4}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4})
+    )
     r = run(str(tmp_path), "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["head_dim"] == 16

@@ -10,8 +10,16 @@ import torch
 
 from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.specs import load_spec, split_layers
-from ppprof.specs.memory import (FLASHINFER_WORKSPACE_BYTES, MAMBA_FUSED, MAMBA_TORCH, attention_bytes, format_bytes,
-                                 mamba_bytes, resolve_backend, stage_memory)
+from ppprof.specs.memory import (
+    FLASHINFER_WORKSPACE_BYTES,
+    MAMBA_FUSED,
+    MAMBA_TORCH,
+    attention_bytes,
+    format_bytes,
+    mamba_bytes,
+    resolve_backend,
+    stage_memory,
+)
 from ppprof.specs.spec import LayerSpec, ModelSpec
 
 BENCH = Path(__file__).resolve().parents[2] / "scripts" / "benchmarks" / "memory.py"
@@ -20,12 +28,33 @@ TOLERANCE = 0.25
 
 def hand_moe() -> ModelSpec:
     """Every kind of layer, attention and Mamba in parallel in one, a relu2 MLP and MoE."""
-    layers = (LayerSpec(mixers=("mamba",)), LayerSpec(mixers=("attention", "mamba"), ffn="mlp"), LayerSpec(ffn="moe"),
-              LayerSpec(mixers=("attention",), ffn="mlp"))
-    return ModelSpec(name="hand", family="falcon_h1", layers=layers, hidden_size=32, vocab_size=64,
-                     intermediate_size=48, mlp_act="relu2", num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                     mamba_num_heads=4, mamba_head_dim=8, ssm_state_size=8, conv_kernel=4, mamba_n_groups=2,
-                     mamba_chunk_size=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24)
+    layers = (
+        LayerSpec(mixers=("mamba",)),
+        LayerSpec(mixers=("attention", "mamba"), ffn="mlp"),
+        LayerSpec(ffn="moe"),
+        LayerSpec(mixers=("attention",), ffn="mlp"),
+    )
+    return ModelSpec(
+        name="hand",
+        family="falcon_h1",
+        layers=layers,
+        hidden_size=32,
+        vocab_size=64,
+        intermediate_size=48,
+        mlp_act="relu2",
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        mamba_num_heads=4,
+        mamba_head_dim=8,
+        ssm_state_size=8,
+        conv_kernel=4,
+        mamba_n_groups=2,
+        mamba_chunk_size=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=24,
+    )
 
 
 def nbytes(tensors) -> int:
@@ -36,8 +65,9 @@ def nbytes(tensors) -> int:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_pools_and_weights_match_the_real_tensors_exactly(spec, dtype, page_size):
-    sizes = dict(max_total_tokens=4 * 64, page_size=page_size, max_mamba_cache_size=5, max_running_requests=3,
-                 context_len=96)
+    sizes = dict(
+        max_total_tokens=4 * 64, page_size=page_size, max_mamba_cache_size=5, max_running_requests=3, context_len=96
+    )
     for layers in split_layers(spec.num_layers, 2) + [range(spec.num_layers)]:
         m = stage_memory(spec, layers, dtype=dtype, chunk_size=32, prefix_len=64, **sizes)
         stage = Stage(spec, layers, dtype=getattr(torch, dtype))
@@ -54,8 +84,19 @@ def test_pools_and_weights_match_the_real_tensors_exactly(spec, dtype, page_size
 
 def test_to_dict_holds_every_part_and_the_total():
     spec = load_spec("tiny-hybrid")
-    m = stage_memory(spec, range(4, 8), dtype=None, max_total_tokens=640, page_size=1, max_mamba_cache_size=8,
-                     max_running_requests=8, context_len=1024, chunk_size=128, prefix_len=512, stage_idx=1)
+    m = stage_memory(
+        spec,
+        range(4, 8),
+        dtype=None,
+        max_total_tokens=640,
+        page_size=1,
+        max_mamba_cache_size=8,
+        max_running_requests=8,
+        context_len=1024,
+        chunk_size=128,
+        prefix_len=512,
+        stage_idx=1,
+    )
     d = m.to_dict()
     assert d["stage_idx"] == 1 and (d["layer_start"], d["layer_stop"]) == (4, 8)
     assert d["dtype"] == "float32" and d["attention_backend"] == "sdpa" and d["mamba_kernel"] == MAMBA_TORCH
@@ -97,8 +138,17 @@ def test_the_activation_model_ranks_the_kernels_as_their_memory_does():
 
 def test_the_largest_layer_wins_and_flashinfer_adds_its_workspace():
     spec = load_spec("nemotron-h-8b")
-    sizes = dict(dtype="bfloat16", max_total_tokens=75776, page_size=64, max_mamba_cache_size=128,
-                 max_running_requests=128, context_len=131072, chunk_size=10240, prefix_len=65536, device="cuda")
+    sizes = dict(
+        dtype="bfloat16",
+        max_total_tokens=75776,
+        page_size=64,
+        max_mamba_cache_size=128,
+        max_running_requests=128,
+        context_len=131072,
+        chunk_size=10240,
+        prefix_len=65536,
+        device="cuda",
+    )
     sdpa = stage_memory(spec, range(13), attention_backend="sdpa", **sizes)
     reference = stage_memory(spec, range(13), attention_backend="reference", **sizes)
     assert spec.layers[sdpa.activation_layer].has_mamba and "mamba" in sdpa.activation_terms
@@ -112,8 +162,15 @@ def test_the_largest_layer_wins_and_flashinfer_adds_its_workspace():
 
 def test_bad_sizes_name_the_setting():
     spec = load_spec("tiny-dense")
-    sizes = dict(dtype=None, page_size=16, max_mamba_cache_size=1, max_running_requests=1, context_len=64,
-                 chunk_size=16, prefix_len=0)
+    sizes = dict(
+        dtype=None,
+        page_size=16,
+        max_mamba_cache_size=1,
+        max_running_requests=1,
+        context_len=64,
+        chunk_size=16,
+        prefix_len=0,
+    )
     with pytest.raises(ValueError, match="--max-total-tokens 100 must be a positive multiple of --page-size 16"):
         stage_memory(spec, range(4), max_total_tokens=100, **sizes)
     with pytest.raises(ValueError, match="--max-running-requests 0 must be an integer >= 1"):
@@ -124,7 +181,12 @@ def test_bad_sizes_name_the_setting():
 
 def test_format_bytes():
     assert [format_bytes(n) for n in (512, 1536, 3 * 2**20, 2**31, 5 * 2**40)] == [
-        "512 B", "1.5 KiB", "3.0 MiB", "2.0 GiB", "5.0 TiB"]
+        "512 B",
+        "1.5 KiB",
+        "3.0 MiB",
+        "2.0 GiB",
+        "5.0 TiB",
+    ]
 
 
 def load_bench():
@@ -138,9 +200,16 @@ def load_bench():
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc (VmHWM, clear_refs)")
-@pytest.mark.parametrize(("model", "backend", "base_chunk_size"), [
-    (model, backend, b) for model in ("tiny-dense", "tiny-hybrid") for backend in ("sdpa", "reference")
-    for b in (512, 2048) if (model, backend, b) != ("tiny-dense", "reference", 2048)])
+@pytest.mark.parametrize(
+    ("model", "backend", "base_chunk_size"),
+    [
+        (model, backend, b)
+        for model in ("tiny-dense", "tiny-hybrid")
+        for backend in ("sdpa", "reference")
+        for b in (512, 2048)
+        if (model, backend, b) != ("tiny-dense", "reference", 2048)
+    ],
+)
 def test_the_estimate_is_within_25_percent_of_the_measured_peak(model, backend, base_chunk_size):
     """One forward of the largest probe request of a profile with base chunk B (chunk 1.25 B after 4 B cached
     tokens), the whole model as one stage, fp32, in a fresh Python (scripts/benchmarks/memory.py): its peak RSS above the
@@ -153,13 +222,25 @@ def test_the_estimate_is_within_25_percent_of_the_measured_peak(model, backend, 
     row = load_bench().measure_in_fresh_python(model, backend, base_chunk_size, "exact", timeout_s=60)
     assert row["measured"] > 30 * 2**20, row
     assert abs(row["estimate"] - row["measured"]) <= TOLERANCE * row["measured"], (
-        f"estimate {format_bytes(row['estimate'])} vs measured {format_bytes(row['measured'])}: {row}")
+        f"estimate {format_bytes(row['estimate'])} vs measured {format_bytes(row['measured'])}: {row}"
+    )
 
 
 def test_the_flashinfer_workspace_is_counted_on_every_stage():
     spec = load_spec("tiny-dense")
-    m = stage_memory(spec, range(4), dtype=None, max_total_tokens=64, page_size=16, max_mamba_cache_size=1,
-                     max_running_requests=1, context_len=64, chunk_size=16, prefix_len=16,
-                     attention_backend="flashinfer", device="cuda")
+    m = stage_memory(
+        spec,
+        range(4),
+        dtype=None,
+        max_total_tokens=64,
+        page_size=16,
+        max_mamba_cache_size=1,
+        max_running_requests=1,
+        context_len=64,
+        chunk_size=16,
+        prefix_len=16,
+        attention_backend="flashinfer",
+        device="cuda",
+    )
     assert m.activation_terms["flashinfer_workspace"] == FLASHINFER_WORKSPACE_BYTES
     assert m.dtype == "bfloat16", "bf16 on CUDA when neither --dtype nor the spec says"

@@ -12,11 +12,17 @@ from ppprof.specs.pattern import KEEP_PRIORITY, format_layers, layer_kinds
 
 
 def test_parse_pattern_and_tokens():
-    assert parse_pattern("M*-E") == (LayerSpec(mixers=(MAMBA,)), LayerSpec(mixers=(ATTENTION,)), LayerSpec(ffn=MLP),
-                                     LayerSpec(ffn=MOE))
-    assert parse_layer_tokens("*- ME M*-") == (LayerSpec(mixers=(ATTENTION,), ffn=MLP),
-                                                LayerSpec(mixers=(MAMBA,), ffn=MOE),
-                                                LayerSpec(mixers=(ATTENTION, MAMBA), ffn=MLP))
+    assert parse_pattern("M*-E") == (
+        LayerSpec(mixers=(MAMBA,)),
+        LayerSpec(mixers=(ATTENTION,)),
+        LayerSpec(ffn=MLP),
+        LayerSpec(ffn=MOE),
+    )
+    assert parse_layer_tokens("*- ME M*-") == (
+        LayerSpec(mixers=(ATTENTION,), ffn=MLP),
+        LayerSpec(mixers=(MAMBA,), ffn=MOE),
+        LayerSpec(mixers=(ATTENTION, MAMBA), ffn=MLP),
+    )
     assert parse_layer_tokens(["*-", {"mixers": ["mamba"], "ffn": None}])[1] == LayerSpec(mixers=(MAMBA,))
     for bad in ("**", "-E", "M-*"):
         with pytest.raises(ValueError, match="malformed"):
@@ -31,15 +37,18 @@ def test_format_layers_examples():
     assert format_layers(parse_layer_tokens("*M- M E")) == "*M- M E"
 
 
-@pytest.mark.parametrize("name,n,expected", [
-    ("nemotron-h-8b", 8, "M-M-M-M*"),     # the prefix already mixes
-    ("nemotron-h-8b", 4, "M-M*"),         # layer 3 (MLP) swapped for layer 7, the first attention
-    ("nemotron-h-8b", 2, "M*"),           # attention first, then mamba
-    ("tiny-hybrid", 3, "M*E"),
-    ("jamba-mini", 4, "M- ME M- *-"),
-    ("jamba-mini", 2, "ME *-"),
-    ("llama3-8b", 2, "*- x2"),
-])
+@pytest.mark.parametrize(
+    "name,n,expected",
+    [
+        ("nemotron-h-8b", 8, "M-M-M-M*"),  # the prefix already mixes
+        ("nemotron-h-8b", 4, "M-M*"),  # layer 3 (MLP) swapped for layer 7, the first attention
+        ("nemotron-h-8b", 2, "M*"),  # attention first, then mamba
+        ("tiny-hybrid", 3, "M*E"),
+        ("jamba-mini", 4, "M- ME M- *-"),
+        ("jamba-mini", 2, "ME *-"),
+        ("llama3-8b", 2, "*- x2"),
+    ],
+)
 def test_shorten_keeps_mix(name, n, expected):
     spec = load_spec(name, num_layers=n)
     assert spec.num_layers == n
@@ -73,6 +82,6 @@ def test_shorten_properties(pattern, data):
     got = set().union(*map(layer_kinds, short))
     # The top-priority kinds the model has survive, as many as there are layers.
     wanted = [k for k in KEEP_PRIORITY if k in full][:n]
-    assert set(wanted[:min(n, 2)]) <= got, f"{pattern=} {n=} {wanted=} {got=}"
+    assert set(wanted[: min(n, 2)]) <= got, f"{pattern=} {n=} {wanted=} {got=}"
     if n >= len(wanted):
         assert set(wanted) <= got, f"{pattern=} {n=}"

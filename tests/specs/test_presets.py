@@ -33,8 +33,17 @@ def test_preset_loads_by_name_and_path(name):
 
 def test_llama3_8b_shapes():
     s = load_spec("llama3-8b")
-    assert (s.family, s.num_layers, s.hidden_size, s.num_attention_heads, s.num_key_value_heads, s.head_dim,
-            s.intermediate_size, s.vocab_size, s.rope_theta) == ("llama", 32, 4096, 32, 8, 128, 14336, 128256, 5e5)
+    assert (
+        s.family,
+        s.num_layers,
+        s.hidden_size,
+        s.num_attention_heads,
+        s.num_key_value_heads,
+        s.head_dim,
+        s.intermediate_size,
+        s.vocab_size,
+        s.rope_theta,
+    ) == ("llama", 32, 4096, 32, 8, 128, 14336, 128256, 5e5)
     assert set(s.layers) == {LayerSpec(mixers=(ATTENTION,), ffn=MLP)}
 
 
@@ -44,8 +53,15 @@ def test_nemotron_h_8b_shapes():
     assert s.num_layers == 52
     assert sum(layer.has_attention for layer in s.layers) == 4
     assert sum(layer.has_mamba for layer in s.layers) == 24
-    assert (s.mamba_num_heads, s.mamba_head_dim, s.ssm_state_size, s.mamba_n_groups, s.conv_kernel,
-            s.intermediate_size, s.mlp_act) == (128, 64, 128, 8, 4, 21504, "relu2")
+    assert (
+        s.mamba_num_heads,
+        s.mamba_head_dim,
+        s.ssm_state_size,
+        s.mamba_n_groups,
+        s.conv_kernel,
+        s.intermediate_size,
+        s.mlp_act,
+    ) == (128, 64, 128, 8, 4, 21504, "relu2")
 
 
 def test_jamba_mini_shapes():
@@ -97,9 +113,11 @@ def test_dtype_override_and_validation():
 
 def test_yaml_layout_tokens_repeat_and_errors(tmp_path):
     path = tmp_path / "m.yaml"
-    path.write_text("family: falcon_h1\nlayers: '*M-'\nrepeat: 3\nhidden_size: 32\nintermediate_size: 64\n"
-                    "num_attention_heads: 2\nnum_key_value_heads: 1\nhead_dim: 16\nmamba_num_heads: 2\n"
-                    "mamba_head_dim: 16\nssm_state_size: 8\ndtype: fp16\n")
+    path.write_text(
+        "family: falcon_h1\nlayers: '*M-'\nrepeat: 3\nhidden_size: 32\nintermediate_size: 64\n"
+        "num_attention_heads: 2\nnum_key_value_heads: 1\nhead_dim: 16\nmamba_num_heads: 2\n"
+        "mamba_head_dim: 16\nssm_state_size: 8\ndtype: fp16\n"
+    )
     s = load_spec(path)
     assert s.name == "m" and s.dtype == "float16"
     assert s.layers == (LayerSpec(mixers=(ATTENTION, MAMBA), ffn=MLP),) * 3
@@ -112,8 +130,10 @@ def test_yaml_layout_tokens_repeat_and_errors(tmp_path):
         ("family: llama\npattern: '-'\nhidden_size: 8\n", "intermediate_size=0"),
         ("pattern: '-'\nhidden_size: 8\n", "missing `family`"),
         ("family: llama\npattern: '-'\nrepeat: 0\nhidden_size: 8\n", "repeat=0"),
-        ("family: llama\npattern: '-'\nhidden_size: 8\nintermediate_size: 8\nmlp_act: gelu\n",
-         "mlp_act='gelu' is unknown: use one of silu, relu2"),
+        (
+            "family: llama\npattern: '-'\nhidden_size: 8\nintermediate_size: 8\nmlp_act: gelu\n",
+            "mlp_act='gelu' is unknown: use one of silu, relu2",
+        ),
         ("[1, 2", "not valid YAML"),
     ]:
         path.write_text(bad)

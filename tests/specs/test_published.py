@@ -60,8 +60,13 @@ def test_deepseek_v3_exact_counts():
     total, _, stages = totals("deepseek_v3")
     mla = 7168 * 1536 + 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 + 512 * 128 * 256 + 128 * 128 * 7168
     assert mla == 187_107_328
-    expected = (61 * mla + 3 * 3 * 7168 * 18432 + 58 * (256 * 7168 + 256 + 257 * 3 * 7168 * 2048)
-                + (2 * 61 + 1) * 7168 + 2 * 129280 * 7168)
+    expected = (
+        61 * mla
+        + 3 * 3 * 7168 * 18432
+        + 58 * (256 * 7168 + 256 + 257 * 3 * 7168 * 2048)
+        + (2 * 61 + 1) * 7168
+        + 2 * 129280 * 7168
+    )
     assert total == expected == 671_026_419_200
     spec = load_spec(DATA / "deepseek_v3" / "config.json")
     # The MTP module: counted, not in any stage (its embedding and head are the main model's).
@@ -98,8 +103,9 @@ def test_model_command_json_across_dense_and_moe_layers():
 
     from ppprof.cli import main
 
-    r = CliRunner().invoke(main, ["model", str(DATA / "deepseek_v3"), "--pp", "4", "--layer-partition",
-                                  "17,15,15,14", "--json"])
+    r = CliRunner().invoke(
+        main, ["model", str(DATA / "deepseek_v3"), "--pp", "4", "--layer-partition", "17,15,15,14", "--json"]
+    )
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert d["num_params"] == 671_026_419_200 and d["num_mtp_params"] == mtp_params(load_spec(DATA / "deepseek_v3"))
@@ -114,16 +120,27 @@ def test_memory_check_holds_the_experts_and_grows_with_the_prefix():
     from ppprof.specs.memory import mla_bytes
 
     spec = load_spec(DATA / "deepseek_v3" / "config.json")
-    kw = dict(dtype="bfloat16", max_total_tokens=65536, page_size=64, max_mamba_cache_size=1, max_running_requests=8,
-              context_len=65536, chunk_size=2048, attention_backend="sdpa", device="cuda")
+    kw = dict(
+        dtype="bfloat16",
+        max_total_tokens=65536,
+        page_size=64,
+        max_mamba_cache_size=1,
+        max_running_requests=8,
+        context_len=65536,
+        chunk_size=2048,
+        attention_backend="sdpa",
+        device="cuda",
+    )
     layers = range(46, 61)
     m = stage_memory(spec, layers, prefix_len=30720, **kw)
     assert m.weights == stage_weight_bytes(spec, layers, dtype="bfloat16") > 15 * 256 * 3 * 7168 * 2048 * BF16
     assert m.kv_pool == (65536 // 64 + 1) * 64 * 15 * 576 * BF16
     # MLA's decompression of the prefix: every cached token costs its latent row, its K/V and the padded V again.
     per_token = (512 + 64) + 128 * (128 + 128) + 2 * 128 * 192
-    assert mla_bytes(spec, 2048, 2048 + 30720, BF16, "sdpa", "cuda") - mla_bytes(spec, 2048, 2048, BF16, "sdpa",
-                                                                              "cuda") == 30720 * per_token * BF16
+    assert (
+        mla_bytes(spec, 2048, 2048 + 30720, BF16, "sdpa", "cuda") - mla_bytes(spec, 2048, 2048, BF16, "sdpa", "cuda")
+        == 30720 * per_token * BF16
+    )
     assert m.activation_terms["attention"] == mla_bytes(spec, 2048, 2048 + 30720, BF16, "sdpa", "cuda")
     qwen = load_spec(DATA / "qwen3_next" / "config.json")
     q = stage_memory(qwen, range(12), prefix_len=0, **{**kw, "max_mamba_cache_size": 64})
@@ -134,5 +151,6 @@ def test_memory_check_holds_the_experts_and_grows_with_the_prefix():
 
     n, h = 2048, 2048
     routing = n * 512 * (BF16 + 12) + 48 * n * 10 + n * h * BF16
-    assert ffn_bytes(qwen, qwen.layers[0], n, BF16) == routing + max(n * (3 * h + 4 * 512) * BF16,
-                                                                     n * (4 * 512 + h) * BF16)
+    assert ffn_bytes(qwen, qwen.layers[0], n, BF16) == routing + max(
+        n * (3 * h + 4 * 512) * BF16, n * (4 * 512 + h) * BF16
+    )

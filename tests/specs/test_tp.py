@@ -42,24 +42,56 @@ def test_a_vocabulary_tp_does_not_divide_is_padded_on_the_last_rank():
     assert [rank_shapes(spec, 2, r).vocab for r in range(2)] == [Shard(0, 255, 509), Shard(255, 255, 509)]
 
 
-@pytest.mark.parametrize("model,changes,tp,message", [
-    ("tiny-dense", {}, 3, "--tp-size 3 does not divide num_attention_heads (4) of model 'tiny-dense': use a "
-                          "--tp-size that is a divisor of 4"),
-    ("tiny-dense", {"num_attention_heads": 6, "num_key_value_heads": 3}, 2,
-     "does not divide num_key_value_heads (3) of model 'tiny-dense': use a --tp-size that is a divisor of 3 or a "
-     "multiple of it"),
-    ("tiny-dense", {"intermediate_size": 130}, 4, "does not divide intermediate_size (130)"),
-    ("tiny-hybrid", {"moe_intermediate_size": 66}, 4, "does not divide moe_intermediate_size (66)"),
-    ("tiny-hybrid", {"mamba_num_heads": 6}, 4, "does not divide mamba_num_heads (6)"),
-    ("tiny-hybrid", {"mamba_n_groups": 4, "mamba_num_heads": 12, "num_attention_heads": 12,
-                     "num_key_value_heads": 12, "intermediate_size": 132, "moe_intermediate_size": 60}, 6,
-     "does not divide mamba_n_groups (4)"),
-    ("tiny-dense", {}, 65, "--tp-size 65 must be in 1..64"),
-    ("tiny-mla", {}, 2, "--tp-size 2: model 'tiny-mla' has MLA layers, which ppprof does not shard over TP ranks yet: "
-                        "use --tp-size 1"),
-    ("tiny-gdn", {}, 2, "has Gated DeltaNet layers, which ppprof does not shard"),
-    ("tiny-moe", {"shared_expert_intermediate_size": 66}, 4, "does not divide shared_expert_intermediate_size (66)"),
-])
+@pytest.mark.parametrize(
+    "model,changes,tp,message",
+    [
+        (
+            "tiny-dense",
+            {},
+            3,
+            "--tp-size 3 does not divide num_attention_heads (4) of model 'tiny-dense': use a "
+            "--tp-size that is a divisor of 4",
+        ),
+        (
+            "tiny-dense",
+            {"num_attention_heads": 6, "num_key_value_heads": 3},
+            2,
+            "does not divide num_key_value_heads (3) of model 'tiny-dense': use a --tp-size that is a divisor of 3 or a "
+            "multiple of it",
+        ),
+        ("tiny-dense", {"intermediate_size": 130}, 4, "does not divide intermediate_size (130)"),
+        ("tiny-hybrid", {"moe_intermediate_size": 66}, 4, "does not divide moe_intermediate_size (66)"),
+        ("tiny-hybrid", {"mamba_num_heads": 6}, 4, "does not divide mamba_num_heads (6)"),
+        (
+            "tiny-hybrid",
+            {
+                "mamba_n_groups": 4,
+                "mamba_num_heads": 12,
+                "num_attention_heads": 12,
+                "num_key_value_heads": 12,
+                "intermediate_size": 132,
+                "moe_intermediate_size": 60,
+            },
+            6,
+            "does not divide mamba_n_groups (4)",
+        ),
+        ("tiny-dense", {}, 65, "--tp-size 65 must be in 1..64"),
+        (
+            "tiny-mla",
+            {},
+            2,
+            "--tp-size 2: model 'tiny-mla' has MLA layers, which ppprof does not shard over TP ranks yet: "
+            "use --tp-size 1",
+        ),
+        ("tiny-gdn", {}, 2, "has Gated DeltaNet layers, which ppprof does not shard"),
+        (
+            "tiny-moe",
+            {"shared_expert_intermediate_size": 66},
+            4,
+            "does not divide shared_expert_intermediate_size (66)",
+        ),
+    ],
+)
 def test_a_model_tp_cannot_split_is_refused_naming_field_value_and_fix(model, changes, tp, message):
     spec = dataclasses.replace(load_spec(model), **changes)
     with pytest.raises(ValueError) as e:
@@ -74,14 +106,17 @@ def test_every_preset_splits_at_tp_1_and_the_published_degrees_where_it_should()
         check_tp(load_spec("llama3-8b"), tp)
 
 
-@pytest.mark.parametrize("world,tp,pp,local,message", [
-    (4, 2, 2, 4, None),
-    (4, 2, None, 2, None),
-    (6, 4, None, 6, "--tp-size 4 does not divide the 6 ranks of the job"),
-    (4, 2, 3, 4, "--pp-size 3 x --tp-size 2 = 6 ranks but the job has 4"),
-    (4, 2, 2, 1, "--tp-size 2 would span nodes: a node's 1 ranks must hold whole TP groups"),
-    (8, 4, 2, 2, "--tp-size 4 would span nodes"),
-])
+@pytest.mark.parametrize(
+    "world,tp,pp,local,message",
+    [
+        (4, 2, 2, 4, None),
+        (4, 2, None, 2, None),
+        (6, 4, None, 6, "--tp-size 4 does not divide the 6 ranks of the job"),
+        (4, 2, 3, 4, "--pp-size 3 x --tp-size 2 = 6 ranks but the job has 4"),
+        (4, 2, 2, 1, "--tp-size 2 would span nodes: a node's 1 ranks must hold whole TP groups"),
+        (8, 4, 2, 2, "--tp-size 4 would span nodes"),
+    ],
+)
 def test_the_mesh_is_refused_where_it_does_not_fit_the_job(world, tp, pp, local, message):
     problem = mesh_problem(world, tp, pp, local)
     assert (problem is None) if message is None else (message in problem), f"{problem=}"
@@ -100,9 +135,12 @@ def test_model_tp_size_shows_one_tp_rank_of_each_stage():
     # KV per token on a stage: 16 layers x K and V x 2 KV heads x 128 x 2 bytes (a quarter of TP = 1's)
     row = next(line for line in r.stdout.splitlines() if line.startswith("0      0-15"))
     assert "1.00G" in row and "16.0 KiB" in row, r.stdout
-    whole, per_rank = (json.loads(CliRunner().invoke(main, ["model", "tiny-hybrid", "--pp", "2", *tp, "--memory",
-                                                           "--json"]).stdout)["memory"]["stages"]
-                       for tp in ([], ["--tp-size", "2"]))
+    whole, per_rank = (
+        json.loads(CliRunner().invoke(main, ["model", "tiny-hybrid", "--pp", "2", *tp, "--memory", "--json"]).stdout)[
+            "memory"
+        ]["stages"]
+        for tp in ([], ["--tp-size", "2"])
+    )
     assert len(per_rank) == 2 and all(b["kv_pool"] * 2 == a["kv_pool"] for a, b in zip(whole, per_rank))
     assert all(b["weights"] < a["weights"] for a, b in zip(whole, per_rank))
     r = CliRunner().invoke(main, ["model", "llama3-8b", "--tp-size", "3"])
