@@ -5,15 +5,16 @@ JSON and YAML refused past MAX_DEPTH levels; and strict JSON (`finite`)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import math
-import errno
 import os
 import re
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:

@@ -97,3 +97,11 @@ def test_the_multirank_tests_run_in_this_checkout_whatever_its_folder_is_named()
 def test_ci_runs_the_tests_from_a_clone_in_a_folder_named_ppprof():
     text = (REPO / ".ci/run").read_text()
     assert re.search(r'git clone -q \. "\$\w+/ppprof"', text) and 'basename "$PWD"' in text
+
+
+def test_ci_checks_the_format_and_the_lint_before_the_tests_with_the_pinned_ruff():
+    lines = [line.strip() for line in (REPO / ".ci/run").read_text().splitlines()]
+    order = [lines.index(cmd) for cmd in (".venv/bin/ruff format --check .", ".venv/bin/ruff check .")]
+    assert order == sorted(order) and order[-1] < lines.index("bash scripts/test.sh")
+    extras = (REPO / "pyproject.toml").read_text()
+    assert re.search(r'^test = \[.*"ruff==[0-9.]+"', extras, re.M), "ruff is pinned in the test extras"

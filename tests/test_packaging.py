@@ -1,7 +1,8 @@
 """The package list in pyproject.toml is explicit (ppprof.presets maps to configs/models); keep it complete."""
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 

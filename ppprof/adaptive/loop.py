@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from ppprof.adaptive.probes import design_probe
 from ppprof.adaptive.step import GRID_DONE, DesignState, choose

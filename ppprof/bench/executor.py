@@ -17,7 +17,6 @@ from ppprof.mem.cache import describe_leaks
 from ppprof.model.stage import Stage
 from ppprof.probe.timer import Timer, device_sync
 
-
 WARMUP_REPEAT = -1
 """The repeat number of a warm-up prompt (run, not reported)."""
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from ppprof.checks import require_int
-from ppprof.config import DEFAULT_CONTEXT_LEN, DEFAULT_SMOOTH_FACTOR
 from ppprof.commands.options import policy_options
+from ppprof.config import DEFAULT_CONTEXT_LEN, DEFAULT_SMOOTH_FACTOR
 from ppprof.fit.build import fit
 from ppprof.fit.settings import LATENCY_MODEL_CHOICES
 from ppprof.fit.summary import fit_summary, incomplete_run_note

@@ -8,7 +8,7 @@ import json
 
 import click
 
-from ppprof.commands.options import SIZING_OPTIONS, option_name, shown, sizing_options
+from ppprof.commands.options import SIZING_OPTIONS, option_name, sizing_options
 from ppprof.config import ProfileConfig
 from ppprof.config.profile import DEFAULT_PP_SIZE
 from ppprof.run.memory import memory_report
@@ -16,8 +16,8 @@ from ppprof.run.settings import resolve_config
 from ppprof.specs import load_spec, parse_partition
 from ppprof.specs.accounting import accounting_dtype, describe, stage_accounts
 from ppprof.specs.dtypes import DTYPE_BYTES
-from ppprof.specs.tp import check_tp, rank_spec
 from ppprof.specs.text import format_memory_text, format_text
+from ppprof.specs.tp import check_tp, rank_spec
 
 DEFAULT_STAGES = 1
 """Stages `ppprof model` splits the model over without --pp (with --memory: the profile's, --config's or its default)."""

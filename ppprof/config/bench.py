@@ -85,7 +85,7 @@ class BenchConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "BenchConfig":
+    def from_dict(cls, d: dict) -> BenchConfig:
         d, profile = dict(d), dict(d["profile"])
         for key in ("prefix_lens", "layer_partition"):
             profile[key] = None if profile.get(key) is None else tuple(profile[key])

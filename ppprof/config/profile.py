@@ -74,7 +74,7 @@ def int_tuple(name: str, value, low: int | None) -> tuple[int, ...] | None:
     return tuple(value)
 
 
-def check_types(cfg: "ProfileConfig") -> None:
+def check_types(cfg: ProfileConfig) -> None:
     """Every field of the right type and within its bounds (INT_FIELDS), lists as tuples of integers."""
     require_str("--model", cfg.model, "a preset name or a path to a model spec / HF config")
     for name, low, high, optional in INT_FIELDS:
@@ -353,7 +353,7 @@ class ProfileConfig:
         return {"max_probe_chunk_multiple": LEGACY_PROBE_MULTIPLE, **{k: v for k, v in d.items() if k in known}}
 
     @classmethod
-    def from_dict(cls, d: dict, where: str = "run.json") -> "ProfileConfig":
+    def from_dict(cls, d: dict, where: str = "run.json") -> ProfileConfig:
         """The settings a run recorded (`to_dict`, the config of its run.json), typed and checked again; keys of
         other ppprof versions are left out. ValueError naming `where` when they are no longer valid."""
         if not isinstance(d, dict):

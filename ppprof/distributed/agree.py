@@ -3,8 +3,8 @@ the same message. A failed rank that simply left would leave the others waiting 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from ppprof.distributed.pipe import Pipe
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 import torch.distributed as dist

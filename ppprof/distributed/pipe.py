@@ -171,7 +171,7 @@ class Pipe:
         )
         return [dist.isend(t, dst, group=self._group) for t in tensors]
 
-    def irecv_activation(self, chunk_size: int) -> "PendingActivation":
+    def irecv_activation(self, chunk_size: int) -> PendingActivation:
         """Post the receives of the previous stage's next chunk of `chunk_size` tokens; wait() on the result."""
         src = self.peer(self.rank - 1)
         header = self._header(OK, 0)

@@ -4,7 +4,7 @@ Linux; elsewhere each answers as if nothing were wrong."""
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 
 def children(parent: int) -> Iterator[tuple[int, str]]:

@@ -26,7 +26,7 @@ class RankState:
         return f"{self.beat} {self.host} {self.pid} {self.peer} {self.phase}"
 
     @classmethod
-    def decode(cls, text: str) -> "RankState":
+    def decode(cls, text: str) -> RankState:
         beat, host, pid, peer, phase = text.split(" ", 4)
         return cls(int(beat), host, int(pid), int(peer), phase)
 

@@ -18,9 +18,9 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Callable, Iterator
 
 from ppprof.distributed.procfs import local_rank_gone, stopped_ranks
 from ppprof.distributed.rankstate import WORKING, RankState, culprit
@@ -132,7 +132,7 @@ class Watchdog:
         finally:
             self._wait = previous
 
-    def start(self) -> "Watchdog":
+    def start(self) -> Watchdog:
         """Take SIGINT and SIGTERM (from the main thread) and start the monitor and heartbeat threads."""
         read_fd, write_fd = os.pipe()
         os.set_blocking(read_fd, False)

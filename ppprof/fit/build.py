@@ -10,24 +10,24 @@ from pathlib import Path
 import numpy as np
 
 from ppprof import __version__
+from ppprof.checks import is_int, is_number
+from ppprof.config import ChunkSettings, PolicyOptions
 from ppprof.fit.calibrate import calibration_of
 from ppprof.fit.calibrate import none as no_calibration
 from ppprof.fit.gates import failure_reason, gates, predicted_shrink
-from ppprof.io import finite
 from ppprof.fit.parity import sglang_fit
 from ppprof.fit.plots import write_plots
 from ppprof.fit.regress import Fit, diagnostics, fit_candidates
 from ppprof.fit.samples import Samples, provenance, read_run, read_samples
 from ppprof.fit.settings import LATENCY_MODEL_CHOICES, resolve_policy_options, resolve_settings
-from ppprof.checks import is_int, is_number
-from ppprof.config import ChunkSettings, PolicyOptions
+from ppprof.io import finite
 from ppprof.policy.choice import choose, default_workload, rule_domain
 from ppprof.policy.optimum import PromptRule
 from ppprof.policy.rule import MODEL_NAMES, LatencyModel, build_table
 from ppprof.policy.schema import RULE_TEXT, SCHEMA_VERSION, save
-from ppprof.servers.workload import parse_prompt_spec
 from ppprof.runfiles import SAMPLES_FILE
 from ppprof.servers.sglang import PARITY
+from ppprof.servers.workload import parse_prompt_spec
 
 POLICY_FILE = "policy.json"
 PROFILE_LATENCY_MODEL = "auto"

@@ -12,8 +12,7 @@ from ppprof.fit.drift import samples_drift
 from ppprof.fit.samples import Samples, read_samples
 from ppprof.plotting import pyplot, save_figure
 from ppprof.policy.compare import compare_policies, gates_passed, table_end
-from ppprof.policy.schema import load_policy
-from ppprof.policy.schema import Policy
+from ppprof.policy.schema import Policy, load_policy
 from ppprof.runfiles import SAMPLES_FILE
 
 NUM_FIT_PREFIXES = 3  # latency curves drawn per policy: prefix 0, the middle and the largest profiled prefix

@@ -41,7 +41,7 @@ class Samples:
     def __len__(self) -> int:
         return len(self.chunk_latency_ms)
 
-    def subset(self, keep: np.ndarray) -> "Samples":
+    def subset(self, keep: np.ndarray) -> Samples:
         """The rows selected by `keep` (a mask or indices), with the same file facts."""
         return Samples(
             self.prefix_len[keep],

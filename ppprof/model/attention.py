@@ -7,10 +7,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ppprof.specs.spec import ModelSpec
 from ppprof.mem.cache import Request, StageCache
 from ppprof.model.attention_kernels import AttentionKernel
 from ppprof.model.tp import NO_TP, TPComm, mark_segments
+from ppprof.specs.spec import ModelSpec
 from ppprof.specs.tp import rank_shapes
 
 

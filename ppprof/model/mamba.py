@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ppprof.specs.spec import ModelSpec
 from ppprof.mem.cache import Request, StageCache
 from ppprof.model.tp import NO_TP, TPComm, assign, full_shape, mark_segments
+from ppprof.specs.spec import ModelSpec
 from ppprof.specs.tp import rank_shapes
 
 

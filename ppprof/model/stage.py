@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ppprof.specs.spec import MOE, ModelSpec
 from ppprof.mem.cache import Request, StageCache
 from ppprof.mem.kv import KVAllocator
 from ppprof.mem.mamba import MambaAllocator
@@ -20,6 +19,7 @@ from ppprof.model.mla import MLAttention
 from ppprof.model.mlp import MLP, MoE
 from ppprof.model.tp import NO_TP, TPComm, assign, full_shape, mark_sharded, take_padded_rows, vocab_embed
 from ppprof.specs.accounting import deltanet_state_shapes
+from ppprof.specs.spec import MOE, ModelSpec
 from ppprof.specs.tp import rank_shapes
 
 INIT_STD = 0.02

@@ -10,7 +10,8 @@ TP = 1, whatever the TP degree) and keeps the rank's shard.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import torch
 

@@ -317,7 +317,7 @@ class PromptRule:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "PromptRule":
+    def from_dict(cls, d: dict) -> PromptRule:
         bounds = [math.inf if b is None else float(b) for b in d["bound_ms"]]
         return cls(
             list(d["prompt_len"]),
@@ -329,7 +329,7 @@ class PromptRule:
         )
 
     @classmethod
-    def fixed(cls, chunk_size: int) -> "PromptRule":
+    def fixed(cls, chunk_size: int) -> PromptRule:
         """One band of one entry: every chunk `chunk_size` (a static policy)."""
         return cls([1], [math.inf], [0], [[0]], [[chunk_size]], chunk_size)
 

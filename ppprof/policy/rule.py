@@ -78,11 +78,11 @@ class LatencyModel:
         t = self.c + self.g * L + self.b * x + self.a * (2.0 * L * x + x * x)
         return t + self.h * L * x * x if self.h else t
 
-    def with_overhead(self, ms_per_chunk: float) -> "LatencyModel":
+    def with_overhead(self, ms_per_chunk: float) -> LatencyModel:
         """This model with the per-chunk pipeline overhead added to every chunk's fixed cost."""
         return replace(self, c=self.c + ms_per_chunk) if ms_per_chunk else self
 
-    def planning(self, calibration: dict | None, ms_per_chunk: float) -> "LatencyModel":
+    def planning(self, calibration: dict | None, ms_per_chunk: float) -> LatencyModel:
         """The planning model: the policy's calibration onto the pipelined level, linear_scale * (c + b x) + the
         attention terms + shift_ms (none: 1 and 0), plus the per-chunk pipeline overhead."""
         calibration = calibration or NO_CALIBRATION
@@ -130,7 +130,7 @@ class LatencyModel:
         return {"name": self.name, "form": FORMS[self.name], "coefficients": coefs}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "LatencyModel":
+    def from_dict(cls, d: dict) -> LatencyModel:
         if not isinstance(d, dict) or "name" not in d or not isinstance(d.get("coefficients"), dict):
             raise ValueError("latency_model must be an object with 'name' and 'coefficients': refit the samples")
         coefs = d["coefficients"]

@@ -12,8 +12,8 @@ import numpy as np
 
 from ppprof.checks import is_int, short
 from ppprof.chunks import walk
-from ppprof.io import TooDeep, atomic_write_json, parse_json, read_small_text
 from ppprof.config import ChunkSettings
+from ppprof.io import TooDeep, atomic_write_json, parse_json, read_small_text
 from ppprof.policy.optimum import PromptRule, bounded_sizes
 from ppprof.policy.rule import NO_CALIBRATION, LatencyModel, build_table
 

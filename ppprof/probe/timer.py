@@ -23,7 +23,7 @@ class Timer:
         self.device = device
         self.elapsed_ms = float("nan")
 
-    def __enter__(self) -> "Timer":
+    def __enter__(self) -> Timer:
         device_sync(self.device)
         self.start = time.perf_counter()
         return self

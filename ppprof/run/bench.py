@@ -22,7 +22,6 @@ from ppprof.manifest import write_manifest
 from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.policy.schema import Policy, extrapolation, load
 from ppprof.run.provenance import default_run_dir
-from ppprof.runfiles import SAMPLES_FILE
 from ppprof.run.rank import (
     Phase,
     RankRun,
@@ -35,6 +34,7 @@ from ppprof.run.rank import (
     tp_comm,
     tp_shard,
 )
+from ppprof.runfiles import SAMPLES_FILE
 
 log = logging.getLogger("ppprof")
 TRANSFER_REPEATS = 7

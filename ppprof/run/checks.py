@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ppprof.adaptive import check as check_adaptive_design
 from ppprof.config import BenchConfig, ProfileConfig

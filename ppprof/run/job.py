@@ -7,8 +7,8 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ppprof.config import ProfileConfig
 from ppprof.distributed.launch import Outcome, in_worker, launch, num_nodes

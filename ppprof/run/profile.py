@@ -40,9 +40,9 @@ from ppprof.run.rank import (
     tp_comm,
     tp_shard,
 )
+from ppprof.runfiles import COMPLETE, FAILED, RUN_FILE, SAMPLES_FILE, RunRecord, stage_column
 from ppprof.specs.spec import layers_pattern
 from ppprof.specs.tp import rank_spec
-from ppprof.runfiles import COMPLETE, FAILED, RUN_FILE, SAMPLES_FILE, RunRecord, stage_column
 
 RUN_OUTPUTS = (SAMPLES_FILE, RUN_FILE, "policy.json", "fit.png", "chunks.png")
 """What a profile writes in its run folder besides the rank logs; an older run's are removed when --overwrite."""

@@ -8,9 +8,10 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Generic, Sequence, TypeVar
+from typing import Generic, TypeVar
 
 import torch
 

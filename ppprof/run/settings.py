@@ -11,7 +11,8 @@ from pathlib import Path
 import yaml
 
 from ppprof.checks import is_int
-from ppprof.config import BENCH_STRATEGIES, BenchConfig, ProfileConfig, flag as config_flag
+from ppprof.config import BENCH_STRATEGIES, BenchConfig, ProfileConfig
+from ppprof.config import flag as config_flag
 from ppprof.io import parse_json, parse_yaml, read_small_text
 from ppprof.policy.schema import load_policy
 from ppprof.runfiles import COMPLETE, RUN_FILE, read_run_json

@@ -7,9 +7,9 @@ import csv
 import math
 import re
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -63,7 +63,7 @@ def parse_prompt_spec(spec: str, context_len: int | None = None) -> Workload:
             if not item.strip():
                 continue
             length, _, weight = item.partition(":")
-            tally.add(length.strip(), weight.strip() or "1", lambda: f"--prompt-lens item {item.strip()!r}")
+            tally.add(length.strip(), weight.strip() or "1", lambda item=item: f"--prompt-lens item {item.strip()!r}")
     else:
         raise ValueError(
             f"--prompt-lens {spec!r} is neither a list of token counts (8192,32768) nor an existing file: give one"
@@ -161,7 +161,7 @@ def read_prompt_lines(f, what: str, tally: Tally) -> None:
         if length_col >= len(row) or not row[length_col]:
             raise ValueError(f"{what} line {line_idx} has no prompt length: give one in every row")
         weight = row[weight_col] if weight_col is not None and weight_col < len(row) and row[weight_col] else "1"
-        tally.add(row[length_col], weight, lambda: f"{what} line {line_idx}")
+        tally.add(row[length_col], weight, lambda line_idx=line_idx: f"{what} line {line_idx}")
 
 
 def to_length(text: str, where: str) -> int:

@@ -8,8 +8,8 @@ import hashlib
 import logging
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ppprof.bounds import POLICY_ENV
 from ppprof.policy.schema import Policy, load_policy

@@ -28,13 +28,13 @@ dt_bias, which stay fp32.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
-from ppprof.specs.spec import ATTENTION, MLA, MLP, MOE, SIGMOID, LayerSpec, ModelSpec, layers_pattern
-from ppprof.specs.partition import split_layers
 from ppprof.specs.dtypes import AUTO_DTYPE_GPU, SSM_STATE_BYTES, dtype_bytes, normalize_dtype
+from ppprof.specs.partition import split_layers
 from ppprof.specs.pattern import format_layers
+from ppprof.specs.spec import ATTENTION, MLA, MLP, MOE, SIGMOID, LayerSpec, ModelSpec, layers_pattern
 
 PARAM_KEYS = ("embedding", "attention", "deltanet", "mamba", "mlp", "moe", "norm", "lm_head")
 MAMBA_FP32_PARAMS_PER_HEAD = 3

@@ -5,16 +5,17 @@ default."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ppprof.checks import is_int, short
-from ppprof.specs.spec import ATTENTION, DELTANET, MAMBA, MLA, MLP, MOE, RELU2, SILU, LayerSpec, ModelSpec
-from ppprof.specs.pattern import layer_kinds, parse_pattern
 from ppprof.specs.hf_fields import attention_fields as _attention_fields
 from ppprof.specs.hf_fields import num_layers as _num_layers
 from ppprof.specs.hf_fields import read_float as _float
 from ppprof.specs.hf_fields import read_int as _int
 from ppprof.specs.hf_moe import MOE_ARCHITECTURES, MOE_FAMILIES, MOE_RECORD_KEYS
+from ppprof.specs.pattern import layer_kinds, parse_pattern
+from ppprof.specs.spec import ATTENTION, DELTANET, MAMBA, MLA, MLP, MOE, RELU2, SILU, LayerSpec, ModelSpec
 
 FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": dict(

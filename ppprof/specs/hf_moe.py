@@ -5,7 +5,8 @@ Kimi-K2's configuration_deepseek.py for the fields transformers lacks)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ppprof.checks import is_int, short
 from ppprof.specs.hf_fields import attention_fields, num_layers, read_float, read_int

@@ -14,10 +14,10 @@ import yaml
 
 from ppprof.checks import is_int, short
 from ppprof.io import parse_json, parse_yaml, read_small_text
-from ppprof.specs.spec import MAX_LAYERS, ModelSpec
 from ppprof.specs.dtypes import normalize_dtype
 from ppprof.specs.hf import spec_from_hf_config
 from ppprof.specs.pattern import parse_layer_tokens, parse_pattern, shorten_layers
+from ppprof.specs.spec import MAX_LAYERS, ModelSpec
 
 
 def _presets_dir() -> Path:

@@ -9,8 +9,8 @@ import importlib.util
 from dataclasses import dataclass, field
 
 from ppprof.bounds import ATTENTION_BACKENDS, DEVICES
-from ppprof.chunks import align_up
 from ppprof.checks import require_int
+from ppprof.chunks import align_up
 from ppprof.specs.accounting import (
     FP32_BYTES,
     deltanet_state_shapes,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def split_layers(num_layers: int, num_stages: int, partition: Sequence[int] | None = None) -> list[range]:

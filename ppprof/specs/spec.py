@@ -6,10 +6,8 @@ the shapes, and writes a layer in the one layer notation (Nemotron-H's character
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-
 import math
-from dataclasses import fields
+from dataclasses import asdict, dataclass, field, fields
 
 from ppprof.checks import a_type, is_int, is_number, short
 

@@ -3,11 +3,11 @@ what each stage needs in memory (`--memory`)."""
 
 from __future__ import annotations
 
-from ppprof.specs.spec import ModelSpec
 from ppprof.specs.accounting import StageAccount, mtp_params
 from ppprof.specs.dtypes import AUTO_DTYPE_CPU, AUTO_DTYPE_GPU
 from ppprof.specs.memory import StageMemory, format_bytes
 from ppprof.specs.pattern import format_layers
+from ppprof.specs.spec import ModelSpec
 
 LAYOUT_LEGEND = (
     'one char or token a layer: * attention, L MLA, M mamba, D Gated DeltaNet, - MLP, E MoE; "*-" = attention + MLP'

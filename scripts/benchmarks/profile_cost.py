@@ -27,11 +27,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ppprof.adaptive.uncertainty import table_differences
 from ppprof.manifest import script_parser, write_result
 from ppprof.policy import load
 from ppprof.policy.rule import LatencyModel
 from ppprof.runfiles import stage_column
-from ppprof.adaptive.uncertainty import table_differences
 
 PPPROF = [sys.executable, "-m", "ppprof", "profile"]
 KINDS = {"sweep": ["--prefix-lens", ""], "grid": ["--design", "grid"], "adaptive": ["--design", "adaptive"]}
@@ -117,7 +117,7 @@ def summarize(per_kind: dict[str, list[dict]]) -> dict:
     out = {}
     for kind, rows in per_kind.items():
 
-        def med(key):
+        def med(key, rows=rows):
             values = [r[key] for r in rows if r[key] is not None]
             return float(np.median(values)) if values else None
 

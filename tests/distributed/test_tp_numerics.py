@@ -84,7 +84,9 @@ def worker(rank: int, port: int) -> None:
             ref = run_stages(spec, None, 0)
             got = run_stages(spec, mesh.tp, rank)
             for name, a, b in zip(("hidden", "residual", "logits"), got[:3], ref[:3]):
-                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m: f"{spec.name} {name}: {m}")
+                torch.testing.assert_close(
+                    a, b, rtol=1e-4, atol=1e-5, msg=lambda m, spec=spec, name=name: f"{spec.name} {name}: {m}"
+                )
             # the rank's pools hold its heads only
             ref_pool, pool = ref[3][0].kv_pool, got[3][0].kv_pool
             if pool is not None:

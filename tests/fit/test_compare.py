@@ -11,15 +11,13 @@ import pytest
 from click.testing import CliRunner
 
 from ppprof.cli import main
-from ppprof.fit.build import fit_run
+from ppprof.fit.build import fit_run, rechoose
 from ppprof.fit.drift import samples_drift
 from ppprof.fit.samples import read_samples
 from ppprof.fit.synthetic import make_samples, write_run_dir
 from ppprof.io import atomic_write_json
-from ppprof.fit.build import rechoose
-from ppprof.policy.schema import load
-
 from ppprof.policy.rule import LatencyModel
+from ppprof.policy.schema import load
 
 REPO = Path(__file__).resolve().parents[2]
 TRUE = LatencyModel("prefix", a=2e-6, b=0.008, c=1.5, g=8e-5)  # about what tiny-hybrid costs on 2 CPU cores, in ms

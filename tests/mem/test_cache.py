@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from ppprof.mem import KVAllocator, LeakError, MambaAllocator, Request, ReqToTokenPool, StageCache
+from ppprof.mem import KVAllocator, LeakError, MambaAllocator, ReqToTokenPool, Request, StageCache
 from ppprof.mem.pools import KVPool, MambaPool
 from ppprof.mem.req import NO_MAMBA_SLOT
 

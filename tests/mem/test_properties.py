@@ -6,7 +6,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from ppprof.mem import KVAllocator, MambaAllocator, Request, ReqToTokenPool, StageCache
+from ppprof.mem import KVAllocator, MambaAllocator, ReqToTokenPool, Request, StageCache
 from ppprof.mem.pools import MambaPool
 
 MAMBA_SIZE = 6

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ppprof.specs.spec import LayerSpec, ModelSpec
 from ppprof.mem.cache import Request, StageCache
 from ppprof.model.stage import Stage, build_stage_cache
+from ppprof.specs.spec import LayerSpec, ModelSpec
 
 HIDDEN = 64
 VOCAB = 128

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ppprof.model.attention import apply_rope, rope_cos_sin

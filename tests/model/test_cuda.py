@@ -89,9 +89,9 @@ def test_fused_mamba_kernels_equal_the_torch_path(seq_len):
 
 
 def test_a_stage_on_cuda_prefilled_in_chunks_equals_one_shot():
-    from tests.model.helpers import tiny_hybrid
     from ppprof.mem.cache import Request
     from ppprof.model.stage import Stage, build_stage_cache
+    from tests.model.helpers import tiny_hybrid
 
     spec = tiny_hybrid()
     layers = range(spec.num_layers)

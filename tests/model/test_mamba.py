@@ -7,11 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ppprof.specs.spec import LayerSpec, ModelSpec
 from ppprof.mem.cache import Request
 from ppprof.mem.req import NO_MAMBA_SLOT
 from ppprof.model.mamba import Mamba2, causal_conv, segsum, ssd_chunked
 from ppprof.model.stage import build_stage_cache
+from ppprof.specs.spec import LayerSpec, ModelSpec
 
 
 def ssd_recurrence(x, dt, a, b, c, state):

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ppprof.specs.spec import LayerSpec, ModelSpec
 from ppprof.model.mlp import MLP, MoE
 from ppprof.model.stage import Stage
+from ppprof.specs.spec import LayerSpec, ModelSpec
 
 from .helpers import tiny_hybrid
 

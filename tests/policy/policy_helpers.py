@@ -2,7 +2,7 @@
 chooses them (ppprof.fit.build.carried), on a domain of chunks up to `largest` and prompts up to the context."""
 
 import copy
-from functools import lru_cache
+from functools import cache
 
 from ppprof.config import ChunkSettings, PolicyOptions
 from ppprof.fit.build import carried
@@ -19,7 +19,7 @@ def policy_dict(
     return copy.deepcopy(_policy_dict(key))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _policy_dict(key) -> dict:
     model, status, largest, num_stages, min_gain, overhead_ms, settings = key
     s = ChunkSettings(**{"base_chunk_size": 8192, "context_len": 131072, "page_size": 64, **dict(settings)})

@@ -3,7 +3,7 @@ length of a dense grid, on the committed default profile and on a GPU-sized mode
 above the best fixed chunk on its workload; its status is static exactly when the gain is below the threshold."""
 
 import shutil
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +21,7 @@ GPU = LatencyModel("prefix", a=3.25e-7, b=6.03e-3, c=26.1, g=5.39e-4)
 """A published 4-stage GPU deployment's chunk latency (ms, tokens), B = 8192, prompts up to 131072 tokens."""
 
 
-@lru_cache(maxsize=None)
+@cache
 def default_policy(num_stages: int, tmp: str):
     """The committed default profile's samples (results/bench-reference/profile: `ppprof profile` with today's code),
     fitted for `num_stages` stages (the rules are dynamic whatever they gain, so that they are built and checked)."""
@@ -33,7 +33,7 @@ def default_policy(num_stages: int, tmp: str):
     return load(path)
 
 
-@lru_cache(maxsize=None)
+@cache
 def gpu_policy(num_stages: int, tmp: str):
     """The GPU-sized model profiled through fit.synthetic (a sweep and prefix probes up to 4 B with 1% noise)."""
     out = Path(tmp) / f"gpu-pp{num_stages}"

@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 from ppprof.policy import LatencyModel, from_dict
-from ppprof.policy.timeline import drawn_stages, start_times
 from ppprof.policy.planners import (
     STRATEGIES,
     chunk_costs,
@@ -15,6 +14,7 @@ from ppprof.policy.planners import (
     plan_prompt,
     ttft_ms,
 )
+from ppprof.policy.timeline import drawn_stages, start_times
 
 from .policy_helpers import policy_dict
 

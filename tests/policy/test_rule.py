@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppprof.config import ChunkSettings
-from ppprof.policy import LatencyModel, from_dict, next_chunk_size, validate
+from ppprof.policy import LatencyModel, from_dict, next_chunk_size
 from ppprof.policy.planners import chunk_latencies_ms, fixed_chunks, optimal_chunks, ttft_ms
 from ppprof.policy.rule import check_rule
 

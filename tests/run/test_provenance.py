@@ -1,8 +1,8 @@
 """Run folder names and provenance."""
 
-from ppprof.run.provenance import default_run_dir, hardware
-
 import torch
+
+from ppprof.run.provenance import default_run_dir, hardware
 
 
 def test_run_dirs_started_in_the_same_second_do_not_collide(tmp_path):

@@ -80,7 +80,7 @@ def test_its_export_names_it_and_says_why_it_differs(server):
 
 
 def test_no_module_outside_the_servers_names_a_server():
-    pattern = re.compile(r"""["'](%s)["']""" % "|".join(re.escape(n) for n in SERVERS))
+    pattern = re.compile(r"""["'](""" + "|".join(re.escape(n) for n in SERVERS) + r""")["']""")
     hits = []
     for path in sorted(PACKAGE.rglob("*.py")):
         relative = path.relative_to(PACKAGE.parent).as_posix()

@@ -4,9 +4,9 @@ import pytest
 
 from ppprof.chunks import walk
 from ppprof.policy import LatencyModel, from_dict
+from ppprof.policy.rule import next_chunk_size
 from ppprof.servers import ServerSetting
 from ppprof.servers.export import export_data
-from ppprof.policy.rule import next_chunk_size
 from ppprof.servers.sglang import SGLANG
 
 from .helpers import QUADRATIC, policy_dict

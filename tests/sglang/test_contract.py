@@ -3,8 +3,8 @@ registry cannot be reached): the keywords its scheduler passes are the sizer's, 
 and it uses their results as the sizer means them, and what the sizer reads of SGLang is there."""
 
 from __future__ import annotations
-
 import __future__
+
 import ast
 import inspect
 import zipfile

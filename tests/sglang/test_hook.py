@@ -56,7 +56,7 @@ def write_standin(root: Path, extra_kwarg: str = "") -> Path:
                 def predict(self, history_len):
                     return None
         """,
-        "sglang/srt/managers/scheduler.py": f"""
+        "sglang/srt/managers/scheduler.py": """
             from sglang.srt.managers.scheduler_components.dynamic_chunk_sizer import DynamicChunkSizer
 
             class Scheduler:

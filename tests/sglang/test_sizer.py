@@ -8,8 +8,8 @@ import logging
 
 import pytest
 
-from ppprof.policy.schema import load_policy
 from ppprof.bounds import POLICY_ENV
+from ppprof.policy.schema import load_policy
 
 from .standin import COMMITTED, IDS, Scheduler, model_config, shaped, sizer_class
 from .standin import request as chunked

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from ppprof.specs.spec import ATTENTION, MAMBA, MLP, MOE, LayerSpec, ModelSpec, layers_pattern
 from ppprof.specs import kv_bytes_per_token, layer_params, load_spec, mamba_bytes_per_slot, stage_accounts, stage_params
+from ppprof.specs.spec import ATTENTION, MAMBA, MLP, MOE, LayerSpec, ModelSpec, layers_pattern
 
 
 @pytest.fixture

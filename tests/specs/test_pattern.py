@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ppprof.specs.spec import ATTENTION, MAMBA, MLP, MOE, LayerSpec
 from ppprof.specs import load_spec, parse_layer_tokens, parse_pattern, shorten_layers
 from ppprof.specs.pattern import KEEP_PRIORITY, format_layers, layer_kinds
+from ppprof.specs.spec import ATTENTION, MAMBA, MLP, MOE, LayerSpec
 
 
 def test_parse_pattern_and_tokens():

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from ppprof.specs.spec import ATTENTION, MAMBA, MLP, MOE, LayerSpec
 from ppprof.specs import PRESETS_DIR, list_presets, load_spec, spec_from_dict
 from ppprof.specs.pattern import format_layers, layer_kinds
+from ppprof.specs.spec import ATTENTION, MAMBA, MLP, MOE, LayerSpec
 
 PRESETS = ["jamba-mini", "llama3-8b", "nemotron-h-8b", "tiny-dense", "tiny-hybrid"]
 
