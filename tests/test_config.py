@@ -185,3 +185,25 @@ def test_profile_help_shows_the_settings_trees_defaults():
         assert shown == [expected], (f.name, helps[f.name])
         checked += 1
     assert checked >= 12
+
+
+def test_the_base_chunk_is_checked_against_its_units_in_one_place():
+    """config/chunk.py's check_base_chunk is the one place that compares B with a unit (pages, TP ranks, alignment):
+    no other settings module does."""
+    import inspect
+
+    import ppprof.config.chunk as chunk
+    import ppprof.config.profile as profile
+
+    assert "check_base_chunk(" in inspect.getsource(chunk.ChunkSettings)
+    text = inspect.getsource(profile)
+    assert "check_base_chunk(" in text
+    for unit in ("self.page_size:", "self.chunk_unit:", "default_alignment("):
+        assert f"base_chunk_size < {unit}" not in text and unit + ")" not in text
+    from ppprof.config.chunk import check_base_chunk
+
+    check_base_chunk(64, 64, 1)  # one alignment unit
+    with pytest.raises(ValueError, match=r"--base-chunk-size 32 is smaller than --page-size 64"):
+        check_base_chunk(32, 64, 1, None, probes=True)
+    with pytest.raises(ValueError, match=r"--alignment 96 is larger than --base-chunk-size 64"):
+        check_base_chunk(64, 1, 1, 96)

@@ -4,10 +4,10 @@ file carries them."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import InitVar, asdict, dataclass, field
 
 from ppprof.checks import is_number, require_int
-from ppprof.chunks import default_alignment, default_floor
+from ppprof.chunks import default_alignment, default_floor, probe_unit
 
 DEFAULT_SMOOTH_FACTOR = 0.75
 """ppprof's default s (SGLang's too): the next chunk is B + s (x - B)."""
@@ -37,8 +37,10 @@ class ChunkSettings:
     """Model context length; chunks are capped at context_len - prefix_len - context_margin."""
     context_margin: int = field(default=CONTEXT_MARGIN)
     """Tokens kept free at the end of the context (SGLang's 100)."""
+    tp_size: InitVar[int] = 1
+    """The TP degree the chunks are split over (not stored: it shapes the default alignment and what is checked)."""
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, tp_size: int) -> None:
         for name, low in (
             ("base_chunk_size", 1),
             ("page_size", 1),
@@ -54,20 +56,10 @@ class ChunkSettings:
             raise ValueError(f"--smooth-factor {s!r} is out of range: use a value in (0, 1]")
         self.smooth_factor = float(s)
         B = self.base_chunk_size
-        if not self.alignment and default_alignment(self.page_size) > B:
-            unit = default_alignment(self.page_size)
-            raise ValueError(
-                f"--base-chunk-size {B} is below the chunk alignment {unit} = max(--page-size {self.page_size}, 64) "
-                f"that dynamic chunks are multiples of: use --base-chunk-size {unit} or more"
-            )
-        self.alignment = self.alignment or default_alignment(self.page_size)
+        check_base_chunk(B, self.page_size, tp_size, self.alignment)
+        self.alignment = self.alignment or default_alignment(self.page_size, tp_size)
         self.min_chunk_size = self.min_chunk_size or default_floor(B)
         self.max_chunk_size = self.max_chunk_size or B
-        if self.alignment > B:
-            raise ValueError(
-                f"--alignment {self.alignment} is larger than --base-chunk-size {B}: use a base chunk of at least "
-                f"one alignment unit, or a smaller alignment"
-            )
         if self.min_chunk_size > B:
             raise ValueError(f"--min-chunk-size {self.min_chunk_size} is above --base-chunk-size {B}: use at most {B}")
         if self.max_chunk_size < self.alignment:
@@ -80,3 +72,45 @@ class ChunkSettings:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def check_base_chunk(
+    base_chunk_size: int, page_size: int, tp_size: int = 1, alignment: int | None = 0, *, probes: bool = False
+) -> None:
+    """The one check that the base chunk B holds at least one unit of what chunks are multiples of (ValueError, one
+    line, naming the unit and its flags): with `probes`, every probe chunk, whole pages split evenly over the TP ranks
+    (lcm(page, tp)); the rule's chunks, multiples of its alignment: --alignment where given (itself a multiple of the
+    TP degree), else lcm(max(page, 64), tp). `alignment` None: no rule is built (a profile of samples only)."""
+    B, unit = base_chunk_size, probe_unit(page_size, tp_size)
+    if probes and B < unit:
+        of = (
+            f"--page-size {page_size}"
+            if tp_size == 1
+            else f"{unit} = lcm(--page-size {page_size}, --tp-size {tp_size})"
+        )
+        raise ValueError(
+            f"--base-chunk-size {B} is smaller than {of}, the unit every chunk is split evenly over the TP ranks in: "
+            f"use --base-chunk-size {unit} or a multiple of it"
+        )
+    if alignment is None:
+        return
+    if alignment:
+        if alignment % tp_size:
+            raise ValueError(
+                f"--alignment {alignment} is not a multiple of the profile's --tp-size {tp_size}: its chunks would "
+                f"not split evenly over the TP ranks; use a multiple of {tp_size}"
+            )
+        if alignment > B:
+            raise ValueError(
+                f"--alignment {alignment} is larger than --base-chunk-size {B}: use a base chunk of at least one "
+                "alignment unit, or a smaller alignment"
+            )
+        return
+    unit = default_alignment(page_size, tp_size)
+    if unit > B:
+        of = f"max(--page-size {page_size}, 64)"
+        of = of if unit == default_alignment(page_size) else f"lcm({of}, --tp-size {tp_size})"
+        raise ValueError(
+            f"--base-chunk-size {B} is below the chunk alignment {unit} = {of} that dynamic chunks are multiples of: "
+            f"use --base-chunk-size {unit} or more"
+        )

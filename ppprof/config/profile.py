@@ -7,8 +7,8 @@ from dataclasses import asdict, dataclass, fields
 
 from ppprof.bounds import ATTENTION_BACKENDS, DEVICES, MAX_STAGES, MAX_TOKENS
 from ppprof.checks import a_type, is_int, is_number, require_bool, require_int, require_str, short
-from ppprof.chunks import align_down, align_up, default_alignment, probe_unit
-from ppprof.config.chunk import DEFAULT_CONTEXT_LEN, ChunkSettings
+from ppprof.chunks import align_down, align_up, probe_unit
+from ppprof.config.chunk import DEFAULT_CONTEXT_LEN, ChunkSettings, check_base_chunk
 from ppprof.config.policy import DEFAULT_MIN_GAIN, PolicyOptions
 from ppprof.specs.dtypes import normalize_dtype
 from ppprof.specs.spec import MAX_LAYERS
@@ -220,17 +220,8 @@ class ProfileConfig:
                 f"--timeout {self.timeout!r} must be a number of seconds in {MIN_TIMEOUT_S:g}.."
                 f"{MAX_TIMEOUT_S:g}, e.g. 60"
             )
-        if self.base_chunk_size < self.page_size:
-            raise ValueError(
-                f"--base-chunk-size {self.base_chunk_size} is smaller than --page-size {self.page_size}: "
-                "use a base chunk of at least one page"
-            )
-        if self.base_chunk_size < self.chunk_unit:
-            raise ValueError(
-                f"--base-chunk-size {self.base_chunk_size} is smaller than {self.chunk_unit} = lcm(--page-size "
-                f"{self.page_size}, --tp-size {self.tp_size}), the unit every chunk is split evenly over the TP ranks "
-                f"in: use --base-chunk-size {self.chunk_unit} or a multiple of it"
-            )
+        rule = self.fit or self.design == "adaptive"  # the rule the policy will carry, or the design makes certain
+        check_base_chunk(self.base_chunk_size, self.page_size, self.tp_size, 0 if rule else None, probes=True)
         if self.max_probe_chunk_size > self.context_len:
             raise ValueError(
                 f"--base-chunk-size {self.base_chunk_size} (largest probe chunk {self.max_probe_chunk_size}) exceeds "
@@ -257,7 +248,7 @@ class ProfileConfig:
                 )
         else:
             self.max_total_tokens = self.needed_total_tokens()
-        if self.fit or self.design == "adaptive":  # the rule the policy will carry, or the design makes certain
+        if rule:
             self.chunk_settings()
 
     def check_design_bounds(self) -> None:
@@ -321,23 +312,8 @@ class ProfileConfig:
         """The settings of the rule this profile's policy carries: its B, page size and context length, the rule's
         own defaults for the rest, what `given` sets (not None) winning (`ppprof fit`'s options)."""
         chunk = {"base_chunk_size": self.base_chunk_size, "page_size": self.page_size, "context_len": self.context_len}
-        unit = default_alignment(self.page_size, self.tp_size)
-        if unit != default_alignment(self.page_size):  # a TP degree that does not divide max(page, 64)
-            if unit > self.base_chunk_size:
-                raise ValueError(
-                    f"--base-chunk-size {self.base_chunk_size} is below the chunk alignment {unit} = "
-                    f"lcm(max(--page-size {self.page_size}, 64), --tp-size {self.tp_size}): use "
-                    f"--base-chunk-size {unit} or more"
-                )
-            chunk["alignment"] = unit
         chunk.update({k: v for k, v in given.items() if v is not None})
-        alignment = chunk.get("alignment")
-        if self.tp_size > 1 and is_int(alignment) and alignment > 0 and alignment % self.tp_size:
-            raise ValueError(
-                f"--alignment {alignment} is not a multiple of the profile's --tp-size {self.tp_size}: "
-                f"its chunks would not split evenly over the TP ranks; use a multiple of {self.tp_size}"
-            )
-        return ChunkSettings(**chunk)
+        return ChunkSettings(**chunk, tp_size=self.tp_size)
 
     def to_dict(self) -> dict:
         d = asdict(self)
