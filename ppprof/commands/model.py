@@ -8,6 +8,8 @@ import json
 
 import click
 
+from ppprof.bounds import MAX_STAGES
+from ppprof.checks import require_int
 from ppprof.commands.options import SIZING_OPTIONS, option_name, sizing_options
 from ppprof.config import ProfileConfig
 from ppprof.config.profile import DEFAULT_PP_SIZE
@@ -17,7 +19,7 @@ from ppprof.specs import load_spec, parse_partition
 from ppprof.specs.accounting import accounting_dtype, describe, stage_accounts
 from ppprof.specs.dtypes import DTYPE_BYTES
 from ppprof.specs.text import format_memory_text, format_text
-from ppprof.specs.tp import check_tp, rank_spec
+from ppprof.specs.tp import MAX_TP_SIZE, check_tp, rank_spec
 
 DEFAULT_STAGES = 1
 """Stages `ppprof model` splits the model over without --pp (with --memory: the profile's, --config's or its default)."""
@@ -67,6 +69,9 @@ def model(
 ) -> None:
     """Show the resolved spec of MODEL (a preset name, a YAML file, a HF config.json or its folder) and what each
     pipeline stage holds: layers, parameters, KV bytes per token, Mamba bytes per slot."""
+    for flag, value, top in (("--pp-size", num_stages, MAX_STAGES), ("--tp-size", tp_size, MAX_TP_SIZE)):
+        if value is not None:  # 0 is a value, and out of range: not "not given"
+            require_int(flag, value, 1, top)
     if memory:
         flags = {
             **{k: v for k, v in sizing.items() if k != "config_path"},
@@ -75,13 +80,14 @@ def model(
             "layer_partition": layer_partition,
             "dtype": dtype,
             "tp_size": tp_size,
-            "nproc_per_node": num_stages and num_stages * (tp_size or 1),
+            "nproc_per_node": None if num_stages is None else num_stages * (tp_size or 1),
         }  # --pp-size wins over the config's
         return show_memory(resolve_config(sizing["config_path"], flags), as_json)
     given = [decls[0] for decls, _, _ in SIZING_OPTIONS if sizing[option_name(decls)] is not None]
     if given:
         raise ValueError(f"{given[0]} sizes the memory table only: add --memory")
-    num_stages, tp = num_stages or DEFAULT_STAGES, tp_size or 1
+    num_stages = DEFAULT_STAGES if num_stages is None else num_stages
+    tp = 1 if tp_size is None else tp_size
     spec = load_spec(model, num_layers=num_layers, dtype=dtype)
     check_tp(spec, tp)
     partition = parse_partition(layer_partition)
