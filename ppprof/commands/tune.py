@@ -8,13 +8,13 @@ from pathlib import Path
 
 import click
 
+from ppprof.config.workload import parse_prompt_spec
 from ppprof.fit.samples import read_samples
 from ppprof.policy.planners import default_num_stages
 from ppprof.policy.schema import load_policy
 from ppprof.runfiles import SAMPLES_FILE
 from ppprof.servers import DEFAULT_SERVER, SERVERS, ServerSetting, get
 from ppprof.servers.tune import draw, tune
-from ppprof.servers.workload import parse_prompt_spec
 
 
 @click.command(

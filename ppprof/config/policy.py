@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 
 from ppprof.bounds import MAX_STAGES
 from ppprof.checks import is_number, require_bool, require_int, short
+from ppprof.config.workload import Workload
 
 DEFAULT_MIN_GAIN = 0.02
 """A policy is dynamic when its prompt-aware rule's predicted gain over the best fixed chunk on the workload is at
@@ -21,9 +22,9 @@ MAX_OVERHEAD_MS = 1e6
 class PolicyOptions:
     """What `ppprof fit` (and a profile's own fit) chooses the policy's rules with."""
 
-    prompt_lens: str | None = None
-    """The workload: prompt lengths (tune's SPEC: a list such as 8192:3,32768:1, or a file); default: lengths
-    log-spaced from B over the profiled domain, equal weights."""
+    workload: Workload | None = None
+    """The prompt lengths and weights the rules and the status are chosen on (--prompt-lens, parsed once:
+    ppprof.config.workload); default (None): lengths log-spaced from B over the profiled domain, equal weights."""
     min_gain: float = DEFAULT_MIN_GAIN
     """The least predicted gain (a fraction) of the prompt-aware rule over the best fixed chunk for a dynamic policy."""
     overhead_ms: float | None = None
@@ -34,10 +35,8 @@ class PolicyOptions:
     """Let the rules use chunks and prompts beyond the profiled domain (up to 4 B and the context length)."""
 
     def __post_init__(self) -> None:
-        if self.prompt_lens is not None and (not isinstance(self.prompt_lens, str) or not self.prompt_lens.strip()):
-            raise ValueError(
-                f"--prompt-lens {short(self.prompt_lens)} is invalid: give lengths like 8192,32768 or a file of them"
-            )
+        if self.workload is not None and not isinstance(self.workload, Workload):
+            raise ValueError(f"workload {short(self.workload)} is not a parsed workload: parse --prompt-lens first")
         g = self.min_gain
         if not is_number(g) or not 0.0 <= g < 1.0:
             raise ValueError(f"--min-gain {short(g)} is out of range: use a fraction in [0, 1), e.g. 0.02")

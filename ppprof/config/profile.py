@@ -10,6 +10,7 @@ from ppprof.checks import a_type, is_int, is_number, require_bool, require_int, 
 from ppprof.chunks import align_down, align_up, probe_unit
 from ppprof.config.chunk import DEFAULT_CONTEXT_LEN, ChunkSettings, check_base_chunk
 from ppprof.config.policy import DEFAULT_MIN_GAIN, PolicyOptions
+from ppprof.config.workload import check_prompt_spec
 from ppprof.specs.dtypes import normalize_dtype
 from ppprof.specs.spec import MAX_LAYERS
 from ppprof.specs.tp import MAX_TP_SIZE
@@ -214,7 +215,9 @@ class ProfileConfig:
                 f"{', '.join(ATTENTION_BACKENDS)}"
             )
         self.check_design_bounds()
-        PolicyOptions(prompt_lens=self.prompt_lens, min_gain=self.min_gain)  # the fit's checks, before any rank
+        if self.prompt_lens is not None:
+            check_prompt_spec(self.prompt_lens)  # read where the fit runs (run/checks.py reads it before any rank)
+        PolicyOptions(min_gain=self.min_gain)  # the fit's checks, before any rank
         if not is_number(self.timeout) or not MIN_TIMEOUT_S <= self.timeout <= MAX_TIMEOUT_S:
             raise ValueError(
                 f"--timeout {self.timeout!r} must be a number of seconds in {MIN_TIMEOUT_S:g}.."

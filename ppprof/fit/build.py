@@ -12,6 +12,7 @@ import numpy as np
 from ppprof import __version__
 from ppprof.checks import is_int, is_number
 from ppprof.config import ChunkSettings, PolicyOptions
+from ppprof.config.workload import Workload
 from ppprof.fit.calibrate import calibration_of
 from ppprof.fit.calibrate import none as no_calibration
 from ppprof.fit.gates import failure_reason, gates, predicted_shrink
@@ -27,7 +28,6 @@ from ppprof.policy.rule import MODEL_NAMES, LatencyModel, build_table
 from ppprof.policy.schema import RULE_TEXT, SCHEMA_VERSION, save
 from ppprof.runfiles import SAMPLES_FILE
 from ppprof.servers.sglang import PARITY
-from ppprof.servers.workload import parse_prompt_spec
 
 POLICY_FILE = "policy.json"
 PROFILE_LATENCY_MODEL = "auto"
@@ -168,13 +168,9 @@ def carried(
     calibration = calibration or no_calibration("not measured")
     stages = options.num_stages or profiled_stages(run)
     dom = rule_domain(settings, measured, options.extrapolate)
-    lengths, weights, source = workload_of(options.prompt_lens, settings, dom)
-    out = {
-        "overhead": overhead,
-        "calibration": calibration,
-        "num_stages": stages,
-        "workload": {"prompt_lens": lengths, "weights": weights, "source": source},
-    }
+    workload = options.workload or Workload(*map(tuple, default_workload(settings, dom)))
+    lengths, weights = list(workload.prompt_lens), list(workload.weights)
+    out = {"overhead": overhead, "calibration": calibration, "num_stages": stages, "workload": workload.to_dict()}
     if model is None or status == "static" or parity:
         size = settings.base_chunk_size
         table = {"prefix_len": [0], "chunk_size": [size]}
@@ -204,15 +200,6 @@ def carried(
         "prompt_table": choice.prompt_rule.to_dict(dom),
         "predicted": choice.predicted,
     }
-
-
-def workload_of(spec: str | None, settings: ChunkSettings, dom) -> tuple[list[int], list[float], str]:
-    """The workload's prompt lengths and weights (SPEC as `ppprof tune` takes it, else the default spread over the
-    domain) and where they came from."""
-    if spec is None:
-        return *default_workload(settings, dom), "default"
-    w = parse_prompt_spec(spec, settings.context_len)
-    return list(w.prompt_lens), list(w.weights), spec
 
 
 def fit_samples(
@@ -336,7 +323,7 @@ def fit(
     samples = read_samples(samples_path)
     run = read_run(samples_path)
     settings = resolve_settings(run, samples_path, **options)
-    chosen = resolve_policy_options(run, samples_path, **(policy_options or {}))
+    chosen = resolve_policy_options(run, samples_path, settings.context_len, **(policy_options or {}))
     policy = fit_samples(samples, run, settings, latency_model, parity, chosen)
     out = Path(out) if out is not None else samples_path.parent / POLICY_FILE
     path = save(out, policy)
@@ -359,12 +346,11 @@ def rechoose(data: dict, model: LatencyModel, status: str = "dynamic", reason: s
     """A policy dict like `data` with another model (or status): its target and rules chosen again, as `ppprof fit`
     chooses them, on the same settings, domain, overhead, calibration, stages and workload."""
     settings = ChunkSettings(**data["settings"])
-    workload = data.get("workload") or {}
+    workload = data.get("workload")
     options = PolicyOptions(
         overhead_ms=data["overhead"]["ms_per_chunk"],
         num_stages=data.get("num_stages"),
-        prompt_lens=",".join(f"{n}:{w}" for n, w in zip(workload.get("prompt_lens", []), workload.get("weights", [])))
-        or None,
+        workload=Workload.from_dict(workload) if workload else None,
     )
     rules = carried(model, status, reason, settings, data.get("domain"), None, options, False, data.get("calibration"))
     target = None if model is None else model.target_ms(settings.base_chunk_size)

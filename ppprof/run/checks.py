@@ -11,11 +11,11 @@ from pathlib import Path
 
 from ppprof.adaptive import check as check_adaptive_design
 from ppprof.config import BenchConfig, ProfileConfig
+from ppprof.config.workload import parse_prompt_spec
 from ppprof.distributed.launch import in_worker
 from ppprof.model.attention_kernels import resolve_attention_backend
 from ppprof.run.memory import check_memory
 from ppprof.runfiles import LOCK_FILE, check_lock
-from ppprof.servers.workload import parse_prompt_spec
 from ppprof.specs import load_spec, split_layers
 from ppprof.specs.tp import check_tp, mesh_problem
 

@@ -21,13 +21,13 @@ from ppprof.bounds import MAX_STAGES
 from ppprof.checks import is_int
 from ppprof.chunks import align_down, align_up
 from ppprof.config import CONTEXT_MARGIN
+from ppprof.config.workload import Workload
 from ppprof.policy.planners import chunk_latencies_ms, optimal_chunks, ttft_ms
 from ppprof.policy.rule import LatencyModel
 from ppprof.policy.schema import Policy, extrapolation
 from ppprof.servers.base import PP_SIZE, TP_SIZE, ServerSetting, command_line, split_command
 from ppprof.servers.boot import Forwards
 from ppprof.servers.registry import DEFAULT_SERVER, get
-from ppprof.servers.workload import Workload
 
 SMOOTH_FACTORS = tuple(round(0.5 + 0.05 * i, 2) for i in range(11))
 B_STEPS_PER_OCTAVE = 4

@@ -6,13 +6,13 @@ import json
 import pytest
 
 from ppprof.bench.plans import arms, fixed_sizes
+from ppprof.config.workload import parse_prompt_spec
 from ppprof.fit.build import fit
 from ppprof.fit.samples import read_samples
 from ppprof.fit.synthetic import make_samples, write_run_dir
 from ppprof.policy import LatencyModel, from_dict
 from ppprof.servers.sglang import SGLANG
 from ppprof.servers.tune import tune
-from ppprof.servers.workload import parse_prompt_spec
 
 PROMPT_LENS = (6000, 20000)
 TRUTH = LatencyModel("prefix", a=2e-7, b=0.01, c=2.0, g=3e-4)

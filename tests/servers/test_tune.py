@@ -8,10 +8,10 @@ import pytest
 from click.testing import CliRunner
 
 from ppprof.cli import main
+from ppprof.config.workload import parse_prompt_spec
 from ppprof.policy import LatencyModel, from_dict
 from ppprof.servers import SERVERS
 from ppprof.servers.tune import cut, tune
-from ppprof.servers.workload import parse_prompt_spec
 
 from .helpers import policy_dict
 

@@ -1,5 +1,7 @@
-"""The workload `ppprof tune` plans for: prompt lengths and their weights, from a list or a file (one length a line,
-or a CSV with a prompt-length column, such as a request trace), grouped into at most MAX_LENGTHS weighted quantiles."""
+"""The workload (--prompt-lens, part of the settings tree): the prompt lengths a policy's rules and status are chosen
+on and `ppprof tune` plans for, with their weights, from a list or a file (one length a line, or a CSV with a
+prompt-length column, such as a request trace), grouped into at most MAX_LENGTHS weighted quantiles. Parsed once,
+where the context length is known; a policy file carries it parsed (`to_dict`, `from_dict`)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import math
 import re
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +42,24 @@ class Workload:
     prompt_lens: tuple[int, ...]
     weights: tuple[float, ...]
     note: str | None = None
+    source: str = "default"
+    """Where it came from: the --prompt-lens SPEC it was parsed from, or "default" (lengths spread over the domain)."""
+
+    def to_dict(self) -> dict:
+        """The policy file's `workload`."""
+        return {"prompt_lens": list(self.prompt_lens), "weights": list(self.weights), "source": self.source}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Workload:
+        """A policy file's `workload` (to_dict), as it was chosen on."""
+        return cls(tuple(d["prompt_lens"]), tuple(d["weights"]), source=d.get("source", "default"))
+
+
+def check_prompt_spec(spec: object) -> None:
+    """What a --prompt-lens SPEC is before it is read (a profile's settings check it; the fit reads it): text, not
+    blank."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"--prompt-lens {short(spec)} is invalid: give lengths like 8192,32768 or a file of them")
 
 
 def parse_prompt_spec(spec: str, context_len: int | None = None) -> Workload:
@@ -70,7 +90,7 @@ def parse_prompt_spec(spec: str, context_len: int | None = None) -> Workload:
         )
     if not tally.num_rows:
         raise ValueError(f"--prompt-lens {spec!r} holds no prompt length: give at least one")
-    return group(*tally.sums())
+    return replace(group(*tally.sums()), source=spec)
 
 
 BLOCK_ROWS = 1 << 16

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from ppprof.servers.workload import MAX_LENGTHS, parse_prompt_spec
+from ppprof.config.workload import MAX_LENGTHS, parse_prompt_spec
 
 
 def test_spec_lists_weights_and_files(tmp_path):
@@ -62,7 +62,7 @@ def test_bad_spec_files_are_one_line(tmp_path):
 def test_a_long_trace_is_summed_in_bounded_memory(tmp_path, monkeypatch):
     import tracemalloc
 
-    from ppprof.servers import workload
+    from ppprof.config import workload
 
     monkeypatch.setattr(workload, "BLOCK_ROWS", 1024)  # folds as a 10^7-row trace does, at a test's size
     num_rows = 30_000
