@@ -16,16 +16,8 @@ import numpy as np
 from ppprof.chunks import align_down
 from ppprof.policy.rule import LatencyModel
 from ppprof.policy.schema import Policy
-from ppprof.servers.base import (
-    CALIBRATION,
-    DYNAMIC,
-    PP_SIZE,
-    TP_SIZE,
-    Server,
-    ServerSetting,
-    concave_free_root,
-    parse_number,
-)
+from ppprof.servers.base import PP_SIZE, TP_SIZE, Server, ServerSetting, concave_free_root
+from ppprof.servers.flags import CALIBRATION, DYNAMIC, parse_number
 
 PREFIX_SHARE = 0.2
 """ATOM floors a chunk where its prefix cost gamma * L would exceed this share of its latency."""

@@ -15,7 +15,8 @@ import numpy as np
 from ppprof.bounds import POLICY_ENV
 from ppprof.policy.rule import FORMS, MODEL_COEFS, LatencyModel
 from ppprof.policy.schema import Policy, largest_chunk
-from ppprof.servers.base import Server, ServerSetting, command_line
+from ppprof.servers.base import Server, ServerSetting
+from ppprof.servers.flags import command_line
 from ppprof.servers.registry import get
 
 MAX_CHECKED = 20000  # prefix lengths compared per export (every alignment unit up to the context, coarser beyond)

@@ -12,7 +12,8 @@ from ppprof.chunks import align_down, default_floor
 from ppprof.config import CONTEXT_MARGIN, ChunkSettings
 from ppprof.policy.rule import LatencyModel, next_chunk_size
 from ppprof.policy.schema import Policy
-from ppprof.servers.base import DYNAMIC, PP_SIZE, TP_SIZE, Server, ServerSetting, boot_quadratic_cause
+from ppprof.servers.base import PP_SIZE, TP_SIZE, Server, ServerSetting, boot_quadratic_cause
+from ppprof.servers.flags import DYNAMIC
 
 SMOOTH_ENV = "SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR"
 PARITY = "sglang"

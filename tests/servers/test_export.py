@@ -68,7 +68,7 @@ def test_an_export_sets_the_layout_the_policy_was_profiled_at(server):
         "atom": ["--pipeline-parallel-size", "2", "--tensor-parallel-size", "4"],
     }[server]
     assert doc["args"][:4] == names and any("2 stages of 4 TP ranks" in c for c in doc["comments"])
-    from ppprof.servers.base import split_command
+    from ppprof.servers.flags import split_command
 
     assert target.parse_parallel(split_command(doc["command"]))[0] == {"pp_size": 2, "tp_size": 4}
     setting, _, ignored = target.parse_flags(doc["command"], page_size=64)

@@ -11,7 +11,8 @@ from ppprof.cli import main
 from ppprof.config.workload import parse_prompt_spec
 from ppprof.policy import LatencyModel, from_dict
 from ppprof.servers import SERVERS
-from ppprof.servers.tune import cut, tune
+from ppprof.servers.tune import tune
+from ppprof.servers.tuner import cut
 
 from .helpers import policy_dict
 
@@ -151,7 +152,7 @@ def test_a_longer_prompts_chunks_cut_into_a_shorter_ones():
 def test_when_the_users_own_flags_win_their_calibration_is_the_one_recommended(monkeypatch):
     """ATOM's flags carry a calibration: where the user's current flags score best, the recommended command must
     carry the calibration they were scored with, not ppprof's."""
-    from ppprof.servers.tune import Scored, Tuner
+    from ppprof.servers.tuner import Scored, Tuner
 
     search = Tuner.search
 
