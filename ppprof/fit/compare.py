@@ -7,9 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ppprof.fit.build import POLICY_FILE, gate_samples
+from ppprof.fit.build import POLICY_FILE
 from ppprof.fit.drift import samples_drift
 from ppprof.fit.samples import Samples, read_samples
+from ppprof.fit.selection import gate_samples
 from ppprof.plotting import pyplot, save_figure
 from ppprof.policy.compare import compare_policies, gates_passed, table_end
 from ppprof.policy.schema import Policy, load_policy

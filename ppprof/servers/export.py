@@ -126,20 +126,7 @@ def export_data(policy: Policy, server: str, source: str = "the policy") -> dict
             f"{target.fixed_chunk_size(setting)}"
         )
     comparison = compare_rules(policy, server, setting, model)
-    if comparison["differ"] == 0:
-        comments.append(
-            f"# {label}'s rule with these flags gives the policy's chunk size at every one of "
-            f"{comparison['prefix_lens_checked']} prefix lengths checked"
-        )
-    else:
-        first = comparison["examples"][0]
-        comments.append(
-            f"# {label}'s rule with these flags differs from the policy at {comparison['differ']} of "
-            f"{comparison['prefix_lens_checked']} prefix lengths checked (from L = "
-            f"{comparison['first_differs_at']}, e.g. {first['ppprof']} -> {first[label]}; at most "
-            f"{comparison['max_diff_tokens']:+d} tokens, {comparison['max_diff_fraction']:.1%}), because:"
-        )
-        comments += [f"#   - {c}" for c in causes(policy, server)]
+    comments += comparison_comments(policy, server, label, comparison)
     loaded = {"policy_file": policy_file(policy, source)} if server == LOADS_POLICY else {}
     if loaded:
         comments += [
@@ -164,6 +151,22 @@ def export_data(policy: Policy, server: str, source: str = "the policy") -> dict
         "causes": causes(policy, server),
         **loaded,
     }
+
+
+def comparison_comments(policy: Policy, server: str, label: str, comparison: dict) -> list[str]:
+    """The export's comment lines on how the server's rule with the flags compares with the policy's, and why."""
+    checked = comparison["prefix_lens_checked"]
+    if comparison["differ"] == 0:
+        return [
+            f"# {label}'s rule with these flags gives the policy's chunk size at every one of {checked} prefix lengths checked"
+        ]
+    first = comparison["examples"][0]
+    return [
+        f"# {label}'s rule with these flags differs from the policy at {comparison['differ']} of "
+        f"{checked} prefix lengths checked (from L = "
+        f"{comparison['first_differs_at']}, e.g. {first['ppprof']} -> {first[label]}; at most "
+        f"{comparison['max_diff_tokens']:+d} tokens, {comparison['max_diff_fraction']:.1%}), because:"
+    ] + [f"#   - {c}" for c in causes(policy, server)]
 
 
 LOADS_POLICY = "sglang"

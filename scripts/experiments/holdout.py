@@ -21,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ppprof.fit.build import fit, without_warmup
+from ppprof.fit.build import fit
 from ppprof.fit.samples import read_samples
+from ppprof.fit.selection import without_warmup
 from ppprof.manifest import script_parser, write_result
 from ppprof.policy import LatencyModel, load
 from ppprof.runfiles import SAMPLES_FILE

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from ppprof.fit import fit, fit_run
-from ppprof.fit.build import warmup_rows
+from ppprof.fit.selection import warmup_rows
 from ppprof.fit.synthetic import make_samples, write_run_dir
 from ppprof.policy import load, validate
 from ppprof.policy.rule import LatencyModel

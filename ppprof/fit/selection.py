@@ -1,0 +1,100 @@
+"""Which fitted latency model a policy carries and whether it passes: the rows fitted (the warm-up rows dropped), every
+candidate fitted on them, the one that best predicts work it never saw, and its quality gates."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ppprof.config import ChunkSettings
+from ppprof.fit.gates import failure_reason, gates, predicted_shrink
+from ppprof.fit.regress import Fit, diagnostics, fit_candidates
+from ppprof.fit.samples import Samples
+from ppprof.policy.rule import MODEL_NAMES, LatencyModel
+
+CANDIDATE_KEYS = ("cv_mape", "held_out_mape", "r2", "mape", "num_outliers_dropped", "rows")
+
+
+def warmup_rows(prefix_len: np.ndarray) -> list[int]:
+    """0-based rows not fitted: the first row (it ran cold) and the first prefix-free row (SGLang drops it)."""
+    rows = {0} if len(prefix_len) else set()
+    free = np.flatnonzero(prefix_len == 0)
+    if free.size:
+        rows.add(int(free[0]))
+    return sorted(rows)
+
+
+def without_warmup(samples: Samples) -> tuple[Samples, list[int]]:
+    """The rows fitted (warmup_rows dropped) and the 0-based rows dropped: what the policy's fit and the adaptive
+    design's bootstrap both read."""
+    dropped = warmup_rows(samples.prefix_len)
+    return samples.subset(~np.isin(np.arange(len(samples)), dropped)), dropped
+
+
+def select_model(fitted: dict[str, Fit]) -> tuple[str, str] | None:
+    """(name, score) of the fitted model that best predicts work it never saw (held_out_mape: prefix bands and chunk
+    ranges held out; the row-wise cv_mape where there are fewer than two prefix bands; ties: MODEL_NAMES order);
+    None where none fitted. The policy's choice, and the model the adaptive design bootstraps."""
+    if not fitted:
+        return None
+    key = "held_out_mape" if all(np.isfinite(f.held_out_mape) for f in fitted.values()) else "cv_mape"
+    return min(fitted, key=lambda k: (getattr(fitted[k], key), MODEL_NAMES.index(k))), key
+
+
+def fit_used_rows(used: Samples, latency_model: str) -> tuple[dict[str, Fit], dict[str, str], dict[str, dict]]:
+    """({name: Fit}, {name: why it could not be fitted}, {name: diagnostics}) of the candidates on the rows used."""
+    if not len(used):
+        return {}, {latency_model: "no samples left after dropping the warm-up row"}, {}
+    L, x, y = used.prefix_len, used.chunk_size, used.chunk_latency_ms
+    fitted, failed = fit_candidates(L, x, y, latency_model)
+    per_model = {
+        name: diagnostics(f.model, f.fit_rows, L, x, y, f.cv_mape) | {"held_out_mape": f.held_out_mape}
+        for name, f in fitted.items()
+    }
+    return fitted, failed, per_model
+
+
+def candidate_table(per_model: dict[str, dict], failed: dict[str, str]) -> dict[str, dict]:
+    """The few diagnostics of every candidate kept in the policy, or why it could not be fitted."""
+    candidates = {
+        name: {k: d[k] for k in CANDIDATE_KEYS} | {"fit_r2": d["fit"]["r2"], "fit_rows": d["fit"]["rows"]}
+        for name, d in per_model.items()
+    }
+    candidates.update({name: {"error": reason} for name, reason in failed.items()})
+    return candidates
+
+
+def select_and_gate(
+    fitted: dict[str, Fit],
+    failed: dict[str, str],
+    per_model: dict[str, dict],
+    diag: dict,
+    settings: ChunkSettings,
+    latency_model: str,
+) -> tuple[LatencyModel | None, float | None, str, str]:
+    """Pick the fitted model (select_model), gate it and add its diagnostics to `diag`. Returns (model, target
+    latency, status, reason); a model that fails a gate is kept, with status static."""
+    if not fitted:
+        return None, None, "static", "; ".join(failed.values())  # each reason names its model
+    name, key = select_model(fitted)
+    model = fitted[name].model
+    diag["selected_by"] = key if latency_model == "auto" else "requested"
+    diag.update(per_model[name])
+    target = model.target_ms(settings.base_chunk_size)
+    shrink, shrink_at = predicted_shrink(model, settings, target)  # SGLang's rule's, a diagnostic
+    diag["predicted_shrink"] = {"fraction": shrink, "prefix_len": shrink_at}
+    diag["gates"] = gates(diag)
+    reason = failure_reason(diag["gates"])
+    if reason:
+        return model, target, "static", reason
+    if not target > 0:
+        return model, target, "static", f"target latency {target:.4g} ms is not positive"
+    return model, target, "dynamic", f"{name} model passed all quality gates"
+
+
+def gate_samples(samples: Samples, settings: ChunkSettings, latency_model: str = "auto") -> tuple[bool, str]:
+    """(passed, reason) of the quality gates alone on `samples`, fitted and gated as fit_samples does (the gain over
+    fixed chunks is not judged): what `ppprof compare` asks of a baseline's samples under this code."""
+    used, _ = without_warmup(samples)
+    fitted, failed, per_model = fit_used_rows(used, latency_model)
+    _, _, status, reason = select_and_gate(fitted, failed, per_model, {}, settings, latency_model)
+    return status == "dynamic", reason
