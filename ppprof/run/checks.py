@@ -11,13 +11,14 @@ from pathlib import Path
 
 from ppprof.adaptive import check as check_adaptive_design
 from ppprof.config import BenchConfig, ProfileConfig
+from ppprof.distributed.coords import mesh_problem
 from ppprof.distributed.launch import in_worker
 from ppprof.model.attention_kernels import resolve_attention_backend
 from ppprof.run.memory import check_memory
 from ppprof.runfiles import LOCK_FILE, check_lock
 from ppprof.servers.workload import parse_prompt_spec
 from ppprof.specs import load_spec, split_layers
-from ppprof.specs.tp import check_tp, mesh_problem
+from ppprof.specs.tp import check_tp
 
 
 def check_output_folder(out: str | None, overwrite: bool = False, resume: bool = False, folder: bool = True) -> None:
