@@ -21,6 +21,7 @@ from ppprof.bench.executor import WARMUP_REPEAT, BenchPrompt, BenchStage, Prompt
 from ppprof.bench.overhead import overhead_chunk_sizes, overhead_plans, overhead_run, summarize
 from ppprof.config import ProfileConfig
 from ppprof.distributed.agree import RunError, agreed
+from ppprof.distributed.stop import Stop
 from ppprof.manifest import git_revision, write_manifest
 from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.probe.loop import ProbeRunner
@@ -36,6 +37,7 @@ from ppprof.run.rank import (
     release_folder,
     run_phases,
     run_rank,
+    run_status,
     set_up,
     tp_comm,
     tp_shard,
@@ -141,8 +143,8 @@ def start_record(run: RankRun[ProfileState], run_dir: Path, probes: list, first:
     write_manifest(run_dir)
     run.state.record, run.state.probes_done = record, first
 
-    def on_stop(status: str, signal_name: str | None) -> None:
-        record.write(status=status)
+    def on_stop(stop: Stop, signal_name: str | None) -> None:
+        record.write(status=run_status(stop))
         if signal_name is not None:
             print(
                 f"interrupted by {signal_name}: {run_dir} keeps the samples of {run.state.probes_done} of "
