@@ -66,12 +66,13 @@ def bench(policy_path, prompt_lens, strategies, plans, repeats, pp, out, resolve
     Example: ppprof bench results/<run>/policy.json --prompt-len 8192 --prompt-len 32768 --pp 4
     """
     torchrun = {name: options.pop(name) for name, _ in TORCHRUN_OPTIONS}
+    policy = None  # loaded where this process resolves the settings; a rank the launcher started loads it itself
     if resolved_config is not None:
         cfg = BenchConfig.from_dict(json.loads(resolved_config))
     elif policy_path is None:
         raise click.UsageError("Missing argument 'POLICY': give the policy.json of a profile")
     else:
-        cfg = resolve_bench(
+        cfg, policy = resolve_bench(
             policy_path,
             {
                 "profile": options,
@@ -86,7 +87,7 @@ def bench(policy_path, prompt_lens, strategies, plans, repeats, pp, out, resolve
     sys.exit(
         start(
             "bench",
-            functools.partial(bench_rank, overwrite=overwrite),
+            functools.partial(bench_rank, overwrite=overwrite, policy=policy),
             cfg,
             cfg.profile,
             torchrun,

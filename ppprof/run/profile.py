@@ -22,6 +22,7 @@ from ppprof.bench.overhead import overhead_chunk_sizes, overhead_plans, overhead
 from ppprof.config import ProfileConfig
 from ppprof.distributed.agree import RunError, agreed
 from ppprof.distributed.stop import Stop
+from ppprof.fit.plots import CHUNKS_PLOT, FIT_PLOT
 from ppprof.manifest import git_revision, write_manifest
 from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.probe.loop import ProbeRunner
@@ -32,8 +33,8 @@ from ppprof.run.provenance import default_run_dir, hardware, peak_memory_bytes
 from ppprof.run.rank import (
     Phase,
     RankRun,
-    add_log_file,
     claim_folder,
+    enter_folder,
     release_folder,
     run_phases,
     run_rank,
@@ -42,12 +43,15 @@ from ppprof.run.rank import (
     tp_comm,
     tp_shard,
 )
-from ppprof.runfiles import COMPLETE, FAILED, RUN_FILE, SAMPLES_FILE, RunRecord, stage_column
+from ppprof.runfiles import COMPLETE, FAILED, RunFolder, RunRecord, stage_column
 from ppprof.specs.spec import layers_pattern
 from ppprof.specs.tp import rank_spec
 
-RUN_OUTPUTS = (SAMPLES_FILE, RUN_FILE, "policy.json", "fit.png", "chunks.png")
-"""What a profile writes in its run folder besides the rank logs; an older run's are removed when --overwrite."""
+
+def run_outputs(folder: RunFolder) -> tuple[Path, ...]:
+    """What a profile writes in its run folder besides the rank logs; an older run's are removed when --overwrite."""
+    return folder.samples, folder.run_json, folder.policy, folder.path / FIT_PLOT, folder.path / CHUNKS_PLOT
+
 
 log = logging.getLogger("ppprof")
 
@@ -103,28 +107,25 @@ def prepare_run_folder(run: RankRun[ProfileState]) -> None:
             run_dir = Path(run.cfg.out) if run.cfg.out else default_run_dir(run.cfg.model)
             run_dir.mkdir(parents=True, exist_ok=True)
             claim_folder(run, run_dir, run.cfg.out, run.state.overwrite, run.state.resume)
+            folder = RunFolder(run_dir)
             probes = initial_probes(run.cfg)
             if run.state.resume:
-                first = complete_probes(run_dir / SAMPLES_FILE, probes)
+                first = complete_probes(folder.samples, probes)
             else:
-                for name in RUN_OUTPUTS:  # --overwrite: none of an older run's results stays beside this one's
-                    (run_dir / name).unlink(missing_ok=True)
-            start_record(run, run_dir, probes, first)
+                for path in run_outputs(folder):  # --overwrite: none of an older run's results stays beside this one's
+                    path.unlink(missing_ok=True)
+            start_record(run, folder, probes, first)
     run_dir, run.state.probes, run.state.first_probe = run.pipe.broadcast((str(run_dir), probes, first))
-    run.run_dir = Path(run_dir)
-    run.run_dir.mkdir(parents=True, exist_ok=True)
-    add_log_file(run.run_dir / f"rank{run.rank}.log")
+    enter_folder(run, run_dir)
     if first:
-        log.info(
-            "resuming %s: probes 0..%d are complete, %d to run", run.run_dir, first - 1, len(run.state.probes) - first
-        )
+        log.info("resuming %s: probes 0..%d are complete, %d to run", run_dir, first - 1, len(run.state.probes) - first)
 
 
-def start_record(run: RankRun[ProfileState], run_dir: Path, probes: list, first: int) -> None:
+def start_record(run: RankRun[ProfileState], folder: RunFolder, probes: list, first: int) -> None:
     """Rank 0: run.json with status running, and what records the status when the rank is stopped (a signal, a rank
     that does not answer)."""
     record = RunRecord(
-        run_dir / RUN_FILE,
+        folder.run_json,
         config=run.cfg.to_dict(),
         model=run.spec.to_dict(),
         hardware=hardware(run.info.device),
@@ -140,15 +141,15 @@ def start_record(run: RankRun[ProfileState], run_dir: Path, probes: list, first:
         **({"resumed_from_probe": first} if run.state.resume else {}),
     )
     record.write()
-    write_manifest(run_dir)
+    write_manifest(folder.path)
     run.state.record, run.state.probes_done = record, first
 
     def on_stop(stop: Stop, signal_name: str | None) -> None:
         record.write(status=run_status(stop))
         if signal_name is not None:
             print(
-                f"interrupted by {signal_name}: {run_dir} keeps the samples of {run.state.probes_done} of "
-                f"{len(probes)} probes; finish it with: ppprof profile --resume {run_dir}",
+                f"interrupted by {signal_name}: {folder.path} keeps the samples of {run.state.probes_done} of "
+                f"{len(probes)} probes; finish it with: ppprof profile --resume {folder.path}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -244,14 +245,7 @@ def run_probes(run: RankRun[ProfileState]) -> None:
         bar = tqdm(total=total, desc="profile", unit="req", file=sys.stderr, disable=None, dynamic_ncols=True)
     e2e_ms = []
     for probe in probe_sequence(
-        run.pipe,
-        run.cfg,
-        run.state.probes,
-        run.state.design,
-        run.run_dir / SAMPLES_FILE,
-        e2e_ms,
-        run.state.t_probes,
-        first,
+        run.pipe, run.cfg, run.state.probes, run.state.design, run.folder.samples, e2e_ms, run.state.t_probes, first
     ):
         timings = runner.run_probe(probe, on_request=bar.update if bar is not None else None)
         stage_ms = run.pipe.all_gather(timings.stage_ms)
@@ -341,7 +335,7 @@ def keep_samples(run: RankRun[ProfileState], probe, stage_ms: list[list[float]],
     """Rank 0: one probe's rows (stage_ms[stage][request]) appended to samples.csv and flushed to the disk."""
     record = run.state.record
     with record.lock:
-        append_samples(run.run_dir / SAMPLES_FILE, samples_frame([probe], [stage_ms], [e2e_ms]))
+        append_samples(run.folder.samples, samples_frame([probe], [stage_ms], [e2e_ms]))
         run.state.probes_done += 1
 
 
@@ -351,7 +345,7 @@ def write_results(run: RankRun[ProfileState]) -> None:
         return
     probes, warmup, forward_tokens = run.state.probes, run.state.warmup, run.state.forward_tokens
     probes = probes[run.state.first_probe :]
-    frame = pd.read_csv(run.run_dir / SAMPLES_FILE)  # every probe's rows, appended as each completed
+    frame = pd.read_csv(run.folder.samples)  # every probe's rows, appended as each completed
     wall_s = time.perf_counter() - run.t_start
     run.state.record.write(
         status=COMPLETE,
@@ -380,13 +374,13 @@ def write_results(run: RankRun[ProfileState]) -> None:
             run.cfg,
             run.state.design,
             probes,
-            run.run_dir / SAMPLES_FILE,
+            run.folder.samples,
             run.num_stages,
             run.state.probe_wall_s,
             int(forward_tokens[0]),
         ),
     )
-    log_summary(frame, run.num_stages, wall_s, forward_tokens[0], run.run_dir)
+    log_summary(frame, run.num_stages, wall_s, forward_tokens[0], run.folder.path)
 
 
 def fit_policy(run: RankRun[ProfileState]) -> None:
@@ -395,7 +389,7 @@ def fit_policy(run: RankRun[ProfileState]) -> None:
         return
     from ppprof.fit import fit_run
 
-    log.info("policy: %s", fit_run(run.run_dir))
+    log.info("policy: %s", fit_run(run.folder.path))
 
 
 PHASES: tuple[Phase, ...] = (

@@ -26,7 +26,7 @@ from ppprof.mem import StageCache
 from ppprof.model.stage import Stage
 from ppprof.probe.malloc import steady_malloc
 from ppprof.run.checks import check_output_folder
-from ppprof.runfiles import FAILED, INTERRUPTED, LOCK_HELD_ENV, RUN_DIR_NOTE_ENV, release_lock, take_lock
+from ppprof.runfiles import FAILED, INTERRUPTED, LOCK_HELD_ENV, RUN_DIR_NOTE_ENV, RunFolder, release_lock, take_lock
 from ppprof.specs import ModelSpec, load_spec, split_layers
 from ppprof.specs.dtypes import AUTO_DTYPE_CPU, AUTO_DTYPE_GPU
 
@@ -48,7 +48,8 @@ class RankRun(Generic[S]):
     state: S
     fault: str | None = None
     t_start: float = field(default_factory=time.perf_counter)
-    run_dir: Path | None = None
+    folder: RunFolder | None = None
+    """The run folder, once the first phase named it."""
     stage: Stage | None = None
     cache: StageCache | None = None
     own_lock: Path | None = None
@@ -218,6 +219,14 @@ def setup_logging(rank: int, level: int = logging.INFO) -> None:
     h.setFormatter(fmt)
     root.addHandler(h)
     root.propagate = False
+
+
+def enter_folder(run: RankRun, run_dir: str) -> None:
+    """Every rank, once rank 0 named the run folder: create it where this node has none yet (across nodes), and log
+    into this rank's log there from now on."""
+    run.folder = RunFolder(run_dir)
+    run.folder.path.mkdir(parents=True, exist_ok=True)
+    add_log_file(run.folder.rank_log(run.rank))
 
 
 def add_log_file(path: Path) -> None:
