@@ -18,7 +18,7 @@ from ppprof.adaptive import initial_probes
 from ppprof.adaptive.loop import probe_sequence
 from ppprof.adaptive.step import DesignState, design_record
 from ppprof.bench.executor import WARMUP_REPEAT, BenchPrompt, BenchStage, PromptRunner
-from ppprof.bench.overhead import overhead_chunk_sizes, overhead_plans, overhead_run, summarize
+from ppprof.bench.overhead import overhead_chunk_sizes, overhead_plans, pipeline_overhead
 from ppprof.config import ProfileConfig
 from ppprof.distributed.agree import RunError, agreed
 from ppprof.distributed.stop import Stop
@@ -298,34 +298,22 @@ def measure_overhead(run: RankRun[ProfileState]) -> None:
             "pipeline overhead not measured: a request holds %d tokens, under two chunks of %d", capacity, sizes[0]
         )
         return
-    plans = [(WARMUP_REPEAT, warmup)] + timed
     runner = PromptRunner(stages=[BenchStage(run.stage_idx, run.stage, run.cache)], pipe=run.pipe, seed=cfg.seed)
     rows, ttft = [], {}
-    for index, (repeat, chunks) in enumerate(plans):
-        prompt = BenchPrompt(index, f"overhead-{chunks[-1]}", repeat, sum(chunks), chunks)
-        result = runner.run(prompt)
+    for index, (repeat, chunks) in enumerate([(WARMUP_REPEAT, warmup)] + timed):  # the warm-up is prompt 0
+        result = runner.run(BenchPrompt(index, f"overhead-{chunks[-1]}", repeat, sum(chunks), chunks))
         rows += result.rows
         ttft[index] = result.ttft_ms
     rows = [row for per_rank in run.pipe.all_gather(rows) for row in per_rank]
     run.state.overhead_wall_s = time.perf_counter() - start
     if run.rank != 0:
         return
-    stage_ms = {}  # prompt -> (P, n)
-    for row in rows:
-        stage_ms.setdefault(row["prompt"], {})[(row["stage"], row["chunk"])] = row["compute_ms"]
-    P = run.num_stages
-    runs = [
-        overhead_run(chunks, [[stage_ms[i][(s, k)] for k in range(len(chunks))] for s in range(P)], ttft[i], repeat)
-        for i, (repeat, chunks) in enumerate(plans)
-        if repeat != WARMUP_REPEAT
-    ]
-    run.state.overhead = summarize(runs, P)
-    o = run.state.overhead
+    o = run.state.overhead = pipeline_overhead(timed, rows, ttft, run.num_stages)
     log.info(
         "pipeline overhead: %.3f +- %.3f ms a chunk (median of %d runs; by chunk size %s), measured in %.1f s",
         o["ms_per_chunk"],
         o["stderr_ms"],
-        len(runs),
+        len(o["runs"]),
         ", ".join(f"{n}: {v:.3f}" for n, v in o["by_chunk_size"].items()),
         run.state.overhead_wall_s,
     )
