@@ -1,7 +1,7 @@
 """The per-chunk pipeline overhead: what a chunk costs on the real pipeline beyond its stages' timed forwards
 (transfers, launches, the scheduling step), solved from a measured TTFT against the replay of the stages' own
 timings, and its summary for run.json from what the prompts measured. Pure: numpy; the profile job runs the prompts
-(ppprof.run.profile)."""
+(ppprof.run.measure)."""
 
 from __future__ import annotations
 
