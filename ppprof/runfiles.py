@@ -1,5 +1,6 @@
-"""The files of a run folder, shared by the writers (ppprof/run) and the readers (ppprof/fit): names, run.json
-(written and read here, one schema) and the per-stage latency columns of samples.csv. Pure: no torch."""
+"""The files of a run folder, shared by the writers (ppprof/run) and the readers (ppprof/fit): their names and
+paths (RunFolder), run.json (written and read here, one schema), the lock and the per-stage latency columns of
+samples.csv. Pure: no torch."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ import re
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ppprof.io import atomic_write_json, parse_json, read_small_text
 
 SAMPLES_FILE = "samples.csv"
 RUN_FILE = "run.json"
+POLICY_FILE = "policy.json"
 LOCK_FILE = ".ppprof.lock"
 LOCK_HELD_ENV = "PPPROF_LOCK_HELD"
 """Set by ppprof's launcher for its ranks when it took the run folder's lock (else rank 0 takes it)."""
@@ -31,6 +34,47 @@ READABLE_SCHEMA_VERSIONS = (2, RUN_SCHEMA_VERSION)
 """Versions read_run_json reads; a version-2 file (written at the end of a run) reads as status COMPLETE."""
 RUNNING, COMPLETE, INTERRUPTED, FAILED = "running", "complete", "interrupted", "failed"
 STAGE_COLUMN = re.compile(r"^stage(\d+)_latency_ms$")
+
+
+@dataclass(frozen=True, slots=True)
+class RunFolder:
+    """A run folder's paths, each file's name written once: samples.csv, run.json and policy.json (what a profile
+    writes), the rank logs, and the lock a live run holds. (Its manifest.json is ppprof.manifest's: write_manifest
+    names it, as in any result folder.) Paths only: nothing is read or created."""
+
+    path: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", Path(self.path))
+
+    @classmethod
+    def of(cls, file: str | Path) -> RunFolder:
+        """The run folder a file of it lies in (the policy.json or samples.csv a user names)."""
+        return cls(Path(file).parent)
+
+    @property
+    def samples(self) -> Path:
+        return self.path / SAMPLES_FILE
+
+    @property
+    def run_json(self) -> Path:
+        return self.path / RUN_FILE
+
+    @property
+    def policy(self) -> Path:
+        return self.path / POLICY_FILE
+
+    @property
+    def lock(self) -> Path:
+        return self.path / LOCK_FILE
+
+    def rank_log(self, rank: int) -> Path:
+        """What rank `rank` logs (and torch's C++ messages of it)."""
+        return self.path / f"rank{rank}.log"
+
+    def read_run(self) -> dict | None:
+        """Its run.json (read_run_json), None where it has none."""
+        return read_run_json(self.run_json) if self.run_json.is_file() else None
 
 
 def stage_column(stage: int) -> str:
@@ -110,7 +154,7 @@ class RunRecord:
 def lock_owner(folder: str | Path) -> str | None:
     """'pid N on HOST' of the live run that holds `folder`'s lock; None when it is free or its holder died (a lock
     is held while its holder keeps it flock()ed: the kernel lets go of it when the holder dies, however it dies)."""
-    path = Path(folder) / LOCK_FILE
+    path = RunFolder(folder).lock
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
@@ -154,7 +198,7 @@ def check_lock(folder: str | Path) -> None:
 
 def _in_use(folder: str | Path, owner: str) -> ValueError:
     return ValueError(
-        f"--out {folder} is in use by another ppprof run ({owner}, lock {Path(folder) / LOCK_FILE}): "
+        f"--out {folder} is in use by another ppprof run ({owner}, lock {RunFolder(folder).lock}): "
         "wait for it to end or choose another --out"
     )
 
@@ -173,7 +217,7 @@ def take_lock(folder: str | Path) -> Path:
     release_lock. One taker wins even where two take over a stale lock at once (the flock is atomic; a stale lock,
     whose holder died, is no longer flocked); ValueError naming the holder when a live run holds it. A symbolic link
     there is refused, not followed. Returns the lock's path."""
-    path = Path(folder) / LOCK_FILE
+    path = RunFolder(folder).lock
     waited = False
     for _ in range(LOCK_TRIES):
         try:
@@ -223,7 +267,7 @@ def _same_file(fd: int, path: Path) -> bool:
 def release_lock(folder: str | Path) -> None:
     """Remove the lock file when this process holds it (unlinked before it is let go, so that no taker flocks a
     file that is about to vanish unseen: take_lock checks that the file it locked is still the lock)."""
-    path = Path(folder) / LOCK_FILE
+    path = RunFolder(folder).lock
     pid, fd = _HELD.get(os.path.abspath(path), (None, None))
     if pid != os.getpid():  # not taken here (a forked child sees its parent's table)
         return

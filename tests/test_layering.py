@@ -11,12 +11,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / "ppprof"
 LAYERS = (
     ("ppprof", "ppprof.bounds", "ppprof.checks", "ppprof.chunks", "ppprof.io"),
     ("ppprof.mem",),
+    ("ppprof.distributed",),
     ("ppprof.plotting", "ppprof.specs"),
     ("ppprof.config",),
     ("ppprof.manifest", "ppprof.model", "ppprof.policy", "ppprof.runfiles"),
     ("ppprof.servers",),
     ("ppprof.fit",),
-    ("ppprof.distributed",),
     ("ppprof.probe",),
     ("ppprof.adaptive",),
     ("ppprof.bench",),
@@ -45,6 +45,11 @@ TORCH_FREE = (
     "ppprof.adaptive.probes",
     "ppprof.adaptive.step",
     "ppprof.sglang",
+    "ppprof.distributed.coords",
+    "ppprof.distributed.parent",
+    "ppprof.distributed.procfs",
+    "ppprof.distributed.rankstate",
+    "ppprof.distributed.stop",
 )
 DISTRIBUTED = ("ppprof.distributed", "ppprof.run")
 """The only units that may touch torch.distributed."""
@@ -215,6 +220,18 @@ def test_the_check_catches_an_upward_import_into_probe_even_inside_a_function(tm
         [m for m in c if m in ("ppprof.probe.synth", "ppprof.run.profile")]
         for c in cycles(without_package_inits(edges))
     ], "run.profile imports probe.synth, so the new import closes a cycle"
+
+
+@pytest.mark.parametrize("line", ["from ppprof.runfiles import FAILED", "from ppprof.specs.tp import check_tp"])
+def test_the_check_catches_distributed_importing_above_the_bottom_floors(tmp_path, line):
+    import shutil
+
+    copy = tmp_path / "ppprof"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    with (copy / "distributed" / "watchdog.py").open("a") as f:
+        f.write("\n" + line + "\n")
+    target = line.split()[1]
+    assert any(b.startswith("ppprof.distributed.watchdog:") and target in b for b in upward_imports(graph(copy)))
 
 
 def test_the_servers_import_no_click_sklearn_or_pandas():

@@ -1,10 +1,10 @@
-"""run.json: written and read with one schema."""
+"""run.json: written and read with one schema; the run folder's paths, named once."""
 
 import json
 
 import pytest
 
-from ppprof.runfiles import RUN_SCHEMA_VERSION, read_run_json, write_run_json
+from ppprof.runfiles import RUN_SCHEMA_VERSION, RunFolder, read_run_json, write_run_json
 
 
 def test_run_json_round_trips_and_is_written_whole(tmp_path):
@@ -13,6 +13,22 @@ def test_run_json_round_trips_and_is_written_whole(tmp_path):
     assert doc["schema_version"] == RUN_SCHEMA_VERSION and doc["world_size"] == 2
     assert read_run_json(tmp_path / "run.json") == doc
     assert [p.name for p in tmp_path.iterdir()] == ["run.json"]  # no temporary files left
+
+
+def test_a_run_folder_names_its_files_and_is_found_from_one_of_them(tmp_path):
+    folder = RunFolder(str(tmp_path))
+    assert folder == RunFolder.of(tmp_path / "policy.json") == RunFolder.of(folder.samples)
+    assert [p.name for p in (folder.samples, folder.run_json, folder.policy, folder.lock, folder.rank_log(3))] == [
+        "samples.csv",
+        "run.json",
+        "policy.json",
+        ".ppprof.lock",
+        "rank3.log",
+    ]
+    assert all(p.parent == tmp_path for p in (folder.samples, folder.run_json, folder.policy, folder.lock))
+    assert folder.read_run() is None
+    write_run_json(folder.run_json, config={"base_chunk_size": 64})
+    assert folder.read_run()["config"] == {"base_chunk_size": 64}
 
 
 @pytest.mark.parametrize(

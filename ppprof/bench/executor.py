@@ -33,6 +33,24 @@ class BenchPrompt:
     chunk_sizes: tuple[int, ...]
 
 
+def chunk_row(
+    prompt: BenchPrompt, chunk: int, chunk_size: int, prefix_len: int, stage: int, rank: int, wait_ms: float
+) -> dict:
+    """The row of one chunk on one stage, before its timings (start_ms, end_ms, compute_ms) are known."""
+    return {
+        "prompt": prompt.index,
+        "arm": prompt.arm,
+        "repeat": prompt.repeat,
+        "prompt_len": prompt.prompt_len,
+        "chunk": chunk,
+        "chunk_size": chunk_size,
+        "prefix_len": prefix_len,
+        "stage": stage,
+        "rank": rank,
+        "wait_ms": round(wait_ms, 4),
+    }
+
+
 @dataclass(slots=True)
 class BenchStage:
     """A pipeline stage this rank runs: its global index, layers and cache."""
@@ -109,18 +127,7 @@ class PromptRunner:
                 pending = pipe.irecv_activation(sizes[k + 1]) if k + 1 < len(sizes) else None
             wait_ms = (time.perf_counter() - wait_start) * 1e3 if not pipe.is_first else 0.0
             for j, (s, req) in enumerate(zip(self.stages, reqs)):
-                row = {
-                    "prompt": prompt.index,
-                    "arm": prompt.arm,
-                    "repeat": prompt.repeat,
-                    "prompt_len": prompt.prompt_len,
-                    "chunk": k,
-                    "chunk_size": n,
-                    "prefix_len": prefix_len,
-                    "stage": s.index,
-                    "rank": pipe.rank,
-                    "wait_ms": round(wait_ms if j == 0 else 0.0, 4),
-                }
+                row = chunk_row(prompt, k, n, prefix_len, s.index, pipe.rank, wait_ms if j == 0 else 0.0)
                 if status == OK:
                     try:
                         if s.cache.extend(req, n) is None:

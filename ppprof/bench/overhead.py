@@ -1,6 +1,7 @@
 """The per-chunk pipeline overhead: what a chunk costs on the real pipeline beyond its stages' timed forwards
 (transfers, launches, the scheduling step), solved from a measured TTFT against the replay of the stages' own
-timings, and its summary for run.json. Pure: numpy; the profile job runs the prompts (ppprof.run.profile)."""
+timings, and its summary for run.json from what the prompts measured. Pure: numpy; the profile job runs the prompts
+(ppprof.run.measure)."""
 
 from __future__ import annotations
 
@@ -90,6 +91,25 @@ def overhead_run(chunk_sizes, stage_ms, measured_ms: float, repeat: int) -> dict
         "ms_per_chunk": round(chunk_overhead_ms(t, measured_ms), 4),
         "stage_ms": [[round(float(v), 4) for v in row] for row in t],
     }
+
+
+def pipeline_overhead(
+    timed: list[tuple[int, tuple[int, ...]]], rows: list[dict], ttft_ms: dict[int, float], num_stages: int
+) -> dict:
+    """run.json's pipeline_overhead from what the timed prompts measured: `timed` the (repeat, chunks) plans of
+    overhead_plans, run as prompts 1, 2, ... after the warm-up (prompt 0); `rows` every stage's chunks of them, as
+    the bench executor records them (prompt, stage, chunk, compute_ms; the warm-up's too, unread); `ttft_ms` each
+    prompt's TTFT by its index."""
+    stage_ms = {}  # prompt -> {(stage, chunk): ms}
+    for row in rows:
+        stage_ms.setdefault(row["prompt"], {})[(row["stage"], row["chunk"])] = row["compute_ms"]
+    runs = [
+        overhead_run(
+            chunks, [[stage_ms[i][(s, k)] for k in range(len(chunks))] for s in range(num_stages)], ttft_ms[i], repeat
+        )
+        for i, (repeat, chunks) in enumerate(timed, start=1)
+    ]
+    return summarize(runs, num_stages)
 
 
 def median_stderr(values) -> float:

@@ -10,7 +10,7 @@ import sys
 import click
 
 from ppprof.bounds import ATTENTION_BACKENDS, DEVICES
-from ppprof.commands.options import resolved_config_option, shown, timeout_option, torchrun_options
+from ppprof.commands.options import resolved_config_option, shown, timeout_option, torchrun_options, with_options
 from ppprof.config import BENCH_STRATEGIES, BenchConfig
 from ppprof.distributed.launch import TORCHRUN_OPTIONS
 from ppprof.run.bench import bench_rank
@@ -21,43 +21,46 @@ from ppprof.run.settings import resolve_bench
 PROFILES = "[the profile's]"
 
 
+BENCH_OPTIONS = (
+    (("--prompt-len", "prompt_lens"), dict(type=int, multiple=True), "Prompt length in tokens (repeatable)."),
+    (("--strategies",), dict(), f"Comma-separated subset of {','.join(BENCH_STRATEGIES)}. [all]"),
+    (
+        ("--plans", "plans"),
+        dict(),
+        "JSON of extra chunk plans to run as arms plan-<name> (e.g. `ppprof tune "
+        "--json` output); its prompt lengths are the default --prompt-len.",
+    ),
+    (
+        ("--repeats",),
+        dict(type=int),
+        f"Prompts per strategy and prompt length, interleaved. {shown('repeats', settings=BenchConfig)}",
+    ),
+    (
+        ("--pp-size", "--pp", "pp"),
+        dict(type=int),
+        f"Pipeline stages (--pp: the same); more than the profile's: replay only. {PROFILES}",
+    ),
+    (("--out",), dict(), "Run folder. [results/<time>-bench-<model>]"),
+    (("--nproc-per-node",), dict(type=int), f"Ranks on this node. {PROFILES}"),
+    (("--device",), dict(type=click.Choice(DEVICES)), PROFILES),
+    (("--dtype",), dict(), PROFILES),
+    (("--attention-backend",), dict(type=click.Choice(ATTENTION_BACKENDS)), PROFILES),
+    (("--torch-threads",), dict(type=int), f"Intra-op threads per rank. {PROFILES}"),
+    timeout_option,
+    (
+        ("--overwrite",),
+        dict(is_flag=True, default=False),
+        "Let --out name a folder that holds files: an older bench's results there are replaced.",
+    ),
+    torchrun_options,
+    resolved_config_option,
+)
+"""The options of `ppprof bench`, in the order --help shows them."""
+
+
 @click.command("bench", epilog="Example: ppprof bench results/my-run/policy.json --prompt-len 8192")
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False), required=False)
-@click.option("--prompt-len", "prompt_lens", type=int, multiple=True, help="Prompt length in tokens (repeatable).")
-@click.option("--strategies", help=f"Comma-separated subset of {','.join(BENCH_STRATEGIES)}. [all]")
-@click.option(
-    "--plans",
-    "plans",
-    help="JSON of extra chunk plans to run as arms plan-<name> (e.g. `ppprof tune "
-    "--json` output); its prompt lengths are the default --prompt-len.",
-)
-@click.option(
-    "--repeats",
-    type=int,
-    help=f"Prompts per strategy and prompt length, interleaved. {shown('repeats', settings=BenchConfig)}",
-)
-@click.option(
-    "--pp-size",
-    "--pp",
-    "pp",
-    type=int,
-    help=f"Pipeline stages (--pp: the same); more than the profile's: replay only. {PROFILES}",
-)
-@click.option("--out", help="Run folder. [results/<time>-bench-<model>]")
-@click.option("--nproc-per-node", type=int, help=f"Ranks on this node. {PROFILES}")
-@click.option("--device", type=click.Choice(DEVICES), help=PROFILES)
-@click.option("--dtype", help=PROFILES)
-@click.option("--attention-backend", type=click.Choice(ATTENTION_BACKENDS), help=PROFILES)
-@click.option("--torch-threads", type=int, help=f"Intra-op threads per rank. {PROFILES}")
-@timeout_option
-@click.option(
-    "--overwrite",
-    is_flag=True,
-    default=False,
-    help="Let --out name a folder that holds files: an older bench's results there are replaced.",
-)
-@torchrun_options
-@resolved_config_option
+@with_options(*BENCH_OPTIONS)
 def bench(policy_path, prompt_lens, strategies, plans, repeats, pp, out, resolved_config, overwrite, **options) -> None:
     """Run real chunked prefills of synthetic prompts through the pipeline under each strategy (fixed, fixed-best,
     sglang, greedy, optimal) and compare measured TTFT with the policy's prediction. Writes bench.csv, bench.json
@@ -66,12 +69,13 @@ def bench(policy_path, prompt_lens, strategies, plans, repeats, pp, out, resolve
     Example: ppprof bench results/<run>/policy.json --prompt-len 8192 --prompt-len 32768 --pp 4
     """
     torchrun = {name: options.pop(name) for name, _ in TORCHRUN_OPTIONS}
+    policy = None  # loaded where this process resolves the settings; a rank the launcher started loads it itself
     if resolved_config is not None:
         cfg = BenchConfig.from_dict(json.loads(resolved_config))
     elif policy_path is None:
         raise click.UsageError("Missing argument 'POLICY': give the policy.json of a profile")
     else:
-        cfg = resolve_bench(
+        cfg, policy = resolve_bench(
             policy_path,
             {
                 "profile": options,
@@ -86,7 +90,7 @@ def bench(policy_path, prompt_lens, strategies, plans, repeats, pp, out, resolve
     sys.exit(
         start(
             "bench",
-            functools.partial(bench_rank, overwrite=overwrite),
+            functools.partial(bench_rank, overwrite=overwrite, policy=policy),
             cfg,
             cfg.profile,
             torchrun,

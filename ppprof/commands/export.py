@@ -17,14 +17,7 @@ from ppprof.servers.export import export, export_data
 @click.option(
     "--server", type=click.Choice(SERVERS), default=None, help="The server whose flags carry the policy (required)."
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(SERVERS),
-    default=None,
-    hidden=True,
-    help="Deprecated: the old name of --server.",
-)
+@click.option("--format", "fmt", type=click.Choice(SERVERS), hidden=True, help="Deprecated: the old name of --server.")
 @click.option(
     "--json", "as_json", is_flag=True, help="Print JSON: flags, comments and where the server's rule differs."
 )

@@ -4,6 +4,7 @@ help text never states a default of its own."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import click
 
@@ -34,6 +35,22 @@ timeout_option = click.option(
     help='Seconds a rank waits on another at least before the run stops with "rank N did '
     f'not answer"; more where requests are slow (20 x the slowest so far). {shown("timeout")}',
 )
+
+
+Option = tuple[tuple[str, ...], dict, str]
+"""One click option as data: (its declarations, click.option's other keywords, its help)."""
+
+
+def with_options(*entries: Option | Callable) -> Callable:
+    """A decorator that adds `entries` to a command in the order given, as decorators stacked in that order would
+    (the first one first in --help): each an Option, or a decorator that adds options (a shared one, a group)."""
+
+    def add(f):
+        for entry in reversed(entries):
+            f = entry(f) if callable(entry) else click.option(*entry[0], help=entry[2], **entry[1])(f)
+        return f
+
+    return add
 
 
 def torchrun_options(f):
@@ -96,11 +113,8 @@ def option_name(decls: tuple[str, ...]) -> str:
     return decls[1] if len(decls) > 1 else decls[0].lstrip("-").replace("-", "_")
 
 
-def sizing_options(f):
-    """Add SIZING_OPTIONS to a command."""
-    for decls, kwargs, help_text in reversed(SIZING_OPTIONS):
-        f = click.option(*decls, help=help_text, **kwargs)(f)
-    return f
+sizing_options = with_options(*SIZING_OPTIONS)
+"""Add SIZING_OPTIONS to a command."""
 
 
 def policy_options(f):

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import click
 
-from ppprof.commands.options import resolved_config_option, shown, sizing_options, timeout_option, torchrun_options
+from ppprof.commands.options import (
+    resolved_config_option,
+    shown,
+    sizing_options,
+    timeout_option,
+    torchrun_options,
+    with_options,
+)
 from ppprof.config import DESIGNS
 from ppprof.distributed.launch import TORCHRUN_OPTIONS
 from ppprof.probe.loop import FAULTS
@@ -17,77 +24,79 @@ from ppprof.run.job import start
 from ppprof.run.profile import profile_rank
 from ppprof.run.settings import resolve_config, resume_config
 
+PROFILE_OPTIONS = (
+    (("--model",), dict(), f"Preset name, YAML spec, or HuggingFace config.json / folder. {shown('model')}"),
+    (("--num-layers",), dict(type=int), "Keep the layer pattern with this many layers."),
+    (
+        ("--nproc-per-node",),
+        dict(type=int),
+        "Ranks on this node; nnodes x nproc-per-node = pp-size x tp-size. [pp-size x tp-size]",
+    ),
+    (("--pp-size",), dict(type=int), "Pipeline stages (SGLang's --pp-size). [the ranks / tp-size; 2 on one node]"),
+    (
+        ("--tp-size",),
+        dict(type=int),
+        f"Tensor-parallel ranks of each stage, adjacent on one node (SGLang's --tp-size). {shown('tp_size')}",
+    ),
+    (("--dtype",), dict(), "float32, bfloat16 or float16 (or fp32, bf16, fp16). [bf16 on cuda, fp32 on cpu]"),
+    sizing_options,
+    (
+        ("--num-prefix-lens",),
+        dict(type=int),
+        f"Default prefix lengths, log-spaced from B to the context. {shown('num_prefix_lens')}",
+    ),
+    (("--warmup",), dict(type=int), f"Untimed warm-up forwards. {shown('warmup')}"),
+    (("--layer-partition",), dict(), "Layers per stage, e.g. 3,5. [even split]"),
+    (("--seed",), dict(type=int), f"Seed of the synthetic requests and weights. {shown('seed')}"),
+    (("--out",), dict(), "Run folder. [results/<run-id>]"),
+    (
+        ("--overhead-repeats",),
+        dict(type=int),
+        "Rounds of fixed plans at B/4, B and 2B run pipelined after the probes to measure the per-chunk "
+        f"pipeline overhead; 0: not measured. {shown('overhead_repeats')}",
+    ),
+    (("--fit/--no-fit",), dict(default=None), f"Fit and write policy.json and plots at the end. {shown('fit')}"),
+    (("--torch-threads",), dict(type=int), "Intra-op threads per rank. [cores of the node / its ranks]"),
+    (
+        ("--design",),
+        dict(type=click.Choice(DESIGNS)),
+        "grid: the sweep and a probe per prefix length; adaptive: a small D-optimal design, then the "
+        f"requests that most reduce the policy's uncertainty, until its table is stable. {shown('design')}",
+    ),
+    (("--max-requests",), dict(type=int), "Adaptive design: at most this many timed requests. [no limit]"),
+    (("--max-seconds",), dict(type=float), "Adaptive design: stop adding probes after this much probing. [no limit]"),
+    (
+        ("--prompt-lens",),
+        dict(),
+        "Workload the policy's history-only table and status are chosen on (8192:3,32768:1 "
+        "or a file, as `ppprof tune` takes them). [log-spaced over the profiled domain]",
+    ),
+    (
+        ("--min-gain",),
+        dict(type=float),
+        "Least predicted gain of the prompt-aware rule over the best fixed chunk "
+        f"for a dynamic policy. {shown('min_gain')}",
+    ),
+    timeout_option,
+    (
+        ("--overwrite",),
+        dict(is_flag=True, default=False),
+        "Let --out name a folder that holds files: an older run's results there are replaced.",
+    ),
+    (
+        ("--resume", "resume_dir"),
+        dict(metavar="DIR"),
+        "Finish the interrupted run in DIR from its last complete probe, with its recorded settings.",
+    ),
+    torchrun_options,
+    resolved_config_option,
+    (("--inject-fault",), dict(type=click.Choice(FAULTS), hidden=True), "Testing only: a deliberate fault."),
+)
+"""The options of `ppprof profile`, in the order --help shows them."""
+
 
 @click.command("profile", epilog="Example: ppprof profile --model tiny-dense --out results/my-run")
-@click.option("--model", help=f"Preset name, YAML spec, or HuggingFace config.json / folder. {shown('model')}")
-@click.option("--num-layers", type=int, help="Keep the layer pattern with this many layers.")
-@click.option(
-    "--nproc-per-node",
-    type=int,
-    help="Ranks on this node; nnodes x nproc-per-node = pp-size x tp-size. [pp-size x tp-size]",
-)
-@click.option("--pp-size", type=int, help="Pipeline stages (SGLang's --pp-size). [the ranks / tp-size; 2 on one node]")
-@click.option(
-    "--tp-size",
-    type=int,
-    help=f"Tensor-parallel ranks of each stage, adjacent on one node (SGLang's --tp-size). {shown('tp_size')}",
-)
-@click.option("--dtype", help="float32, bfloat16 or float16 (or fp32, bf16, fp16). [bf16 on cuda, fp32 on cpu]")
-@sizing_options
-@click.option(
-    "--num-prefix-lens",
-    type=int,
-    help=f"Default prefix lengths, log-spaced from B to the context. {shown('num_prefix_lens')}",
-)
-@click.option("--warmup", type=int, help=f"Untimed warm-up forwards. {shown('warmup')}")
-@click.option("--layer-partition", help="Layers per stage, e.g. 3,5. [even split]")
-@click.option("--seed", type=int, help=f"Seed of the synthetic requests and weights. {shown('seed')}")
-@click.option("--out", help="Run folder. [results/<run-id>]")
-@click.option(
-    "--overhead-repeats",
-    type=int,
-    help="Rounds of fixed plans at B/4, B and 2B run pipelined after the probes to measure the per-chunk "
-    f"pipeline overhead; 0: not measured. {shown('overhead_repeats')}",
-)
-@click.option("--fit/--no-fit", default=None, help=f"Fit and write policy.json and plots at the end. {shown('fit')}")
-@click.option("--torch-threads", type=int, help="Intra-op threads per rank. [cores of the node / its ranks]")
-@click.option(
-    "--design",
-    type=click.Choice(DESIGNS),
-    help="grid: the sweep and a probe per prefix length; adaptive: a small D-optimal design, then the "
-    f"requests that most reduce the policy's uncertainty, until its table is stable. {shown('design')}",
-)
-@click.option("--max-requests", type=int, help="Adaptive design: at most this many timed requests. [no limit]")
-@click.option(
-    "--max-seconds", type=float, help="Adaptive design: stop adding probes after this much probing. [no limit]"
-)
-@click.option(
-    "--prompt-lens",
-    help="Workload the policy's history-only table and status are chosen on (8192:3,32768:1 "
-    "or a file, as `ppprof tune` takes them). [log-spaced over the profiled domain]",
-)
-@click.option(
-    "--min-gain",
-    type=float,
-    help="Least predicted gain of the prompt-aware rule over the best fixed chunk "
-    f"for a dynamic policy. {shown('min_gain')}",
-)
-@timeout_option
-@click.option(
-    "--overwrite",
-    is_flag=True,
-    default=False,
-    help="Let --out name a folder that holds files: an older run's results there are replaced.",
-)
-@click.option(
-    "--resume",
-    "resume_dir",
-    metavar="DIR",
-    help="Finish the interrupted run in DIR from its last complete probe, with its recorded settings.",
-)
-@torchrun_options
-@resolved_config_option
-@click.option("--inject-fault", type=click.Choice(FAULTS), hidden=True, help="Testing only: a deliberate fault.")
+@with_options(*PROFILE_OPTIONS)
 def profile(config_path, resolved_config, inject_fault, overwrite, resume_dir, **options) -> None:
     """Profile prefill chunks on every stage of a pipeline and write samples.csv, run.json and policy.json.
 

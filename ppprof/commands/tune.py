@@ -12,7 +12,7 @@ from ppprof.config.workload import parse_prompt_spec
 from ppprof.fit.samples import read_samples
 from ppprof.policy.planners import default_num_stages
 from ppprof.policy.schema import load_policy
-from ppprof.runfiles import SAMPLES_FILE
+from ppprof.runfiles import RunFolder
 from ppprof.servers import DEFAULT_SERVER, SERVERS, ServerSetting, get
 from ppprof.servers.tune import draw, tune
 
@@ -78,7 +78,7 @@ def tune_command(policy_path, spec, num_stages, server, current, boot_fit, extra
     policy = load_policy(policy_path)
     workload = parse_prompt_spec(spec, policy.settings.context_len)
     num_stages = default_num_stages(policy) if num_stages is None else num_stages
-    samples = Path(policy_path).parent / SAMPLES_FILE
+    samples = RunFolder.of(policy_path).samples
     if boot_fit == "samples" and not samples.is_file():
         raise ValueError(f"--boot-fit samples needs {samples}: give the policy of a run folder, or --boot-fit model")
     forwards = None

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ppprof.distributed.board import launcher_store
 from ppprof.distributed.mesh import Mesh, build_mesh
 from ppprof.distributed.parent import die_with_parent
 from ppprof.distributed.rankstate import EVERY_RANK
-from ppprof.distributed.watchdog import DEFAULT_TIMEOUT_S, Watchdog, launcher_store
+from ppprof.distributed.watchdog import DEFAULT_TIMEOUT_S, Watchdog
 
 JOIN_PHASE = "join the process group"
 """The watchdog's phase from the rank's start until its job names the first phase of its own."""

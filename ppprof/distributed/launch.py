@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 
 from ppprof.distributed.rendezvous import LOOPBACK, bound_stores, single_node_argv
-from ppprof.distributed.watchdog import EXIT_FAILED, SIGNAL_EXIT
+from ppprof.distributed.stop import EXIT_FAILED, SIGNAL_EXIT
 
 # torchrun options `ppprof profile` accepts and passes to the launcher unchanged: (option, takes a value).
 TORCHRUN_OPTIONS = (

@@ -1,7 +1,7 @@
-"""The 2-D device mesh of a job, pipeline stages by TP ranks: rank = stage * tp_size + tp_rank, so that the TP ranks
-of a stage are adjacent (on one node, as servers place them). Built with torch's init_device_mesh; its `pp` groups
-carry the activations between stages (TP rank t of a stage to TP rank t of the next), its `tp` groups the
-all-reduces inside a stage (TPGroup, the handle the layers of ppprof.model take)."""
+"""The 2-D device mesh of a job, pipeline stages by TP ranks, each rank placed as ppprof.distributed.coords says.
+Built with torch's init_device_mesh; its `pp` groups carry the activations between stages (TP rank t of a stage to
+TP rank t of the next), its `tp` groups the all-reduces inside a stage (TPGroup, the handle the layers of
+ppprof.model take)."""
 
 from __future__ import annotations
 
@@ -11,30 +11,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ppprof.distributed.coords import MeshCoords, mesh_problem
 from ppprof.distributed.rankstate import EVERY_RANK
 from ppprof.distributed.watchdog import Watchdog
-from ppprof.specs.tp import mesh_problem
-
-
-@dataclass(frozen=True, slots=True)
-class MeshCoords:
-    """Where a rank sits in the (pp, tp) mesh. Pure arithmetic; every rank computes every rank's place alike."""
-
-    pp_size: int
-    tp_size: int
-    rank: int
-
-    @property
-    def stage(self) -> int:
-        return self.rank // self.tp_size
-
-    @property
-    def tp_rank(self) -> int:
-        return self.rank % self.tp_size
-
-    def global_rank(self, stage: int, tp_rank: int | None = None) -> int:
-        """The rank of TP rank `tp_rank` (default: this rank's) of `stage`."""
-        return stage * self.tp_size + (self.tp_rank if tp_rank is None else tp_rank)
 
 
 class TPGroup:

@@ -18,13 +18,13 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
 
+from ppprof.distributed.board import Board
 from ppprof.distributed.procfs import local_rank_gone, stopped_ranks
 from ppprof.distributed.rankstate import WORKING, RankState, culprit
-from ppprof.runfiles import FAILED, INTERRUPTED
+from ppprof.distributed.stop import EXIT_FAILED, SIGNAL_EXIT, Stop, StopCallback
 
 DEFAULT_TIMEOUT_S = 60.0
 """--timeout: the least time any wait is given."""
@@ -44,27 +44,6 @@ wait (which names the rank) before the rank ends as a failure on its own words; 
 5 s after its SIGTERM."""
 
 
-EXIT_FAILED = 1
-SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
-StopCallback = Callable[[str, str | None], None]
-"""Called before the rank exits: (run status: "interrupted" or "failed: <reason>", signal name or None)."""
-
-
-def launcher_store(timeout_s: float = 30.0):
-    """A client of the store the launcher (or rank 0) serves at MASTER_ADDR:MASTER_PORT; None where there is none."""
-    import torch.distributed as dist  # here only: the module's pure parts need no torch
-
-    try:
-        return dist.TCPStore(
-            os.environ["MASTER_ADDR"],
-            int(os.environ["MASTER_PORT"]),
-            is_master=False,
-            timeout=timedelta(seconds=timeout_s),
-        )
-    except (KeyError, ValueError, RuntimeError, OSError):
-        return None
-
-
 class Watchdog:
     """The deadlines, heartbeat, signals and parent watch of one rank. `waiting(peer)` around every blocking wait,
     `measured()` after every request, `phase` names what the run does (a new phase has measured nothing yet)."""
@@ -73,7 +52,7 @@ class Watchdog:
         self, rank: int, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S, lenient_min_s: float = LENIENT_MIN_S
     ) -> None:
         self.rank, self.world_size, self.timeout_s = rank, world_size, float(timeout_s)
-        self.store = None  # attach() gives it, once the group is formed
+        self.board: Board | None = None  # attach() gives it, once the launcher's store answers
         self.lenient_min_s = lenient_min_s
         self._phase = "start"
         self._phase_measured = False
@@ -97,8 +76,6 @@ class Watchdog:
         self._watch = threading.Event()  # a wait nears its deadline: the heartbeat thread reads the others
         self._closing = threading.Event()
         self._heartbeat_thread: threading.Thread | None = None
-        prefix = f"ppprof/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}"
-        self._state_key, self._verdict_key = prefix + "/state/", prefix + "/verdict"
 
     # --- what the main thread calls -------------------------------------------------------------------------------
 
@@ -145,8 +122,9 @@ class Watchdog:
         return self
 
     def attach(self, store) -> None:
-        """Publish this rank's heartbeat through `store` (once the group is formed) and read the others'."""
-        self.store = store
+        """Publish this rank's heartbeat through the launcher's `store` (ppprof.distributed.board) and read the
+        others'."""
+        self.board = Board(store, self.rank, self.world_size)
         self._heartbeat_thread = threading.Thread(target=self._heartbeat, name="ppprof-heartbeat", daemon=True)
         self._heartbeat_thread.start()
 
@@ -156,7 +134,7 @@ class Watchdog:
         self._closing.set()
         if self._heartbeat_thread is not None:
             self._heartbeat_thread.join(timeout=10)
-        self.store = None
+        self.board = None
 
     def failed(self, message: str) -> None:
         """The main thread met an error it cannot agree on (a broken transfer): end this rank in one line, naming the
@@ -269,7 +247,7 @@ class Watchdog:
         """{rank: pid} of the ranks of this node that never published a heartbeat and whose process is stopped: they
         were stopped while they started (before their watchdog ran). One that starts slowly (a loaded host) still
         runs, and is judged as any rank that beats."""
-        if self.store is None or not self._states_read:
+        if self.board is None or not self._states_read:
             return {}
         stopped = stopped_ranks(self._parent)
         return {r: stopped[r] for r in others if r not in self._states and r in stopped}
@@ -280,49 +258,23 @@ class Watchdog:
             wait = self._wait
             state = RankState(self._beat, self._host, os.getpid(), WORKING if wait is None else wait[1], self.phase)
             try:
-                self.store.set(self._state_key + str(self.rank), state.encode())
+                self.board.post_state(state)
                 if self._watch.is_set():
-                    self._states, self._states_read = self._read_states(), True
+                    self._states, self._states_read = self.board.states(), True
             except Exception:  # the store went away with the launcher: the parent watch ends this rank
                 pass
             self._closing.wait(HEARTBEAT_S)
 
-    def _read_states(self) -> dict[int, RankState]:
-        out = {}
-        for r in range(self.world_size):
-            key = self._state_key + str(r)
-            if r != self.rank and self.store.check([key]):
-                out[r] = RankState.decode(self.store.get(key).decode())
-        return out
-
     # --- ending the rank ------------------------------------------------------------------------------------------
-
-    def _bounded(self, fn: Callable[[], str | None], timeout_s: float = 2.0) -> str | None:
-        """fn() in a helper thread, None when it fails or does not return in time (a store that does not answer)."""
-        box: list = [None]
-
-        def run() -> None:
-            try:
-                box[0] = fn()
-            except Exception:
-                pass
-
-        t = threading.Thread(target=run, daemon=True)
-        t.start()
-        t.join(timeout_s)
-        return box[0]
 
     def _publish_verdict(self, message: str) -> str:
         """The first verdict any rank published (this one's when it is the first), so that every rank says the same."""
-        if self.store is None:
-            return message
-        return self._bounded(lambda: self.store.compare_set(self._verdict_key, "", message).decode()) or message
+        board = self.board
+        return message if board is None else board.publish_verdict(message)
 
     def _read_verdict(self) -> str | None:
-        if self.store is None:
-            return None
-        key = self._verdict_key
-        return self._bounded(lambda: self.store.get(key).decode() if self.store.check([key]) else None)
+        board = self.board
+        return None if board is None else board.verdict()
 
     def _stop_on_signal(self, signum: int) -> None:
         name = signal.Signals(signum).name
@@ -336,10 +288,10 @@ class Watchdog:
         process group, which would wait on the rank that does not answer."""
         if not self._exit_lock.acquire(blocking=False):
             time.sleep(3600)  # another thread is ending this rank
-        status = INTERRUPTED if message is None else f"{FAILED}: {message}"
+        stop = Stop(message)
         for callback in self.on_stop:
             try:
-                callback(status, signal_name)
+                callback(stop, signal_name)
             except Exception as e:  # the line below still tells what happened
                 print(f"error: [rank {self.rank}] could not record the run's status: {e}", file=sys.stderr)
         if message is not None:

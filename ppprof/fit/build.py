@@ -23,10 +23,9 @@ from ppprof.policy.choice import choose, default_workload, rule_domain
 from ppprof.policy.optimum import PromptRule
 from ppprof.policy.rule import LatencyModel, build_table
 from ppprof.policy.schema import RULE_TEXT, SCHEMA_VERSION, save
-from ppprof.runfiles import SAMPLES_FILE
+from ppprof.runfiles import RunFolder
 from ppprof.servers.sglang import PARITY
 
-POLICY_FILE = "policy.json"
 PROFILE_LATENCY_MODEL = "auto"
 """The latency model a profile's own fit (fit_run) asks for, and so the one its adaptive design judges."""
 
@@ -235,7 +234,7 @@ def fit(
     settings = resolve_settings(run, samples_path, **options)
     chosen = resolve_policy_options(run, samples_path, settings.context_len, **(policy_options or {}))
     policy = fit_samples(samples, run, settings, latency_model, parity, chosen)
-    out = Path(out) if out is not None else samples_path.parent / POLICY_FILE
+    out = Path(out) if out is not None else RunFolder.of(samples_path).policy
     path = save(out, policy)
     if plots:
         write_plots(samples, policy, path.parent)
@@ -249,7 +248,7 @@ def fit_run(run_dir: str | Path) -> Path:
     Signature: fit_run(run_dir: str | Path) -> Path of the policy written. Raises ValueError on unreadable input,
     before anything is written. A model that fails the quality gates still gives a (static) policy, not an error.
     """
-    return fit(Path(run_dir) / SAMPLES_FILE, latency_model=PROFILE_LATENCY_MODEL, plots=True)[0]
+    return fit(RunFolder(run_dir).samples, latency_model=PROFILE_LATENCY_MODEL, plots=True)[0]
 
 
 def rechoose(data: dict, model: LatencyModel, status: str = "dynamic", reason: str = "given") -> dict:

@@ -7,14 +7,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ppprof.fit.build import POLICY_FILE
 from ppprof.fit.drift import samples_drift
 from ppprof.fit.samples import Samples, read_samples
 from ppprof.fit.selection import gate_samples
 from ppprof.plotting import pyplot, save_figure
 from ppprof.policy.compare import compare_policies, gates_passed, table_end
 from ppprof.policy.schema import Policy, load_policy
-from ppprof.runfiles import SAMPLES_FILE
+from ppprof.runfiles import POLICY_FILE, RunFolder
 
 NUM_FIT_PREFIXES = 3  # latency curves drawn per policy: prefix 0, the middle and the largest profiled prefix
 
@@ -23,13 +22,12 @@ def resolve(path: str | Path, label: str) -> tuple[Path, Path | None]:
     """(policy file, samples file or None) of a run folder (its policy.json and samples.csv) or a policy file."""
     path = Path(path)
     if path.is_dir():
-        policy = path / POLICY_FILE
-        if not policy.is_file():
+        folder = RunFolder(path)
+        if not folder.policy.is_file():
             raise ValueError(
-                f"{label} run folder {path} has no {POLICY_FILE}: fit it first with `ppprof fit {path / SAMPLES_FILE}`"
+                f"{label} run folder {path} has no {POLICY_FILE}: fit it first with `ppprof fit {folder.samples}`"
             )
-        samples = path / SAMPLES_FILE
-        return policy, samples if samples.is_file() else None
+        return folder.policy, folder.samples if folder.samples.is_file() else None
     if not path.exists():
         raise ValueError(
             f"{label} {path} does not exist: pass a run folder (policy.json, samples.csv) or a policy file"

@@ -17,7 +17,7 @@ import pandas as pd
 
 from ppprof.bounds import MAX_TOKENS
 from ppprof.io import special_kind
-from ppprof.runfiles import RUN_FILE, STAGE_COLUMN, read_run_json
+from ppprof.runfiles import STAGE_COLUMN, RunFolder
 
 REQUIRED_COLUMNS = ("prefix_len", "chunk_size", "latency_ms")
 COLUMN_ALIASES = {"chunk_len": "chunk_size"}  # the name in samples written by ppprof 0.1 and other tools
@@ -189,8 +189,7 @@ def numeric_columns(path: Path, frame: pd.DataFrame, columns: list[str]) -> dict
 
 def read_run(samples_path: str | Path) -> dict | None:
     """run.json beside the samples, or None where there is none."""
-    path = Path(samples_path).parent / RUN_FILE
-    return read_run_json(path) if path.is_file() else None
+    return RunFolder.of(samples_path).read_run()
 
 
 def provenance(run: dict | None, samples: Samples) -> dict:

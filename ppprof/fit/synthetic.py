@@ -10,7 +10,7 @@ import pandas as pd
 from ppprof.config import sweep_chunk_sizes
 from ppprof.io import atomic_write_text
 from ppprof.policy.rule import LatencyModel
-from ppprof.runfiles import RUN_FILE, SAMPLES_FILE, stage_column, write_run_json
+from ppprof.runfiles import RunFolder, stage_column, write_run_json
 
 
 def make_samples(
@@ -66,10 +66,10 @@ def write_run_dir(
 ) -> Path:
     """Write samples.csv and a run.json like `ppprof profile` does (with --min-gain and the pipelined runs'
     pipeline_overhead where given); return the samples path."""
-    run_dir = Path(run_dir)
-    samples = atomic_write_text(run_dir / SAMPLES_FILE, frame.to_csv(index=False))
+    folder = RunFolder(run_dir)
+    samples = atomic_write_text(folder.samples, frame.to_csv(index=False))
     write_run_json(
-        run_dir / RUN_FILE,
+        folder.run_json,
         config={
             "model": "synthetic",
             "base_chunk_size": base_chunk_size,

@@ -17,16 +17,15 @@ from ppprof.bench.report import write_report
 from ppprof.chunks import align_up
 from ppprof.config import BenchConfig
 from ppprof.distributed.agree import agreed
-from ppprof.fit.samples import read_run
 from ppprof.manifest import write_manifest
 from ppprof.model.stage import Stage, build_stage_cache
-from ppprof.policy.schema import Policy, extrapolation, load
+from ppprof.policy.schema import Policy, extrapolation, load_policy
 from ppprof.run.provenance import default_run_dir
 from ppprof.run.rank import (
     Phase,
     RankRun,
-    add_log_file,
     claim_folder,
+    enter_folder,
     release_folder,
     run_phases,
     run_rank,
@@ -34,7 +33,7 @@ from ppprof.run.rank import (
     tp_comm,
     tp_shard,
 )
-from ppprof.runfiles import SAMPLES_FILE
+from ppprof.runfiles import RunFolder
 
 log = logging.getLogger("ppprof")
 TRANSFER_REPEATS = 7
@@ -49,7 +48,8 @@ class BenchState:
     overwrite: bool = False
     """--overwrite: bench.out may hold files."""
     policy: Policy | None = None
-    """Rank 0: the policy benched, loaded in prepare."""
+    """The policy benched: loaded and checked where this process resolved the settings (run.settings.resolve_bench),
+    else by rank 0 in prepare; read once in a process."""
     plans: list[Arm] = field(default_factory=list)
     """Every strategy's chunks for every prompt length."""
     schedule: list[BenchPrompt] = field(default_factory=list)
@@ -81,10 +81,10 @@ def prepare(run: RankRun[BenchState]) -> None:
     run_dir = plans = None
     with agreed(run.pipe, "prepare the run folder and the plans"):
         if run.rank == 0:
-            policy = run.state.policy = load(bench.policy)
+            policy = run.state.policy = run.state.policy or load_policy(bench.policy)
             if policy.model is None:
                 raise ValueError(f"policy {bench.policy} has no latency model ({policy.reason}): profile again")
-            samples = Path(bench.policy).parent / SAMPLES_FILE
+            samples = RunFolder.of(bench.policy).samples
             plans = arms(
                 policy,
                 samples if samples.is_file() else None,
@@ -99,9 +99,7 @@ def prepare(run: RankRun[BenchState]) -> None:
             write_manifest(run_dir)
     run_dir, run.state.plans = run.pipe.broadcast((str(run_dir), plans))
     run.state.schedule = schedule(run.state.plans, bench.repeats)
-    run.run_dir = Path(run_dir)
-    run.run_dir.mkdir(parents=True, exist_ok=True)
-    add_log_file(run.run_dir / f"rank{run.rank}.log")
+    enter_folder(run, run_dir)
 
 
 def build_stages(run: RankRun[BenchState]) -> None:
@@ -190,7 +188,7 @@ def write_results(run: RankRun[BenchState]) -> None:
     if run.rank != 0:
         return
     bench = run.state.bench
-    run_json = read_run(Path(bench.policy).parent / SAMPLES_FILE) or {}
+    run_json = RunFolder.of(bench.policy).read_run() or {}
     policy = run.state.policy  # loaded by rank 0 in prepare
     notes = {}
     for n in bench.prompt_lens:
@@ -198,7 +196,7 @@ def write_results(run: RankRun[BenchState]) -> None:
         # The deepest prefix and the largest chunk any plan of this prompt reaches.
         notes[n] = extrapolation(policy, n, [max(max(c) for c in plans), min(c[-1] for c in plans)])
     summary = write_report(
-        run.run_dir,
+        run.folder.path,
         bench=bench,
         plans=run.state.plans,
         rows=run.state.rows,
@@ -209,7 +207,7 @@ def write_results(run: RankRun[BenchState]) -> None:
         notes=notes,
     )
     print(summary, file=sys.stderr)
-    log.info("wrote %s", run.run_dir)
+    log.info("wrote %s", run.folder.path)
 
 
 PHASES: tuple[Phase, ...] = (
@@ -221,15 +219,18 @@ PHASES: tuple[Phase, ...] = (
 )
 
 
-def bench_rank(bench: BenchConfig, fault: str | None = None, overwrite: bool = False) -> int:
-    """One rank of `ppprof bench` (`overwrite`: --out may hold files); returns its exit code."""
+def bench_rank(
+    bench: BenchConfig, fault: str | None = None, overwrite: bool = False, policy: Policy | None = None
+) -> int:
+    """One rank of `ppprof bench` (`overwrite`: --out may hold files; `policy`: bench.policy where this process
+    loaded it already); returns its exit code."""
 
     def job(info) -> None:
         run = set_up(
             bench.profile,
             info,
             fault,
-            state=BenchState(bench, overwrite),
+            state=BenchState(bench, overwrite, policy),
             repeat=bench.num_stages // bench.profiled_stages,
             num_stages=bench.num_stages,
         )

@@ -12,12 +12,13 @@ from pathlib import Path
 from ppprof.adaptive import check as check_adaptive_design
 from ppprof.config import BenchConfig, ProfileConfig
 from ppprof.config.workload import parse_prompt_spec
+from ppprof.distributed.coords import mesh_problem
 from ppprof.distributed.launch import in_worker
 from ppprof.model.attention_kernels import resolve_attention_backend
 from ppprof.run.memory import check_memory
-from ppprof.runfiles import LOCK_FILE, check_lock
+from ppprof.runfiles import RunFolder, check_lock
 from ppprof.specs import load_spec, split_layers
-from ppprof.specs.tp import check_tp, mesh_problem
+from ppprof.specs.tp import check_tp
 
 
 def check_output_folder(out: str | None, overwrite: bool = False, resume: bool = False, folder: bool = True) -> None:
@@ -34,7 +35,7 @@ def check_output_folder(out: str | None, overwrite: bool = False, resume: bool =
     if not out or not path.is_dir() or not folder:
         return
     check_lock(path)
-    held = sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE)
+    held = sorted(p.name for p in path.iterdir() if p != RunFolder(path).lock)
     if held and not (overwrite or resume):
         shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
         raise ValueError(

@@ -13,7 +13,7 @@ from pathlib import Path
 from ppprof.config import ProfileConfig
 from ppprof.distributed.launch import Outcome, in_worker, launch, num_nodes
 from ppprof.run.checks import check_before_launch, warnings
-from ppprof.runfiles import LOCK_HELD_ENV, RUN_DIR_NOTE_ENV, RUN_FILE, mark_failed, release_lock, take_lock
+from ppprof.runfiles import LOCK_HELD_ENV, RUN_DIR_NOTE_ENV, RunFolder, mark_failed, release_lock, take_lock
 
 RESOLVED_CONFIG = "--resolved-config"
 """The hidden flag by which the launcher hands each rank the resolved settings (ppprof.commands.options)."""
@@ -101,5 +101,5 @@ def record_outcome(out: str | None, outcome: Outcome) -> int:
     """The launch's exit code, after recording a failure rank 0 could not record (it died) in --out's run.json; a rank
     that died of a signal is the failure's cause, not what the others said after it."""
     if out and outcome.failure is not None:
-        mark_failed(Path(out) / RUN_FILE, outcome.failure, replace_failure="died of" in outcome.failure)
+        mark_failed(RunFolder(out).run_json, outcome.failure, replace_failure="died of" in outcome.failure)
     return outcome.code

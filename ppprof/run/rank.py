@@ -19,13 +19,14 @@ from ppprof.config import ProfileConfig
 from ppprof.distributed.agree import RunError, agreed
 from ppprof.distributed.group import RankInfo, process_group
 from ppprof.distributed.pipe import Pipe
+from ppprof.distributed.stop import Stop
 from ppprof.distributed.watchdog import DEFAULT_TIMEOUT_S
 from ppprof.io import atomic_write_text, open_append
 from ppprof.mem import StageCache
 from ppprof.model.stage import Stage
 from ppprof.probe.malloc import steady_malloc
 from ppprof.run.checks import check_output_folder
-from ppprof.runfiles import LOCK_HELD_ENV, RUN_DIR_NOTE_ENV, release_lock, take_lock
+from ppprof.runfiles import FAILED, INTERRUPTED, LOCK_HELD_ENV, RUN_DIR_NOTE_ENV, RunFolder, release_lock, take_lock
 from ppprof.specs import ModelSpec, load_spec, split_layers
 from ppprof.specs.dtypes import AUTO_DTYPE_CPU, AUTO_DTYPE_GPU
 
@@ -47,7 +48,8 @@ class RankRun(Generic[S]):
     state: S
     fault: str | None = None
     t_start: float = field(default_factory=time.perf_counter)
-    run_dir: Path | None = None
+    folder: RunFolder | None = None
+    """The run folder, once the first phase named it."""
     stage: Stage | None = None
     cache: StageCache | None = None
     own_lock: Path | None = None
@@ -78,6 +80,11 @@ class RankRun(Generic[S]):
 
 Phase = tuple[str, Callable[[RankRun], None]]
 """(what it does, in words that complete "rank N failed to ..."; the function)."""
+
+
+def run_status(stop: Stop) -> str:
+    """run.json's status for a rank that the watchdog stops: INTERRUPTED, or "failed: <reason>"."""
+    return INTERRUPTED if stop.interrupted else f"{FAILED}: {stop.reason}"
 
 
 def resolve_dtype(cfg: ProfileConfig, spec_dtype: str | None) -> torch.dtype:
@@ -137,7 +144,7 @@ def claim_folder(run: RankRun, run_dir: Path, out: str | None, overwrite: bool =
     take_lock(run_dir)
     run.own_lock = run_dir
     if run.pipe.watchdog is not None:
-        run.pipe.watchdog.on_stop.append(lambda status, signal_name: release_lock(run_dir))
+        run.pipe.watchdog.on_stop.append(lambda stop, signal_name: release_lock(run_dir))
 
 
 def release_folder(run: RankRun) -> None:
@@ -212,6 +219,14 @@ def setup_logging(rank: int, level: int = logging.INFO) -> None:
     h.setFormatter(fmt)
     root.addHandler(h)
     root.propagate = False
+
+
+def enter_folder(run: RankRun, run_dir: str) -> None:
+    """Every rank, once rank 0 named the run folder: create it where this node has none yet (across nodes), and log
+    into this rank's log there from now on."""
+    run.folder = RunFolder(run_dir)
+    run.folder.path.mkdir(parents=True, exist_ok=True)
+    add_log_file(run.folder.rank_log(run.rank))
 
 
 def add_log_file(path: Path) -> None:

@@ -14,8 +14,8 @@ from ppprof.checks import is_int
 from ppprof.config import BENCH_STRATEGIES, BenchConfig, ProfileConfig
 from ppprof.config import flag as config_flag
 from ppprof.io import parse_json, parse_yaml, read_small_text
-from ppprof.policy.schema import load_policy
-from ppprof.runfiles import COMPLETE, RUN_FILE, read_run_json
+from ppprof.policy.schema import Policy, load_policy
+from ppprof.runfiles import COMPLETE, RunFolder, read_run_json
 from ppprof.specs import parse_partition
 
 CONFIG_FIELDS = {f.name for f in dataclasses.fields(ProfileConfig)}
@@ -81,7 +81,7 @@ def resume_config(run_dir: str, config_path: str | None, flags: dict) -> Profile
     """The settings of the interrupted run in `run_dir` (its run.json), out set to `run_dir`. A flag or --config
     setting that differs from the recorded one (but --timeout, --fit) is refused: the resumed probes must be those
     of the uninterrupted run."""
-    run_file = Path(run_dir) / RUN_FILE
+    run_file = RunFolder(run_dir).run_json
     if not run_file.is_file():
         raise ValueError(
             f"--resume {run_dir}: {run_file} does not exist; give the run folder of an interrupted `ppprof profile`"
@@ -116,12 +116,13 @@ def resume_config(run_dir: str, config_path: str | None, flags: dict) -> Profile
     return resolve_config(None, {**recorded, **given})
 
 
-def resolve_bench(policy_path: str, flags: dict) -> BenchConfig:
-    """The bench's settings: the profile's (run.json beside the policy), the flags winning."""
-    run_file = Path(policy_path).parent / RUN_FILE
+def resolve_bench(policy_path: str, flags: dict) -> tuple[BenchConfig, Policy]:
+    """The bench's settings, the profile's (run.json beside the policy) with the flags winning, and the policy,
+    loaded and checked once, as `ppprof validate` checks it, before any rank starts."""
+    run_file = RunFolder.of(policy_path).run_json
     if not Path(policy_path).is_file():
         raise ValueError(f"policy file {policy_path} does not exist: give a policy.json written by `ppprof profile`")
-    load_policy(policy_path)  # checked as `ppprof validate` checks it, before any rank starts
+    policy = load_policy(policy_path)
     if not run_file.is_file():
         raise ValueError(
             f"{run_file} does not exist: `ppprof bench` needs the run.json of the profile that wrote "
@@ -143,13 +144,14 @@ def resolve_bench(policy_path: str, flags: dict) -> BenchConfig:
         if not flags.get("prompt_lens") and isinstance(flags["plans"], dict):
             flags["prompt_lens"] = tuple(sorted(int(n) for n in flags["plans"] if n.isdigit()))
     stages = run.get("layer_partition") or [None] * run.get("world_size", 1)
-    return BenchConfig(
+    bench = BenchConfig(
         policy=str(policy_path),
         profile=profile,
         strategies=strategies,
         profiled_stages=len(stages),
         **{k: v for k, v in flags.items() if v is not None},
     )
+    return bench, policy
 
 
 def read_plans(path: str) -> dict:

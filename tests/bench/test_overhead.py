@@ -1,5 +1,5 @@
 """The per-chunk pipeline overhead: the solve against the replay it inverts (a known injected overhead comes back),
-the fixed plans, and the summary run.json carries."""
+the fixed plans, and the summary run.json carries, from the rows the prompts measured."""
 
 import numpy as np
 import pytest
@@ -13,6 +13,7 @@ from ppprof.bench.overhead import (
     overhead_chunk_sizes,
     overhead_plans,
     overhead_run,
+    pipeline_overhead,
     summarize,
 )
 from ppprof.policy.timeline import replay
@@ -124,3 +125,21 @@ def test_the_standard_error_follows_the_spread():
     narrow, wide = median_stderr([1.0, 1.1, 0.9, 1.05]), median_stderr([1.0, 2.0, 0.0, 1.5])
     assert 0 < narrow < wide
     assert median_stderr([0.8]) == 0.8  # one run: no spread to tell, as large as the value
+
+
+def test_the_phase_rows_of_every_stage_give_the_injected_overhead_back_the_warm_up_unread():
+    rng = np.random.default_rng(5)
+    num_stages, injected = 2, 0.3
+    warmup, timed = overhead_plans([128, 512], 32768, 2)
+    rows, measured = [], {}
+    for index, chunks in enumerate([warmup] + [c for _, c in timed]):  # prompt 0 is the warm-up
+        t = rng.uniform(1.0, 4.0, (num_stages, len(chunks)))
+        measured[index] = ttft(t + injected) if index else float("nan")
+        rows += [
+            {"prompt": index, "stage": s, "chunk": k, "compute_ms": float(t[s, k])}
+            for s in range(num_stages)
+            for k in range(len(chunks))
+        ]
+    o = pipeline_overhead(timed, rows[::-1], measured, num_stages)  # in any order, as gathered from the ranks
+    assert o["ms_per_chunk"] == pytest.approx(injected, abs=1e-3) and len(o["runs"]) == len(timed)
+    assert [(r["repeat"], r["chunk_size"]) for r in o["runs"]] == [(r, c[-1]) for r, c in timed]

@@ -1,7 +1,9 @@
 """The (pp, tp) mesh's arithmetic: the TP ranks of a stage adjacent, each talking to its own TP rank on the
-neighbouring stages."""
+neighbouring stages, and a job whose ranks form no such mesh refused."""
 
-from ppprof.distributed.mesh import MeshCoords
+import pytest
+
+from ppprof.distributed.coords import MeshCoords, mesh_problem
 
 
 def test_pp2_tp2_puts_the_tp_ranks_of_a_stage_side_by_side():
@@ -18,3 +20,19 @@ def test_without_tp_a_rank_is_its_stage():
         (1, 1),
         (2, 2),
     ]
+
+
+@pytest.mark.parametrize(
+    "world,tp,pp,local,message",
+    [
+        (4, 2, 2, 4, None),
+        (4, 2, None, 2, None),
+        (6, 4, None, 6, "--tp-size 4 does not divide the 6 ranks of the job"),
+        (4, 2, 3, 4, "--pp-size 3 x --tp-size 2 = 6 ranks but the job has 4"),
+        (4, 2, 2, 1, "--tp-size 2 would span nodes: a node's 1 ranks must hold whole TP groups"),
+        (8, 4, 2, 2, "--tp-size 4 would span nodes"),
+    ],
+)
+def test_the_mesh_is_refused_where_it_does_not_fit_the_job(world, tp, pp, local, message):
+    problem = mesh_problem(world, tp, pp, local)
+    assert (problem is None) if message is None else (message in problem), f"{problem=}"

@@ -36,7 +36,16 @@ def names(cls) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)} | {k for k, v in vars(cls).items() if isinstance(v, property)}
 
 
-@pytest.mark.parametrize("module,state", [("profile.py", ProfileState), ("bench.py", BenchState), ("rank.py", None)])
+@pytest.mark.parametrize(
+    "module,state",
+    [
+        ("profile.py", ProfileState),
+        ("measure.py", ProfileState),
+        ("profile_results.py", ProfileState),
+        ("bench.py", BenchState),
+        ("rank.py", None),
+    ],
+)
 def test_every_field_a_phase_reads_is_one_of_its_run_and_state(module, state):
     on_run, on_state = reads(RUN / module)
     assert on_run - names(RankRun) == set(), f"{module}: RankRun has no {sorted(on_run - names(RankRun))}"

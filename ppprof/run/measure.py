@@ -1,0 +1,120 @@
+"""The profile's measuring phases, once the stage is warm: the probes in lockstep (rank 0 appends each probe's rows
+to samples.csv as it completes; the adaptive design chooses each next probe from them), then the per-chunk pipeline
+overhead, pipelined through the profile's own stages by the bench executor (ppprof.bench.overhead)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+import numpy as np
+
+from ppprof.adaptive.loop import probe_sequence
+from ppprof.bench.executor import WARMUP_REPEAT, BenchPrompt, BenchStage, PromptRunner
+from ppprof.bench.overhead import overhead_chunk_sizes, overhead_plans, pipeline_overhead
+from ppprof.probe.output import append_samples, samples_frame
+from ppprof.run.profile_state import ProfileState
+from ppprof.run.provenance import peak_memory_bytes
+from ppprof.run.rank import RankRun
+
+log = logging.getLogger("ppprof")
+
+
+def run_probes(run: RankRun[ProfileState]) -> None:
+    """Every probe in lockstep (from the first not yet complete, for --resume); after each, every stage's latencies
+    are gathered (stage_ms[probe][stage][request]) and rank 0 appends the probe's rows to samples.csv. The adaptive
+    design chooses each next probe from the rows samples.csv holds so far (probe_sequence)."""
+    first, runner = run.state.first_probe, run.state.runner
+    bar = None
+    if run.rank == 0:
+        from tqdm import tqdm
+
+        total = (
+            sum(len(p.requests) for p in run.state.probes[first:])
+            if run.cfg.design == "grid"
+            else run.cfg.request_budget
+        )
+        bar = tqdm(total=total, desc="profile", unit="req", file=sys.stderr, disable=None, dynamic_ncols=True)
+    e2e_ms = []
+    for probe in probe_sequence(
+        run.pipe, run.cfg, run.state.probes, run.state.design, run.folder.samples, e2e_ms, run.state.t_probes, first
+    ):
+        timings = runner.run_probe(probe, on_request=bar.update if bar is not None else None)
+        stage_ms = run.pipe.all_gather(timings.stage_ms)
+        e2e_ms.append(timings.e2e_ms)
+        if run.rank == 0:
+            keep_samples(run, probe, stage_ms, timings.e2e_ms)
+        log.info(
+            "probe %d (%s, %d requests, prefix %d): pools back to full capacity",
+            probe.index,
+            probe.kind,
+            len(probe.requests),
+            probe.requests[0].prefix_len,
+        )
+    run.state.probe_wall_s = time.perf_counter() - run.state.t_probes
+    run.state.forward_tokens = run.pipe.all_gather(runner.forward_tokens)
+    run.state.peak_memory = run.pipe.all_gather(peak_memory_bytes(run.info.device))
+    if run.tp_size > 1:  # per TP rank: its own median forward (before the slowest is taken) and peak memory
+        own = (
+            round(float(np.median(runner.tp_rank_ms)), 4) if runner.tp_rank_ms else None,
+            peak_memory_bytes(run.info.device),
+        )
+        everyone = run.pipe.all_gather_ranks(own)
+        tp = run.tp_size
+        run.state.tp_ranks = {
+            "median_forward_ms_per_tp_rank": [
+                [o[0] for o in everyone[s * tp : (s + 1) * tp]] for s in range(run.num_stages)
+            ],
+            "peak_memory_bytes_per_tp_rank": [
+                [o[1] for o in everyone[s * tp : (s + 1) * tp]] for s in range(run.num_stages)
+            ],
+        }
+    if bar is not None:
+        bar.close()
+
+
+def measure_overhead(run: RankRun[ProfileState]) -> None:
+    """The per-chunk pipeline overhead (ppprof.bench.overhead), unless overhead_repeats is 0: one warm-up prompt,
+    then overhead_repeats rounds of fixed plans at B/4, B and 2B, pipelined through the profile's own stages by the
+    bench executor (every pool checked after every prompt); rank 0 solves each prompt's overhead from its TTFT and
+    the replay of every stage's forwards of it."""
+    cfg = run.cfg
+    if not cfg.overhead_repeats:
+        return
+    start = time.perf_counter()
+    sizes = overhead_chunk_sizes(cfg.base_chunk_size, cfg.chunk_unit, cfg.max_probe_chunk_size)
+    capacity = min(cfg.max_total_tokens, cfg.context_len)
+    warmup, timed = overhead_plans(sizes, capacity, cfg.overhead_repeats, cfg.base_chunk_size)
+    if not timed:  # the same on every rank: nothing to agree on
+        log.warning(
+            "pipeline overhead not measured: a request holds %d tokens, under two chunks of %d", capacity, sizes[0]
+        )
+        return
+    runner = PromptRunner(stages=[BenchStage(run.stage_idx, run.stage, run.cache)], pipe=run.pipe, seed=cfg.seed)
+    rows, ttft = [], {}
+    for index, (repeat, chunks) in enumerate([(WARMUP_REPEAT, warmup)] + timed):  # the warm-up is prompt 0
+        result = runner.run(BenchPrompt(index, f"overhead-{chunks[-1]}", repeat, sum(chunks), chunks))
+        rows += result.rows
+        ttft[index] = result.ttft_ms
+    rows = [row for per_rank in run.pipe.all_gather(rows) for row in per_rank]
+    run.state.overhead_wall_s = time.perf_counter() - start
+    if run.rank != 0:
+        return
+    o = run.state.overhead = pipeline_overhead(timed, rows, ttft, run.num_stages)
+    log.info(
+        "pipeline overhead: %.3f +- %.3f ms a chunk (median of %d runs; by chunk size %s), measured in %.1f s",
+        o["ms_per_chunk"],
+        o["stderr_ms"],
+        len(o["runs"]),
+        ", ".join(f"{n}: {v:.3f}" for n, v in o["by_chunk_size"].items()),
+        run.state.overhead_wall_s,
+    )
+
+
+def keep_samples(run: RankRun[ProfileState], probe, stage_ms: list[list[float]], e2e_ms: list[float]) -> None:
+    """Rank 0: one probe's rows (stage_ms[stage][request]) appended to samples.csv and flushed to the disk."""
+    record = run.state.record
+    with record.lock:
+        append_samples(run.folder.samples, samples_frame([probe], [stage_ms], [e2e_ms]))
+        run.state.probes_done += 1

@@ -1,0 +1,89 @@
+"""The profile's last phases, on rank 0: run.json's closing record (status complete, what ran, the design, the
+overhead) with the summary in the log, and the fit of the policy beside the samples."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from ppprof.adaptive.step import design_record
+from ppprof.run.memory import profile_memory
+from ppprof.run.profile_state import ProfileState
+from ppprof.run.rank import RankRun
+from ppprof.runfiles import COMPLETE, stage_column
+from ppprof.specs.tp import rank_spec
+
+log = logging.getLogger("ppprof")
+
+
+def write_results(run: RankRun[ProfileState]) -> None:
+    """Rank 0: samples.csv and run.json."""
+    if run.rank != 0:
+        return
+    probes, warmup, forward_tokens = run.state.probes, run.state.warmup, run.state.forward_tokens
+    probes = probes[run.state.first_probe :]
+    frame = pd.read_csv(run.folder.samples)  # every probe's rows, appended as each completed
+    wall_s = time.perf_counter() - run.t_start
+    run.state.record.write(
+        status=COMPLETE,
+        attention_backend=run.stage.attention_kernel.backend,
+        attention_kernel=run.state.attention_kernel,
+        mamba_kernel=run.stage.mamba_kernel.kernel if any(layer.has_mamba for layer in run.spec.layers) else None,
+        torch_threads=torch.get_num_threads(),
+        profile_wall_s=round(wall_s, 3),
+        probe_wall_s=round(run.state.probe_wall_s, 3),
+        forward_tokens=int(forward_tokens[0]),
+        forward_tokens_per_stage=[int(t) for t in forward_tokens],
+        peak_memory_bytes_per_stage=run.state.peak_memory,
+        estimated_memory_bytes_per_stage=[
+            m.total for m in profile_memory(run.cfg, run.num_stages, rank_spec(run.spec, run.tp_size))
+        ],
+        **run.state.tp_ranks,
+        timed_requests=sum(len(p.requests) for p in probes),
+        warmup_requests=len(warmup),
+        **(
+            {"pipeline_overhead": run.state.overhead, "overhead_wall_s": round(run.state.overhead_wall_s, 3)}
+            if run.state.overhead is not None
+            else {}
+        ),
+        warmup_tokens=sum(r.chunk_size for r in warmup),
+        design=design_record(
+            run.cfg,
+            run.state.design,
+            probes,
+            run.folder.samples,
+            run.num_stages,
+            run.state.probe_wall_s,
+            int(forward_tokens[0]),
+        ),
+    )
+    log_summary(frame, run.num_stages, wall_s, forward_tokens[0], run.folder.path)
+
+
+def log_summary(frame, world_size: int, wall_s: float, forward_tokens: int, run_dir: Path) -> None:
+    sweep = frame[frame["prefix_len"] == frame["prefix_len"].min()]
+    big, small = sweep.loc[sweep["chunk_size"].idxmax()], sweep.loc[sweep["chunk_size"].idxmin()]
+    for s in range(world_size):
+        col = stage_column(s)
+        log.info(
+            "stage %d: chunk %d -> %.3f ms, chunk %d -> %.3f ms",
+            s,
+            big["chunk_size"],
+            big[col],
+            small["chunk_size"],
+            small[col],
+        )
+    log.info("profile wall time %.2f s, %d forward tokens a stage; wrote %s", wall_s, forward_tokens, run_dir)
+
+
+def fit_policy(run: RankRun[ProfileState]) -> None:
+    """Rank 0, unless --no-fit: policy.json and the plots beside the samples."""
+    if run.rank != 0 or not run.cfg.fit:
+        return
+    from ppprof.fit import fit_run
+
+    log.info("policy: %s", fit_run(run.folder.path))
