@@ -22,7 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ppprof.config import ChunkSettings
-from ppprof.fit.regress import Fit, Unfittable, design, fit_model, pairs_hold
+from ppprof.fit.forms import Unfittable, design
+from ppprof.fit.least_squares import fit_model, pairs_hold
+from ppprof.fit.regress import Fit
 from ppprof.policy.planners import chunk_latencies_ms, ttft_ms
 from ppprof.policy.rule import MODEL_COEFS, LatencyModel, build_table
 from ppprof.policy.schema import table_chunk_size, table_plan
