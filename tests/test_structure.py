@@ -7,6 +7,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ppprof"
 MAX_FUNCTION_LINES = 60
+MAX_MODULE_LINES = 330
 COMMAND_LAYER = ("ppprof/cli.py", "ppprof/commands/")
 
 
@@ -35,6 +36,22 @@ def test_no_function_is_over_60_lines():
 def test_the_length_check_catches_a_long_function():
     body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
     assert long_functions([("m.py", f"def f():\n{body}\n")]) == [f"m.py:1 f ({MAX_FUNCTION_LINES + 1} lines)"]
+
+
+def long_modules(files) -> list[str]:
+    """'path (N lines)' of every module longer than MAX_MODULE_LINES."""
+    out = []
+    for name, text in files:
+        lines = len(text.splitlines())
+        if lines > MAX_MODULE_LINES:
+            out.append(f"{name} ({lines} lines)")
+    return out
+
+
+def test_the_module_length_check_catches_a_long_module():
+    short = "\n".join(f"x{i} = {i}" for i in range(MAX_MODULE_LINES))
+    long = short + "\ny = 0\n"
+    assert long_modules([("a.py", short + "\n"), ("b.py", long)]) == [f"b.py ({MAX_MODULE_LINES + 1} lines)"]
 
 
 def test_only_the_command_layer_imports_click():

@@ -36,7 +36,7 @@ from ppprof.adaptive.uncertainty import (
     regressors,
 )
 from ppprof.config import ChunkSettings
-from ppprof.fit.regress import admissible
+from ppprof.fit.forms import admissible
 from ppprof.policy.rule import LatencyModel
 from ppprof.policy.schema import table_plan
 
@@ -46,7 +46,7 @@ INITIAL_POINTS = 6
 INITIAL_REPEATS = 2
 INITIAL_REQUESTS = INITIAL_POINTS * INITIAL_REPEATS
 MIN_PREFIX_LEVELS = 3
-"""Distinct prefix lengths (0 counts) the fit needs (ppprof.fit.regress.MIN_PREFIX_PREFIXES)."""
+"""Distinct prefix lengths (0 counts) the fit needs (ppprof.fit.forms.MIN_PREFIX_PREFIXES)."""
 MAX_CONDITION = 1e6
 """Largest condition number of the scaled regressors an identifiable design may have."""
 PRIOR_ATTENTION_SPAN = 2

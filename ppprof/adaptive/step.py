@@ -16,7 +16,8 @@ from ppprof.adaptive.probes import candidate_grid
 from ppprof.adaptive.uncertainty import MAX_REQUESTS, MAX_SECONDS, STOPPING_REASONS, Uncertainty, bootstrap
 from ppprof.config import ProfileConfig
 from ppprof.fit.build import PROFILE_LATENCY_MODEL
-from ppprof.fit.regress import Unfittable, fit_candidates
+from ppprof.fit.forms import Unfittable
+from ppprof.fit.regress import fit_candidates
 from ppprof.fit.samples import Samples, read_samples
 from ppprof.fit.selection import select_model, without_warmup
 from ppprof.io import finite

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ppprof.config import ChunkSettings
-from ppprof.fit.regress import Fit, Unfittable, design, fit_model, pairs_hold
+from ppprof.fit.forms import Unfittable, design
+from ppprof.fit.least_squares import fit_model, pairs_hold
+from ppprof.fit.regress import Fit
 from ppprof.policy.planners import chunk_latencies_ms, ttft_ms
 from ppprof.policy.rule import MODEL_COEFS, LatencyModel, build_table
 from ppprof.policy.schema import table_chunk_size, table_plan
@@ -198,10 +200,40 @@ def bootstrap(
     models = refit_all(model.name, Lk, xk, Y)
     prompts = ttft_prompt_lens(settings)
     point_ttft = [plan_ttft_ms(model, starts, sizes, n, num_stages)[0] for n in prompts]
+    dev, ttfts = replicate_spread(models, starts, sizes, settings, prompts, num_stages)
+    return Uncertainty(
+        model=model,
+        fit_rows=fit_rows,
+        target_ms=target,
+        starts=starts,
+        sizes=sizes,
+        alignment=settings.alignment,
+        within_one_unit=[float(np.mean(dev[:, i] <= TABLE_TOLERANCE_UNITS)) for i in range(len(starts))],
+        deviation_units_p95=[float(np.percentile(dev[:, i], 95, method="higher")) for i in range(len(starts))],
+        prompt_lens=prompts,
+        ttft_ms=[float(v) for v in point_ttft],
+        ttft_half_width=ttft_half_widths(ttfts, point_ttft),
+        coefficients=coefficient_intervals(model, models, terms),
+        replicates=replicates,
+        failed_replicates=int((~np.isfinite(dev[:, 0])).sum()),
+        residual_rel_std=float(r.std()),
+    )
+
+
+def replicate_spread(
+    models: list[LatencyModel | None],
+    starts: list[int],
+    sizes: list[int],
+    settings: ChunkSettings,
+    prompts: tuple[int, ...],
+    num_stages: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(deviation, ttft) of each replicate: its largest deviation from the point table on each entry, in alignment
+    units, (replicates, entries), inf where it failed or has no positive target; its predicted TTFT of each prompt,
+    (replicates, prompts), nan there."""
     ends = starts[1:] + [starts[-1] + 1]
-    align = settings.alignment
-    dev = np.full((replicates, len(starts)), np.inf)
-    ttfts = np.full((replicates, len(prompts)), np.nan)
+    dev = np.full((len(models), len(starts)), np.inf)
+    ttfts = np.full((len(models), len(prompts)), np.nan)
     for b, m in enumerate(models):
         t = None if m is None else m.target_ms(settings.base_chunk_size)
         if m is None or not t > 0:
@@ -209,16 +241,24 @@ def bootstrap(
         bs, bz = build_table(m, settings, t)
         for i, (lo, hi, size) in enumerate(zip(starts, ends, sizes)):
             ends_sizes = (table_chunk_size(bs, bz, lo), table_chunk_size(bs, bz, hi - 1))
-            dev[b, i] = max(abs(s - size) for s in ends_sizes) / align
+            dev[b, i] = max(abs(s - size) for s in ends_sizes) / settings.alignment
         ttfts[b] = [plan_ttft_ms(m, bs, bz, n, num_stages)[0] for n in prompts]
-    ok = np.array([m is not None for m in models])
-    failed = int((~np.isfinite(dev[:, 0])).sum())
+    return dev, ttfts
+
+
+def ttft_half_widths(ttfts: np.ndarray, point_ttft: list[float]) -> list[float]:
+    """Half the CONFIDENCE interval of each prompt's TTFT over the replicates that gave one, as a fraction of the
+    point fit's; inf for every prompt when none did."""
     good = ttfts[np.isfinite(ttfts[:, 0])]
-    if len(good):
-        lo, hi = np.percentile(good, [100 * (1 - CONFIDENCE) / 2, 100 * (1 + CONFIDENCE) / 2], axis=0)
-        half = [float((h - l) / 2 / p) for l, h, p in zip(lo, hi, point_ttft)]
-    else:
-        half = [math.inf] * len(prompts)
+    if not len(good):
+        return [math.inf] * len(point_ttft)
+    lo, hi = np.percentile(good, [100 * (1 - CONFIDENCE) / 2, 100 * (1 + CONFIDENCE) / 2], axis=0)
+    return [float((h - l) / 2 / p) for l, h, p in zip(lo, hi, point_ttft)]
+
+
+def coefficient_intervals(model: LatencyModel, models: list[LatencyModel | None], terms: tuple[str, ...]) -> dict:
+    """Each coefficient's point value, and its std and 95% interval over the replicates that fitted."""
+    ok = np.array([m is not None for m in models])
     coefs = {}
     for term in terms:
         values = np.array([getattr(m, term) for m, k in zip(models, ok) if k])
@@ -229,23 +269,7 @@ def bootstrap(
             "std": float(values.std()) if len(values) else math.nan,
             "interval_95": [float(q[0]), float(q[1])],
         }
-    return Uncertainty(
-        model=model,
-        fit_rows=fit_rows,
-        target_ms=target,
-        starts=starts,
-        sizes=sizes,
-        alignment=align,
-        within_one_unit=[float(np.mean(dev[:, i] <= TABLE_TOLERANCE_UNITS)) for i in range(len(starts))],
-        deviation_units_p95=[float(np.percentile(dev[:, i], 95, method="higher")) for i in range(len(starts))],
-        prompt_lens=prompts,
-        ttft_ms=[float(v) for v in point_ttft],
-        ttft_half_width=half,
-        coefficients=coefs,
-        replicates=replicates,
-        failed_replicates=failed,
-        residual_rel_std=float(r.std()),
-    )
+    return coefs
 
 
 def table_differences(a: dict, b: dict, alignment: int) -> tuple[int, int]:

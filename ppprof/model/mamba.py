@@ -51,6 +51,38 @@ def ssd_chunked(
     Precision, as the fused kernels do it: dt, A, the log-decays and the states stay fp32; the contractions with x,
     B and C (the bulk of the work) run in x's dtype when that is bf16 or fp16, else in fp32.
     """
+    seq_len = x.shape[0]
+    x, b, c, a_dt = ssd_blocks(x, dt, a, b, c, block_len)
+    cdt = x.dtype
+    num_blocks, q, num_heads, head_dim = x.shape
+    a_cumsum = a_dt.cumsum(dim=-1)  # (heads, blocks, q): log-decay from each block's start
+
+    # 1. Intra-block (diagonal blocks): y_l = sum_{s <= l} C_l . B_s  exp(a_s+1 + ... + a_l)  x_bar_s,
+    #    the quadratic "attention-like" form with the decay matrix L = exp(segsum(a_dt)).
+    decay = torch.exp(segsum(a_dt)).to(cdt)  # (heads, blocks, q, q)
+    y_diag = torch.einsum("klhn,kshn,hkls,kshp->klhp", c, b, decay, x)  # (blocks, q, heads, head_dim)
+
+    # 2. Each block's own final state (from a zero start): sum_s exp(a_cumsum[-1] - a_cumsum[s]) x_bar_s B_s^T.
+    decay_to_end = torch.exp(a_cumsum[..., -1:] - a_cumsum)  # (heads, blocks, q), fp32
+    block_states = torch.einsum("klhn,hkl,klhp->khpn", b.float(), decay_to_end, x.float())  # (blocks, heads, hd, n)
+
+    # 3. Inter-block recurrence: the state entering each block, and the final state.
+    entry_states, final_state = ssd_entry_states(block_states, a_cumsum, initial_state)
+
+    # 4. State -> output: the entering state's contribution inside each block, y_l += exp(a_cumsum[l]) S_k C_l.
+    decay_from_start = torch.exp(a_cumsum).to(cdt)  # (heads, blocks, q)
+    y_off = torch.einsum("klhn,khpn,hkl->klhp", c, entry_states.to(cdt), decay_from_start)  # (blocks, q, heads, hd)
+
+    y = (y_diag.float() + y_off.float()).reshape(num_blocks * q, num_heads, head_dim)[:seq_len]  # (L, heads, hd)
+    return y, final_state
+
+
+def ssd_blocks(
+    x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, block_len: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ssd_chunked's inputs cast (dt and a fp32, x, B and C to the contraction dtype), B and C repeated from groups to
+    heads, padded to whole blocks, discretized (x_bar = dt * x, a_bar = dt * a) and cut into blocks of block_len
+    steps. Returns x_bar, B, C: (blocks, q, heads, .), and the log-decays a_dt: (heads, blocks, q), fp32."""
     seq_len, num_heads, head_dim = x.shape
     num_groups, d_state = b.shape[1], b.shape[2]
     cdt = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.float32
@@ -64,39 +96,28 @@ def ssd_chunked(
         x, dt, b, c = (F.pad(t, (0,) * (2 * t.dim() - 1) + (pad,)) for t in (x, dt, b, c))
     num_blocks = (seq_len + pad) // block_len
     q = block_len
-
-    # Discretize: x_bar = dt * x, a_bar = dt * a; then cut the time axis into blocks of q steps.
     x = (x.float() * dt[..., None]).to(cdt).view(num_blocks, q, num_heads, head_dim)  # (blocks, q, heads, head_dim)
     b = b.view(num_blocks, q, num_heads, d_state)  # (blocks, q, heads, d_state)
     c = c.view(num_blocks, q, num_heads, d_state)  # (blocks, q, heads, d_state)
     a_dt = (dt * a).T.reshape(num_heads, num_blocks, q)  # (heads, blocks, q)
-    a_cumsum = a_dt.cumsum(dim=-1)  # (heads, blocks, q): log-decay from each block's start
+    return x, b, c, a_dt
 
-    # 1. Intra-block (diagonal blocks): y_l = sum_{s <= l} C_l . B_s  exp(a_s+1 + ... + a_l)  x_bar_s,
-    #    the quadratic "attention-like" form with the decay matrix L = exp(segsum(a_dt)).
-    decay = torch.exp(segsum(a_dt)).to(cdt)  # (heads, blocks, q, q)
-    y_diag = torch.einsum("klhn,kshn,hkls,kshp->klhp", c, b, decay, x)  # (blocks, q, heads, head_dim)
 
-    # 2. Each block's own final state (from a zero start): sum_s exp(a_cumsum[-1] - a_cumsum[s]) x_bar_s B_s^T.
-    decay_to_end = torch.exp(a_cumsum[..., -1:] - a_cumsum)  # (heads, blocks, q), fp32
-    block_states = torch.einsum("klhn,hkl,klhp->khpn", b.float(), decay_to_end, x.float())  # (blocks, heads, hd, n)
-
-    # 3. Inter-block recurrence: the state entering block k is
-    #    S_k = sum_{j <= k} exp(total decay of blocks j..k-1) s_j, with s_0 the initial state and s_j (j >= 1) the state
-    #    block j-1 built in step 2; the entry for k = blocks is the final state.
+def ssd_entry_states(
+    block_states: torch.Tensor, a_cumsum: torch.Tensor, initial_state: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inter-block recurrence of ssd_chunked: the state entering block k is
+    S_k = sum_{j <= k} exp(total decay of blocks j..k-1) s_j, with s_0 the initial state (zeros when None) and s_j
+    (j >= 1) the state block j-1 built from a zero start (block_states: (blocks, heads, head_dim, d_state)); the entry
+    for k = blocks is the final state. Returns the entering states (blocks, heads, head_dim, d_state) and the final
+    state (heads, head_dim, d_state), fp32."""
     if initial_state is None:
-        initial_state = torch.zeros(num_heads, head_dim, d_state, dtype=torch.float32, device=x.device)
+        _, num_heads, head_dim, d_state = block_states.shape
+        initial_state = torch.zeros(num_heads, head_dim, d_state, dtype=torch.float32, device=block_states.device)
     states = torch.cat([initial_state.float()[None], block_states], dim=0)  # (blocks + 1, heads, head_dim, d_state)
     block_decay = torch.exp(segsum(F.pad(a_cumsum[..., -1], (1, 0))))  # (heads, blocks + 1, blocks + 1)
     states = torch.einsum("hzk,khpn->zhpn", block_decay, states)  # (blocks + 1, heads, head_dim, d_state)
-    entry_states, final_state = states[:-1], states[-1]
-
-    # 4. State -> output: the entering state's contribution inside each block, y_l += exp(a_cumsum[l]) S_k C_l.
-    decay_from_start = torch.exp(a_cumsum).to(cdt)  # (heads, blocks, q)
-    y_off = torch.einsum("klhn,khpn,hkl->klhp", c, entry_states.to(cdt), decay_from_start)  # (blocks, q, heads, hd)
-
-    y = (y_diag.float() + y_off.float()).reshape(num_blocks * q, num_heads, head_dim)[:seq_len]  # (L, heads, hd)
-    return y, final_state
+    return states[:-1], states[-1]
 
 
 def causal_conv(

@@ -6,6 +6,8 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 SSM_STATE_BYTES = 4
 """The SSM state is kept in fp32 whatever the weight dtype (as servers do: mamba_ssm_cache_dtype float32)."""
+INDEX_BYTES = 8
+"""Indices are int64: the request table's entries, a MoE router's choices."""
 AUTO_DTYPE_GPU = "bfloat16"
 AUTO_DTYPE_CPU = "float32"
 

@@ -22,13 +22,31 @@ def _count(n: int) -> str:
 
 
 def format_text(spec: ModelSpec, stages: list[StageAccount], dtype: str) -> str:
+    """What `ppprof model` prints: the resolved spec, a line a kind of layer part, then a row a stage."""
     lines = [
         f"model       {spec.name} (family {spec.family})",
         f"layers      {spec.num_layers}: {format_layers(spec.layers)}",
         f"            ({LAYOUT_LEGEND})",
         f"dims        hidden {spec.hidden_size}, vocab {spec.vocab_size}, intermediate {spec.intermediate_size}, "
         f"mlp {spec.mlp_act}",
+        *_layer_kind_lines(spec),
     ]
+    auto = f"auto ({AUTO_DTYPE_GPU} on GPU, {AUTO_DTYPE_CPU} on CPU)"
+    lines.append(f"dtype       {spec.dtype or auto}; bytes below for {dtype}, SSM state in float32")
+    total = sum(s.num_params["total"] for s in stages)
+    active = sum(s.num_active_params for s in stages)
+    lines.append(
+        f"params      {_count(total)} ({total:,}); active a token {_count(active)} (no embedding, top-k experts only)"
+    )
+    if spec.num_mtp_layers:
+        lines.append(f"mtp         {spec.num_mtp_layers} module(s), {_count(mtp_params(spec))} more: counted, not run")
+    lines.append("")
+    return "\n".join(lines + _stage_table(stages))
+
+
+def _layer_kind_lines(spec: ModelSpec) -> list[str]:
+    """One line for each kind of layer part the model has: attention, mla, deltanet, mamba2, moe."""
+    lines = []
     if any(layer.has_attention for layer in spec.layers):
         extras = "".join(
             f", {name}" for name, on in (("q/k norm", spec.qk_norm), ("output gate", spec.attn_output_gate)) if on
@@ -66,16 +84,11 @@ def format_text(spec: ModelSpec, stages: list[StageAccount], dtype: str) -> str:
             f"moe         {spec.num_experts} experts, top-{spec.num_experts_per_tok}, "
             f"intermediate {spec.moe_intermediate_size}, {spec.moe_scoring}{groups}{shared}"
         )
-    auto = f"auto ({AUTO_DTYPE_GPU} on GPU, {AUTO_DTYPE_CPU} on CPU)"
-    lines.append(f"dtype       {spec.dtype or auto}; bytes below for {dtype}, SSM state in float32")
-    total = sum(s.num_params["total"] for s in stages)
-    active = sum(s.num_active_params for s in stages)
-    lines.append(
-        f"params      {_count(total)} ({total:,}); active a token {_count(active)} (no embedding, top-k experts only)"
-    )
-    if spec.num_mtp_layers:
-        lines.append(f"mtp         {spec.num_mtp_layers} module(s), {_count(mtp_params(spec))} more: counted, not run")
-    lines.append("")
+    return lines
+
+
+def _stage_table(stages: list[StageAccount]) -> list[str]:
+    """The table of what each stage holds: its layers, parameters, cache bytes and layout."""
     header = ("stage", "layers", "params", "active", "KV/token", "Mamba/slot", "layout")
     rows = [
         (
@@ -89,7 +102,7 @@ def format_text(spec: ModelSpec, stages: list[StageAccount], dtype: str) -> str:
         )
         for s in stages
     ]
-    return "\n".join(lines + _table(header, rows))
+    return _table(header, rows)
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:

@@ -19,7 +19,8 @@ from ppprof.adaptive.design import (
 )
 from ppprof.adaptive.uncertainty import MAX_REQUESTS, MAX_SECONDS, STABLE, bootstrap, table_differences
 from ppprof.config import ChunkSettings
-from ppprof.fit.regress import fit_candidates, fit_model
+from ppprof.fit.least_squares import fit_model
+from ppprof.fit.regress import fit_candidates
 from ppprof.policy.rule import LatencyModel, build_table
 
 TRUTH = LatencyModel("prefix", a=2.1e-6, b=0.0071, c=1.9, g=7e-5)  # tiny-hybrid on 2 CPU cores, B = 512

@@ -2,16 +2,10 @@ import numpy as np
 import pytest
 from sklearn.linear_model import LinearRegression
 
-from ppprof.fit.regress import (
-    Unfittable,
-    condition_number,
-    cross_validate,
-    cv_splits,
-    fit_candidates,
-    fit_model,
-    fit_trimmed,
-    ineligible,
-)
+from ppprof.fit.crossval import cross_validate, cv_splits
+from ppprof.fit.forms import Unfittable, ineligible
+from ppprof.fit.least_squares import fit_model, fit_trimmed
+from ppprof.fit.regress import condition_number, fit_candidates
 from ppprof.fit.synthetic import make_samples
 from ppprof.policy.rule import LatencyModel
 
@@ -163,7 +157,7 @@ def test_cross_validation_and_condition_number():
 
 
 def test_the_band_splitter_never_trains_on_a_held_out_band():
-    from ppprof.fit.regress import band_splits
+    from ppprof.fit.crossval import band_splits
 
     prefix = np.array([0] * 10 + [512] * 6 + [2048] * 6 + [8192] * 6)
     splits = band_splits(prefix)
@@ -179,7 +173,8 @@ def test_the_band_splitter_never_trains_on_a_held_out_band():
 def test_a_chunk_dependent_per_pair_cost_is_recovered_by_the_pairs_form_and_not_by_the_prefix_form():
     """Synthetic surface whose cost per query-key pair across the prefix grows with the chunk (h L x^2): the pairs
     form recovers its coefficients and predicts held-out prefix bands; the four-coefficient form cannot."""
-    from ppprof.fit.regress import band_splits, cross_validate, fit_model
+    from ppprof.fit.crossval import band_splits, cross_validate
+    from ppprof.fit.least_squares import fit_model
 
     truth = LatencyModel("pairs", a=1e-6, b=0.01, c=1.0, g=5e-5, h=4e-9)
     rng = np.random.default_rng(0)
@@ -198,7 +193,7 @@ def test_a_pair_cost_that_falls_with_the_chunk_is_recovered_while_the_latency_st
     in a larger chunk, h < 0. The pairs form recovers a negative h where a + h x stays >= 0 up to twice the largest
     chunk fitted; a surface that would need a steeper fall is fitted with h >= 0, never with a latency that falls
     with the chunk where a plan may go."""
-    from ppprof.fit.regress import PAIR_HEADROOM, fit_model, pairs_hold
+    from ppprof.fit.least_squares import PAIR_HEADROOM, fit_model, pairs_hold
 
     rng = np.random.default_rng(1)
     L = np.repeat([0, 512, 1161, 2633, 5973, 13545, 30720], 64)
@@ -235,7 +230,7 @@ def test_a_bounded_rule_on_a_concave_model_gives_the_largest_chunk_within_the_bo
 
 
 def test_the_chunk_range_splits_hold_out_the_smallest_and_largest_prefixed_chunks():
-    from ppprof.fit.regress import chunk_range_splits, held_out_splits
+    from ppprof.fit.crossval import chunk_range_splits, held_out_splits
 
     prefix = np.array([0] * 6 + [512] * 6 + [2048] * 6)
     chunk = np.array([10, 20, 30, 40, 50, 60] * 3)

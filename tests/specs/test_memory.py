@@ -10,16 +10,9 @@ import torch
 
 from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.specs import load_spec, split_layers
-from ppprof.specs.memory import (
-    FLASHINFER_WORKSPACE_BYTES,
-    MAMBA_FUSED,
-    MAMBA_TORCH,
-    attention_bytes,
-    format_bytes,
-    mamba_bytes,
-    resolve_backend,
-    stage_memory,
-)
+from ppprof.specs.activation import FLASHINFER_WORKSPACE_BYTES, attention_bytes, mamba_bytes
+from ppprof.specs.backends import MAMBA_FUSED, MAMBA_TORCH, resolve_backend
+from ppprof.specs.memory import format_bytes, stage_memory
 from ppprof.specs.spec import LayerSpec, ModelSpec
 
 BENCH = Path(__file__).resolve().parents[2] / "scripts" / "benchmarks" / "memory.py"
@@ -107,7 +100,7 @@ def test_to_dict_holds_every_part_and_the_total():
 
 
 def test_auto_backend_and_the_mamba_kernel_follow_the_device(monkeypatch):
-    import ppprof.specs.memory as memory
+    import ppprof.specs.backends as memory
 
     assert resolve_backend("auto", "cpu") == "sdpa"
     monkeypatch.setattr(memory.importlib.util, "find_spec", lambda name: object())

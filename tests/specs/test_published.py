@@ -117,7 +117,7 @@ def test_model_command_json_across_dense_and_moe_layers():
 def test_memory_check_holds_the_experts_and_grows_with_the_prefix():
     from ppprof.specs import stage_memory
     from ppprof.specs.accounting import stage_weight_bytes
-    from ppprof.specs.memory import mla_bytes
+    from ppprof.specs.activation import mla_bytes
 
     spec = load_spec(DATA / "deepseek_v3" / "config.json")
     kw = dict(
@@ -147,7 +147,7 @@ def test_memory_check_holds_the_experts_and_grows_with_the_prefix():
     assert q.mamba_pool == 65 * mamba_bytes_per_slot(qwen, range(12), dtype="bfloat16")
     # The MoE peak of a Qwen3-Next layer: routing over 512 experts, then the larger of one expert on every token and
     # the shared expert (here the same width, plus its output).
-    from ppprof.specs.memory import ffn_bytes
+    from ppprof.specs.activation import ffn_bytes
 
     n, h = 2048, 2048
     routing = n * 512 * (BF16 + 12) + 48 * n * 10 + n * h * BF16
