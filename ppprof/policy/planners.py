@@ -22,7 +22,7 @@ from ppprof.bounds import MAX_STAGES
 from ppprof.checks import is_int
 from ppprof.policy.optimum import EXTRAPOLATED_CHUNKS
 from ppprof.policy.rule import LatencyModel
-from ppprof.policy.schema import Policy, check_prompt_len
+from ppprof.policy.runtime import Policy
 
 STRATEGIES = ("policy", "policy-history", "greedy", "fixed", "fixed-best", "optimal")
 MAX_GRID_POINTS = 32768  # DP positions; a coarser multiple of the alignment is used beyond this
@@ -287,7 +287,7 @@ def plan_prompt(
         raise ValueError(f"--prompt-len {prompt_len!r} is invalid: use a positive number of tokens")
     if not is_int(num_stages) or not 1 <= num_stages <= MAX_STAGES:
         raise ValueError(f"--pp {num_stages!r} is invalid: use a number of pipeline stages in 1..{MAX_STAGES}")
-    check_prompt_len(policy, prompt_len)  # before any chunk list: a prompt past the context would not end
+    policy.check_prompt_len(prompt_len)  # before any chunk list: a prompt past the context would not end
     if policy.model is None:
         raise ValueError(f"policy has no latency model ({policy.status}: {policy.reason}): refit with more samples")
     unknown = [s for s in strategies if s not in STRATEGIES]

@@ -20,7 +20,9 @@ from ppprof.distributed.agree import agreed
 from ppprof.fit.samples import read_run
 from ppprof.manifest import write_manifest
 from ppprof.model.stage import Stage, build_stage_cache
-from ppprof.policy.schema import Policy, extrapolation, load
+from ppprof.policy.policy_file import load
+from ppprof.policy.runtime import Policy
+from ppprof.policy.summary import extrapolation
 from ppprof.run.provenance import default_run_dir
 from ppprof.run.rank import (
     Phase,

@@ -14,7 +14,7 @@ from ppprof.checks import is_int
 from ppprof.config import BENCH_STRATEGIES, BenchConfig, ProfileConfig
 from ppprof.config import flag as config_flag
 from ppprof.io import parse_json, parse_yaml, read_small_text
-from ppprof.policy.schema import load_policy
+from ppprof.policy.policy_file import load
 from ppprof.runfiles import COMPLETE, RUN_FILE, read_run_json
 from ppprof.specs import parse_partition
 
@@ -121,7 +121,7 @@ def resolve_bench(policy_path: str, flags: dict) -> BenchConfig:
     run_file = Path(policy_path).parent / RUN_FILE
     if not Path(policy_path).is_file():
         raise ValueError(f"policy file {policy_path} does not exist: give a policy.json written by `ppprof profile`")
-    load_policy(policy_path)  # checked as `ppprof validate` checks it, before any rank starts
+    load(policy_path)  # checked as `ppprof validate` checks it, before any rank starts
     if not run_file.is_file():
         raise ValueError(
             f"{run_file} does not exist: `ppprof bench` needs the run.json of the profile that wrote "

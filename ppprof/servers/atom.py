@@ -15,7 +15,7 @@ import numpy as np
 
 from ppprof.chunks import align_down
 from ppprof.policy.rule import LatencyModel
-from ppprof.policy.schema import Policy
+from ppprof.policy.runtime import Policy
 from ppprof.servers.base import (
     CALIBRATION,
     DYNAMIC,

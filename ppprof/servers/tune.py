@@ -23,7 +23,8 @@ from ppprof.chunks import align_down, align_up
 from ppprof.config import CONTEXT_MARGIN
 from ppprof.policy.planners import chunk_latencies_ms, optimal_chunks, ttft_ms
 from ppprof.policy.rule import LatencyModel
-from ppprof.policy.schema import Policy, extrapolation
+from ppprof.policy.runtime import Policy
+from ppprof.policy.summary import extrapolation
 from ppprof.servers.base import PP_SIZE, TP_SIZE, ServerSetting, command_line, split_command
 from ppprof.servers.boot import Forwards
 from ppprof.servers.registry import DEFAULT_SERVER, get
