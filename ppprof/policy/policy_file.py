@@ -1,12 +1,12 @@
-"""policy.json read and written: `load` (and `from_dict` of a parsed file) checks it as `ppprof validate` does,
-`save` checks its structure and writes it."""
+"""policy.json read and written through one check: `load` and `save` both take a policy only as `from_dict` takes it
+(the structure, the numbers' bounds, the tables rebuilt from the rules), on the strict JSON text of the file."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from ppprof.io import TooDeep, atomic_write_json, parse_json, read_small_text
+from ppprof.io import TooDeep, atomic_write_text, parse_json, read_small_text
 from ppprof.policy.rebuilt import check_rules
 from ppprof.policy.runtime import Policy
 from ppprof.policy.structure import check_structure
@@ -24,7 +24,7 @@ def from_dict(data) -> Policy:
 
 def from_text(text: str, label: str) -> Policy:
     """The Policy of a policy file's text, checked as from_dict checks it, after a strict JSON parse (no NaN or
-    Infinity, bounded nesting); ValueError with one line starting with `label` otherwise."""
+    Infinity, bounded nesting); ValueError with one line starting with `label` otherwise. Both load and save call it."""
     try:
         data = parse_json(text, label, parse_constant=_no_constant)
     except json.JSONDecodeError as e:
@@ -60,10 +60,10 @@ def load(path: str | Path) -> Policy:
 
 
 def save(path: str | Path, data: dict) -> Path:
-    """Check (structure) and write a policy atomically."""
-    check_structure(data)
-    Policy.of(data)
-    return atomic_write_json(path, data)
+    """Write a policy atomically, checked first as `load` checks what it reads (from_text on the text written)."""
+    text = json.dumps(data, indent=2, sort_keys=False) + "\n"
+    from_text(text, f"policy {path}")
+    return atomic_write_text(path, text)
 
 
 def validate(policy: Policy) -> str:
