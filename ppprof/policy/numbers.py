@@ -117,5 +117,5 @@ def number_error(data: dict) -> str | None:
                 return f"{where}: {short(value)} is not a number: it is {bound.what}"
             if not bound.low <= value <= bound.high:
                 low, high = number_text(bound.low), number_text(bound.high)
-                return f"{where}: {short(value)} is outside {low}..{high}, {bound.what}"
+                return f"{where}: {short(value)} is outside {low}..{high}, the range of {bound.what}"
     return None

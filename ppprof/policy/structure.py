@@ -1,11 +1,13 @@
-"""The structural check of a policy document: its schema version, the JSON Schema, and the rules a JSON Schema cannot
-say (columns of one length, breakpoints strictly increasing, domain ranges min <= max, finite coefficients)."""
+"""The structural check of a policy document: its schema version, the JSON Schema, the bounds of its numbers, and
+the rules a JSON Schema cannot say (columns of one length, breakpoints strictly increasing, domain ranges min <= max,
+finite coefficients)."""
 
 from __future__ import annotations
 
 import math
 
 from ppprof.checks import short
+from ppprof.policy.numbers import number_error
 from ppprof.policy.schema import SCHEMA_VERSION, schema_error
 
 FIX = "fix that field or regenerate the policy with `ppprof fit`"
@@ -44,9 +46,10 @@ def check_prompt_table(prompt_table: dict) -> None:
 
 
 def check_structure(data) -> None:
-    """Raise ValueError (one line naming the field) unless `data` follows the policy schema (SCHEMA_FILE) and the
-    structural rules a JSON Schema cannot say: the tables' columns of one length, prefix_len strictly increasing, each
-    domain range min <= max, coefficients finite."""
+    """Raise ValueError (one line naming the field) unless `data` follows the policy schema (SCHEMA_FILE), its numbers
+    are within their bounds (ppprof.policy.numbers) and the structural rules a JSON Schema cannot say hold: the
+    tables' columns of one length, prefix_len strictly increasing, each domain range min <= max, coefficients
+    finite."""
     if not isinstance(data, dict):
         raise ValueError(f"policy must be a JSON object, not a {type(data).__name__}: regenerate it with `ppprof fit`")
     if "schema_version" in data and data["schema_version"] != SCHEMA_VERSION:
@@ -54,7 +57,7 @@ def check_structure(data) -> None:
             f"policy schema_version {short(data['schema_version'])} is not supported: this ppprof reads "
             f"{SCHEMA_VERSION}; regenerate it with `ppprof fit`"
         )
-    problem = schema_error(data)
+    problem = schema_error(data) or number_error(data)
     if problem:
         raise ValueError(f"{problem}; {FIX}")
     check_breakpoints("$.table", data["table"]["prefix_len"], data["table"]["chunk_size"])

@@ -94,6 +94,10 @@ def test_save_refuses_what_load_refuses_and_writes_nothing(tmp_path):
     data["diagnostics"] = {"rms": math.nan}  # json.dumps writes NaN; the strict reader refuses it
     with pytest.raises(ValueError, match="is not strict JSON: NaN is not a JSON number"):
         save(path, data)
+    data = policy_dict(MODEL)
+    data["settings"]["context_len"] = 10**30
+    with pytest.raises(ValueError, match=r"\$\.settings\.context_len: 10{30} is outside 0\.\.2147483647"):
+        save(path, data)
     assert not path.exists()
 
 
