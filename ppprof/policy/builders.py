@@ -111,18 +111,18 @@ def build_prompt_rule(
     rule and how close it came: {"max_ratio": the worst ratio on the pieces' ends, "bands": how many}."""
     cand, first = score_candidates(model, dom, num_stages)
     bands = cover(cand.ratio, tolerance)
-    rule = PromptRule([], [], [], [], [], dom.largest_chunk)
+    prompt_rule = PromptRule([], [], [], [], [], dom.largest_chunk)
     worst = 0.0
     for n, (k, g, r) in enumerate(bands):
         end = bands[n + 1][0] if n + 1 < len(bands) else len(first)
         worst = max(worst, float(cand.ratio[g, r, k:end].max()))
         starts, sizes = rule_table(model, float(cand.bounds[r]), dom.largest_chunk, dom.unit, dom.max_prompt_len)
-        rule.prompt_len.append(int(first[k]))
-        rule.bound_ms.append(float(cand.bounds[r]))
-        rule.merge_len.append(cand.merges[g])
-        rule.prefix_len.append(starts)
-        rule.chunk_size.append(sizes)
-    return rule, {"max_ratio": worst, "bands": len(bands)}
+        prompt_rule.prompt_len.append(int(first[k]))
+        prompt_rule.bound_ms.append(float(cand.bounds[r]))
+        prompt_rule.merge_len.append(cand.merges[g])
+        prompt_rule.prefix_len.append(starts)
+        prompt_rule.chunk_size.append(sizes)
+    return prompt_rule, {"max_ratio": worst, "bands": len(bands)}
 
 
 # -- the history-only rule and the fixed chunks ----------------------------------------------------------------------

@@ -260,14 +260,14 @@ def default_num_stages(policy: Policy) -> int:
 def plan_domain(policy: Policy, prompt_len: int, extrapolate: bool) -> int:
     """The largest chunk a plan of this prompt may use: the policy's (the profiled domain's), or with `extrapolate`
     also EXTRAPOLATED_CHUNKS x B. ValueError (one line) for a prompt beyond the policy's domain without `extrapolate`."""
-    rule = policy.data["prompt_table"]
-    if prompt_len > rule["max_prompt_len"] and not extrapolate:
+    max_prompt_len = policy.data["prompt_table"]["max_prompt_len"]
+    if prompt_len > max_prompt_len and not extrapolate:
         raise ValueError(
             f"--prompt-len {prompt_len} is beyond the policy's domain (prompts up to "
-            f"{rule['max_prompt_len']} tokens, whose prefixes the profile measured): give --extrapolate "
+            f"{max_prompt_len} tokens, whose prefixes the profile measured): give --extrapolate "
             "to plan it on the latency model anyway, or profile with --prefix-lens reaching it"
         )
-    largest = rule["largest_chunk"]
+    largest = policy.prompt_rule.largest_chunk
     return max(largest, EXTRAPOLATED_CHUNKS * policy.base_chunk_size) if extrapolate else largest
 
 

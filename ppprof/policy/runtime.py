@@ -144,5 +144,6 @@ class Policy:
 def largest_chunk(policy: Policy) -> int:
     """The largest chunk either of the policy's rules gives (the prompt-aware rule's whole rest included): what a
     server's chunk cap (SGLang's --max-prefill-tokens) must allow."""
-    rule = policy.prompt_rule
-    return max([rule.largest_chunk, *policy.history_table.chunk_size, *(x for band in rule.chunk_size for x in band)])
+    prompt_rule = policy.prompt_rule
+    bands = (x for band in prompt_rule.chunk_size for x in band)
+    return max([prompt_rule.largest_chunk, *policy.history_table.chunk_size, *bands])

@@ -19,12 +19,12 @@ def summary_line(policy: Policy) -> str:
     history = policy.history_table.chunk_size
     if policy.status == "static":
         return f"static (chunk {history[0]}): {policy.reason}{domain_text(policy)}"
-    rule = policy.prompt_rule
-    sizes = [x for band in rule.chunk_size for x in band]
+    prompt_rule = policy.prompt_rule
+    sizes = [x for band in prompt_rule.chunk_size for x in band]
     return (
         f"dynamic ({policy.model.name}, overhead {policy.overhead_ms:.3g} ms a chunk"
         f"{level_text(policy.calibration)}, {policy.num_stages} "
-        f"stages): prompt-aware rule of {len(rule.prompt_len)} bands, chunks {min(sizes)}-{max(sizes)}; "
+        f"stages): prompt-aware rule of {len(prompt_rule.prompt_len)} bands, chunks {min(sizes)}-{max(sizes)}; "
         f"history-only table of {len(history)} entries{domain_text(policy)}"
     )
 
