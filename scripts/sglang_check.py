@@ -24,7 +24,8 @@ import urllib.request
 from pathlib import Path
 
 from ppprof.manifest import script_parser, write_result
-from ppprof.policy.schema import largest_chunk, load_policy
+from ppprof.policy.policy_file import load
+from ppprof.policy.runtime import largest_chunk
 
 PAGE_SIZE = 64
 CONTEXT_LEN = 40960
@@ -168,7 +169,7 @@ def run_arm(name: str, cmd: list[str], env: dict, out: Path, args) -> dict:
 
 
 def arms(args, model: Path, policy_path: Path) -> dict[str, list[str]]:
-    policy = load_policy(policy_path)
+    policy = load(policy_path)
     base, best = policy.settings.base_chunk_size, (policy.data.get("predicted") or {}).get("fixed_best_chunk")
     common = [
         "--model-path",

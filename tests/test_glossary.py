@@ -19,7 +19,7 @@ lands, and the code is checked too (test_docs_only_entries_are_still_in_the_code
 KEPT = {
     (
         "history_len",
-        "ppprof/policy/schema.py",
+        "ppprof/policy/runtime.py",
     ): "",  # Policy.next_chunk_size(history_len=...), the alias for 0.1 readers
     ("history_len", "docs/policy.md"): "ppprof 0.1",
     ("chunk_len", "ppprof/fit/samples.py"): "ppprof 0.1",  # samples.csv of ppprof 0.1: the column is read as chunk_size

@@ -38,7 +38,7 @@ from ppprof.adaptive.uncertainty import (
 from ppprof.config import ChunkSettings
 from ppprof.fit.forms import admissible
 from ppprof.policy.rule import LatencyModel
-from ppprof.policy.schema import table_plan
+from ppprof.policy.tables import table_plan
 
 INITIAL_MODEL = "prefix"
 """The model the initial design determines."""

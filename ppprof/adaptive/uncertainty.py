@@ -27,7 +27,7 @@ from ppprof.fit.least_squares import fit_model, pairs_hold
 from ppprof.fit.regress import Fit
 from ppprof.policy.planners import chunk_latencies_ms, ttft_ms
 from ppprof.policy.rule import MODEL_COEFS, LatencyModel, build_table
-from ppprof.policy.schema import table_chunk_size, table_plan
+from ppprof.policy.tables import table_chunk_size, table_plan
 
 FORM_TERMS = ("c", "g", "b", "a", "h")
 """The prefix form's coefficients, in the order of regressors' columns."""

@@ -12,7 +12,7 @@ from pathlib import Path
 from ppprof.chunks import align_down
 from ppprof.fit.samples import read_samples
 from ppprof.policy.planners import fixed_chunks, optimal_chunks, predicted
-from ppprof.policy.schema import Policy
+from ppprof.policy.runtime import Policy
 from ppprof.servers import REGISTRY, Server
 
 

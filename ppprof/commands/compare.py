@@ -4,6 +4,7 @@ drift."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import click
@@ -11,7 +12,38 @@ import click
 from ppprof.checks import require_int
 from ppprof.fit.compare import compare
 from ppprof.io import atomic_write_json
-from ppprof.policy.compare import DEFAULT_TOLERANCES, parse_tolerances, render
+from ppprof.policy.compare_text import render
+from ppprof.policy.verdict import DEFAULT_TOLERANCES
+
+
+def parse_tolerances(specs) -> dict[str, float]:
+    """DEFAULT_TOLERANCES updated by NAME=VALUE items ('ttft=0.05', 'table=15%', 'coef=none'; commas separate
+    several); ValueError naming the item otherwise."""
+    tol = dict(DEFAULT_TOLERANCES)
+    for spec in specs or ():
+        for item in filter(None, (s.strip() for s in str(spec).split(","))):
+            name, sep, text = item.partition("=")
+            name = name.strip()
+            if not sep or name not in tol:
+                raise ValueError(
+                    f"--tolerance {item!r} is invalid: use NAME=VALUE with NAME one of "
+                    f"{', '.join(tol)} (e.g. ttft=0.1 or ttft=10%)"
+                )
+            text = text.strip()
+            try:
+                value = (
+                    math.inf
+                    if text.lower() in ("none", "inf")
+                    else (float(text[:-1]) / 100 if text.endswith("%") else float(text))
+                )
+            except ValueError:
+                value = math.nan
+            if not value >= 0:
+                raise ValueError(
+                    f"--tolerance {item!r} is invalid: the value must be a number >= 0, a percentage or none"
+                )
+            tol[name] = value
+    return tol
 
 
 @click.command("compare", epilog="Example: ppprof compare results/baseline results/my-run --plot compare.png")

@@ -7,7 +7,7 @@ import json
 
 import click
 
-from ppprof.policy.schema import load_policy
+from ppprof.policy.policy_file import load
 from ppprof.servers import SERVERS
 from ppprof.servers.export import export, export_data
 
@@ -29,7 +29,7 @@ def export_command(policy_path, server, fmt, as_json) -> None:
     server = server or fmt
     if server is None:
         raise click.UsageError(f"Missing option '--server': give one of {', '.join(SERVERS)}")
-    policy = load_policy(policy_path)
+    policy = load(policy_path)
     if as_json:
         click.echo(json.dumps(export_data(policy, server, policy_path), indent=2))
     else:

@@ -9,7 +9,8 @@ from pathlib import Path
 import click
 
 from ppprof.policy.planners import STRATEGIES, Plan, default_num_stages, plan_prompt
-from ppprof.policy.schema import extrapolation, level_text, load_policy
+from ppprof.policy.policy_file import load
+from ppprof.policy.summary import extrapolation, level_text
 from ppprof.policy.timeline import write_timeline
 
 
@@ -84,7 +85,7 @@ def echo_plan(p: Plan) -> None:
 def plan_command(policy_path, prompt_len, num_stages, strategy, extrapolate, as_json, png) -> None:
     """Chunk plans of one prompt with predicted per-chunk latency and TTFT = sum t + (P - 1) max t (t: the fitted
     latency plus the per-chunk pipeline overhead), side by side."""
-    policy = load_policy(policy_path)
+    policy = load(policy_path)
     num_stages = default_num_stages(policy) if num_stages is None else num_stages
     strategies = STRATEGIES if strategy == "all" else (strategy,)
     plans = plan_prompt(policy, prompt_len, num_stages, strategies, extrapolate)

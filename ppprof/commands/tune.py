@@ -11,7 +11,7 @@ import click
 from ppprof.config.workload import parse_prompt_spec
 from ppprof.fit.samples import read_samples
 from ppprof.policy.planners import default_num_stages
-from ppprof.policy.schema import load_policy
+from ppprof.policy.policy_file import load
 from ppprof.runfiles import RunFolder
 from ppprof.servers import DEFAULT_SERVER, SERVERS, ServerSetting, get
 from ppprof.servers.tune import draw, tune
@@ -75,7 +75,7 @@ def tune_command(policy_path, spec, num_stages, server, current, boot_fit, extra
     """Recommend server flags (base chunk, smoothing factor, floor or cap) that minimise the predicted TTFT of your
     prompt lengths, as that server would chunk them; compare with your current flags, the best fixed chunk and the
     DP-optimal bound."""
-    policy = load_policy(policy_path)
+    policy = load(policy_path)
     workload = parse_prompt_spec(spec, policy.settings.context_len)
     num_stages = default_num_stages(policy) if num_stages is None else num_stages
     samples = RunFolder.of(policy_path).samples

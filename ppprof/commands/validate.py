@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
-from ppprof.policy.schema import SCHEMA_FILE, load_policy, summary_line
+from ppprof.policy.policy_file import load
+from ppprof.policy.schema import SCHEMA_FILE
+from ppprof.policy.summary import summary_line
 
 
 @click.command("validate", epilog="Example: ppprof validate results/my-run/policy.json")
@@ -25,4 +27,4 @@ def validate_command(policy_path, show_schema) -> None:
         return
     if policy_path is None:
         raise click.UsageError("Missing argument 'POLICY': give a policy.json, or --schema to print the schema")
-    click.echo(f"ok {policy_path}: {summary_line(load_policy(policy_path))}")
+    click.echo(f"ok {policy_path}: {summary_line(load(policy_path))}")

@@ -20,9 +20,10 @@ from ppprof.fit.selection import candidate_table, fit_used_rows, select_and_gate
 from ppprof.fit.settings import LATENCY_MODEL_CHOICES, resolve_policy_options, resolve_settings
 from ppprof.io import finite
 from ppprof.policy.choice import choose, default_workload, rule_domain
-from ppprof.policy.optimum import PromptRule
+from ppprof.policy.policy_file import save
 from ppprof.policy.rule import LatencyModel, build_table
-from ppprof.policy.schema import RULE_TEXT, SCHEMA_VERSION, save
+from ppprof.policy.schema import SCHEMA_VERSION
+from ppprof.policy.tables import RULE_TEXT, PromptRule
 from ppprof.runfiles import RunFolder
 from ppprof.servers.sglang import PARITY
 

@@ -12,7 +12,8 @@ from ppprof.fit.samples import Samples, read_samples
 from ppprof.fit.selection import gate_samples
 from ppprof.plotting import pyplot, save_figure
 from ppprof.policy.compare import compare_policies, gates_passed, table_end
-from ppprof.policy.schema import Policy, load_policy
+from ppprof.policy.policy_file import load
+from ppprof.policy.runtime import Policy
 from ppprof.runfiles import POLICY_FILE, RunFolder
 
 NUM_FIT_PREFIXES = 3  # latency curves drawn per policy: prefix 0, the middle and the largest profiled prefix
@@ -48,7 +49,7 @@ def compare(
     samples-level drift where both are run folders with samples; the PNG `plot` is written last, only when every
     input was good."""
     (bp, bs), (cp, cs) = resolve(baseline, "baseline"), resolve(candidate, "candidate")
-    base, cand = load_policy(bp), load_policy(cp)
+    base, cand = load(bp), load(cp)
     samples = (read_samples(bs), read_samples(cs)) if bs and cs else None
     refit = None
     gated = gates_passed(base), gates_passed(cand)

@@ -4,8 +4,10 @@ Servers call `ppprof.policy.load(path)` and then `next_chunk_size(prefix_len)` o
 """
 
 from ppprof.config import ChunkSettings
+from ppprof.policy.policy_file import from_dict, load, save, validate
 from ppprof.policy.rule import LatencyModel, next_chunk_size
-from ppprof.policy.schema import SCHEMA_VERSION, Policy, from_dict, load, save, validate
+from ppprof.policy.runtime import Policy
+from ppprof.policy.schema import SCHEMA_VERSION
 
 __all__ = [
     "SCHEMA_VERSION",

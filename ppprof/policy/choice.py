@@ -11,17 +11,12 @@ import numpy as np
 
 from ppprof.config import ChunkSettings
 from ppprof.config.policy import DEFAULT_MIN_GAIN
-from ppprof.policy.optimum import (
-    EXTRAPOLATED_CHUNKS,
-    Domain,
-    PromptRule,
-    build_history_rule,
-    build_prompt_rule,
-    make_domain,
-    rule_table,
-)
+from ppprof.policy.bounded import rule_table
+from ppprof.policy.builders import build_history_rule, build_prompt_rule
+from ppprof.policy.optimum import EXTRAPOLATED_CHUNKS, Domain, make_domain
 from ppprof.policy.planners import chunk_latencies_ms, fixed_chunks, ttft_ms
 from ppprof.policy.rule import LatencyModel
+from ppprof.policy.tables import PromptRule
 
 DEFAULT_WORKLOAD_LENGTHS = 16
 """Prompt lengths of the default workload: log-spaced from B to the longest prompt of the domain, equal weights."""

@@ -22,7 +22,7 @@ from ppprof.bounds import MAX_STAGES
 from ppprof.checks import is_int
 from ppprof.policy.optimum import EXTRAPOLATED_CHUNKS
 from ppprof.policy.rule import LatencyModel
-from ppprof.policy.schema import Policy, check_prompt_len
+from ppprof.policy.runtime import Policy
 
 STRATEGIES = ("policy", "policy-history", "greedy", "fixed", "fixed-best", "optimal")
 MAX_GRID_POINTS = 32768  # DP positions; a coarser multiple of the alignment is used beyond this
@@ -260,14 +260,14 @@ def default_num_stages(policy: Policy) -> int:
 def plan_domain(policy: Policy, prompt_len: int, extrapolate: bool) -> int:
     """The largest chunk a plan of this prompt may use: the policy's (the profiled domain's), or with `extrapolate`
     also EXTRAPOLATED_CHUNKS x B. ValueError (one line) for a prompt beyond the policy's domain without `extrapolate`."""
-    rule = policy.data["prompt_table"]
-    if prompt_len > rule["max_prompt_len"] and not extrapolate:
+    max_prompt_len = policy.data["prompt_table"]["max_prompt_len"]
+    if prompt_len > max_prompt_len and not extrapolate:
         raise ValueError(
             f"--prompt-len {prompt_len} is beyond the policy's domain (prompts up to "
-            f"{rule['max_prompt_len']} tokens, whose prefixes the profile measured): give --extrapolate "
+            f"{max_prompt_len} tokens, whose prefixes the profile measured): give --extrapolate "
             "to plan it on the latency model anyway, or profile with --prefix-lens reaching it"
         )
-    largest = rule["largest_chunk"]
+    largest = policy.prompt_rule.largest_chunk
     return max(largest, EXTRAPOLATED_CHUNKS * policy.base_chunk_size) if extrapolate else largest
 
 
@@ -287,7 +287,7 @@ def plan_prompt(
         raise ValueError(f"--prompt-len {prompt_len!r} is invalid: use a positive number of tokens")
     if not is_int(num_stages) or not 1 <= num_stages <= MAX_STAGES:
         raise ValueError(f"--pp {num_stages!r} is invalid: use a number of pipeline stages in 1..{MAX_STAGES}")
-    check_prompt_len(policy, prompt_len)  # before any chunk list: a prompt past the context would not end
+    policy.check_prompt_len(prompt_len)  # before any chunk list: a prompt past the context would not end
     if policy.model is None:
         raise ValueError(f"policy has no latency model ({policy.status}: {policy.reason}): refit with more samples")
     unknown = [s for s in strategies if s not in STRATEGIES]

@@ -19,7 +19,9 @@ from ppprof.config import BenchConfig
 from ppprof.distributed.agree import agreed
 from ppprof.manifest import write_manifest
 from ppprof.model.stage import Stage, build_stage_cache
-from ppprof.policy.schema import Policy, extrapolation, load_policy
+from ppprof.policy.policy_file import load
+from ppprof.policy.runtime import Policy
+from ppprof.policy.summary import extrapolation
 from ppprof.run.provenance import default_run_dir
 from ppprof.run.rank import (
     Phase,
@@ -81,7 +83,7 @@ def prepare(run: RankRun[BenchState]) -> None:
     run_dir = plans = None
     with agreed(run.pipe, "prepare the run folder and the plans"):
         if run.rank == 0:
-            policy = run.state.policy = run.state.policy or load_policy(bench.policy)
+            policy = run.state.policy = run.state.policy or load(bench.policy)
             if policy.model is None:
                 raise ValueError(f"policy {bench.policy} has no latency model ({policy.reason}): profile again")
             samples = RunFolder.of(bench.policy).samples

@@ -14,7 +14,8 @@ from ppprof.checks import is_int
 from ppprof.config import BENCH_STRATEGIES, BenchConfig, ProfileConfig
 from ppprof.config import flag as config_flag
 from ppprof.io import parse_json, parse_yaml, read_small_text
-from ppprof.policy.schema import Policy, load_policy
+from ppprof.policy.policy_file import load
+from ppprof.policy.runtime import Policy
 from ppprof.runfiles import COMPLETE, RunFolder, read_run_json
 from ppprof.specs import parse_partition
 
@@ -122,7 +123,7 @@ def resolve_bench(policy_path: str, flags: dict) -> tuple[BenchConfig, Policy]:
     run_file = RunFolder.of(policy_path).run_json
     if not Path(policy_path).is_file():
         raise ValueError(f"policy file {policy_path} does not exist: give a policy.json written by `ppprof profile`")
-    policy = load_policy(policy_path)
+    policy = load(policy_path)  # checked as `ppprof validate` checks it, once, before any rank starts
     if not run_file.is_file():
         raise ValueError(
             f"{run_file} does not exist: `ppprof bench` needs the run.json of the profile that wrote "

@@ -15,7 +15,7 @@ import numpy as np
 
 from ppprof.chunks import align_down
 from ppprof.policy.rule import LatencyModel
-from ppprof.policy.schema import Policy
+from ppprof.policy.runtime import Policy
 from ppprof.servers.base import PP_SIZE, TP_SIZE, Server, ServerSetting, concave_free_root
 from ppprof.servers.flags import CALIBRATION, DYNAMIC, parse_number
 

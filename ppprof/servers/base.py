@@ -11,7 +11,7 @@ from typing import Protocol
 from ppprof.checks import is_int
 from ppprof.chunks import align_down, default_alignment, positive_root, walk
 from ppprof.policy.rule import FORMS, LatencyModel
-from ppprof.policy.schema import Policy
+from ppprof.policy.runtime import Policy
 from ppprof.servers.boot import Forwards, prefix_free_quadratic
 from ppprof.servers.flags import CALIBRATION, DYNAMIC, parse_number, read_flags, split_command
 

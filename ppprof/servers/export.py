@@ -14,7 +14,7 @@ import numpy as np
 
 from ppprof.bounds import POLICY_ENV
 from ppprof.policy.rule import FORMS, MODEL_COEFS, LatencyModel
-from ppprof.policy.schema import Policy, largest_chunk
+from ppprof.policy.runtime import Policy, largest_chunk
 from ppprof.servers.base import Server, ServerSetting
 from ppprof.servers.flags import command_line
 from ppprof.servers.registry import get

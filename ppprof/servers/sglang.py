@@ -11,7 +11,7 @@ from __future__ import annotations
 from ppprof.chunks import align_down, default_floor
 from ppprof.config import CONTEXT_MARGIN, ChunkSettings
 from ppprof.policy.rule import LatencyModel, next_chunk_size
-from ppprof.policy.schema import Policy
+from ppprof.policy.runtime import Policy
 from ppprof.servers.base import PP_SIZE, TP_SIZE, Server, ServerSetting, boot_quadratic_cause
 from ppprof.servers.flags import DYNAMIC
 

@@ -19,7 +19,8 @@ import numpy as np
 
 from ppprof.config.workload import Workload
 from ppprof.policy.rule import LatencyModel
-from ppprof.policy.schema import Policy, extrapolation
+from ppprof.policy.runtime import Policy
+from ppprof.policy.summary import extrapolation
 from ppprof.servers.base import PP_SIZE, TP_SIZE
 from ppprof.servers.boot import Forwards
 from ppprof.servers.flags import command_line, split_command

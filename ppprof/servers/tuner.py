@@ -16,7 +16,7 @@ from ppprof.config import CONTEXT_MARGIN
 from ppprof.config.workload import Workload
 from ppprof.policy.planners import chunk_latencies_ms, optimal_chunks, ttft_ms
 from ppprof.policy.rule import LatencyModel
-from ppprof.policy.schema import Policy
+from ppprof.policy.runtime import Policy
 from ppprof.servers.base import ServerSetting
 from ppprof.servers.boot import Forwards
 from ppprof.servers.registry import get

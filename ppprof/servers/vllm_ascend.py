@@ -15,7 +15,7 @@ import json
 
 from ppprof.chunks import align_up
 from ppprof.policy.rule import LatencyModel
-from ppprof.policy.schema import Policy
+from ppprof.policy.runtime import Policy
 from ppprof.servers.base import (
     PP_SIZE,
     TP_SIZE,

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from ppprof.bounds import POLICY_ENV
-from ppprof.policy.schema import Policy, largest_chunk, load_policy
+from ppprof.policy.policy_file import load
+from ppprof.policy.runtime import Policy, largest_chunk
 
 ON_PYTHONPATH = Path(__file__).resolve().with_name("on-pythonpath")
 """The folder put first on PYTHONPATH: its sitecustomize.py installs the hook in every process that starts."""
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
                 "no server arguments: give SGLang's after --, python -m ppprof.sglang --policy POLICY "
                 "-- --model-path MODEL ..."
             )
-        policy = load_policy(options.policy)
+        policy = load(options.policy)
         check_server_args(policy, server_args)
     except ValueError as e:
         print(f"Error: {e}", file=sys.stderr)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ppprof.policy.schema import Policy, largest_chunk
+from ppprof.policy.runtime import Policy, largest_chunk
 
 MODEL_CONFIG_FIELDS = (
     "context_len",
@@ -158,7 +158,7 @@ def matched_line(policy: Policy, server: ServerConfig) -> str:
     rules = (
         f"static, fixed chunks of {history[0]}"
         if policy.status == "static"
-        else f"dynamic, prompt-aware rule of {len(policy.rule_tables.prompt_len)} bands, history-only table of "
+        else f"dynamic, prompt-aware rule of {len(policy.prompt_rule.prompt_len)} bands, history-only table of "
         f"{len(history)} entries"
     )
     return (

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ppprof.bounds import POLICY_ENV
-from ppprof.policy.schema import Policy, load_policy
+from ppprof.policy.policy_file import load
+from ppprof.policy.runtime import Policy
 from ppprof.sglang.match import ServerConfig, matched_line, mismatch, model_shape_of
 
 logger = logging.getLogger("ppprof.sglang")
@@ -114,9 +115,9 @@ class PolicySizer:
         except OSError as e:
             return None, f"{POLICY_ENV}={path} is not readable ({e.strerror}): give a policy.json on every node", None
         try:
-            policy = load_policy(path)
+            policy = load(path)
             problem = mismatch(policy, self.server_config(runtime))
-        except Exception as e:  # noqa: BLE001 - load_policy's ValueError is the one line; anything else is named
+        except Exception as e:  # noqa: BLE001 - load's ValueError is the one line; anything else is named
             return None, str(e) if isinstance(e, ValueError) else f"{path}: {e!r}", digest
         return (None if problem else policy), problem, digest
 

@@ -16,8 +16,8 @@ from ppprof.fit.drift import samples_drift
 from ppprof.fit.samples import read_samples
 from ppprof.fit.synthetic import make_samples, write_run_dir
 from ppprof.io import atomic_write_json
+from ppprof.policy import load
 from ppprof.policy.rule import LatencyModel
-from ppprof.policy.schema import load
 
 REPO = Path(__file__).resolve().parents[2]
 TRUE = LatencyModel("prefix", a=2e-6, b=0.008, c=1.5, g=8e-5)  # about what tiny-hybrid costs on 2 CPU cores, in ms

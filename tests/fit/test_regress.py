@@ -216,7 +216,7 @@ def test_a_pair_cost_that_falls_with_the_chunk_is_recovered_while_the_latency_st
 def test_a_bounded_rule_on_a_concave_model_gives_the_largest_chunk_within_the_bound():
     """At a long prefix a pairs model with h < 0 is concave in the chunk (a + h L < 0): the bounded rule's chunk is
     still the largest multiple of the unit whose latency is within the bound, as a search over every multiple finds."""
-    from ppprof.policy.optimum import bounded_sizes
+    from ppprof.policy.bounded import bounded_sizes
 
     model = LatencyModel("pairs", a=2.1e-6, b=0.011, c=1.8, g=1.3e-4, h=-2.9e-10)
     unit, cap = 64, 4096

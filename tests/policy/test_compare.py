@@ -1,14 +1,13 @@
-"""ppprof.policy.compare on policies built from coefficients: tolerances, the exact table comparison (against a
-naive walk over every prefix length), TTFT rows and the verdict."""
+"""ppprof.policy.compare (with its verdict and text) on policies built from coefficients: the exact table comparison
+(against a naive walk over every prefix length), TTFT rows and the verdict."""
 
 import dataclasses
-import math
 
-import pytest
-
-from ppprof.policy.compare import DEFAULT_TOLERANCES, compare_policies, compare_tables, parse_tolerances, render
+from ppprof.policy import from_dict
+from ppprof.policy.compare import compare_policies, compare_tables
+from ppprof.policy.compare_text import render
 from ppprof.policy.rule import LatencyModel
-from ppprof.policy.schema import from_dict
+from ppprof.policy.verdict import DEFAULT_TOLERANCES
 
 from .policy_helpers import policy_dict
 
@@ -20,15 +19,6 @@ def policy(model=MODEL, **kw):
     data = policy_dict(model, **{**SMALL, **kw})
     data["domain"] = {"prefix_len": [0, 20000], "chunk_size": [8, 640], "prefix_lens": [0, 1000, 5000, 20000]}
     return from_dict(data)
-
-
-def test_parse_tolerances():
-    assert parse_tolerances(()) == DEFAULT_TOLERANCES
-    tol = parse_tolerances(["ttft=10%, table=0.05", "coef=none"])
-    assert tol["ttft"] == pytest.approx(0.1) and tol["table"] == 0.05 and math.isinf(tol["coef"])
-    for bad in ("ttft", "speed=1", "ttft=x", "ttft=-0.1"):
-        with pytest.raises(ValueError, match="--tolerance"):
-            parse_tolerances([bad])
 
 
 def test_table_comparison_equals_a_walk_over_every_prefix_len():

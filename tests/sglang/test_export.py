@@ -9,7 +9,7 @@ import shlex
 from click.testing import CliRunner
 
 from ppprof.cli import main
-from ppprof.policy.schema import load_policy
+from ppprof.policy import load
 from ppprof.servers.export import export_data
 from ppprof.sglang.__main__ import check_server_args, server_flag
 from ppprof.sglang.match import ServerConfig, mismatch, model_shape_of
@@ -21,7 +21,7 @@ BASELINE = REPO / "results" / "baseline" / "policy.json"
 
 def test_the_exported_policy_file_way_is_taken_by_the_launcher_and_matched_by_the_sizer(tmp_path):
     path = shaped(BASELINE, tmp_path)
-    policy = load_policy(path)
+    policy = load(path)
     way = export_data(policy, "sglang", str(path))["policy_file"]
     assert way["env"] == {"PPPROF_POLICY": str(path.resolve())}
     assert shlex.split(way["command"])[:4] == [
@@ -64,4 +64,4 @@ def test_the_text_export_keeps_the_flags_last_and_says_when_the_shapes_are_missi
     (tmp_path / "unshaped.json").write_text(json.dumps(unshaped))
     old_out = CliRunner().invoke(main, ["export", str(tmp_path / "unshaped.json"), "--server", "sglang"]).output
     assert "does not record the profiled model's shapes" in old_out
-    assert "policy_file" not in export_data(load_policy(BASELINE), "atom")
+    assert "policy_file" not in export_data(load(BASELINE), "atom")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ppprof.policy.schema import load_policy
+from ppprof.policy import load
 from ppprof.sglang import hook
 
 from .standin import REPO, shaped
@@ -124,7 +124,7 @@ def test_with_the_policy_named_sglangs_scheduler_builds_ppprofs_sizer(tmp_path):
     policy = shaped(BASELINE, tmp_path)
     out, lines = serve(tmp_path, policy)
     assert out["loaded_at_start"] and out["class"] == "ppprof.sglang.sizer" and out["same_in_both"], out
-    p = load_policy(policy)
+    p = load(policy)
     assert out["512"] == [p.next_chunk_size(512), p.next_chunk_size(4096)] and out["8192"] is None, out
     replaced = [x for x in lines if "is ppprof's policy sizer in this process" in x]
     assert replaced == [

@@ -9,9 +9,10 @@ from dataclasses import replace
 
 import pytest
 
+import ppprof.policy
 from ppprof.bounds import POLICY_ENV
 from ppprof.fit.samples import model_shape
-from ppprof.policy.schema import largest_chunk, load_policy
+from ppprof.policy.runtime import largest_chunk
 from ppprof.sglang.match import ServerConfig, mismatch, model_shape_of
 from ppprof.sglang.sizer import PolicySizer, agreement
 
@@ -57,7 +58,7 @@ def test_a_matching_server_loads_the_policy_with_one_line(caplog, policy_path):
     assert kept and sizer.policy is not None
     assert len(lines) == 1 and "matches this server" in lines[0] and "\n" not in lines[0], lines
     assert f"policy {policy_path} (sha256 " in lines[0] and "pp 2, tp 1, page 1, B 512" in lines[0]
-    assert sizer.predict(512) == load_policy(policy_path).next_chunk_size(512)
+    assert sizer.predict(512) == ppprof.policy.load(policy_path).next_chunk_size(512)
 
 
 def test_a_server_with_a_shorter_context_takes_the_policy_and_a_longer_one_does_not(caplog, policy_path):
@@ -164,7 +165,7 @@ def test_outside_sglang_the_runtime_is_not_readable_and_nothing_is_raised(caplog
 
 
 def test_the_checks_read_sglangs_model_config_fields(policy_path):
-    policy = load_policy(policy_path)
+    policy = ppprof.policy.load(policy_path)
     config = model_config(policy_path)
     server = ServerConfig(
         pp_size=2,
@@ -195,7 +196,7 @@ def test_the_checks_read_sglangs_model_config_fields(policy_path):
     del data["provenance"]["tp_size"]  # fitted before TP: the server's TP size is not held against it
     before_tp = policy_path.parent / "before-tp.json"
     before_tp.write_text(json.dumps(data))
-    assert mismatch(load_policy(before_tp), replace(server, tp_size=4)) is None
+    assert mismatch(ppprof.policy.load(before_tp), replace(server, tp_size=4)) is None
 
 
 def test_fit_records_the_model_shape_and_the_schema_takes_it(tmp_path):
@@ -207,9 +208,9 @@ def test_fit_records_the_model_shape_and_the_schema_takes_it(tmp_path):
         shutil.copy(BASELINE.parent / name, tmp_path / name)
     path, data = fit(tmp_path / "samples.csv")
     assert data["provenance"]["model_shape"] == model_shape(json.loads((tmp_path / "run.json").read_text())["model"])
-    assert load_policy(path).data["provenance"]["model_shape"]["model_type"] == "nemotron_h"
+    assert ppprof.policy.load(path).data["provenance"]["model_shape"]["model_type"] == "nemotron_h"
     bad = json.loads(path.read_text())
     bad["provenance"]["model_shape"]["hidden_size"] = 0
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     with pytest.raises(ValueError, match=r"\$\.provenance\.model_shape\.hidden_size"):
-        load_policy(tmp_path / "bad.json")
+        ppprof.policy.load(tmp_path / "bad.json")

@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from ppprof.bounds import POLICY_ENV
-from ppprof.policy.schema import load_policy
+from ppprof.policy import load
 
 from .standin import COMMITTED, IDS, Scheduler, model_config, shaped, sizer_class
 from .standin import request as chunked
@@ -20,7 +20,7 @@ def loaded(request, tmp_path, monkeypatch):
     """(scheduler, sizer, policy) of a committed policy loaded by a server it fits."""
     path = shaped(request.param, tmp_path)
     monkeypatch.setenv(POLICY_ENV, str(path))
-    policy = load_policy(path)
+    policy = load(path)
     s = policy.settings
     scheduler = Scheduler(
         sizer_class(pp_size=policy.num_stages, tp_size=policy.tp_size),

@@ -1,5 +1,8 @@
+"""ppprof.policy.policy_file: policy.json read and written through one check; the schema's and the rules' errors."""
+
 import copy
 import json
+import math
 
 import pytest
 
@@ -79,6 +82,23 @@ def test_validate_catches_a_tampered_table():
     data["table"] = {"prefix_len": [0, 10], "chunk_size": [8192, 4096]}
     with pytest.raises(ValueError, match="static policy's table and prompt_table must be the one fixed chunk"):
         validate(from_dict(data))
+
+
+def test_save_refuses_what_load_refuses_and_writes_nothing(tmp_path):
+    path = tmp_path / "p.json"
+    data = policy_dict(MODEL)
+    data["table"]["chunk_size"][3] += 64  # the schema takes it; the rule rebuilt does not
+    with pytest.raises(ValueError, match=r"\$\.table: chunk .* is not the rule's .* from the coefficients"):
+        save(path, data)
+    data = policy_dict(MODEL)
+    data["diagnostics"] = {"rms": math.nan}  # json.dumps writes NaN; the strict reader refuses it
+    with pytest.raises(ValueError, match="is not strict JSON: NaN is not a JSON number"):
+        save(path, data)
+    data = policy_dict(MODEL)
+    data["settings"]["context_len"] = 10**30
+    with pytest.raises(ValueError, match=r"\$\.settings\.context_len: 10{30} is outside 0\.\.2147483647"):
+        save(path, data)
+    assert not path.exists()
 
 
 def test_load_reports_missing_and_broken_files(tmp_path):

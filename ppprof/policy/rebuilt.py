@@ -1,0 +1,81 @@
+"""The check that a policy's tables are its rules rebuilt: the model predicts a positive latency, a static policy's
+tables are one fixed chunk, a parity policy's are SGLang's rule, a dynamic one's are the bounded rules their bounds
+give on the planning model."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ppprof.policy.bounded import bounded_sizes
+from ppprof.policy.rule import LatencyModel, build_table
+from ppprof.policy.runtime import Policy
+
+
+def check_positive(policy: Policy) -> None:
+    """The fitted and the calibrated model predict a positive latency for the smallest chunk."""
+    smallest = policy.settings.alignment
+    t = float(policy.model.chunk_latency_ms(0, smallest))
+    if not t > 0:
+        raise ValueError(
+            f"$.latency_model: predicts {t:.4g} ms for a {smallest}-token chunk: a latency must be "
+            "positive; refit the samples"
+        )
+    t = float(policy.planning_model.chunk_latency_ms(0, smallest))
+    if not t > 0:
+        raise ValueError(
+            f"$.calibration: the calibrated model predicts {t:.4g} ms for a {smallest}-token chunk: "
+            "a latency must be positive; refit the samples"
+        )
+
+
+def check_rules(policy: Policy) -> None:
+    """What `ppprof validate` checks beyond the structure, ValueError (one line) on the first problem: the model
+    predicts a positive latency for the smallest chunk; a static policy's tables are one fixed chunk; a dynamic one's
+    tables are the bounded rules their bounds give on the planning model (checked at every breakpoint, both sides)."""
+    if policy.model is not None:
+        check_positive(policy)
+    history, prompt_rule = policy.history_table, policy.prompt_rule
+    if policy.status == "static":
+        if (
+            len(history.chunk_size) != 1
+            or prompt_rule.prompt_len != [1]
+            or prompt_rule.chunk_size != [history.chunk_size]
+        ):
+            raise ValueError("$.table: a static policy's table and prompt_table must be the one fixed chunk: refit")
+        return
+    if policy.data.get("parity") is not None:  # SGLang's own rule on SGLang's fit
+        starts, sizes = build_table(policy.model, policy.settings, policy.target_ms)
+        if (
+            (starts, sizes) != (history.prefix_len, history.chunk_size)
+            or prompt_rule.chunk_size != [sizes]
+            or prompt_rule.prefix_len != [starts]
+        ):
+            raise ValueError("$.table: a parity policy's tables must be SGLang's rule from its coefficients: refit")
+        return
+    table, unit = policy.data["table"], policy.data["prompt_table"]["unit"]
+    model = policy.planning_model
+    check_bounded("$.table", model, table["bound_ms"], table["chunk_cap"], unit, history.prefix_len, history.chunk_size)
+    for i, bound in enumerate(prompt_rule.bound_ms):
+        starts, sizes = prompt_rule.prefix_len[i], prompt_rule.chunk_size[i]
+        check_bounded(f"$.prompt_table.band[{i}]", model, bound, prompt_rule.largest_chunk, unit, starts, sizes)
+
+
+def check_bounded(
+    where: str, model: LatencyModel, bound: float | None, cap: int, unit: int, starts: list[int], sizes: list[int]
+) -> None:
+    """The table is the bounded rule (bound, cap) on the model: its size at each breakpoint and just before the next.
+    ValueError naming the entry otherwise."""
+    bound = math.inf if bound is None else bound
+    ends = [s - 1 for s in starts[1:]]
+    at = np.array(starts + ends, dtype=np.int64)
+    want = np.array(sizes + sizes[:-1], dtype=np.int64)
+    got = bounded_sizes(model, np.full(len(at), bound), np.full(len(at), cap), at, unit)
+    bad = np.flatnonzero(got != want)
+    if bad.size:
+        k = int(bad[0])
+        raise ValueError(
+            f"{where}: chunk {int(want[k])} at prefix_len {int(at[k])} is not the rule's {int(got[k])} "
+            "from the coefficients, overhead and bound: refit"
+        )

@@ -1,0 +1,149 @@
+"""The loaded policy a server asks (`Policy`): a frozen value of the document read and its typed parts, with the
+next-chunk lookup and the plans of a prompt."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ppprof.chunks import walk
+from ppprof.config import ChunkSettings
+from ppprof.policy.arguments import check_prompt_len, checked_prompt_len, token_count
+from ppprof.policy.rule import NO_CALIBRATION, LatencyModel, build_table
+from ppprof.policy.tables import HistoryTable, PromptRule, table_plan
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """A loaded policy: `data`, the document as read (every field; the parts below are typed from it once), the
+    latency model as fitted and as planned with (the calibration and the per-chunk overhead applied), the settings and
+    the two tables. `next_chunk_size(prefix_len, prompt_len)` is two bisects in the prompt-aware rule's tables;
+    without the prompt length, one bisect in the history-only table. Built by Policy.of from a checked document
+    (ppprof.policy.policy_file)."""
+
+    data: dict
+    model: LatencyModel | None
+    settings: ChunkSettings
+    planning_model: LatencyModel | None
+    history_table: HistoryTable
+    prompt_rule: PromptRule
+
+    @classmethod
+    def of(cls, data: dict) -> Policy:
+        """The Policy of a document whose structure is checked (ppprof.policy.structure); ValueError naming the
+        latency model or the settings where they are not sound."""
+        try:
+            model = None if data["latency_model"] is None else LatencyModel.from_dict(data["latency_model"])
+        except ValueError as e:
+            raise ValueError(f"$.latency_model: {e}") from None
+        try:
+            settings = ChunkSettings(**data["settings"])
+        except ValueError as e:
+            raise ValueError(f"$.settings: {e}") from None
+        overhead_ms = float(data["overhead"]["ms_per_chunk"])
+        planning = None if model is None else model.planning(data.get("calibration") or NO_CALIBRATION, overhead_ms)
+        tables = HistoryTable.from_dict(data["table"]), PromptRule.from_dict(data["prompt_table"])
+        return cls(data, model, settings, planning, *tables)
+
+    @property
+    def status(self) -> str:
+        return self.data["status"]
+
+    @property
+    def reason(self) -> str:
+        return self.data["reason"]
+
+    @property
+    def target_ms(self) -> float | None:
+        return self.data["target_latency_ms"]
+
+    @property
+    def overhead_ms(self) -> float:
+        return float(self.data["overhead"]["ms_per_chunk"])
+
+    @property
+    def calibration(self) -> dict:
+        return self.data.get("calibration") or NO_CALIBRATION
+
+    @property
+    def num_stages(self) -> int:
+        return self.data.get("num_stages") or 1
+
+    @property
+    def provenance(self) -> dict:
+        """Where the numbers come from ({} where not recorded)."""
+        return self.data.get("provenance") or {}
+
+    @property
+    def tp_size(self) -> int:
+        """The TP degree of each profiled stage."""
+        return self.provenance.get("tp_size") or 1
+
+    @property
+    def base_chunk_size(self) -> int:
+        return self.settings.base_chunk_size
+
+    def next_chunk_size(
+        self, prefix_len: int | None = None, prompt_len: int | None = None, *, history_len: int | None = None
+    ) -> int:
+        """Size of the next prefill chunk of a prompt whose first `prefix_len` tokens are already in the cache.
+
+        prompt_len: the prompt's length in tokens, where the server knows it: the chunk of the prompt-aware rule (the
+        last chunk is the rest). Without it, the history-only table's chunk (the caller cuts the last chunk).
+        history_len: alias of prefix_len kept for servers written against ppprof 0.1 / SGLang's name. Give exactly
+        one of the two (TypeError otherwise).
+        """
+        if history_len is not None:
+            if prefix_len is not None:
+                raise TypeError("next_chunk_size() takes prefix_len or its alias history_len, not both")
+            prefix_len = history_len
+        elif prefix_len is None:
+            raise TypeError("next_chunk_size() missing the prefix_len argument")
+        if type(prefix_len) is not int:  # the fast path is a plain int; numpy ints are taken, floats and bools not
+            prefix_len = token_count("prefix_len", prefix_len)
+        if prefix_len < 0:
+            raise ValueError(f"prefix_len {prefix_len} is negative: use the number of tokens already prefilled")
+        if prompt_len is None:
+            return self.history_table.next_chunk_size(prefix_len)
+        if type(prompt_len) is not int:
+            prompt_len = token_count("prompt_len", prompt_len)
+        if prompt_len <= prefix_len:
+            raise ValueError(
+                f"prefix_len {prefix_len} leaves nothing of prompt_len {prompt_len} to prefill: ask only "
+                "while tokens are left"
+            )
+        return self.prompt_rule.next_chunk_size(prefix_len, prompt_len)
+
+    def plan(self, prompt_len: int) -> list[int]:
+        """The whole chunk list of a `prompt_len`-token prompt under the prompt-aware rule. ValueError beyond the
+        policy's context length (no prompt is longer; the list stays bounded)."""
+        return self.prompt_rule.plan(self.checked_prompt_len(prompt_len))
+
+    def plan_history(self, prompt_len: int) -> list[int]:
+        """The chunk list under the history-only table (the last chunk takes the rest)."""
+        return self.history_table.plan(self.checked_prompt_len(prompt_len))
+
+    def sglang_plan(self, prompt_len: int) -> list[int]:
+        """The chunks of SGLang's equal-latency rule (target, smoothing, B // 4 floor, first chunk B) on the policy's
+        fitted model and settings; fixed chunks of B without a model."""
+        prompt_len = self.checked_prompt_len(prompt_len)
+        if self.model is None or not self.target_ms:
+            return walk(lambda _: self.base_chunk_size, prompt_len)
+        starts, sizes = build_table(self.model, self.settings, self.target_ms)
+        return table_plan(starts, sizes, prompt_len)
+
+    def checked_prompt_len(self, prompt_len) -> int:
+        """`prompt_len` as an int, positive, within the context length and a bounded plan (ppprof.policy.arguments);
+        TypeError or ValueError (one line) otherwise."""
+        return checked_prompt_len(prompt_len, self.settings.context_len, min(self.history_table.chunk_size))
+
+    def check_prompt_len(self, prompt_len: int) -> None:
+        """ValueError when an integer prompt length is beyond the context length or a bounded plan."""
+        check_prompt_len(prompt_len, self.settings.context_len, min(self.history_table.chunk_size))
+
+
+def largest_chunk(policy: Policy) -> int:
+    """The largest chunk either of the policy's rules gives (the prompt-aware rule's whole rest included): what a
+    server's chunk cap (SGLang's --max-prefill-tokens) must allow."""
+    prompt_rule = policy.prompt_rule
+    bands = (x for band in prompt_rule.chunk_size for x in band)
+    return max([prompt_rule.largest_chunk, *policy.history_table.chunk_size, *bands])

@@ -1,0 +1,72 @@
+"""The structural check of a policy document: its schema version, the JSON Schema, the bounds of its numbers, and
+the rules a JSON Schema cannot say (columns of one length, breakpoints strictly increasing, domain ranges min <= max,
+finite coefficients)."""
+
+from __future__ import annotations
+
+import math
+
+from ppprof.checks import short
+from ppprof.policy.numbers import number_error
+from ppprof.policy.schema import SCHEMA_VERSION, schema_error
+
+FIX = "fix that field or regenerate the policy with `ppprof fit`"
+
+
+def check_breakpoints(where: str, starts: list[int], sizes: list[int]) -> None:
+    """A breakpoint table's columns have one length, start at prefix 0 and increase strictly."""
+    if len(starts) != len(sizes):
+        raise ValueError(
+            f"{where}: prefix_len has {len(starts)} entries but chunk_size {len(sizes)}: the columns "
+            "must have one length"
+        )
+    if starts[0] != 0:
+        raise ValueError(f"{where}.prefix_len[0]: {starts[0]}: a table starts at prefix_len 0")
+    for i, (a, b) in enumerate(zip(starts, starts[1:])):
+        if b <= a:
+            raise ValueError(f"{where}.prefix_len[{i + 1}]: {b} after {a}: prefix_len must increase strictly")
+
+
+def check_prompt_table(prompt_table: dict) -> None:
+    """The prompt-aware rule's columns: one entry a band, bands from prompts of 1 token strictly increasing, and
+    each band's breakpoint table."""
+    bands = prompt_table["prompt_len"]
+    for key in ("bound_ms", "merge_len", "prefix_len", "chunk_size"):
+        if len(prompt_table[key]) != len(bands):
+            raise ValueError(
+                f"$.prompt_table.{key}: {len(prompt_table[key])} entries for {len(bands)} bands: give one a band"
+            )
+    if bands[0] != 1:
+        raise ValueError(f"$.prompt_table.prompt_len[0]: {bands[0]}: the first band starts at prompts of 1 token")
+    for i, (a, b) in enumerate(zip(bands, bands[1:])):
+        if b <= a:
+            raise ValueError(f"$.prompt_table.prompt_len[{i + 1}]: {b} after {a}: band starts must increase strictly")
+    for i, (starts, sizes) in enumerate(zip(prompt_table["prefix_len"], prompt_table["chunk_size"])):
+        check_breakpoints(f"$.prompt_table.band[{i}]", starts, sizes)
+
+
+def check_structure(data) -> None:
+    """Raise ValueError (one line naming the field) unless `data` follows the policy schema (SCHEMA_FILE), its numbers
+    are within their bounds (ppprof.policy.numbers) and the structural rules a JSON Schema cannot say hold: the
+    tables' columns of one length, prefix_len strictly increasing, each domain range min <= max, coefficients
+    finite."""
+    if not isinstance(data, dict):
+        raise ValueError(f"policy must be a JSON object, not a {type(data).__name__}: regenerate it with `ppprof fit`")
+    if "schema_version" in data and data["schema_version"] != SCHEMA_VERSION:
+        raise ValueError(
+            f"policy schema_version {short(data['schema_version'])} is not supported: this ppprof reads "
+            f"{SCHEMA_VERSION}; regenerate it with `ppprof fit`"
+        )
+    problem = schema_error(data) or number_error(data)
+    if problem:
+        raise ValueError(f"{problem}; {FIX}")
+    check_breakpoints("$.table", data["table"]["prefix_len"], data["table"]["chunk_size"])
+    check_prompt_table(data["prompt_table"])
+    dom = data.get("domain")
+    for key in ("prefix_len", "chunk_size") if dom else ():
+        low, high = dom[key]
+        if low > high:
+            raise ValueError(f"$.domain.{key}: [{low}, {high}] must be [min, max] with min <= max")
+    for key, entry in ((data.get("latency_model") or {}).get("coefficients") or {}).items():
+        if not math.isfinite(entry["value"]):
+            raise ValueError(f"$.latency_model.coefficients.{key}.value: {entry['value']} is not finite: refit")

@@ -1,0 +1,61 @@
+"""A policy in words: the one-line summary `ppprof validate` prints, the pipelined level, and the note where a
+prompt's plan leaves what the profile measured."""
+
+from __future__ import annotations
+
+from ppprof.policy.rule import LatencyModel
+from ppprof.policy.runtime import Policy
+
+
+def level_text(calibration: dict) -> str:
+    """The calibration onto the pipelined level in words ("" where none)."""
+    if calibration.get("source") != "measured":
+        return ""
+    return f", pipelined level {LatencyModel.level_words(calibration)}"
+
+
+def summary_line(policy: Policy) -> str:
+    """One line: status, model, the rules' sizes and the profiled domain."""
+    history = policy.history_table.chunk_size
+    if policy.status == "static":
+        return f"static (chunk {history[0]}): {policy.reason}{domain_text(policy)}"
+    prompt_rule = policy.prompt_rule
+    sizes = [x for band in prompt_rule.chunk_size for x in band]
+    return (
+        f"dynamic ({policy.model.name}, overhead {policy.overhead_ms:.3g} ms a chunk"
+        f"{level_text(policy.calibration)}, {policy.num_stages} "
+        f"stages): prompt-aware rule of {len(prompt_rule.prompt_len)} bands, chunks {min(sizes)}-{max(sizes)}; "
+        f"history-only table of {len(history)} entries{domain_text(policy)}"
+    )
+
+
+def domain_text(policy: Policy) -> str:
+    dom = policy.data.get("domain")
+    if not isinstance(dom, dict):
+        return ""
+    (p0, p1), (c0, c1) = dom["prefix_len"], dom["chunk_size"]
+    return f"; profiled prefixes {p0}-{p1}, chunks {c0}-{c1}"
+
+
+def extrapolation(policy: Policy, prompt_len: int, chunk_sizes: list[int] | None = None) -> str | None:
+    """A one-line note when a prompt's chunks lie outside what the profile measured (policy["domain"]): how far past
+    the largest profiled prefix (or chunk) the latency model is asked; None inside the domain or without one."""
+    dom = policy.data.get("domain")
+    if not isinstance(dom, dict) or not dom.get("prefix_len") or not dom.get("chunk_size"):
+        return None
+    chunks = chunk_sizes or policy.plan(prompt_len)
+    deepest, largest = prompt_len - chunks[-1], max(chunks)
+    (_, max_prefix), (_, max_chunk) = dom["prefix_len"], dom["chunk_size"]
+    notes = []
+    if deepest > max_prefix:
+        notes.append(
+            f"prefixes up to {deepest}, {deepest / max(max_prefix, 1):.2f}x the largest profiled prefix ({max_prefix})"
+        )
+    if largest > max_chunk:
+        notes.append(f"chunks up to {largest}, {largest / max_chunk:.2f}x the largest profiled chunk ({max_chunk})")
+    if not notes:
+        return None
+    return (
+        f"prompt {prompt_len} reaches " + " and ".join(notes) + ": the latency model is extrapolated there; "
+        "profile with --prefix-lens (or --context-len) covering it"
+    )

@@ -1,0 +1,242 @@
+"""The verdict of a comparison of two policies (`ppprof compare`): the tolerances, and one check per figure they
+cover (status, level, target, table, overhead, ttft, samples, coef) on the measured report (ppprof.policy.compare).
+Pure Python; no numpy."""
+
+from __future__ import annotations
+
+import math
+
+DEFAULT_TOLERANCES = {
+    "ttft": 0.20,  # relative change of each predicted TTFT (every strategy at each prompt length)
+    "table": 0.05,  # regret: how much slower the candidate's plans (policy, policy-history) are on the baseline's model
+    "table_units": 1.0,  # the table's listing counts a size change beyond this many alignment units
+    "gain": 0.02,  # a status change passes where both gains over the best fixed chunk are this close to each other
+    "overhead": 0.5,  # relative change of the per-chunk overhead (or 3 standard errors, whichever allows more)
+    "target": 0.25,  # relative change of the target latency T
+    "samples": 0.20,  # |median of the cells' latency ratios / level - 1| at each prefix length (fit.drift)
+    "level": 0.20,  # |level - 1|: the candidate's machine as a whole slower or faster than the baseline's
+    "coef": math.inf,  # relative change of each coefficient: off, since b, c and g trade off between fits
+}
+"""Sized for a shared CPU, where a whole profile can run 10-15% slower than the last and a different seed moves b and
+c by 20%: two profiles of the same config pass, a doubled quadratic coefficient a fails (on ttft). Where both sides
+have samples, the latency figures (ttft, target, overhead, samples) are judged at the baseline's level, the
+candidate's divided by the level (fit.drift), and the level on its own: a machine k times slower than the baseline's
+fails on `level` alone, and a job on another kind of machine widens `level` and still judges the shape of the
+latency curve at the defaults. On a dedicated GPU
+runner, tighter limits suit (e.g. --tolerance ttft=0.1,samples=0.1). The rules' optimum is flat (many tables plan
+within 1% of each other), so a table is judged by what it costs, not by its sizes."""
+
+
+def check(figure: str, value: float | None, limit: float, detail: str) -> dict:
+    return {
+        "figure": figure,
+        "value": value,
+        "limit": limit,
+        "passed": value is None or value <= limit,
+        "detail": detail,
+    }
+
+
+def pct(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return "inf" if math.isinf(value) else f"{value:+.1%}"
+
+
+def checks(report: dict, tol: dict[str, float]) -> list[dict]:
+    """One check per figure the tolerances cover: status, level, target, table, overhead, ttft, samples, coef
+    (each at its largest deviation)."""
+    level = report["level"]["ratio"] or 1.0
+    status = judged_status(report, tol, level)
+    out = [status]
+    if report["level"]["ratio"] is not None:
+        out.append(check("level", abs(level - 1.0), tol["level"], machine_level_words(report["level"])))
+    out += target_check(report, tol, level)
+    out += table_check(report, tol, bool(status.get("noisy")))
+    out.append(overhead_check(report["baseline"]["overhead"], report["candidate"]["overhead"], tol["overhead"], level))
+    out += ttft_check(report, tol, level)
+    out += samples_check(report, tol, level)
+    out += coef_check(report, tol)
+    return out
+
+
+def judged_status(report: dict, tol: dict[str, float], level: float) -> dict:
+    """The status check; a change passes as noisy where the samples agree and the baseline's refit says the gates
+    split on noise (noisy_status)."""
+    out = status_check(report["baseline"], report["candidate"], tol)
+    worst = (report.get("samples") or {}).get("worst_prefix")  # the prefix length furthest from the level
+    agree = worst is not None and abs(worst["median_ratio"] / level - 1.0) <= tol["samples"]
+    if not out["passed"] and agree:
+        passed, why = noisy_status(report.get("baseline_refit"), tol)
+        out.update(passed=passed, noisy=passed, detail=out["detail"] + why)
+    return out
+
+
+def target_check(report: dict, tol: dict[str, float], level: float) -> list[dict]:
+    """The target latency T at the baseline's level; none where either side has none."""
+    tgt = report["target_latency_ms"]
+    if tgt["change"] is None:
+        return []
+    detail = (
+        f"{tgt['baseline']:.4g} -> {tgt['candidate']:.4g} ms ({pct(tgt['change'])}"
+        f"{at_level(tgt['change_at_level'], level)})"
+    )
+    return [check("target", abs(tgt["change_at_level"]), tol["target"], detail)]
+
+
+def table_check(report: dict, tol: dict[str, float], status_noisy: bool) -> list[dict]:
+    """The tables by their regret: the worst of the candidate's plans on the baseline's model against the
+    baseline's own; not judged where the status passed as noisy (one side's tables are fixed chunks)."""
+    regrets = [r for r in report["ttft"]["rows"] if r.get("regret") is not None]
+    if not regrets:
+        return []
+    r = max(regrets, key=lambda r: r["regret"])
+    table = check(
+        "table",
+        max(0.0, r["regret"]),
+        tol["table"],
+        f"the candidate's {r['strategy']} plan of {r['prompt_len']} tokens costs {pct(r['regret'])} "
+        f"against the baseline's own on the baseline's model ({report['table']['num_changed']} of "
+        f"{report['table']['num_prefix_lens']} prefix lengths of the history-only table changed)",
+    )
+    if status_noisy and not table["passed"]:
+        # One side's tables are the fixed chunks a failed gate falls back to, not the rule: nothing to judge.
+        table.update(
+            passed=True,
+            noisy=True,
+            detail=table["detail"] + "; not judged: one side's tables are the "
+            "fixed chunks of a profile too noisy to gate (noisy status)",
+        )
+    return [table]
+
+
+def ttft_check(report: dict, tol: dict[str, float], level: float) -> list[dict]:
+    """The predicted TTFT row furthest from the baseline's, at the baseline's level."""
+    rows = report["ttft"]["rows"]
+    if not rows:
+        return []
+    r = max(rows, key=lambda r: abs(r["change_at_level"]))
+    detail = (
+        f"{r['strategy']} at {r['prompt_len']} tokens: {r['baseline_ms']:.1f} -> "
+        f"{r['candidate_ms']:.1f} ms ({pct(r['change'])}{at_level(r['change_at_level'], level)})"
+    )
+    return [check("ttft", abs(r["change_at_level"]), tol["ttft"], detail)]
+
+
+def samples_check(report: dict, tol: dict[str, float], level: float) -> list[dict]:
+    """The samples' median latency ratio at the prefix length furthest from the level; none without samples."""
+    drift = report.get("samples")
+    worst = (drift or {}).get("worst_prefix")
+    if worst is None:
+        return []
+    ratio = worst["median_ratio"] / level
+    detail = (
+        f"median latency ratio {worst['median_ratio']:.3f}"
+        f"{f' ({ratio:.3f} at the level)' if level != 1.0 else ''} over the {worst['num_cells']} "
+        f"common cells at prefix_len {worst['prefix_len']} (the prefix length furthest from "
+        f"{'the level' if level != 1.0 else '1'}; {drift['median_ratio']:.3f} over all "
+        f"{drift['num_cells']} cells)"
+    )
+    return [check("samples", abs(ratio - 1.0), tol["samples"], detail)]
+
+
+def coef_check(report: dict, tol: dict[str, float]) -> list[dict]:
+    """The coefficient that changed most, where both sides have the same latency model."""
+    coefs = [r for r in report["coefficients"] if r["change"] is not None]
+    if not coefs or report["baseline"]["latency_model"] != report["candidate"]["latency_model"]:
+        return []
+    r = max(coefs, key=lambda r: abs(r["change"]))
+    detail = f"{r['name']}: {r['baseline']:.4g} -> {r['candidate']:.4g} {r['unit']} ({pct(r['change'])})"
+    return [check("coef", abs(r["change"]), tol["coef"], detail)]
+
+
+def level_of(drift: dict | None) -> dict:
+    """The level the latency figures are judged at: fit.drift's, where both sides have samples at enough prefix
+    lengths; else none (ratio None: every figure as measured)."""
+    ratio = (drift or {}).get("level")
+    return {
+        "ratio": ratio,
+        "num_prefix_lens": len((drift or {}).get("by_prefix") or ()),
+        "source": "samples" if ratio is not None else "none",
+    }
+
+
+def machine_level_words(level: dict) -> str:
+    """The measured level in words (not the policy's pipelined level, LatencyModel.level_words)."""
+    ratio = level["ratio"]
+    pace = f"{ratio:.3f} x the baseline's" if ratio >= 1 else f"{1 / ratio:.3f} x faster than the baseline's"
+    return (
+        f"the candidate's latencies ran {pace} (the median of {level['num_prefix_lens']} prefix lengths' median "
+        f"latency ratios); ttft, target, overhead and samples are judged at the baseline's level"
+    )
+
+
+def at_level(change: float | None, level: float) -> str:
+    return "" if level == 1.0 else f"; {pct(change)} at the level"
+
+
+def status_check(b: dict, c: dict, tol: dict[str, float]) -> dict:
+    """Same status; or both chose it on their predicted gain and the gains are within tol["gain"] of each other (the
+    gain sits near the threshold, and noise moved it across)."""
+    detail = f"{b['status']} -> {c['status']}"
+    gb, gc = b["gain_vs_fixed_best"], c["gain_vs_fixed_best"]
+    passed = b["status"] == c["status"]
+    if not passed and gb is not None and gc is not None:
+        passed = abs(gc - gb) <= tol["gain"]
+        detail += (
+            f" (gain over the best fixed chunk {gb:.1%} -> {gc:.1%}, within {tol['gain']:.0%}: near the threshold)"
+            if passed
+            else f" (gain {gb:.1%} -> {gc:.1%})"
+        )
+    return {"figure": "status", "value": None, "limit": None, "passed": passed, "detail": detail}
+
+
+def noisy_status(refit: dict | None, tol: dict[str, float]) -> tuple[bool, str]:
+    """(passed, why) of a status change where the samples agree and one of the two failed the quality gates: passed
+    when this code's fit of the baseline's own samples (`refit`, from ppprof.fit.compare) judges them as the baseline
+    says (the candidate was fitted by this code): then the gates split on the two profiles' samples, one too noisy to
+    gate, and the code did not drift. Without that refit, or where it judges the baseline otherwise, a drift."""
+    agree = f"; yet the samples agree (median latency ratios within {tol['samples']:.0%})"
+    if refit is None:
+        return False, (
+            f"{agree}: a noisy profile may have failed the quality gates (see its reason); profile it "
+            "again on a quiet machine"
+        )
+    noisy = "candidate" if refit["baseline_passed"] else "baseline"
+    if refit["passed"] == refit["baseline_passed"]:
+        return True, (
+            f"{agree}, and this code's fit of the baseline's samples "
+            f"{'passes every quality gate' if refit['passed'] else 'fails the gates as the baseline did'}: "
+            f"the {noisy}'s samples were too noisy to gate (see its reason), not a drift; profile again on a "
+            "quiet machine to compare the statuses"
+        )
+    judged = f"fails the quality gates ({refit['reason']})" if not refit["passed"] else "passes the gates it failed"
+    return (
+        False,
+        f"{agree}, but this code's fit of the baseline's own samples {judged}: the fit changed, not the machine",
+    )
+
+
+def overhead_check(b: dict, c: dict, limit: float, level: float = 1.0) -> dict:
+    """The per-chunk overhead, the candidate's at the baseline's level (divided by `level`): within limit x the
+    baseline's, or 3 combined standard errors, whichever allows more; not judged unless both measured it."""
+    if b["source"] != "measured" or c["source"] != "measured":
+        return check(
+            "overhead",
+            None,
+            limit,
+            f"{b['ms_per_chunk']:.3g} ({b['source']}) -> {c['ms_per_chunk']:.3g} "
+            f"({c['source']}) ms a chunk: not compared unless both measured it",
+        )
+    se = math.hypot(b["stderr_ms"] or 0.0, (c["stderr_ms"] or 0.0) / level)
+    allowed = max(limit * b["ms_per_chunk"], 3.0 * se)
+    change = abs(c["ms_per_chunk"] / level - b["ms_per_chunk"])
+    leveled = "" if level == 1.0 else f" ({c['ms_per_chunk'] / level:.3g} at the level)"
+    return {
+        "figure": "overhead",
+        "value": change,
+        "limit": allowed,
+        "passed": change <= allowed,
+        "detail": f"{b['ms_per_chunk']:.3g} -> {c['ms_per_chunk']:.3g}{leveled} ms a chunk "
+        f"(allowed +-{allowed:.3g} ms)",
+    }

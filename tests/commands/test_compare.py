@@ -1,0 +1,17 @@
+"""`ppprof compare`'s --tolerance items, parsed in the command layer."""
+
+import math
+
+import pytest
+
+from ppprof.commands.compare import parse_tolerances
+from ppprof.policy.verdict import DEFAULT_TOLERANCES
+
+
+def test_parse_tolerances():
+    assert parse_tolerances(()) == DEFAULT_TOLERANCES
+    tol = parse_tolerances(["ttft=10%, table=0.05", "coef=none"])
+    assert tol["ttft"] == pytest.approx(0.1) and tol["table"] == 0.05 and math.isinf(tol["coef"])
+    for bad in ("ttft", "speed=1", "ttft=x", "ttft=-0.1"):
+        with pytest.raises(ValueError, match="--tolerance"):
+            parse_tolerances([bad])
