@@ -10,7 +10,7 @@ import click
 
 from ppprof.bounds import MAX_STAGES
 from ppprof.checks import require_int
-from ppprof.commands.options import SIZING_OPTIONS, option_name, sizing_options
+from ppprof.commands.options import SIZING_OPTIONS, option_name, sizing_options, with_options
 from ppprof.config import ProfileConfig
 from ppprof.config.profile import DEFAULT_PP_SIZE
 from ppprof.run.memory import memory_report
@@ -25,36 +25,38 @@ DEFAULT_STAGES = 1
 """Stages `ppprof model` splits the model over without --pp (with --memory: the profile's, --config's or its default)."""
 
 
+MODEL_OPTIONS = (
+    (("--num-layers",), dict(type=int, default=None), "Keep N layers of the model (its mix of layer kinds kept)."),
+    (
+        ("--pp-size", "--pp", "num_stages"),
+        dict(type=int, default=None),
+        f"Pipeline stages. [{DEFAULT_STAGES}; with --memory: --config's nproc_per_node, else {DEFAULT_PP_SIZE}]",
+    ),
+    (
+        ("--tp-size",),
+        dict(type=int, default=None),
+        "Tensor-parallel ranks of each stage: the stage table (and --memory) per TP rank. [1]",
+    ),
+    (("--layer-partition",), dict(default=None), "Layers per stage, e.g. 3,5 (default: even split)."),
+    (
+        ("--dtype",),
+        dict(default=None),
+        f"Weight/KV dtype: {', '.join(DTYPE_BYTES)} (default: bfloat16 on GPU, float32 on CPU).",
+    ),
+    (("--json", "as_json"), dict(is_flag=True), "Print one JSON object: the spec and its stages."),
+    (
+        ("--memory",),
+        dict(is_flag=True),
+        "Also show what each stage of `ppprof profile` with these settings needs in memory (stages as "
+        "--pp says) and the limit it is checked against.",
+    ),
+)
+"""The options of `ppprof model`, in the order --help shows them."""
+
+
 @click.command("model", epilog="Example: ppprof model nemotron-h-8b --pp 4 --memory --device cuda")
 @click.argument("model")
-@click.option("--num-layers", type=int, default=None, help="Keep N layers of the model (its mix of layer kinds kept).")
-@click.option(
-    "--pp-size",
-    "--pp",
-    "num_stages",
-    type=int,
-    default=None,
-    help=f"Pipeline stages. [{DEFAULT_STAGES}; with --memory: --config's nproc_per_node, else {DEFAULT_PP_SIZE}]",
-)
-@click.option(
-    "--tp-size",
-    type=int,
-    default=None,
-    help="Tensor-parallel ranks of each stage: the stage table (and --memory) per TP rank. [1]",
-)
-@click.option("--layer-partition", default=None, help="Layers per stage, e.g. 3,5 (default: even split).")
-@click.option(
-    "--dtype",
-    default=None,
-    help=f"Weight/KV dtype: {', '.join(DTYPE_BYTES)} (default: bfloat16 on GPU, float32 on CPU).",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the spec and its stages.")
-@click.option(
-    "--memory",
-    is_flag=True,
-    help="Also show what each stage of `ppprof profile` with these settings needs in memory (stages as "
-    "--pp says) and the limit it is checked against.",
-)
+@with_options(*MODEL_OPTIONS)
 @sizing_options
 def model(
     model: str,

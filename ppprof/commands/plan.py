@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from ppprof.commands.options import with_options
 from ppprof.policy.planners import STRATEGIES, Plan, default_num_stages, plan_prompt
 from ppprof.policy.policy_file import load
 from ppprof.policy.summary import extrapolation, level_text
@@ -50,38 +51,37 @@ def echo_plan(p: Plan) -> None:
         )
 
 
+PLAN_OPTIONS = (
+    (("--prompt-len",), dict(type=int, required=True), "Prompt length in tokens."),
+    (
+        ("--pp-size", "--pp", "num_stages"),
+        dict(type=int, default=None),
+        "Pipeline stages  [default: the policy's profiled stages, else 1]",
+    ),
+    (
+        ("--strategy",),
+        dict(type=click.Choice(STRATEGIES + ("all",)), default="all", show_default=True),
+        "policy (the prompt-aware rule), policy-history (its history-only table), greedy (SGLang's rule "
+        "on the fitted model), fixed (B), fixed-best (the best fixed chunk for this prompt), optimal (DP).",
+    ),
+    (
+        ("--extrapolate",),
+        dict(is_flag=True, default=False),
+        "Plan a prompt beyond the policy's profiled domain, and chunks up to 4 B, on the latency model.",
+    ),
+    (("--json", "as_json"), dict(is_flag=True), "Print JSON instead of text."),
+    (
+        ("--png",),
+        dict(type=click.Path(dir_okay=False), default=None),
+        "Timeline PNG  [default: <policy>.plan-<N>-pp<P>.png beside the policy]",
+    ),
+)
+"""The options of `ppprof plan`, in the order --help shows them."""
+
+
 @click.command("plan", epilog="Example: ppprof plan results/my-run/policy.json --prompt-len 32768 --pp 4")
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False))
-@click.option("--prompt-len", type=int, required=True, help="Prompt length in tokens.")
-@click.option(
-    "--pp-size",
-    "--pp",
-    "num_stages",
-    type=int,
-    default=None,
-    help="Pipeline stages  [default: the policy's profiled stages, else 1]",
-)
-@click.option(
-    "--strategy",
-    type=click.Choice(STRATEGIES + ("all",)),
-    default="all",
-    show_default=True,
-    help="policy (the prompt-aware rule), policy-history (its history-only table), greedy (SGLang's rule "
-    "on the fitted model), fixed (B), fixed-best (the best fixed chunk for this prompt), optimal (DP).",
-)
-@click.option(
-    "--extrapolate",
-    is_flag=True,
-    default=False,
-    help="Plan a prompt beyond the policy's profiled domain, and chunks up to 4 B, on the latency model.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-@click.option(
-    "--png",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Timeline PNG  [default: <policy>.plan-<N>-pp<P>.png beside the policy]",
-)
+@with_options(*PLAN_OPTIONS)
 def plan_command(policy_path, prompt_len, num_stages, strategy, extrapolate, as_json, png) -> None:
     """Chunk plans of one prompt with predicted per-chunk latency and TTFT = sum t + (P - 1) max t (t: the fitted
     latency plus the per-chunk pipeline overhead), side by side."""

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from ppprof.commands.options import with_options
 from ppprof.config.workload import parse_prompt_spec
 from ppprof.fit.samples import read_samples
 from ppprof.policy.planners import default_num_stages
@@ -16,61 +17,56 @@ from ppprof.runfiles import RunFolder
 from ppprof.servers import DEFAULT_SERVER, SERVERS, ServerSetting, get
 from ppprof.servers.tune import draw, tune
 
+TUNE_OPTIONS = (
+    (
+        ("--prompt-lens", "spec"),
+        dict(required=True, metavar="SPEC"),
+        "Prompt lengths: a list (8192,32768; weights as 8192:3,32768:1) or a file (one a line, or a CSV "
+        "with a prompt_len column and an optional weight column; a trace's rows count once each).",
+    ),
+    (
+        ("--pp-size", "--pp", "num_stages"),
+        dict(type=int, default=None),
+        "Pipeline stages  [default: the policy's profiled stages, else 1]",
+    ),
+    (
+        ("--server",),
+        dict(type=click.Choice(SERVERS), default=DEFAULT_SERVER, show_default=True),
+        "The server whose flags, boot fit and chunk rule are tuned.",
+    ),
+    (
+        ("--current",),
+        dict(default=None, metavar="FLAGS"),
+        "Your current flags in the server's syntax, as one string  [default: the server's defaults]",
+    ),
+    (
+        ("--boot-fit",),
+        dict(type=click.Choice(["samples", "model"]), default=None),
+        "What SGLang's and vllm-ascend's boot fit is taken from: the profile's prefix-free samples (as the "
+        "server would fit them), or the policy's model  [default: samples where samples.csv is beside "
+        "the policy]",
+    ),
+    (
+        ("--extrapolate",),
+        dict(is_flag=True),
+        "Search chunk sizes beyond the profiled ones (the latency model is extrapolated there).",
+    ),
+    (("--json", "as_json"), dict(is_flag=True), "Print JSON (every setting's TTFT per prompt, and its plans)."),
+    (
+        ("--png",),
+        dict(type=click.Path(dir_okay=False), default=None),
+        "Plot of TTFT versus base chunk and smoothing factor  [default: <policy>.tune-<server>.png beside the policy]",
+    ),
+)
+"""The options of `ppprof tune`, in the order --help shows them."""
+
 
 @click.command(
     "tune",
     epilog="Example: ppprof tune results/my-run/policy.json --prompt-lens 8192,32768,131072 --pp 4 --server sglang",
 )
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False))
-@click.option(
-    "--prompt-lens",
-    "spec",
-    required=True,
-    metavar="SPEC",
-    help="Prompt lengths: a list (8192,32768; weights as 8192:3,32768:1) or a file (one a line, or a CSV "
-    "with a prompt_len column and an optional weight column; a trace's rows count once each).",
-)
-@click.option(
-    "--pp-size",
-    "--pp",
-    "num_stages",
-    type=int,
-    default=None,
-    help="Pipeline stages  [default: the policy's profiled stages, else 1]",
-)
-@click.option(
-    "--server",
-    type=click.Choice(SERVERS),
-    default=DEFAULT_SERVER,
-    show_default=True,
-    help="The server whose flags, boot fit and chunk rule are tuned.",
-)
-@click.option(
-    "--current",
-    default=None,
-    metavar="FLAGS",
-    help="Your current flags in the server's syntax, as one string  [default: the server's defaults]",
-)
-@click.option(
-    "--boot-fit",
-    type=click.Choice(["samples", "model"]),
-    default=None,
-    help="What SGLang's and vllm-ascend's boot fit is taken from: the profile's prefix-free samples (as the "
-    "server would fit them), or the policy's model  [default: samples where samples.csv is beside "
-    "the policy]",
-)
-@click.option(
-    "--extrapolate",
-    is_flag=True,
-    help="Search chunk sizes beyond the profiled ones (the latency model is extrapolated there).",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (every setting's TTFT per prompt, and its plans).")
-@click.option(
-    "--png",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Plot of TTFT versus base chunk and smoothing factor  [default: <policy>.tune-<server>.png beside the policy]",
-)
+@with_options(*TUNE_OPTIONS)
 def tune_command(policy_path, spec, num_stages, server, current, boot_fit, extrapolate, as_json, png) -> None:
     """Recommend server flags (base chunk, smoothing factor, floor or cap) that minimise the predicted TTFT of your
     prompt lengths, as that server would chunk them; compare with your current flags, the best fixed chunk and the
