@@ -174,7 +174,7 @@ def chunk_size_gradient(
 
 
 def ttft_gradient(
-    model: LatencyModel, starts: list[int], sizes: list[int], prompt_len: int, num_stages: int
+    model: LatencyModel, starts: list[int], sizes: list[int], prompt_len: int, pp_size: int
 ) -> np.ndarray:
     """d(predicted TTFT)/d(theta) with the plan held: the chunks' regressors summed, the slowest's P - 1 times
     more."""
@@ -182,10 +182,10 @@ def ttft_gradient(
     pos = np.concatenate([[0], np.cumsum(chunks)[:-1]])
     Z = regressors(model.name, pos, chunks)
     slowest = int(np.argmax(model.chunk_latency_ms(pos, chunks)))
-    return Z.sum(axis=0) + (num_stages - 1) * Z[slowest]
+    return Z.sum(axis=0) + (pp_size - 1) * Z[slowest]
 
 
-def unstable_gradients(u: Uncertainty, settings: ChunkSettings, num_stages: int) -> tuple[np.ndarray, np.ndarray]:
+def unstable_gradients(u: Uncertainty, settings: ChunkSettings, pp_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Gradients of the quantities not yet stable, each divided by its tolerance (all quantities when none is), and
     for each the factor by which its variance must shrink to be stable (from the bootstrap's spread, with a margin:
     a table entry's 95th-percentile deviation must come down to one unit, a TTFT's half-width to 2%)."""
@@ -202,7 +202,7 @@ def unstable_gradients(u: Uncertainty, settings: ChunkSettings, num_stages: int)
                     need.append(NEED_MARGIN / max(u.deviation_units_p95[i], 1.0) ** 2)
         for n, half, ttft in zip(u.prompt_lens, u.ttft_half_width, u.ttft_ms):
             if not want_unstable or half > TTFT_TOLERANCE:
-                grads.append(ttft_gradient(u.model, u.starts, u.sizes, n, num_stages) / (TTFT_TOLERANCE * ttft))
+                grads.append(ttft_gradient(u.model, u.starts, u.sizes, n, pp_size) / (TTFT_TOLERANCE * ttft))
                 need.append(NEED_MARGIN * min(1.0, (TTFT_TOLERANCE / half) ** 2) if half > 0 else NEED_MARGIN)
         if grads:
             break
@@ -212,7 +212,7 @@ def unstable_gradients(u: Uncertainty, settings: ChunkSettings, num_stages: int)
 def next_batch(
     u: Uncertainty,
     settings: ChunkSettings,
-    num_stages: int,
+    pp_size: int,
     rows_L,
     rows_x,
     cand_L,
@@ -236,7 +236,7 @@ def next_batch(
     w_cand = admissible(name, cand_L) / u.model.chunk_latency_ms(cand_L, cand_x) ** 2
     M = (Zr * w_rows[:, None]).T @ Zr
     M += 1e-12 * np.trace(M) * np.eye(len(scale))
-    G, need = unstable_gradients(u, settings, num_stages)
+    G, need = unstable_gradients(u, settings, pp_size)
     G = G / scale  # d q / d(theta * scale)
 
     def variances(Minv: np.ndarray) -> np.ndarray:
@@ -273,7 +273,7 @@ class Decision:
 def decide(
     u: Uncertainty,
     settings: ChunkSettings,
-    num_stages: int,
+    pp_size: int,
     rows_L,
     rows_x,
     cand_L,
@@ -299,5 +299,5 @@ def decide(
         if seconds_spent >= max_seconds:
             return Decision(stop_reason=MAX_SECONDS, uncertainty=record)
         budget = min(budget, max_seconds - seconds_spent)
-    points = next_batch(u, settings, num_stages, rows_L, rows_x, cand_L, cand_x, cost_s, budget, left_requests)
+    points = next_batch(u, settings, pp_size, rows_L, rows_x, cand_L, cand_x, cost_s, budget, left_requests)
     return Decision(points=points, uncertainty=record)

@@ -52,7 +52,7 @@ class DesignFit:
     """Why there is no uncertainty: no model fits, or the picked one's rule has no positive target."""
 
 
-def design_fit(cfg: ProfileConfig, num_stages: int, samples: Samples) -> DesignFit:
+def design_fit(cfg: ProfileConfig, pp_size: int, samples: Samples) -> DesignFit:
     """The rows, model choice and fit of the policy a profile's own fit would write from `samples` (fit_run: the
     warm-up rows dropped, PROFILE_LATENCY_MODEL, the held-out model choice), and that model's bootstrap."""
     used, _ = without_warmup(samples)
@@ -62,14 +62,14 @@ def design_fit(cfg: ProfileConfig, num_stages: int, samples: Samples) -> DesignF
     if picked is None:
         return DesignFit(used, None, "; ".join(failed.values()) or "no samples left after the warm-up rows")
     try:
-        return DesignFit(used, bootstrap(fitted[picked[0]], L, x, y, cfg.chunk_settings(), num_stages), None)
+        return DesignFit(used, bootstrap(fitted[picked[0]], L, x, y, cfg.chunk_settings(), pp_size), None)
     except (Unfittable, ValueError) as e:
         return DesignFit(used, None, str(e))
 
 
 def choose(
     cfg: ProfileConfig,
-    num_stages: int,
+    pp_size: int,
     probes: list[Probe],
     samples: Samples,
     e2e_ms: list[list[float]],
@@ -79,7 +79,7 @@ def choose(
     """Rank 0, after every probe in `probes` ran (`samples`: samples.csv read back; e2e_ms[probe][request]): fit,
     bootstrap, and stop or choose the next batch (costed from what the probes so far took)."""
     requests_run = len(samples)
-    step = design_fit(cfg, num_stages, samples)
+    step = design_fit(cfg, pp_size, samples)
     u = step.uncertainty
     if u is None:  # e.g. noise so large that no term keeps a non-negative coefficient: measure the start again
         log.warning(
@@ -99,7 +99,7 @@ def choose(
     return decide(
         u,
         cfg.chunk_settings(),
-        num_stages,
+        pp_size,
         step.used.prefix_len,
         step.used.chunk_size,
         cand_L,
@@ -113,11 +113,11 @@ def choose(
     )
 
 
-def final_uncertainty(cfg: ProfileConfig, num_stages: int, samples_path: Path) -> tuple[dict | None, str | None]:
+def final_uncertainty(cfg: ProfileConfig, pp_size: int, samples_path: Path) -> tuple[dict | None, str | None]:
     """(Uncertainty.to_dict(), None) of the whole samples.csv, or (None, why not): what a run records where no design
     step bootstrapped its last rows (the grid design; an adaptive one stopped by a budget)."""
     try:
-        step = design_fit(cfg, num_stages, read_samples(samples_path))
+        step = design_fit(cfg, pp_size, read_samples(samples_path))
     except ValueError as e:  # samples.csv as the fit would refuse it; the fit names the row
         return None, str(e)
     return (None, step.error) if step.uncertainty is None else (step.uncertainty.to_dict(), None)
@@ -128,7 +128,7 @@ def design_record(
     design: DesignState,
     probes: list[Probe],
     samples_path: Path,
-    num_stages: int,
+    pp_size: int,
     probe_wall_s: float,
     forward_tokens: int,
 ) -> dict:
@@ -138,7 +138,7 @@ def design_record(
     reason = design.stopping_reason or GRID_DONE
     u, error = design.uncertainty, None
     if u is None:
-        u, error = final_uncertainty(cfg, num_stages, samples_path)
+        u, error = final_uncertainty(cfg, pp_size, samples_path)
     return finite(
         {
             "design": cfg.design,

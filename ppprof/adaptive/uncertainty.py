@@ -54,11 +54,11 @@ def ttft_prompt_lens(settings: ChunkSettings) -> tuple[int, ...]:
 
 
 def plan_ttft_ms(
-    model: LatencyModel, starts: list[int], sizes: list[int], prompt_len: int, num_stages: int
+    model: LatencyModel, starts: list[int], sizes: list[int], prompt_len: int, pp_size: int
 ) -> tuple[float, list[int]]:
     """Predicted TTFT of the greedy plan of `prompt_len` tokens, and the plan."""
     chunks = table_plan(starts, sizes, prompt_len)
-    return ttft_ms(chunk_latencies_ms(model, chunks), num_stages), chunks
+    return ttft_ms(chunk_latencies_ms(model, chunks), pp_size), chunks
 
 
 def relative_residuals(model: LatencyModel, L, x, y, num_terms: int) -> np.ndarray:
@@ -174,14 +174,7 @@ class Uncertainty:
 
 
 def bootstrap(
-    fit: Fit,
-    L,
-    x,
-    y,
-    settings: ChunkSettings,
-    num_stages: int,
-    replicates: int = REPLICATES,
-    seed: int = BOOTSTRAP_SEED,
+    fit: Fit, L, x, y, settings: ChunkSettings, pp_size: int, replicates: int = REPLICATES, seed: int = BOOTSTRAP_SEED
 ) -> Uncertainty:
     """Bootstrap `fit`, a model fitted with the policy's trimming to the rows L, x, y (ppprof.fit.regress's
     fit_candidates); raises Unfittable where its rule has no positive target latency."""
@@ -199,8 +192,8 @@ def bootstrap(
     Y = model.chunk_latency_ms(Lk, xk)[None, :] * (1.0 + r[rng.integers(len(r), size=(replicates, len(r)))])
     models = refit_all(model.name, Lk, xk, Y)
     prompts = ttft_prompt_lens(settings)
-    point_ttft = [plan_ttft_ms(model, starts, sizes, n, num_stages)[0] for n in prompts]
-    dev, ttfts = replicate_spread(models, starts, sizes, settings, prompts, num_stages)
+    point_ttft = [plan_ttft_ms(model, starts, sizes, n, pp_size)[0] for n in prompts]
+    dev, ttfts = replicate_spread(models, starts, sizes, settings, prompts, pp_size)
     return Uncertainty(
         model=model,
         fit_rows=fit_rows,
@@ -226,7 +219,7 @@ def replicate_spread(
     sizes: list[int],
     settings: ChunkSettings,
     prompts: tuple[int, ...],
-    num_stages: int,
+    pp_size: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(deviation, ttft) of each replicate: its largest deviation from the point table on each entry, in alignment
     units, (replicates, entries), inf where it failed or has no positive target; its predicted TTFT of each prompt,
@@ -242,7 +235,7 @@ def replicate_spread(
         for i, (lo, hi, size) in enumerate(zip(starts, ends, sizes)):
             ends_sizes = (table_chunk_size(bs, bz, lo), table_chunk_size(bs, bz, hi - 1))
             dev[b, i] = max(abs(s - size) for s in ends_sizes) / settings.alignment
-        ttfts[b] = [plan_ttft_ms(m, bs, bz, n, num_stages)[0] for n in prompts]
+        ttfts[b] = [plan_ttft_ms(m, bs, bz, n, pp_size)[0] for n in prompts]
     return dev, ttfts
 
 

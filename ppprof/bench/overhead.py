@@ -72,8 +72,8 @@ def chunk_overhead_ms(stage_ms, measured_ms: float) -> float:
         replay(t + o) = replay(t) + (n + P - 1) o,  o = (measured - replay(t)) / (n + P - 1).
     Negative where the pipeline ran faster than its stages' timings compose (noise)."""
     t = np.asarray(stage_ms, dtype=float)
-    num_stages, num_chunks = t.shape
-    return (float(measured_ms) - float(replay(t)[1][-1, -1])) / (num_chunks + num_stages - 1)
+    pp_size, num_chunks = t.shape
+    return (float(measured_ms) - float(replay(t)[1][-1, -1])) / (num_chunks + pp_size - 1)
 
 
 def overhead_run(chunk_sizes, stage_ms, measured_ms: float, repeat: int) -> dict:
@@ -94,7 +94,7 @@ def overhead_run(chunk_sizes, stage_ms, measured_ms: float, repeat: int) -> dict
 
 
 def pipeline_overhead(
-    timed: list[tuple[int, tuple[int, ...]]], rows: list[dict], ttft_ms: dict[int, float], num_stages: int
+    timed: list[tuple[int, tuple[int, ...]]], rows: list[dict], ttft_ms: dict[int, float], pp_size: int
 ) -> dict:
     """run.json's pipeline_overhead from what the timed prompts measured: `timed` the (repeat, chunks) plans of
     overhead_plans, run as prompts 1, 2, ... after the warm-up (prompt 0); `rows` every stage's chunks of them, as
@@ -105,11 +105,11 @@ def pipeline_overhead(
         stage_ms.setdefault(row["prompt"], {})[(row["stage"], row["chunk"])] = row["compute_ms"]
     runs = [
         overhead_run(
-            chunks, [[stage_ms[i][(s, k)] for k in range(len(chunks))] for s in range(num_stages)], ttft_ms[i], repeat
+            chunks, [[stage_ms[i][(s, k)] for k in range(len(chunks))] for s in range(pp_size)], ttft_ms[i], repeat
         )
         for i, (repeat, chunks) in enumerate(timed, start=1)
     ]
-    return summarize(runs, num_stages)
+    return summarize(runs, pp_size)
 
 
 def median_stderr(values) -> float:
@@ -121,7 +121,7 @@ def median_stderr(values) -> float:
     return MEDIAN_SE * float(np.median(np.abs(v - np.median(v)))) / float(np.sqrt(len(v)))
 
 
-def summarize(runs: list[dict], num_stages: int) -> dict:
+def summarize(runs: list[dict], pp_size: int) -> dict:
     """run.json's pipeline_overhead: the median ms a chunk over every run, its standard error, the median at each
     chunk size, and the runs."""
     values = [r["ms_per_chunk"] for r in runs]
@@ -132,7 +132,7 @@ def summarize(runs: list[dict], num_stages: int) -> dict:
     return {
         "ms_per_chunk": round(float(np.median(values)), 4),
         "stderr_ms": round(median_stderr(values), 4),
-        "num_stages": int(num_stages),
+        "num_stages": int(pp_size),
         "method": METHOD,
         "by_chunk_size": by_size,
         "runs": runs,

@@ -46,7 +46,7 @@ def server_plan(server: Server, policy: Policy, samples_path: Path | None) -> Ca
 
 
 def arms(
-    policy: Policy, samples_path: Path | None, prompt_lens, strategies, num_stages: int, extra: dict | None = None
+    policy: Policy, samples_path: Path | None, prompt_lens, strategies, pp_size: int, extra: dict | None = None
 ) -> list[Arm]:
     """Every plan to run: for each prompt length, each requested strategy (fixed-best as its fixed sweep), and the
     `extra` plans ({"<prompt_len>": {name: chunks}}, `--plans`) as plan-<name>."""
@@ -80,8 +80,8 @@ def arms(
             # of them: it is the bound no plan of the bench beats, by the policy's model.
             seeds = [c for name, c in plans.items()] or [fixed_chunks(settings.base_chunk_size, prompt_len)]
             largest = max([settings.base_chunk_size, settings.max_chunk_size] + [max(c) for c in seeds])
-            plans["optimal"], _ = optimal_chunks(model, prompt_len, num_stages, settings.alignment, largest, seeds)
+            plans["optimal"], _ = optimal_chunks(model, prompt_len, pp_size, settings.alignment, largest, seeds)
         for name, chunks in plans.items():
-            plan = predicted(model, name, chunks, num_stages)
+            plan = predicted(model, name, chunks, pp_size)
             out.append(Arm(name, prompt_len, tuple(plan.chunk_sizes), plan.ttft_ms, tuple(plan.latencies_ms)))
     return out

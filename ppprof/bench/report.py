@@ -33,7 +33,7 @@ RATIOS = (
 )
 
 
-def per_prompt(frame: pd.DataFrame, ttft: dict, transfer: dict, num_stages: int, real: bool) -> pd.DataFrame:
+def per_prompt(frame: pd.DataFrame, ttft: dict, transfer: dict, pp_size: int, real: bool) -> pd.DataFrame:
     """One row per timed prompt: measured (real) and replayed TTFT, the bottleneck stage and its chunk-latency CV, and
     each stage's idle time (TTFT less its compute)."""
     out = []
@@ -57,7 +57,7 @@ def per_prompt(frame: pd.DataFrame, ttft: dict, transfer: dict, num_stages: int,
                 "replay_ttft_ms": replay_ms,
                 "bottleneck_stage": bottleneck,
                 "bottleneck_cv": float(lat.std() / lat.mean()) if lat.mean() > 0 else np.nan,
-                "idle_ms": [float(reference - t[s].sum()) for s in range(num_stages)],
+                "idle_ms": [float(reference - t[s].sum()) for s in range(pp_size)],
             }
         )
     return pd.DataFrame(out)
@@ -137,17 +137,17 @@ def write_report(
     notes: dict[int, str | None],
 ) -> str:
     """Write bench.csv, bench.json and the timelines into `run_dir`; return the summary table."""
-    num_stages = bench.num_stages
-    real = num_stages == world_size
+    pp_size = bench.pp_size
+    real = pp_size == world_size
     key = "ttft_ms" if real else "replay_ttft_ms"
     frame = pd.DataFrame(rows)
     frame = frame[frame.repeat != WARMUP_REPEAT].sort_values(["prompt", "stage", "chunk"]).reset_index(drop=True)
     atomic_write(run_dir / BENCH_CSV, lambda p: frame.to_csv(p, index=False))
-    prompts = per_prompt(frame, ttft, transfer, num_stages, real)
+    prompts = per_prompt(frame, ttft, transfer, pp_size, real)
     doc = {
         "schema_version": BENCH_SCHEMA_VERSION,
         "policy": str(bench.policy),
-        "num_stages": num_stages,
+        "num_stages": pp_size,
         "world_size": world_size,
         "composition": "real and replay" if real else "replay",
         "measured_by": key,
@@ -158,7 +158,7 @@ def write_report(
     }
     base = bench.profile.base_chunk_size
     lines = [
-        f"bench: {num_stages} stages on {world_size} ranks ({doc['composition']}); TTFT ms, median of "
+        f"bench: {pp_size} stages on {world_size} ranks ({doc['composition']}); TTFT ms, median of "
         f"{bench.repeats} (min-max); predicted by the policy; error = predicted / measured - 1"
     ]
     for prompt_len in bench.prompt_lens:
@@ -174,7 +174,7 @@ def write_report(
         doc["prompt_lens"][str(prompt_len)] = entry
         lines += table(prompt_len, entry)
         lines += [f"  note: {notes[prompt_len]}"] if notes.get(prompt_len) else []
-        draw(run_dir / f"timeline-{prompt_len}.png", frame, p, here, names, num_stages, key)
+        draw(run_dir / f"timeline-{prompt_len}.png", frame, p, here, names, pp_size, key)
     atomic_write_json(run_dir / BENCH_JSON, json.loads(json.dumps(doc, default=float)))
     return "\n".join(lines)
 
@@ -208,14 +208,14 @@ def draw(
     prompts: pd.DataFrame,
     arms_here: list[Arm],
     names: dict[str, str],
-    num_stages: int,
+    pp_size: int,
     key: str,
 ) -> Path:
     """Per strategy, the measured timeline of its median repeat (stages x time, bars per chunk) beside the predicted."""
     plt = pyplot()
     shown = list(names.items())
     fig, axes = plt.subplots(
-        len(shown), 2, figsize=(14, 0.6 + (0.35 * num_stages + 0.6) * len(shown)), squeeze=False, sharex=True
+        len(shown), 2, figsize=(14, 0.6 + (0.35 * pp_size + 0.6) * len(shown)), squeeze=False, sharex=True
     )
     cmap = plt.get_cmap("tab20")
     for row, (strategy, arm) in enumerate(shown):
@@ -232,8 +232,8 @@ def draw(
                 linewidth=0.2,
             )
         plan = next(a for a in arms_here if a.name == arm)
-        start = start_times(plan.predicted_ms, num_stages)
-        for s in range(num_stages):
+        start = start_times(plan.predicted_ms, pp_size)
+        for s in range(pp_size):
             right.broken_barh(
                 [(start[i, s], t) for i, t in enumerate(plan.predicted_ms)],
                 (s - 0.4, 0.8),
@@ -244,7 +244,7 @@ def draw(
         left.set_title(f"{strategy} ({arm}) measured: {p[key].iloc[len(p) // 2]:.1f} ms", fontsize=8)
         right.set_title(f"{strategy} predicted: {plan.predicted_ttft_ms:.1f} ms", fontsize=8)
         for ax in (left, right):
-            ax.set_yticks(range(num_stages), [f"stage {s}" for s in range(num_stages)], fontsize=7)
+            ax.set_yticks(range(pp_size), [f"stage {s}" for s in range(pp_size)], fontsize=7)
             ax.invert_yaxis()
     for ax in axes[-1]:
         ax.set_xlabel("time (ms)")

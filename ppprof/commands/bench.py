@@ -36,7 +36,7 @@ BENCH_OPTIONS = (
         f"Prompts per strategy and prompt length, interleaved. {shown('repeats', settings=BenchConfig)}",
     ),
     (
-        ("--pp-size", "--pp", "pp"),
+        ("--pp-size", "--pp", "pp_size"),
         dict(type=int),
         f"Pipeline stages (--pp: the same); more than the profile's: replay only. {PROFILES}",
     ),
@@ -61,7 +61,9 @@ BENCH_OPTIONS = (
 @click.command("bench", epilog="Example: ppprof bench results/my-run/policy.json --prompt-len 8192")
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False), required=False)
 @with_options(*BENCH_OPTIONS)
-def bench(policy_path, prompt_lens, strategies, plans, repeats, pp, out, resolved_config, overwrite, **options) -> None:
+def bench(
+    policy_path, prompt_lens, strategies, plans, repeats, pp_size, out, resolved_config, overwrite, **options
+) -> None:
     """Run real chunked prefills of synthetic prompts through the pipeline under each strategy (fixed, fixed-best,
     sglang, greedy, optimal) and compare measured TTFT with the policy's prediction. Writes bench.csv, bench.json
     and a timeline PNG per prompt length.
@@ -81,7 +83,7 @@ def bench(policy_path, prompt_lens, strategies, plans, repeats, pp, out, resolve
                 "profile": options,
                 "strategies": strategies,
                 "out": out,
-                "pp": pp,
+                "pp_size": pp_size,
                 "repeats": repeats,
                 "prompt_lens": tuple(prompt_lens),
                 "plans": plans,

@@ -69,7 +69,7 @@ def parse_tolerances(specs) -> dict[str, float]:
 @click.option(
     "--pp-size",
     "--pp",
-    "num_stages",
+    "pp_size",
     type=int,
     default=None,
     help="Pipeline stages of the predicted TTFT  [default: the baseline's profiled stages]",
@@ -86,7 +86,7 @@ def parse_tolerances(specs) -> dict[str, float]:
     default=None,
     help="Also write the JSON comparison to this file (written even when the policy drifted).",
 )
-def compare_command(baseline, candidate, as_json, tolerances, prompt_lens, num_stages, plot, out) -> None:
+def compare_command(baseline, candidate, as_json, tolerances, prompt_lens, pp_size, plot, out) -> None:
     """Compare CANDIDATE with BASELINE (run folders or policy files): coefficients, target, chunk-size table,
     predicted TTFT, status and, for run folders, the samples. Exit 0 within tolerance, 1 on drift, 2 on bad input."""
     for n in prompt_lens:
@@ -96,7 +96,7 @@ def compare_command(baseline, candidate, as_json, tolerances, prompt_lens, num_s
         candidate,
         parse_tolerances(tolerances),
         prompt_lens=sorted(set(prompt_lens)) or None,
-        num_stages=num_stages,
+        pp_size=pp_size,
         plot=plot,
     )
     if out:

@@ -51,7 +51,7 @@ from ppprof.servers.sglang import PARITY
 )
 @policy_options
 def fit_command(
-    samples, latency_model, out, parity, prompt_lens, min_gain, overhead_ms, num_stages, extrapolate, **options
+    samples, latency_model, out, parity, prompt_lens, min_gain, overhead_ms, pp_size, extrapolate, **options
 ) -> None:
     """Fit a latency model to SAMPLES (a CSV with prefix_len, chunk_size, latency_ms) and write a policy: the
     prompt-aware rule, the history-only table for the workload, and its status."""
@@ -62,7 +62,7 @@ def fit_command(
         "prompt_lens": prompt_lens,
         "min_gain": min_gain,
         "overhead_ms": overhead_ms,
-        "num_stages": num_stages,
+        "pp_size": pp_size,
         "extrapolate": extrapolate or None,
     }
     path, policy = fit(samples, out, latency_model, parity=parity, policy_options=chosen, **options)

@@ -28,7 +28,7 @@ DEFAULT_STAGES = 1
 MODEL_OPTIONS = (
     (("--num-layers",), dict(type=int, default=None), "Keep N layers of the model (its mix of layer kinds kept)."),
     (
-        ("--pp-size", "--pp", "num_stages"),
+        ("--pp-size", "--pp", "pp_size"),
         dict(type=int, default=None),
         f"Pipeline stages. [{DEFAULT_STAGES}; with --memory: --config's nproc_per_node, else {DEFAULT_PP_SIZE}]",
     ),
@@ -61,7 +61,7 @@ MODEL_OPTIONS = (
 def model(
     model: str,
     num_layers: int | None,
-    num_stages: int | None,
+    pp_size: int | None,
     tp_size: int | None,
     layer_partition: str | None,
     dtype: str | None,
@@ -71,7 +71,7 @@ def model(
 ) -> None:
     """Show the resolved spec of MODEL (a preset name, a YAML file, a HF config.json or its folder) and what each
     pipeline stage holds: layers, parameters, KV bytes per token, Mamba bytes per slot."""
-    for flag, value, top in (("--pp-size", num_stages, MAX_STAGES), ("--tp-size", tp_size, MAX_TP_SIZE)):
+    for flag, value, top in (("--pp-size", pp_size, MAX_STAGES), ("--tp-size", tp_size, MAX_TP_SIZE)):
         if value is not None:  # 0 is a value, and out of range: not "not given"
             require_int(flag, value, 1, top)
     if memory:
@@ -82,24 +82,24 @@ def model(
             "layer_partition": layer_partition,
             "dtype": dtype,
             "tp_size": tp_size,
-            "nproc_per_node": None if num_stages is None else num_stages * (tp_size or 1),
+            "nproc_per_node": None if pp_size is None else pp_size * (tp_size or 1),
         }  # --pp-size wins over the config's
         return show_memory(resolve_config(sizing["config_path"], flags), as_json)
     given = [decls[0] for decls, _, _ in SIZING_OPTIONS if sizing[option_name(decls)] is not None]
     if given:
         raise ValueError(f"{given[0]} sizes the memory table only: add --memory")
-    num_stages = DEFAULT_STAGES if num_stages is None else num_stages
+    pp_size = DEFAULT_STAGES if pp_size is None else pp_size
     tp = 1 if tp_size is None else tp_size
     spec = load_spec(model, num_layers=num_layers, dtype=dtype)
     check_tp(spec, tp)
     partition = parse_partition(layer_partition)
     if as_json:
-        doc = describe(spec, num_stages, partition, dtype)
+        doc = describe(spec, pp_size, partition, dtype)
         if tp > 1:  # the stages as one TP rank holds them
-            doc.update(tp_size=tp, stages=describe(rank_spec(spec, tp), num_stages, partition, dtype)["stages"])
+            doc.update(tp_size=tp, stages=describe(rank_spec(spec, tp), pp_size, partition, dtype)["stages"])
         click.echo(json.dumps(doc))
         return
-    stages = stage_accounts(rank_spec(spec, tp), num_stages, partition, dtype=dtype)
+    stages = stage_accounts(rank_spec(spec, tp), pp_size, partition, dtype=dtype)
     text = format_text(spec, stages, accounting_dtype(spec, dtype))
     click.echo(text if tp == 1 else text.replace("\nparams ", f"\n{tp_line(tp)}\nparams ", 1))
 

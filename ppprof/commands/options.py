@@ -142,7 +142,7 @@ def policy_options(f):
         click.option(
             "--pp-size",
             "--pp",
-            "num_stages",
+            "pp_size",
             type=int,
             default=None,
             help="Pipeline stages the rules are chosen for. [default: the profile's]",

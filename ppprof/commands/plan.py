@@ -54,7 +54,7 @@ def echo_plan(p: Plan) -> None:
 PLAN_OPTIONS = (
     (("--prompt-len",), dict(type=int, required=True), "Prompt length in tokens."),
     (
-        ("--pp-size", "--pp", "num_stages"),
+        ("--pp-size", "--pp", "pp_size"),
         dict(type=int, default=None),
         "Pipeline stages  [default: the policy's profiled stages, else 1]",
     ),
@@ -82,16 +82,16 @@ PLAN_OPTIONS = (
 @click.command("plan", epilog="Example: ppprof plan results/my-run/policy.json --prompt-len 32768 --pp 4")
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False))
 @with_options(*PLAN_OPTIONS)
-def plan_command(policy_path, prompt_len, num_stages, strategy, extrapolate, as_json, png) -> None:
+def plan_command(policy_path, prompt_len, pp_size, strategy, extrapolate, as_json, png) -> None:
     """Chunk plans of one prompt with predicted per-chunk latency and TTFT = sum t + (P - 1) max t (t: the fitted
     latency plus the per-chunk pipeline overhead), side by side."""
     policy = load(policy_path)
-    num_stages = default_num_stages(policy) if num_stages is None else num_stages
+    pp_size = default_num_stages(policy) if pp_size is None else pp_size
     strategies = STRATEGIES if strategy == "all" else (strategy,)
-    plans = plan_prompt(policy, prompt_len, num_stages, strategies, extrapolate)
+    plans = plan_prompt(policy, prompt_len, pp_size, strategies, extrapolate)
     path = Path(policy_path)
-    png = Path(png) if png else path.with_name(f"{path.stem}.plan-{prompt_len}-pp{num_stages}.png")
-    write_timeline(plans, num_stages, png, f"{path.name}: prompt {prompt_len} tokens, {num_stages} stages")
+    png = Path(png) if png else path.with_name(f"{path.stem}.plan-{prompt_len}-pp{pp_size}.png")
+    write_timeline(plans, pp_size, png, f"{path.name}: prompt {prompt_len} tokens, {pp_size} stages")
     notes = [n for n in (extrapolation(policy, prompt_len, p.chunk_sizes) for p in plans) if n]
     if as_json:
         click.echo(
@@ -99,7 +99,7 @@ def plan_command(policy_path, prompt_len, num_stages, strategy, extrapolate, as_
                 {
                     "policy": str(path),
                     "prompt_len": prompt_len,
-                    "num_stages": num_stages,
+                    "num_stages": pp_size,
                     "png": str(png),
                     "extrapolation": notes[0] if notes else None,
                     "plans": [p.to_dict() for p in plans],
@@ -111,9 +111,9 @@ def plan_command(policy_path, prompt_len, num_stages, strategy, extrapolate, as_
     if notes:
         click.echo(f"warning: {notes[0]}", err=True)
     click.echo(
-        f"policy {path} ({policy.status}, rules chosen for {policy.num_stages} stages, overhead "
+        f"policy {path} ({policy.status}, rules chosen for {policy.pp_size} stages, overhead "
         f"{policy.overhead_ms:.3g} ms a chunk{level_text(policy.calibration)}), prompt {prompt_len} tokens, "
-        f"{num_stages} stages"
+        f"{pp_size} stages"
     )
     echo_side_by_side(plans)
     for p in plans:

@@ -25,7 +25,7 @@ TUNE_OPTIONS = (
         "with a prompt_len column and an optional weight column; a trace's rows count once each).",
     ),
     (
-        ("--pp-size", "--pp", "num_stages"),
+        ("--pp-size", "--pp", "pp_size"),
         dict(type=int, default=None),
         "Pipeline stages  [default: the policy's profiled stages, else 1]",
     ),
@@ -67,27 +67,23 @@ TUNE_OPTIONS = (
 )
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False))
 @with_options(*TUNE_OPTIONS)
-def tune_command(policy_path, spec, num_stages, server, current, boot_fit, extrapolate, as_json, png) -> None:
+def tune_command(policy_path, spec, pp_size, server, current, boot_fit, extrapolate, as_json, png) -> None:
     """Recommend server flags (base chunk, smoothing factor, floor or cap) that minimise the predicted TTFT of your
     prompt lengths, as that server would chunk them; compare with your current flags, the best fixed chunk and the
     DP-optimal bound."""
     policy = load(policy_path)
     workload = parse_prompt_spec(spec, policy.settings.context_len)
-    num_stages = default_num_stages(policy) if num_stages is None else num_stages
+    pp_size = default_num_stages(policy) if pp_size is None else pp_size
     samples = RunFolder.of(policy_path).samples
     if boot_fit == "samples" and not samples.is_file():
         raise ValueError(f"--boot-fit samples needs {samples}: give the policy of a run folder, or --boot-fit model")
     forwards = None
     if boot_fit != "model" and samples.is_file() and get(server).fits_at_boot:
         forwards = read_samples(samples)
-    result = tune(policy, workload, num_stages, server, current, extrapolate, forwards)
+    result = tune(policy, workload, pp_size, server, current, extrapolate, forwards)
     path = Path(policy_path)
     png = Path(png) if png else path.with_name(f"{path.stem}.tune-{server}.png")
-    draw(
-        result,
-        png,
-        f"{path.name}: {get(server).label}, {num_stages} stages, {len(workload.prompt_lens)} prompt lengths",
-    )
+    draw(result, png, f"{path.name}: {get(server).label}, {pp_size} stages, {len(workload.prompt_lens)} prompt lengths")
     result["png"] = str(png)
     if as_json:
         click.echo(json.dumps(result, indent=2))

@@ -32,10 +32,10 @@ class BenchConfig:
     strategies: tuple[str, ...] = BENCH_STRATEGIES
     repeats: int = 5
     """Prompts per (prompt length, strategy), interleaved: A B C A B C ..."""
-    pp: int | None = None
-    """Pipeline stages; default: the profile's. More stages than ranks: each rank runs several stages one after the
-    other and only the replay composes the pipeline (the model is repeated so every stage holds a profiled stage's
-    layers)."""
+    pp_size: int | None = None
+    """Pipeline stages (--pp-size); None: the profile's, resolved at construction. More stages than ranks: each rank
+    runs several stages one after the other and only the replay composes the pipeline (the model is repeated so every
+    stage holds a profiled stage's layers)."""
     out: str | None = None
     """Run folder; default results/<time>-bench-<model>."""
     profiled_stages: int = 1
@@ -66,20 +66,18 @@ class BenchConfig:
             check_plans(self.plans, self.prompt_lens)
         if self.out is not None:
             require_str("--out", self.out, "a folder path")
-        if self.pp is not None:
-            require_int("--pp", self.pp, 1, MAX_STAGES)
-            if self.pp % self.profiled_stages:
-                raise ValueError(
-                    f"--pp {self.pp} is not a multiple of the profile's {self.profiled_stages} stages: "
-                    f"use a multiple, e.g. {2 * self.profiled_stages}"
-                )
-
-    @property
-    def num_stages(self) -> int:
-        return self.pp or self.profiled_stages
+        if self.pp_size is None:
+            self.pp_size = self.profiled_stages
+        require_int("--pp", self.pp_size, 1, MAX_STAGES)
+        if self.pp_size % self.profiled_stages:
+            raise ValueError(
+                f"--pp {self.pp_size} is not a multiple of the profile's {self.profiled_stages} stages: "
+                f"use a multiple, e.g. {2 * self.profiled_stages}"
+            )
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        d["pp"] = d.pop("pp_size")  # bench.json's name of the field
         d["profile"] = self.profile.to_dict()
         d["prompt_lens"], d["strategies"] = list(self.prompt_lens), list(self.strategies)
         return d
@@ -87,6 +85,7 @@ class BenchConfig:
     @classmethod
     def from_dict(cls, d: dict) -> BenchConfig:
         d, profile = dict(d), dict(d["profile"])
+        d["pp_size"] = d.pop("pp", None)
         for key in ("prefix_lens", "layer_partition"):
             profile[key] = None if profile.get(key) is None else tuple(profile[key])
         d["profile"] = ProfileConfig(**profile)

@@ -29,7 +29,7 @@ class PolicyOptions:
     """The least predicted gain (a fraction) of the prompt-aware rule over the best fixed chunk for a dynamic policy."""
     overhead_ms: float | None = None
     """The per-chunk pipeline overhead in ms; default: the profile's measured one (run.json), else 0."""
-    num_stages: int | None = None
+    pp_size: int | None = None
     """The pipeline stages the rules are chosen for; default: the profile's."""
     extrapolate: bool = False
     """Let the rules use chunks and prompts beyond the profiled domain (up to 4 B and the context length)."""
@@ -46,8 +46,8 @@ class PolicyOptions:
             raise ValueError(f"--overhead-ms {short(o)} is out of range: use ms a chunk in 0..{MAX_OVERHEAD_MS:g}")
         if o is not None:
             self.overhead_ms = float(o)
-        if self.num_stages is not None:
-            require_int("--pp", self.num_stages, 1, MAX_STAGES)
+        if self.pp_size is not None:
+            require_int("--pp", self.pp_size, 1, MAX_STAGES)
         require_bool("--extrapolate", self.extrapolate)
 
     def to_dict(self) -> dict:

@@ -76,7 +76,7 @@ def carried(
     the planning model (LatencyModel.planning: the calibration, then the overhead)."""
     overhead = overhead_of(run, options.overhead_ms)
     calibration = calibration or no_calibration("not measured")
-    stages = options.num_stages or profiled_stages(run)
+    stages = options.pp_size or profiled_stages(run)
     dom = rule_domain(settings, measured, options.extrapolate)
     workload = options.workload or Workload(*map(tuple, default_workload(settings, dom)))
     lengths, weights = list(workload.prompt_lens), list(workload.weights)
@@ -259,7 +259,7 @@ def rechoose(data: dict, model: LatencyModel, status: str = "dynamic", reason: s
     workload = data.get("workload")
     options = PolicyOptions(
         overhead_ms=data["overhead"]["ms_per_chunk"],
-        num_stages=data.get("num_stages"),
+        pp_size=data.get("num_stages"),
         workload=Workload.from_dict(workload) if workload else None,
     )
     rules = carried(model, status, reason, settings, data.get("domain"), None, options, False, data.get("calibration"))

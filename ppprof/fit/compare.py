@@ -42,7 +42,7 @@ def compare(
     tolerances: dict[str, float],
     *,
     prompt_lens: list[int] | None = None,
-    num_stages: int | None = None,
+    pp_size: int | None = None,
     plot: str | Path | None = None,
 ) -> dict:
     """The comparison report (ppprof.policy.compare.compare_policies) of two run folders or policy files, with
@@ -64,7 +64,7 @@ def compare(
         cand,
         tolerances,
         prompt_lens=prompt_lens,
-        num_stages=num_stages,
+        pp_size=pp_size,
         samples=samples_drift(*samples) if samples else None,
         baseline_refit=refit,
         labels=(str(baseline), str(candidate)),

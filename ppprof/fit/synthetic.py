@@ -22,7 +22,7 @@ def make_samples(
     repeats: int = 4,
     noise: float = 0.02,
     num_outliers: int = 0,
-    num_stages: int = 2,
+    pp_size: int = 2,
     bottleneck_stage: int = 0,
     seed: int = 0,
 ) -> pd.DataFrame:
@@ -45,9 +45,9 @@ def make_samples(
     if num_outliers:
         hit = rng.choice(np.arange(1, len(frame)), size=num_outliers, replace=False)
         latency[hit] *= 3.0
-    for stage in range(num_stages):
+    for stage in range(pp_size):
         frame[stage_column(stage)] = latency * (1.0 if stage == bottleneck_stage else 0.6)
-    frame["latency_ms"] = latency * (1.0 + 0.6 * (num_stages - 1))
+    frame["latency_ms"] = latency * (1.0 + 0.6 * (pp_size - 1))
     frame["slowest_stage"] = bottleneck_stage
     return frame
 

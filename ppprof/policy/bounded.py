@@ -78,13 +78,7 @@ def walk_rules(model: LatencyModel, bounds: np.ndarray, caps: np.ndarray, unit: 
 
 
 def rule_ttft(
-    model: LatencyModel,
-    walks: Walks,
-    r: int,
-    lengths: np.ndarray,
-    merge: int,
-    num_stages: int,
-    largest: int | None = None,
+    model: LatencyModel, walks: Walks, r: int, lengths: np.ndarray, merge: int, pp_size: int, largest: int | None = None
 ) -> np.ndarray:
     """TTFT of rule r's plan of each prompt length (sorted): chunks up to the last start below the length, then the
     rest; with `merge` > 0, a rest of at most `merge` tokens joins the chunk before it where that stays within
@@ -96,7 +90,7 @@ def rule_ttft(
         j = np.where(joined, j - 1, j)
     L = starts[j]
     t = model.chunk_latency_ms(L, lengths - L)
-    return ttft(walks.sums[j, r] + t, np.maximum(walks.maxes[j, r], t), num_stages)
+    return ttft(walks.sums[j, r] + t, np.maximum(walks.maxes[j, r], t), pp_size)
 
 
 def rule_bounds(model: LatencyModel, dom: Domain, count: int) -> np.ndarray:

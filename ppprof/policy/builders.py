@@ -68,13 +68,13 @@ class Candidates:
     ratio: np.ndarray
 
 
-def score_candidates(model: LatencyModel, dom: Domain, num_stages: int) -> tuple[Candidates, np.ndarray]:
+def score_candidates(model: LatencyModel, dom: Domain, pp_size: int) -> tuple[Candidates, np.ndarray]:
     """Every candidate's ratio on every piece, and the pieces' first lengths."""
     first, last = pieces(dom)
     lengths = np.concatenate([first, last])
     grid = bound_grid(model, dom)
     pos, sums = all_min_sums(model, dom, grid)
-    lower, _ = optimum_at(model, dom, pos, sums, grid, lengths, num_stages)
+    lower, _ = optimum_at(model, dom, pos, sums, grid, lengths, pp_size)
     bounds = rule_bounds(model, dom, RULE_BOUNDS)
     walks = walk_rules(
         model, bounds, np.full(len(bounds), dom.largest_chunk, dtype=np.int64), dom.unit, dom.max_prompt_len
@@ -83,7 +83,7 @@ def score_candidates(model: LatencyModel, dom: Domain, num_stages: int) -> tuple
     ratio = np.full((len(merges), len(bounds), len(first)), np.inf)
     for r in range(len(bounds)):
         for g, merge in enumerate(merges):
-            both = rule_ttft(model, walks, r, lengths, merge, num_stages, dom.largest_chunk) / lower
+            both = rule_ttft(model, walks, r, lengths, merge, pp_size, dom.largest_chunk) / lower
             ratio[g, r] = np.maximum(both[: len(first)], both[len(first) :])
     return Candidates(bounds, merges, walks, ratio), first
 
@@ -104,12 +104,12 @@ def cover(ratio: np.ndarray, tolerance: float) -> list[tuple[int, int, int]]:
 
 
 def build_prompt_rule(
-    model: LatencyModel, dom: Domain, num_stages: int, tolerance: float = PROMPT_TOLERANCE
+    model: LatencyModel, dom: Domain, pp_size: int, tolerance: float = PROMPT_TOLERANCE
 ) -> tuple[PromptRule, dict]:
     """The prompt-aware rule: bands of prompt lengths, each the bounded rule (and merge length) whose plans stay
     within `tolerance` of the DP's lower bound over the most pieces of the domain from the band's start. Returns the
     rule and how close it came: {"max_ratio": the worst ratio on the pieces' ends, "bands": how many}."""
-    cand, first = score_candidates(model, dom, num_stages)
+    cand, first = score_candidates(model, dom, pp_size)
     bands = cover(cand.ratio, tolerance)
     prompt_rule = PromptRule([], [], [], [], [], dom.largest_chunk)
     worst = 0.0
@@ -141,17 +141,15 @@ class HistoryRule:
 
 
 def workload_ttft(
-    model: LatencyModel, walks: Walks, lengths: np.ndarray, weights: np.ndarray, num_stages: int
+    model: LatencyModel, walks: Walks, lengths: np.ndarray, weights: np.ndarray, pp_size: int
 ) -> np.ndarray:
     """Weighted mean TTFT of every walked rule's plans of the workload's prompt lengths."""
     order = np.argsort(lengths)
     lengths, weights = lengths[order], weights[order]
-    return np.array(
-        [rule_ttft(model, walks, r, lengths, 0, num_stages) @ weights for r in range(walks.starts.shape[1])]
-    )
+    return np.array([rule_ttft(model, walks, r, lengths, 0, pp_size) @ weights for r in range(walks.starts.shape[1])])
 
 
-def build_history_rule(model: LatencyModel, dom: Domain, num_stages: int, lengths, weights) -> HistoryRule:
+def build_history_rule(model: LatencyModel, dom: Domain, pp_size: int, lengths, weights) -> HistoryRule:
     """The bounded rule, over HISTORY_BOUNDS bounds (and none) and every cap, with the least weighted mean TTFT on
     the workload; with no bound the rule is fixed chunks of its cap, so the choice is never above the best fixed
     chunk's."""
@@ -169,7 +167,7 @@ def build_history_rule(model: LatencyModel, dom: Domain, num_stages: int, length
                 walk_rules(model, bounds[i : i + WALK_BATCH], cap_of[i : i + WALK_BATCH], dom.unit, int(lengths.max())),
                 lengths,
                 weights,
-                num_stages,
+                pp_size,
             )
             for i in range(0, len(bounds), WALK_BATCH)
         ]

@@ -59,16 +59,16 @@ class Choice:
     reason: str
 
 
-def mean_ttft(model: LatencyModel, plans: list[list[int]], weights, num_stages: int) -> float:
+def mean_ttft(model: LatencyModel, plans: list[list[int]], weights, pp_size: int) -> float:
     """The weighted mean predicted TTFT of the plans."""
-    return sum(w * ttft_ms(chunk_latencies_ms(model, chunks), num_stages) for chunks, w in zip(plans, weights))
+    return sum(w * ttft_ms(chunk_latencies_ms(model, chunks), pp_size) for chunks, w in zip(plans, weights))
 
 
 def choose(
     model: LatencyModel,
     settings: ChunkSettings,
     dom: Domain,
-    num_stages: int,
+    pp_size: int,
     lengths,
     weights,
     min_gain: float = DEFAULT_MIN_GAIN,
@@ -76,15 +76,15 @@ def choose(
     """Build the prompt-aware rule and the history-only table on the planning `model`, score them and the fixed
     chunks on the workload, and set the status: dynamic when the prompt-aware rule's gain over the best fixed chunk
     is at least `min_gain`, else static at the best fixed chunk."""
-    prompt_rule, quality = build_prompt_rule(model, dom, num_stages)
-    history = build_history_rule(model, dom, num_stages, lengths, weights)
+    prompt_rule, quality = build_prompt_rule(model, dom, pp_size)
+    history = build_history_rule(model, dom, pp_size, lengths, weights)
     starts, sizes = rule_table(model, history.bound_ms, history.chunk_cap, dom.unit, dom.max_prompt_len)
     table = {"prefix_len": starts, "chunk_size": sizes}
-    prompt_mean = mean_ttft(model, [prompt_rule.plan(int(n)) for n in lengths], weights, num_stages)
-    base = fixed_mean(model, settings.base_chunk_size, lengths, weights, num_stages)
+    prompt_mean = mean_ttft(model, [prompt_rule.plan(int(n)) for n in lengths], weights, pp_size)
+    base = fixed_mean(model, settings.base_chunk_size, lengths, weights, pp_size)
     gain = 1.0 - prompt_mean / history.fixed_mean_ttft_ms
     predicted = {
-        "num_stages": num_stages,
+        "num_stages": pp_size,
         "max_ratio_to_optimum": quality["max_ratio"],
         "bands": quality["bands"],
         "mean_ttft_ms": {
@@ -124,6 +124,6 @@ def choose(
     )
 
 
-def fixed_mean(model: LatencyModel, size: int, lengths, weights, num_stages: int) -> float:
+def fixed_mean(model: LatencyModel, size: int, lengths, weights, pp_size: int) -> float:
     """The weighted mean predicted TTFT of fixed chunks of `size`."""
-    return mean_ttft(model, [fixed_chunks(size, int(n)) for n in lengths], weights, num_stages)
+    return mean_ttft(model, [fixed_chunks(size, int(n)) for n in lengths], weights, pp_size)

@@ -127,16 +127,16 @@ def default_prompt_lens(base: Policy, cand: Policy) -> list[int]:
     return sorted({min(k * base.base_chunk_size, cap) for k in PROMPT_LEN_MULTIPLES})
 
 
-def compare_ttft(base: Policy, cand: Policy, prompt_lens: list[int], num_stages: int, level: float = 1.0) -> dict:
+def compare_ttft(base: Policy, cand: Policy, prompt_lens: list[int], pp_size: int, level: float = 1.0) -> dict:
     """Predicted TTFT of each planner at each prompt length under each policy's own model, the change, and the change
     at the baseline's level (the candidate's TTFT divided by `level`)."""
     missing = [lab for lab, p in (("baseline", base), ("candidate", cand)) if p.model is None]
     if missing:
-        return {"num_stages": num_stages, "rows": [], "note": f"{' and '.join(missing)} has no latency model"}
+        return {"num_stages": pp_size, "rows": [], "note": f"{' and '.join(missing)} has no latency model"}
     rows = []
     for n in prompt_lens:
         plans = {
-            lab: {p.strategy: p for p in plan_prompt(pol, n, num_stages, STRATEGIES, extrapolate=True)}
+            lab: {p.strategy: p for p in plan_prompt(pol, n, pp_size, STRATEGIES, extrapolate=True)}
             for lab, pol in (("baseline", base), ("candidate", cand))
         }
         for s in STRATEGIES:
@@ -152,10 +152,10 @@ def compare_ttft(base: Policy, cand: Policy, prompt_lens: list[int], num_stages:
                 "candidate_chunks": len(c.chunk_sizes),
             }
             if s in REGRET_STRATEGIES:  # the candidate's plan on the baseline's model, against the baseline's own
-                cost = ttft_ms(chunk_latencies_ms(base.planning_model, c.chunk_sizes), num_stages)
+                cost = ttft_ms(chunk_latencies_ms(base.planning_model, c.chunk_sizes), pp_size)
                 row["regret"] = relative(b.ttft_ms, cost)
             rows.append(row)
-    return {"num_stages": num_stages, "rows": rows, "note": None}
+    return {"num_stages": pp_size, "rows": rows, "note": None}
 
 
 def compare_policies(
@@ -164,7 +164,7 @@ def compare_policies(
     tol: dict[str, float],
     *,
     prompt_lens: list[int] | None = None,
-    num_stages: int | None = None,
+    pp_size: int | None = None,
     samples: dict | None = None,
     baseline_refit: dict | None = None,
     labels: tuple[str, str] = ("baseline", "candidate"),
@@ -172,7 +172,7 @@ def compare_policies(
     """The whole comparison as a JSON-ready dict; `drifted` is True when any check failed. `samples`: the
     samples-level drift (ppprof.fit.drift), judged with the rest; `baseline_refit`: {passed, reason, baseline_passed} of the quality
     gates on the baseline's samples fitted by this code (noisy_status), where they were refitted."""
-    num_stages = default_num_stages(base) if num_stages is None else num_stages
+    pp_size = default_num_stages(base) if pp_size is None else pp_size
     prompt_lens = prompt_lens or default_prompt_lens(base, cand)
     level = level_of(samples)
     factor = level["ratio"] or 1.0
@@ -188,7 +188,7 @@ def compare_policies(
             "change_at_level": relative(base.target_ms, cand.target_ms / factor),
         },
         "table": compare_tables(base, cand, tol),
-        "ttft": compare_ttft(base, cand, prompt_lens, num_stages, factor),
+        "ttft": compare_ttft(base, cand, prompt_lens, pp_size, factor),
         "samples": samples,
         "level": level,
         "baseline_refit": baseline_refit,

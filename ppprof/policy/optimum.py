@@ -52,8 +52,8 @@ def make_domain(alignment: int, largest_chunk: int, max_prompt_len: int) -> Doma
     return Domain(unit, max(unit, largest_chunk // unit * unit), max_prompt_len)
 
 
-def ttft(sums, maxes, num_stages: int):
-    return sums + (num_stages - 1) * maxes
+def ttft(sums, maxes, pp_size: int):
+    return sums + (pp_size - 1) * maxes
 
 
 # -- the DP for every prompt length --------------------------------------------------------------------------------
@@ -92,21 +92,21 @@ def all_min_sums(model: LatencyModel, dom: Domain, bounds: np.ndarray) -> tuple[
     return pos, total
 
 
-def optimum_bounds(sums: np.ndarray, bounds: np.ndarray, num_stages: int) -> tuple[np.ndarray, np.ndarray]:
+def optimum_bounds(sums: np.ndarray, bounds: np.ndarray, pp_size: int) -> tuple[np.ndarray, np.ndarray]:
     """(lower, upper) bounds of the least TTFT from S(M) on the bound grid: an optimal plan with largest latency
     M* in (M_i, M_i+1] has sum >= S(M_i+1), so TTFT* >= S(M_i+1) + (P - 1) M_i; and S(M_i) + (P - 1) M_i is met by a
     plan. The lowest bound is the cheapest chunk, below every plan's largest."""
-    P1 = num_stages - 1
+    P1 = pp_size - 1
     upper = (sums + P1 * bounds[None, :]).min(axis=1)
     lower = np.minimum((sums[:, 1:] + P1 * bounds[None, :-1]).min(axis=1), sums[:, 0] + P1 * bounds[0])
     return lower, upper
 
 
-def optimum_table(model: LatencyModel, dom: Domain, num_stages: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def optimum_table(model: LatencyModel, dom: Domain, pp_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(prompt lengths, lower, upper): the DP optimum's bounds at every aligned prompt length of the domain."""
     bounds = bound_grid(model, dom)
     pos, sums = all_min_sums(model, dom, bounds)
-    lower, upper = optimum_bounds(sums[1:], bounds, num_stages)
+    lower, upper = optimum_bounds(sums[1:], bounds, pp_size)
     return pos[1:], lower, upper
 
 
@@ -117,7 +117,7 @@ def optimum_at(
     sums: np.ndarray,
     bounds: np.ndarray,
     lengths: np.ndarray,
-    num_stages: int,
+    pp_size: int,
     block: int = 256,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(lower, upper) bounds of the least TTFT at any prompt lengths (aligned or not) from all_min_sums: the last
@@ -141,5 +141,5 @@ def optimum_at(
             np.add(sums32[i], cost[:, None].astype(np.float32), out=cand)
             cand[columns[None, :] < fits[:, None]] = np.inf
             np.minimum(best, cand, out=best)
-        lower[b : b + block], upper[b : b + block] = optimum_bounds(best.astype(float), bounds, num_stages)
+        lower[b : b + block], upper[b : b + block] = optimum_bounds(best.astype(float), bounds, pp_size)
     return lower, upper

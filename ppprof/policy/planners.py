@@ -58,10 +58,10 @@ class Plan:
         return d
 
 
-def ttft_ms(latencies_ms, num_stages: int) -> float:
+def ttft_ms(latencies_ms, pp_size: int) -> float:
     """Predicted TTFT = sum t + (P - 1) max t (0 for no chunks)."""
     t = np.asarray(latencies_ms, dtype=float)
-    return float(t.sum() + (num_stages - 1) * t.max()) if t.size else 0.0
+    return float(t.sum() + (pp_size - 1) * t.max()) if t.size else 0.0
 
 
 def chunk_latencies_ms(model: LatencyModel, chunk_sizes: list[int]) -> np.ndarray:
@@ -71,10 +71,10 @@ def chunk_latencies_ms(model: LatencyModel, chunk_sizes: list[int]) -> np.ndarra
     return model.chunk_latency_ms(starts, sizes)
 
 
-def predicted(model: LatencyModel, strategy: str, chunk_sizes: list[int], num_stages: int) -> Plan:
+def predicted(model: LatencyModel, strategy: str, chunk_sizes: list[int], pp_size: int) -> Plan:
     """A Plan of `chunk_sizes` with the model's latencies and TTFT."""
     lat = chunk_latencies_ms(model, chunk_sizes)
-    return Plan(strategy, [int(s) for s in chunk_sizes], [float(v) for v in lat], ttft_ms(lat, num_stages))
+    return Plan(strategy, [int(s) for s in chunk_sizes], [float(v) for v in lat], ttft_ms(lat, pp_size))
 
 
 def fixed_chunks(chunk_size: int, prompt_len: int) -> list[int]:
@@ -185,7 +185,7 @@ def search_bounds(cost: np.ndarray, costs: np.ndarray, P1: int) -> tuple[float, 
 
 
 def optimal_chunks(
-    model: LatencyModel, prompt_len: int, num_stages: int, alignment: int, max_chunk: int, seeds: list[list[int]]
+    model: LatencyModel, prompt_len: int, pp_size: int, alignment: int, max_chunk: int, seeds: list[list[int]]
 ) -> tuple[list[int], dict]:
     """TeraPipe's DP: for a bound M on the largest chunk latency, the plan minimising the sum of latencies; over
     bounds, the plan with the least TTFT. Returns (chunk sizes, search facts). Never worse than any plan in `seeds`.
@@ -209,10 +209,10 @@ def optimal_chunks(
     pos, grid = grid_positions(prompt_len, alignment, max_chunk, seeds)
     cost = chunk_costs(model, pos, max_chunk)
     costs = np.unique(cost[np.isfinite(cost)])  # C, sorted
-    bound, evaluated, open_gaps = search_bounds(cost, costs, num_stages - 1)
+    bound, evaluated, open_gaps = search_bounds(cost, costs, pp_size - 1)
     _, arg = min_sums(cost, np.array([bound]), with_arg=True)
     candidates = [backtrack(pos, arg[:, 0])] + [list(s) for s in seeds]
-    scores = [ttft_ms(chunk_latencies_ms(model, c), num_stages) for c in candidates]
+    scores = [ttft_ms(chunk_latencies_ms(model, c), pp_size) for c in candidates]
     pick = int(np.argmin(scores))
     lower = min([lb for lb, _, _ in open_gaps], default=np.inf)
     search = {
@@ -254,7 +254,7 @@ def split(open_gaps: list[tuple[float, int, int]], budget: int) -> np.ndarray:
 
 def default_num_stages(policy: Policy) -> int:
     """The pipeline stages the policy's rules were chosen for."""
-    return policy.num_stages
+    return policy.pp_size
 
 
 def plan_domain(policy: Policy, prompt_len: int, extrapolate: bool) -> int:
@@ -271,22 +271,22 @@ def plan_domain(policy: Policy, prompt_len: int, extrapolate: bool) -> int:
     return max(largest, EXTRAPOLATED_CHUNKS * policy.base_chunk_size) if extrapolate else largest
 
 
-def best_fixed(model: LatencyModel, prompt_len: int, num_stages: int, alignment: int, largest: int) -> list[int]:
+def best_fixed(model: LatencyModel, prompt_len: int, pp_size: int, alignment: int, largest: int) -> list[int]:
     """The fixed chunks (a multiple of the alignment up to `largest`) with the least predicted TTFT for this prompt."""
     sizes = range(alignment, max(alignment, largest) + 1, alignment)
     plans = [fixed_chunks(x, prompt_len) for x in sizes]
-    return min(plans, key=lambda p: ttft_ms(chunk_latencies_ms(model, p), num_stages))
+    return min(plans, key=lambda p: ttft_ms(chunk_latencies_ms(model, p), pp_size))
 
 
 def plan_prompt(
-    policy: Policy, prompt_len: int, num_stages: int, strategies=STRATEGIES, extrapolate: bool = False
+    policy: Policy, prompt_len: int, pp_size: int, strategies=STRATEGIES, extrapolate: bool = False
 ) -> list[Plan]:
     """Plans of `prompt_len` tokens for each strategy, with latencies and TTFT predicted by the policy's planning
     model (fitted latency + overhead)."""
     if not is_int(prompt_len) or prompt_len < 1:
         raise ValueError(f"--prompt-len {prompt_len!r} is invalid: use a positive number of tokens")
-    if not is_int(num_stages) or not 1 <= num_stages <= MAX_STAGES:
-        raise ValueError(f"--pp {num_stages!r} is invalid: use a number of pipeline stages in 1..{MAX_STAGES}")
+    if not is_int(pp_size) or not 1 <= pp_size <= MAX_STAGES:
+        raise ValueError(f"--pp {pp_size!r} is invalid: use a number of pipeline stages in 1..{MAX_STAGES}")
     policy.check_prompt_len(prompt_len)  # before any chunk list: a prompt past the context would not end
     if policy.model is None:
         raise ValueError(f"policy has no latency model ({policy.status}: {policy.reason}): refit with more samples")
@@ -300,7 +300,7 @@ def plan_prompt(
         "policy-history": policy.plan_history(prompt_len),
         "greedy": policy.sglang_plan(prompt_len),
         "fixed": fixed_chunks(policy.base_chunk_size, prompt_len),
-        "fixed-best": best_fixed(model, prompt_len, num_stages, align, largest),
+        "fixed-best": best_fixed(model, prompt_len, pp_size, align, largest),
     }
     plans = []
     for strategy in strategies:
@@ -308,8 +308,8 @@ def plan_prompt(
         if strategy == "optimal":
             seeds = list(chunks.values())
             top = max([largest] + [max(c) for c in seeds])
-            chunks["optimal"], search = optimal_chunks(model, prompt_len, num_stages, align, top, seeds)
-        plan = predicted(model, strategy, chunks[strategy], num_stages)
+            chunks["optimal"], search = optimal_chunks(model, prompt_len, pp_size, align, top, seeds)
+        plan = predicted(model, strategy, chunks[strategy], pp_size)
         plan.search = search
         plans.append(plan)
     return plans

@@ -65,7 +65,7 @@ class Policy:
         return self.data.get("calibration") or NO_CALIBRATION
 
     @property
-    def num_stages(self) -> int:
+    def pp_size(self) -> int:
         return self.data.get("num_stages") or 1
 
     @property

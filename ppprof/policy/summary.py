@@ -23,7 +23,7 @@ def summary_line(policy: Policy) -> str:
     sizes = [x for band in prompt_rule.chunk_size for x in band]
     return (
         f"dynamic ({policy.model.name}, overhead {policy.overhead_ms:.3g} ms a chunk"
-        f"{level_text(policy.calibration)}, {policy.num_stages} "
+        f"{level_text(policy.calibration)}, {policy.pp_size} "
         f"stages): prompt-aware rule of {len(prompt_rule.prompt_len)} bands, chunks {min(sizes)}-{max(sizes)}; "
         f"history-only table of {len(history)} entries{domain_text(policy)}"
     )

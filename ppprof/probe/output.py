@@ -19,9 +19,9 @@ def samples_frame(probes: list[Probe], stage_ms: list[list[list[float]]], e2e_ms
     """stage_ms[probe][stage][request] and e2e_ms[probe][request] -> one row per timed request."""
     rows = []
     for p, probe in enumerate(probes):
-        num_stages = len(stage_ms[p])
+        pp_size = len(stage_ms[p])
         for i, pr in enumerate(probe.requests):
-            lat = [stage_ms[p][s][i] for s in range(num_stages)]
+            lat = [stage_ms[p][s][i] for s in range(pp_size)]
             row = {
                 "probe": probe.index,
                 "kind": probe.kind,
@@ -31,7 +31,7 @@ def samples_frame(probes: list[Probe], stage_ms: list[list[list[float]]], e2e_ms
             }
             row.update({stage_column(s): round(v, 4) for s, v in enumerate(lat)})
             row["latency_ms"] = round(e2e_ms[p][i], 4)
-            row["slowest_stage"] = max(range(num_stages), key=lat.__getitem__)
+            row["slowest_stage"] = max(range(pp_size), key=lat.__getitem__)
             row["design_step"] = probe.design_step
             rows.append(row)
     return pd.DataFrame(rows)

@@ -92,7 +92,7 @@ def prepare(run: RankRun[BenchState]) -> None:
                 samples if samples.is_file() else None,
                 bench.prompt_lens,
                 bench.strategies,
-                bench.num_stages,
+                bench.pp_size,
                 bench.plans,
             )
             run_dir = Path(bench.out) if bench.out else default_run_dir(f"bench-{run.cfg.model}")
@@ -108,7 +108,7 @@ def build_stages(run: RankRun[BenchState]) -> None:
     """This rank's stages (a run of consecutive ones when there are more stages than ranks), each with a cache that
     holds the longest prompt."""
     cfg, bench = run.cfg, run.state.bench
-    per_rank = bench.num_stages // run.num_stages
+    per_rank = bench.pp_size // run.pp_size
     longest = align_up(max(bench.prompt_lens), cfg.page_size)
     stages = []
     for index in range(run.stage_idx * per_rank, (run.stage_idx + 1) * per_rank):
@@ -136,7 +136,7 @@ def build_stages(run: RankRun[BenchState]) -> None:
         )
         stages.append(BenchStage(index, stage.eval(), cache))
     run.state.runner = PromptRunner(stages=stages, pipe=run.pipe, seed=cfg.seed)
-    log.info("stages %s of %d (%s) on rank %d", [s.index for s in stages], bench.num_stages, run.spec.name, run.rank)
+    log.info("stages %s of %d (%s) on rank %d", [s.index for s in stages], bench.pp_size, run.spec.name, run.rank)
 
 
 def measure_transfers(run: RankRun[BenchState]) -> None:
@@ -145,7 +145,7 @@ def measure_transfers(run: RankRun[BenchState]) -> None:
     sizes = sorted({c for a in run.state.plans for c in a.chunk_sizes})
     probe = sorted({sizes[0], sizes[len(sizes) // 2], sizes[-1]})
     points = []
-    for boundary in range(run.num_stages - 1):
+    for boundary in range(run.pp_size - 1):
         for n in probe:
             trips = run.pipe.round_trips_ms(boundary, n, TRANSFER_REPEATS)
             points += [(n, float(np.median(trips[1:])) / 2)] if trips else []
@@ -204,7 +204,7 @@ def write_results(run: RankRun[BenchState]) -> None:
         rows=run.state.rows,
         ttft=run.state.ttft,
         transfer=run.state.transfer,
-        world_size=run.num_stages,
+        world_size=run.pp_size,
         profile_run=run_json,
         notes=notes,
     )
@@ -233,8 +233,8 @@ def bench_rank(
             info,
             fault,
             state=BenchState(bench, overwrite, policy),
-            repeat=bench.num_stages // bench.profiled_stages,
-            num_stages=bench.num_stages,
+            repeat=bench.pp_size // bench.profiled_stages,
+            pp_size=bench.pp_size,
         )
         try:
             run_phases(run, PHASES)

@@ -68,8 +68,8 @@ def check_before_launch(
         raise ValueError(problem)
     spec = load_spec(cfg.model, num_layers=cfg.num_layers, dtype=cfg.dtype)
     check_tp(spec, cfg.tp_size)
-    num_stages = world_size // cfg.tp_size
-    split_layers(spec.num_layers, num_stages, cfg.layer_partition)
+    pp_size = world_size // cfg.tp_size
+    split_layers(spec.num_layers, pp_size, cfg.layer_partition)
     resolve_attention_backend(cfg.attention_backend, cfg.device)
     if cfg.device == "cuda":
         check_cuda(local_ranks, (torchrun or {}).get("start_method"))
@@ -144,9 +144,9 @@ def bench_world_check(bench: BenchConfig) -> Callable[[int], None]:
         if world_size % tp:
             return  # check_before_launch names the mesh that does not fit
         ranks = world_size // tp  # the pipeline's stages on ranks: every TP group one
-        if bench.num_stages % ranks:
+        if bench.pp_size % ranks:
             raise ValueError(
-                f"--pp-size {bench.num_stages} is not a multiple of the {ranks} stages the ranks run "
+                f"--pp-size {bench.pp_size} is not a multiple of the {ranks} stages the ranks run "
                 f"({world_size} ranks over --tp-size {tp}): use a multiple of {ranks} (each runs "
                 "--pp-size / stages of the pipeline), or change --nproc-per-node"
             )

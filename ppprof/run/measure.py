@@ -64,10 +64,10 @@ def run_probes(run: RankRun[ProfileState]) -> None:
         tp = run.tp_size
         run.state.tp_ranks = {
             "median_forward_ms_per_tp_rank": [
-                [o[0] for o in everyone[s * tp : (s + 1) * tp]] for s in range(run.num_stages)
+                [o[0] for o in everyone[s * tp : (s + 1) * tp]] for s in range(run.pp_size)
             ],
             "peak_memory_bytes_per_tp_rank": [
-                [o[1] for o in everyone[s * tp : (s + 1) * tp]] for s in range(run.num_stages)
+                [o[1] for o in everyone[s * tp : (s + 1) * tp]] for s in range(run.pp_size)
             ],
         }
     if bar is not None:
@@ -101,7 +101,7 @@ def measure_overhead(run: RankRun[ProfileState]) -> None:
     run.state.overhead_wall_s = time.perf_counter() - start
     if run.rank != 0:
         return
-    o = run.state.overhead = pipeline_overhead(timed, rows, ttft, run.num_stages)
+    o = run.state.overhead = pipeline_overhead(timed, rows, ttft, run.pp_size)
     log.info(
         "pipeline overhead: %.3f +- %.3f ms a chunk (median of %d runs; by chunk size %s), measured in %.1f s",
         o["ms_per_chunk"],

@@ -86,7 +86,7 @@ def start_record(run: RankRun[ProfileState], folder: RunFolder, probes: list, fi
         torch_version=torch.__version__,
         dist_backend=run.info.backend,
         world_size=run.info.world_size,
-        pp_size=run.num_stages,
+        pp_size=run.pp_size,
         tp_size=run.tp_size,
         layer_partition=[len(r) for r in run.stage_ranges],
         git_revision=git_revision(),
@@ -118,7 +118,7 @@ def build_stage(run: RankRun[ProfileState]) -> None:
     log.info(
         "stage %d/%d%s: layers %d..%d (%s) of %s on %s, %s, backend %s, %d threads",
         run.stage_idx,
-        run.num_stages,
+        run.pp_size,
         f" (TP rank {run.pipe.tp.rank} of {run.tp_size})" if run.tp_size > 1 else "",
         layer_ids.start,
         layer_ids.stop - 1,

@@ -40,7 +40,7 @@ def write_results(run: RankRun[ProfileState]) -> None:
         forward_tokens_per_stage=[int(t) for t in forward_tokens],
         peak_memory_bytes_per_stage=run.state.peak_memory,
         estimated_memory_bytes_per_stage=[
-            m.total for m in profile_memory(run.cfg, run.num_stages, rank_spec(run.spec, run.tp_size))
+            m.total for m in profile_memory(run.cfg, run.pp_size, rank_spec(run.spec, run.tp_size))
         ],
         **run.state.tp_ranks,
         timed_requests=sum(len(p.requests) for p in probes),
@@ -56,12 +56,12 @@ def write_results(run: RankRun[ProfileState]) -> None:
             run.state.design,
             probes,
             run.folder.samples,
-            run.num_stages,
+            run.pp_size,
             run.state.probe_wall_s,
             int(forward_tokens[0]),
         ),
     )
-    log_summary(frame, run.num_stages, wall_s, forward_tokens[0], run.folder.path)
+    log_summary(frame, run.pp_size, wall_s, forward_tokens[0], run.folder.path)
 
 
 def log_summary(frame, world_size: int, wall_s: float, forward_tokens: int, run_dir: Path) -> None:

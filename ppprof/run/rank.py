@@ -65,7 +65,7 @@ class RankRun(Generic[S]):
         return self.pipe.rank
 
     @property
-    def num_stages(self) -> int:
+    def pp_size(self) -> int:
         """The pipeline's stages (pp_size): the ranks of the job over its TP degree."""
         return self.pipe.world_size
 
@@ -93,10 +93,10 @@ def resolve_dtype(cfg: ProfileConfig, spec_dtype: str | None) -> torch.dtype:
 
 
 def set_up(
-    cfg: ProfileConfig, info: RankInfo, fault: str | None, *, state: S, repeat: int = 1, num_stages: int | None = None
+    cfg: ProfileConfig, info: RankInfo, fault: str | None, *, state: S, repeat: int = 1, pp_size: int | None = None
 ) -> RankRun[S]:
     """The model, dtype, layer split and the pipe to the neighbours; `state` the job's own. No collective: the
-    launcher checked the input. `repeat` > 1 repeats the model's layers (and the partition), split over `num_stages` stages (default: a stage a
+    launcher checked the input. `repeat` > 1 repeats the model's layers (and the partition), split over `pp_size` stages (default: a stage a
     rank)."""
     spec = load_spec(cfg.model, num_layers=cfg.num_layers, dtype=cfg.dtype)
     if repeat > 1:
@@ -104,11 +104,11 @@ def set_up(
     dtype = resolve_dtype(cfg, spec.dtype)
     partition = cfg.layer_partition
     if repeat > 1:  # every stage holds the layers of one profiled stage, in the profile's split
-        base = partition or [len(r) for r in split_layers(spec.num_layers // repeat, (num_stages or 1) // repeat)]
+        base = partition or [len(r) for r in split_layers(spec.num_layers // repeat, (pp_size or 1) // repeat)]
         partition = tuple(base) * repeat
     mesh = info.mesh
     stage, ranks = (info.rank, info.world_size) if mesh is None else (mesh.coords.stage, mesh.coords.pp_size)
-    ranges = split_layers(spec.num_layers, num_stages or ranks, partition)
+    ranges = split_layers(spec.num_layers, pp_size or ranks, partition)
     pipe = Pipe(
         rank=stage,
         world_size=ranks,

@@ -112,10 +112,10 @@ def export_data(policy: Policy, server: str, source: str = "the policy") -> dict
         # The server would keep chunks fixed with this model (SGLang: a <= 0; ATOM: a calibration it refuses).
         setting, calibration = replace(setting, dynamic=False), None
     env, args = target.format_flags(setting, calibration)
-    args = target.format_parallel(policy.num_stages, policy.tp_size) + args
+    args = target.format_parallel(policy.pp_size, policy.tp_size) + args
     comments = header(policy, target, source)
     comments.append(
-        f"# profiled at {policy.num_stages} stages of {policy.tp_size} TP rank"
+        f"# profiled at {policy.pp_size} stages of {policy.tp_size} TP rank"
         f"{'s' if policy.tp_size > 1 else ''}: serve with the same layout, which the flags set"
     )
     comments.append(f"# targets: {target.targets}")
@@ -183,7 +183,7 @@ def policy_file(policy: Policy, source: str) -> dict:
     args = [
         "--model-path",
         "MODEL",
-        *server.format_parallel(policy.num_stages, policy.tp_size),
+        *server.format_parallel(policy.pp_size, policy.tp_size),
         "--enable-dynamic-chunking",
         "--chunked-prefill-size",
         str(s.base_chunk_size),

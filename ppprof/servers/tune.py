@@ -31,7 +31,7 @@ from ppprof.servers.tuner import SMOOTH_FACTORS, Scored, Tuner, weighted_p90
 def tune(
     policy: Policy,
     workload: Workload,
-    num_stages: int,
+    pp_size: int,
     server: str = DEFAULT_SERVER,
     current: str | None = None,
     extrapolate: bool = False,
@@ -39,7 +39,7 @@ def tune(
 ) -> dict:
     """The recommendation and its comparison (what `ppprof tune --json` prints, less the plot path). `forwards`: the
     profile's samples, which a server that fits at boot fits its model to (else its model comes from the policy's)."""
-    tuner = Tuner(policy, workload, num_stages, server, extrapolate=extrapolate, forwards=forwards)
+    tuner = Tuner(policy, workload, pp_size, server, extrapolate=extrapolate, forwards=forwards)
     scored_current, current_calibration, ignored = score_current(tuner, current)
     own = tuner.server.setting_of(policy)
     if tuner.model is None:
@@ -74,15 +74,15 @@ def result(
     """`ppprof tune --json`'s object: the recommended flags, each row scored (current, policy, recommended, best
     fixed), the DP bound, the gains, each prompt's plans, notes and the surface."""
     scored_current, scored_policy, best, best_fixed = scored
-    policy, num_stages = tuner.policy, tuner.num_stages
+    policy, pp_size = tuner.policy, tuner.pp_size
     opt_ttft = np.array([t for _, t in optimal])
     env, args = tuner.server.format_flags(best.setting, calibration)
-    args = tuner.server.format_parallel(num_stages, policy.tp_size) + args
+    args = tuner.server.format_parallel(pp_size, policy.tp_size) + args
     rows = list(scored)
     mean_opt = float(opt_ttft @ tuner.weights)
     return {
         "server": tuner.server.name,
-        "num_stages": num_stages,
+        "num_stages": pp_size,
         "latency_model": policy.model.name,
         "boot_fit": "samples" if tuner.booted else "model",
         "workload": {"prompt_lens": list(workload.prompt_lens), "weights": list(workload.weights)},
@@ -147,10 +147,8 @@ def check_layout(tuner: Tuner, current: str) -> None:
             f"{tuner.policy.tp_size}: profile with --tp-size {tp}, or tune the flags of a TP "
             f"{tuner.policy.tp_size} server"
         )
-    if pp is not None and pp != tuner.num_stages:
-        raise ValueError(
-            f"--current sets {pp} pipeline stages but tune plans for {tuner.num_stages}: give --pp-size {pp}"
-        )
+    if pp is not None and pp != tuner.pp_size:
+        raise ValueError(f"--current sets {pp} pipeline stages but tune plans for {tuner.pp_size}: give --pp-size {pp}")
 
 
 def notes(tuner: Tuner, workload: Workload, scored: tuple[Scored, ...], ignored: list[str]) -> list[str]:

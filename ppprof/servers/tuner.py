@@ -72,17 +72,17 @@ class Tuner:
         self,
         policy: Policy,
         workload: Workload,
-        num_stages: int,
+        pp_size: int,
         server: str,
         extrapolate: bool = False,
         forwards: Forwards | None = None,
     ):
         self.server = get(server)
-        if not is_int(num_stages) or not 1 <= num_stages <= MAX_STAGES:
-            raise ValueError(f"--pp {num_stages!r} is invalid: use a number of pipeline stages in 1..{MAX_STAGES}")
+        if not is_int(pp_size) or not 1 <= pp_size <= MAX_STAGES:
+            raise ValueError(f"--pp {pp_size!r} is invalid: use a number of pipeline stages in 1..{MAX_STAGES}")
         if policy.model is None:
             raise ValueError(f"policy has no latency model ({policy.status}: {policy.reason}): refit with more samples")
-        self.policy, self.num_stages = policy, num_stages
+        self.policy, self.pp_size = policy, pp_size
         self.truth = policy.model
         self.context = policy.settings.context_len
         self.lengths = np.asarray(workload.prompt_lens, dtype=np.int64)
@@ -109,7 +109,7 @@ class Tuner:
             self.server.chunks(setting, self.model_for(calibration), self.context, self.longest), dtype=np.int64
         )
         plans = [cut(chunks, int(n)) for n in self.lengths]
-        ttft = np.array([ttft_ms(chunk_latencies_ms(self.truth, p), self.num_stages) for p in plans])
+        ttft = np.array([ttft_ms(chunk_latencies_ms(self.truth, p), self.pp_size) for p in plans])
         scored = Scored(
             setting,
             label,
@@ -195,8 +195,6 @@ class Tuner:
         out = []
         for i, n in enumerate(self.lengths):
             plans = [s.plans[i] for s in seeds]
-            chunks, _ = optimal_chunks(
-                self.truth, int(n), self.num_stages, self.policy.settings.alignment, largest, plans
-            )
-            out.append((chunks, ttft_ms(chunk_latencies_ms(self.truth, chunks), self.num_stages)))
+            chunks, _ = optimal_chunks(self.truth, int(n), self.pp_size, self.policy.settings.alignment, largest, plans)
+            out.append((chunks, ttft_ms(chunk_latencies_ms(self.truth, chunks), self.pp_size)))
         return out

@@ -74,9 +74,9 @@ def _pipeline(policy: Policy, server: ServerConfig) -> str | None:
             f"--pp-size {server.pp_size}: start SGLang with --pp-size {stages} or profile with --pp-size "
             f"{server.pp_size}"
         )
-    if server.pp_size is not None and policy.num_stages != server.pp_size:
+    if server.pp_size is not None and policy.pp_size != server.pp_size:
         return (
-            f"num_stages: the policy's rules were chosen for {policy.num_stages} stages, the server runs "
+            f"num_stages: the policy's rules were chosen for {policy.pp_size} stages, the server runs "
             f"--pp-size {server.pp_size}: refit with `ppprof fit SAMPLES --pp {server.pp_size}`"
         )
     tp_size = prov.get("tp_size")

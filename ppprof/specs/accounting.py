@@ -234,11 +234,11 @@ def deltanet_state_shapes(spec: ModelSpec) -> tuple[tuple[int, int], tuple[int, 
 
 
 def stage_accounts(
-    spec: ModelSpec, num_stages: int = 1, partition: Sequence[int] | None = None, *, dtype: str | None = None
+    spec: ModelSpec, pp_size: int = 1, partition: Sequence[int] | None = None, *, dtype: str | None = None
 ) -> list[StageAccount]:
     """One StageAccount per pipeline stage, the layers split by ppprof.specs.partition.split_layers."""
     out = []
-    for stage_idx, layers in enumerate(split_layers(spec.num_layers, num_stages, partition)):
+    for stage_idx, layers in enumerate(split_layers(spec.num_layers, pp_size, partition)):
         out.append(
             StageAccount(
                 stage_idx=stage_idx,
@@ -254,11 +254,9 @@ def stage_accounts(
     return out
 
 
-def describe(
-    spec: ModelSpec, num_stages: int = 1, partition: list[int] | None = None, dtype: str | None = None
-) -> dict:
+def describe(spec: ModelSpec, pp_size: int = 1, partition: list[int] | None = None, dtype: str | None = None) -> dict:
     """spec.to_dict() plus the byte dtype and one entry per stage (StageAccount.to_dict())."""
-    stages = stage_accounts(spec, num_stages, partition, dtype=dtype)
+    stages = stage_accounts(spec, pp_size, partition, dtype=dtype)
     return {
         **spec.to_dict(),
         "num_layers": spec.num_layers,

@@ -5,28 +5,28 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def split_layers(num_layers: int, num_stages: int, partition: Sequence[int] | None = None) -> list[range]:
+def split_layers(num_layers: int, pp_size: int, partition: Sequence[int] | None = None) -> list[range]:
     """Contiguous layer ranges, one per stage.
 
-    Even split: the first `num_layers % num_stages` stages get one layer more. With `partition`, stage i gets
+    Even split: the first `num_layers % pp_size` stages get one layer more. With `partition`, stage i gets
     partition[i] layers; the counts must be positive and add up to `num_layers`.
     """
-    if num_stages < 1:
-        raise ValueError(f"number of stages ({num_stages}) must be >= 1")
+    if pp_size < 1:
+        raise ValueError(f"number of stages ({pp_size}) must be >= 1")
     if partition is None:
-        if num_stages > num_layers:
+        if pp_size > num_layers:
             raise ValueError(
-                f"number of stages ({num_stages}) cannot be greater than layers ({num_layers}): "
+                f"number of stages ({pp_size}) cannot be greater than layers ({num_layers}): "
                 "reduce --pp/--nproc-per-node or use more layers"
             )
-        base, extra = divmod(num_layers, num_stages)
-        counts = [base + (i < extra) for i in range(num_stages)]
+        base, extra = divmod(num_layers, pp_size)
+        counts = [base + (i < extra) for i in range(pp_size)]
     else:
         counts = [int(c) for c in partition]
         given = ",".join(map(str, counts))
-        if len(counts) != num_stages:
+        if len(counts) != pp_size:
             raise ValueError(
-                f"--layer-partition {given} has {len(counts)} stages but the pipeline has {num_stages}: "
+                f"--layer-partition {given} has {len(counts)} stages but the pipeline has {pp_size}: "
                 f"give one count per stage"
             )
         if any(c < 1 for c in counts):

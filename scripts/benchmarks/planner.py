@@ -26,13 +26,13 @@ from ppprof.policy.schema import SCHEMA_VERSION
 REPEATS = 3
 
 
-def synthetic_policy(context_len: int, num_stages: int, base_chunk_size: int = 8192):
-    """A dynamic policy of known coefficients (B = `base_chunk_size`, page 64), its rules chosen for `num_stages`
+def synthetic_policy(context_len: int, pp_size: int, base_chunk_size: int = 8192):
+    """A dynamic policy of known coefficients (B = `base_chunk_size`, page 64), its rules chosen for `pp_size`
     as `ppprof fit` chooses them (min_gain 0: dynamic whatever they gain)."""
     model = LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=2e-4)
     settings = ChunkSettings(base_chunk_size=base_chunk_size, page_size=64, context_len=context_len)
     measured = {"prefix_len": [0, context_len], "chunk_size": [1, 4 * base_chunk_size]}
-    options = PolicyOptions(min_gain=0.0, num_stages=num_stages)
+    options = PolicyOptions(min_gain=0.0, pp_size=pp_size)
     rules = carried(model, "dynamic", "synthetic", settings, measured, None, options, False)
     return from_dict(
         {
@@ -40,7 +40,7 @@ def synthetic_policy(context_len: int, num_stages: int, base_chunk_size: int = 8
             "latency_model": model.to_dict(),
             "settings": settings.to_dict(),
             "target_latency_ms": model.target_ms(base_chunk_size),
-            "provenance": {"world_size": num_stages, "layer_partition": None},
+            "provenance": {"world_size": pp_size, "layer_partition": None},
             "parity": None,
             **rules,
         }

@@ -29,7 +29,7 @@ from ppprof.policy import load
 from ppprof.policy.planners import ttft_ms
 
 
-def emulated_runs(bench: pd.DataFrame, base: int, num_stages: int) -> list[dict]:
+def emulated_runs(bench: pd.DataFrame, base: int, pp_size: int) -> list[dict]:
     """The overhead phase's runs, cut from the bench's fixed arms of the shorter prompt (see the module's text)."""
     runs = []
     short = int(bench.prompt_len.min())
@@ -43,12 +43,12 @@ def emulated_runs(bench: pd.DataFrame, base: int, num_stages: int) -> list[dict]
         ]
         for repeat, g in arm.groupby("repeat"):
             t = g.pivot_table(index="stage", columns="chunk", values="compute_ms").sort_index()
-            if t.shape != (num_stages, OVERHEAD_CHUNKS):
+            if t.shape != (pp_size, OVERHEAD_CHUNKS):
                 continue
             prefix = [base] * (first * x // base)  # the deep prefix, as B-sized chunks, is not a cell here
             run = overhead_run(
                 prefix + [x] * OVERHEAD_CHUNKS,
-                np.hstack([np.full((num_stages, len(prefix)), np.nan), t.to_numpy()]),
+                np.hstack([np.full((pp_size, len(prefix)), np.nan), t.to_numpy()]),
                 np.nan,
                 int(repeat),
             )
@@ -75,10 +75,10 @@ def main() -> None:
     bench = pd.read_csv(Path(args.bench_dir) / "bench.csv")
     meta = json.loads((Path(args.bench_dir) / "bench.json").read_text())
     policy = load(args.policy)
-    num_stages = int(meta["num_stages"])
+    pp_size = int(meta["num_stages"])
     stage = policy.data["diagnostics"].get("bottleneck_stage") or 0
-    runs = emulated_runs(bench, policy.base_chunk_size, num_stages)
-    cal = calibration_of({"pipeline_overhead": summarize(runs, num_stages) if runs else {}}, policy.model, stage)
+    runs = emulated_runs(bench, policy.base_chunk_size, pp_size)
+    cal = calibration_of({"pipeline_overhead": summarize(runs, pp_size) if runs else {}}, policy.model, stage)
     models = {
         "uncalibrated": policy.model.planning(None, policy.overhead_ms),
         "calibrated": policy.model.planning(cal, policy.overhead_ms),
@@ -99,7 +99,7 @@ def main() -> None:
             prefix = np.cumsum([0] + sizes[:-1])
             row = {"prompt_len": int(length), "arm": arm, "num_chunks": len(sizes), "measured_ms": round(real, 2)}
             for name, model in models.items():
-                row[name] = round(ttft_ms(model.chunk_latency_ms(prefix, sizes), num_stages) / real - 1.0, 4)
+                row[name] = round(ttft_ms(model.chunk_latency_ms(prefix, sizes), pp_size) / real - 1.0, 4)
             rows.append(row)
     cells = bench[bench.stage == stage]
     summary = {}

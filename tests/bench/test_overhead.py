@@ -23,12 +23,12 @@ def ttft(stage_ms) -> float:
     return float(replay(stage_ms)[1][-1, -1])
 
 
-@pytest.mark.parametrize("num_stages,num_chunks,seed", [(1, 8, 0), (2, 8, 1), (4, 5, 2), (8, 3, 3), (3, 1, 4)])
+@pytest.mark.parametrize("pp_size,num_chunks,seed", [(1, 8, 0), (2, 8, 1), (4, 5, 2), (8, 3, 3), (3, 1, 4)])
 @pytest.mark.parametrize("injected", [0.0, 0.37, 2.5])
-def test_an_injected_overhead_is_solved_back_exactly_from_the_replay(num_stages, num_chunks, seed, injected):
+def test_an_injected_overhead_is_solved_back_exactly_from_the_replay(pp_size, num_chunks, seed, injected):
     rng = np.random.default_rng(seed)
     # Unequal stages and chunks, so that the critical path bends (a uniform plan would not test the closed form).
-    t = rng.uniform(0.5, 6.0, (num_stages, num_chunks)) * rng.uniform(0.3, 2.0, (num_stages, 1))
+    t = rng.uniform(0.5, 6.0, (pp_size, num_chunks)) * rng.uniform(0.3, 2.0, (pp_size, 1))
     measured = ttft(t + injected)  # the pipeline, had every chunk cost `injected` more on every stage
     o = chunk_overhead_ms(t, measured)
     assert o == pytest.approx(injected, abs=1e-9), f"{o=} {injected=}"
@@ -129,17 +129,17 @@ def test_the_standard_error_follows_the_spread():
 
 def test_the_phase_rows_of_every_stage_give_the_injected_overhead_back_the_warm_up_unread():
     rng = np.random.default_rng(5)
-    num_stages, injected = 2, 0.3
+    pp_size, injected = 2, 0.3
     warmup, timed = overhead_plans([128, 512], 32768, 2)
     rows, measured = [], {}
     for index, chunks in enumerate([warmup] + [c for _, c in timed]):  # prompt 0 is the warm-up
-        t = rng.uniform(1.0, 4.0, (num_stages, len(chunks)))
+        t = rng.uniform(1.0, 4.0, (pp_size, len(chunks)))
         measured[index] = ttft(t + injected) if index else float("nan")
         rows += [
             {"prompt": index, "stage": s, "chunk": k, "compute_ms": float(t[s, k])}
-            for s in range(num_stages)
+            for s in range(pp_size)
             for k in range(len(chunks))
         ]
-    o = pipeline_overhead(timed, rows[::-1], measured, num_stages)  # in any order, as gathered from the ranks
+    o = pipeline_overhead(timed, rows[::-1], measured, pp_size)  # in any order, as gathered from the ranks
     assert o["ms_per_chunk"] == pytest.approx(injected, abs=1e-3) and len(o["runs"]) == len(timed)
     assert [(r["repeat"], r["chunk_size"]) for r in o["runs"]] == [(r, c[-1]) for r, c in timed]

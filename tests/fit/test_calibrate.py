@@ -28,7 +28,7 @@ def make_pipeline_overhead(
     linear_scale: float = 1.0,
     shift_ms: float = 0.0,
     overhead_ms: float = 0.0,
-    num_stages: int = 2,
+    pp_size: int = 2,
     bottleneck_stage: int = 0,
     noise: float = 0.0,
     seed: int = 0,
@@ -42,10 +42,10 @@ def make_pipeline_overhead(
         prefix = np.cumsum([0] + list(chunks[:-1]))
         level = model.planning({"linear_scale": linear_scale, "shift_ms": shift_ms}, 0.0)
         t = level.chunk_latency_ms(prefix, np.array(chunks)) * (1 + noise * rng.standard_normal(len(chunks)))
-        stage_ms = np.array([t * (1.0 if s == bottleneck_stage else 0.6) for s in range(num_stages)])
+        stage_ms = np.array([t * (1.0 if s == bottleneck_stage else 0.6) for s in range(pp_size)])
         measured = float(replay(stage_ms + overhead_ms)[1][-1, -1])
         runs.append(overhead_run(chunks, stage_ms, measured, repeat))
-    return summarize(runs, num_stages)
+    return summarize(runs, pp_size)
 
 
 @pytest.mark.parametrize("scale,shift", [(1.0, 0.0), (0.93, -0.6), (1.12, 0.8), (0.85, 0.0)])
@@ -121,11 +121,11 @@ def test_the_policy_carries_the_level_and_plans_and_predicts_with_it(tmp_path):
         m.chunk_latency_ms(L, x) - 0.1 * (m.c + m.b * x) - 0.7 + 0.5,
         rtol=1e-4,
     )
-    plans = {p.strategy: p for p in plan_prompt(policy, 60000, policy.num_stages)}
+    plans = {p.strategy: p for p in plan_prompt(policy, 60000, policy.pp_size)}
     fixed = plans["fixed"]
     sizes = np.array(fixed.chunk_sizes)
     t = m.chunk_latency_ms(np.cumsum([0] + fixed.chunk_sizes[:-1]), sizes) - 0.1 * (m.c + m.b * sizes) - 0.2
-    assert fixed.ttft_ms == pytest.approx(t.sum() + (policy.num_stages - 1) * t.max(), rel=1e-6)
+    assert fixed.ttft_ms == pytest.approx(t.sum() + (policy.pp_size - 1) * t.max(), rel=1e-6)
     # the same samples at another level: the tables are chosen on the level the pipeline runs at
     warm, _ = fitted(tmp_path / "same", 1.0, 0.0)
     assert warm.calibration["linear_scale"] == pytest.approx(1.0, abs=1e-5) and abs(warm.calibration["shift_ms"]) < 1e-3

@@ -73,16 +73,16 @@ def test_chunked_prefill_equals_one_shot(spec, page_size, chunk_lens):
 )
 def test_split_stages_equal_unsplit(make_spec, partition):
     spec = make_spec()
-    num_stages = 2 if partition is None else len(partition)
-    ranges = split_layers(spec.num_layers, num_stages, partition)
+    pp_size = 2 if partition is None else len(partition)
+    ranges = split_layers(spec.num_layers, pp_size, partition)
     ids, chunk_lens = tokens(1), [17, 1, 22]
     whole = Stage(spec, range(spec.num_layers), seed=5)
     ref_logits, _ = prefill([whole], [make_cache(spec, range(spec.num_layers), 4)], ids, chunk_lens)
     stages = [Stage(spec, r, seed=5) for r in ranges]  # built separately, as on different ranks
     logits, _ = prefill(stages, [make_cache(spec, r, 4) for r in ranges], ids, chunk_lens)
     torch.testing.assert_close(logits, ref_logits, **TOL)
-    assert [s.is_first for s in stages] == [True] + [False] * (num_stages - 1)
-    assert [s.is_last for s in stages] == [False] * (num_stages - 1) + [True]
+    assert [s.is_first for s in stages] == [True] + [False] * (pp_size - 1)
+    assert [s.is_last for s in stages] == [False] * (pp_size - 1) + [True]
 
 
 def test_stage_weights_depend_only_on_seed_and_layer_id():

@@ -11,21 +11,21 @@ from ppprof.policy.schema import SCHEMA_VERSION
 
 
 def policy_dict(
-    model: LatencyModel, status="dynamic", largest=None, num_stages=4, min_gain=0.0, overhead_ms=None, **settings
+    model: LatencyModel, status="dynamic", largest=None, pp_size=4, min_gain=0.0, overhead_ms=None, **settings
 ) -> dict:
     """A policy of `model` (B 8192, context 131072, page 64 unless given); status "static" as a failed gate gives it;
     min_gain 0 by default so that the rules are dynamic (and tested) whatever they gain."""
-    key = (model, status, largest, num_stages, min_gain, overhead_ms, tuple(sorted(settings.items())))
+    key = (model, status, largest, pp_size, min_gain, overhead_ms, tuple(sorted(settings.items())))
     return copy.deepcopy(_policy_dict(key))
 
 
 @cache
 def _policy_dict(key) -> dict:
-    model, status, largest, num_stages, min_gain, overhead_ms, settings = key
+    model, status, largest, pp_size, min_gain, overhead_ms, settings = key
     s = ChunkSettings(**{"base_chunk_size": 8192, "context_len": 131072, "page_size": 64, **dict(settings)})
     target = model.target_ms(s.base_chunk_size)
     measured = {"prefix_len": [0, s.context_len], "chunk_size": [1, largest or 4 * s.base_chunk_size]}
-    options = PolicyOptions(min_gain=min_gain, overhead_ms=overhead_ms, num_stages=num_stages)
+    options = PolicyOptions(min_gain=min_gain, overhead_ms=overhead_ms, pp_size=pp_size)
     rules = carried(model, status, "test", s, measured, None, options, False)
     return {
         "schema_version": SCHEMA_VERSION,

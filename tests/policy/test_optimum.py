@@ -22,21 +22,21 @@ GPU = LatencyModel("prefix", a=3.25e-7, b=6.03e-3, c=26.1, g=5.39e-4)
 
 
 @cache
-def default_policy(num_stages: int, tmp: str):
+def default_policy(pp_size: int, tmp: str):
     """The committed default profile's samples (results/bench-reference/profile: `ppprof profile` with today's code),
-    fitted for `num_stages` stages (the rules are dynamic whatever they gain, so that they are built and checked)."""
-    out = Path(tmp) / f"default-pp{num_stages}"
+    fitted for `pp_size` stages (the rules are dynamic whatever they gain, so that they are built and checked)."""
+    out = Path(tmp) / f"default-pp{pp_size}"
     out.mkdir(parents=True, exist_ok=True)
     for name in ("samples.csv", "run.json"):
         shutil.copy(DEFAULT / name, out / name)
-    path, _ = fit(out / "samples.csv", policy_options={"num_stages": num_stages, "min_gain": 0.0})
+    path, _ = fit(out / "samples.csv", policy_options={"pp_size": pp_size, "min_gain": 0.0})
     return load(path)
 
 
 @cache
-def gpu_policy(num_stages: int, tmp: str):
+def gpu_policy(pp_size: int, tmp: str):
     """The GPU-sized model profiled through fit.synthetic (a sweep and prefix probes up to 4 B with 1% noise)."""
-    out = Path(tmp) / f"gpu-pp{num_stages}"
+    out = Path(tmp) / f"gpu-pp{pp_size}"
     frame = make_samples(
         GPU,
         base_chunk_size=8192,
@@ -44,10 +44,8 @@ def gpu_policy(num_stages: int, tmp: str):
         chunk_sizes=[1024, 4096, 8192, 16384, 32768],
         noise=0.01,
     )
-    write_run_dir(
-        out, frame, base_chunk_size=8192, context_len=131072, world_size=num_stages, num_layers=32, min_gain=0.0
-    )
-    path, _ = fit(out / "samples.csv", policy_options={"num_stages": num_stages})
+    write_run_dir(out, frame, base_chunk_size=8192, context_len=131072, world_size=pp_size, num_layers=32, min_gain=0.0)
+    path, _ = fit(out / "samples.csv", policy_options={"pp_size": pp_size})
     return load(path)
 
 
@@ -64,7 +62,7 @@ def ratios_to_optimum(policy) -> np.ndarray:
     largest, the last one the rest) at every dense length."""
     rule = policy.data["prompt_table"]
     dom = Domain(rule["unit"], rule["largest_chunk"], rule["max_prompt_len"])
-    model, stages = policy.planning_model, policy.num_stages
+    model, stages = policy.planning_model, policy.pp_size
     bounds = bound_grid(model, dom)
     pos, sums = all_min_sums(model, dom, bounds)
     lengths = dense_lengths(policy, np.random.default_rng(0))
@@ -73,10 +71,10 @@ def ratios_to_optimum(policy) -> np.ndarray:
     return ours / lower
 
 
-@pytest.mark.parametrize("num_stages", [2, 4, 8])
-def test_prompt_aware_rule_is_within_1_percent_of_the_optimum_on_the_default_profile(num_stages, tmp_path_factory):
-    policy = default_policy(num_stages, str(tmp_path_factory.getbasetemp()))
-    assert policy.status == "dynamic" and policy.num_stages == num_stages
+@pytest.mark.parametrize("pp_size", [2, 4, 8])
+def test_prompt_aware_rule_is_within_1_percent_of_the_optimum_on_the_default_profile(pp_size, tmp_path_factory):
+    policy = default_policy(pp_size, str(tmp_path_factory.getbasetemp()))
+    assert policy.status == "dynamic" and policy.pp_size == pp_size
     r = ratios_to_optimum(policy)
     assert r.max() <= 1.01, f"{r.max()=}"
     # and against the planner's own DP (the `optimal` strategy) at lengths spread over the domain
@@ -84,30 +82,30 @@ def test_prompt_aware_rule_is_within_1_percent_of_the_optimum_on_the_default_pro
     model = policy.planning_model
     for n in np.linspace(1000, policy.data["prompt_table"]["max_prompt_len"], 7).astype(int):
         ours = policy.plan(int(n))
-        best, _ = optimal_chunks(model, int(n), num_stages, unit, largest, [ours])
-        assert ttft_ms(chunk_latencies_ms(model, ours), num_stages) <= 1.01 * ttft_ms(
-            chunk_latencies_ms(model, best), num_stages
+        best, _ = optimal_chunks(model, int(n), pp_size, unit, largest, [ours])
+        assert ttft_ms(chunk_latencies_ms(model, ours), pp_size) <= 1.01 * ttft_ms(
+            chunk_latencies_ms(model, best), pp_size
         ), f"{n=}"
 
 
-@pytest.mark.parametrize("num_stages", [2, 4, 8])
-def test_prompt_aware_rule_is_within_1_percent_of_the_optimum_on_a_gpu_sized_model(num_stages, tmp_path_factory):
-    policy = gpu_policy(num_stages, str(tmp_path_factory.getbasetemp()))
+@pytest.mark.parametrize("pp_size", [2, 4, 8])
+def test_prompt_aware_rule_is_within_1_percent_of_the_optimum_on_a_gpu_sized_model(pp_size, tmp_path_factory):
+    policy = gpu_policy(pp_size, str(tmp_path_factory.getbasetemp()))
     assert policy.status == "dynamic"
     r = ratios_to_optimum(policy)
     assert r.max() <= 1.01, f"{r.max()=}"
     assert policy.plan(8192 * 16)[0] > policy.plan(8192 * 16)[-2]  # the first chunk larger than later ones
 
 
-def workload_mean(model, plans, weights, num_stages) -> float:
-    return sum(w * ttft_ms(chunk_latencies_ms(model, p), num_stages) for p, w in zip(plans, weights))
+def workload_mean(model, plans, weights, pp_size) -> float:
+    return sum(w * ttft_ms(chunk_latencies_ms(model, p), pp_size) for p, w in zip(plans, weights))
 
 
 @pytest.mark.parametrize("which", ["default", "gpu"])
 def test_history_only_table_is_never_above_the_best_fixed_chunk_on_its_workload(which, tmp_path_factory):
     policy = (default_policy if which == "default" else gpu_policy)(4, str(tmp_path_factory.getbasetemp()))
     lengths, weights = policy.data["workload"]["prompt_lens"], policy.data["workload"]["weights"]
-    model, stages = policy.planning_model, policy.num_stages
+    model, stages = policy.planning_model, policy.pp_size
     history = workload_mean(model, [policy.plan_history(n) for n in lengths], weights, stages)
     unit, largest = policy.data["prompt_table"]["unit"], policy.data["prompt_table"]["largest_chunk"]
     fixed = {

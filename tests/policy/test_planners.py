@@ -27,10 +27,10 @@ def test_ttft_formula_and_timeline_agree():
     assert start[1, 0] == 3.0 and start[0, 2] == 6.0
 
 
-def naive_schedule(lat, num_stages):
-    start = np.zeros((len(lat), num_stages))
+def naive_schedule(lat, pp_size):
+    start = np.zeros((len(lat), pp_size))
     for i in range(len(lat)):
-        for s in range(num_stages):
+        for s in range(pp_size):
             start[i, s] = max(start[i, s - 1] + lat[i] if s else 0.0, start[i - 1, s] + lat[i - 1] if i else 0.0)
     return start
 
@@ -77,7 +77,7 @@ def test_dp_matches_brute_force_for_each_bound():
         assert value == pytest.approx(want), f"{bound=}"
 
 
-def brute_force_best_ttft(model, prompt_len, num_stages, alignment, max_chunk):
+def brute_force_best_ttft(model, prompt_len, pp_size, alignment, max_chunk):
     """Least TTFT over every plan with boundaries on multiples of the alignment and chunks <= max_chunk."""
     inner = range(alignment, prompt_len, alignment)
     best = np.inf
@@ -85,7 +85,7 @@ def brute_force_best_ttft(model, prompt_len, num_stages, alignment, max_chunk):
         for cut in itertools.combinations(inner, r):
             sizes = np.diff([0, *cut, prompt_len])
             if sizes.max() <= max_chunk:
-                best = min(best, ttft_ms(chunk_latencies_ms(model, list(sizes)), num_stages))
+                best = min(best, ttft_ms(chunk_latencies_ms(model, list(sizes)), pp_size))
     return best
 
 

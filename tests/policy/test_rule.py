@@ -130,12 +130,12 @@ chunk_settings = st.fixed_dictionaries(
 
 
 @settings(max_examples=8, deadline=None, derandomize=True)
-@given(model=models, s=chunk_settings, num_stages=st.integers(2, 8), seed=st.integers(0, 1000))
-def test_policy_invariants(model, s, num_stages, seed):
+@given(model=models, s=chunk_settings, pp_size=st.integers(2, 8), seed=st.integers(0, 1000))
+def test_policy_invariants(model, s, pp_size, seed):
     """Any model and settings: the policy validates; every prompt's plan (prompt-aware and history-only) covers it
     in chunks of whole units (but its last) within the largest; a dynamic policy's prompt-aware plan is within 1% of
     the DP optimum on the same grid (a static one is fixed chunks: its rule did not beat them on the workload)."""
-    p = from_dict(policy_dict(model, num_stages=num_stages, **s))
+    p = from_dict(policy_dict(model, pp_size=pp_size, **s))
     rule = p.data["prompt_table"]
     unit, largest = rule["unit"], rule["largest_chunk"]
     rng = np.random.default_rng(seed)
@@ -146,8 +146,8 @@ def test_policy_invariants(model, s, num_stages, seed):
         if p.status == "static":
             assert p.plan(n) == fixed_chunks(p.data["table"]["chunk_size"][0], n)
             continue
-        optimal, _ = optimal_chunks(p.planning_model, n, num_stages, unit, largest, [p.plan(n)])
-        ttft = [ttft_ms(chunk_latencies_ms(p.planning_model, c), num_stages) for c in (p.plan(n), optimal)]
+        optimal, _ = optimal_chunks(p.planning_model, n, pp_size, unit, largest, [p.plan(n)])
+        ttft = [ttft_ms(chunk_latencies_ms(p.planning_model, c), pp_size) for c in (p.plan(n), optimal)]
         assert ttft[0] <= 1.01 * ttft[1], f"{n=} {ttft=}"
 
 

@@ -28,7 +28,7 @@ def best_fixed(policy) -> set[str]:
     return {f"fixed-{best}"} if best else set()
 
 
-def check_bench(out, prompt_lens, num_stages, arms):
+def check_bench(out, prompt_lens, pp_size, arms):
     frame = pd.read_csv(out / "bench.csv")
     doc = json.loads((out / "bench.json").read_text())
     assert set(frame.arm) == set(arms), f"{set(frame.arm)=}"
@@ -37,7 +37,7 @@ def check_bench(out, prompt_lens, num_stages, arms):
         assert (
             g.sort_values("chunk").prefix_len == g.sort_values("chunk").chunk_size.cumsum().shift(fill_value=0)
         ).all()
-    assert sorted(frame.stage.unique()) == list(range(num_stages))
+    assert sorted(frame.stage.unique()) == list(range(pp_size))
     assert sorted(int(k) for k in doc["prompt_lens"]) == sorted(prompt_lens)
     for entry in doc["prompt_lens"].values():
         assert set(entry["strategies"]) == {"fixed", "fixed-best", "sglang", "greedy", "optimal"} | (

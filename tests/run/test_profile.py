@@ -53,17 +53,17 @@ def test_profile_with_a_mamba_cache_much_smaller_than_the_requests_completes(tmp
     assert run["warmup_tokens"] == 40 + 128 + 128 and run["warmup_requests"] == 3
     assert run["forward_tokens"] == samples["chunk_size"].sum() + 296
     assert "pools back to full capacity" in (out / "rank1.log").read_text()
-    check_pipeline_overhead(run, out, num_stages=2, repeats=3)
+    check_pipeline_overhead(run, out, pp_size=2, repeats=3)
     manifest = json.loads((out / "manifest.json").read_text())  # written by the command, as every result's is
     assert manifest["recorded"] == "by the command" and "profile --out" in manifest["command"], manifest
     assert manifest["git_revision"] and manifest["cpu_count"] >= 1 and manifest["date"]
 
 
-def check_pipeline_overhead(run: dict, out, num_stages: int, repeats: int) -> None:
+def check_pipeline_overhead(run: dict, out, pp_size: int, repeats: int) -> None:
     """run.json's pipeline_overhead: fixed plans at B/4, B and 2B (here 8, 32, 64), `repeats` runs of each within
     the KV pool (the longest probe request, 32 + 128 tokens), each solved against the replay of its stages."""
     o = run["pipeline_overhead"]
-    assert o["num_stages"] == num_stages and o["method"]
+    assert o["num_stages"] == pp_size and o["method"]
     runs = o["runs"]
     assert sorted({x["chunk_size"] for x in runs}) == [8, 32, 64] and list(o["by_chunk_size"]) == ["8", "32", "64"]
     # the B/4 plan after as many chunks of B as the pool holds beside it (3 of 32 beside 8 x 8)
@@ -74,17 +74,17 @@ def check_pipeline_overhead(run: dict, out, num_stages: int, repeats: int) -> No
     )
     for x in runs:
         assert 0 < x["replay_ms"] and 0 < x["measured_ms"], f"{x=}"
-        want = (x["measured_ms"] - x["replay_ms"]) / (x["num_chunks"] + num_stages - 1)
+        want = (x["measured_ms"] - x["replay_ms"]) / (x["num_chunks"] + pp_size - 1)
         assert abs(x["ms_per_chunk"] - want) < 1e-3, f"{x=}"
         # every stage's forward of every chunk, which the replay composes (and the fit's calibration reads)
         stage_ms = np.array(x["stage_ms"])
-        assert stage_ms.shape == (num_stages, x["num_chunks"]) and (stage_ms > 0).all(), f"{x=}"
+        assert stage_ms.shape == (pp_size, x["num_chunks"]) and (stage_ms > 0).all(), f"{x=}"
         assert replay(stage_ms)[1][-1, -1] == pytest.approx(x["replay_ms"], abs=1e-3)
     # a pipeline step costs something beyond the forwards (transfers, the done message); never far below zero
     assert math.isfinite(o["ms_per_chunk"]) and o["ms_per_chunk"] > -1.0, f"{o=}"
     assert math.isfinite(o["stderr_ms"]) and o["stderr_ms"] >= 0
     assert run["overhead_wall_s"] > 0
-    for rank in range(num_stages):
+    for rank in range(pp_size):
         assert "leak" not in (out / f"rank{rank}.log").read_text()
     assert "pipeline overhead: " in (out / "rank0.log").read_text()
 

@@ -25,10 +25,10 @@ def test_a_replayed_deeper_pipeline_repeats_the_profiled_split():
     from ppprof.run.rank import set_up
 
     info = RankInfo(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"), backend="gloo")
-    run = set_up(ProfileConfig(num_layers=5), info, None, state=None, repeat=2, num_stages=4)
+    run = set_up(ProfileConfig(num_layers=5), info, None, state=None, repeat=2, pp_size=4)
     assert [len(r) for r in run.stage_ranges] == [3, 2, 3, 2]
     assert [run.spec.layers[r.start : r.stop] for r in run.stage_ranges[2:]] == [
         run.spec.layers[r.start : r.stop] for r in run.stage_ranges[:2]
     ]
-    run = set_up(ProfileConfig(num_layers=5, layer_partition=(1, 4)), info, None, state=None, repeat=2, num_stages=4)
+    run = set_up(ProfileConfig(num_layers=5, layer_partition=(1, 4)), info, None, state=None, repeat=2, pp_size=4)
     assert [len(r) for r in run.stage_ranges] == [1, 4, 1, 4]

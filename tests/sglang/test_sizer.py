@@ -23,7 +23,7 @@ def loaded(request, tmp_path, monkeypatch):
     policy = load(path)
     s = policy.settings
     scheduler = Scheduler(
-        sizer_class(pp_size=policy.num_stages, tp_size=policy.tp_size),
+        sizer_class(pp_size=policy.pp_size, tp_size=policy.tp_size),
         model_config(path),
         chunked_prefill_size=s.base_chunk_size,
         page_size=s.page_size,

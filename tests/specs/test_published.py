@@ -28,9 +28,9 @@ PUBLISHED = {
 }
 
 
-def totals(folder: str, num_stages: int = 4) -> tuple[int, int, list]:
+def totals(folder: str, pp_size: int = 4) -> tuple[int, int, list]:
     spec = load_spec(DATA / folder / "config.json")
-    stages = stage_accounts(spec, num_stages, dtype="bfloat16")
+    stages = stage_accounts(spec, pp_size, dtype="bfloat16")
     return sum(s.num_params["total"] for s in stages), sum(s.num_active_params for s in stages), stages
 
 
