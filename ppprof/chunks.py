@@ -16,7 +16,7 @@ def default_alignment(page_size: int, tp_size: int = 1) -> int:
     return math.lcm(max(page_size, MIN_ALIGNMENT), tp_size)
 
 
-def probe_unit(page_size: int, tp_size: int = 1) -> int:
+def chunk_unit(page_size: int, tp_size: int = 1) -> int:
     """What every probe chunk is a multiple of: whole pages, split evenly over the TP ranks (lcm(page, tp))."""
     return math.lcm(page_size, tp_size)
 

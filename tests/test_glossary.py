@@ -2,6 +2,7 @@
 synonym found in ppprof/**/*.py, README.md or docs/*.md outside that table fails, naming the file, the line, the
 synonym and the word to use."""
 
+import ast
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,11 @@ HEADER = ["word", "meaning", "retired synonyms"]
 DOCS_ONLY: set[str] = set()
 """Retired synonyms checked in README.md and docs/ only, while the code still has them. Delete a line once its rename
 lands, and the code is checked too (test_docs_only_entries_are_still_in_the_code says when)."""
+
+FILE_FIELDS = {"num_stages"}
+"""Retired identifiers that stay the names of file fields (policy.json, the commands' JSON): in Python they are
+checked as identifiers only (a string may name the field), in README.md and docs/ not at all (the docs name the
+fields). The glossary marks them "(a file field only)"."""
 
 KEPT = {
     (
@@ -124,9 +130,63 @@ def test_the_glossary_table_parses():
     assert {s.text for s in found} >= DOCS_ONLY | {s for s, _ in KEPT}, "DOCS_ONLY or KEPT names no glossary entry"
 
 
+def identifiers(text: str) -> dict[str, int]:
+    """{identifier: first line} of a module's names: variables, attributes, arguments, keywords, functions, classes
+    and imported names; string contents are not identifiers."""
+    found: dict[str, int] = {}
+    for node in ast.walk(ast.parse(text)):
+        names = []
+        if isinstance(node, ast.Name):
+            names = [node.id]
+        elif isinstance(node, ast.Attribute):
+            names = [node.attr]
+        elif isinstance(node, ast.arg):
+            names = [node.arg]
+        elif isinstance(node, ast.keyword) and node.arg:
+            names = [node.arg]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names = [node.name]
+        elif isinstance(node, ast.alias):
+            names = [node.asname or node.name.rsplit(".", 1)[-1]]
+        for name in names:
+            found.setdefault(name, getattr(node, "lineno", 0))
+    return found
+
+
+def test_no_identifier_of_the_package_is_a_retired_synonym():
+    """The package's identifiers (not only its lines) against the glossary: none is a retired identifier."""
+    retired = {s.text: s.word for s in synonyms() if s.command is None and not s.text.startswith("--")}
+    problems = []
+    for path in sorted((REPO / "ppprof").rglob("*.py")):
+        for name, line in identifiers(path.read_text()).items():
+            if name in retired and not kept(Synonym.parse(name, retired[name]), path, "\n"):
+                problems.append(f"{path.relative_to(REPO)}:{line}: `{name}` is retired: use `{retired[name]}`")
+    assert problems == [], "\n".join(problems)
+
+
+def test_the_glossary_words_are_the_package_identifiers():
+    """Every glossary word written as an identifier (`pp_size`, `chunk_unit`, ...) is one in the package, or the
+    name of a file field it writes (a string: `slowest_stage`, a samples.csv column)."""
+    used = set()
+    for path in (REPO / "ppprof").rglob("*.py"):
+        text = path.read_text()
+        used |= set(identifiers(text))
+        used |= {n.value for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    words = [w.strip("`") for w, _, _ in glossary_rows()[0] if re.fullmatch(r"`[a-z_][a-z0-9_]*`", w)]
+    assert words and [w for w in words if w not in used] == []
+
+
+def test_the_identifier_check_sees_names_not_strings():
+    found = identifiers('def f(num_stages):\n    x = obj.num_stages\n    return {"num_stages": x}\n')
+    assert "num_stages" in found and found["num_stages"] == 1
+    assert "num_stages" not in identifiers('d = {"num_stages": 2}\n')
+
+
 def test_no_retired_synonym_comes_back():
     problems = []
     for synonym in synonyms():
+        if synonym.text in FILE_FIELDS:  # checked as an identifier (above): a string names the file field
+            continue
         for path in scanned_files(markdown_only=synonym.text in DOCS_ONLY):
             for n, line in uses(synonym, path):
                 if not kept(synonym, path, line):

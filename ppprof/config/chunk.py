@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import InitVar, asdict, dataclass, field
 
 from ppprof.checks import is_number, require_int
-from ppprof.chunks import default_alignment, default_floor, probe_unit
+from ppprof.chunks import default_alignment, default_floor, chunk_unit
 
 DEFAULT_SMOOTH_FACTOR = 0.75
 """ppprof's default s (SGLang's too): the next chunk is B + s (x - B)."""
@@ -81,7 +81,7 @@ def check_base_chunk(
     line, naming the unit and its flags): with `probes`, every probe chunk, whole pages split evenly over the TP ranks
     (lcm(page, tp)); the rule's chunks, multiples of its alignment: --alignment where given (itself a multiple of the
     TP degree), else lcm(max(page, 64), tp). `alignment` None: no rule is built (a profile of samples only)."""
-    B, unit = base_chunk_size, probe_unit(page_size, tp_size)
+    B, unit = base_chunk_size, chunk_unit(page_size, tp_size)
     if probes and B < unit:
         of = (
             f"--page-size {page_size}"

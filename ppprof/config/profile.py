@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, fields
 
 from ppprof.bounds import ATTENTION_BACKENDS, DEVICES, MAX_STAGES, MAX_TOKENS
 from ppprof.checks import a_type, is_int, is_number, require_bool, require_int, require_str, short
-from ppprof.chunks import align_down, align_up, probe_unit
+from ppprof.chunks import align_down, align_up, chunk_unit
 from ppprof.config.chunk import DEFAULT_CONTEXT_LEN, ChunkSettings, check_base_chunk
 from ppprof.config.policy import DEFAULT_MIN_GAIN, PolicyOptions
 from ppprof.config.workload import check_prompt_spec
@@ -282,7 +282,7 @@ class ProfileConfig:
     @property
     def chunk_unit(self) -> int:
         """What every probe chunk is a multiple of: whole pages split evenly over the TP ranks, lcm(page, tp)."""
-        return probe_unit(self.page_size, self.tp_size)
+        return chunk_unit(self.page_size, self.tp_size)
 
     @property
     def max_probe_chunk_size(self) -> int:
