@@ -62,8 +62,8 @@ def test_with_128_requests_the_sweep_is_exactly_sglangs_for_every_base_chunk():
 
 def test_max_total_tokens_defaults_to_the_longest_probe_request_in_whole_pages():
     cfg = ProfileConfig(base_chunk_size=512, page_size=16)
-    assert cfg.max_total_tokens == cfg.needed_total_tokens() == 32768
-    assert cfg.to_dict()["max_total_tokens"] == cfg.max_total_tokens
+    assert cfg.pools.max_total_tokens == cfg.needed_total_tokens() == 32768
+    assert cfg.to_dict()["max_total_tokens"] == cfg.pools.max_total_tokens
     assert ProfileConfig(**cfg.to_dict()).to_dict() == cfg.to_dict()
 
 
@@ -83,7 +83,7 @@ def test_design_settings_are_checked():
 
     from ppprof.config import ProfileConfig
 
-    assert ProfileConfig().design == "grid"
+    assert ProfileConfig().probes.design == "grid"
     with pytest.raises(ValueError, match="--design 'dense' is unknown: use one of grid, adaptive"):
         ProfileConfig(design="dense")
     with pytest.raises(ValueError, match="--max-requests 64 bounds the adaptive design only"):
@@ -91,7 +91,7 @@ def test_design_settings_are_checked():
     with pytest.raises(ValueError, match="--max-seconds 0 must be a positive number"):
         ProfileConfig(design="adaptive", max_seconds=0)
     cfg = ProfileConfig(design="adaptive", requests_per_probe=64, max_seconds=3)
-    assert cfg.max_seconds == 3.0 and cfg.request_budget == 64 * 7  # the grid's requests by default
+    assert cfg.probes.max_seconds == 3.0 and cfg.request_budget == 64 * 7  # the grid's requests by default
     assert ProfileConfig(design="adaptive", max_requests=100).request_budget == 100
 
 
@@ -105,15 +105,17 @@ def test_recorded_settings_are_read_back_typed_and_checked():
 
 def test_a_config_recorded_before_the_largest_probe_chunk_was_a_setting_reads_as_1_25b():
     cfg = ProfileConfig(base_chunk_size=512)
-    assert cfg.max_probe_chunk_multiple == 4.0 and cfg.max_probe_chunk_size == 2048
+    assert cfg.probes.max_probe_chunk_multiple == 4.0 and cfg.max_probe_chunk_size == 2048
     assert cfg.to_dict()["max_probe_chunk_multiple"] == 4.0 and cfg.to_dict()["overhead_repeats"] == 3
     old = {k: v for k, v in cfg.to_dict().items() if k not in ("max_probe_chunk_multiple", "overhead_repeats")}
     old["prefix_lens"] = [512, 32128]  # the deepest prefix of a run that probed up to 1.25 B: 32128 + 2048 > 32768
     read = ProfileConfig.from_dict(old)
-    assert read.max_probe_chunk_multiple == 1.25 and read.max_probe_chunk_size == 640, f"{read=}"
+    assert read.probes.max_probe_chunk_multiple == 1.25 and read.max_probe_chunk_size == 640, f"{read=}"
     new = ProfileConfig(base_chunk_size=512, prefix_lens=(512, 4096), overhead_repeats=0)
     assert ProfileConfig.from_dict(new.to_dict()) == new  # a config that records the setting keeps it
-    assert ProfileConfig(max_probe_chunk_multiple=3).max_probe_chunk_multiple == 3.0  # a YAML integer is a number
+    assert (
+        ProfileConfig(max_probe_chunk_multiple=3).probes.max_probe_chunk_multiple == 3.0
+    )  # a YAML integer is a number
 
 
 def test_the_rule_settings_of_a_profile_and_their_overrides():
@@ -135,7 +137,7 @@ def test_a_base_chunk_below_the_alignment_is_refused_only_where_a_rule_is_needed
         ProfileConfig(base_chunk_size=32)
     with pytest.raises(ValueError, match=message):
         ProfileConfig(base_chunk_size=32, fit=False, design="adaptive")
-    assert ProfileConfig(base_chunk_size=32, fit=False).base_chunk_size == 32  # samples only: no rule to check
+    assert ProfileConfig(base_chunk_size=32, fit=False).probes.base_chunk_size == 32  # samples only: no rule to check
 
 
 def test_chunks_split_evenly_over_the_tp_ranks():
@@ -170,14 +172,15 @@ def test_chunks_split_evenly_over_the_tp_ranks():
 
 
 def test_profile_help_shows_the_settings_trees_defaults():
-    import dataclasses
     import re
 
     from ppprof.cli import main
 
     helps = {p.name: p.help or "" for p in main.commands["profile"].params}
     checked = 0
-    for f in dataclasses.fields(ProfileConfig):
+    from ppprof.config.sections import setting_fields
+
+    for f in setting_fields():
         if f.default is None or isinstance(f.default, bool) or f.name not in helps:
             continue
         shown = re.findall(r"\[([^\]]+)\]$", helps[f.name])

@@ -34,7 +34,7 @@ def probe_sequence(
     Adaptive (never resumed): the initial design, then after each probe (once the caller has appended its rows to
     `samples_path` and its end-to-end latencies to `e2e_ms`) the next one rank 0 chooses, appended to `probes`,
     until it stops; every rank gets the same probe or the stop. `t_probes`: when the probing began."""
-    if cfg.design != "adaptive":
+    if cfg.probes.design != "adaptive":
         yield from probes[first:]
         design.stopping_reason = GRID_DONE
         return
@@ -63,7 +63,7 @@ def probe_sequence(
             design.stopping_reason, design.uncertainty = decision.stop_reason, decision.uncertainty
             return
         first_rid = 1 + max(r.rid for p in probes for r in p.requests)
-        probes.append(design_probe(len(probes), len(probes), decision.points, first_rid, cfg.seed))
+        probes.append(design_probe(len(probes), len(probes), decision.points, first_rid, cfg.probes.seed))
 
 
 def record_step(design: DesignState, probes: list[Probe], decision, seconds: float) -> None:

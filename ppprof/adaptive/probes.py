@@ -19,10 +19,12 @@ NUM_CANDIDATE_PREFIXES = 12
 def candidate_grid(cfg: ProfileConfig) -> tuple[list[int], list[int]]:
     """(prefix_len, chunk_size) of every candidate of the adaptive design, as two lists."""
     prefixes = (0,) + (
-        cfg.resolved_prefix_lens() if cfg.prefix_lens is not None else cfg.resolved_prefix_lens(NUM_CANDIDATE_PREFIXES)
+        cfg.resolved_prefix_lens()
+        if cfg.probes.prefix_lens is not None
+        else cfg.resolved_prefix_lens(NUM_CANDIDATE_PREFIXES)
     )
-    chunks = wide_chunk_sizes(cfg.base_chunk_size, cfg.max_probe_chunk_size, cfg.chunk_unit) + grid_chunk_sizes(
-        cfg.base_chunk_size, cfg.chunk_unit, NUM_CANDIDATE_CHUNKS
+    chunks = wide_chunk_sizes(cfg.probes.base_chunk_size, cfg.max_probe_chunk_size, cfg.chunk_unit) + grid_chunk_sizes(
+        cfg.probes.base_chunk_size, cfg.chunk_unit, NUM_CANDIDATE_CHUNKS
     )
     pairs = [(p, c) for p in sorted(set(prefixes)) for c in chunks]
     return [p for p, _ in pairs], [c for _, c in pairs]
@@ -39,16 +41,16 @@ def design_probe(index: int, step: int, points: list[tuple[int, int]], first_rid
 def initial_probes(cfg: ProfileConfig) -> list[Probe]:
     """The probes known before any is timed: the grid design's, all of them (ppprof.probe.synth.make_probes); the
     adaptive design's, the one probe of its initial design (the next ones are chosen as the run goes)."""
-    if cfg.design != "adaptive":
+    if cfg.probes.design != "adaptive":
         return make_probes(cfg)
     L, x = candidate_grid(cfg)
-    return [design_probe(0, 0, initial_design(L, x, cfg.base_chunk_size), 0, cfg.seed)]
+    return [design_probe(0, 0, initial_design(L, x, cfg.probes.base_chunk_size), 0, cfg.probes.seed)]
 
 
 def check(cfg: ProfileConfig) -> None:
     """Before launch: the adaptive design's initial design exists on the candidate grid and fits in --max-requests
     (ValueError naming the flag and the fix); nothing to check for the grid design."""
-    if cfg.design != "adaptive":
+    if cfg.probes.design != "adaptive":
         return
     try:
         initial_probes(cfg)
@@ -57,8 +59,8 @@ def check(cfg: ProfileConfig) -> None:
             f"--design adaptive with --prefix-lens {','.join(map(str, cfg.resolved_prefix_lens()))}: "
             f"{e}; give at least two prefix lengths (or none, for the default)"
         ) from None
-    if cfg.max_requests is not None and cfg.max_requests < INITIAL_REQUESTS:
+    if cfg.probes.max_requests is not None and cfg.probes.max_requests < INITIAL_REQUESTS:
         raise ValueError(
-            f"--max-requests {cfg.max_requests} is below the {INITIAL_REQUESTS} requests of the "
+            f"--max-requests {cfg.probes.max_requests} is below the {INITIAL_REQUESTS} requests of the "
             f"adaptive design's initial design: use at least {INITIAL_REQUESTS}"
         )

@@ -85,9 +85,9 @@ def choose(
         log.warning(
             "the samples so far do not determine the latency model (%s): the initial design runs again", step.error
         )
-        if cfg.max_seconds is not None and seconds_spent >= cfg.max_seconds:
+        if cfg.probes.max_seconds is not None and seconds_spent >= cfg.probes.max_seconds:
             return Decision(stop_reason=MAX_SECONDS)
-        left = min(cfg.request_budget - requests_run, cfg.requests_per_probe)
+        left = min(cfg.request_budget - requests_run, cfg.probes.requests_per_probe)
         if left <= 0:
             return Decision(stop_reason=MAX_REQUESTS)
         return Decision(points=[(r.prefix_len, r.chunk_size) for r in probes[0].requests][:left])
@@ -107,9 +107,9 @@ def choose(
         cost_s=cost_s,
         requests_run=requests_run,
         seconds_spent=seconds_spent,
-        requests_per_probe=cfg.requests_per_probe,
+        requests_per_probe=cfg.probes.requests_per_probe,
         max_requests=cfg.request_budget,
-        max_seconds=cfg.max_seconds,
+        max_seconds=cfg.probes.max_seconds,
     )
 
 
@@ -141,15 +141,15 @@ def design_record(
         u, error = final_uncertainty(cfg, pp_size, samples_path)
     return finite(
         {
-            "design": cfg.design,
+            "design": cfg.probes.design,
             "steps": 1 + max((p.design_step for p in probes), default=0),
             "requests": sum(len(p.requests) for p in probes),
             "forward_tokens": forward_tokens,
             "probe_wall_s": round(probe_wall_s, 3),
             "stopping_reason": reason,
             "stopping_rule": STOPPING_REASONS_ALL[reason],
-            "max_requests": cfg.request_budget if cfg.design == "adaptive" else None,
-            "max_seconds": cfg.max_seconds,
+            "max_requests": cfg.request_budget if cfg.probes.design == "adaptive" else None,
+            "max_seconds": cfg.probes.max_seconds,
             "uncertainty": u,
             "uncertainty_error": error,
             "history": design.history,

@@ -156,7 +156,7 @@ def write_report(
         "profile": {k: profile_run.get(k) for k in ("hardware", "attention_kernel", "mamba_kernel", "torch_threads")},
         "prompt_lens": {},
     }
-    base = bench.profile.base_chunk_size
+    base = bench.profile.probes.base_chunk_size
     lines = [
         f"bench: {pp_size} stages on {world_size} ranks ({doc['composition']}); TTFT ms, median of "
         f"{bench.repeats} (min-max); predicted by the policy; error = predicted / measured - 1"

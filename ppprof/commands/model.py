@@ -116,7 +116,7 @@ def show_memory(cfg: ProfileConfig, as_json: bool) -> None:
     """Print the model, then each stage's memory (or one JSON object with both)."""
     spec, stages, verdict = memory_report(cfg)
     world_size, dtype = len(stages), stages[0].dtype
-    spec = rank_spec(spec, cfg.tp_size)
+    spec = rank_spec(spec, cfg.parallelism.tp_size)
     if as_json:
         memory = {
             "settings": cfg.to_dict(),
@@ -125,13 +125,17 @@ def show_memory(cfg: ProfileConfig, as_json: bool) -> None:
             "checked": verdict.checked,
             "problem": verdict.problem,
         }
-        click.echo(json.dumps({**describe(spec, world_size, cfg.layer_partition, dtype), "memory": memory}))
+        click.echo(json.dumps({**describe(spec, world_size, cfg.parallelism.layer_partition, dtype), "memory": memory}))
         return
     settings = (
-        f"pools: KV {cfg.max_total_tokens} slots (page {cfg.page_size}), {cfg.max_mamba_cache_size} Mamba "
-        f"slots, {cfg.max_running_requests} requests x context {cfg.context_len}; {world_size} stages"
+        f"pools: KV {cfg.pools.max_total_tokens} slots (page {cfg.pools.page_size}), {cfg.pools.max_mamba_cache_size} Mamba "
+        f"slots, {cfg.pools.max_running_requests} requests x context {cfg.probes.context_len}; {world_size} stages"
     )
-    text = format_text(spec, stage_accounts(spec, world_size, cfg.layer_partition, dtype=dtype), dtype)
-    click.echo(text if cfg.tp_size == 1 else text.replace("\nparams ", f"\n{tp_line(cfg.tp_size)}\nparams ", 1))
+    text = format_text(spec, stage_accounts(spec, world_size, cfg.parallelism.layer_partition, dtype=dtype), dtype)
+    click.echo(
+        text
+        if cfg.parallelism.tp_size == 1
+        else text.replace("\nparams ", f"\n{tp_line(cfg.parallelism.tp_size)}\nparams ", 1)
+    )
     click.echo("")
     click.echo(format_memory_text(stages, settings, verdict.limit, verdict.problem, checked=verdict.checked))

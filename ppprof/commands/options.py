@@ -10,6 +10,7 @@ import click
 
 from ppprof.bounds import ATTENTION_BACKENDS, DEVICES
 from ppprof.config import PolicyOptions, ProfileConfig, flag
+from ppprof.config.sections import setting_fields
 from ppprof.distributed.launch import TORCHRUN_OPTIONS
 from ppprof.run.job import RESOLVED_CONFIG
 
@@ -21,7 +22,8 @@ resolved_config_option = click.option(
 def shown(name: str, when_none: str | None = None, settings=ProfileConfig) -> str:
     """The default of setting `name` (of `settings`, a class of ppprof.config) as help shows it: "[512]", "[--fit]"
     for a flag, `when_none` in brackets where the default is None (resolved from other settings)."""
-    value = {f.name: f.default for f in dataclasses.fields(settings)}[name]
+    every = setting_fields() if settings is ProfileConfig else dataclasses.fields(settings)
+    value = {f.name: f.default for f in every}[name]
     if value is None:
         return f"[{when_none}]" if when_none else ""
     if isinstance(value, bool):

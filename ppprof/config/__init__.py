@@ -6,7 +6,8 @@ policy's rules are chosen with); bench: BenchConfig (a bench on a profile)."""
 from ppprof.config.bench import BENCH_STRATEGIES, BenchConfig
 from ppprof.config.chunk import CONTEXT_MARGIN, DEFAULT_CONTEXT_LEN, DEFAULT_SMOOTH_FACTOR, ChunkSettings
 from ppprof.config.policy import DEFAULT_MIN_GAIN, PolicyOptions
-from ppprof.config.profile import DESIGNS, ProfileConfig, flag, sweep_chunk_sizes
+from ppprof.config.profile import ProfileConfig, sweep_chunk_sizes
+from ppprof.config.sections import DESIGNS, flag
 
 __all__ = [
     "BENCH_STRATEGIES",

@@ -49,9 +49,9 @@ class BenchConfig:
             raise ValueError("--prompt-len is required: give at least one prompt length, e.g. --prompt-len 8192")
         for n in self.prompt_lens:
             require_int("--prompt-len", n, 1)
-            if n > self.profile.context_len:
+            if n > self.profile.probes.context_len:
                 raise ValueError(
-                    f"--prompt-len {n} exceeds the context length {self.profile.context_len} of the "
+                    f"--prompt-len {n} exceeds the context length {self.profile.probes.context_len} of the "
                     "profile: use a shorter prompt or profile with a larger --context-len"
                 )
         unknown = [s for s in self.strategies if s not in BENCH_STRATEGIES]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import InitVar, asdict, dataclass, field
 
 from ppprof.checks import is_number, require_int
-from ppprof.chunks import default_alignment, default_floor, chunk_unit
+from ppprof.chunks import chunk_unit, default_alignment, default_floor
 
 DEFAULT_SMOOTH_FACTOR = 0.75
 """ppprof's default s (SGLang's too): the next chunk is B + s (x - B)."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ppprof.chunks import align_down
 from ppprof.config import ProfileConfig, sweep_chunk_sizes
-from ppprof.config.profile import SGLANG_PROBE_MULTIPLE
+from ppprof.config.sections import SGLANG_PROBE_MULTIPLE
 
 SWEEP = "sweep"
 WIDE = "wide"
@@ -73,16 +73,16 @@ def make_probes(cfg: ProfileConfig) -> list[Probe]:
     largest probe chunk is above 1.25 B, the prefix-free wide probe (the wide sizes only); then one probe per prefix
     length, its requests cycling through the grid's chunk sizes, one in WIDE_SHARE through the wide ones, in a
     seeded random order. Request ids are unique across the run."""
-    n, align = cfg.requests_per_probe, cfg.chunk_unit
+    n, align = cfg.probes.requests_per_probe, cfg.chunk_unit
     probes = [
         Probe(
             0,
             SWEEP,
-            tuple(ProbeRequest(i, 0, c) for i, c in enumerate(sweep_chunk_sizes(cfg.base_chunk_size, n, align))),
+            tuple(ProbeRequest(i, 0, c) for i, c in enumerate(sweep_chunk_sizes(cfg.probes.base_chunk_size, n, align))),
         )
     ]
-    grid = grid_chunk_sizes(cfg.base_chunk_size, align)
-    wide = wide_chunk_sizes(cfg.base_chunk_size, cfg.max_probe_chunk_size, align)
+    grid = grid_chunk_sizes(cfg.probes.base_chunk_size, align)
+    wide = wide_chunk_sizes(cfg.probes.base_chunk_size, cfg.max_probe_chunk_size, align)
     num_wide = max(1, n // WIDE_SHARE) if wide else 0
     shapes = [(WIDE, 0, [wide[i % len(wide)] for i in range(max(num_wide, len(wide)))])] if wide else []
     shapes += [
@@ -92,7 +92,7 @@ def make_probes(cfg: ProfileConfig) -> list[Probe]:
     rid = n
     for kind, prefix_len, chunks in shapes:
         k = len(probes)
-        random.Random(cfg.seed * 7919 + k).shuffle(chunks)
+        random.Random(cfg.probes.seed * 7919 + k).shuffle(chunks)
         probes.append(Probe(k, kind, tuple(ProbeRequest(rid + i, prefix_len, c) for i, c in enumerate(chunks))))
         rid += len(chunks)
     return probes

@@ -95,7 +95,7 @@ def prepare(run: RankRun[BenchState]) -> None:
                 bench.pp_size,
                 bench.plans,
             )
-            run_dir = Path(bench.out) if bench.out else default_run_dir(f"bench-{run.cfg.model}")
+            run_dir = Path(bench.out) if bench.out else default_run_dir(f"bench-{run.cfg.model.model}")
             run_dir.mkdir(parents=True, exist_ok=True)
             claim_folder(run, run_dir, bench.out, run.state.overwrite)
             write_manifest(run_dir)
@@ -109,7 +109,7 @@ def build_stages(run: RankRun[BenchState]) -> None:
     holds the longest prompt."""
     cfg, bench = run.cfg, run.state.bench
     per_rank = bench.pp_size // run.pp_size
-    longest = align_up(max(bench.prompt_lens), cfg.page_size)
+    longest = align_up(max(bench.prompt_lens), cfg.pools.page_size)
     stages = []
     for index in range(run.stage_idx * per_rank, (run.stage_idx + 1) * per_rank):
         layer_ids = run.stage_ranges[index]
@@ -118,24 +118,24 @@ def build_stages(run: RankRun[BenchState]) -> None:
             layer_ids,
             dtype=run.dtype,
             device=run.info.device,
-            seed=cfg.seed,
-            attention_backend=cfg.attention_backend,
+            seed=cfg.probes.seed,
+            attention_backend=cfg.job.attention_backend,
             **tp_comm(run),
         )
         cache = build_stage_cache(
             run.spec,
             layer_ids,
             max_total_tokens=longest,
-            page_size=cfg.page_size,
+            page_size=cfg.pools.page_size,
             max_mamba_cache_size=1,
             max_running_requests=1,
-            context_len=max(longest, cfg.context_len),
+            context_len=max(longest, cfg.probes.context_len),
             dtype=run.dtype,
             device=run.info.device,
             **tp_shard(run),
         )
         stages.append(BenchStage(index, stage.eval(), cache))
-    run.state.runner = PromptRunner(stages=stages, pipe=run.pipe, seed=cfg.seed)
+    run.state.runner = PromptRunner(stages=stages, pipe=run.pipe, seed=cfg.probes.seed)
     log.info("stages %s of %d (%s) on rank %d", [s.index for s in stages], bench.pp_size, run.spec.name, run.rank)
 
 
@@ -242,5 +242,9 @@ def bench_rank(
             release_folder(run)
 
     return run_rank(
-        job, bench.profile.device, bench.profile.torch_threads, bench.profile.timeout, bench.profile.tp_size
+        job,
+        bench.profile.job.device,
+        bench.profile.job.torch_threads,
+        bench.profile.job.timeout,
+        bench.profile.parallelism.tp_size,
     )

@@ -58,20 +58,22 @@ def check_before_launch(
     ranks (ppprof.specs.tp) and its layers over the stages, the device exists, the attention backend runs there,
     the start method suits it, the policy's workload reads, and this node's stages fit in its memory
     (check_memory)."""
-    check_output_folder(cfg.out, overwrite, resume, folder)
+    check_output_folder(cfg.job.out, overwrite, resume, folder)
     check_master_port(torchrun or {})
     check_adaptive_design(cfg)
-    if cfg.prompt_lens is not None and cfg.fit:  # the fit at the end reads it: a bad workload fails now, not then
-        parse_prompt_spec(cfg.prompt_lens, cfg.context_len)
-    problem = mesh_problem(world_size, cfg.tp_size, cfg.pp_size, local_ranks)
+    if (
+        cfg.fit.prompt_lens is not None and cfg.fit.fit
+    ):  # the fit at the end reads it: a bad workload fails now, not then
+        parse_prompt_spec(cfg.fit.prompt_lens, cfg.probes.context_len)
+    problem = mesh_problem(world_size, cfg.parallelism.tp_size, cfg.parallelism.pp_size, local_ranks)
     if problem:
         raise ValueError(problem)
-    spec = load_spec(cfg.model, num_layers=cfg.num_layers, dtype=cfg.dtype)
-    check_tp(spec, cfg.tp_size)
-    pp_size = world_size // cfg.tp_size
-    split_layers(spec.num_layers, pp_size, cfg.layer_partition)
-    resolve_attention_backend(cfg.attention_backend, cfg.device)
-    if cfg.device == "cuda":
+    spec = load_spec(cfg.model.model, num_layers=cfg.model.num_layers, dtype=cfg.model.dtype)
+    check_tp(spec, cfg.parallelism.tp_size)
+    pp_size = world_size // cfg.parallelism.tp_size
+    split_layers(spec.num_layers, pp_size, cfg.parallelism.layer_partition)
+    resolve_attention_backend(cfg.job.attention_backend, cfg.job.device)
+    if cfg.job.device == "cuda":
         check_cuda(local_ranks, (torchrun or {}).get("start_method"))
     check_memory(cfg, world_size, local_ranks, torchrun, spec=spec)  # per rank: its stage as its TP rank holds it
 
@@ -110,12 +112,12 @@ def check_master_port(torchrun: dict) -> None:
 def warnings(cfg: ProfileConfig) -> list[str]:
     """Settings that run but do not measure what a server does, one line each."""
     out = []
-    if cfg.max_mamba_cache_size < cfg.requests_per_probe:
+    if cfg.pools.max_mamba_cache_size < cfg.probes.requests_per_probe:
         out.append(
-            f"--max-mamba-cache-size {cfg.max_mamba_cache_size} is below --requests-per-probe "
-            f"{cfg.requests_per_probe}: a probe's Mamba slots cannot be taken in one grouped window (where the "
+            f"--max-mamba-cache-size {cfg.pools.max_mamba_cache_size} is below --requests-per-probe "
+            f"{cfg.probes.requests_per_probe}: a probe's Mamba slots cannot be taken in one grouped window (where the "
             "model has Mamba layers), so every request takes its slot one by one; raise it to "
-            f"{cfg.requests_per_probe} to profile the grouped path"
+            f"{cfg.probes.requests_per_probe} to profile the grouped path"
         )
     return out
 
@@ -140,7 +142,7 @@ def check_cuda(local_ranks: int, start_method: str | None) -> None:
 
 def bench_world_check(bench: BenchConfig) -> Callable[[int], None]:
     def check(world_size: int) -> None:
-        tp = bench.profile.tp_size
+        tp = bench.profile.parallelism.tp_size
         if world_size % tp:
             return  # check_before_launch names the mesh that does not fit
         ranks = world_size // tp  # the pipeline's stages on ranks: every TP group one

@@ -46,33 +46,39 @@ def start(
             # Across nodes a rank may start after rank 0 wrote into --out: rank 0 checks it (ppprof.run.profile).
             check_before_launch(profile, world_size, local, torchrun, overwrite, resume, folder=world_size == local)
         return rank_main(settings, fault)
-    world_size = num_nodes(torchrun.get("nnodes")) * profile.nproc_per_node
-    one_node = world_size == profile.nproc_per_node
+    world_size = num_nodes(torchrun.get("nnodes")) * profile.parallelism.nproc_per_node
+    one_node = world_size == profile.parallelism.nproc_per_node
     (world_check or (lambda n: None))(world_size)
-    check_before_launch(profile, world_size, profile.nproc_per_node, torchrun, overwrite, resume, folder=one_node)
+    check_before_launch(
+        profile, world_size, profile.parallelism.nproc_per_node, torchrun, overwrite, resume, folder=one_node
+    )
     for line in warnings(profile):
         print(f"warning: {line}", file=sys.stderr)
     worker_args = (
         [command, RESOLVED_CONFIG, json.dumps(settings.to_dict())]
         + (["--inject-fault", fault] if fault else [])
-        + (["--resume", profile.out] if resume else [])
+        + (["--resume", profile.job.out] if resume else [])
         + (["--overwrite"] if overwrite else [])
     )
     if not one_node:  # rank 0 checks and locks the folder for every node
-        return record_outcome(profile.out, launch(profile.nproc_per_node, torchrun, worker_args, job=command))
-    if not profile.out:  # rank 0 names a new folder, and tells which
+        return record_outcome(
+            profile.job.out, launch(profile.parallelism.nproc_per_node, torchrun, worker_args, job=command)
+        )
+    if not profile.job.out:  # rank 0 names a new folder, and tells which
         with tempfile.NamedTemporaryFile("r", prefix="ppprof-run-dir.") as note:
             os.environ[RUN_DIR_NOTE_ENV] = note.name
-            outcome = launch(profile.nproc_per_node, torchrun, worker_args, job=command)
+            outcome = launch(profile.parallelism.nproc_per_node, torchrun, worker_args, job=command)
             return record_outcome(Path(note.name).read_text().strip() or None, outcome)
-    created = claim_out(profile.out)
+    created = claim_out(profile.job.out)
     os.environ[LOCK_HELD_ENV] = "1"  # the ranks inherit it: their launcher holds the lock
     try:
-        return record_outcome(profile.out, launch(profile.nproc_per_node, torchrun, worker_args, job=command))
+        return record_outcome(
+            profile.job.out, launch(profile.parallelism.nproc_per_node, torchrun, worker_args, job=command)
+        )
     finally:
-        release_lock(profile.out)
+        release_lock(profile.job.out)
         if created:
-            remove_if_empty(profile.out)
+            remove_if_empty(profile.job.out)
 
 
 def claim_out(out: str) -> bool:

@@ -32,7 +32,7 @@ def run_probes(run: RankRun[ProfileState]) -> None:
 
         total = (
             sum(len(p.requests) for p in run.state.probes[first:])
-            if run.cfg.design == "grid"
+            if run.cfg.probes.design == "grid"
             else run.cfg.request_budget
         )
         bar = tqdm(total=total, desc="profile", unit="req", file=sys.stderr, disable=None, dynamic_ncols=True)
@@ -80,18 +80,18 @@ def measure_overhead(run: RankRun[ProfileState]) -> None:
     bench executor (every pool checked after every prompt); rank 0 solves each prompt's overhead from its TTFT and
     the replay of every stage's forwards of it."""
     cfg = run.cfg
-    if not cfg.overhead_repeats:
+    if not cfg.probes.overhead_repeats:
         return
     start = time.perf_counter()
-    sizes = overhead_chunk_sizes(cfg.base_chunk_size, cfg.chunk_unit, cfg.max_probe_chunk_size)
-    capacity = min(cfg.max_total_tokens, cfg.context_len)
-    warmup, timed = overhead_plans(sizes, capacity, cfg.overhead_repeats, cfg.base_chunk_size)
+    sizes = overhead_chunk_sizes(cfg.probes.base_chunk_size, cfg.chunk_unit, cfg.max_probe_chunk_size)
+    capacity = min(cfg.pools.max_total_tokens, cfg.probes.context_len)
+    warmup, timed = overhead_plans(sizes, capacity, cfg.probes.overhead_repeats, cfg.probes.base_chunk_size)
     if not timed:  # the same on every rank: nothing to agree on
         log.warning(
             "pipeline overhead not measured: a request holds %d tokens, under two chunks of %d", capacity, sizes[0]
         )
         return
-    runner = PromptRunner(stages=[BenchStage(run.stage_idx, run.stage, run.cache)], pipe=run.pipe, seed=cfg.seed)
+    runner = PromptRunner(stages=[BenchStage(run.stage_idx, run.stage, run.cache)], pipe=run.pipe, seed=cfg.probes.seed)
     rows, ttft = [], {}
     for index, (repeat, chunks) in enumerate([(WARMUP_REPEAT, warmup)] + timed):  # the warm-up is prompt 0
         result = runner.run(BenchPrompt(index, f"overhead-{chunks[-1]}", repeat, sum(chunks), chunks))

@@ -32,33 +32,33 @@ MORE_STAGES = "use more stages (--nproc-per-node)"
 def profile_memory(cfg: ProfileConfig, world_size: int, spec: ModelSpec | None = None) -> list[StageMemory]:
     """What each stage of the profile needs (ppprof.specs.memory): pools as configured, activations of its largest
     probe request, the largest probe chunk after the longest prefix."""
-    spec = spec or load_spec(cfg.model, num_layers=cfg.num_layers, dtype=cfg.dtype)
+    spec = spec or load_spec(cfg.model.model, num_layers=cfg.model.num_layers, dtype=cfg.model.dtype)
     prefix_len = max(cfg.resolved_prefix_lens(), default=0)
     return [
         stage_memory(
             spec,
             layers,
             stage_idx=i,
-            dtype=cfg.dtype,
-            max_total_tokens=cfg.max_total_tokens,
-            page_size=cfg.page_size,
-            max_mamba_cache_size=cfg.max_mamba_cache_size,
-            max_running_requests=cfg.max_running_requests,
-            context_len=cfg.context_len,
+            dtype=cfg.model.dtype,
+            max_total_tokens=cfg.pools.max_total_tokens,
+            page_size=cfg.pools.page_size,
+            max_mamba_cache_size=cfg.pools.max_mamba_cache_size,
+            max_running_requests=cfg.pools.max_running_requests,
+            context_len=cfg.probes.context_len,
             chunk_size=cfg.max_probe_chunk_size,
             prefix_len=prefix_len,
-            attention_backend=cfg.attention_backend,
-            device=cfg.device,
+            attention_backend=cfg.job.attention_backend,
+            device=cfg.job.device,
         )
-        for i, layers in enumerate(split_layers(spec.num_layers, world_size, cfg.layer_partition))
+        for i, layers in enumerate(split_layers(spec.num_layers, world_size, cfg.parallelism.layer_partition))
     ]
 
 
 def rank_memory(cfg: ProfileConfig, world_size: int, spec: ModelSpec | None = None) -> list[StageMemory]:
     """What each rank of the profile's (pp, tp) mesh needs, by global rank: its stage as one TP rank holds it
     (ppprof.specs.tp.rank_spec), the same for every TP rank of a stage (profile_memory at TP = 1)."""
-    spec = spec or load_spec(cfg.model, num_layers=cfg.num_layers, dtype=cfg.dtype)
-    tp = cfg.tp_size
+    spec = spec or load_spec(cfg.model.model, num_layers=cfg.model.num_layers, dtype=cfg.model.dtype)
+    tp = cfg.parallelism.tp_size
     return [m for m in profile_memory(cfg, world_size // tp, rank_spec(spec, tp)) for _ in range(tp)]
 
 
@@ -113,7 +113,7 @@ def memory_fixes(cfg: ProfileConfig, m: StageMemory) -> str:
     """What lowers the parts that weigh most (each of at least a tenth of the total), as one phrase. Where the
     stages share a host (CPU), more stages do not shrink the weights and pools they hold together: fewer layers,
     a smaller dtype or more hosts do."""
-    if cfg.device == "cuda":
+    if cfg.job.device == "cuda":
         smaller_stages = [MORE_STAGES]
     else:
         smaller_stages = (
@@ -132,7 +132,7 @@ def memory_fixes(cfg: ProfileConfig, m: StageMemory) -> str:
                     "fewer/shorter --prefix-lens"
                 ]
         elif key == "kv_pool":
-            if cfg.max_total_tokens > cfg.needed_total_tokens():
+            if cfg.pools.max_total_tokens > cfg.needed_total_tokens():
                 fixes.append(f"lower --max-total-tokens (the probes need {cfg.needed_total_tokens()})")
             fixes += ["fewer/shorter --prefix-lens", *smaller_stages]
         elif key == "request_table":
@@ -163,7 +163,7 @@ def memory_verdict(
     """Whether the stages of this node (`local`; None where unknown) fit: on CUDA each against its GPU's total
     memory, on CPU together against the host's MemAvailable."""
     mine = [stages[i] for i in local] if local is not None else []
-    if cfg.device == "cuda":
+    if cfg.job.device == "cuda":
         return gpu_verdict(cfg, mine or [max(stages, key=lambda s: s.total)] * local_ranks, local_ranks)
     return host_verdict(cfg, mine, max(mine or stages, key=lambda s: s.total), local_ranks)
 
@@ -234,7 +234,9 @@ def check_memory(
 def memory_report(cfg: ProfileConfig) -> tuple[ModelSpec, list[StageMemory], MemoryVerdict]:
     """What `ppprof model --memory` shows: the model, what each of the profile's stages (all on this machine's limit,
     as if it were every node) needs on each of its TP ranks, and the verdict `ppprof profile` would reach."""
-    spec = load_spec(cfg.model, num_layers=cfg.num_layers, dtype=cfg.dtype)
-    world_size = cfg.nproc_per_node  # flashinfer need not be installed here to estimate it (ppprof.specs.memory)
-    stages = profile_memory(cfg, world_size // cfg.tp_size, rank_spec(spec, cfg.tp_size))
+    spec = load_spec(cfg.model.model, num_layers=cfg.model.num_layers, dtype=cfg.model.dtype)
+    world_size = (
+        cfg.parallelism.nproc_per_node
+    )  # flashinfer need not be installed here to estimate it (ppprof.specs.memory)
+    stages = profile_memory(cfg, world_size // cfg.parallelism.tp_size, rank_spec(spec, cfg.parallelism.tp_size))
     return spec, stages, memory_verdict(cfg, rank_memory(cfg, world_size, spec), world_size, range(world_size))

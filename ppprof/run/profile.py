@@ -58,9 +58,9 @@ def prepare_run_folder(run: RankRun[ProfileState]) -> None:
     first = 0
     with agreed(run.pipe, "prepare the run folder and the probes"):
         if run.rank == 0:
-            run_dir = Path(run.cfg.out) if run.cfg.out else default_run_dir(run.cfg.model)
+            run_dir = Path(run.cfg.job.out) if run.cfg.job.out else default_run_dir(run.cfg.model.model)
             run_dir.mkdir(parents=True, exist_ok=True)
-            claim_folder(run, run_dir, run.cfg.out, run.state.overwrite, run.state.resume)
+            claim_folder(run, run_dir, run.cfg.job.out, run.state.overwrite, run.state.resume)
             folder = RunFolder(run_dir)
             probes = initial_probes(run.cfg)
             if run.state.resume:
@@ -135,19 +135,19 @@ def build_stage(run: RankRun[ProfileState]) -> None:
         layer_ids,
         dtype=run.dtype,
         device=run.info.device,
-        seed=cfg.seed,
-        attention_backend=cfg.attention_backend,
+        seed=cfg.probes.seed,
+        attention_backend=cfg.job.attention_backend,
         **tp,
     )
     run.stage.eval()
     run.cache = build_stage_cache(
         spec,
         layer_ids,
-        max_total_tokens=cfg.max_total_tokens,
-        page_size=cfg.page_size,
-        max_mamba_cache_size=cfg.max_mamba_cache_size,
-        max_running_requests=cfg.max_running_requests,
-        context_len=cfg.context_len,
+        max_total_tokens=cfg.pools.max_total_tokens,
+        page_size=cfg.pools.page_size,
+        max_mamba_cache_size=cfg.pools.max_mamba_cache_size,
+        max_running_requests=cfg.pools.max_running_requests,
+        context_len=cfg.probes.context_len,
         dtype=run.dtype,
         device=run.info.device,
         **tp_shard(run),
@@ -158,17 +158,19 @@ def build_stage(run: RankRun[ProfileState]) -> None:
         "pools: KV %.1f MiB (%d slots, page %d), Mamba %.1f MiB (%s slots), %d request entries",
         pool_mib[0],
         cache.kv_alloc.size,
-        cfg.page_size,
+        cfg.pools.page_size,
         pool_mib[1],
         "no" if cache.mamba_alloc is None else cache.mamba_alloc.size,
-        cfg.max_running_requests,
+        cfg.pools.max_running_requests,
     )
 
 
 def warm_up(run: RankRun[ProfileState]) -> None:
     """Untimed forwards shaped like the first timed ones, so that no timed request is the first of its kind."""
-    run.state.runner = ProbeRunner(stage=run.stage, cache=run.cache, pipe=run.pipe, seed=run.cfg.seed, fault=run.fault)
-    run.state.warmup = warmup_requests(run.state.probes, run.cfg.warmup)
+    run.state.runner = ProbeRunner(
+        stage=run.stage, cache=run.cache, pipe=run.pipe, seed=run.cfg.probes.seed, fault=run.fault
+    )
+    run.state.warmup = warmup_requests(run.state.probes, run.cfg.probes.warmup)
     run.state.t_probes = time.perf_counter()
     run.state.runner.warm_up(run.state.warmup)
     # What each stage's attention ran (None on a stage without attention), gathered for run.json.
@@ -194,7 +196,7 @@ PHASES: tuple[Phase, ...] = (
 
 
 def profile_rank(cfg: ProfileConfig, fault: str | None = None, resume: bool = False, overwrite: bool = False) -> int:
-    """One rank of `ppprof profile` (`resume`: finish the interrupted run in cfg.out; `overwrite`: it may hold
+    """One rank of `ppprof profile` (`resume`: finish the interrupted run in cfg.job.out; `overwrite`: it may hold
     files); returns its exit code. A run that fails records it in run.json (status "failed: <reason>")."""
 
     def job(info) -> None:
@@ -211,4 +213,4 @@ def profile_rank(cfg: ProfileConfig, fault: str | None = None, resume: bool = Fa
         finally:
             release_folder(run)
 
-    return run_rank(job, cfg.device, cfg.torch_threads, cfg.timeout, cfg.tp_size)
+    return run_rank(job, cfg.job.device, cfg.job.torch_threads, cfg.job.timeout, cfg.parallelism.tp_size)

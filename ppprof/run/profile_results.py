@@ -82,7 +82,7 @@ def log_summary(frame, world_size: int, wall_s: float, forward_tokens: int, run_
 
 def fit_policy(run: RankRun[ProfileState]) -> None:
     """Rank 0, unless --no-fit: policy.json and the plots beside the samples."""
-    if run.rank != 0 or not run.cfg.fit:
+    if run.rank != 0 or not run.cfg.fit.fit:
         return
     from ppprof.fit import fit_run
 

@@ -15,9 +15,9 @@ class ProfileState:
     """What the profile job's phases hand on, in the order they fill it (rank 0 only: record, probes_done)."""
 
     resume: bool = False
-    """--resume: finish the interrupted run in cfg.out."""
+    """--resume: finish the interrupted run in cfg.job.out."""
     overwrite: bool = False
-    """--overwrite: cfg.out may hold files."""
+    """--overwrite: cfg.job.out may hold files."""
     probes: list[Probe] = field(default_factory=list)
     """Every probe of the run, in order; the adaptive design appends each one it chooses."""
     first_probe: int = 0

@@ -89,7 +89,9 @@ def run_status(stop: Stop) -> str:
 
 def resolve_dtype(cfg: ProfileConfig, spec_dtype: str | None) -> torch.dtype:
     """--dtype, else the spec's, else bf16 on GPU and fp32 on CPU (all names already normalised)."""
-    return getattr(torch, cfg.dtype or spec_dtype or (AUTO_DTYPE_GPU if cfg.device == "cuda" else AUTO_DTYPE_CPU))
+    return getattr(
+        torch, cfg.model.dtype or spec_dtype or (AUTO_DTYPE_GPU if cfg.job.device == "cuda" else AUTO_DTYPE_CPU)
+    )
 
 
 def set_up(
@@ -98,11 +100,11 @@ def set_up(
     """The model, dtype, layer split and the pipe to the neighbours; `state` the job's own. No collective: the
     launcher checked the input. `repeat` > 1 repeats the model's layers (and the partition), split over `pp_size` stages (default: a stage a
     rank)."""
-    spec = load_spec(cfg.model, num_layers=cfg.num_layers, dtype=cfg.dtype)
+    spec = load_spec(cfg.model.model, num_layers=cfg.model.num_layers, dtype=cfg.model.dtype)
     if repeat > 1:
         spec = dataclasses.replace(spec, name=f"{spec.name} x{repeat}", layers=spec.layers * repeat)
     dtype = resolve_dtype(cfg, spec.dtype)
-    partition = cfg.layer_partition
+    partition = cfg.parallelism.layer_partition
     if repeat > 1:  # every stage holds the layers of one profiled stage, in the profile's split
         base = partition or [len(r) for r in split_layers(spec.num_layers // repeat, (pp_size or 1) // repeat)]
         partition = tuple(base) * repeat

@@ -4,7 +4,6 @@ ppprof.config), those of an interrupted run for --resume (its run.json, flags th
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -13,13 +12,14 @@ import yaml
 from ppprof.checks import is_int
 from ppprof.config import BENCH_STRATEGIES, BenchConfig, ProfileConfig
 from ppprof.config import flag as config_flag
+from ppprof.config.sections import setting_fields
 from ppprof.io import parse_json, parse_yaml, read_small_text
 from ppprof.policy.policy_file import load
 from ppprof.policy.runtime import Policy
 from ppprof.runfiles import COMPLETE, RunFolder, read_run_json
 from ppprof.specs import parse_partition
 
-CONFIG_FIELDS = {f.name for f in dataclasses.fields(ProfileConfig)}
+CONFIG_FIELDS = {f.name for f in setting_fields()}
 
 
 def read_config_file(path: str) -> dict:
@@ -104,14 +104,14 @@ def resume_config(run_dir: str, config_path: str | None, flags: dict) -> Profile
         if key in RESUMABLE_FIELDS:
             continue
         try:
-            same = getattr(resolve_config(None, {**recorded, key: value}), key) == getattr(base, key)
+            same = resolve_config(None, {**recorded, key: value}).setting(key) == base.setting(key)
         except ValueError:
             same = False
         if not same:
             flag = config_flag(key)
             raise ValueError(
                 f"--resume {run_dir}: {flag} {value} differs from the run's recorded "
-                f"{getattr(base, key)!r}; drop {flag} (a resumed run keeps its settings) or start a new "
+                f"{base.setting(key)!r}; drop {flag} (a resumed run keeps its settings) or start a new "
                 "run with another --out"
             )
     return resolve_config(None, {**recorded, **given})

@@ -67,10 +67,10 @@ def forward(cfg, spec, backend: str, chunk_size: int, prefix_len: int, max_total
         spec,
         layers,
         max_total_tokens=max_total_tokens,
-        page_size=cfg.page_size,
-        max_mamba_cache_size=cfg.max_mamba_cache_size,
-        max_running_requests=cfg.max_running_requests,
-        context_len=cfg.context_len,
+        page_size=cfg.pools.page_size,
+        max_mamba_cache_size=cfg.pools.max_mamba_cache_size,
+        max_running_requests=cfg.pools.max_running_requests,
+        context_len=cfg.probes.context_len,
         dtype=torch.float32,
     )
     gen = torch.Generator().manual_seed(0)
@@ -89,7 +89,7 @@ def measure(model: str, backend: str, base_chunk_size: int) -> dict:
     import torch
 
     from ppprof.config import ProfileConfig
-    from ppprof.config.profile import SGLANG_PROBE_MULTIPLE
+    from ppprof.config.sections import SGLANG_PROBE_MULTIPLE
     from ppprof.run.memory import profile_memory
     from ppprof.specs import load_spec
 
@@ -108,7 +108,7 @@ def measure(model: str, backend: str, base_chunk_size: int) -> dict:
     before = status_bytes("VmRSS")
     reset_peak()
     held, built, build_peak = forward(
-        cfg, spec, backend, estimate.chunk_size, estimate.prefix_len, cfg.max_total_tokens
+        cfg, spec, backend, estimate.chunk_size, estimate.prefix_len, cfg.pools.max_total_tokens
     )
     peak = max(build_peak, status_bytes("VmHWM"))
     return {

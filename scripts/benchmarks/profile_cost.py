@@ -56,7 +56,7 @@ def validation_prefixes(common: list[str]) -> list[int]:
     from ppprof.run.settings import resolve_config
 
     cfg = resolve_config(None, {k.lstrip("-").replace("-", "_"): int(v) for k, v in zip(common[::2], common[1::2])})
-    top = cfg.context_len - cfg.max_probe_chunk_size
+    top = cfg.probes.context_len - cfg.max_probe_chunk_size
     return sorted({max(1, int(f * top)) for f in VALIDATION_FRACTIONS})
 
 

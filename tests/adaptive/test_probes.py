@@ -24,7 +24,7 @@ def test_the_adaptive_design_starts_with_one_probe_of_its_initial_design():
     assert sorted({c for _, c in grid})[-4:] == [160, 236, 347, 512]
     old = ProfileConfig(design="adaptive", base_chunk_size=128, max_probe_chunk_multiple=1.25)
     assert len(set(zip(*candidate_grid(old)))) == 13 * 12 and max(candidate_grid(old)[1]) == 160
-    nxt = design_probe(1, 1, [(0, 64), (128, 64)], 12, cfg.seed)
+    nxt = design_probe(1, 1, [(0, 64), (128, 64)], 12, cfg.probes.seed)
     assert nxt.design_step == 1 and sorted(r.rid for r in nxt.requests) == [12, 13]
     w = warmup_requests([probe], 2)
     largest = max(r.chunk_size for r in probe.requests)

@@ -63,13 +63,13 @@ def test_the_design_judges_the_rows_and_the_model_of_the_policy_fitted_to_the_sa
     cfg = ProfileConfig(design="adaptive", base_chunk_size=512)
     probes = initial_probes(cfg)
     cand = list(zip(*candidate_grid(cfg)))
-    probes.append(design_probe(1, 1, cand[::3], 100, cfg.seed))
+    probes.append(design_probe(1, 1, cand[::3], 100, cfg.probes.seed))
     noise = iter(np.random.default_rng(0).normal(0.0, 0.01, 1000))
     path, _ = write_run(
         tmp_path, probes, lambda L, x: float(PAIRS.chunk_latency_ms(L, x)) * (1 + next(noise)), slower_stage
     )
     samples = read_samples(path)
-    _, policy = fit(path, tmp_path / "policy.json", base_chunk_size=512, context_len=cfg.context_len)
+    _, policy = fit(path, tmp_path / "policy.json", base_chunk_size=512, context_len=cfg.probes.context_len)
     diag = policy["diagnostics"]
     step = design_fit(cfg, 2, samples)
 

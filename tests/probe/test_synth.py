@@ -83,7 +83,7 @@ def test_empty_prefix_lens_profile_the_sweep_only_as_sglang_does():
     from ppprof.run.settings import resolve_config
 
     cfg = resolve_config(None, {"prefix_lens": "", "max_probe_chunk_multiple": 1.25})
-    assert cfg.prefix_lens == () and cfg.resolved_prefix_lens() == ()
+    assert cfg.probes.prefix_lens == () and cfg.resolved_prefix_lens() == ()
     assert [p.kind for p in make_probes(cfg)] == [SWEEP] and len(make_probes(cfg)[0].requests) == 128
     wider = make_probes(resolve_config(None, {"prefix_lens": ""}))  # the default also probes the wide sizes
     assert [p.kind for p in wider] == [SWEEP, WIDE] and wider[0] == make_probes(cfg)[0]

@@ -60,11 +60,11 @@ def test_yaml_config_is_read_and_flags_win(tmp_path):
         "model: tiny-dense\nbase-chunk-size: 256\nlayer_partition: 1,3\nprefix_lens: [256, 512]\ndtype: bf16\n"
     )
     cfg = resolve_config(str(cfg_file), {"base_chunk_size": 128, "seed": None})
-    assert cfg.model == "tiny-dense"
-    assert cfg.base_chunk_size == 128
-    assert cfg.layer_partition == (1, 3)
-    assert cfg.prefix_lens == (256, 512)
-    assert cfg.dtype == "bfloat16"
+    assert cfg.model.model == "tiny-dense"
+    assert cfg.probes.base_chunk_size == 128
+    assert cfg.parallelism.layer_partition == (1, 3)
+    assert cfg.probes.prefix_lens == (256, 512)
+    assert cfg.model.dtype == "bfloat16"
 
 
 def test_yaml_with_an_unknown_key_is_refused(tmp_path):
@@ -80,7 +80,7 @@ def test_shipped_config_files_resolve():
 
     for path in sorted((Path(__file__).resolve().parents[2] / "configs").glob("profile-*.yaml")):
         cfg = resolve_config(str(path), {})
-        assert cfg.requests_per_probe <= 128, path
+        assert cfg.probes.requests_per_probe <= 128, path
 
 
 def test_an_output_folder_that_cannot_be_written_is_refused_before_any_rank(tmp_path):

@@ -74,7 +74,7 @@ def test_timeout_is_read_from_yaml(tmp_path):
 
     cfg_file = tmp_path / "p.yaml"
     cfg_file.write_text("timeout: 12.5\n")
-    assert resolve_config(str(cfg_file), {}).timeout == 12.5
+    assert resolve_config(str(cfg_file), {}).job.timeout == 12.5
     cfg_file.write_text("timeout: soon\n")
     r = CliRunner().invoke(main, ["profile", "--config", str(cfg_file)])
     assert r.exit_code == 2 and "--timeout 'soon' must be a number of seconds" in r.stderr
