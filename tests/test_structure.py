@@ -48,6 +48,10 @@ def long_modules(files) -> list[str]:
     return out
 
 
+def test_no_module_is_over_330_lines():
+    assert long_modules(sources()) == []
+
+
 def test_the_module_length_check_catches_a_long_module():
     short = "\n".join(f"x{i} = {i}" for i in range(MAX_MODULE_LINES))
     long = short + "\ny = 0\n"
