@@ -196,7 +196,7 @@ def test_the_base_chunk_is_checked_against_its_units_in_one_place():
     import inspect
 
     import ppprof.config.chunk as chunk
-    import ppprof.config.profile as profile
+    import ppprof.config.profile_config as profile
 
     assert "check_base_chunk(" in inspect.getsource(chunk.ChunkSettings)
     text = inspect.getsource(profile)

@@ -202,8 +202,8 @@ def test_pure_layers_never_import_torch_and_only_dist_and_run_touch_torch_distri
 @pytest.mark.parametrize(
     "line",
     [
-        "from ppprof.run.profile import PHASES",
-        "def phases():\n    from ppprof.run import profile\n    return profile.PHASES",
+        "from ppprof.run.profile_job import PHASES",
+        "def phases():\n    from ppprof.run import profile_job\n    return profile_job.PHASES",
     ],
 )
 def test_the_check_catches_an_upward_import_into_probe_even_inside_a_function(tmp_path, line):
@@ -216,10 +216,10 @@ def test_the_check_catches_an_upward_import_into_probe_even_inside_a_function(tm
     edges = graph(copy)
     bad = upward_imports(edges)
     assert any(b.startswith("ppprof.probe.synth:") and "ppprof.run" in b for b in bad), f"{bad=}"
-    assert ["ppprof.probe.synth", "ppprof.run.profile"] in [
-        [m for m in c if m in ("ppprof.probe.synth", "ppprof.run.profile")]
+    assert ["ppprof.probe.synth", "ppprof.run.profile_job"] in [
+        [m for m in c if m in ("ppprof.probe.synth", "ppprof.run.profile_job")]
         for c in cycles(without_package_inits(edges))
-    ], "run.profile imports probe.synth, so the new import closes a cycle"
+    ], "run.profile_job imports probe.synth, so the new import closes a cycle"
 
 
 @pytest.mark.parametrize("line", ["from ppprof.runfiles import FAILED", "from ppprof.specs.tp import check_tp"])

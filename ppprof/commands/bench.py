@@ -13,7 +13,7 @@ from ppprof.bounds import ATTENTION_BACKENDS, DEVICES
 from ppprof.commands.options import resolved_config_option, shown, timeout_option, torchrun_options, with_options
 from ppprof.config import BENCH_STRATEGIES, BenchConfig
 from ppprof.distributed.launch import TORCHRUN_OPTIONS
-from ppprof.run.bench import bench_rank
+from ppprof.run.bench_job import bench_rank
 from ppprof.run.checks import bench_world_check
 from ppprof.run.job import start
 from ppprof.run.settings import resolve_bench

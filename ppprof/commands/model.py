@@ -12,7 +12,7 @@ from ppprof.bounds import MAX_STAGES
 from ppprof.checks import require_int
 from ppprof.commands.options import SIZING_OPTIONS, option_name, sizing_options, with_options
 from ppprof.config import ProfileConfig
-from ppprof.config.profile import DEFAULT_PP_SIZE
+from ppprof.config.profile_config import DEFAULT_PP_SIZE
 from ppprof.run.memory import memory_report
 from ppprof.run.settings import resolve_config
 from ppprof.specs import load_spec, parse_partition

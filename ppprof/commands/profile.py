@@ -21,7 +21,7 @@ from ppprof.config import DESIGNS
 from ppprof.distributed.launch import TORCHRUN_OPTIONS
 from ppprof.probe.loop import FAULTS
 from ppprof.run.job import start
-from ppprof.run.profile import profile_rank
+from ppprof.run.profile_job import profile_rank
 from ppprof.run.settings import resolve_config, resume_config
 
 PROFILE_OPTIONS = (

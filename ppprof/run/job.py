@@ -43,7 +43,7 @@ def start(
             world_size = int(os.environ["WORLD_SIZE"])
             (world_check or (lambda n: None))(world_size)
             local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-            # Across nodes a rank may start after rank 0 wrote into --out: rank 0 checks it (ppprof.run.profile).
+            # Across nodes a rank may start after rank 0 wrote into --out: rank 0 checks it (ppprof.run.profile_job).
             check_before_launch(profile, world_size, local, torchrun, overwrite, resume, folder=world_size == local)
         return rank_main(settings, fault)
     world_size = num_nodes(torchrun.get("nnodes")) * profile.parallelism.nproc_per_node

@@ -1,4 +1,4 @@
-"""What the profile job's phases hand on (ppprof.run.profile), typed: one rank's ProfileState."""
+"""What the profile job's phases hand on (ppprof.run.profile_job), typed: one rank's ProfileState."""
 
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ppprof.run.bench import BenchState
-from ppprof.run.profile import ProfileState
+from ppprof.run.bench_job import BenchState
+from ppprof.run.profile_job import ProfileState
 from ppprof.run.rank import RankRun
 
 RUN = Path(__file__).resolve().parents[2] / "ppprof" / "run"
@@ -39,10 +39,10 @@ def names(cls) -> set[str]:
 @pytest.mark.parametrize(
     "module,state",
     [
-        ("profile.py", ProfileState),
+        ("profile_job.py", ProfileState),
         ("measure.py", ProfileState),
         ("profile_results.py", ProfileState),
-        ("bench.py", BenchState),
+        ("bench_job.py", BenchState),
         ("rank.py", None),
     ],
 )

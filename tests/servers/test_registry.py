@@ -13,7 +13,7 @@ from ppprof.servers.export import export_data
 from .helpers import PREFIX, policy_dict
 
 PACKAGE = Path(__file__).resolve().parents[2] / "ppprof"
-BENCH_STRATEGY_NAMES = ("ppprof/config/bench.py", "ppprof/bench/report.py")
+BENCH_STRATEGY_NAMES = ("ppprof/config/bench_config.py", "ppprof/bench/report.py")
 """Files that name the bench's `sglang` strategy (config sits below the servers, so it cannot ask the registry)."""
 
 

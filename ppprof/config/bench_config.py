@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 from ppprof.bounds import MAX_STAGES
 from ppprof.checks import is_int, require_int, require_str
-from ppprof.config.profile import ProfileConfig
+from ppprof.config.profile_config import ProfileConfig
 
 BENCH_STRATEGIES = ("fixed", "fixed-best", "sglang", "greedy", "policy", "policy-history", "optimal")
 """What `ppprof bench --strategies` takes. fixed: B; fixed-best: the best measured of B/4, B/2, B, 2B; sglang:
