@@ -9,9 +9,9 @@ from pathlib import Path
 import click
 
 from ppprof.commands.options import with_options
-from ppprof.policy.planners import STRATEGIES, Plan, default_num_stages, plan_prompt
+from ppprof.policy.planners import STRATEGIES, Plan, default_pp_size, plan_prompt
 from ppprof.policy.policy_file import load
-from ppprof.policy.summary import extrapolation, level_text
+from ppprof.policy.summary import calibration_text, extrapolation
 from ppprof.policy.timeline import write_timeline
 
 
@@ -86,7 +86,7 @@ def plan_command(policy_path, prompt_len, pp_size, strategy, extrapolate, as_jso
     """Chunk plans of one prompt with predicted per-chunk latency and TTFT = sum t + (P - 1) max t (t: the fitted
     latency plus the per-chunk pipeline overhead), side by side."""
     policy = load(policy_path)
-    pp_size = default_num_stages(policy) if pp_size is None else pp_size
+    pp_size = default_pp_size(policy) if pp_size is None else pp_size
     strategies = STRATEGIES if strategy == "all" else (strategy,)
     plans = plan_prompt(policy, prompt_len, pp_size, strategies, extrapolate)
     path = Path(policy_path)
@@ -112,7 +112,7 @@ def plan_command(policy_path, prompt_len, pp_size, strategy, extrapolate, as_jso
         click.echo(f"warning: {notes[0]}", err=True)
     click.echo(
         f"policy {path} ({policy.status}, rules chosen for {policy.pp_size} stages, overhead "
-        f"{policy.overhead_ms:.3g} ms a chunk{level_text(policy.calibration)}), prompt {prompt_len} tokens, "
+        f"{policy.overhead_ms:.3g} ms a chunk{calibration_text(policy.calibration)}), prompt {prompt_len} tokens, "
         f"{pp_size} stages"
     )
     echo_side_by_side(plans)

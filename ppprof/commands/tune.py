@@ -11,7 +11,7 @@ import click
 from ppprof.commands.options import with_options
 from ppprof.config.workload import parse_prompt_spec
 from ppprof.fit.samples import read_samples
-from ppprof.policy.planners import default_num_stages
+from ppprof.policy.planners import default_pp_size
 from ppprof.policy.policy_file import load
 from ppprof.runfiles import RunFolder
 from ppprof.servers import DEFAULT_SERVER, SERVERS, ServerSetting, get
@@ -73,7 +73,7 @@ def tune_command(policy_path, spec, pp_size, server, current, boot_fit, extrapol
     DP-optimal bound."""
     policy = load(policy_path)
     workload = parse_prompt_spec(spec, policy.settings.context_len)
-    pp_size = default_num_stages(policy) if pp_size is None else pp_size
+    pp_size = default_pp_size(policy) if pp_size is None else pp_size
     samples = RunFolder.of(policy_path).samples
     if boot_fit == "samples" and not samples.is_file():
         raise ValueError(f"--boot-fit samples needs {samples}: give the policy of a run folder, or --boot-fit model")

@@ -124,14 +124,14 @@ def write_compare_plot(base: Policy, cand: Policy, samples: tuple[Samples, Sampl
     x = np.linspace(1, 1.25 * largest, 100)
     for (label, pol, ls, _), marker, sam in zip(styles, ("o", "x"), samples or (None, None)):
         for prefix, shade in zip(prefixes, shades):
-            if pol.model is not None:
+            if pol.latency_model is not None:
                 right.plot(
                     x,
-                    pol.model.chunk_latency_ms(np.full_like(x, prefix), x),
+                    pol.latency_model.chunk_latency_ms(np.full_like(x, prefix), x),
                     ls=ls,
                     color=shade,
                     lw=1.2,
-                    label=f"{label} ({pol.model.name}), prefix {prefix}",
+                    label=f"{label} ({pol.latency_model.name}), prefix {prefix}",
                 )
             if sam is not None:
                 measured = np.unique(sam.prefix_len)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from ppprof.io import finite
-from ppprof.policy.planners import STRATEGIES, chunk_latencies_ms, default_num_stages, plan_prompt, ttft_ms
+from ppprof.policy.planners import STRATEGIES, chunk_latencies_ms, default_pp_size, plan_prompt, ttft_ms
 from ppprof.policy.rule import COEF_UNITS, MODEL_COEFS
 from ppprof.policy.runtime import Policy
 from ppprof.policy.verdict import checks, level_of
@@ -36,7 +36,7 @@ def side(policy: Policy, label: str) -> dict:
         "label": label,
         "status": policy.status,
         "reason": policy.reason,
-        "latency_model": policy.model.name if policy.model else None,
+        "latency_model": policy.latency_model.name if policy.latency_model else None,
         "base_chunk_size": s.base_chunk_size,
         "alignment": s.alignment,
         "context_len": s.context_len,
@@ -59,11 +59,13 @@ def gates_passed(policy: Policy) -> bool | None:
 
 def compare_coefficients(base: Policy, cand: Policy) -> list[dict]:
     """Each coefficient either model has (MODEL_COEFS order), with both values and the relative change."""
-    names = [k for k in COEF_UNITS if any(m and k in MODEL_COEFS[m.name] for m in (base.model, cand.model))]
+    names = [
+        k for k in COEF_UNITS if any(m and k in MODEL_COEFS[m.name] for m in (base.latency_model, cand.latency_model))
+    ]
     rows = []
     for k in names:
-        b = getattr(base.model, k) if base.model else None
-        c = getattr(cand.model, k) if cand.model else None
+        b = getattr(base.latency_model, k) if base.latency_model else None
+        c = getattr(cand.latency_model, k) if cand.latency_model else None
         rows.append({"name": k, "unit": COEF_UNITS[k], "baseline": b, "candidate": c, "change": relative(b, c)})
     return rows
 
@@ -130,7 +132,7 @@ def default_prompt_lens(base: Policy, cand: Policy) -> list[int]:
 def compare_ttft(base: Policy, cand: Policy, prompt_lens: list[int], pp_size: int, level: float = 1.0) -> dict:
     """Predicted TTFT of each planner at each prompt length under each policy's own model, the change, and the change
     at the baseline's level (the candidate's TTFT divided by `level`)."""
-    missing = [lab for lab, p in (("baseline", base), ("candidate", cand)) if p.model is None]
+    missing = [lab for lab, p in (("baseline", base), ("candidate", cand)) if p.latency_model is None]
     if missing:
         return {"num_stages": pp_size, "rows": [], "note": f"{' and '.join(missing)} has no latency model"}
     rows = []
@@ -172,7 +174,7 @@ def compare_policies(
     """The whole comparison as a JSON-ready dict; `drifted` is True when any check failed. `samples`: the
     samples-level drift (ppprof.fit.drift), judged with the rest; `baseline_refit`: {passed, reason, baseline_passed} of the quality
     gates on the baseline's samples fitted by this code (noisy_status), where they were refitted."""
-    pp_size = default_num_stages(base) if pp_size is None else pp_size
+    pp_size = default_pp_size(base) if pp_size is None else pp_size
     prompt_lens = prompt_lens or default_prompt_lens(base, cand)
     level = level_of(samples)
     factor = level["ratio"] or 1.0

@@ -47,8 +47,8 @@ def header_lines(report: dict) -> list[str]:
         f"{fmt(c['overhead']['ms_per_chunk'])} ({c['overhead']['source']}) ms a chunk"
     )
     lines.append(
-        f"pipelined level: {LatencyModel.level_words(b['calibration'])} ({b['calibration']['source']}) -> "
-        f"{LatencyModel.level_words(c['calibration'])} ({c['calibration']['source']})"
+        f"pipelined level: {LatencyModel.calibration_words(b['calibration'])} ({b['calibration']['source']}) -> "
+        f"{LatencyModel.calibration_words(c['calibration'])} ({c['calibration']['source']})"
     )
     return lines
 

@@ -252,7 +252,7 @@ def split(open_gaps: list[tuple[float, int, int]], budget: int) -> np.ndarray:
     return np.unique(np.concatenate(picked))
 
 
-def default_num_stages(policy: Policy) -> int:
+def default_pp_size(policy: Policy) -> int:
     """The pipeline stages the policy's rules were chosen for."""
     return policy.pp_size
 
@@ -288,7 +288,7 @@ def plan_prompt(
     if not is_int(pp_size) or not 1 <= pp_size <= MAX_STAGES:
         raise ValueError(f"--pp {pp_size!r} is invalid: use a number of pipeline stages in 1..{MAX_STAGES}")
     policy.check_prompt_len(prompt_len)  # before any chunk list: a prompt past the context would not end
-    if policy.model is None:
+    if policy.latency_model is None:
         raise ValueError(f"policy has no latency model ({policy.status}: {policy.reason}): refit with more samples")
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:

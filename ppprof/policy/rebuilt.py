@@ -16,7 +16,7 @@ from ppprof.policy.runtime import Policy
 def check_positive(policy: Policy) -> None:
     """The fitted and the calibrated model predict a positive latency for the smallest chunk."""
     smallest = policy.settings.alignment
-    t = float(policy.model.chunk_latency_ms(0, smallest))
+    t = float(policy.latency_model.chunk_latency_ms(0, smallest))
     if not t > 0:
         raise ValueError(
             f"$.latency_model: predicts {t:.4g} ms for a {smallest}-token chunk: a latency must be "
@@ -34,7 +34,7 @@ def check_rules(policy: Policy) -> None:
     """What `ppprof validate` checks beyond the structure, ValueError (one line) on the first problem: the model
     predicts a positive latency for the smallest chunk; a static policy's tables are one fixed chunk; a dynamic one's
     tables are the bounded rules their bounds give on the planning model (checked at every breakpoint, both sides)."""
-    if policy.model is not None:
+    if policy.latency_model is not None:
         check_positive(policy)
     history, prompt_rule = policy.history_table, policy.prompt_rule
     if policy.status == "static":
@@ -46,7 +46,7 @@ def check_rules(policy: Policy) -> None:
             raise ValueError("$.table: a static policy's table and prompt_table must be the one fixed chunk: refit")
         return
     if policy.data.get("parity") is not None:  # SGLang's own rule on SGLang's fit
-        starts, sizes = build_table(policy.model, policy.settings, policy.target_ms)
+        starts, sizes = build_table(policy.latency_model, policy.settings, policy.target_ms)
         if (
             (starts, sizes) != (history.prefix_len, history.chunk_size)
             or prompt_rule.chunk_size != [sizes]

@@ -91,7 +91,7 @@ class LatencyModel:
         return model.with_overhead(shift + ms_per_chunk)
 
     @staticmethod
-    def level_words(calibration: dict) -> str:
+    def calibration_words(calibration: dict) -> str:
         """A calibration in words: "linear_scale (c + b x) +shift ms"."""
         return f"{calibration['linear_scale']:.3f} (c + b x) {calibration['shift_ms']:+.3g} ms"
 

@@ -21,7 +21,7 @@ class Policy:
     (ppprof.policy.policy_file)."""
 
     data: dict
-    model: LatencyModel | None
+    latency_model: LatencyModel | None
     settings: ChunkSettings
     planning_model: LatencyModel | None
     history_table: HistoryTable
@@ -126,9 +126,9 @@ class Policy:
         """The chunks of SGLang's equal-latency rule (target, smoothing, B // 4 floor, first chunk B) on the policy's
         fitted model and settings; fixed chunks of B without a model."""
         prompt_len = self.checked_prompt_len(prompt_len)
-        if self.model is None or not self.target_ms:
+        if self.latency_model is None or not self.target_ms:
             return walk(lambda _: self.base_chunk_size, prompt_len)
-        starts, sizes = build_table(self.model, self.settings, self.target_ms)
+        starts, sizes = build_table(self.latency_model, self.settings, self.target_ms)
         return table_plan(starts, sizes, prompt_len)
 
     def checked_prompt_len(self, prompt_len) -> int:

@@ -7,11 +7,11 @@ from ppprof.policy.rule import LatencyModel
 from ppprof.policy.runtime import Policy
 
 
-def level_text(calibration: dict) -> str:
+def calibration_text(calibration: dict) -> str:
     """The calibration onto the pipelined level in words ("" where none)."""
     if calibration.get("source") != "measured":
         return ""
-    return f", pipelined level {LatencyModel.level_words(calibration)}"
+    return f", pipelined level {LatencyModel.calibration_words(calibration)}"
 
 
 def summary_line(policy: Policy) -> str:
@@ -22,8 +22,8 @@ def summary_line(policy: Policy) -> str:
     prompt_rule = policy.prompt_rule
     sizes = [x for band in prompt_rule.chunk_size for x in band]
     return (
-        f"dynamic ({policy.model.name}, overhead {policy.overhead_ms:.3g} ms a chunk"
-        f"{level_text(policy.calibration)}, {policy.pp_size} "
+        f"dynamic ({policy.latency_model.name}, overhead {policy.overhead_ms:.3g} ms a chunk"
+        f"{calibration_text(policy.calibration)}, {policy.pp_size} "
         f"stages): prompt-aware rule of {len(prompt_rule.prompt_len)} bands, chunks {min(sizes)}-{max(sizes)}; "
         f"history-only table of {len(history)} entries{domain_text(policy)}"
     )

@@ -162,7 +162,7 @@ def level_of(drift: dict | None) -> dict:
 
 
 def machine_level_words(level: dict) -> str:
-    """The measured level in words (not the policy's pipelined level, LatencyModel.level_words)."""
+    """The measured level in words (not the policy's pipelined level, LatencyModel.calibration_words)."""
     ratio = level["ratio"]
     pace = f"{ratio:.3f} x the baseline's" if ratio >= 1 else f"{1 / ratio:.3f} x faster than the baseline's"
     return (

@@ -84,7 +84,7 @@ def prepare(run: RankRun[BenchState]) -> None:
     with agreed(run.pipe, "prepare the run folder and the plans"):
         if run.rank == 0:
             policy = run.state.policy = run.state.policy or load(bench.policy)
-            if policy.model is None:
+            if policy.latency_model is None:
                 raise ValueError(f"policy {bench.policy} has no latency model ({policy.reason}): profile again")
             samples = RunFolder.of(bench.policy).samples
             plans = arms(

@@ -104,7 +104,7 @@ class Atom(Server):
         return prefix
 
     def calibration(self, policy: Policy) -> LatencyModel | None:
-        return None if policy.model is None else prefix_form(policy.model, policy.data.get("domain"))
+        return None if policy.latency_model is None else prefix_form(policy.latency_model, policy.data.get("domain"))
 
     def rule(self, setting: ServerSetting, model: LatencyModel | None, context_len: int) -> AtomRule:
         return AtomRule(setting, model, context_len)
@@ -163,7 +163,7 @@ class Atom(Server):
             out.append(
                 f"the policy's cap of {s.max_chunk_size} tokens from the second chunk on has no ATOM flag and is lost"
             )
-        if policy.model is not None and policy.model.name == "pairs":
+        if policy.latency_model is not None and policy.latency_model.name == "pairs":
             out.append(
                 "ATOM carries the prefix form: the pairs model's h term is folded into a and gamma by a "
                 "least-squares fit over the profiled domain"

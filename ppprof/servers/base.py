@@ -137,7 +137,7 @@ class Server(ABC):
         where given and it fits at boot, else derived from the policy's model."""
         if forwards is not None and self.fits_at_boot:
             return self.boot_fit(forwards)
-        return self.boot_model(policy.model, policy.data.get("domain"))
+        return self.boot_model(policy.latency_model, policy.data.get("domain"))
 
     def calibration(self, policy: Policy) -> LatencyModel | None:
         """The latency model its flags carry for this policy (format_flags' `calibration`); None for a server that
@@ -282,7 +282,7 @@ def concave_free_root(qa: float, qb: float, qc: float) -> float | None:
 
 def boot_quadratic_cause(label: str, policy: Policy) -> list[str]:
     """Why a server that fits a prefix-free quadratic at boot cannot follow a policy with another model."""
-    name = policy.model.name if policy.model is not None else None
+    name = policy.latency_model.name if policy.latency_model is not None else None
     if name in (None, "quadratic"):
         return []
     return [

@@ -89,14 +89,16 @@ def header(policy: Policy, server: Server, source: str) -> list[str]:
     """Comment lines saying where the settings come from and what the policy's model is."""
     label = server.label
     lines = server.export_header(policy, source)
-    if policy.model is not None:
-        coefs = ", ".join(f"{k}={getattr(policy.model, k):.4g}" for k in MODEL_COEFS[policy.model.name])
-        lines.append(f"# ppprof model {policy.model.name}: {coefs} (ms, tokens); target {policy.target_ms:.4g} ms")
+    if policy.latency_model is not None:
+        coefs = ", ".join(f"{k}={getattr(policy.latency_model, k):.4g}" for k in MODEL_COEFS[policy.latency_model.name])
+        lines.append(
+            f"# ppprof model {policy.latency_model.name}: {coefs} (ms, tokens); target {policy.target_ms:.4g} ms"
+        )
         form = server.form
-        if policy.model.name != form and server.fits_at_boot:
+        if policy.latency_model.name != form and server.fits_at_boot:
             lines.append(
                 f"# note: {label} can carry only the {form} form ({FORMS[form]}); ppprof's "
-                f"{policy.model.name} model does not carry over, only the settings below do"
+                f"{policy.latency_model.name} model does not carry over, only the settings below do"
             )
     return lines
 

@@ -102,7 +102,7 @@ class SGLang(Server):
         return {**fields, "min_chunk_size": default_floor(fields["base_chunk_size"])}
 
     def causes(self, policy: Policy) -> list[str]:
-        s, name = policy.settings, policy.model.name if policy.model is not None else None
+        s, name = policy.settings, policy.latency_model.name if policy.latency_model is not None else None
         out = boot_quadratic_cause(self.label, policy)
         if name == "quadratic" and not fitted_as_sglang(policy):
             out.append(

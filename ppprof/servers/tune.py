@@ -83,7 +83,7 @@ def result(
     return {
         "server": tuner.server.name,
         "num_stages": pp_size,
-        "latency_model": policy.model.name,
+        "latency_model": policy.latency_model.name,
         "boot_fit": "samples" if tuner.booted else "model",
         "workload": {"prompt_lens": list(workload.prompt_lens), "weights": list(workload.weights)},
         "recommended": {

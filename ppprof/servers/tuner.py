@@ -80,10 +80,10 @@ class Tuner:
         self.server = get(server)
         if not is_int(pp_size) or not 1 <= pp_size <= MAX_STAGES:
             raise ValueError(f"--pp {pp_size!r} is invalid: use a number of pipeline stages in 1..{MAX_STAGES}")
-        if policy.model is None:
+        if policy.latency_model is None:
             raise ValueError(f"policy has no latency model ({policy.status}: {policy.reason}): refit with more samples")
         self.policy, self.pp_size = policy, pp_size
-        self.truth = policy.model
+        self.truth = policy.latency_model
         self.context = policy.settings.context_len
         self.lengths = np.asarray(workload.prompt_lens, dtype=np.int64)
         self.weights = np.asarray(workload.weights, dtype=float)

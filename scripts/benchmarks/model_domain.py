@@ -45,10 +45,10 @@ def validation_errors(policy_path: Path, samples: pd.DataFrame) -> dict:
     stage = policy.data["diagnostics"].get("bottleneck_stage") or 0
     rows = samples[samples.prefix_len > 0]
     y = rows[stage_column(stage)].to_numpy()
-    err = np.abs(policy.model.chunk_latency_ms(rows.prefix_len.to_numpy(), rows.chunk_size.to_numpy()) - y) / y
+    err = np.abs(policy.latency_model.chunk_latency_ms(rows.prefix_len.to_numpy(), rows.chunk_size.to_numpy()) - y) / y
     bands = {str(p): float(err[(rows.prefix_len == p).to_numpy()].mean()) for p in sorted(rows.prefix_len.unique())}
     return {
-        "model": policy.model.name,
+        "model": policy.latency_model.name,
         "status": policy.status,
         "mape_prefixed": float(err.mean()),
         "mape_per_band": bands,

@@ -83,7 +83,7 @@ def judge(folder: Path, run: dict, validation: pd.DataFrame, dense_table: dict, 
     policy = load(folder / "policy.json")
     stage = policy.data["diagnostics"].get("bottleneck_stage") or 0
     column = stage_column(stage)
-    model, scored = policy.model, "policy"
+    model, scored = policy.latency_model, "policy"
     if model is None:
         model, scored = raw_quadratic(pd.read_csv(folder / "samples.csv"), column), "unconstrained quadratic"
     prefixed, free = validation[validation.prefix_len > 0], validation[validation.prefix_len == 0]
@@ -95,7 +95,7 @@ def judge(folder: Path, run: dict, validation: pd.DataFrame, dense_table: dict, 
     )
     return {
         "status": policy.status,
-        "model": None if policy.model is None else policy.model.name,
+        "model": None if policy.latency_model is None else policy.latency_model.name,
         "scored": scored,
         "probe_wall_s": run["probe_wall_s"],
         "ratio_to_sweep": run["probe_wall_s"] / sweep_wall_s,

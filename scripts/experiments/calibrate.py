@@ -78,10 +78,10 @@ def main() -> None:
     pp_size = int(meta["num_stages"])
     stage = policy.data["diagnostics"].get("bottleneck_stage") or 0
     runs = emulated_runs(bench, policy.base_chunk_size, pp_size)
-    cal = calibration_of({"pipeline_overhead": summarize(runs, pp_size) if runs else {}}, policy.model, stage)
+    cal = calibration_of({"pipeline_overhead": summarize(runs, pp_size) if runs else {}}, policy.latency_model, stage)
     models = {
-        "uncalibrated": policy.model.planning(None, policy.overhead_ms),
-        "calibrated": policy.model.planning(cal, policy.overhead_ms),
+        "uncalibrated": policy.latency_model.planning(None, policy.overhead_ms),
+        "calibrated": policy.latency_model.planning(cal, policy.overhead_ms),
     }
     rows = []
     for length, measured in arms(meta).items():

@@ -37,18 +37,18 @@ def mape(measured: np.ndarray, predicted: np.ndarray) -> float:
 
 def holdout(policy_path: Path, run: Path) -> dict:
     policy = load(policy_path)
-    if policy.model is None:
+    if policy.latency_model is None:
         raise ValueError(f"{policy_path} has no latency model: fit a profile first")
     samples, _ = without_warmup(read_samples(run / SAMPLES_FILE))
     L, x, y = samples.prefix_len, samples.chunk_size, samples.chunk_latency_ms
-    predicted = policy.model.chunk_latency_ms(L.astype(float), x.astype(float))
+    predicted = policy.latency_model.chunk_latency_ms(L.astype(float), x.astype(float))
     sweep, prefixed = L == 0, L > 0
     if not sweep.any() or not prefixed.any():
         raise ValueError(f"{run / SAMPLES_FILE} needs prefix-free and prefixed rows")
     shift = float(np.median(y[sweep] / predicted[sweep]))
     shift_all = float(np.median(y / predicted))  # the whole run's level, prefixed rows included
     with tempfile.TemporaryDirectory() as tmp:  # the floor: the holdout's own fit of the same latency model
-        _, own = fit(run / SAMPLES_FILE, Path(tmp) / "policy.json", latency_model=policy.model.name)
+        _, own = fit(run / SAMPLES_FILE, Path(tmp) / "policy.json", latency_model=policy.latency_model.name)
     own_model = LatencyModel.from_dict(own["latency_model"])
     floor = mape(y[prefixed], own_model.chunk_latency_ms(L[prefixed].astype(float), x[prefixed].astype(float)))
     by_prefix = [
@@ -65,7 +65,7 @@ def holdout(policy_path: Path, run: Path) -> dict:
         "what": "the policy's latency model on a profile it never saw: MAPE of the prefixed rows after the level "
         "shift measured on the prefix-free rows",
         "policy": str(policy_path),
-        "latency_model": policy.model.name,
+        "latency_model": policy.latency_model.name,
         "fitted_prefix_lens": (policy.data.get("domain") or {}).get("prefix_lens"),
         "holdout": str(run),
         "holdout_seed": (run_json.get("config") or {}).get("seed"),

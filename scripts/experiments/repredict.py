@@ -25,7 +25,7 @@ from ppprof.policy import load
 def repredict(bench: pd.DataFrame, policy_path: str, stage: int) -> dict:
     policy = load(policy_path)
     rows = bench[bench.stage == stage]
-    predicted = policy.model.chunk_latency_ms(rows.prefix_len.to_numpy(), rows.chunk_size.to_numpy())
+    predicted = policy.latency_model.chunk_latency_ms(rows.prefix_len.to_numpy(), rows.chunk_size.to_numpy())
     rows = rows.assign(predicted=predicted)
     per_run = rows.groupby(["prompt_len", "arm", "repeat"]).agg(
         measured=("compute_ms", "sum"), predicted=("predicted", "sum")
@@ -34,7 +34,7 @@ def repredict(bench: pd.DataFrame, policy_path: str, stage: int) -> dict:
     arms = per_run.groupby(["prompt_len", "arm"]).error.median()
     return {
         "policy": policy_path,
-        "latency_model": policy.model.to_dict(),
+        "latency_model": policy.latency_model.to_dict(),
         "chunk_mape": float(np.mean(np.abs(rows.compute_ms.to_numpy() / predicted - 1.0))),
         "worst_arm_error": float(arms.abs().max()),
         "arms": {f"{arm}@{prompt}": round(float(e), 4) for (prompt, arm), e in arms.items()},

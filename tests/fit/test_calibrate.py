@@ -115,7 +115,7 @@ def test_the_policy_carries_the_level_and_plans_and_predicts_with_it(tmp_path):
     assert "pipelined level 0.900 (c + b x) -0.7 ms" in validate(policy)
     # the planning model is the fitted one at the pipelined level, plus the overhead
     L, x = np.array([0, 10000, 90000]), np.array([256, 4096, 2048])
-    m = policy.model
+    m = policy.latency_model
     np.testing.assert_allclose(
         policy.planning_model.chunk_latency_ms(L, x),
         m.chunk_latency_ms(L, x) - 0.1 * (m.c + m.b * x) - 0.7 + 0.5,

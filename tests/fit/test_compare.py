@@ -44,7 +44,7 @@ def runs(tmp_path_factory):
 def doubled_a(policy_path: Path, out: Path) -> Path:
     """The policy with its quadratic coefficient a doubled, and its target and table recomputed (a valid policy)."""
     policy = load(policy_path)
-    model = dataclasses.replace(policy.model, a=2 * policy.model.a)
+    model = dataclasses.replace(policy.latency_model, a=2 * policy.latency_model.a)
     return atomic_write_json(out, rechoose(policy.data, model, policy.status, policy.reason))
 
 
@@ -114,7 +114,7 @@ def test_status_change_with_agreeing_samples_says_so(runs, tmp_path):
     shutil.copytree(base, static)
     data = json.loads((static / "policy.json").read_text())
     policy = load(base / "policy.json")
-    data = rechoose(data, policy.model, "static", "gate rms_residual_fraction fails")
+    data = rechoose(data, policy.latency_model, "static", "gate rms_residual_fraction fails")
     atomic_write_json(static / "policy.json", data)
     result = compare(base, static)
     assert result.exit_code == 1, result.output

@@ -52,7 +52,7 @@ def test_parity_fit_equals_the_rederivation_exactly(tmp_path, noise, num_outlier
         assert policy.status == "static" and "SGLang turns dynamic chunking off" in policy.reason
         return
     assert policy.status == "dynamic"
-    assert (policy.model.a, policy.model.b, policy.model.c) == tuple(float(v) for v in want)
+    assert (policy.latency_model.a, policy.latency_model.b, policy.latency_model.c) == tuple(float(v) for v in want)
     assert json.loads((tmp_path / "p.json").read_text())["diagnostics"]["parity"] == "sglang"
     out = CliRunner().invoke(main, ["export", str(tmp_path / "p.json"), "--server", "sglang"]).output
     assert "# fit: SGLang's own" in out

@@ -17,7 +17,7 @@ def test_save_load_roundtrip(tmp_path):
     data = policy_dict(MODEL)
     path = save(tmp_path / "p.json", data)
     p = load(path)
-    assert p.model == MODEL and p.settings.base_chunk_size == 8192
+    assert p.latency_model == MODEL and p.settings.base_chunk_size == 8192
     assert json.loads(path.read_text()) == data
     assert validate(p).startswith("dynamic (prefix, overhead 0 ms a chunk, 4 stages): prompt-aware rule of")
 
@@ -124,7 +124,7 @@ def test_every_model_round_trips_and_drives_the_rule_the_table_and_the_planners(
 
     path = save(tmp_path / "policy.json", policy_dict(model))
     policy = load(path)
-    assert policy.model == model
+    assert policy.latency_model == model
     assert validate(policy).startswith(f"dynamic ({model.name}")
     greedy = policy.sglang_plan(65536)  # SGLang's rule, from the coefficients and the settings
     assert greedy[0] == 8192 and greedy[1] == next_chunk_size(model, policy.settings, policy.target_ms, 8192)

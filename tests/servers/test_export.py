@@ -26,7 +26,7 @@ def test_each_export_says_where_its_servers_rule_differs(server, model):
     target = get(server)
     setting, calibration, ignored = target.parse_flags(data["command"], page_size=64)
     assert ignored == [] and setting.to_dict() == data["setting"]
-    model_used = target.boot_model(calibration if calibration is not None else policy.model)
+    model_used = target.boot_model(calibration if calibration is not None else policy.latency_model)
     rule = target.rule(setting, model_used, 32768)
     prefix_lens = range(0, 32767, 64)
     theirs = [min(rule.next(L), 32768 - L) for L in prefix_lens]

@@ -18,9 +18,9 @@ def test_sglang_rule_is_ppprofs_and_its_export_matches_the_policy_everywhere():
     assert data["differences"]["prefix_lens_checked"] == 1024  # against the policy's own (history-only) table
     setting, _, ignored = SGLANG.parse_flags(data["command"], page_size=64)
     assert ignored == [] and setting == ServerSetting("sglang", 4096, True, 0.7, 1024, 4096, 64)
-    rule = SGLANG.rule(setting, SGLANG.boot_model(policy.model), 65536)
+    rule = SGLANG.rule(setting, SGLANG.boot_model(policy.latency_model), 65536)
     for L in range(0, 65536, 7):  # SGLang's rule on the policy's model: ppprof's `greedy` strategy
-        assert rule.next(L) == next_chunk_size(policy.model, policy.settings, policy.target_ms, L), f"{L=}"
+        assert rule.next(L) == next_chunk_size(policy.latency_model, policy.settings, policy.target_ms, L), f"{L=}"
     assert walk(rule.next, 30000) == policy.sglang_plan(30000)
 
 
