@@ -17,22 +17,31 @@ CONTEXT_MARGIN = 100
 """Tokens ppprof's rule keeps free at the end of the context (SGLang's 100)."""
 
 
-@dataclass(kw_only=True, slots=True)
-class ChunkSettings:
-    """The knobs of the next-chunk rule (named after SGLang's flags), with their defaults resolved and checked."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ChunkSizes:
+    """The five chunk settings ppprof's rule and every server's flags share (named after SGLang's flags; each server
+    module says which of its flags sets which): the rule's ChunkSettings and a server's ServerSetting are these and
+    more. Unchecked here: each says what it accepts."""
 
     base_chunk_size: int
     """B: the first chunk, the size a static policy always uses, and the size whose latency is the target."""
     smooth_factor: float = DEFAULT_SMOOTH_FACTOR
     """s in (0, 1]: the next chunk is B + s (x - B); 1 follows the model fully."""
-    page_size: int = 1
-    """KV page size of the server, in tokens."""
-    alignment: int = 0
-    """Chunk sizes are multiples of this; 0 means max(page_size, 64)."""
     min_chunk_size: int = 0
     """Floor before alignment; 0 means B // 4."""
     max_chunk_size: int = 0
     """Cap from the second chunk on (the server's max prefill tokens; may be below B); 0 means B."""
+    page_size: int = 1
+    """KV page size of the server, in tokens."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ChunkSettings(ChunkSizes):
+    """The knobs of the next-chunk rule, with their defaults resolved and checked: the five chunk sizes, the
+    alignment and the context."""
+
+    alignment: int = 0
+    """Chunk sizes are multiples of this; 0 means max(page_size, 64)."""
     context_len: int = DEFAULT_CONTEXT_LEN
     """Model context length; chunks are capped at context_len - prefix_len - context_margin."""
     context_margin: int = field(default=CONTEXT_MARGIN)
@@ -54,12 +63,16 @@ class ChunkSettings:
         s = self.smooth_factor
         if not is_number(s) or not (0.0 < s <= 1.0):
             raise ValueError(f"--smooth-factor {s!r} is out of range: use a value in (0, 1]")
-        self.smooth_factor = float(s)
+        object.__setattr__(self, "smooth_factor", float(s))
         B = self.base_chunk_size
         check_base_chunk(B, self.page_size, tp_size, self.alignment)
-        self.alignment = self.alignment or default_alignment(self.page_size, tp_size)
-        self.min_chunk_size = self.min_chunk_size or default_floor(B)
-        self.max_chunk_size = self.max_chunk_size or B
+        resolved = {  # frozen: the defaults are resolved once, here
+            "alignment": self.alignment or default_alignment(self.page_size, tp_size),
+            "min_chunk_size": self.min_chunk_size or default_floor(B),
+            "max_chunk_size": self.max_chunk_size or B,
+        }
+        for name, value in resolved.items():
+            object.__setattr__(self, name, value)
         if self.min_chunk_size > B:
             raise ValueError(f"--min-chunk-size {self.min_chunk_size} is above --base-chunk-size {B}: use at most {B}")
         if self.max_chunk_size < self.alignment:
@@ -71,7 +84,21 @@ class ChunkSettings:
             raise ValueError(f"--context-len {self.context_len} is below --base-chunk-size {B}: use at least {B}")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """policy.json's `settings`, in the order it has always had."""
+        d = asdict(self)
+        return {k: d[k] for k in SETTINGS_ORDER}
+
+
+SETTINGS_ORDER = (
+    "base_chunk_size",
+    "smooth_factor",
+    "page_size",
+    "alignment",
+    "min_chunk_size",
+    "max_chunk_size",
+    "context_len",
+    "context_margin",
+)
 
 
 def check_base_chunk(

@@ -84,7 +84,15 @@ class Atom(Server):
 
     def default_setting(self, page_size: int = 1) -> ServerSetting:
         """--max-num-batched-tokens 32768 (the default its Dynamic CPP guide measures), s 1.0, min chunk 4096."""
-        return ServerSetting(self.name, 32768, False, 1.0, 4096, 32768, page_size)
+        return ServerSetting(
+            server=self.name,
+            base_chunk_size=32768,
+            dynamic=False,
+            smooth_factor=1.0,
+            min_chunk_size=4096,
+            max_chunk_size=32768,
+            page_size=page_size,
+        )
 
     def alignment(self, page_size: int) -> int:
         """The KV block size."""

@@ -10,6 +10,7 @@ from typing import Protocol
 
 from ppprof.checks import is_int
 from ppprof.chunks import align_down, default_alignment, positive_root, walk
+from ppprof.config.chunk import ChunkSizes
 from ppprof.policy.rule import FORMS, LatencyModel
 from ppprof.policy.runtime import Policy
 from ppprof.servers.boot import Forwards, prefix_free_quadratic
@@ -19,48 +20,28 @@ PP_SIZE, TP_SIZE = "pp_size", "tp_size"
 """The parallel layout a policy was profiled at (its provenance's world_size and tp_size), in a server's flags."""
 
 
-@dataclass(frozen=True, slots=True)
-class ServerSetting:
-    """One server's chunking flags, in ppprof's words (each server module says which of its flags sets which field).
-
-    base_chunk_size: the first chunk and the size the target latency is taken from.
-    max_chunk_size: the cap of a chunk.
-    min_chunk_size: the floor of a chunk before alignment.
-    """
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ServerSetting(ChunkSizes):
+    """One server's chunking flags: the five chunk sizes in ppprof's words (each server module says which of its flags
+    sets which field; max_chunk_size is the cap of every chunk), whether dynamic chunking is on, and the server."""
 
     server: str
-    base_chunk_size: int
     dynamic: bool
-    smooth_factor: float
-    min_chunk_size: int
-    max_chunk_size: int
-    page_size: int = 1
 
     def fields(self) -> dict:
-        """Every field but the server's name."""
-        return {
-            "base_chunk_size": self.base_chunk_size,
-            "dynamic": self.dynamic,
-            "smooth_factor": self.smooth_factor,
-            "min_chunk_size": self.min_chunk_size,
-            "max_chunk_size": self.max_chunk_size,
-            "page_size": self.page_size,
-        }
+        """Every field but the server's name, in the order `tune --json` writes them."""
+        return {k: getattr(self, k) for k in SERVER_FIELDS}
 
     def to_dict(self) -> dict:
         return {"server": self.server, **self.fields()}
 
     @classmethod
     def from_dict(cls, d: dict) -> ServerSetting:
-        return cls(
-            d["server"],
-            d["base_chunk_size"],
-            d["dynamic"],
-            d["smooth_factor"],
-            d["min_chunk_size"],
-            d["max_chunk_size"],
-            d["page_size"],
-        )
+        return cls(**{k: d[k] for k in ("server", *SERVER_FIELDS)})
+
+
+SERVER_FIELDS = ("base_chunk_size", "dynamic", "smooth_factor", "min_chunk_size", "max_chunk_size", "page_size")
+"""A ServerSetting's fields but the server's name, in the order its to_dict writes them."""
 
 
 class Rule(Protocol):
@@ -103,13 +84,13 @@ class Server(ABC):
         token budget and so the cap too (a policy's lower cap from the second chunk on has no flag)."""
         s = policy.settings
         return ServerSetting(
-            self.name,
-            s.base_chunk_size,
-            policy.status == "dynamic",
-            s.smooth_factor,
-            s.min_chunk_size,
-            s.base_chunk_size,
-            s.page_size,
+            server=self.name,
+            base_chunk_size=s.base_chunk_size,
+            dynamic=policy.status == "dynamic",
+            smooth_factor=s.smooth_factor,
+            min_chunk_size=s.min_chunk_size,
+            max_chunk_size=s.base_chunk_size,
+            page_size=s.page_size,
         )
 
     def alignment(self, page_size: int) -> int:
@@ -191,7 +172,7 @@ class Server(ABC):
             parsed = {DYNAMIC: True} if key == DYNAMIC else self.parse_value(key, name, value)
             calibration = parsed.pop(CALIBRATION, calibration)
             fields.update(parsed)
-        setting = ServerSetting(self.name, **self.complete(fields, set(values)))
+        setting = ServerSetting(server=self.name, **self.complete(fields, set(values)))
         self.check_setting(setting)
         return setting, calibration, ignored
 
@@ -263,12 +244,32 @@ class Server(ABC):
         floors = sorted(
             {align_down(B // k, alignment) for k in (8, 4, 2)} | ({default_floor} if default_floor <= B else set())
         )
-        return [ServerSetting(self.name, B, True, s, floor, B, page_size) for s in smooth_factors for floor in floors]
+        return [
+            ServerSetting(
+                server=self.name,
+                base_chunk_size=B,
+                dynamic=True,
+                smooth_factor=s,
+                min_chunk_size=floor,
+                max_chunk_size=B,
+                page_size=page_size,
+            )
+            for s in smooth_factors
+            for floor in floors
+        ]
 
     def fixed_candidate(self, size: int, page_size: int) -> ServerSetting:
         """The setting that runs fixed chunks of `size` tokens."""
         d = self.default_setting()
-        return ServerSetting(self.name, size, False, d.smooth_factor, min(d.min_chunk_size, size), size, page_size)
+        return ServerSetting(
+            server=self.name,
+            base_chunk_size=size,
+            dynamic=False,
+            smooth_factor=d.smooth_factor,
+            min_chunk_size=min(d.min_chunk_size, size),
+            max_chunk_size=size,
+            page_size=page_size,
+        )
 
     def same_knob(self, candidate: ServerSetting, pick: ServerSetting, B: int) -> bool:
         """Refinement around `pick` keeps its floor in the same proportion to B."""

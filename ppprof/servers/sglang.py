@@ -64,18 +64,26 @@ class SGLang(Server):
 
     def default_setting(self, page_size: int = 1) -> ServerSetting:
         """--chunked-prefill-size 8192 (its default on large GPUs), --max-prefill-tokens 16384, s 0.75."""
-        return ServerSetting(self.name, 8192, False, 0.75, default_floor(8192), 16384, page_size)
+        return ServerSetting(
+            server=self.name,
+            base_chunk_size=8192,
+            dynamic=False,
+            smooth_factor=0.75,
+            min_chunk_size=default_floor(8192),
+            max_chunk_size=16384,
+            page_size=page_size,
+        )
 
     def setting_of(self, policy: Policy) -> ServerSetting:
         s = policy.settings
         return ServerSetting(
-            self.name,
-            s.base_chunk_size,
-            policy.status == "dynamic",
-            s.smooth_factor,
-            default_floor(s.base_chunk_size),
-            s.max_chunk_size,
-            s.page_size,
+            server=self.name,
+            base_chunk_size=s.base_chunk_size,
+            dynamic=policy.status == "dynamic",
+            smooth_factor=s.smooth_factor,
+            min_chunk_size=default_floor(s.base_chunk_size),
+            max_chunk_size=s.max_chunk_size,
+            page_size=s.page_size,
         )
 
     def boot_model(self, model: LatencyModel | None, domain: dict | None = None) -> LatencyModel | None:
@@ -137,7 +145,15 @@ class SGLang(Server):
             {max(B, default_cap)} | {align_down(v, alignment) for v in (B // 2, 3 * B // 4) if v >= alignment}
         )
         return [
-            ServerSetting(self.name, B, True, s, default_floor(B), cap, page_size)
+            ServerSetting(
+                server=self.name,
+                base_chunk_size=B,
+                dynamic=True,
+                smooth_factor=s,
+                min_chunk_size=default_floor(B),
+                max_chunk_size=cap,
+                page_size=page_size,
+            )
             for s in smooth_factors
             for cap in caps
         ]
@@ -145,7 +161,13 @@ class SGLang(Server):
     def fixed_candidate(self, size: int, page_size: int) -> ServerSetting:
         d = self.default_setting()
         return ServerSetting(
-            self.name, size, False, d.smooth_factor, default_floor(size), max(size, d.max_chunk_size), page_size
+            server=self.name,
+            base_chunk_size=size,
+            dynamic=False,
+            smooth_factor=d.smooth_factor,
+            min_chunk_size=default_floor(size),
+            max_chunk_size=max(size, d.max_chunk_size),
+            page_size=page_size,
         )
 
     def same_knob(self, candidate: ServerSetting, pick: ServerSetting, B: int) -> bool:

@@ -82,7 +82,15 @@ class VllmAscend(Server):
 
     def default_setting(self, page_size: int = 1) -> ServerSetting:
         """--max-num-batched-tokens 8192 (vllm serve's default), smooth_factor 1.0, min_chunk 4096."""
-        return ServerSetting(self.name, 8192, False, 1.0, 4096, 8192, page_size)
+        return ServerSetting(
+            server=self.name,
+            base_chunk_size=8192,
+            dynamic=False,
+            smooth_factor=1.0,
+            min_chunk_size=4096,
+            max_chunk_size=8192,
+            page_size=page_size,
+        )
 
     def boot_model(self, model: LatencyModel | None, domain: dict | None = None) -> LatencyModel | None:
         """The prefix-free quadratic of `model` (as SGLang's), a negative a set to A_FLOOR."""

@@ -11,7 +11,15 @@ from .helpers import PREFIX, QUADRATIC, root
 
 
 def test_atom_rule_by_hand():
-    s = ServerSetting("atom", 4096, True, 1.0, 512, 8192, page_size=16)
+    s = ServerSetting(
+        server="atom",
+        base_chunk_size=4096,
+        dynamic=True,
+        smooth_factor=1.0,
+        min_chunk_size=512,
+        max_chunk_size=8192,
+        page_size=16,
+    )
     rule = ATOM.rule(s, ATOM.boot_model(PREFIX), context_len=65536)
     a, b, g = PREFIX.a, PREFIX.b, PREFIX.g
     assert rule.next(0) == 4096
@@ -28,7 +36,15 @@ def test_atom_rule_by_hand():
 def test_atom_refuses_a_calibration_out_of_its_bounds_and_keeps_the_ceiling():
     assert ATOM.boot_model(LatencyModel("prefix", a=1e-6, b=-0.1, c=1.0, g=0.0)) is None
     assert ATOM.boot_model(LatencyModel("prefix", a=1e-6, b=0.1, c=1.0, g=-1e-4)) is None
-    s = ServerSetting("atom", 4096, True, 1.0, 512, 8192, page_size=16)
+    s = ServerSetting(
+        server="atom",
+        base_chunk_size=4096,
+        dynamic=True,
+        smooth_factor=1.0,
+        min_chunk_size=512,
+        max_chunk_size=8192,
+        page_size=16,
+    )
     assert ATOM.rule(s, None, 65536).next(5000) == 8192 == ATOM.fixed_chunk_size(s)
 
 

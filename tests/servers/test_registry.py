@@ -29,7 +29,15 @@ def test_the_registry_maps_each_name_to_its_server_and_refuses_others_in_one_lin
 @pytest.mark.parametrize("server", REGISTRY.values(), ids=SERVERS)
 def test_flags_out_and_back_in_give_the_same_setting(server):
     for dynamic in (False, True):
-        setting = ServerSetting(server.name, 4096, dynamic, 0.6, 1024, 4096, 64)
+        setting = ServerSetting(
+            server=server.name,
+            base_chunk_size=4096,
+            dynamic=dynamic,
+            smooth_factor=0.6,
+            min_chunk_size=1024,
+            max_chunk_size=4096,
+            page_size=64,
+        )
         calibration = PREFIX if dynamic and not server.fits_at_boot else None
         env, args = server.format_flags(setting, calibration)
         text = " ".join([f"{k}={v}" for k, v in env.items()] + [f"'{a}'" for a in args])
@@ -43,7 +51,15 @@ def test_flags_out_and_back_in_give_the_same_setting(server):
 
 @pytest.mark.parametrize("server", REGISTRY.values(), ids=SERVERS)
 def test_its_rule_walks_a_prompt_and_fixed_chunks_are_its_fixed_size(server):
-    setting = ServerSetting(server.name, 4096, True, 0.75, 1024, 4096, 64)
+    setting = ServerSetting(
+        server=server.name,
+        base_chunk_size=4096,
+        dynamic=True,
+        smooth_factor=0.75,
+        min_chunk_size=1024,
+        max_chunk_size=4096,
+        page_size=64,
+    )
     chunks = server.chunks(setting, server.boot_model(PREFIX), 65536, 60000)
     assert sum(chunks) == 60000 and all(isinstance(c, int) and c >= 1 for c in chunks), f"{chunks=}"
     assert chunks[0] == 4096 and len(set(chunks)) > 1, "a prefix cost shrinks the later chunks"
@@ -55,7 +71,17 @@ def test_its_rule_walks_a_prompt_and_fixed_chunks_are_its_fixed_size(server):
 def test_a_setting_below_its_alignment_and_a_short_context_are_handled(server):
     align = server.alignment(64)
     with pytest.raises(ValueError) as e:
-        server.check_setting(ServerSetting(server.name, align - 1, False, 1.0, 1, align, 64))
+        server.check_setting(
+            ServerSetting(
+                server=server.name,
+                base_chunk_size=align - 1,
+                dynamic=False,
+                smooth_factor=1.0,
+                min_chunk_size=1,
+                max_chunk_size=align,
+                page_size=64,
+            )
+        )
     assert f"{server.label} " in str(e.value) and f"below the alignment {align}" in str(e.value)
     short = server.with_context(server.default_setting(64), 4096)
     assert max(short.base_chunk_size, server.fixed_chunk_size(short)) <= 4096 - server.context_margin, f"{short=}"

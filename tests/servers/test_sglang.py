@@ -17,7 +17,15 @@ def test_sglang_rule_is_ppprofs_and_its_export_matches_the_policy_everywhere():
     data = export_data(policy, "sglang")
     assert data["differences"]["prefix_lens_checked"] == 1024  # against the policy's own (history-only) table
     setting, _, ignored = SGLANG.parse_flags(data["command"], page_size=64)
-    assert ignored == [] and setting == ServerSetting("sglang", 4096, True, 0.7, 1024, 4096, 64)
+    assert ignored == [] and setting == ServerSetting(
+        server="sglang",
+        base_chunk_size=4096,
+        dynamic=True,
+        smooth_factor=0.7,
+        min_chunk_size=1024,
+        max_chunk_size=4096,
+        page_size=64,
+    )
     rule = SGLANG.rule(setting, SGLANG.boot_model(policy.latency_model), 65536)
     for L in range(0, 65536, 7):  # SGLang's rule on the policy's model: ppprof's `greedy` strategy
         assert rule.next(L) == next_chunk_size(policy.latency_model, policy.settings, policy.target_ms, L), f"{L=}"
@@ -28,7 +36,14 @@ def test_boot_clamps_a_non_positive_a_turns_it_off_and_a_negative_b_is_0():
     assert SGLANG.boot_model(LatencyModel("quadratic", a=-1e-7, b=0.01, c=1.0)) is None
     assert SGLANG.boot_model(LatencyModel("quadratic", a=0.0, b=0.01, c=1.0)) is None
     assert SGLANG.boot_model(LatencyModel("quadratic", a=1e-7, b=-0.01, c=1.0)).b == 0.0
-    s = ServerSetting("sglang", 4096, True, 0.75, 1024, 8192)
+    s = ServerSetting(
+        server="sglang",
+        base_chunk_size=4096,
+        dynamic=True,
+        smooth_factor=0.75,
+        min_chunk_size=1024,
+        max_chunk_size=8192,
+    )
     assert [SGLANG.rule(s, None, 65536).next(L) for L in (0, 9000)] == [4096, 4096]
 
 
@@ -38,8 +53,26 @@ def test_flags_defaults_floor_and_errors():
         "--chunked-prefill-size 2048 --max-prefill-tokens=4096 --page-size 32 "
         "SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR=0.5 --model m"
     )
-    assert setting == ServerSetting("sglang", 2048, False, 0.5, 512, 4096, 32) and ignored == ["--model", "m"]
-    env, args = SGLANG.format_flags(ServerSetting("sglang", 2048, True, 0.5, 512, 4096, 32))
+    assert setting == ServerSetting(
+        server="sglang",
+        base_chunk_size=2048,
+        dynamic=False,
+        smooth_factor=0.5,
+        min_chunk_size=512,
+        max_chunk_size=4096,
+        page_size=32,
+    ) and ignored == ["--model", "m"]
+    env, args = SGLANG.format_flags(
+        ServerSetting(
+            server="sglang",
+            base_chunk_size=2048,
+            dynamic=True,
+            smooth_factor=0.5,
+            min_chunk_size=512,
+            max_chunk_size=4096,
+            page_size=32,
+        )
+    )
     assert env == {"SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR": "0.5"} and args[0] == "--enable-dynamic-chunking"
     for text, message in [
         ("--chunked-prefill-size abc", "--chunked-prefill-size 'abc' is not an integer"),

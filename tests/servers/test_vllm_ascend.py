@@ -13,7 +13,15 @@ from .helpers import PREFIX, root
 
 
 def test_vllm_ascend_rule_by_hand():
-    s = ServerSetting("vllm-ascend", 4096, True, 0.8, 1024, 4096, page_size=1)
+    s = ServerSetting(
+        server="vllm-ascend",
+        base_chunk_size=4096,
+        dynamic=True,
+        smooth_factor=0.8,
+        min_chunk_size=1024,
+        max_chunk_size=4096,
+        page_size=1,
+    )
     rule = VLLM_ASCEND.rule(s, VLLM_ASCEND.boot_model(PREFIX), context_len=65536)
     a, b = PREFIX.a, PREFIX.b
     T = a * 4096**2 + b * 4096
@@ -28,7 +36,14 @@ def test_vllm_ascend_rule_by_hand():
 def test_a_negative_fitted_a_becomes_1e_9_and_no_model_keeps_the_budget():
     assert VLLM_ASCEND.boot_model(LatencyModel("quadratic", a=-1e-7, b=0.01, c=1.0)).a == 1e-9
     assert VLLM_ASCEND.boot_model(LatencyModel("quadratic", a=1e-7, b=-0.01, c=1.0)).b == -0.01  # b kept as fitted
-    s = ServerSetting("vllm-ascend", 4096, True, 1.0, 1024, 4096)
+    s = ServerSetting(
+        server="vllm-ascend",
+        base_chunk_size=4096,
+        dynamic=True,
+        smooth_factor=1.0,
+        min_chunk_size=1024,
+        max_chunk_size=4096,
+    )
     assert [VLLM_ASCEND.rule(s, None, 10000).next(L) for L in (0, 5000, 9000)] == [4096, 4096, 999]
 
 
