@@ -127,8 +127,8 @@ def serve(
             batches.append((batch, first, end))
         elif not leaves and queue:  # nothing in the pipeline: time moves to the next arrival
             now = max(now, queue[0][0])
-        elif not leaves and scheduler.idle and len(done) < len(prompts) and not queue:
-            raise RuntimeError("the scheduler stalled with requests left")
+        elif not leaves and not queue and len(done) < len(prompts):  # nothing in the pipeline or to come: a stall
+            raise RuntimeError(f"the scheduler stalled with {len(prompts) - len(done)} requests left")
         slot = (slot + 1) % pp_size
     assert scheduler.idle and capacity.full, "a request kept what it held"
     return Served(sorted(done, key=lambda r: r.rid), batches, busy)
