@@ -1,0 +1,55 @@
+"""The arms a serving bench compares, as the scheduler's sizers (prefix_len, prompt_len, load) -> the budget of a batch
+whose first piece is that request's next chunk, and the price of a packed forward on a policy's planning model.
+Pure: no torch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ppprof.policy.rule import LatencyModel, build_table
+from ppprof.policy.runtime import Policy
+from ppprof.policy.tables import table_chunk_size
+from ppprof.serving.scheduler import Batch, Load, Sizer
+
+SERVING_ARMS = ("fixed", "fixed-best", "greedy", "policy", "policy-history", "atom-guard")
+"""fixed: B; fixed-best: the policy's best fixed chunk on its workload; greedy: SGLang's equal-latency rule on the
+policy's model; policy: the prompt-aware rule; policy-history: the history-only table; atom-guard: the prompt-aware
+rule while the request being sized is the only one with prefill work, B otherwise (AMD ATOM's guard)."""
+
+
+def sizer(policy: Policy, arm: str) -> Sizer:
+    """The sizer of `arm` (SERVING_ARMS) with `policy`'s rules and settings."""
+    B = policy.base_chunk_size
+    if arm == "fixed":
+        return lambda prefix_len, prompt_len, load: B
+    if arm == "fixed-best":
+        best = (policy.data.get("predicted") or {}).get("fixed_best_chunk") or B
+        return lambda prefix_len, prompt_len, load: best
+    if arm == "greedy":
+        if policy.latency_model is None or not policy.target_ms:
+            return lambda prefix_len, prompt_len, load: B
+        starts, sizes = build_table(policy.latency_model, policy.settings, policy.target_ms)
+        return lambda prefix_len, prompt_len, load: table_chunk_size(starts, sizes, prefix_len)
+    if arm == "policy":
+        return lambda prefix_len, prompt_len, load: policy.next_chunk_size(prefix_len, prompt_len)
+    if arm == "policy-history":
+        return lambda prefix_len, prompt_len, load: policy.next_chunk_size(prefix_len)
+    if arm == "atom-guard":
+
+        def guarded(prefix_len: int, prompt_len: int, load: Load) -> int:
+            return policy.next_chunk_size(prefix_len, prompt_len) if load.pending_requests == 0 else B
+
+        return guarded
+    raise ValueError(f"--strategies {arm!r} is unknown: use a comma-separated subset of {','.join(SERVING_ARMS)}")
+
+
+def packed_stage_ms(model: LatencyModel, pp_size: int) -> Callable[[Batch], list[float]]:
+    """Each stage's time for a packed forward on `model` (a planning model: its fixed cost holds the per-chunk
+    overhead): one fixed cost for the forward, and each piece's tokens and attention over its own prefix,
+    c + sum_i (t(L_i, x_i) - c); the same on every stage (the model is the bottleneck stage's)."""
+
+    def stage_ms(batch: Batch) -> list[float]:
+        t = model.c + sum(float(model.chunk_latency_ms(p.prefix_len, p.size)) - model.c for p in batch.pieces)
+        return [t] * pp_size
+
+    return stage_ms

@@ -1,0 +1,57 @@
+"""The serving bench's arms as sizers: alone in the pipeline each gives the chunks of its one-prompt plan (what
+`ppprof plan` and `ppprof bench` run), atom-guard falls back to B when other requests wait, and a packed forward pays
+one fixed cost."""
+
+from pathlib import Path
+
+import pytest
+
+from ppprof.policy import load
+from ppprof.policy.planners import fixed_chunks
+from ppprof.serving.arms import SERVING_ARMS, packed_stage_ms, sizer
+from ppprof.serving.scheduler import Batch, Capacity, Load, Piece
+from ppprof.serving.simulate import LoadLevel, serve
+
+POLICY = Path(__file__).resolve().parents[1] / "runs/tiny-hybrid/policy.json"
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return load(POLICY)
+
+
+@pytest.mark.parametrize("arm", SERVING_ARMS)
+def test_alone_each_arm_runs_its_one_prompt_plan(policy, arm):
+    prompts = [700, 2000, 4000]
+    stage_ms = packed_stage_ms(policy.planning_model, 2)
+    served = serve(2, sizer(policy, arm), stage_ms, Capacity(100_000, 8), prompts, LoadLevel(concurrency=1))
+    B = policy.base_chunk_size
+    best = policy.data["predicted"]["fixed_best_chunk"]
+    for r in served.requests:
+        want = {
+            "fixed": fixed_chunks(B, r.prompt_len),
+            "fixed-best": fixed_chunks(best, r.prompt_len),
+            "greedy": policy.sglang_plan(r.prompt_len),
+            "policy": policy.plan(r.prompt_len),
+            "policy-history": policy.plan_history(r.prompt_len),
+            "atom-guard": policy.plan(r.prompt_len),
+        }[arm]
+        assert r.chunks == want, (arm, r.prompt_len)
+
+
+def test_atom_guard_is_fixed_while_others_wait(policy):
+    guard = sizer(policy, "atom-guard")
+    assert guard(1000, 4000, Load()) == policy.next_chunk_size(1000, 4000)
+    assert guard(1000, 4000, Load(pending_requests=1, pending_tokens=3000)) == policy.base_chunk_size
+
+
+def test_a_packed_forward_pays_one_fixed_cost(policy):
+    model = policy.planning_model
+    one = [float(model.chunk_latency_ms(L, x)) for L, x in ((0, 256), (1024, 128))]
+    batch = Batch(0, (Piece(0, 0, 256, False), Piece(1, 1024, 128, True)))
+    assert packed_stage_ms(model, 3)(batch) == pytest.approx([sum(one) - model.c] * 3)
+
+
+def test_an_unknown_arm_is_named(policy):
+    with pytest.raises(ValueError, match="--strategies 'best' is unknown"):
+        sizer(policy, "best")
