@@ -25,6 +25,7 @@ RUNS = {
     "benchmarks/memory.py": ["--quick"],
     "benchmarks/planner.py": ["--quick"],
     "benchmarks/policy.py": ["--quick"],
+    "experiments/atom_under_load.py": [],
     "experiments/calibrate.py": [BENCH, BENCH_POLICY],
     "experiments/holdout.py": ["results/baseline-intel-xeon/policy.json", BASELINE],
     "experiments/repredict.py": [BENCH, BENCH_POLICY],

@@ -1,5 +1,6 @@
 """The prefill scheduler of a pipeline-parallel server under load, as SGLang's PP event loop runs a prefill-only server:
-`pp_size` micro-batch slots served round robin, each with at most one batch in the pipeline; a slot's batch is the
+micro-batch slots served round robin (pp_size of them, and pp_async_batch_depth more where that is set), each with at
+most one batch in the pipeline; a slot's batch is the
 chunked request's next chunk (at most one request is partly prefilled), sized by the arm under test, then waiting
 requests packed whole into what is left of the token budget, the first that does not fit cut to what is left (it
 becomes the chunked request). A request holds its KV slots, its Mamba slot and its request entry from admission until
@@ -117,10 +118,10 @@ class Capacity:
 class Scheduler:
     """Builds each slot's next batch and retires the requests a finished batch completes."""
 
-    def __init__(self, pp_size: int, sizer: Sizer, capacity: Capacity) -> None:
-        if pp_size < 1:
-            raise ValueError(f"pp_size {pp_size} must be at least 1")
-        self.pp_size, self.sizer, self.capacity = pp_size, sizer, capacity
+    def __init__(self, slots: int, sizer: Sizer, capacity: Capacity) -> None:
+        if slots < 1:
+            raise ValueError(f"{slots} micro-batch slots: a scheduler needs at least 1")
+        self.slots, self.sizer, self.capacity = slots, sizer, capacity
         self.waiting: deque[Request] = deque()
         self.chunked: Request | None = None
         self.in_flight: dict[int, Batch] = {}

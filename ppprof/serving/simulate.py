@@ -90,9 +90,13 @@ def serve(
     prompts: Sequence[int],
     level: LoadLevel,
     seed: int = 0,
+    async_depth: int = 0,
 ) -> Served:
-    """Serve `prompts` (in arrival order) at `level`; `stage_ms(batch)` is each stage's time for a batch."""
-    scheduler = Scheduler(pp_size, sizer, capacity)
+    """Serve `prompts` (in arrival order) at `level`; `stage_ms(batch)` is each stage's time for a batch (pp_size of
+    them). The scheduler serves pp_size + `async_depth` micro-batch slots (SGLang's pp_async_batch_depth, 0 by
+    default)."""
+    slots = pp_size + async_depth
+    scheduler = Scheduler(slots, sizer, capacity)
     times = arrival_times(level, len(prompts), seed)
     queue = [] if times is None else list(zip(times, prompts))
     issued = 0 if times is not None else min(level.concurrency, len(prompts))
@@ -129,6 +133,6 @@ def serve(
             now = max(now, queue[0][0])
         elif not leaves and not queue and len(done) < len(prompts):  # nothing in the pipeline or to come: a stall
             raise RuntimeError(f"the scheduler stalled with {len(prompts) - len(done)} requests left")
-        slot = (slot + 1) % pp_size
+        slot = (slot + 1) % slots
     assert scheduler.idle and capacity.full, "a request kept what it held"
     return Served(sorted(done, key=lambda r: r.rid), batches, busy)
