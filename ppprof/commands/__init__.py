@@ -8,6 +8,7 @@ from ppprof.commands.fit import fit_command
 from ppprof.commands.model import model
 from ppprof.commands.plan import plan_command
 from ppprof.commands.profile import profile
+from ppprof.commands.serve_bench import serve_bench_command
 from ppprof.commands.tune import tune_command
 from ppprof.commands.validate import validate_command
 
@@ -20,5 +21,6 @@ COMMANDS = (
     tune_command,
     validate_command,
     bench,
+    serve_bench_command,
     compare_command,
 )
