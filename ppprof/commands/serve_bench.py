@@ -14,6 +14,7 @@ from ppprof.policy.planners import default_pp_size
 from ppprof.policy.policy_file import load
 from ppprof.serving.arms import SERVING_ARMS
 from ppprof.serving.levels import ServingPlan, parse_arms, parse_levels, simulate_levels
+from ppprof.serving.plots import write_plots
 
 SERVE_BENCH_OPTIONS = (
     (("--simulate",), dict(is_flag=True), "Simulate on the policy's planning model, no ranks (required for now)."),
@@ -53,7 +54,8 @@ def serve_bench_command(
 ) -> None:
     """Serve arriving requests (closed-loop concurrency or Poisson rates) under each arm, as SGLang's PP scheduler
     batches them, and report per level and arm the input throughput, TTFT mean / p50 / p90 / p99, the stages' idle
-    fraction, chunks per request and requests per batch. Writes serving.json."""
+    fraction, chunks per request and requests per batch. Writes serving.json, and beside it serving.png (throughput and
+    mean TTFT against the load, an arm a line) and serving-ttft.png (the TTFT distribution at the heaviest level)."""
     levels = parse_levels(concurrency, request_rate)
     arms = parse_arms(strategies)
     if not simulate:
@@ -72,8 +74,9 @@ def serve_bench_command(
     )
     result = simulate_levels(policy, plan)
     path = write_result(Path(out) if out else Path(policy_path).with_name("serving.json"), result)
+    plots = write_plots(result, path.parent, f"{Path(policy_path).name}: simulated, {plan.pp_size} stages")
     echo_levels(result)
-    click.echo(f"serving.json: {path}")
+    click.echo(f"serving.json: {path}; plots: {', '.join(str(p) for p in plots)}")
 
 
 def echo_levels(result: dict) -> None:

@@ -48,8 +48,8 @@ class Served:
         return max(r.finish for r in self.requests) - min(r.arrival for r in self.requests)
 
     def summary(self) -> dict:
-        """Input throughput, TTFT mean and quantiles, the stages' idle fraction, chunks per request, requests per
-        batch."""
+        """Input throughput, TTFT mean and quantiles (and each request's, by arrival), the stages' idle fraction,
+        chunks per request, requests per batch."""
         ttft = np.array([r.ttft for r in self.requests])
         span = self.span_ms
         return {
@@ -62,6 +62,7 @@ class Served:
                 "p99": float(np.percentile(ttft, 99)),
             },
             "idle_fraction": 1.0 - sum(self.busy_ms) / (len(self.busy_ms) * span) if span > 0 else None,
+            "ttft_ms_by_request": [float(x) for x in ttft],
             "chunks_per_request": float(np.mean([len(r.chunks) for r in self.requests])),
             "requests_per_batch": float(np.mean([len(b.pieces) for b, _, _ in self.batches])),
         }

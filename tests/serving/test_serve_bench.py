@@ -30,9 +30,13 @@ def test_every_arm_at_every_level_into_serving_json(tmp_path):
         for s in arms.values():
             assert s["num_requests"] == 12 and s["throughput_tokens_per_s"] > 0
             assert s["ttft_ms"]["p50"] <= s["ttft_ms"]["p90"] <= s["ttft_ms"]["p99"]
+            assert len(s["ttft_ms_by_request"]) == 12 and max(s["ttft_ms_by_request"]) == pytest.approx(
+                s["ttft_ms"]["p99"], rel=0.2
+            )
     busy = doc["levels"]["concurrency-4"]["policy-history"]
     assert busy["requests_per_batch"] > 1  # waiting requests packed beside the chunked one
     assert "concurrency-4" in r.output and "policy-history" in r.output
+    assert (tmp_path / "serving.png").stat().st_size > 0 and (tmp_path / "serving-ttft.png").stat().st_size > 0
 
 
 def test_poisson_levels_and_a_chosen_workload(tmp_path):
