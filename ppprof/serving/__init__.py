@@ -1,2 +1,3 @@
-"""Serving under load (being built, for a serving bench): the prefill scheduler of a pipeline-parallel server
-(`scheduler`) and its discrete-event simulation on a latency model (`simulate`). Pure: no torch."""
+"""Serving under load (`ppprof serve-bench`): the prefill scheduler of a pipeline-parallel server (`scheduler`), its
+discrete-event simulation on a latency model (`simulate`), the arms as sizers (`arms`), the load levels (`levels`) and
+the plots (`plots`). Pure: no torch."""
