@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from ppprof.checks import require_int
 from ppprof.commands.options import policy_options
 from ppprof.config import DEFAULT_CONTEXT_LEN, DEFAULT_SMOOTH_FACTOR
 from ppprof.fit.build import fit
+from ppprof.fit.samples import read_run
 from ppprof.fit.settings import LATENCY_MODEL_CHOICES
 from ppprof.fit.summary import fit_summary, incomplete_run_note
 from ppprof.servers.sglang import PARITY
@@ -69,4 +72,10 @@ def fit_command(
     note = incomplete_run_note(samples)
     if note:
         click.echo(f"warning: {note}", err=True)
+    if pp_size is None and read_run(Path(samples)) is None and policy["num_stages"] > 1:
+        click.echo(
+            f"note: no run.json beside {samples}: the rules are chosen for its {policy['num_stages']} stage columns; "
+            "give --pp-size to choose them for another depth",
+            err=True,
+        )
     click.echo(fit_summary(path, policy))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from dataclasses import replace
 from pathlib import Path
 
 from ppprof import __version__
@@ -50,13 +51,16 @@ def overhead_of(run: dict | None, given: float | None) -> dict:
     return {"ms_per_chunk": 0.0, "stderr_ms": None, "source": "none"}
 
 
-def profiled_stages(run: dict | None) -> int:
-    """The pipeline stages of the profile (its layer partition, else its world size), else 1."""
+def profiled_stages(run: dict | None, samples: Samples | None = None) -> int:
+    """The pipeline stages of the profile: its layer partition, else its world size (run.json); without a run.json
+    that says, the samples' stage columns (a samples.csv of 4 stages plans for 4); else 1."""
     run = run or {}
     if isinstance(run.get("layer_partition"), list) and run["layer_partition"]:
         return len(run["layer_partition"])
     world = run.get("world_size")
-    return world if is_int(world) and world > 0 else 1
+    if is_int(world) and world > 0:
+        return world
+    return len(samples.stage_totals_ms) if samples is not None and samples.stage_totals_ms else 1
 
 
 def carried(
@@ -123,6 +127,8 @@ def fit_samples(
     """Fit and gate, then choose the rules (ppprof.policy.choice); return the policy dict (nothing is written).
     parity PARITY: SGLang's own fit and rule instead (ppprof.fit.parity), for the quadratic model only."""
     options = options or PolicyOptions()
+    if options.pp_size is None:  # the profile's stages, or the samples' where no run.json says
+        options = replace(options, pp_size=profiled_stages(run, samples))
     if latency_model not in LATENCY_MODEL_CHOICES:
         raise ValueError(f"--latency-model {latency_model} is unknown: use one of {', '.join(LATENCY_MODEL_CHOICES)}")
     if parity is not None:

@@ -134,3 +134,23 @@ def test_the_policy_carries_the_design_run_json_records(tmp_path):
     (tmp_path / RUN_FILE).write_text(json.dumps(run))
     _, policy = fit(samples)
     assert policy["design"] == run["design"]
+
+
+def test_without_run_json_the_rules_are_chosen_for_the_samples_stage_columns(tmp_path):
+    """A samples.csv of 4 stages and no run.json: the fit plans for 4 stages, not 1, and the command says so."""
+    from click.testing import CliRunner
+
+    from ppprof.cli import main
+
+    frame = make_samples(
+        PREFIX_TRUE, base_chunk_size=4096, prefixes=[0, 8192, 32768], chunk_sizes=[1024, 4096], pp_size=4
+    )
+    csv = tmp_path / "four.csv"
+    frame.to_csv(csv, index=False)
+    _, data = fit(csv, base_chunk_size=4096, context_len=65536)
+    assert data["num_stages"] == 4
+    _, given = fit(csv, tmp_path / "p2.json", base_chunk_size=4096, context_len=65536, policy_options={"pp_size": 2})
+    assert given["num_stages"] == 2
+    r = CliRunner().invoke(main, ["fit", str(csv), "--base-chunk-size", "4096", "--context-len", "65536"])
+    assert r.exit_code == 0, r.output
+    assert "note: no run.json beside" in r.stderr and "its 4 stage columns" in r.stderr
