@@ -69,13 +69,20 @@ def fit_command(
         "extrapolate": extrapolate or None,
     }
     path, policy = fit(samples, out, latency_model, parity=parity, policy_options=chosen, **options)
+    for line in notes(samples, policy, pp_size):
+        click.echo(line, err=True)
+    click.echo(fit_summary(path, policy))
+
+
+def notes(samples: str, policy: dict, pp_size: int | None) -> list[str]:
+    """What the fit's output line does not say: a run that did not finish, the stage count taken from the samples."""
+    out = []
     note = incomplete_run_note(samples)
     if note:
-        click.echo(f"warning: {note}", err=True)
+        out.append(f"warning: {note}")
     if pp_size is None and read_run(Path(samples)) is None and policy["num_stages"] > 1:
-        click.echo(
+        out.append(
             f"note: no run.json beside {samples}: the rules are chosen for its {policy['num_stages']} stage columns; "
-            "give --pp-size to choose them for another depth",
-            err=True,
+            "give --pp-size to choose them for another depth"
         )
-    click.echo(fit_summary(path, policy))
+    return out
