@@ -58,7 +58,7 @@ def arms(
     for prompt_len in prompt_lens:
         plans: dict[str, list[int]] = {}
         sweep = fixed_sizes(settings.base_chunk_size, settings.alignment, "fixed-best" in strategies)
-        best = (policy.data.get("predicted") or {}).get("fixed_best_chunk")
+        best = policy.fixed_best_chunk
         if "fixed-best" in strategies and best:  # the policy's own best fixed chunk on its workload
             sweep = sorted(set(sweep) | {best})
         for size in sweep:

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from ppprof.checks import require_int
 from ppprof.commands.options import policy_options
 from ppprof.config import DEFAULT_CONTEXT_LEN, DEFAULT_SMOOTH_FACTOR
 from ppprof.fit.build import fit
-from ppprof.fit.samples import read_run
 from ppprof.fit.settings import LATENCY_MODEL_CHOICES
 from ppprof.fit.summary import fit_summary, incomplete_run_note
 from ppprof.servers.sglang import PARITY
@@ -80,7 +77,8 @@ def notes(samples: str, policy: dict, pp_size: int | None) -> list[str]:
     note = incomplete_run_note(samples)
     if note:
         out.append(f"warning: {note}")
-    if pp_size is None and read_run(Path(samples)) is None and policy["num_stages"] > 1:
+    no_run = policy["provenance"].get("world_size") is None  # fit() found no run.json that says
+    if pp_size is None and no_run and policy["num_stages"] > 1:
         out.append(
             f"note: no run.json beside {samples}: the rules are chosen for its {policy['num_stages']} stage columns; "
             "give --pp-size to choose them for another depth"

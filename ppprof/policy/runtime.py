@@ -65,6 +65,11 @@ class Policy:
         return self.data.get("calibration") or NO_CALIBRATION
 
     @property
+    def fixed_best_chunk(self) -> int | None:
+        """The best fixed chunk on the policy's workload, where its rules were chosen (None for a static policy)."""
+        return (self.data.get("predicted") or {}).get("fixed_best_chunk")
+
+    @property
     def pp_size(self) -> int:
         return self.data.get("num_stages") or 1
 

@@ -23,7 +23,7 @@ def sizer(policy: Policy, arm: str) -> Sizer:
     if arm == "fixed":
         return lambda prefix_len, prompt_len, load: B
     if arm == "fixed-best":
-        best = (policy.data.get("predicted") or {}).get("fixed_best_chunk") or B
+        best = policy.fixed_best_chunk or B
         return lambda prefix_len, prompt_len, load: best
     if arm == "greedy":
         if policy.latency_model is None or not policy.target_ms:

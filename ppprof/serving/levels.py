@@ -91,8 +91,8 @@ def simulate_levels(policy: Policy, plan: ServingPlan) -> dict:
     stage_ms = packed_stage_ms(policy.planning_model, plan.pp_size)
     out = {}
     for level in plan.levels:
-        capacity = max(prompts) * (level.concurrency or DEFAULT_REQUEST_ENTRIES)
         entries = level.concurrency or DEFAULT_REQUEST_ENTRIES
+        capacity = max(prompts) * entries
         out[level.name] = {
             arm: serve(
                 plan.pp_size,

@@ -126,7 +126,6 @@ class Scheduler:
         self.chunked: Request | None = None
         self.in_flight: dict[int, Batch] = {}
         self.requests: dict[int, Request] = {}
-        self.unfinished_pieces: dict[int, int] = {}
 
     def arrive(self, request: Request) -> None:
         if request.prompt_len > self.capacity.kv_tokens:
@@ -187,7 +186,6 @@ class Scheduler:
         piece = Piece(request.rid, request.scheduled, size, size == request.rest)
         request.scheduled += size
         request.chunks.append(size)
-        self.unfinished_pieces[request.rid] = self.unfinished_pieces.get(request.rid, 0) + 1
         if not piece.last:
             self.chunked = request
         return piece
@@ -198,10 +196,8 @@ class Scheduler:
         batch = self.in_flight.pop(slot)
         done = []
         for piece in batch.pieces:
-            self.unfinished_pieces[piece.rid] -= 1
             if piece.last:
                 request = self.requests.pop(piece.rid)
-                del self.unfinished_pieces[piece.rid]
                 request.finish = now
                 self.capacity.release(request.prompt_len)
                 done.append(request)

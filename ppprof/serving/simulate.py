@@ -6,6 +6,7 @@ last stage before it builds that slot's next one. Pure: no torch, no clock (mill
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -99,7 +100,7 @@ def serve(
     slots = pp_size + async_depth
     scheduler = Scheduler(slots, sizer, capacity)
     times = arrival_times(level, len(prompts), seed)
-    queue = [] if times is None else list(zip(times, prompts))
+    queue = deque() if times is None else deque(zip(times, range(len(prompts)), prompts))
     issued = 0 if times is not None else min(level.concurrency, len(prompts))
     for rid in range(issued):
         scheduler.arrive(Request(rid, prompts[rid], 0.0))
@@ -117,8 +118,8 @@ def serve(
                     scheduler.arrive(Request(issued, prompts[issued], now))
                     issued += 1
         while queue and queue[0][0] <= now:
-            t, n = queue.pop(0)
-            scheduler.arrive(Request(len(done) + len(scheduler.requests), n, t))
+            t, rid, n = queue.popleft()
+            scheduler.arrive(Request(rid, n, t))
         batch = scheduler.next_batch(slot)
         if batch is not None:
             start = end = now
