@@ -7,12 +7,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from dataclasses import dataclass
 
 from ppprof.distributed.rendezvous import LOOPBACK, bound_stores, single_node_argv
-from ppprof.distributed.stop import EXIT_FAILED, SIGNAL_EXIT
+from ppprof.distributed.stop import EXIT_FAILED, SIGNAL_EXIT, STOP_NOTE_ENV, write_stop_note
 
 # torchrun options `ppprof profile` accepts and passes to the launcher unchanged: (option, takes a value).
 TORCHRUN_OPTIONS = (
@@ -110,7 +112,11 @@ def launch(nproc_per_node: int, torchrun: dict, worker_args: list[str], job: str
     # --rdzv-endpoint / --master-addr names, the one the ranks share on --local-addr's (every interface without it).
     single = single_node(torchrun)
     try:
-        with bound_stores(LOOPBACK if single else torchrun.get("local_addr"), single), bounded_close():
+        with (
+            bound_stores(LOOPBACK if single else torchrun.get("local_addr"), single),
+            stop_note() as note,
+            bounded_close(note),
+        ):
             run(args)
     except ChildFailedError as e:
         failure = failed_ranks(e.failures)
@@ -137,15 +143,38 @@ def failed_ranks(failures: dict) -> str:
 
 
 @contextlib.contextmanager
-def bounded_close():
+def stop_note():
+    """A file for the launcher's note to this node's ranks on why it stops them (ppprof.distributed.stop), named to
+    them in STOP_NOTE_ENV; removed when the launch ends."""
+    folder = tempfile.mkdtemp(prefix="ppprof-launch-")
+    path, before = os.path.join(folder, "stop"), os.environ.get(STOP_NOTE_ENV)
+    os.environ[STOP_NOTE_ENV] = path  # the ranks inherit the launcher's environment
+    try:
+        yield path
+    finally:
+        if before is None:
+            os.environ.pop(STOP_NOTE_ENV, None)
+        else:
+            os.environ[STOP_NOTE_ENV] = before
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def bounded_close(note: str | None = None):
     """The launcher ends the other ranks within SHUTDOWN_TIMEOUT_S of a failure too, as on a signal: torch's own
     close after a failed rank waits 30 s (PContext.close's default, which --shutdown-timeout does not reach) before it
-    SIGKILLs a rank that takes no SIGTERM, so a rank stopped while it started held the run 30 s after it had failed."""
-    from torch.distributed.elastic.multiprocessing.api import PContext
+    SIGKILLs a rank that takes no SIGTERM, so a rank stopped while it started held the run 30 s after it had failed.
+    Before it signals a rank, it writes in `note` why: torch closes the ranks inside its `except SignalException`
+    where a signal reached the launcher, and outside it after a rank ended first. A rank cannot tell the two from
+    what it sees: a forwarded SIGTERM may reach one rank after the other rank has already left."""
+    from torch.distributed.elastic.multiprocessing.api import PContext, SignalException
 
     close = PContext.close
 
     def bounded(self, death_sig=None, timeout=SHUTDOWN_TIMEOUT_S):
+        if note is not None:
+            handled = sys.exc_info()[1]
+            write_stop_note(note, handled.sigval if isinstance(handled, SignalException) else None)
         return close(self, death_sig, min(timeout, SHUTDOWN_TIMEOUT_S))
 
     PContext.close = bounded

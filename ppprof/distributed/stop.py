@@ -4,6 +4,7 @@ caller's (ppprof.run maps a Stop onto run.json's status)."""
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,3 +32,34 @@ class Stop:
 
 StopCallback = Callable[[Stop, str | None], None]
 """Called before the rank exits: (the Stop, the signal's name or None)."""
+
+
+STOP_NOTE_ENV = "PPPROF_STOP_NOTE"
+"""The file in which ppprof's launcher says, before it stops this node's ranks, why: "interrupted SIGTERM" (a signal
+reached the launcher: every rank was interrupted) or "failed" (a rank ended first). A rank reads it on a SIGTERM, and
+when a transfer breaks, rather than guess from which ranks are still alive; plain torchrun sets none."""
+
+
+def write_stop_note(path: str, signum: int | None) -> None:
+    """Before the launcher signals the ranks: `signum` the signal that reached it, None where a rank ended first."""
+    text = FAILED if signum is None else f"{INTERRUPTED} {signal.Signals(signum).name}"
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)  # whole or not at all: a rank may read it at any moment
+
+
+def read_stop_note() -> tuple[str, int | None] | None:
+    """(INTERRUPTED, the signal) or (FAILED, None) where the launcher wrote its note; None where there is none
+    (plain torchrun, or a signal sent to the rank itself)."""
+    path = os.environ.get(STOP_NOTE_ENV)
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            word, _, name = f.read().strip().partition(" ")
+    except OSError:
+        return None
+    if word == INTERRUPTED and name in signal.Signals.__members__:
+        return INTERRUPTED, int(signal.Signals[name])
+    return (FAILED, None) if word == FAILED else None

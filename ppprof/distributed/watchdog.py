@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from ppprof.distributed.board import Board
 from ppprof.distributed.procfs import local_rank_gone, stopped_ranks
 from ppprof.distributed.rankstate import WORKING, RankState, culprit
-from ppprof.distributed.stop import EXIT_FAILED, SIGNAL_EXIT, Stop, StopCallback
+from ppprof.distributed.stop import EXIT_FAILED, INTERRUPTED, SIGNAL_EXIT, Stop, StopCallback, read_stop_note
 
 DEFAULT_TIMEOUT_S = 60.0
 """--timeout: the least time any wait is given."""
@@ -143,6 +143,9 @@ class Watchdog:
         return."""
         error_at, self._failing = time.monotonic(), True
         time.sleep(2 * TICK_S)  # a SIGINT forwarded to every rank breaks the transfers of the others too
+        note = read_stop_note()
+        if note is not None and note[0] == INTERRUPTED:  # the launcher's SIGTERM reached another rank first
+            self._stop_on_signal(note[1])
         if self._signum is not None and (
             self._signum == signal.SIGINT or (self._signal_at <= error_at and not self._after_death)
         ):
@@ -163,11 +166,19 @@ class Watchdog:
 
     def _note_signal(self, signum, frame) -> None:
         if self._signum is None:
-            self._signum, self._signal_at = signum, time.monotonic()
+            at = time.monotonic()
             # Judged when the signal is noted: the launcher stops the other ranks only after it saw one end, while a
-            # user's SIGTERM reaches every rank at once, before any of them is gone.
-            self._after_death = signum == signal.SIGTERM and local_rank_gone(self._parent)
+            # user's SIGTERM reaches every rank at once, before any of them is gone. Judged before the signal is
+            # set: the monitor thread acts on a set signal at once, and would take it for a user's meanwhile.
+            self._after_death = signum == signal.SIGTERM and self._launcher_stops_a_failure()
+            self._signal_at, self._signum = at, signum
         # the monitor thread acts: the main thread may be inside a wait that ignores signals
+
+    def _launcher_stops_a_failure(self) -> bool:
+        """Whether a SIGTERM is the launcher ending this rank after another ended: its note says so (ppprof's
+        launcher writes one before it signals), else (plain torchrun) a rank of this node is gone."""
+        note = read_stop_note()
+        return local_rank_gone(self._parent) if note is None else note[0] != INTERRUPTED
 
     def _monitor(self) -> None:
         while True:

@@ -1,6 +1,9 @@
 """The elastic launcher's arguments: torchrun's options passed on, the job's arguments last."""
 
 import json
+import os
+import signal
+from pathlib import Path
 
 import pytest
 
@@ -110,3 +113,41 @@ def test_a_rank_that_died_of_a_signal_is_named_first():
         failed_ranks({1: Failure(exitcode=-9, pid=11, timestamp=100), 0: Failure(exitcode=1, pid=10, timestamp=101)})
         == "rank 1 died of SIGKILL (pid 11); rank 0 stopped after it"
     )
+
+
+class Closed:
+    """Stands in for torch's process context: what its close was told, and the launcher's note at that moment."""
+
+    _tail_logs, filtered_stdout, filtered_stderr = (), None, None
+
+    def __init__(self, note):
+        self.note, self.calls = note, []
+
+    def _close(self, death_sig, timeout):
+        self.calls.append((death_sig, timeout, Path(self.note).read_text()))
+
+
+def test_the_launcher_notes_why_it_stops_the_ranks_before_it_signals_them(monkeypatch):
+    """A signal that reached the launcher is an interrupt for every rank, even one whose transfer broke first
+    because the other rank took its SIGTERM sooner; a rank that ended first makes the SIGTERM a failure."""
+    from torch.distributed.elastic.multiprocessing.api import PContext, SignalException
+
+    from ppprof.distributed.launch import SHUTDOWN_TIMEOUT_S, bounded_close, stop_note
+    from ppprof.distributed.stop import FAILED, INTERRUPTED, STOP_NOTE_ENV, read_stop_note
+
+    monkeypatch.delenv(STOP_NOTE_ENV, raising=False)
+    assert read_stop_note() is None  # plain torchrun: the rank judges from /proc
+    with stop_note() as note, bounded_close(note):
+        assert os.environ[STOP_NOTE_ENV] == note and read_stop_note() is None  # nothing written before a close
+        ctx = Closed(note)
+        try:
+            raise SignalException("got SIGTERM", sigval=signal.SIGTERM)
+        except SignalException:
+            PContext.close(ctx, signal.SIGTERM, timeout=30)  # as torch's agent does on a signal
+        assert ctx.calls == [(signal.SIGTERM, SHUTDOWN_TIMEOUT_S, "interrupted SIGTERM")]
+        assert read_stop_note() == (INTERRUPTED, signal.SIGTERM)
+        PContext.close(ctx)  # after a rank failed: outside any handler
+        assert ctx.calls[-1][2] == FAILED and read_stop_note() == (FAILED, None)
+    assert STOP_NOTE_ENV not in os.environ and not Path(note).parent.exists()
+    monkeypatch.setenv(STOP_NOTE_ENV, note)  # gone, or garbled: no note
+    assert read_stop_note() is None

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from ppprof.distributed.rankstate import EVERY_RANK, WORKING, RankState, culprit
-from ppprof.distributed.watchdog import LENIENT_FACTOR, REQUEST_FACTOR, Watchdog
+from ppprof.distributed.stop import STOP_NOTE_ENV, write_stop_note
+from ppprof.distributed.watchdog import LENIENT_FACTOR, REQUEST_FACTOR, SIGTERM_GRACE_S, Watchdog
 from tests.multirank import REPO
 
 
@@ -63,9 +64,14 @@ time.sleep(60)
 """
 
 
-def run_rank_script(body: str, timeout: float = 1.0, signal_after: float | None = None, sig=signal.SIGTERM):
+def run_rank_script(
+    body: str, timeout: float = 1.0, signal_after: float | None = None, sig=signal.SIGTERM, note: str | None = None
+):
     script = RANK_SCRIPT.format(timeout=timeout, body=textwrap.dedent(body))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop(STOP_NOTE_ENV, None)
+    if note is not None:  # the launcher's note (ppprof.distributed.stop), written before it signals
+        env[STOP_NOTE_ENV] = note
     start = time.monotonic()
     p = subprocess.Popen(
         [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -120,6 +126,37 @@ def test_a_signal_ends_the_rank_even_inside_a_wait(sig, code):
     assert f"status: interrupted {signal.Signals(sig).name}" in out
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     assert took < 30
+
+
+@pytest.mark.timeout(60)
+def test_a_broken_transfer_after_the_launcher_took_a_signal_is_an_interrupt_whichever_rank_it_reached_first(tmp_path):
+    """The launcher forwards SIGTERM one rank after the other: the first leaves and breaks the second's transfer
+    before the second's own SIGTERM is noted."""
+    note = tmp_path / "stop"
+    write_stop_note(str(note), signal.SIGTERM)
+    body = """
+    w.failed("lost the connection to another rank (gloo: Connection reset by peer); stopping this rank now")
+    """
+    code, out, err, _ = run_rank_script(body, timeout=30, note=str(note))
+    assert code == 143, err
+    assert out.strip() == "status: interrupted SIGTERM" and err.strip() == ""
+
+
+@pytest.mark.timeout(60)
+def test_a_sigterm_the_launcher_sends_after_a_rank_ended_is_a_failure_not_an_interrupt(tmp_path):
+    note = tmp_path / "stop"
+    write_stop_note(str(note), None)
+    body = """
+    print("ready", flush=True)
+    with w.waiting(1):
+        time.sleep(60)
+    """
+    code, out, err, took = run_rank_script(body, timeout=30, signal_after=2.0, note=str(note))
+    assert code == 1, err
+    said = "stopped by the launcher during test phase: a rank of this node ended first"
+    assert err.strip() == f"error: [rank 0] {said}"
+    assert f"status: failed: {said} None" in out
+    assert took >= 2.0 + SIGTERM_GRACE_S  # the main thread was given the grace to name the rank
 
 
 @pytest.mark.timeout(60)
