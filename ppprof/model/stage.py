@@ -3,6 +3,9 @@ embedding on the first stage, final norm and LM head on the last; and the StageC
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from itertools import accumulate
+
 import torch
 from torch import nn
 
@@ -11,116 +14,17 @@ from ppprof.mem.kv import KVAllocator
 from ppprof.mem.mamba import MambaAllocator
 from ppprof.mem.pools import KVPool, LatentPool, MambaPool
 from ppprof.mem.req import ReqToTokenPool
-from ppprof.model.attention import Attention
 from ppprof.model.attention_kernels import AttentionKernel
-from ppprof.model.deltanet import DeltaNetKernel, GatedDeltaNet
-from ppprof.model.mamba import Mamba2, MambaKernel
-from ppprof.model.mla import MLAttention
-from ppprof.model.mlp import MLP, MoE
+from ppprof.model.deltanet import DeltaNetKernel
+from ppprof.model.layer import Layer, Piece, RMSNorm
+from ppprof.model.mamba import MambaKernel
 from ppprof.model.tp import NO_TP, TPComm, assign, full_shape, mark_sharded, take_padded_rows, vocab_embed
 from ppprof.specs.accounting import deltanet_state_shapes
-from ppprof.specs.spec import MOE, ModelSpec
+from ppprof.specs.spec import ModelSpec
 from ppprof.specs.tp import rank_shapes
 
 INIT_STD = 0.02
 """Std of the random projection weights: small enough that activations stay finite through many layers."""
-
-
-class RMSNorm(nn.Module):
-    """RMSNorm fused with the residual add, as serving engines run it."""
-
-    def __init__(self, hidden_size: int, eps: float, *, dtype: torch.dtype, device: str | torch.device) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype, device=device))
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """x, residual: (n, hidden). residual <- x + residual (x alone when None); returns (norm(residual), residual)."""
-        residual = x if residual is None else x + residual
-        h = residual.float()
-        h = h * torch.rsqrt(h.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return h.to(x.dtype) * self.weight, residual
-
-
-class Layer(nn.Module):
-    """norm -> mixers in parallel, summed (if any) -> norm -> FFN (if any); each norm adds the pending output into the
-    residual stream first."""
-
-    def __init__(
-        self,
-        spec: ModelSpec,
-        layer_id: int,
-        *,
-        dtype: torch.dtype,
-        device: str | torch.device,
-        attention_kernel: AttentionKernel,
-        mamba_kernel: MambaKernel,
-        deltanet_kernel: DeltaNetKernel | None = None,
-        tp: TPComm = NO_TP,
-    ) -> None:
-        super().__init__()
-        layer = spec.layers[layer_id]
-        kw = dict(dtype=dtype, device=device)
-        self.layer_id = layer_id
-        self.mixer_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, **kw) if layer.mixers else None
-        # Under TP only attention, Mamba2, MLP and MoE are sharded (ppprof.specs.tp refuses TP of MLA and Gated
-        # DeltaNet layers before any rank starts).
-        if layer.has_mla:  # MLA takes the attention slot: a model has one KV mixer kind (ModelSpec checks it)
-            self.attention = MLAttention(spec, layer_id, reference=attention_kernel.backend == "reference", **kw)
-        else:
-            self.attention = (
-                Attention(spec, layer_id, kernel=attention_kernel, tp=tp, **kw) if layer.has_attention else None
-            )
-        if layer.has_deltanet:  # likewise the Gated DeltaNet takes the Mamba slot
-            self.mamba = GatedDeltaNet(spec, layer_id, kernel=deltanet_kernel, **kw)
-        else:
-            self.mamba = Mamba2(spec, layer_id, kernel=mamba_kernel, tp=tp, **kw) if layer.has_mamba else None
-        self.ffn_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, **kw) if layer.ffn else None
-        if layer.ffn == MOE:
-            self.ffn = MoE(spec, tp=tp, **kw)
-        elif layer.ffn:
-            self.ffn = MLP(spec.hidden_size, spec.intermediate_size, act=spec.mlp_act, tp=tp, **kw)
-        else:
-            self.ffn = None
-
-    @torch.no_grad()
-    def init_weights(self, generator: torch.Generator, std: float) -> None:
-        """Norm weights 1, Mamba's (or the Gated DeltaNet's) own init, every other weight N(0, std^2), drawn in
-        registration order at its full (TP = 1) shape, this rank keeping its shard (ppprof.model.tp)."""
-        if self.mamba is not None:
-            self.mamba.init_weights(generator, std)
-        mamba_params = set(self.mamba.parameters()) if self.mamba is not None else set()
-        # The layer's norms, and those inside its mixer (MLA's q_a and kv_a norms, attention's q/k norms).
-        norm_params = {
-            p
-            for name, p in self.named_parameters()
-            if "norm" in name.rsplit(".", 1)[-1] or name.endswith("norm.weight")
-        }
-        for p in self.parameters():
-            if p in mamba_params:
-                continue
-            if p in norm_params:
-                p.fill_(1.0)
-            else:
-                assign(p, torch.randn(full_shape(p), generator=generator) * std)
-
-    def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None, cache: StageCache, req: Request, prefix_len: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: (n, hidden) pending output of the previous layer; residual: (n, hidden) or None before the first layer.
-        Returns this layer's pending output and the residual stream, both (n, hidden)."""
-        if self.mixer_norm is not None:
-            h, residual = self.mixer_norm(x, residual)
-            x = None
-            if self.attention is not None:
-                x = self.attention(h, cache, req, prefix_len)
-            if self.mamba is not None:
-                out = self.mamba(h, cache, req)
-                x = out if x is None else x + out
-        if self.ffn is not None:
-            h, residual = self.ffn_norm(x, residual)
-            x = self.ffn(h)
-        return x, residual
 
 
 def _check_layer_ids(spec: ModelSpec, layer_ids: range) -> None:
@@ -202,7 +106,6 @@ class Stage(nn.Module):
                 gen = torch.Generator().manual_seed(seed + self.spec.num_layers + offset)
                 assign(module.weight, torch.randn(full_shape(module.weight), generator=gen) * INIT_STD)
 
-    @torch.inference_mode()
     def forward(
         self, cache: StageCache, req: Request, x: torch.Tensor, residual: torch.Tensor | None, prefix_len: int
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -215,32 +118,50 @@ class Stage(nn.Module):
         Returns (hidden, residual), both (n, hidden), to send to the next stage; on the last stage
         (logits, None) with logits: (vocab,), those of the chunk's last token.
         """
+        x, residual = self.forward_packed(cache, [Piece(req, prefix_len, x.shape[0])], x, residual)
+        return (x[0], None) if self.is_last else (x, residual)
+
+    @torch.inference_mode()
+    def forward_packed(
+        self, cache: StageCache, pieces: Sequence[Piece], x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One forward of several requests' chunks packed one after the other, each at its own prefix, as servers'
+        variable-length batches run: x and residual hold the pieces' N tokens in order (as forward's for one
+        chunk). Each piece's request is admitted and extended by its size. Returns (hidden, residual), both
+        (N, hidden); on the last stage (logits, None) with logits: (pieces, vocab), each piece's last token's."""
         if self.is_first:
             if x.dtype != torch.int64 or x.dim() != 1 or residual is not None:
                 raise ValueError(
                     f"the first stage takes token ids (n,) int64 and no residual; got {tuple(x.shape)} "
                     f"{x.dtype}, residual={'set' if residual is not None else None}"
                 )
-            x = vocab_embed(self.embed.weight, x, self.vocab, self.tp)  # (n, hidden)
+            x = vocab_embed(self.embed.weight, x, self.vocab, self.tp)  # (N, hidden)
         elif x.dim() != 2 or residual is None:
             raise ValueError(
                 f"stage {self.layer_ids} takes hidden states (n, hidden) and a residual; "
                 f"got {tuple(x.shape)}, residual={'set' if residual is not None else None}"
             )
-        chunk_size = x.shape[0]
-        if req.kv_len < prefix_len + chunk_size:
-            raise ValueError(
-                f"request {req.rid} has KV slots for {req.kv_len} positions but the chunk ends at "
-                f"{prefix_len + chunk_size}: call cache.extend(req, n) first"
-            )
+        if sum(s.size for s in pieces) != x.shape[0] or any(s.size < 1 for s in pieces):
+            raise ValueError(f"the pieces' sizes {[s.size for s in pieces]} do not cover the {x.shape[0]} tokens given")
+        for s in pieces:
+            if s.req.kv_len < s.prefix_len + s.size:
+                raise ValueError(
+                    f"request {s.req.rid} has KV slots for {s.req.kv_len} positions but the chunk ends at "
+                    f"{s.prefix_len + s.size}: call cache.extend(req, n) first"
+                )
         for layer in self.layers.values():
-            x, residual = layer(x, residual, cache, req, prefix_len)  # (n, hidden) each
+            x, residual = layer(x, residual, cache, pieces)  # (N, hidden) each
         if not self.is_last:
             return x, residual
-        h, _ = self.final_norm(x[-1:], residual[-1:])  # (1, hidden)
-        logits = self.lm_head(h)[0]  # (vocab,), or this rank's (vocab rows,) under TP
-        if self.tp.size > 1:
-            logits = self.tp.all_gather(logits)[: self.spec.vocab_size]  # (vocab,): the padding dropped
+        if len(pieces) == 1:
+            x, residual = x[-1:], residual[-1:]
+        else:
+            ends = torch.tensor(list(accumulate(s.size for s in pieces)), device=x.device) - 1
+            x, residual = x[ends], residual[ends]
+        h, _ = self.final_norm(x, residual)  # (pieces, hidden): each one's last token
+        logits = self.lm_head(h)  # (pieces, vocab), or this rank's vocab rows under TP
+        if self.tp.size > 1:  # gathered along the vocabulary, the padding dropped
+            logits = self.tp.all_gather(logits.T.contiguous()).T[:, : self.spec.vocab_size]  # (pieces, vocab)
         return logits, None
 
 
