@@ -15,6 +15,7 @@ from ppprof.policy.policy_file import load
 from ppprof.serving.arms import SERVING_ARMS
 from ppprof.serving.levels import ServingPlan, parse_arms, parse_levels, simulate_levels
 from ppprof.serving.plots import write_plots
+from ppprof.serving.report import levels_text
 
 SERVE_BENCH_OPTIONS = (
     (("--simulate",), dict(is_flag=True), "Simulate on the policy's planning model, no ranks (required for now)."),
@@ -75,24 +76,5 @@ def serve_bench_command(
     result = simulate_levels(policy, plan)
     path = write_result(Path(out) if out else Path(policy_path).with_name("serving.json"), result)
     plots = write_plots(result, path.parent, f"{Path(policy_path).name}: simulated, {plan.pp_size} stages")
-    echo_levels(result)
+    click.echo(levels_text(result))
     click.echo(f"serving.json: {path}; plots: {', '.join(str(p) for p in plots)}")
-
-
-def echo_levels(result: dict) -> None:
-    click.echo(
-        f"simulated, {result['pp_size']} stages, async depth {result['async_depth']}, {result['num_prompts']} "
-        "prompts a level"
-    )
-    click.echo(
-        f"{'level':<18} {'arm':<15} {'tok/s':>9} {'mean ms':>10} {'p50':>10} {'p90':>10} {'p99':>10} {'idle':>6} "
-        f"{'chunks':>7} {'req/batch':>9}"
-    )
-    for name, arms in result["levels"].items():
-        for arm, s in arms.items():
-            t = s["ttft_ms"]
-            click.echo(
-                f"{name:<18} {arm:<15} {s['throughput_tokens_per_s']:>9.0f} {t['mean']:>10.1f} {t['p50']:>10.1f} "
-                f"{t['p90']:>10.1f} {t['p99']:>10.1f} {s['idle_fraction']:>6.1%} {s['chunks_per_request']:>7.1f} "
-                f"{s['requests_per_batch']:>9.2f}"
-            )

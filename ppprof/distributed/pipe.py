@@ -79,6 +79,11 @@ class Pipe:
         self._group = None if mesh is None else mesh.pp_group
 
     @property
+    def group(self):
+        """The process group of the pipeline's transfers (the mesh's pp group; None: the default group)."""
+        return self._group
+
+    @property
     def tp(self) -> TPGroup | None:
         """This stage's TP group (None without a mesh)."""
         return None if self.mesh is None else self.mesh.tp

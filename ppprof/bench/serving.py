@@ -1,0 +1,223 @@
+"""One rank's part of a serving bench level through the ranks (`ppprof serve-bench` without --simulate). Rank 0 (the
+first stage) runs the scheduler of ppprof.serving.scheduler on the wall clock, as ppprof.serving.simulate runs it on
+model time: the micro-batch slots round robin, a slot's next batch built once its previous one has left the last
+stage, arrivals from the closed loop or the Poisson times. Each batch is one packed forward on every stage
+(Stage.forward_packed), sent on without waiting; the last stage tells rank 0 when each batch left. A request holds its
+KV slots, Mamba slot and request entry on every stage from its first chunk until its last chunk left that stage (on
+the first stage: left the last stage, when the scheduler retires it), and releases them in the one order (KV, Mamba,
+request entry); every stage's pools are checked after every level."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ppprof.distributed.agree import RunError, stop_if_any_failed
+from ppprof.distributed.batches import STOP, isend_batch, isend_left, recv_batch, recv_left, wait_works
+from ppprof.distributed.pipe import FAILED, OK, Pipe
+from ppprof.mem import Request, StageCache
+from ppprof.mem.cache import describe_leaks
+from ppprof.model.layer import Piece
+from ppprof.model.stage import Stage
+from ppprof.probe.timer import Timer
+from ppprof.serving.scheduler import Batch, Capacity, Scheduler, Sizer
+from ppprof.serving.scheduler import Piece as Planned
+from ppprof.serving.scheduler import Request as Arrival
+from ppprof.serving.simulate import LoadLevel, Served, arrival_times
+
+SEND_DEPTH = 2
+"""Batches a stage keeps in its sends beyond the micro-batch slots before it waits for the oldest to be received."""
+
+
+@dataclass(slots=True)
+class LevelResult:
+    """What one level did on this rank: a row per batch this rank's stage ran; on rank 0 also what was served."""
+
+    rows: list[dict] = field(default_factory=list)
+    served: Served | None = None
+
+
+class ServingRunner:
+    """Serves levels through this rank's stage; every rank calls run() for the same level, in the same order."""
+
+    def __init__(self, stage: Stage, cache: StageCache, pipe: Pipe, seed: int, slots: int) -> None:
+        self.stage, self.cache, self.pipe, self.seed, self.slots = stage, cache, pipe, seed, slots
+        self.device = cache.device
+        self.vocab = stage.spec.vocab_size
+
+    def run(
+        self, prompts: Sequence[int], level: LoadLevel, sizer: Sizer | None, capacity: Capacity | None, tag: dict
+    ) -> LevelResult:
+        """Serve `prompts` at `level` (rank 0 sizes with `sizer` within `capacity`; the others take None); `tag` goes
+        into every row. Collective. Raises RunError on every rank when any rank failed or leaked."""
+        result, self.error, self.reqs = LevelResult(), None, {}
+        self.pipe.barrier()  # every rank's level clock starts here
+        self.t0 = time.perf_counter()
+        try:
+            if self.pipe.is_first:
+                result.served = self._drive(prompts, level, sizer, capacity, tag, result.rows)
+            else:
+                self._follow(tag, result.rows)
+        finally:
+            for req in self.reqs.values():
+                self.cache.release(req)
+        stop_if_any_failed(self.pipe, self.error)
+        leaks = self.pipe.all_gather_ranks(self.cache.leaks())
+        found = [f"rank {r}: {describe_leaks(lk)}" for r, lk in enumerate(leaks) if lk]
+        if found:
+            raise RunError(f"leak check failed after {tag}: " + "; ".join(found))
+        return result
+
+    def _ms(self) -> float:
+        return (time.perf_counter() - self.t0) * 1e3
+
+    # --- rank 0: the scheduler ---------------------------------------------------------------------------------
+
+    def _drive(self, prompts, level, sizer, capacity, tag, rows) -> Served:
+        pipe, scheduler = self.pipe, Scheduler(self.slots, sizer, capacity)
+        times = arrival_times(level, len(prompts), self.seed)
+        queue = deque() if times is None else deque(zip(times, range(len(prompts)), prompts))
+        issued = 0 if times is not None else min(level.concurrency, len(prompts))
+        for rid in range(issued):
+            scheduler.arrive(Arrival(rid, prompts[rid], 0.0))
+        self.prompt_lens, self.tokens, self.left_at = list(prompts), {}, {}
+        self.sends: deque[list] = deque()
+        in_flight: dict[int, int] = {}  # slot -> its batch's number
+        left: dict[int, float] = {}  # batch number -> when it left the last stage (ms)
+        batches, done, slot, seq = [], [], 0, 0
+        while len(done) < len(prompts) and self.error is None:
+            if slot in in_flight:  # the loop waits for this slot's batch to leave the last stage
+                at = self._left(in_flight.pop(slot), left)
+                for request in scheduler.finish(slot, at):
+                    done.append(request)
+                    self.cache.release(self.reqs.pop(request.rid))
+                    self.tokens.pop(request.rid)
+                    if times is None and issued < len(prompts):  # closed loop: the next request arrives now
+                        scheduler.arrive(Arrival(issued, prompts[issued], at))
+                        issued += 1
+            while queue and queue[0][0] <= self._ms():
+                t, rid, n = queue.popleft()
+                scheduler.arrive(Arrival(rid, n, t))
+            batch = scheduler.next_batch(slot) if self.error is None else None
+            if batch is not None:
+                start, end = self._first_stage(batch, seq, tag, rows)
+                if pipe.is_last:
+                    left[seq] = end
+                in_flight[slot] = seq
+                batches.append((batch, start, seq))
+                seq += 1
+            elif not in_flight and queue:  # nothing in the pipeline: wait for the next arrival
+                time.sleep(max(0.0, queue[0][0] - self._ms()) / 1e3)
+            elif not in_flight and not queue and len(done) < len(prompts):
+                self.error = f"the scheduler stalled with {len(prompts) - len(done)} requests left"
+            slot = (slot + 1) % self.slots
+        for s in list(in_flight):  # after a failure: what is in the pipeline drains
+            self._left(in_flight.pop(s), left)
+        if not pipe.is_last:
+            self.sends.append(isend_batch(pipe, seq, STOP, []))
+            for works in self.sends:
+                wait_works(pipe, works, 1)
+        return Served(
+            sorted(done, key=lambda r: r.rid),
+            [(b, start, self.left_at[s]) for b, start, s in batches if s in self.left_at],
+            [],
+        )
+
+    def _left(self, seq: int, left: dict[int, float]) -> float:
+        """When batch `seq` left the last stage (ms into the level): the last stage's messages come in batch order."""
+        while seq not in left:
+            got, status, left_us = recv_left(self.pipe)
+            left[got] = left_us / 1e3
+            if status != OK and self.error is None:
+                self.error = f"batch {got} failed on a later stage"
+        self.left_at[seq] = left[seq]
+        return left.pop(seq)
+
+    def _first_stage(self, batch: Batch, seq: int, tag: dict, rows: list[dict]) -> tuple[float, float]:
+        """Batch `batch` on the first stage: its new requests admitted and their tokens drawn, each piece's KV slots
+        taken, the packed forward, the send. Returns its (start, end) in ms."""
+        x = []
+        for p in batch.pieces:
+            if p.prefix_len == 0:
+                gen = torch.Generator().manual_seed(self.seed * 1_000_003 + p.rid)
+                self.tokens[p.rid] = torch.randint(self.vocab, (self.prompt_lens[p.rid],), generator=gen).to(
+                    self.device
+                )
+            x.append(self.tokens[p.rid][p.prefix_len : p.prefix_len + p.size])
+        return self._stage(seq, batch.pieces, OK, torch.cat(x), None, tag, rows, slot=batch.slot)
+
+    # --- every stage ---------------------------------------------------------------------------------------------
+
+    def _stage(self, seq, pieces, status, x, residual, tag, rows, slot=-1) -> tuple[float, float]:
+        """This stage's part of batch `seq`: bookkeeping, the forward where the status is OK, the send on (or, on the
+        last stage, the word to rank 0), the release of the pieces that end their prompt here (not on the first
+        stage of a deeper pipeline: its requests end when the scheduler retires them). Returns (start, end) in ms."""
+        pipe, held = self.pipe, []
+        try:
+            for p in pieces:
+                rid, prefix_len, size = p.rid, p.prefix_len, p.size
+                if prefix_len == 0:
+                    req = self.reqs[rid] = Request(rid)
+                    if not self.cache.admit(req):
+                        raise RuntimeError(f"cannot admit request {rid}: {self.cache.outstanding()}")
+                req = self.reqs[rid]
+                if self.cache.extend(req, size) is None:
+                    raise RuntimeError(f"KV cache too small for request {rid} at {prefix_len} + {size} tokens")
+                held.append(Piece(req, prefix_len, size))
+        except Exception as e:
+            status, self.error = FAILED, self.error or f"stage {pipe.rank}, batch {seq}: {type(e).__name__}: {e}"
+        start = end = self._ms()
+        if status == OK:
+            try:
+                with Timer(self.device) as t:
+                    x, residual = self.stage.forward_packed(self.cache, held, x, residual)
+                start, end = (t.start - self.t0) * 1e3, (t.start - self.t0) * 1e3 + t.elapsed_ms
+                pipe.measured(t.elapsed_ms / 1e3)
+            except Exception as e:
+                status = FAILED
+                self.error = self.error or f"stage {pipe.rank}, batch {seq}: {type(e).__name__}: {e}"
+        rows.append(
+            {
+                **tag,
+                "batch": seq,
+                "slot": slot,
+                "stage": pipe.rank,
+                "tokens": sum(p.size for p in pieces),
+                "pieces": len(pieces),
+                "start_ms": round(start, 4),
+                "end_ms": round(end, 4),
+                "compute_ms": round(end - start, 4),
+            }
+        )
+        table = [(p.rid, p.prefix_len, p.size, p.last) for p in pieces]
+        if pipe.is_last:
+            if not pipe.is_first:
+                self.sends.append(isend_left(pipe, seq, status, int(self._ms() * 1e3)))
+        else:
+            self.sends.append(isend_batch(pipe, seq, status, table, x, residual))
+            if len(self.sends) > self.slots + SEND_DEPTH:
+                wait_works(pipe, self.sends.popleft(), pipe.rank + 1)
+        if not pipe.is_first:
+            for p in pieces:
+                if p.last and p.rid in self.reqs:
+                    self.cache.release(self.reqs.pop(p.rid))
+        return start, end
+
+    def _follow(self, tag: dict, rows: list[dict]) -> None:
+        """A later stage: each batch as it comes, until the level's STOP."""
+        pipe, self.sends = self.pipe, deque()
+        while True:
+            m = recv_batch(pipe)
+            if m.status == STOP:
+                if not pipe.is_last:
+                    self.sends.append(isend_batch(pipe, m.seq, STOP, []))
+                break
+            pieces = [Planned(r, p, n, last) for r, p, n, last in m.pieces]
+            self._stage(m.seq, pieces, m.status, m.hidden, m.residual, tag, rows)
+        peer = 0 if pipe.is_last else pipe.rank + 1
+        for works in self.sends:
+            wait_works(pipe, works, peer)

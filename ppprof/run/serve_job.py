@@ -1,0 +1,180 @@
+"""The serving bench through the ranks, one rank's view: rank 0 reads the policy and names serving.json's folder,
+every rank builds its stage with pools that hold a level's requests at the longest prompt, a warm-up level runs, then
+every (level, arm) is served `repeats` times, interleaved, and rank 0 writes serving.json (each cell measured beside
+its simulation), serving.csv (every batch on every stage) and the plots."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from ppprof.bench.serving import ServingRunner
+from ppprof.chunks import align_up
+from ppprof.config.workload import Workload
+from ppprof.distributed.agree import agreed
+from ppprof.io import atomic_write
+from ppprof.manifest import write_result
+from ppprof.model.stage import Stage, build_stage_cache
+from ppprof.policy.policy_file import load
+from ppprof.policy.runtime import Policy
+from ppprof.run.provenance import default_run_dir
+from ppprof.run.rank import Phase, RankRun, run_phases, run_rank, set_up, tp_comm, tp_shard
+from ppprof.serving.arms import sizer
+from ppprof.serving.levels import ServingPlan, simulate_levels
+from ppprof.serving.plots import write_plots
+from ppprof.serving.report import cell_summary, largest_miss, levels_text, measured_levels
+from ppprof.serving.scheduler import Capacity
+from ppprof.serving.settings import ServeBenchConfig
+from ppprof.serving.simulate import LoadLevel
+
+log = logging.getLogger("ppprof")
+SERVING_JSON, SERVING_CSV = "serving.json", "serving.csv"
+WARMUP = "warm-up"
+
+
+class ServeState:
+    """What the serve-bench job's phases hand on."""
+
+    def __init__(self, serve: ServeBenchConfig, policy: Policy | None) -> None:
+        self.serve, self.policy = serve, policy
+        self.out: Path | None = None
+        self.runner: ServingRunner | None = None
+        self.rows: list[dict] = []
+        self.cells: dict[tuple[str, str], list[dict]] = {}
+
+
+def prepare(run: RankRun[ServeState]) -> None:
+    """Rank 0: the policy (its latency model prices the simulation beside) and serving.json's path."""
+    serve, out = run.state.serve, None
+    with agreed(run.pipe, "read the policy"):
+        if run.rank == 0:
+            policy = run.state.policy = run.state.policy or load(serve.policy)
+            if policy.planning_model is None:
+                raise ValueError(f"policy {serve.policy} has no latency model ({policy.reason}): profile again")
+            out = Path(serve.out) if serve.out else default_run_dir(f"serve-{run.cfg.model.model}") / SERVING_JSON
+            out.parent.mkdir(parents=True, exist_ok=True)
+    run.state.out = Path(run.pipe.broadcast(str(out)))
+
+
+def build_stage(run: RankRun[ServeState]) -> None:
+    """This rank's stage, with pools for the most requests a level holds at once, each at the longest prompt."""
+    cfg, serve = run.cfg, run.state.serve
+    entries = max(serve.entries(level) for level in serve.levels)
+    longest = align_up(max(serve.prompts), cfg.pools.page_size)
+    stage = Stage(
+        run.spec,
+        run.layer_ids,
+        dtype=run.dtype,
+        device=run.info.device,
+        seed=cfg.probes.seed,
+        attention_backend=cfg.job.attention_backend,
+        **tp_comm(run),
+    )
+    cache = build_stage_cache(
+        run.spec,
+        run.layer_ids,
+        max_total_tokens=entries * longest,
+        page_size=cfg.pools.page_size,
+        max_mamba_cache_size=entries,
+        max_running_requests=entries,
+        context_len=max(longest, cfg.probes.context_len),
+        dtype=run.dtype,
+        device=run.info.device,
+        **tp_shard(run),
+    )
+    slots = run.pp_size + serve.async_depth
+    run.state.runner = ServingRunner(stage.eval(), cache, run.pipe, serve.seed, slots)
+
+
+def serve_one(run: RankRun[ServeState], level: LoadLevel, arm: str, repeat: int, prompts: list[int]) -> None:
+    serve, rank0 = run.state.serve, run.rank == 0
+    entries = serve.entries(level)
+    capacity = Capacity(max(prompts) * entries, entries) if rank0 else None
+    tag = {"level": level.name if repeat >= 0 else WARMUP, "arm": arm, "repeat": repeat}
+    result = run.state.runner.run(prompts, level, sizer(run.state.policy, arm) if rank0 else None, capacity, tag)
+    if repeat < 0:
+        return
+    run.state.rows += result.rows
+    if rank0:
+        run.state.cells.setdefault((level.name, arm), []).append(result)
+
+
+def serve_levels(run: RankRun[ServeState]) -> None:
+    """A warm-up level (the first arm at the first level, a slot's worth of prompts), then every arm of every level
+    once a repeat; the rows of every stage gathered on rank 0, each cell summarised there."""
+    serve = run.state.serve
+    prompts = serve.prompts
+    first = serve.levels[0]
+    serve_one(run, first, serve.strategies[0], -1, prompts[: max(2, run.state.runner.slots)])
+    for repeat in range(serve.repeats):
+        for level in serve.levels:
+            for arm in serve.strategies:
+                serve_one(run, level, arm, repeat, prompts)
+                log.info("served %s, %s, repeat %d", level.name, arm, repeat)
+    rows = [row for per_stage in run.pipe.all_gather(run.state.rows) for row in per_stage]
+    if run.rank == 0:
+        run.state.rows = rows
+        for key, results in run.state.cells.items():
+            level, arm = key
+            mine = [
+                [r for r in rows if (r["level"], r["arm"], r["repeat"]) == (level, arm, repeat)]
+                for repeat in range(len(results))
+            ]
+            run.state.cells[key] = [cell_summary(res.served, rs, run.pp_size) for res, rs in zip(results, mine)]
+
+
+def write_results(run: RankRun[ServeState]) -> None:
+    """Rank 0: serving.json, serving.csv and the plots, and the table on stderr."""
+    if run.rank != 0:
+        return
+    serve, policy, out = run.state.serve, run.state.policy, run.state.out
+    plan = ServingPlan(
+        tuple(serve.levels),
+        tuple(serve.strategies),
+        Workload.from_dict(serve.workload),
+        serve.num_prompts,
+        run.pp_size,
+        serve.async_depth,
+        serve.seed,
+    )
+    simulated = simulate_levels(policy, plan)
+    result = {
+        **{k: v for k, v in simulated.items() if k != "levels"},
+        "mode": "measured",
+        "repeats": serve.repeats,
+        "policy": serve.policy,
+        "device": str(run.info.device),
+        "levels": measured_levels(run.state.cells, simulated["levels"]),
+    }
+    miss = largest_miss(result["levels"])
+    result["largest_miss"] = None if miss is None else {"where": miss[1], "fraction": miss[0]}
+    write_result(out, result)
+    write_rows(out.with_name(SERVING_CSV), run.state.rows)
+    write_plots(result, out.parent, f"{Path(serve.policy).name}: measured, {run.pp_size} stages")
+    print(levels_text(result), file=sys.stderr)
+    log.info("wrote %s", out)
+
+
+def write_rows(path: Path, rows: list[dict]) -> None:
+    atomic_write(path, lambda tmp: pd.DataFrame(rows).to_csv(tmp, index=False))
+
+
+PHASES: tuple[Phase, ...] = (
+    ("read the policy", prepare),
+    ("build the stage", build_stage),
+    ("serve the levels", serve_levels),
+    ("write serving.json", write_results),
+)
+
+
+def serve_rank(serve: ServeBenchConfig, fault: str | None = None, policy: Policy | None = None) -> int:
+    """One rank of `ppprof serve-bench` through the ranks; returns its exit code."""
+
+    def job(info) -> None:
+        run_phases(set_up(serve.profile, info, fault, state=ServeState(serve, policy)), PHASES)
+
+    cfg = serve.profile
+    return run_rank(job, cfg.job.device, cfg.job.torch_threads, cfg.job.timeout, cfg.parallelism.tp_size)

@@ -1,0 +1,102 @@
+"""serving.json of a run through the ranks: each (level, arm) measured `repeats` times, interleaved, summarised by
+the median of its repeats with their range, beside what the simulation of the same prompts on the policy's planning
+model predicts, and the measured over the simulated, less 1. Pure: no torch."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ppprof.serving.simulate import Served
+
+COMPARED = (("throughput_tokens_per_s", "throughput"), ("ttft_mean_ms", "ttft_mean"))
+"""(the figure, its name in vs_simulated) of each cell compared with the simulation."""
+
+
+def cell_summary(served: Served, rows: list[dict], pp_size: int) -> dict:
+    """One level and arm, once: the served summary, the stages' busy time from their rows."""
+    busy = [0.0] * pp_size
+    for row in rows:
+        busy[row["stage"]] += row["compute_ms"]
+    return Served(served.requests, served.batches, busy).summary()
+
+
+def _median(values: list[float]) -> float:
+    return float(np.median(values))
+
+
+def measured_cell(repeats: list[dict]) -> dict:
+    """The median of each figure over the repeats (TTFT by request: the median repeat's), with the range of the
+    throughput and the mean TTFT."""
+    thr = [s["throughput_tokens_per_s"] for s in repeats]
+    mean = [s["ttft_ms"]["mean"] for s in repeats]
+    mid = repeats[int(np.argsort(mean)[len(mean) // 2])]
+    return {
+        "num_requests": repeats[0]["num_requests"],
+        "throughput_tokens_per_s": _median(thr),
+        "ttft_ms": {q: _median([s["ttft_ms"][q] for s in repeats]) for q in ("mean", "p50", "p90", "p99")},
+        "idle_fraction": _median([s["idle_fraction"] for s in repeats]),
+        "ttft_ms_by_request": mid["ttft_ms_by_request"],
+        "chunks_per_request": _median([s["chunks_per_request"] for s in repeats]),
+        "requests_per_batch": _median([s["requests_per_batch"] for s in repeats]),
+        "repeats": len(repeats),
+        "range": {"throughput_tokens_per_s": [min(thr), max(thr)], "ttft_mean_ms": [min(mean), max(mean)]},
+    }
+
+
+def beside(measured: dict, simulated: dict) -> dict:
+    """A measured cell with its simulation and the measured over the simulated, less 1."""
+    figures = {
+        "throughput_tokens_per_s": (measured["throughput_tokens_per_s"], simulated["throughput_tokens_per_s"]),
+        "ttft_mean_ms": (measured["ttft_ms"]["mean"], simulated["ttft_ms"]["mean"]),
+    }
+    vs = {name: (m / s - 1.0 if s else None) for (key, name) in COMPARED for m, s in [figures[key]]}
+    sim = {k: v for k, v in simulated.items() if k != "ttft_ms_by_request"}
+    return {**measured, "simulated": sim, "vs_simulated": vs}
+
+
+def measured_levels(cells: dict[tuple[str, str], list[dict]], simulated: dict) -> dict:
+    """serving.json's `levels` of a measured run: {level: {arm: measured cell beside its simulation}}, from
+    {(level, arm): [each repeat's summary]} and the simulation's `levels`."""
+    out: dict[str, dict] = {}
+    for (level, arm), repeats in cells.items():
+        out.setdefault(level, {})[arm] = beside(measured_cell(repeats), simulated[level][arm])
+    return out
+
+
+def largest_miss(levels: dict) -> tuple[float, str] | None:
+    """The largest |measured / simulated - 1| over every cell and figure, and where."""
+    misses = [
+        (abs(v), f"{level} {arm} {name}")
+        for level, arms in levels.items()
+        for arm, cell in arms.items()
+        for name, v in cell.get("vs_simulated", {}).items()
+        if v is not None
+    ]
+    return max(misses) if misses else None
+
+
+def levels_text(result: dict) -> str:
+    """serving.json's table, a line a level and arm; a measured run's also with its simulation's misses."""
+    measured = result.get("mode") == "measured"
+    head = (
+        f"{result.get('mode', 'simulated')}, {result['pp_size']} stages, async depth {result['async_depth']}, "
+        f"{result['num_prompts']} prompts a level" + (f", median of {result['repeats']} repeats" if measured else "")
+    )
+    lines = [
+        head,
+        f"{'level':<18} {'arm':<15} {'tok/s':>9} {'mean ms':>10} {'p50':>10} {'p90':>10} {'p99':>10} {'idle':>6} "
+        f"{'chunks':>7} {'req/batch':>9}" + (f" {'tok/s vs sim':>12} {'mean vs sim':>11}" if measured else ""),
+    ]
+    for name, arms in result["levels"].items():
+        for arm, s in arms.items():
+            t = s["ttft_ms"]
+            line = (
+                f"{name:<18} {arm:<15} {s['throughput_tokens_per_s']:>9.0f} {t['mean']:>10.1f} {t['p50']:>10.1f} "
+                f"{t['p90']:>10.1f} {t['p99']:>10.1f} {s['idle_fraction']:>6.1%} {s['chunks_per_request']:>7.1f} "
+                f"{s['requests_per_batch']:>9.2f}"
+            )
+            if measured:
+                vs = s["vs_simulated"]
+                line += f" {vs['throughput']:>+12.1%} {vs['ttft_mean']:>+11.1%}"
+            lines.append(line)
+    return "\n".join(lines)

@@ -1,0 +1,77 @@
+"""Settings of one `ppprof serve-bench` run through the ranks: the profile's settings it runs under (from the policy's
+run.json, as `ppprof bench` takes them) and what it serves. Handed to every rank as JSON (to_dict, from_dict). Pure:
+no torch."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ppprof.checks import require_int, require_str
+from ppprof.config.profile_config import ProfileConfig
+from ppprof.config.workload import Workload
+from ppprof.serving.levels import DEFAULT_REQUEST_ENTRIES, MAX_ASYNC_DEPTH, MAX_NUM_PROMPTS
+from ppprof.serving.simulate import LoadLevel, prompts_of
+
+MAX_REPEATS = 100
+
+
+@dataclass(kw_only=True, slots=True)
+class ServeBenchConfig:
+    """What a serving bench through the ranks serves: the load levels (closed-loop `concurrency` or Poisson
+    `request_rates`), each arm `repeats` times interleaved, `num_prompts` prompts a level drawn from `workload`."""
+
+    policy: str
+    profile: ProfileConfig
+    concurrency: tuple[int, ...] | None = None
+    request_rates: tuple[float, ...] | None = None
+    strategies: tuple[str, ...] = ()
+    workload: dict | None = None
+    """Workload.to_dict() of the prompt lengths drawn."""
+    num_prompts: int = 64
+    async_depth: int = 0
+    seed: int = 0
+    repeats: int = 3
+    """Runs of each (level, arm), interleaved: every arm of every level once, then again."""
+    out: str | None = None
+    """serving.json's path; None: results/<time>-serve-<model>/serving.json."""
+
+    def __post_init__(self) -> None:
+        require_int("--num-prompts", self.num_prompts, 1, MAX_NUM_PROMPTS)
+        require_int("--async-depth", self.async_depth, 0, MAX_ASYNC_DEPTH)
+        require_int("--seed", self.seed, 0, 2**32 - 1)
+        require_int("--repeats", self.repeats, 1, MAX_REPEATS)
+        if self.out is not None:
+            require_str("--out", self.out, "a file path for serving.json")
+
+    @property
+    def levels(self) -> list[LoadLevel]:
+        if self.concurrency is not None:
+            return [LoadLevel(concurrency=c) for c in self.concurrency]
+        return [LoadLevel(rate=r) for r in self.request_rates or ()]
+
+    @property
+    def prompts(self) -> list[int]:
+        """The prompt lengths every level serves, in arrival order."""
+        w = Workload.from_dict(self.workload)
+        return prompts_of(w.prompt_lens, w.weights, self.num_prompts, self.seed)
+
+    def entries(self, level: LoadLevel) -> int:
+        """Requests a level holds at once: its concurrency, else (Poisson) a server's default, at most the prompts."""
+        return min(level.concurrency or DEFAULT_REQUEST_ENTRIES, self.num_prompts)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["profile"] = self.profile.to_dict()
+        for key in ("concurrency", "request_rates", "strategies"):
+            d[key] = None if d[key] is None else list(d[key])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ServeBenchConfig:
+        d, profile = dict(d), dict(d["profile"])
+        for key in ("prefix_lens", "layer_partition"):
+            profile[key] = None if profile.get(key) is None else tuple(profile[key])
+        d["profile"] = ProfileConfig(**profile)
+        for key in ("concurrency", "request_rates", "strategies"):
+            d[key] = None if d.get(key) is None else tuple(d[key])
+        return cls(**d)
