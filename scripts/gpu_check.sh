@@ -3,6 +3,7 @@
 # profiles with real layer shapes over NCCL (llama3-8b and nemotron-h-8b, few layers per stage), each with its peak
 # memory against ppprof's estimate and the attention / Mamba kernels that ran. Everything lands in one folder.
 #   bash scripts/gpu_check.sh [OUT]        (default results/gpu-check-<UTC time>; about 5-10 minutes on one H200)
+# GPU_CHECK_STEP_TIMEOUT=S bounds each step (default 420 s; a short device lease wants about 150).
 # GPU_CHECK_EXTRAS=1 also tries `pip install flashinfer-python mamba-ssm causal-conv1d flash-linear-attention` (the `gpu` extra) first.
 set -uo pipefail
 command="bash scripts/gpu_check.sh${*:+$(printf ' %q' "$@")}"
@@ -10,6 +11,7 @@ cd "$(dirname "$0")/.."
 out=${1:-results/gpu-check-$(date -u +%Y%m%d-%H%M%S)}
 mkdir -p "$out"
 status=0
+limit=${GPU_CHECK_STEP_TIMEOUT:-420}
 step() { echo "== $*" | tee -a "$out/summary.txt"; }
 
 step "set-up"
@@ -39,13 +41,13 @@ ngpu=$($PY -c "import torch; print(torch.cuda.device_count())")
 pp=$(( ngpu >= 4 ? 4 : (ngpu >= 2 ? 2 : 1) ))
 
 step "numerics on CUDA (tests/model/test_cuda.py) and the whole model suite"
-timeout 300 $PY -m pytest -q -p no:cacheprovider tests/model -rs > "$out/numerics.log" 2>&1 || status=1
+timeout "$limit" $PY -m pytest -q -p no:cacheprovider tests/model -rs > "$out/numerics.log" 2>&1 || status=1
 tail -n 3 "$out/numerics.log" | tee -a "$out/summary.txt"
 
 profile() {  # name, then ppprof profile options
   local name=$1; shift
   step "profile $name: $*"
-  timeout 420 .venv/bin/ppprof profile --device cuda --nproc-per-node "$pp" --out "$out/$name" "$@" \
+  timeout "$limit" .venv/bin/ppprof profile --device cuda --nproc-per-node "$pp" --out "$out/$name" "$@" \
     > "$out/$name.log" 2>&1 || { status=1; tail -n 5 "$out/$name.log" | tee -a "$out/summary.txt"; return; }
   $PY - "$out/$name" <<'EOF' | tee -a "$out/summary.txt"
 import json, sys
@@ -66,12 +68,16 @@ profile llama3-8b-reference --model llama3-8b --num-layers $((2 * pp)) --dtype b
   --page-size 64 --requests-per-probe 32 --prefix-lens 2048,8192 --attention-backend reference --no-fit
 profile nemotron-h-8b --config configs/profile-nemotron-h-8b-gpu.yaml --num-layers $((8 * pp)) \
   --requests-per-probe 32 --prefix-lens 8192,32768
+# MLA + MoE at real size (Kimi-K2's config.json: a dense layer, then a layer of 384 experts, about 37 GiB a GPU in
+# bf16 at two layers a stage), TP 1: the latent KV pool and the decompressed prefix at real shapes.
+profile kimi-k2 --model tests/specs/data/kimi_k2/config.json --num-layers $((2 * pp)) --dtype bf16 \
+  --base-chunk-size 2048 --page-size 64 --requests-per-probe 8 --prefix-lens 2048,8192
 
 # PP2 x TP2 over NCCL (a 2-D mesh, TP ranks of a stage on adjacent GPUs): four GPUs, one a rank.
 if [ "$ngpu" -ge 4 ]; then
   tp_out="$out/llama3-8b-pp2-tp2"
   step "profile llama3-8b PP2 x TP2 (NCCL)"
-  timeout 420 .venv/bin/ppprof profile --device cuda --pp-size 2 --tp-size 2 --nproc-per-node 4 --out "$tp_out" \
+  timeout "$limit" .venv/bin/ppprof profile --device cuda --pp-size 2 --tp-size 2 --nproc-per-node 4 --out "$tp_out" \
     --model llama3-8b --num-layers 4 --dtype bf16 --base-chunk-size 2048 --page-size 64 --requests-per-probe 32 \
     --prefix-lens 2048,8192,32768 > "$tp_out.log" 2>&1 || { status=1; tail -n 5 "$tp_out.log" | tee -a "$out/summary.txt"; }
   if [ -f "$tp_out/run.json" ]; then

@@ -9,6 +9,12 @@ if [ ! -x .venv/bin/python ]; then
   if "$PY" -c "import torch" >/dev/null 2>&1; then
     echo "setup: keeping the torch of $("$PY" -c 'import sys; print(sys.executable)')"
     "$PY" -m venv --system-site-packages .venv
+    # --system-site-packages shows the base interpreter's packages only: where "$PY" is itself a virtual
+    # environment's Python, a .pth file makes that environment's packages (its torch) visible too.
+    parent=$("$PY" -c 'import sys, sysconfig; print(sysconfig.get_path("purelib") if sys.prefix != sys.base_prefix else "")')
+    if [ -n "$parent" ]; then
+      echo "$parent" > "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/ppprof-parent-env.pth"
+    fi
   else
     "$PY" -m venv .venv
   fi
