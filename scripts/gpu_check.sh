@@ -63,7 +63,7 @@ EOF
 }
 
 profile llama3-8b --model llama3-8b --num-layers $((2 * pp)) --dtype bf16 --base-chunk-size 2048 --page-size 64 \
-  --requests-per-probe 32 --prefix-lens 2048,8192,32768
+  --requests-per-probe 32 --prefix-lens 2048,8192,24576
 profile llama3-8b-reference --model llama3-8b --num-layers $((2 * pp)) --dtype bf16 --base-chunk-size 2048 \
   --page-size 64 --requests-per-probe 32 --prefix-lens 2048,8192 --attention-backend reference --no-fit
 profile nemotron-h-8b --config configs/profile-nemotron-h-8b-gpu.yaml --num-layers $((8 * pp)) \
@@ -79,7 +79,7 @@ if [ "$ngpu" -ge 4 ]; then
   step "profile llama3-8b PP2 x TP2 (NCCL)"
   timeout "$limit" .venv/bin/ppprof profile --device cuda --pp-size 2 --tp-size 2 --nproc-per-node 4 --out "$tp_out" \
     --model llama3-8b --num-layers 4 --dtype bf16 --base-chunk-size 2048 --page-size 64 --requests-per-probe 32 \
-    --prefix-lens 2048,8192,32768 > "$tp_out.log" 2>&1 || { status=1; tail -n 5 "$tp_out.log" | tee -a "$out/summary.txt"; }
+    --prefix-lens 2048,8192,24576 > "$tp_out.log" 2>&1 || { status=1; tail -n 5 "$tp_out.log" | tee -a "$out/summary.txt"; }
   if [ -f "$tp_out/run.json" ]; then
     $PY - "$tp_out" <<'EOF' | tee -a "$out/summary.txt"
 import json, sys

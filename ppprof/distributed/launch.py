@@ -5,6 +5,7 @@ Job-agnostic: the caller gives the arguments each rank runs after `python -m ppp
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import shutil
@@ -83,9 +84,20 @@ def launcher_argv(nproc_per_node: int, torchrun: dict, worker_args: list[str]) -
             continue
         flag = "--" + name.replace("_", "-")
         argv += [flag, str(value)] if takes_value else [flag]
-    # Ranks end within a second of SIGINT/SIGTERM (ppprof.distributed.watchdog); a stopped one gets SIGKILL soon after.
-    argv += ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]
+    # Ranks end within a second of SIGINT/SIGTERM (ppprof.distributed.watchdog); a stopped one gets SIGKILL soon after
+    # (where this torch's torchrun has the flag: 2.11's has not, and refuses the whole command line).
+    if torchrun_takes("--shutdown-timeout"):
+        argv += ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]
     return argv + ["--module", "ppprof", *worker_args]
+
+
+@functools.cache
+def torchrun_takes(flag: str) -> bool:
+    """True when this torch's torchrun parses `flag` (a flag that takes a value)."""
+    from torch.distributed.run import get_args_parser
+
+    _, unknown = get_args_parser().parse_known_args([flag, "1", "script.py"])
+    return not unknown
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ppprof.config import ProfileConfig
-from ppprof.distributed.launch import launcher_argv, num_nodes
+from ppprof.distributed.launch import launcher_argv, num_nodes, torchrun_takes
 
 
 def test_launcher_passes_torchrun_options_and_the_resolved_config():
@@ -151,3 +151,9 @@ def test_the_launcher_notes_why_it_stops_the_ranks_before_it_signals_them(monkey
     assert STOP_NOTE_ENV not in os.environ and not Path(note).parent.exists()
     monkeypatch.setenv(STOP_NOTE_ENV, note)  # gone, or garbled: no note
     assert read_stop_note() is None
+
+
+def test_torchrun_takes_knows_its_flags_from_torchruns_own_parser():
+    # torch 2.11's torchrun has no --shutdown-timeout and refuses a command line that passes it: the launcher asks.
+    assert torchrun_takes("--nproc-per-node")
+    assert not torchrun_takes("--no-such-torchrun-flag")
