@@ -59,7 +59,7 @@ for s, (peak, e) in enumerate(zip(run["peak_memory_bytes_per_stage"], est)):
     ratio = f", estimate / peak {e / peak:.2f}" if e and peak else ""
     print(f"  stage {s}: peak {peak / 2**30:.2f} GiB" + (f", estimate {e / 2**30:.2f} GiB" if e else "") + ratio)
 EOF
-  .venv/bin/ppprof validate "$out/$name/policy.json" 2>&1 | tee -a "$out/summary.txt"
+  case " $* " in *" --no-fit "*) ;; *) .venv/bin/ppprof validate "$out/$name/policy.json" 2>&1 | tee -a "$out/summary.txt" ;; esac
 }
 
 profile llama3-8b --model llama3-8b --num-layers $((2 * pp)) --dtype bf16 --base-chunk-size 2048 --page-size 64 \
