@@ -9,6 +9,7 @@ request entry); every stage's pools are checked after every level."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -29,6 +30,7 @@ from ppprof.serving.scheduler import Piece as Planned
 from ppprof.serving.scheduler import Request as Arrival
 from ppprof.serving.simulate import LoadLevel, Served, arrival_times
 
+log = logging.getLogger("ppprof")
 SEND_DEPTH = 2
 """Batches a stage keeps in its sends beyond the micro-batch slots before it waits for the oldest to be received."""
 
@@ -70,6 +72,7 @@ class ServingRunner:
         found = [f"rank {r}: {describe_leaks(lk)}" for r, lk in enumerate(leaks) if lk]
         if found:
             raise RunError(f"leak check failed after {tag}: " + "; ".join(found))
+        log.info("%s, %s, repeat %s: pools back to full capacity", tag["level"], tag["arm"], tag["repeat"])
         return result
 
     def _ms(self) -> float:
@@ -188,6 +191,7 @@ class ServingRunner:
                 "stage": pipe.rank,
                 "tokens": sum(p.size for p in pieces),
                 "pieces": len(pieces),
+                "requests": " ".join(f"{p.rid}:{p.prefix_len}+{p.size}" for p in pieces),
                 "start_ms": round(start, 4),
                 "end_ms": round(end, 4),
                 "compute_ms": round(end - start, 4),

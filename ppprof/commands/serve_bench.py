@@ -1,24 +1,35 @@
-"""`ppprof serve-bench`: a serving benchmark of arriving requests under each arm (ppprof.serving). This version runs
-the simulation (`--simulate`) on the policy's planning model; the run through the ranks is being built."""
+"""`ppprof serve-bench`: a serving benchmark of arriving requests under each arm (ppprof.serving): through the ranks
+(ppprof.run.serve_job), with the simulation of the same prompts beside it, or (`--simulate`) the simulation alone on
+the policy's planning model."""
 
 from __future__ import annotations
 
+import functools
+import json
+import sys
 from pathlib import Path
 
 import click
 
-from ppprof.commands.options import with_options
+from ppprof.bounds import DEVICES
+from ppprof.commands.options import resolved_config_option, timeout_option, torchrun_options, with_options
 from ppprof.config.workload import Workload, parse_prompt_spec
+from ppprof.distributed.launch import TORCHRUN_OPTIONS
 from ppprof.manifest import write_result
 from ppprof.policy.planners import default_pp_size
 from ppprof.policy.policy_file import load
+from ppprof.run.job import start
+from ppprof.run.serve_job import serve_rank
+from ppprof.run.settings import resolve_serve
 from ppprof.serving.arms import SERVING_ARMS
 from ppprof.serving.levels import ServingPlan, parse_arms, parse_levels, simulate_levels
 from ppprof.serving.plots import write_plots
 from ppprof.serving.report import levels_text
+from ppprof.serving.settings import ServeBenchConfig
 
+PROFILES = "[the profile's]"
 SERVE_BENCH_OPTIONS = (
-    (("--simulate",), dict(is_flag=True), "Simulate on the policy's planning model, no ranks (required for now)."),
+    (("--simulate",), dict(is_flag=True), "Simulate on the policy's planning model alone, no ranks."),
     (("--concurrency",), dict(metavar="LIST"), "Closed-loop levels: requests in flight, e.g. 1,2,4,8,16."),
     (("--request-rate",), dict(metavar="LIST"), "Poisson levels: requests a second, e.g. 0.5,1,2."),
     (("--num-prompts",), dict(type=int, default=64, show_default=True), "Prompts served at each level."),
@@ -40,27 +51,59 @@ SERVE_BENCH_OPTIONS = (
         "Micro-batches in flight beyond pp_size (SGLang's --pp-async-batch-depth).",
     ),
     (("--seed",), dict(type=int, default=0, show_default=True), "Seed of the prompt lengths and the arrivals."),
-    (("--out",), dict(type=click.Path(dir_okay=False)), "serving.json's path  [default: serving.json beside POLICY]"),
+    (
+        ("--repeats",),
+        dict(type=int, default=3, show_default=True),
+        "Through the ranks: runs of every (level, arm), interleaved; the medians are reported.",
+    ),
+    (
+        ("--out",),
+        dict(type=click.Path(dir_okay=False)),
+        "serving.json's path  [default: --simulate: beside POLICY; else results/<time>-serve-<model>/]",
+    ),
+    (("--nproc-per-node",), dict(type=int), f"Ranks on this node. {PROFILES}"),
+    (("--device",), dict(type=click.Choice(DEVICES)), PROFILES),
+    (("--torch-threads",), dict(type=int), f"Intra-op threads per rank. {PROFILES}"),
+    timeout_option,
+    torchrun_options,
+    resolved_config_option,
 )
 """The options of `ppprof serve-bench`, in the order --help shows them."""
 
 
-@click.command(
-    "serve-bench", epilog="Example: ppprof serve-bench results/my-run/policy.json --simulate --concurrency 1,2,4,8,16"
-)
-@click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False))
+@click.command("serve-bench", epilog="Example: ppprof serve-bench results/my-run/policy.json --concurrency 1,2,4,8")
+@click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False), required=False)
 @with_options(*SERVE_BENCH_OPTIONS)
-def serve_bench_command(
-    policy_path, simulate, concurrency, request_rate, num_prompts, spec, strategies, pp_size, async_depth, seed, out
-) -> None:
+def serve_bench_command(policy_path, simulate, resolved_config, **flags) -> None:
     """Serve arriving requests (closed-loop concurrency or Poisson rates) under each arm, as SGLang's PP scheduler
-    batches them, and report per level and arm the input throughput, TTFT mean / p50 / p90 / p99, the stages' idle
-    fraction, chunks per request and requests per batch. Writes serving.json, and beside it serving.png (throughput and
-    mean TTFT against the load, an arm a line) and serving-ttft.png (the TTFT distribution at the heaviest level)."""
+    batches them: through the pipeline's ranks, each batch one packed forward, with the simulation of the same
+    prompts on the policy's model beside it, or with --simulate the simulation alone. Reports per level and arm the
+    input throughput, TTFT mean / p50 / p90 / p99, the stages' idle fraction, chunks per request and requests per
+    batch. Writes serving.json (through the ranks also serving.csv, every batch on every stage) and beside it
+    serving.png (throughput and mean TTFT against the load, an arm a line) and serving-ttft.png (the TTFT
+    distribution at the heaviest level)."""
+    torchrun = {name: flags.pop(name) for name, _ in TORCHRUN_OPTIONS}
+    if resolved_config is not None:  # a rank the launcher started
+        serve = ServeBenchConfig.from_dict(json.loads(resolved_config))
+        sys.exit(start("serve-bench", serve_rank, serve, serve.profile, torchrun, True, None))
+    if policy_path is None:
+        raise click.UsageError("Missing argument 'POLICY': give the policy.json of a profile")
+    if simulate:
+        simulate_command(policy_path, **flags)
+        return
+    profile = {k: flags.pop(k) for k in ("nproc_per_node", "device", "torch_threads", "timeout")}
+    serve, policy = resolve_serve(policy_path, {**flags, "profile": profile})
+    sys.exit(
+        start("serve-bench", functools.partial(serve_rank, policy=policy), serve, serve.profile, torchrun, False, None)
+    )
+
+
+def simulate_command(
+    policy_path, concurrency, request_rate, num_prompts, spec, strategies, pp_size, async_depth, seed, out, **_
+) -> None:
+    """`ppprof serve-bench --simulate`: every arm at every level on the policy's planning model, no ranks."""
     levels = parse_levels(concurrency, request_rate)
     arms = parse_arms(strategies)
-    if not simulate:
-        raise ValueError("serve-bench runs the simulation only in this version: add --simulate")
     policy = load(policy_path)
     workload = policy.data.get("workload")
     workload = parse_prompt_spec(spec, policy.settings.context_len) if spec else Workload.from_dict(workload)

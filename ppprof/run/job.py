@@ -31,13 +31,14 @@ def start(
     *,
     overwrite: bool = False,
     resume: bool = False,
+    warn: bool = True,
 ) -> int:
     """Run `ppprof COMMAND` as a job: under torchrun this process is one rank (each rank checks the input before it
     joins the group, so each exits 2 alike and none waits); otherwise check once, take the run folder's lock and
     launch this node's ranks, each running `ppprof COMMAND --resolved-config JSON`. `settings` is the job's config
     (ProfileConfig or BenchConfig), `profile` the profile settings in it; `world_check(world_size)` checks what
-    depends on the ranks; `overwrite` lets --out hold files, `resume` finishes the run there. Returns the exit
-    code."""
+    depends on the ranks; `overwrite` lets --out hold files, `resume` finishes the run there; `warn` prints the
+    profile settings' warnings (of the probes: not for a serving bench). Returns the exit code."""
     if in_worker():
         if not resolved:
             world_size = int(os.environ["WORLD_SIZE"])
@@ -52,8 +53,7 @@ def start(
     check_before_launch(
         profile, world_size, profile.parallelism.nproc_per_node, torchrun, overwrite, resume, folder=one_node
     )
-    for line in warnings(profile):
-        print(f"warning: {line}", file=sys.stderr)
+    print("".join(f"warning: {line}\n" for line in warnings(profile)) if warn else "", end="", file=sys.stderr)
     worker_args = (
         [command, RESOLVED_CONFIG, json.dumps(settings.to_dict())]
         + (["--inject-fault", fault] if fault else [])

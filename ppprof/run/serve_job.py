@@ -113,7 +113,6 @@ def serve_levels(run: RankRun[ServeState]) -> None:
         for level in serve.levels:
             for arm in serve.strategies:
                 serve_one(run, level, arm, repeat, prompts)
-                log.info("served %s, %s, repeat %d", level.name, arm, repeat)
     rows = [row for per_stage in run.pipe.all_gather(run.state.rows) for row in per_stage]
     if run.rank == 0:
         run.state.rows = rows

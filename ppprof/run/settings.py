@@ -13,10 +13,13 @@ from ppprof.checks import is_int
 from ppprof.config import BENCH_STRATEGIES, BenchConfig, ProfileConfig
 from ppprof.config import flag as config_flag
 from ppprof.config.sections import setting_fields
+from ppprof.config.workload import Workload, parse_prompt_spec
 from ppprof.io import parse_json, parse_yaml, read_small_text
 from ppprof.policy.policy_file import load
 from ppprof.policy.runtime import Policy
 from ppprof.runfiles import COMPLETE, RunFolder, read_run_json
+from ppprof.serving.levels import parse_arms, parse_levels
+from ppprof.serving.settings import ServeBenchConfig
 from ppprof.specs import parse_partition
 
 CONFIG_FIELDS = {f.name for f in setting_fields()}
@@ -117,16 +120,17 @@ def resume_config(run_dir: str, config_path: str | None, flags: dict) -> Profile
     return resolve_config(None, {**recorded, **given})
 
 
-def resolve_bench(policy_path: str, flags: dict) -> tuple[BenchConfig, Policy]:
-    """The bench's settings, the profile's (run.json beside the policy) with the flags winning, and the policy,
-    loaded and checked once, as `ppprof validate` checks it, before any rank starts."""
+def profile_of_policy(policy_path: str, flags: dict, command: str) -> tuple[ProfileConfig, Policy, dict]:
+    """The profile settings a job through the ranks runs a policy under (run.json beside it, `flags` winning, --out
+    and torch threads as the profile measured), the policy loaded and checked once as `ppprof validate` checks it,
+    and run.json, before any rank starts."""
     run_file = RunFolder.of(policy_path).run_json
     if not Path(policy_path).is_file():
         raise ValueError(f"policy file {policy_path} does not exist: give a policy.json written by `ppprof profile`")
-    policy = load(policy_path)  # checked as `ppprof validate` checks it, once, before any rank starts
+    policy = load(policy_path)
     if not run_file.is_file():
         raise ValueError(
-            f"{run_file} does not exist: `ppprof bench` needs the run.json of the profile that wrote "
+            f"{run_file} does not exist: `ppprof {command}` needs the run.json of the profile that wrote "
             f"{policy_path} (the model, split and device come from it)"
         )
     run = read_run_json(run_file)
@@ -134,7 +138,12 @@ def resolve_bench(policy_path: str, flags: dict) -> tuple[BenchConfig, Policy]:
     profile["torch_threads"] = run.get("torch_threads")  # measure under the profile's conditions
     profile.update({k: v for k, v in flags.pop("profile").items() if v is not None})
     profile["out"] = flags.get("out")
-    profile = resolve_config(None, profile)
+    return resolve_config(None, profile), policy, run
+
+
+def resolve_bench(policy_path: str, flags: dict) -> tuple[BenchConfig, Policy]:
+    """The bench's settings, the profile's (run.json beside the policy) with the flags winning, and the policy."""
+    profile, policy, run = profile_of_policy(policy_path, flags, "bench")
     strategies = flags.pop("strategies")
     # "" is no strategy (refused), not the default: only a flag not given means every strategy
     strategies = (
@@ -167,3 +176,37 @@ def read_plans(path: str) -> dict:
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"--plans file {path} is not readable JSON ({e.__class__.__name__}): {fix}") from None
     return data.get("plans", data) if isinstance(data, dict) else data
+
+
+def resolve_serve(policy_path: str, flags: dict) -> tuple[ServeBenchConfig, Policy]:
+    """A serving bench's settings through the ranks: the profile's (run.json beside the policy, `flags["profile"]`
+    winning) with pools that hold the most requests a level has at once, each at the longest prompt; the levels,
+    arms and prompts checked in one line each, before any rank starts."""
+    levels = parse_levels(flags["concurrency"], flags["request_rate"])
+    arms = parse_arms(flags["strategies"])
+    profile, policy, run = profile_of_policy(policy_path, {"profile": flags["profile"]}, "serve-bench")
+    if policy.planning_model is None:
+        raise ValueError(
+            f"policy {policy_path} has no latency model ({policy.status}: {policy.reason}): the simulation beside "
+            "the run prices batches with it; profile again"
+        )
+    stages = len(run.get("layer_partition") or [None] * run.get("world_size", 1))
+    if flags["pp_size"] is not None and flags["pp_size"] != stages:
+        raise ValueError(
+            f"--pp-size {flags['pp_size']} differs from the {stages} stages the profile ran: a run through the "
+            f"ranks serves on the profile's stages; drop --pp-size, or add --simulate"
+        )
+    spec = flags["spec"]
+    workload = (
+        parse_prompt_spec(spec, profile.probes.context_len) if spec else Workload.from_dict(policy.data.get("workload"))
+    )
+    serve = ServeBenchConfig(
+        policy=str(policy_path),
+        profile=profile,
+        concurrency=tuple(lv.concurrency for lv in levels) if levels[0].concurrency is not None else None,
+        request_rates=tuple(lv.rate for lv in levels) if levels[0].rate is not None else None,
+        strategies=arms,
+        workload=workload.to_dict(),
+        **{k: flags[k] for k in ("num_prompts", "async_depth", "seed", "repeats", "out") if flags[k] is not None},
+    )
+    return serve.with_pools(), policy

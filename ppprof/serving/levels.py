@@ -113,5 +113,6 @@ def simulate_levels(policy: Policy, plan: ServingPlan) -> dict:
         "num_prompts": plan.num_prompts,
         "seed": plan.seed,
         "workload": plan.workload.to_dict(),
+        "prompt_lens": prompts,
         "levels": out,
     }

@@ -4,7 +4,7 @@ no torch."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from ppprof.checks import require_int, require_str
 from ppprof.config.profile_config import ProfileConfig
@@ -59,6 +59,29 @@ class ServeBenchConfig:
         """Requests a level holds at once: its concurrency, else (Poisson) a server's default, at most the prompts."""
         return min(level.concurrency or DEFAULT_REQUEST_ENTRIES, self.num_prompts)
 
+    def with_pools(self) -> ServeBenchConfig:
+        """These settings with each stage's pools sized for the most requests a level holds at once, each at the
+        longest prompt (KV slots, Mamba slots, request entries, context; at least the profile's), so that the memory check before the launch
+        judges what the run will hold. ValueError (one line) where that is beyond a pool's bound."""
+        entries = max(self.entries(level) for level in self.levels)
+        page = self.profile.pools.page_size
+        longest = -(-max(self.prompts) // page) * page
+        recorded = self.profile.pools  # what the profile held (its probes' checks still hold): at least that much
+        pools = {
+            "max_total_tokens": max(entries * longest, recorded.max_total_tokens),
+            "max_mamba_cache_size": max(entries, recorded.max_mamba_cache_size),
+            "max_running_requests": max(entries, recorded.max_running_requests),
+            "context_len": max(longest, self.profile.probes.context_len),
+        }
+        try:
+            profile = ProfileConfig(**{**self.profile.settings(), **pools})
+        except ValueError as e:
+            raise ValueError(
+                f"--num-prompts {self.num_prompts}: {entries} requests at once at the longest prompt ({longest} "
+                f"tokens) need pools beyond their bounds ({e}); serve fewer or shorter prompts"
+            ) from None
+        return replace(self, profile=profile)
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["profile"] = self.profile.to_dict()
@@ -68,10 +91,8 @@ class ServeBenchConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> ServeBenchConfig:
-        d, profile = dict(d), dict(d["profile"])
-        for key in ("prefix_lens", "layer_partition"):
-            profile[key] = None if profile.get(key) is None else tuple(profile[key])
-        d["profile"] = ProfileConfig(**profile)
+        d = dict(d)
+        d["profile"] = ProfileConfig.from_dict(d["profile"], "--resolved-config")
         for key in ("concurrency", "request_rates", "strategies"):
             d[key] = None if d.get(key) is None else tuple(d[key])
         return cls(**d)
