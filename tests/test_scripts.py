@@ -37,6 +37,7 @@ HELP_ONLY = {
     "benchmarks/profile_cost.py": "profiles for minutes (ranks)",
     "experiments/bench_reference.sh": "profiles and benches for half an hour (ranks)",
     "experiments/bench_tune.sh": "profiles, tunes and benches for minutes (ranks)",
+    "experiments/serving_real.sh": "profiles and serves for a quarter of an hour (ranks)",
     "experiments/tp_compare.sh": "profiles at TP1 and TP2 (ranks)",
     "sglang_check.py": "needs SGLang and two GPUs",
 }

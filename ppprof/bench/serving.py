@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ppprof.distributed.agree import RunError, stop_if_any_failed
-from ppprof.distributed.batches import STOP, isend_batch, isend_left, recv_batch, recv_left, wait_works
+from ppprof.distributed.batches import STOP, PendingBatch, PendingLeft, isend_batch, isend_left, wait_works
 from ppprof.distributed.pipe import FAILED, OK, Pipe
 from ppprof.mem import Request, StageCache
 from ppprof.mem.cache import describe_leaks
@@ -46,8 +46,10 @@ class LevelResult:
 class ServingRunner:
     """Serves levels through this rank's stage; every rank calls run() for the same level, in the same order."""
 
-    def __init__(self, stage: Stage, cache: StageCache, pipe: Pipe, seed: int, slots: int) -> None:
+    def __init__(self, stage: Stage, cache: StageCache, pipe: Pipe, seed: int, slots: int, max_pieces: int) -> None:
+        """`max_pieces`: the most pieces a batch carries (the most requests a level holds at once)."""
         self.stage, self.cache, self.pipe, self.seed, self.slots = stage, cache, pipe, seed, slots
+        self.max_pieces = max_pieces
         self.device = cache.device
         self.vocab = stage.spec.vocab_size
 
@@ -89,6 +91,7 @@ class ServingRunner:
             scheduler.arrive(Arrival(rid, prompts[rid], 0.0))
         self.prompt_lens, self.tokens, self.left_at = list(prompts), {}, {}
         self.sends: deque[list] = deque()
+        self.pending_left, self.received, self.sent = None, 0, 0  # "left" messages: their receive, counts
         in_flight: dict[int, int] = {}  # slot -> its batch's number
         left: dict[int, float] = {}  # batch number -> when it left the last stage (ms)
         batches, done, slot, seq = [], [], 0, 0
@@ -111,6 +114,7 @@ class ServingRunner:
                 if pipe.is_last:
                     left[seq] = end
                 in_flight[slot] = seq
+                self.sent += 1
                 batches.append((batch, start, seq))
                 seq += 1
             elif not in_flight and queue:  # nothing in the pipeline: wait for the next arrival
@@ -121,7 +125,7 @@ class ServingRunner:
         for s in list(in_flight):  # after a failure: what is in the pipeline drains
             self._left(in_flight.pop(s), left)
         if not pipe.is_last:
-            self.sends.append(isend_batch(pipe, seq, STOP, []))
+            self.sends.append(isend_batch(pipe, self.max_pieces, seq, STOP, []))
             for works in self.sends:
                 wait_works(pipe, works, 1)
         return Served(
@@ -131,9 +135,13 @@ class ServingRunner:
         )
 
     def _left(self, seq: int, left: dict[int, float]) -> float:
-        """When batch `seq` left the last stage (ms into the level): the last stage's messages come in batch order."""
+        """When batch `seq` left the last stage (ms into the level): the last stage's messages come in batch order;
+        the receive of the next is posted as soon as one comes, while batches are still out."""
         while seq not in left:
-            got, status, left_us = recv_left(self.pipe)
+            self.pending_left = self.pending_left or PendingLeft(self.pipe)
+            got, status, left_us = self.pending_left.wait()
+            self.received += 1
+            self.pending_left = PendingLeft(self.pipe) if self.received < self.sent else None
             left[got] = left_us / 1e3
             if status != OK and self.error is None:
                 self.error = f"batch {got} failed on a later stage"
@@ -202,7 +210,7 @@ class ServingRunner:
             if not pipe.is_first:
                 self.sends.append(isend_left(pipe, seq, status, int(self._ms() * 1e3)))
         else:
-            self.sends.append(isend_batch(pipe, seq, status, table, x, residual))
+            self.sends.append(isend_batch(pipe, self.max_pieces, seq, status, table, x, residual))
             if len(self.sends) > self.slots + SEND_DEPTH:
                 wait_works(pipe, self.sends.popleft(), pipe.rank + 1)
         if not pipe.is_first:
@@ -214,12 +222,14 @@ class ServingRunner:
     def _follow(self, tag: dict, rows: list[dict]) -> None:
         """A later stage: each batch as it comes, until the level's STOP."""
         pipe, self.sends = self.pipe, deque()
+        pending = PendingBatch(pipe, self.max_pieces)
         while True:
-            m = recv_batch(pipe)
+            m = pending.wait()
             if m.status == STOP:
                 if not pipe.is_last:
-                    self.sends.append(isend_batch(pipe, m.seq, STOP, []))
+                    self.sends.append(isend_batch(pipe, self.max_pieces, m.seq, STOP, []))
                 break
+            pending = PendingBatch(pipe, self.max_pieces)  # the next header's receive, posted before this forward
             pieces = [Planned(r, p, n, last) for r, p, n, last in m.pieces]
             self._stage(m.seq, pieces, m.status, m.hidden, m.residual, tag, rows)
         peer = 0 if pipe.is_last else pipe.rank + 1

@@ -86,7 +86,7 @@ def build_stage(run: RankRun[ServeState]) -> None:
         **tp_shard(run),
     )
     slots = run.pp_size + serve.async_depth
-    run.state.runner = ServingRunner(stage.eval(), cache, run.pipe, serve.seed, slots)
+    run.state.runner = ServingRunner(stage.eval(), cache, run.pipe, serve.seed, slots, max_pieces=entries)
 
 
 def serve_one(run: RankRun[ServeState], level: LoadLevel, arm: str, repeat: int, prompts: list[int]) -> None:
