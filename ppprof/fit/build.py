@@ -14,6 +14,7 @@ from ppprof.config import ChunkSettings, PolicyOptions
 from ppprof.config.workload import Workload
 from ppprof.fit.calibrate import calibration_of
 from ppprof.fit.calibrate import none as no_calibration
+from ppprof.fit.packed import PackedRows, packed_forwards, read_packed
 from ppprof.fit.parity import sglang_fit
 from ppprof.fit.plots import write_plots
 from ppprof.fit.samples import Samples, provenance, read_run, read_samples
@@ -123,9 +124,11 @@ def fit_samples(
     latency_model: str = "auto",
     parity: str | None = None,
     options: PolicyOptions | None = None,
+    packed: PackedRows | None = None,
 ) -> dict:
     """Fit and gate, then choose the rules (ppprof.policy.choice); return the policy dict (nothing is written).
-    parity PARITY: SGLang's own fit and rule instead (ppprof.fit.parity), for the quadratic model only."""
+    parity PARITY: SGLang's own fit and rule instead (ppprof.fit.parity), for the quadratic model only. `packed`:
+    the packed forwards' rows, scored on the model (packed_forwards; never fitted)."""
     options = options or PolicyOptions()
     if options.pp_size is None:  # the profile's stages, or the samples' where no run.json says
         options = replace(options, pp_size=profiled_stages(run, samples))
@@ -151,7 +154,8 @@ def fit_samples(
             True,
             calibration_of(run, model, samples.bottleneck_stage),
         )
-        return assemble(samples, run, settings, model, target, diag, rules | {"parity": PARITY})
+        policy = assemble(samples, run, settings, model, target, diag, rules | {"parity": PARITY})
+        return with_packed(policy, model, packed, samples.bottleneck_stage)
     # The first timed request ran cold (no warm-up), and SGLang drops the first of its prefix-free probes: both go
     # (one row when the file starts with a prefix-free request, as `ppprof profile` writes it).
     used, dropped = without_warmup(samples)
@@ -175,7 +179,15 @@ def fit_samples(
         False,
         calibration_of(run, model, samples.bottleneck_stage),
     )
-    return assemble(samples, run, settings, model, target, diag, rules | {"parity": None})
+    policy = assemble(samples, run, settings, model, target, diag, rules | {"parity": None})
+    return with_packed(policy, model, packed, samples.bottleneck_stage)
+
+
+def with_packed(policy: dict, model: LatencyModel | None, packed: PackedRows | None, stage: int | None) -> dict:
+    """The policy with its packed_forwards (ppprof.fit.packed) where there are a model and packed rows."""
+    if model is None or packed is None:
+        return policy
+    return policy | {"packed_forwards": finite(packed_forwards(model, packed, stage))}
 
 
 def assemble(
@@ -233,14 +245,17 @@ def fit(
     policy_options: dict | None = None,
     **options,
 ) -> tuple[Path, dict]:
-    """Read, fit, gate and write the policy (default: policy.json beside the samples); with `plots`, also fit.png
-    and chunks.png beside the policy. Returns (path, policy)."""
+    """Read, fit, gate and write the policy (default: policy.json beside the samples), scoring it on the packed
+    forwards of packed.csv where that lies beside the samples; with `plots`, also fit.png and chunks.png beside the
+    policy. Returns (path, policy)."""
     samples_path = Path(samples_path)
     samples = read_samples(samples_path)
     run = read_run(samples_path)
     settings = resolve_settings(run, samples_path, **options)
     chosen = resolve_policy_options(run, samples_path, settings.context_len, **(policy_options or {}))
-    policy = fit_samples(samples, run, settings, latency_model, parity, chosen)
+    packed_path = RunFolder.of(samples_path).packed
+    packed = read_packed(packed_path) if packed_path.is_file() else None
+    policy = fit_samples(samples, run, settings, latency_model, parity, chosen, packed)
     out = Path(out) if out is not None else RunFolder.of(samples_path).policy
     path = save(out, policy)
     if plots:
@@ -270,6 +285,7 @@ def rechoose(data: dict, model: LatencyModel, status: str = "dynamic", reason: s
     )
     rules = carried(model, status, reason, settings, data.get("domain"), None, options, False, data.get("calibration"))
     target = None if model is None else model.target_ms(settings.base_chunk_size)
+    data = {k: v for k, v in data.items() if k != "packed_forwards"}  # scored on the model this one replaces
     return finite(
         dict(data, latency_model=None if model is None else model.to_dict(), target_latency_ms=target, **rules)
     )

@@ -18,15 +18,33 @@ def summary_line(policy: Policy) -> str:
     """One line: status, model, the rules' sizes and the profiled domain."""
     history = policy.history_table.chunk_size
     if policy.status == "static":
-        return f"static (chunk {history[0]}): {policy.reason}{domain_text(policy)}"
+        return f"static (chunk {history[0]}): {policy.reason}{domain_text(policy)}{packed_text(policy)}"
     prompt_rule = policy.prompt_rule
     sizes = [x for band in prompt_rule.chunk_size for x in band]
     return (
         f"dynamic ({policy.latency_model.name}, overhead {policy.overhead_ms:.3g} ms a chunk"
         f"{calibration_text(policy.calibration)}, {policy.pp_size} "
         f"stages): prompt-aware rule of {len(prompt_rule.prompt_len)} bands, chunks {min(sizes)}-{max(sizes)}; "
-        f"history-only table of {len(history)} entries{domain_text(policy)}"
+        f"history-only table of {len(history)} entries{domain_text(policy)}{packed_text(policy)}"
     )
+
+
+def packed_text(policy: Policy) -> str:
+    """How the model priced the profile's packed forwards, in words ("" where the policy scored none): the additive
+    form's median and worst error, and the term kept with its own."""
+    packed = policy.data.get("packed_forwards")
+    if not isinstance(packed, dict):
+        return ""
+    add = packed["additive"]
+    text = (
+        f"; {packed['forwards']} packed forwards held out: additive form median error {add['median_ape']:.1%}, "
+        f"worst {add['worst_ape']:.1%}"
+    )
+    term = packed["term"]
+    if term is None:
+        return text + ", no term added"
+    kept = packed["candidates"][term]
+    return text + f"; with {term} {kept['value']:.3g}: {kept['median_ape']:.1%}, worst {kept['worst_ape']:.1%}"
 
 
 def domain_text(policy: Policy) -> str:
