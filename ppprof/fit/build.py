@@ -124,11 +124,9 @@ def fit_samples(
     latency_model: str = "auto",
     parity: str | None = None,
     options: PolicyOptions | None = None,
-    packed: PackedRows | None = None,
 ) -> dict:
     """Fit and gate, then choose the rules (ppprof.policy.choice); return the policy dict (nothing is written).
-    parity PARITY: SGLang's own fit and rule instead (ppprof.fit.parity), for the quadratic model only. `packed`:
-    the packed forwards' rows, scored on the model (packed_forwards; never fitted)."""
+    parity PARITY: SGLang's own fit and rule instead (ppprof.fit.parity), for the quadratic model only."""
     options = options or PolicyOptions()
     if options.pp_size is None:  # the profile's stages, or the samples' where no run.json says
         options = replace(options, pp_size=profiled_stages(run, samples))
@@ -154,8 +152,7 @@ def fit_samples(
             True,
             calibration_of(run, model, samples.bottleneck_stage),
         )
-        policy = assemble(samples, run, settings, model, target, diag, rules | {"parity": PARITY})
-        return with_packed(policy, model, packed, samples.bottleneck_stage)
+        return assemble(samples, run, settings, model, target, diag, rules | {"parity": PARITY})
     # The first timed request ran cold (no warm-up), and SGLang drops the first of its prefix-free probes: both go
     # (one row when the file starts with a prefix-free request, as `ppprof profile` writes it).
     used, dropped = without_warmup(samples)
@@ -179,14 +176,15 @@ def fit_samples(
         False,
         calibration_of(run, model, samples.bottleneck_stage),
     )
-    policy = assemble(samples, run, settings, model, target, diag, rules | {"parity": None})
-    return with_packed(policy, model, packed, samples.bottleneck_stage)
+    return assemble(samples, run, settings, model, target, diag, rules | {"parity": None})
 
 
-def with_packed(policy: dict, model: LatencyModel | None, packed: PackedRows | None, stage: int | None) -> dict:
-    """The policy with its packed_forwards (ppprof.fit.packed) where there are a model and packed rows."""
-    if model is None or packed is None:
+def with_packed(policy: dict, packed: PackedRows | None, stage: int | None) -> dict:
+    """The policy with its packed_forwards (ppprof.fit.packed: the packed forwards' rows of `stage`, scored on its
+    latency model, never fitted) where it has a model and there are rows."""
+    if policy["latency_model"] is None or packed is None:
         return policy
+    model = LatencyModel.from_dict(policy["latency_model"])
     return policy | {"packed_forwards": finite(packed_forwards(model, packed, stage))}
 
 
@@ -255,7 +253,9 @@ def fit(
     chosen = resolve_policy_options(run, samples_path, settings.context_len, **(policy_options or {}))
     packed_path = RunFolder.of(samples_path).packed
     packed = read_packed(packed_path) if packed_path.is_file() else None
-    policy = fit_samples(samples, run, settings, latency_model, parity, chosen, packed)
+    policy = with_packed(
+        fit_samples(samples, run, settings, latency_model, parity, chosen), packed, samples.bottleneck_stage
+    )
     out = Path(out) if out is not None else RunFolder.of(samples_path).policy
     path = save(out, policy)
     if plots:

@@ -81,7 +81,7 @@ def read_packed(path: str | Path) -> PackedRows:
                 f"packed file {path} row {i + 1}: {len(p)} prefix lengths for {len(x)} chunk sizes: "
                 "give one of each a piece, every chunk at least 1 token"
             )
-    numeric = numeric_columns(path, frame, [c for _, c in stages])
+    numeric = numeric_columns(path, frame, [c for _, c in stages], "packed file")
     for _, c in stages:
         bad = np.flatnonzero(numeric[c] <= 0)
         if bad.size:

@@ -61,9 +61,10 @@ class PackLimits:
 
 def pack_design(probes: list[Probe], limits: PackLimits, num_forwards: int, seed: int) -> list[Pack]:
     """`num_forwards` packs of 2, 3, ..., 8, 2, ... pieces (fewer where the limits hold fewer), seeded: each piece's
-    chunk size drawn among the probes' chunk sizes that leave room for the smallest in every piece still to draw, its
-    prefix among the probes' prefix lengths (0 among them) that the KV slots still hold, the pieces then shuffled.
-    Request ids follow the probes'. [] where no two of the smallest chunk fit."""
+    chunk size drawn among the probes' chunk sizes that leave room (tokens, KV slots) for the smallest in every piece
+    still to draw, then each piece's prefix, in random order, among the probes' prefix lengths (0 among them) that the
+    KV slots still hold, the pieces then shuffled. Request ids follow the probes'. [] where no two of the smallest
+    chunk fit."""
     sizes = sorted({r.chunk_size for p in probes for r in p.requests})
     prefixes = sorted({0} | {r.prefix_len for p in probes for r in p.requests})
     smallest, page = sizes[0], limits.page_size
@@ -75,13 +76,13 @@ def pack_design(probes: list[Probe], limits: PackLimits, num_forwards: int, seed
     packs = []
     for k in range(num_forwards):
         n = min(MIN_PIECES + k % (MAX_PIECES - MIN_PIECES + 1), most)
-        chunks, left = [], limits.tokens
-        for i in range(n):
-            room = left - smallest * (n - 1 - i)
-            chunks.append(rng.choice([x for x in sizes if x <= room]))
-            left -= chunks[-1]
+        chunks, tokens, used = [], limits.tokens, 0
+        for i in range(n):  # each leaves room (tokens and KV pages) for the smallest in every piece still to draw
+            rest = n - 1 - i
+            room, kv_room = tokens - smallest * rest, limits.kv_slots - used - align_up(smallest, page) * rest
+            chunks.append(rng.choice([x for x in sizes if x <= room and align_up(x, page) <= kv_room]))
+            tokens, used = tokens - chunks[-1], used + align_up(chunks[-1], page)
         lens = [0] * n
-        used = sum(align_up(x, page) for x in chunks)
         for i in rng.sample(range(n), n):  # prefixes in random order: the KV slots left shrink as they are drawn
             room = limits.kv_slots - used
             lens[i] = rng.choice(
@@ -191,7 +192,6 @@ class PackedRunner:
             error = f"packed forward {pack.index} ({len(pieces)} pieces) raised {type(e).__name__}: {e}"
             self.pipe.tp_failed(error)
             return FAILED, None, None, math.nan, error
-        self.runner.forward_tokens += pack.tokens
         return OK, out, residual, self.pipe.tp_slowest(t.elapsed_ms), None
 
 
