@@ -264,8 +264,9 @@ def fit(
 
 
 def fit_run(run_dir: str | Path) -> Path:
-    """Fit `run_dir/samples.csv` with the defaults of `run_dir/run.json`; write `run_dir/policy.json`, `fit.png`
-    (measured latency vs chunk_size with the fitted curve per prefix) and `chunks.png` (chunk size vs prefix_len).
+    """Fit `run_dir/samples.csv` with the defaults of `run_dir/run.json` (scoring the model on `run_dir/packed.csv`
+    where it exists); write `run_dir/policy.json`, `fit.png` (measured latency vs chunk_size with the fitted curve
+    per prefix) and `chunks.png` (chunk size vs prefix_len).
 
     Signature: fit_run(run_dir: str | Path) -> Path of the policy written. Raises ValueError on unreadable input,
     before anything is written. A model that fails the quality gates still gives a (static) policy, not an error.
