@@ -179,13 +179,14 @@ def fit_samples(
     return assemble(samples, run, settings, model, target, diag, rules | {"parity": None})
 
 
-def with_packed(policy: dict, packed: PackedRows | None, stage: int | None) -> dict:
-    """The policy with its packed_forwards (ppprof.fit.packed: the packed forwards' rows of `stage`, scored on its
-    latency model, never fitted) where it has a model and there are rows."""
+def with_packed(policy: dict, packed: PackedRows | None, samples: Samples) -> dict:
+    """The policy with its packed_forwards (ppprof.fit.packed: the packed forwards' rows of the samples' bottleneck
+    stage, scored on its latency model and on the samples' own latencies, never fitted) where it has a model and
+    there are rows."""
     if policy["latency_model"] is None or packed is None:
         return policy
     model = LatencyModel.from_dict(policy["latency_model"])
-    return policy | {"packed_forwards": finite(packed_forwards(model, packed, stage))}
+    return policy | {"packed_forwards": finite(packed_forwards(model, packed, samples.bottleneck_stage, samples))}
 
 
 def assemble(
@@ -253,9 +254,7 @@ def fit(
     chosen = resolve_policy_options(run, samples_path, settings.context_len, **(policy_options or {}))
     packed_path = RunFolder.of(samples_path).packed
     packed = read_packed(packed_path) if packed_path.is_file() else None
-    policy = with_packed(
-        fit_samples(samples, run, settings, latency_model, parity, chosen), packed, samples.bottleneck_stage
-    )
+    policy = with_packed(fit_samples(samples, run, settings, latency_model, parity, chosen), packed, samples)
     out = Path(out) if out is not None else RunFolder.of(samples_path).policy
     path = save(out, policy)
     if plots:

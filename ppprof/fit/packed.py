@@ -1,9 +1,9 @@
 """How a latency model prices packed forwards: packed.csv's rows (beside the samples, written by the profile's packed
-phase, ppprof.probe.packed), each forward predicted by the additive form on the fitted model, and the one term the
-form needs where it misses by a consistent amount: a cost d for each piece beyond the first, or a scale s of the
-pieces' variable latencies,
+phase, ppprof.probe.packed), each forward predicted by the additive form on the fitted model (and on the probes' own
+latencies, to tell the form's miss from the model's), and the one term the form needs where it misses by a
+consistent amount, a cost d for each piece beyond the first:
 
-    packed(L_1..n, x_1..n) = c + s sum_i (t(L_i, x_i) - c) + d (n - 1)      (the additive form: s = 1, d = 0)
+    packed(L_1..n, x_1..n) = c + sum_i (t(L_i, x_i) - c) + d (n - 1)      (the additive form: d = 0)
 
 The rows never enter the fit, so every one is held out. Pure numpy and pandas: no torch."""
 
@@ -17,26 +17,20 @@ import numpy as np
 import pandas as pd
 
 from ppprof.bounds import MAX_TOKENS
-from ppprof.fit.samples import numeric_columns
+from ppprof.fit.samples import Samples, numeric_columns
 from ppprof.policy.rule import LatencyModel
 from ppprof.runfiles import STAGE_COLUMN
 
 LIST_COLUMNS = ("prefix_lens", "chunk_sizes")
 """packed.csv's columns of one forward's pieces, space-separated, in packing order."""
 SIGNIFICANCE = 2.0
-"""A term is a consistent miss where it is this many standard errors from no term and lowers the median error."""
-TERMS = ("extra_piece_ms", "variable_scale")
-"""The terms the additive form may need, one at a time: d, ms for each piece beyond the first (what each piece costs
-beyond its share, as kernel launches a piece would), and s, the scale of the pieces' variable latencies (what
-packing saves or costs in proportion to the work, as larger matrix products over the packed tokens would)."""
-NO_TERM = {"extra_piece_ms": 0.0, "variable_scale": 1.0}
-"""The terms' values where the additive form holds."""
+"""d is a consistent miss where it is this many standard errors from 0 and lowers the median error."""
 METHOD = (
     "each packed forward (packed.csv) predicted on the fitted model at the bottleneck stage as "
-    "c + s sum_i (t(L_i, x_i) - c) + d (n - 1); the additive form (s 1, d 0) scored, then d and s each fitted "
-    f"alone by least squares on relative error; the one with the lower median error kept where it is "
-    f"{SIGNIFICANCE:g} standard errors from no term and lowers the median error; the rows are not in the fit: every "
-    "one is held out"
+    "c + sum_i (t(L_i, x_i) - c) (and on the probes' median latency of each piece's cell, additive_on_probes); "
+    "d, a cost for each piece beyond the first, fitted by least squares on relative error to what the additive form "
+    f"misses, kept where it is positive, {SIGNIFICANCE:g} standard errors from 0 and lowers the median error; the "
+    "rows are not in the fit: every one is held out"
 )
 
 
@@ -135,47 +129,54 @@ def errors(predicted: np.ndarray, measured: np.ndarray) -> dict:
     return {"mape": float(np.mean(ape)), "median_ape": float(np.median(ape)), "worst_ape": float(np.max(ape))}
 
 
-def candidates(model: LatencyModel, rows: PackedRows, measured: np.ndarray) -> dict:
-    """Each term of TERMS fitted alone to what the additive form misses: its value (d in ms; s, 1 + theta), standard
-    error and errors; a term the rows cannot tell (no forward of two pieces) left out."""
-    predicted = additive_ms(model, rows)
-    features = {"extra_piece_ms": rows.pieces - 1.0, "variable_scale": predicted - model.c}
-    out = {}
-    for name in TERMS:
-        theta, stderr = term_fit(predicted, measured, features[name])
-        if np.isfinite(theta):
-            value = NO_TERM[name] + theta
-            out[name] = {"value": value, "stderr": stderr, **errors(predicted + theta * features[name], measured)}
-    return out
+def probes_additive_ms(c: float, rows: PackedRows, samples: Samples) -> np.ndarray | None:
+    """Each packed forward's additive form on the probes' own latencies, c + sum_i (m(L_i, x_i) - c) with m the
+    median of the samples of the piece's cell (prefix_len, chunk_size) and c the model's fixed cost: the additive
+    form apart from the model's own error. None where a piece's cell has no sample."""
+    median: dict[tuple[int, int], float] = {}
+    frame = pd.DataFrame({"L": samples.prefix_len, "x": samples.chunk_size, "ms": samples.chunk_latency_ms})
+    for (L, x), ms in frame.groupby(["L", "x"])["ms"]:
+        median[(int(L), int(x))] = float(ms.median())
+    out = []
+    for lens, sizes in zip(rows.prefix_lens, rows.chunk_sizes):
+        cells = [median.get((int(L), int(x))) for L, x in zip(lens, sizes)]
+        if None in cells:
+            return None
+        out.append(c + sum(m - c for m in cells))
+    return np.array(out)
 
 
-def packed_forwards(model: LatencyModel, rows: PackedRows, stage: int | None) -> dict:
+def packed_forwards(model: LatencyModel, rows: PackedRows, stage: int | None, samples: Samples | None = None) -> dict:
     """The policy's packed_forwards: how the additive form on `model` predicts the rows of `stage` (the bottleneck;
-    where packed.csv lacks it, its own), each term fitted to its misses (candidates), and the terms a packed
-    forward's price takes: the one kept (`term`), or none (d 0, s 1); `why` says which."""
+    where packed.csv lacks it, its own) and, with the `samples` of that stage, on the probes' own latencies of the
+    pieces' cells (`additive_on_probes`, where every piece's cell was probed); d fitted to the form's misses
+    (`extra_piece`), and extra_piece_ms, the d a packed forward's price takes: d where it is a consistent cost, else
+    0; `why` says which.
+
+    A negative d is never taken: it would price a batch below the same batch without a short piece."""
     stage, measured = rows.latency_ms(stage)
-    additive = errors(additive_ms(model, rows), measured)
-    fitted = candidates(model, rows, measured)
+    predicted = additive_ms(model, rows)
+    additive = errors(predicted, measured)
+    same_stage = samples is not None and samples.bottleneck_stage in (None, stage)
+    on_probes = probes_additive_ms(model.c, rows, samples) if same_stage else None
     out = {
         "forwards": len(measured),
         "pieces": [int(rows.pieces.min()), int(rows.pieces.max())],
         "stage": int(stage),
         "additive": additive,
-        "candidates": fitted,
-        "term": None,
-        **NO_TERM,
+        **({} if on_probes is None else {"additive_on_probes": errors(on_probes, measured)}),
+        "extra_piece_ms": 0.0,
         "source": str(rows.path),
         "method": METHOD,
     }
-    kept = {
-        name: c
-        for name, c in fitted.items()
-        if abs(c["value"] - NO_TERM[name]) >= SIGNIFICANCE * c["stderr"]
-        and c["median_ape"] < additive["median_ape"]
-        and (name != "variable_scale" or c["value"] > 0)
-    }
-    if not kept:
-        return out | {"why": "no term is a consistent miss: the additive form holds as well as any"}
-    name = min(kept, key=lambda k: kept[k]["median_ape"])
-    value, stderr = kept[name]["value"], kept[name]["stderr"]
-    return out | {"term": name, name: value, "why": f"{name} {value:.4g} +- {stderr:.2g}: the lower median error"}
+    extra = rows.pieces - 1.0
+    d, stderr = term_fit(predicted, measured, extra)
+    if not np.isfinite(d):
+        return out | {"why": "no forward has two pieces"}
+    fitted = {"ms": d, "stderr_ms": stderr, **errors(predicted + d * extra, measured)}
+    out["extra_piece"] = fitted
+    if abs(d) < SIGNIFICANCE * stderr or fitted["median_ape"] >= additive["median_ape"]:
+        return out | {"why": f"d {d:.3g} +- {stderr:.2g} ms is no consistent miss: the additive form holds"}
+    if d <= 0:
+        return out | {"why": f"d {d:.3g} +- {stderr:.2g} ms is negative: packed forwards ran below the additive form"}
+    return out | {"extra_piece_ms": d, "why": f"d {d:.3g} +- {stderr:.2g} ms a piece beyond the first"}

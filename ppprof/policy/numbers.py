@@ -55,6 +55,8 @@ RELATIVE_ERROR = Bound(0, MAX_RELATIVE_ERROR, "a relative error (1 is 100%)")
 
 APE_KEYS = ("mape", "median_ape", "worst_ape")
 """A prediction's absolute relative errors: their mean, median and largest."""
+PACKED_ERRORS = ("additive", "additive_on_probes", "extra_piece")
+"""packed_forwards' predictions of the packed forwards, each with APE_KEYS."""
 FIELDS = (
     *((f"settings.{k}", TOKENS) for k in ("base_chunk_size", "page_size", "alignment", "min_chunk_size")),
     *((f"settings.{k}", TOKENS) for k in ("max_chunk_size", "context_len", "context_margin")),
@@ -68,12 +70,10 @@ FIELDS = (
     ("packed_forwards.forwards", COUNT),
     ("packed_forwards.pieces[]", PIECES),
     ("packed_forwards.stage", STAGE),
-    *((f"packed_forwards.additive.{k}", RELATIVE_ERROR) for k in APE_KEYS),
-    *((f"packed_forwards.candidates.*.{k}", RELATIVE_ERROR) for k in APE_KEYS),
-    ("packed_forwards.candidates.*.value", COEFFICIENT),
-    ("packed_forwards.candidates.*.stderr", COEFFICIENT),
-    ("packed_forwards.extra_piece_ms", SIGNED_LATENCY),
-    ("packed_forwards.variable_scale", SCALE),
+    *((f"packed_forwards.{p}.{k}", RELATIVE_ERROR) for p in PACKED_ERRORS for k in APE_KEYS),
+    ("packed_forwards.extra_piece.ms", SIGNED_LATENCY),
+    ("packed_forwards.extra_piece.stderr_ms", LATENCY),
+    ("packed_forwards.extra_piece_ms", LATENCY),
     ("num_stages", STAGES),
     ("provenance.world_size", STAGES),
     ("provenance.tp_size", TP_RANKS),

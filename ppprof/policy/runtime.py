@@ -61,12 +61,10 @@ class Policy:
         return float(self.data["overhead"]["ms_per_chunk"])
 
     @property
-    def packed_terms(self) -> tuple[float, float]:
-        """(d, s): what a packed forward of n pieces costs beyond the additive form, c + s sum_i (t_i - c) + d (n - 1),
-        as the profile's packed forwards measured it ((0, 1), the additive form, where it timed none or the form
-        held)."""
-        packed = self.data.get("packed_forwards") or {}
-        return float(packed.get("extra_piece_ms", 0.0)), float(packed.get("variable_scale", 1.0))
+    def extra_piece_ms(self) -> float:
+        """d: what a packed forward of n pieces costs beyond the additive form, d (n - 1), as the profile's packed
+        forwards measured it (0, the additive form, where it timed none or the form held)."""
+        return float((self.data.get("packed_forwards") or {}).get("extra_piece_ms", 0.0))
 
     @property
     def calibration(self) -> dict:

@@ -31,20 +31,25 @@ def summary_line(policy: Policy) -> str:
 
 def packed_text(policy: Policy) -> str:
     """How the model priced the profile's packed forwards, in words ("" where the policy scored none): the additive
-    form's median and worst error, and the term kept with its own."""
+    form's median and worst error (on the model, and on the probes' own latencies), and the cost of each extra piece
+    where the price takes one."""
     packed = policy.data.get("packed_forwards")
     if not isinstance(packed, dict):
         return ""
-    add = packed["additive"]
+    add, probes = packed["additive"], packed.get("additive_on_probes")
     text = (
         f"; {packed['forwards']} packed forwards held out: additive form median error {add['median_ape']:.1%}, "
         f"worst {add['worst_ape']:.1%}"
     )
-    term = packed["term"]
-    if term is None:
+    if isinstance(probes, dict):
+        text += f" (on the probes' latencies {probes['median_ape']:.1%}, worst {probes['worst_ape']:.1%})"
+    extra = packed.get("extra_piece")
+    if not packed["extra_piece_ms"] or not isinstance(extra, dict):
         return text + ", no term added"
-    kept = packed["candidates"][term]
-    return text + f"; with {term} {kept['value']:.3g}: {kept['median_ape']:.1%}, worst {kept['worst_ape']:.1%}"
+    return text + (
+        f"; with {packed['extra_piece_ms']:.3g} ms a piece beyond the first {extra['median_ape']:.1%}, "
+        f"worst {extra['worst_ape']:.1%}"
+    )
 
 
 def domain_text(policy: Policy) -> str:

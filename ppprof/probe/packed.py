@@ -1,6 +1,6 @@
 """Packed forwards: several requests' chunks, each at its own prefix, in one forward of every stage (as a server's
 variable-length batch runs them; Stage.forward_packed), timed in lockstep as the probes are. The design (pure,
-seeded): 2 to 8 pieces a forward, prefixes and chunk sizes among those the probes ran, within the largest probe
+seeded): 2 to 8 pieces a forward, each a (prefix length, chunk size) cell the probes ran, within the largest probe
 chunk's tokens and the pools. The runner: per forward, on every rank, set up every piece (request entry, Mamba slot,
 prefix, KV slots; the Mamba slots in one grouped window), receive, the primer, the timed forward, send on, and release
 every piece in a finally path (KV slots, Mamba slot, request entry); the ranks agree after each forward, and every
@@ -60,15 +60,25 @@ class PackLimits:
 
 
 def pack_design(probes: list[Probe], limits: PackLimits, num_forwards: int, seed: int) -> list[Pack]:
-    """`num_forwards` packs of 2, 3, ..., 8, 2, ... pieces (fewer where the limits hold fewer), seeded: each piece's
-    chunk size drawn among the probes' chunk sizes that leave room (tokens, KV slots) for the smallest in every piece
-    still to draw, then each piece's prefix, in random order, among the probes' prefix lengths (0 among them) that the
-    KV slots still hold, the pieces then shuffled. Request ids follow the probes'. [] where no two of the smallest
-    chunk fit."""
-    sizes = sorted({r.chunk_size for p in probes for r in p.requests})
-    prefixes = sorted({0} | {r.prefix_len for p in probes for r in p.requests})
-    smallest, page = sizes[0], limits.page_size
-    most = min(MAX_PIECES, limits.max_pieces, limits.tokens // smallest, limits.kv_slots // align_up(smallest, page))
+    """`num_forwards` packs of 2, 3, ..., 8, 2, ... pieces (fewer where the limits hold fewer), seeded, each piece a
+    cell (prefix length, chunk size) the probes measured, so that the pack's additive latency can also be read off the
+    probes' own latencies: its prefix drawn among the prefixes with a cell that leaves room (tokens, KV slots, the
+    context) for the smallest cell in every piece still to draw, then its chunk size among that prefix's such cells;
+    the pieces then shuffled. Request ids follow the probes'. [] where no two of the smallest cell fit."""
+    page = limits.page_size
+    cells = sorted(
+        {
+            (r.prefix_len, r.chunk_size)
+            for p in probes
+            for r in p.requests
+            if r.prefix_len + r.chunk_size <= limits.context_len
+        }
+    )
+    if not cells:
+        return []
+    kv = {cell: align_up(sum(cell), page) for cell in cells}
+    reserve = min(cells, key=lambda cell: (kv[cell], cell[1]))  # what every piece still to draw keeps room for
+    most = min(MAX_PIECES, limits.max_pieces, limits.tokens // reserve[1], limits.kv_slots // kv[reserve])
     if most < MIN_PIECES:
         return []
     rng = random.Random(seed * 7919 + 33)
@@ -76,32 +86,18 @@ def pack_design(probes: list[Probe], limits: PackLimits, num_forwards: int, seed
     packs = []
     for k in range(num_forwards):
         n = min(MIN_PIECES + k % (MAX_PIECES - MIN_PIECES + 1), most)
-        chunks, tokens, used = [], limits.tokens, 0
-        for i in range(n):  # each leaves room (tokens and KV pages) for the smallest in every piece still to draw
+        pieces, tokens, slots = [], limits.tokens, limits.kv_slots
+        for i in range(n):
             rest = n - 1 - i
-            room, kv_room = tokens - smallest * rest, limits.kv_slots - used - align_up(smallest, page) * rest
-            chunks.append(rng.choice([x for x in sizes if x <= room and align_up(x, page) <= kv_room]))
-            tokens, used = tokens - chunks[-1], used + align_up(chunks[-1], page)
-        lens = [0] * n
-        for i in rng.sample(range(n), n):  # prefixes in random order: the KV slots left shrink as they are drawn
-            room = limits.kv_slots - used
-            lens[i] = rng.choice(
-                [
-                    L
-                    for L in prefixes
-                    if prefix_slots(L, chunks[i], page) <= room and L + chunks[i] <= limits.context_len
-                ]
-            )
-            used += prefix_slots(lens[i], chunks[i], page)
-        order = rng.sample(range(n), n)
-        packs.append(Pack(k, tuple(ProbeRequest(rid + j, lens[i], chunks[i]) for j, i in enumerate(order))))
+            room, kv_room = tokens - reserve[1] * rest, slots - kv[reserve] * rest
+            fits = [cell for cell in cells if cell[1] <= room and kv[cell] <= kv_room]
+            prefix_len = rng.choice(sorted({L for L, _ in fits}))
+            pieces.append(rng.choice([cell for cell in fits if cell[0] == prefix_len]))
+            tokens, slots = tokens - pieces[-1][1], slots - kv[pieces[-1]]
+        rng.shuffle(pieces)
+        packs.append(Pack(k, tuple(ProbeRequest(rid + j, L, x) for j, (L, x) in enumerate(pieces))))
         rid += n
     return packs
-
-
-def prefix_slots(prefix_len: int, chunk_size: int, page_size: int) -> int:
-    """The KV slots a prefix adds to a request of `chunk_size` new tokens (its whole pages)."""
-    return align_up(prefix_len + chunk_size, page_size) - align_up(chunk_size, page_size)
 
 
 class PackedRunner:

@@ -43,17 +43,15 @@ def sizer(policy: Policy, arm: str) -> Sizer:
     raise ValueError(f"--strategies {arm!r} is unknown: use a comma-separated subset of {','.join(SERVING_ARMS)}")
 
 
-def packed_stage_ms(
-    model: LatencyModel, pp_size: int, extra_piece_ms: float = 0.0, variable_scale: float = 1.0
-) -> Callable[[Batch], list[float]]:
+def packed_stage_ms(model: LatencyModel, pp_size: int, extra_piece_ms: float = 0.0) -> Callable[[Batch], list[float]]:
     """Each stage's time for a packed forward on `model` (a planning model: its fixed cost holds the per-chunk
-    overhead): one fixed cost for the forward, each piece's tokens and attention over its own prefix, and the term the
-    profile's packed forwards needed (Policy.packed_terms: d for each piece beyond the first, or s the scale of the
-    pieces' variable latencies), c + s sum_i (t(L_i, x_i) - c) + d (n - 1); the same on every stage (the model is
+    overhead): one fixed cost for the forward, each piece's tokens and attention over its own prefix, and
+    `extra_piece_ms` d for each piece beyond the first (Policy.extra_piece_ms: where the profile's packed forwards
+    found the additive form missing), c + sum_i (t(L_i, x_i) - c) + d (n - 1); the same on every stage (the model is
     the bottleneck stage's)."""
 
     def stage_ms(batch: Batch) -> list[float]:
-        t = sum(float(model.chunk_latency_ms(p.prefix_len, p.size)) - model.c for p in batch.pieces)
-        return [model.c + variable_scale * t + extra_piece_ms * (len(batch.pieces) - 1)] * pp_size
+        t = model.c + sum(float(model.chunk_latency_ms(p.prefix_len, p.size)) - model.c for p in batch.pieces)
+        return [t + extra_piece_ms * (len(batch.pieces) - 1)] * pp_size
 
     return stage_ms

@@ -1,6 +1,7 @@
-"""The packed forwards' scoring: the additive form exact where the rows are additive, each one-parameter term recovered
-exactly from rows it made, packed.csv read (and refused in one line), and `ppprof fit` reading the rows beside the
-samples, `validate` showing them and the serving simulation pricing with the term kept."""
+"""The packed forwards' scoring: the additive form exact where the rows are additive, the cost of each extra piece
+recovered exactly from rows it made (and a negative one or a factor not taken), packed.csv read (and refused in one
+line), and `ppprof fit` reading the rows beside the samples, scoring them on the probes' own latencies too,
+`validate` showing them and the serving simulation pricing with d."""
 
 import json
 from pathlib import Path
@@ -18,8 +19,9 @@ from ppprof.serving.arms import packed_stage_ms
 from ppprof.serving.scheduler import Batch, Piece
 
 MODEL = LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=4e-4)
-PREFIXES = [[0, 8192], [32768, 0, 1024], [0, 0, 0, 8192], [4096, 0], [0, 1024, 8192, 0, 0, 32768, 0, 0]]
-CHUNKS = [[1024, 2048], [512, 1024, 256], [128, 1024, 512, 2048], [4096, 64], [64, 128, 256, 512, 64, 128, 64, 512]]
+PREFIXES = [[0, 8192], [32768, 0, 8192], [0, 0, 0, 8192], [8192, 0], [0, 8192, 8192, 0, 0, 32768, 0, 0]]
+CHUNKS = [[1024, 4096], [64, 1024, 64], [64, 1024, 64, 4096], [4096, 64], [64, 1024, 64, 64, 64, 1024, 64, 64]]
+"""Five packed forwards of 2 to 8 pieces, each piece a cell the synthetic samples below probe."""
 
 
 def rows(measured=None, stage_ms=None, path="packed.csv") -> PackedRows:
@@ -37,10 +39,8 @@ def test_additive_rows_are_predicted_exactly_and_need_no_term():
     r = rows(lambda base: additive_ms(MODEL, base))
     out = packed_forwards(MODEL, r, 0)
     assert out["additive"] == {"mape": 0.0, "median_ape": 0.0, "worst_ape": 0.0}
-    assert (out["term"], out["extra_piece_ms"], out["variable_scale"]) == (None, 0.0, 1.0)
-    assert out["candidates"]["extra_piece_ms"]["value"] == pytest.approx(0.0, abs=1e-12)
-    assert out["candidates"]["variable_scale"]["value"] == pytest.approx(1.0, abs=1e-12)
-    assert (out["forwards"], out["pieces"], out["stage"]) == (5, [2, 8], 0)
+    assert out["extra_piece"]["ms"] == pytest.approx(0.0, abs=1e-12) and out["extra_piece_ms"] == 0.0
+    assert (out["forwards"], out["pieces"], out["stage"]) == (5, [2, 8], 0) and "additive_on_probes" not in out
 
 
 def test_a_cost_per_extra_piece_is_recovered_exactly_and_kept():
@@ -48,19 +48,20 @@ def test_a_cost_per_extra_piece_is_recovered_exactly_and_kept():
     out = packed_forwards(MODEL, r, 0)
     want = [0.75 * (n - 1) / (additive_ms(MODEL, r)[i] + 0.75 * (n - 1)) for i, n in enumerate(r.pieces)]
     assert out["additive"]["worst_ape"] == pytest.approx(max(want), rel=1e-12)
-    d = out["candidates"]["extra_piece_ms"]
-    assert d["value"] == pytest.approx(0.75, rel=1e-12) and d["stderr"] == pytest.approx(0.0, abs=1e-12)
+    d = out["extra_piece"]
+    assert d["ms"] == pytest.approx(0.75, rel=1e-12) and d["stderr_ms"] == pytest.approx(0.0, abs=1e-12)
     assert d["worst_ape"] == pytest.approx(0.0, abs=1e-12)
-    assert (out["term"], out["extra_piece_ms"], out["variable_scale"]) == ("extra_piece_ms", pytest.approx(0.75), 1.0)
+    assert out["extra_piece_ms"] == pytest.approx(0.75) and out["why"].startswith("d 0.75 +- ")
 
 
-def test_a_scale_of_the_pieces_variable_latency_is_recovered_exactly_and_kept():
-    r = rows(lambda base: MODEL.c + 0.9 * (additive_ms(MODEL, base) - MODEL.c))
-    out = packed_forwards(MODEL, r, 0)
-    s = out["candidates"]["variable_scale"]
-    assert s["value"] == pytest.approx(0.9, rel=1e-12) and s["median_ape"] == pytest.approx(0.0, abs=1e-12)
-    assert out["candidates"]["extra_piece_ms"]["median_ape"] > 0.01  # d cannot say a factor
-    assert (out["term"], out["extra_piece_ms"], out["variable_scale"]) == ("variable_scale", 0.0, pytest.approx(0.9))
+def test_a_negative_cost_or_a_factor_is_not_taken():
+    # A negative d would price a batch below the same batch without its shortest piece.
+    out = packed_forwards(MODEL, rows(lambda base: additive_ms(MODEL, base) - 0.5 * (pieces(base) - 1)), 0)
+    assert out["extra_piece"]["ms"] == pytest.approx(-0.5) and out["extra_piece_ms"] == 0.0
+    assert "is negative: packed forwards ran below the additive form" in out["why"]
+    # Packed forwards 10% cheaper in proportion: d cannot say it and lowers no median error enough to be kept.
+    out = packed_forwards(MODEL, rows(lambda base: MODEL.c + 0.9 * (additive_ms(MODEL, base) - MODEL.c)), 0)
+    assert out["additive"]["median_ape"] > 0.05 and out["extra_piece_ms"] == 0.0, f"{out=}"
 
 
 def test_the_bottleneck_stage_is_scored_or_where_the_rows_lack_it_their_own_largest():
@@ -128,22 +129,19 @@ def test_fit_reads_the_packed_rows_beside_the_samples_validate_shows_them_and_th
     result = CliRunner().invoke(main, ["fit", str(samples), "-o", str(out)])
     assert result.exit_code == 0, result.output
     packed = json.loads(out.read_text())["packed_forwards"]
-    assert packed["additive"]["worst_ape"] > 0.05 and packed["term"] == "extra_piece_ms", f"{packed=}"
-    assert packed["extra_piece_ms"] == pytest.approx(2.0, rel=1e-3) and packed["variable_scale"] == 1.0
-    assert packed["candidates"]["extra_piece_ms"]["worst_ape"] < 1e-3 and packed["source"] == str(
-        tmp_path / "packed.csv"
-    )
+    assert packed["additive"]["worst_ape"] > 0.05 and packed["extra_piece_ms"] == pytest.approx(2.0, rel=1e-3)
+    assert packed["extra_piece"]["worst_ape"] < 1e-3 and packed["source"] == str(tmp_path / "packed.csv")
+    # Every piece's cell was probed (noise-free samples of the model): the same misses on the probes' latencies.
+    assert packed["additive_on_probes"] == pytest.approx(packed["additive"], rel=1e-6)
     result = CliRunner().invoke(main, ["validate", str(out)])
     assert result.exit_code == 0 and "5 packed forwards held out: additive form median error" in result.output
-    assert "; with extra_piece_ms 2: 0.0%, worst 0.0%" in result.output, result.output
+    assert "; with 2 ms a piece beyond the first 0.0%, worst 0.0%" in result.output, result.output
     policy = load(out)
-    assert policy.packed_terms == (pytest.approx(2.0, rel=1e-3), 1.0)
-    model, batch = (
-        policy.planning_model,
-        Batch(0, (Piece(0, 0, 512, True), Piece(1, 4096, 64, True), Piece(2, 0, 8, True))),
-    )
+    assert policy.extra_piece_ms == pytest.approx(2.0, rel=1e-3)
+    model = policy.planning_model
+    batch = Batch(0, (Piece(0, 0, 512, True), Piece(1, 4096, 64, True), Piece(2, 0, 8, True)))
     alone = sum(float(model.chunk_latency_ms(p.prefix_len, p.size)) - model.c for p in batch.pieces) + model.c
-    assert packed_stage_ms(model, 2, *policy.packed_terms)(batch) == pytest.approx([alone + 2 * 2.0] * 2, rel=1e-3)
+    assert packed_stage_ms(model, 2, policy.extra_piece_ms)(batch) == pytest.approx([alone + 2 * 2.0] * 2, rel=1e-3)
     (tmp_path / "packed.csv").write_text("prefix_lens,chunk_sizes,stage0_latency_ms\n0,x,1.0\n")
     result = CliRunner().invoke(main, ["fit", str(samples), "-o", str(tmp_path / "other.json")])
     assert result.exit_code == 2 and "packed file" in result.output and not (tmp_path / "other.json").exists()

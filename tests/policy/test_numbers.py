@@ -118,28 +118,27 @@ def test_validate_refuses_a_context_len_of_10_to_the_30_in_one_line(tmp_path):
 
 def test_a_policy_without_packed_forwards_reads_and_prices_a_batch_additively():
     policy = load(FULL[0])
-    assert "packed_forwards" not in policy.data and policy.packed_terms == (0.0, 1.0)
+    assert "packed_forwards" not in policy.data and policy.extra_piece_ms == 0.0
 
 
 @pytest.mark.parametrize(
     "mutate, where",
     [
-        (lambda p: p.update(variable_scale=0.0), r"\$\.packed_forwards\.variable_scale: 0\.0 is less than or equal"),
         (
-            lambda p: p.update(variable_scale=1e9),
-            r"\$\.packed_forwards\.variable_scale: 1000000000\.0 is outside 0\.\.1000",
+            lambda p: p.update(extra_piece_ms=-1.0),
+            r"\$\.packed_forwards\.extra_piece_ms: -1\.0 is less than the minimum",
         ),
-        (lambda p: p.update(extra_piece_ms=1e30), r"\$\.packed_forwards\.extra_piece_ms: 1e\+30 is outside"),
+        (lambda p: p.update(extra_piece_ms=1e30), r"\$\.packed_forwards\.extra_piece_ms: 1e\+30 is outside 0\.\."),
         (lambda p: p["additive"].update(worst_ape=-0.1), r"\$\.packed_forwards\.additive\.worst_ape: -0\.1 is less"),
         (
             lambda p: p["additive"].update(mape=1e7),
             r"\$\.packed_forwards\.additive\.mape: 10000000\.0 is outside 0\.\.1e\+06",
         ),
         (
-            lambda p: p["candidates"]["extra_piece_ms"].update(value=1e300),
-            r"candidates\.extra_piece_ms\.value: 1e\+300",
+            lambda p: p["additive_on_probes"].update(median_ape="x"),
+            r"additive_on_probes\.median_ape: 'x' is not of type",
         ),
-        (lambda p: p.update(term="cubic"), r"\$\.packed_forwards\.term: 'cubic' is not one of"),
+        (lambda p: p["extra_piece"].update(ms=1e300), r"\$\.packed_forwards\.extra_piece\.ms: 1e\+300 is outside"),
         (lambda p: p.update(stage=2000), r"\$\.packed_forwards\.stage: 2000 is outside 0\.\.1023"),
         (lambda p: p.pop("additive"), r"\$\.packed_forwards\.additive: missing; it is required"),
     ],
@@ -147,7 +146,7 @@ def test_a_policy_without_packed_forwards_reads_and_prices_a_batch_additively():
 def test_packed_forwards_reads_where_each_number_is_within_its_bound_and_is_refused_beyond(mutate, where):
     data = with_packed_forwards(policy_dict(MODEL), MODEL)
     policy = from_dict(copy.deepcopy(data))
-    assert policy.packed_terms == (pytest.approx(0.5), 1.0) and data["packed_forwards"]["term"] == "extra_piece_ms"
+    assert policy.extra_piece_ms == pytest.approx(0.5) and "additive_on_probes" in data["packed_forwards"]
     mutate(data["packed_forwards"])
     with pytest.raises(ValueError, match=where + r".*; fix that field or regenerate the policy with `ppprof fit`$"):
         from_dict(data)
