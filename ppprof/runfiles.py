@@ -40,8 +40,8 @@ STAGE_COLUMN = re.compile(r"^stage(\d+)_latency_ms$")
 @dataclass(frozen=True, slots=True)
 class RunFolder:
     """A run folder's paths, each file's name written once: samples.csv, packed.csv, run.json and policy.json (what a
-    profile writes), the rank logs, and the lock a live run holds. (Its manifest.json is ppprof.manifest's: write_manifest
-    names it, as in any result folder.) Paths only: nothing is read or created."""
+    profile writes), the rank logs, and the lock a live run holds. (Its manifest.json is ppprof.manifest's:
+    write_manifest names it, as in any result folder.) Paths only: nothing is read or created."""
 
     path: Path
 

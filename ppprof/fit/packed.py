@@ -88,15 +88,15 @@ def read_packed(path: str | Path) -> PackedRows:
 def token_list(path: Path, column: str, row: int, value) -> np.ndarray:
     """One field of token counts ("0 512 2048") as an int64 array; ValueError naming it otherwise."""
     try:
-        out = np.array([int(v) for v in str(value).split()], dtype=np.int64)
+        counts = [int(v) for v in str(value).split()]
     except ValueError:
-        out = None
-    if out is None or not len(out) or out.min() < 0 or out.max() > MAX_TOKENS:
+        counts = []
+    if not counts or min(counts) < 0 or max(counts) > MAX_TOKENS:
         raise ValueError(
             f"packed file {path} column {column} row {row + 1} is {value!r}: give space-separated integers "
             f"in 0..{MAX_TOKENS}"
         )
-    return out
+    return np.array(counts, dtype=np.int64)
 
 
 def additive_ms(model: LatencyModel, rows: PackedRows) -> np.ndarray:

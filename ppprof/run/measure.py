@@ -103,7 +103,7 @@ def time_packed_forwards(run: RankRun[ProfileState]) -> None:
         with run.state.record.lock:
             write_packed(run.folder.packed, packs, stage_ms)
         log.info(
-            "%d packed forwards of %d-%d pieces: pools back to full capacity; timed in %.1f s",
+            "%d packed forwards of %d-%d pieces timed in %.1f s; every pool full again after them",
             len(packs),
             min(len(p.requests) for p in packs),
             max(len(p.requests) for p in packs),

@@ -1,6 +1,7 @@
 """A serving bench's load levels, simulated (`ppprof serve-bench --simulate`): the levels read from their flags and
 checked in one line, and every arm served at every level on the policy's planning model, each batch priced as one
-packed forward (with the policy's cost of each piece beyond the first, where its packed forwards needed one). Pure: no torch."""
+packed forward (with the policy's cost of each piece beyond the first, where its packed forwards needed one). Pure:
+no torch."""
 
 from __future__ import annotations
 

@@ -92,6 +92,7 @@ def test_packed_csv_reads_each_forward_s_pieces_and_stages(tmp_path):
         ("prefix_lens,chunk_sizes,stage0_latency_ms\n", "lacks rows"),
         ("prefix_lens,chunk_sizes,stage0_latency_ms\n0 x,8 8,1.0\n", "column prefix_lens row 1 is '0 x': give"),
         ("prefix_lens,chunk_sizes,stage0_latency_ms\n0 -1,8 8,1.0\n", "column prefix_lens row 1 is '0 -1'"),
+        ("prefix_lens,chunk_sizes,stage0_latency_ms\n0 0,8 99999999999999999999,1.0\n", "column chunk_sizes row 1"),
         ("prefix_lens,chunk_sizes,stage0_latency_ms\n0 0,8,1.0\n", "row 1: 2 prefix lengths for 1 chunk sizes"),
         ("prefix_lens,chunk_sizes,stage0_latency_ms\n0 0,8 0,1.0\n", "every chunk at least 1 token"),
         ("prefix_lens,chunk_sizes,stage0_latency_ms\n0 0,8 8,-1.0\n", "column stage0_latency_ms row 1: latencies"),
