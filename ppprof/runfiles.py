@@ -19,6 +19,7 @@ from pathlib import Path
 from ppprof.io import atomic_write_json, parse_json, read_small_text
 
 SAMPLES_FILE = "samples.csv"
+PACKED_FILE = "packed.csv"
 RUN_FILE = "run.json"
 POLICY_FILE = "policy.json"
 LOCK_FILE = ".ppprof.lock"
@@ -38,9 +39,9 @@ STAGE_COLUMN = re.compile(r"^stage(\d+)_latency_ms$")
 
 @dataclass(frozen=True, slots=True)
 class RunFolder:
-    """A run folder's paths, each file's name written once: samples.csv, run.json and policy.json (what a profile
-    writes), the rank logs, and the lock a live run holds. (Its manifest.json is ppprof.manifest's: write_manifest
-    names it, as in any result folder.) Paths only: nothing is read or created."""
+    """A run folder's paths, each file's name written once: samples.csv, packed.csv, run.json and policy.json (what a
+    profile writes), the rank logs, and the lock a live run holds. (Its manifest.json is ppprof.manifest's:
+    write_manifest names it, as in any result folder.) Paths only: nothing is read or created."""
 
     path: Path
 
@@ -55,6 +56,11 @@ class RunFolder:
     @property
     def samples(self) -> Path:
         return self.path / SAMPLES_FILE
+
+    @property
+    def packed(self) -> Path:
+        """The packed forwards' rows (ppprof.probe.packed), beside the samples."""
+        return self.path / PACKED_FILE
 
     @property
     def run_json(self) -> Path:

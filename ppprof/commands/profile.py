@@ -55,6 +55,12 @@ PROFILE_OPTIONS = (
         "Rounds of fixed plans at B/4, B and 2B run pipelined after the probes to measure the per-chunk "
         f"pipeline overhead; 0: not measured. {shown('overhead_repeats')}",
     ),
+    (
+        ("--packed-forwards",),
+        dict(type=int),
+        "Timed forwards of 2 to 8 requests' chunks packed in one, after the probes, to score the additive "
+        f"latency of a packed forward; 0: none. {shown('packed_forwards')}",
+    ),
     (("--fit/--no-fit",), dict(default=None), f"Fit and write policy.json and plots at the end. {shown('fit')}"),
     (("--torch-threads",), dict(type=int), "Intra-op threads per rank. [cores of the node / its ranks]"),
     (

@@ -32,6 +32,8 @@ LEGACY_PROBE_MULTIPLE = SGLANG_PROBE_MULTIPLE
 """The largest probe chunk of a run recorded before the setting existed (its probes stopped at 1.25 B)."""
 MAX_OVERHEAD_REPEATS = 100
 """The most rounds of the pipeline overhead's fixed plans."""
+MAX_PACKED_FORWARDS = 1000
+"""The most timed packed forwards after the probes."""
 INT_FIELDS = (
     # (field, low, high, may be None)
     ("num_layers", 1, MAX_LAYERS, True),
@@ -50,6 +52,7 @@ INT_FIELDS = (
     ("seed", 0, MAX_SEED, False),
     ("torch_threads", 1, MAX_TORCH_THREADS, True),
     ("overhead_repeats", 0, MAX_OVERHEAD_REPEATS, False),
+    ("packed_forwards", 0, MAX_PACKED_FORWARDS, False),
 )
 """ProfileConfig's integer fields and their bounds (a float, 4096.0 too, a string, a bool or a list is refused)."""
 
@@ -191,6 +194,9 @@ class ProbeSettings:
     overhead_repeats: int = 3
     """Rounds of the pipeline overhead's fixed plans after the probes (ppprof.bench.overhead), one prompt a chunk size
     each, interleaved; 0: not measured."""
+    packed_forwards: int = 28
+    """Timed packed forwards after the probes (ppprof.probe.packed): 2 to 8 requests' chunks in one forward, each at
+    its own prefix, prefixes and chunk sizes among the probes'; the fit scores its additive form on them; 0: none."""
 
     def __post_init__(self) -> None:
         check_section(self)
@@ -301,6 +307,7 @@ RECORD_ORDER = (
     "prompt_lens",
     "min_gain",
     "overhead_repeats",
+    "packed_forwards",
     "timeout",
 )
 """The order run.json's config records the settings in (the flat order they had before they had sections)."""

@@ -14,6 +14,7 @@ from ppprof.config import ChunkSettings, PolicyOptions
 from ppprof.config.workload import Workload
 from ppprof.fit.calibrate import calibration_of
 from ppprof.fit.calibrate import none as no_calibration
+from ppprof.fit.packed import PackedRows, packed_forwards, read_packed
 from ppprof.fit.parity import sglang_fit
 from ppprof.fit.plots import write_plots
 from ppprof.fit.samples import Samples, provenance, read_run, read_samples
@@ -178,6 +179,16 @@ def fit_samples(
     return assemble(samples, run, settings, model, target, diag, rules | {"parity": None})
 
 
+def with_packed(policy: dict, packed: PackedRows | None, samples: Samples) -> dict:
+    """The policy with its packed_forwards (ppprof.fit.packed: the packed forwards' rows of the samples' bottleneck
+    stage, scored on its latency model and on the samples' own latencies, never fitted) where it has a model and
+    there are rows."""
+    if policy["latency_model"] is None or packed is None:
+        return policy
+    model = LatencyModel.from_dict(policy["latency_model"])
+    return policy | {"packed_forwards": finite(packed_forwards(model, packed, samples.bottleneck_stage, samples))}
+
+
 def assemble(
     samples: Samples,
     run: dict | None,
@@ -233,14 +244,17 @@ def fit(
     policy_options: dict | None = None,
     **options,
 ) -> tuple[Path, dict]:
-    """Read, fit, gate and write the policy (default: policy.json beside the samples); with `plots`, also fit.png
-    and chunks.png beside the policy. Returns (path, policy)."""
+    """Read, fit, gate and write the policy (default: policy.json beside the samples), scoring it on the packed
+    forwards of packed.csv where that lies beside the samples; with `plots`, also fit.png and chunks.png beside the
+    policy. Returns (path, policy)."""
     samples_path = Path(samples_path)
     samples = read_samples(samples_path)
     run = read_run(samples_path)
     settings = resolve_settings(run, samples_path, **options)
     chosen = resolve_policy_options(run, samples_path, settings.context_len, **(policy_options or {}))
-    policy = fit_samples(samples, run, settings, latency_model, parity, chosen)
+    packed_path = RunFolder.of(samples_path).packed
+    packed = read_packed(packed_path) if packed_path.is_file() else None
+    policy = with_packed(fit_samples(samples, run, settings, latency_model, parity, chosen), packed, samples)
     out = Path(out) if out is not None else RunFolder.of(samples_path).policy
     path = save(out, policy)
     if plots:
@@ -249,8 +263,9 @@ def fit(
 
 
 def fit_run(run_dir: str | Path) -> Path:
-    """Fit `run_dir/samples.csv` with the defaults of `run_dir/run.json`; write `run_dir/policy.json`, `fit.png`
-    (measured latency vs chunk_size with the fitted curve per prefix) and `chunks.png` (chunk size vs prefix_len).
+    """Fit `run_dir/samples.csv` with the defaults of `run_dir/run.json` (scoring the model on `run_dir/packed.csv`
+    where it exists); write `run_dir/policy.json`, `fit.png` (measured latency vs chunk_size with the fitted curve
+    per prefix) and `chunks.png` (chunk size vs prefix_len).
 
     Signature: fit_run(run_dir: str | Path) -> Path of the policy written. Raises ValueError on unreadable input,
     before anything is written. A model that fails the quality gates still gives a (static) policy, not an error.
@@ -270,6 +285,7 @@ def rechoose(data: dict, model: LatencyModel, status: str = "dynamic", reason: s
     )
     rules = carried(model, status, reason, settings, data.get("domain"), None, options, False, data.get("calibration"))
     target = None if model is None else model.target_ms(settings.base_chunk_size)
+    data = {k: v for k, v in data.items() if k != "packed_forwards"}  # scored on the model this one replaces
     return finite(
         dict(data, latency_model=None if model is None else model.to_dict(), target_latency_ms=target, **rules)
     )

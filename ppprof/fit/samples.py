@@ -173,8 +173,10 @@ def read_frame(path: Path) -> tuple[bytes, pd.DataFrame]:
     return raw, frame
 
 
-def numeric_columns(path: Path, frame: pd.DataFrame, columns: list[str]) -> dict[str, np.ndarray]:
-    """Each column as float64; ValueError naming the first row that is not a finite number."""
+def numeric_columns(
+    path: Path, frame: pd.DataFrame, columns: list[str], what: str = "samples file"
+) -> dict[str, np.ndarray]:
+    """Each column as float64; ValueError naming `what`, the file and the first row that is not a finite number."""
     numeric = {}
     for col in columns:
         values = pd.to_numeric(frame[col], errors="coerce").to_numpy(dtype=float)
@@ -182,7 +184,7 @@ def numeric_columns(path: Path, frame: pd.DataFrame, columns: list[str]) -> dict
         if bad.size:
             value = frame[col].iloc[bad[0]]
             value = value.item() if hasattr(value, "item") else value  # 'nan', not np.float64(nan)
-            raise ValueError(f"samples file {path} column {col} row {bad[0] + 1} is {value!r}: use a finite number")
+            raise ValueError(f"{what} {path} column {col} row {bad[0] + 1} is {value!r}: use a finite number")
         numeric[col] = values
     return numeric
 

@@ -23,6 +23,8 @@ MAX_COUNT = 2**53
 other languages hold numbers."""
 MAX_WALL_S = 1e7
 """The longest probing a policy records, seconds (about 116 days)."""
+MAX_RELATIVE_ERROR = 1e6
+"""The largest relative error of a prediction a policy records (1 is 100%)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +49,14 @@ COUNT = Bound(0, MAX_COUNT, "a count exact in a double")
 WALL_S = Bound(0, MAX_WALL_S, "seconds of probing")
 FRACTION = Bound(0, 1, "a weight (the weights sum to 1)")
 GAIN = Bound(-1, 1, "a gain over the best fixed chunk")
+STAGE = Bound(0, MAX_STAGES - 1, "a stage's index")
+PIECES = Bound(1, MAX_TOKENS, "pieces in one forward (a token each at least)")
+RELATIVE_ERROR = Bound(0, MAX_RELATIVE_ERROR, "a relative error (1 is 100%)")
 
+APE_KEYS = ("mape", "median_ape", "worst_ape")
+"""A prediction's absolute relative errors: their mean, median and largest."""
+PACKED_ERRORS = ("additive", "additive_on_probes", "extra_piece")
+"""packed_forwards' predictions of the packed forwards, each with APE_KEYS."""
 FIELDS = (
     *((f"settings.{k}", TOKENS) for k in ("base_chunk_size", "page_size", "alignment", "min_chunk_size")),
     *((f"settings.{k}", TOKENS) for k in ("max_chunk_size", "context_len", "context_margin")),
@@ -58,6 +67,13 @@ FIELDS = (
     ("overhead.stderr_ms", LATENCY),
     ("calibration.linear_scale", SCALE),
     ("calibration.shift_ms", SIGNED_LATENCY),
+    ("packed_forwards.forwards", COUNT),
+    ("packed_forwards.pieces[]", PIECES),
+    ("packed_forwards.stage", STAGE),
+    *((f"packed_forwards.{p}.{k}", RELATIVE_ERROR) for p in PACKED_ERRORS for k in APE_KEYS),
+    ("packed_forwards.extra_piece.ms", SIGNED_LATENCY),
+    ("packed_forwards.extra_piece.stderr_ms", LATENCY),
+    ("packed_forwards.extra_piece_ms", LATENCY),
     ("num_stages", STAGES),
     ("provenance.world_size", STAGES),
     ("provenance.tp_size", TP_RANKS),

@@ -61,6 +61,12 @@ class Policy:
         return float(self.data["overhead"]["ms_per_chunk"])
 
     @property
+    def extra_piece_ms(self) -> float:
+        """d: what a packed forward of n pieces costs beyond the additive form, d (n - 1), as the profile's packed
+        forwards measured it (0, the additive form, where it timed none or the form held)."""
+        return float((self.data.get("packed_forwards") or {}).get("extra_piece_ms", 0.0))
+
+    @property
     def calibration(self) -> dict:
         return self.data.get("calibration") or NO_CALIBRATION
 

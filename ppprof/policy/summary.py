@@ -18,14 +18,37 @@ def summary_line(policy: Policy) -> str:
     """One line: status, model, the rules' sizes and the profiled domain."""
     history = policy.history_table.chunk_size
     if policy.status == "static":
-        return f"static (chunk {history[0]}): {policy.reason}{domain_text(policy)}"
+        return f"static (chunk {history[0]}): {policy.reason}{domain_text(policy)}{packed_text(policy)}"
     prompt_rule = policy.prompt_rule
     sizes = [x for band in prompt_rule.chunk_size for x in band]
     return (
         f"dynamic ({policy.latency_model.name}, overhead {policy.overhead_ms:.3g} ms a chunk"
         f"{calibration_text(policy.calibration)}, {policy.pp_size} "
         f"stages): prompt-aware rule of {len(prompt_rule.prompt_len)} bands, chunks {min(sizes)}-{max(sizes)}; "
-        f"history-only table of {len(history)} entries{domain_text(policy)}"
+        f"history-only table of {len(history)} entries{domain_text(policy)}{packed_text(policy)}"
+    )
+
+
+def packed_text(policy: Policy) -> str:
+    """How the model priced the profile's packed forwards, in words ("" where the policy scored none): the additive
+    form's median and worst error (on the model, and on the probes' own latencies), and the cost of each extra piece
+    where the price takes one."""
+    packed = policy.data.get("packed_forwards")
+    if not isinstance(packed, dict):
+        return ""
+    add, probes = packed["additive"], packed.get("additive_on_probes")
+    text = (
+        f"; {packed['forwards']} packed forwards held out: additive form median error {add['median_ape']:.1%}, "
+        f"worst {add['worst_ape']:.1%}"
+    )
+    if isinstance(probes, dict):
+        text += f" (on the probes' latencies {probes['median_ape']:.1%}, worst {probes['worst_ape']:.1%})"
+    extra = packed.get("extra_piece")
+    if not packed["extra_piece_ms"] or not isinstance(extra, dict):
+        return text + ", no term added"
+    return text + (
+        f"; with {packed['extra_piece_ms']:.3g} ms a piece beyond the first {extra['median_ape']:.1%}, "
+        f"worst {extra['worst_ape']:.1%}"
     )
 
 

@@ -1,5 +1,6 @@
 """One probe request's set-up in a stage's cache, as a server's prefill would find it: admitted, its prefix already
-cached (written, not computed), and slots for the chunk. Used by the probe loop and by scripts/benchmarks/forward.py."""
+cached (written, not computed), and slots for the chunk. Used by the probe loop, the packed forwards and by
+scripts/benchmarks/forward.py."""
 
 from __future__ import annotations
 
@@ -27,6 +28,12 @@ def set_up_request(cache: StageCache, req: Request, pr: ProbeRequest, gen: torch
             f"request {pr.rid} cannot be admitted although no request is live: "
             + (leaks or "the request or Mamba pool has no slot")
         )
+    fill_request(cache, req, pr, gen)
+
+
+def fill_request(cache: StageCache, req: Request, pr: ProbeRequest, gen: torch.Generator | None) -> None:
+    """Give the admitted `req` its `pr.prefix_len` cached tokens (random K/V and Mamba state from `gen`, written, not
+    computed) and KV slots for `pr.chunk_size` more; RunError when the KV cache cannot hold them."""
     if pr.prefix_len:
         slots = cache.extend(req, pr.prefix_len)
         if slots is None:

@@ -1,6 +1,7 @@
 """The profile's measuring phases, once the stage is warm: the probes in lockstep (rank 0 appends each probe's rows
-to samples.csv as it completes; the adaptive design chooses each next probe from them), then the per-chunk pipeline
-overhead, pipelined through the profile's own stages by the bench executor (ppprof.bench.overhead)."""
+to samples.csv as it completes; the adaptive design chooses each next probe from them), the packed forwards in
+lockstep (ppprof.probe.packed; rank 0 writes packed.csv), then the per-chunk pipeline overhead, pipelined through the
+profile's own stages by the bench executor (ppprof.bench.overhead)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from ppprof.adaptive.loop import probe_sequence
 from ppprof.bench.executor import WARMUP_REPEAT, BenchPrompt, BenchStage, PromptRunner
 from ppprof.bench.overhead import overhead_chunk_sizes, overhead_plans, pipeline_overhead
 from ppprof.probe.output import append_samples, samples_frame
+from ppprof.probe.packed import PackedRunner, PackLimits, pack_design, write_packed
 from ppprof.run.profile_state import ProfileState
 from ppprof.run.provenance import peak_memory_bytes
 from ppprof.run.rank import RankRun
@@ -72,6 +74,41 @@ def run_probes(run: RankRun[ProfileState]) -> None:
         }
     if bar is not None:
         bar.close()
+
+
+def time_packed_forwards(run: RankRun[ProfileState]) -> None:
+    """cfg.probes.packed_forwards packed forwards of 2 to 8 pieces (none where 0), designed on rank 0 from the probes
+    that ran (ppprof.probe.packed), timed in lockstep on every stage; rank 0 writes packed.csv. Every pool is
+    checked after the last."""
+    cfg = run.cfg
+    if not cfg.probes.packed_forwards:
+        return
+    start, packs = time.perf_counter(), None
+    if run.rank == 0:
+        limits = PackLimits(
+            tokens=cfg.max_probe_chunk_size,
+            kv_slots=run.cache.kv_alloc.size,
+            page_size=cfg.pools.page_size,
+            context_len=cfg.probes.context_len,
+            max_pieces=min(cfg.pools.max_mamba_cache_size, cfg.pools.max_running_requests),
+        )
+        packs = pack_design(run.state.probes, limits, cfg.probes.packed_forwards, cfg.probes.seed)
+    packs = run.pipe.broadcast(packs)
+    if not packs:  # the same on every rank
+        log.warning("packed forwards not timed: two of the smallest probe chunk do not fit one forward's limits")
+        return
+    stage_ms = run.pipe.all_gather(PackedRunner(run.state.runner).run(packs))
+    run.state.packed_wall_s = time.perf_counter() - start
+    if run.rank == 0:
+        with run.state.record.lock:
+            write_packed(run.folder.packed, packs, stage_ms)
+        log.info(
+            "%d packed forwards of %d-%d pieces timed in %.1f s; every pool full again after them",
+            len(packs),
+            min(len(p.requests) for p in packs),
+            max(len(p.requests) for p in packs),
+            run.state.packed_wall_s,
+        )
 
 
 def measure_overhead(run: RankRun[ProfileState]) -> None:

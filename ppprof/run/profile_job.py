@@ -1,6 +1,6 @@
 """The profile job, one rank's view: prepare the run folder and the probes, build the stage, warm up, run the probes
-in lockstep, measure the per-chunk pipeline overhead (ppprof.run.measure), then (rank 0) write samples.csv and
-run.json and fit the policy (ppprof.run.profile_results). The phases hand on a ProfileState
+in lockstep, time the packed forwards, measure the per-chunk pipeline overhead (ppprof.run.measure), then (rank 0)
+write samples.csv and run.json and fit the policy (ppprof.run.profile_results). The phases hand on a ProfileState
 (ppprof.run.profile_state)."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.probe.loop import ProbeRunner
 from ppprof.probe.output import complete_probes
 from ppprof.probe.synth import warmup_requests
-from ppprof.run.measure import measure_overhead, run_probes
+from ppprof.run.measure import measure_overhead, run_probes, time_packed_forwards
 from ppprof.run.profile_results import fit_policy, write_results
 from ppprof.run.profile_state import ProfileState
 from ppprof.run.provenance import default_run_dir, hardware
@@ -47,7 +47,14 @@ log = logging.getLogger("ppprof")
 
 def run_outputs(folder: RunFolder) -> tuple[Path, ...]:
     """What a profile writes in its run folder besides the rank logs; an older run's are removed when --overwrite."""
-    return folder.samples, folder.run_json, folder.policy, folder.path / FIT_PLOT, folder.path / CHUNKS_PLOT
+    return (
+        folder.samples,
+        folder.packed,
+        folder.run_json,
+        folder.policy,
+        folder.path / FIT_PLOT,
+        folder.path / CHUNKS_PLOT,
+    )
 
 
 def prepare_run_folder(run: RankRun[ProfileState]) -> None:
@@ -189,6 +196,7 @@ PHASES: tuple[Phase, ...] = (
     ("build the stage", build_stage),
     ("warm up", warm_up),
     ("run the probes", run_probes),
+    ("time the packed forwards", time_packed_forwards),
     ("measure the pipeline overhead", measure_overhead),
     ("write samples.csv and run.json", write_results),
     ("fit the policy", fit_policy),

@@ -45,6 +45,7 @@ def write_results(run: RankRun[ProfileState]) -> None:
         **run.state.tp_ranks,
         timed_requests=sum(len(p.requests) for p in probes),
         warmup_requests=len(warmup),
+        **({"packed_wall_s": round(run.state.packed_wall_s, 3)} if run.state.packed_wall_s else {}),
         **(
             {"pipeline_overhead": run.state.overhead, "overhead_wall_s": round(run.state.overhead_wall_s, 3)}
             if run.state.overhead is not None

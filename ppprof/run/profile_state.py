@@ -42,6 +42,8 @@ class ProfileState:
     """Per stage: peak device memory in bytes (None where the device does not tell)."""
     design: DesignState = field(default_factory=DesignState)
     """The probe design's stopping reason, last uncertainty and history."""
+    packed_wall_s: float = 0.0
+    """The packed forwards, the untimed first included, in seconds (0: none timed)."""
     overhead: dict | None = None
     """Rank 0: run.json's pipeline_overhead (None: not measured, overhead_repeats 0)."""
     overhead_wall_s: float = 0.0

@@ -77,7 +77,7 @@ def _int_list(text: str, key: str) -> list[int]:
         ) from None
 
 
-RESUMABLE_FIELDS = ("timeout", "fit", "overhead_repeats")
+RESUMABLE_FIELDS = ("timeout", "fit", "overhead_repeats", "packed_forwards")
 """Settings a resumed run may change: they do not change what the probes measure."""
 
 

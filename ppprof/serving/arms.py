@@ -43,13 +43,15 @@ def sizer(policy: Policy, arm: str) -> Sizer:
     raise ValueError(f"--strategies {arm!r} is unknown: use a comma-separated subset of {','.join(SERVING_ARMS)}")
 
 
-def packed_stage_ms(model: LatencyModel, pp_size: int) -> Callable[[Batch], list[float]]:
+def packed_stage_ms(model: LatencyModel, pp_size: int, extra_piece_ms: float = 0.0) -> Callable[[Batch], list[float]]:
     """Each stage's time for a packed forward on `model` (a planning model: its fixed cost holds the per-chunk
-    overhead): one fixed cost for the forward, and each piece's tokens and attention over its own prefix,
-    c + sum_i (t(L_i, x_i) - c); the same on every stage (the model is the bottleneck stage's)."""
+    overhead): one fixed cost for the forward, each piece's tokens and attention over its own prefix, and
+    `extra_piece_ms` d for each piece beyond the first (Policy.extra_piece_ms: where the profile's packed forwards
+    found the additive form missing), c + sum_i (t(L_i, x_i) - c) + d (n - 1); the same on every stage (the model is
+    the bottleneck stage's)."""
 
     def stage_ms(batch: Batch) -> list[float]:
         t = model.c + sum(float(model.chunk_latency_ms(p.prefix_len, p.size)) - model.c for p in batch.pieces)
-        return [t] * pp_size
+        return [t + extra_piece_ms * (len(batch.pieces) - 1)] * pp_size
 
     return stage_ms

@@ -1,6 +1,7 @@
 """A serving bench's load levels, simulated (`ppprof serve-bench --simulate`): the levels read from their flags and
 checked in one line, and every arm served at every level on the policy's planning model, each batch priced as one
-packed forward. Pure: no torch."""
+packed forward (with the policy's cost of each piece beyond the first, where its packed forwards needed one). Pure:
+no torch."""
 
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ def simulate_levels(policy: Policy, plan: ServingPlan) -> dict:
             "with it; profile again"
         )
     prompts = prompts_of(plan.workload.prompt_lens, plan.workload.weights, plan.num_prompts, plan.seed)
-    stage_ms = packed_stage_ms(policy.planning_model, plan.pp_size)
+    stage_ms = packed_stage_ms(policy.planning_model, plan.pp_size, policy.extra_piece_ms)
     out = {}
     for level in plan.levels:
         entries = level.concurrency or DEFAULT_REQUEST_ENTRIES

@@ -3,9 +3,14 @@ chooses them (ppprof.fit.build.carried), on a domain of chunks up to `largest` a
 
 import copy
 from functools import cache
+from pathlib import Path
+
+import numpy as np
 
 from ppprof.config import ChunkSettings, PolicyOptions
 from ppprof.fit.build import carried
+from ppprof.fit.packed import PackedRows, additive_ms, packed_forwards
+from ppprof.fit.samples import Samples
 from ppprof.policy.rule import LatencyModel
 from ppprof.policy.schema import SCHEMA_VERSION
 
@@ -36,3 +41,15 @@ def _policy_dict(key) -> dict:
         "parity": None,
         **rules,
     }
+
+
+def with_packed_forwards(data: dict, model: LatencyModel, extra_piece_ms: float = 0.5) -> dict:
+    """`data` with the packed_forwards `ppprof fit` writes for rows that `model`'s additive form misses by
+    `extra_piece_ms` a piece beyond the first (two forwards of 2 and 3 pieces), scored on samples of their cells too."""
+    lens, chunks = (np.array([0, 8192]), np.array([4096, 0, 0])), (np.array([1024, 64]), np.array([512, 256, 8]))
+    rows = PackedRows(lens, chunks, {0: np.ones(2)}, Path("packed.csv"))
+    measured = additive_ms(model, rows) + extra_piece_ms * (rows.pieces - 1)
+    rows = PackedRows(lens, chunks, {0: measured, 1: 0.5 * measured}, Path("packed.csv"))
+    L, x = np.concatenate(lens), np.concatenate(chunks)
+    samples = Samples(L, x, model.chunk_latency_ms(L, x), None, 0, None, Path("samples.csv"), "")
+    return copy.deepcopy(data) | {"packed_forwards": packed_forwards(model, rows, 0, samples)}

@@ -12,11 +12,11 @@ from click.testing import CliRunner
 
 from ppprof.bounds import MAX_TOKENS
 from ppprof.cli import main
-from ppprof.policy import LatencyModel, from_dict
+from ppprof.policy import LatencyModel, from_dict, load
 from ppprof.policy.numbers import FIELDS, number_error, values_at
 from ppprof.policy.schema import policy_schema
 
-from .policy_helpers import policy_dict
+from .policy_helpers import policy_dict, with_packed_forwards
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=2e-4)
@@ -60,7 +60,8 @@ def test_every_number_the_schema_allows_has_an_upper_bound():
 
 
 def test_every_field_bounded_is_a_field_ppprof_writes():
-    docs = [json.loads(p.read_text()) for p in FULL]
+    # The committed policies predate packed_forwards: its fields come from the scoring `ppprof fit` writes.
+    docs = [json.loads(p.read_text()) for p in FULL] + [with_packed_forwards(policy_dict(MODEL), MODEL)]
     assert [path for path, _ in FIELDS if not any(list(values_at(d, steps(path))) for d in docs)] == []
     assert all(number_error(d) is None for d in docs)
 
@@ -113,3 +114,39 @@ def test_validate_refuses_a_context_len_of_10_to_the_30_in_one_line(tmp_path):
         f"error: policy file {path}: $.settings.context_len: {10**30} is outside 0..{MAX_TOKENS}, the range of a "
         "token count (servers index tokens with int32); fix that field or regenerate the policy with `ppprof fit`"
     ]
+
+
+def test_a_policy_without_packed_forwards_reads_and_prices_a_batch_additively():
+    policy = load(FULL[0])
+    assert "packed_forwards" not in policy.data and policy.extra_piece_ms == 0.0
+
+
+@pytest.mark.parametrize(
+    "mutate, where",
+    [
+        (
+            lambda p: p.update(extra_piece_ms=-1.0),
+            r"\$\.packed_forwards\.extra_piece_ms: -1\.0 is less than the minimum",
+        ),
+        (lambda p: p.update(extra_piece_ms=1e30), r"\$\.packed_forwards\.extra_piece_ms: 1e\+30 is outside 0\.\."),
+        (lambda p: p["additive"].update(worst_ape=-0.1), r"\$\.packed_forwards\.additive\.worst_ape: -0\.1 is less"),
+        (
+            lambda p: p["additive"].update(mape=1e7),
+            r"\$\.packed_forwards\.additive\.mape: 10000000\.0 is outside 0\.\.1e\+06",
+        ),
+        (
+            lambda p: p["additive_on_probes"].update(median_ape="x"),
+            r"additive_on_probes\.median_ape: 'x' is not of type",
+        ),
+        (lambda p: p["extra_piece"].update(ms=1e300), r"\$\.packed_forwards\.extra_piece\.ms: 1e\+300 is outside"),
+        (lambda p: p.update(stage=2000), r"\$\.packed_forwards\.stage: 2000 is outside 0\.\.1023"),
+        (lambda p: p.pop("additive"), r"\$\.packed_forwards\.additive: missing; it is required"),
+    ],
+)
+def test_packed_forwards_reads_where_each_number_is_within_its_bound_and_is_refused_beyond(mutate, where):
+    data = with_packed_forwards(policy_dict(MODEL), MODEL)
+    policy = from_dict(copy.deepcopy(data))
+    assert policy.extra_piece_ms == pytest.approx(0.5) and "additive_on_probes" in data["packed_forwards"]
+    mutate(data["packed_forwards"])
+    with pytest.raises(ValueError, match=where + r".*; fix that field or regenerate the policy with `ppprof fit`$"):
+        from_dict(data)

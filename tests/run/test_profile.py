@@ -54,6 +54,7 @@ def test_profile_with_a_mamba_cache_much_smaller_than_the_requests_completes(tmp
     assert run["forward_tokens"] == samples["chunk_size"].sum() + 296
     assert "pools back to full capacity" in (out / "rank1.log").read_text()
     check_pipeline_overhead(run, out, pp_size=2, repeats=3)
+    check_packed_forwards(samples, run, out, max_pieces=8)  # the Mamba pool (8 slots) holds at most 8 pieces
     manifest = json.loads((out / "manifest.json").read_text())  # written by the command, as every result's is
     assert manifest["recorded"] == "by the command" and "profile --out" in manifest["command"], manifest
     assert manifest["git_revision"] and manifest["cpu_count"] >= 1 and manifest["date"]
@@ -87,6 +88,23 @@ def check_pipeline_overhead(run: dict, out, pp_size: int, repeats: int) -> None:
     for rank in range(pp_size):
         assert "leak" not in (out / f"rank{rank}.log").read_text()
     assert "pipeline overhead: " in (out / "rank0.log").read_text()
+
+
+def check_packed_forwards(samples, run: dict, out, max_pieces: int) -> None:
+    """packed.csv: the default 28 packed forwards, 2 to `max_pieces` pieces, each within the largest probe chunk's
+    tokens, every piece at a prefix and chunk size the probes ran, every stage timed; the pools full after
+    (logged, no leak: check_pipeline_overhead reads the logs)."""
+    packed = pd.read_csv(out / "packed.csv", dtype={"prefix_lens": str, "chunk_sizes": str})
+    assert len(packed) == run["config"]["packed_forwards"] == 28 and run["packed_wall_s"] > 0
+    assert packed["pieces"].min() == 2 and packed["pieces"].max() == max_pieces
+    lens = [[int(v) for v in f.split()] for f in packed["prefix_lens"]]
+    sizes = [[int(v) for v in f.split()] for f in packed["chunk_sizes"]]
+    assert [len(x) for x in sizes] == [len(p) for p in lens] == list(packed["pieces"])
+    assert list(packed["tokens"]) == [sum(x) for x in sizes] and packed["tokens"].max() <= 128  # 4 B
+    assert {v for p in lens for v in p} <= set(samples["prefix_len"]) | {0}
+    assert {v for x in sizes for v in x} <= set(samples["chunk_size"])
+    assert packed[["stage0_latency_ms", "stage1_latency_ms"]].gt(0).all().all()
+    assert f"28 packed forwards of 2-{max_pieces} pieces timed in " in (out / "rank0.log").read_text()
 
 
 def test_a_release_that_skips_the_mamba_slot_stops_every_rank_naming_rank_pool_and_count(tmp_path):

@@ -1,6 +1,6 @@
 """The serving bench's arms as sizers: alone in the pipeline each gives the chunks of its one-prompt plan (what
 `ppprof plan` and `ppprof bench` run), atom-guard falls back to B when other requests wait, and a packed forward pays
-one fixed cost."""
+one fixed cost (and the cost of each extra piece the profile's packed forwards measured)."""
 
 from pathlib import Path
 
@@ -50,6 +50,16 @@ def test_a_packed_forward_pays_one_fixed_cost(policy):
     one = [float(model.chunk_latency_ms(L, x)) for L, x in ((0, 256), (1024, 128))]
     batch = Batch(0, (Piece(0, 0, 256, False), Piece(1, 1024, 128, True)))
     assert packed_stage_ms(model, 3)(batch) == pytest.approx([sum(one) - model.c] * 3)
+
+
+def test_a_packed_forward_pays_the_cost_of_each_extra_piece_its_policy_measured(policy):
+    model = policy.planning_model
+    variable = [float(model.chunk_latency_ms(L, x)) - model.c for L, x in ((0, 256), (1024, 128), (0, 64))]
+    batch = Batch(0, (Piece(0, 0, 256, False), Piece(1, 1024, 128, True), Piece(2, 0, 64, True)))
+    assert policy.extra_piece_ms == 0.0  # the committed run timed no packed forwards: the additive form
+    assert packed_stage_ms(model, 2, 1.5)(batch) == pytest.approx([model.c + sum(variable) + 2 * 1.5] * 2)
+    one = Batch(1, (Piece(3, 0, 256, True),))
+    assert packed_stage_ms(model, 2, 1.5)(one) == pytest.approx([float(model.chunk_latency_ms(0, 256))] * 2)
 
 
 def test_an_unknown_arm_is_named(policy):
