@@ -134,3 +134,14 @@ def test_a_shell_result_gets_its_manifest_from_the_module(tmp_path):
         cwd=REPO,
     )
     assert done.returncode == 2 and "neither a folder nor a JSON file" in done.stderr
+
+
+@pytest.mark.parametrize("script", sorted(str(p.relative_to(SCRIPTS)) for p in SCRIPTS.rglob("*.sh")))
+def test_a_shell_script_runs_from_the_repository_root(script):
+    # Scripts moved into scripts/experiments/ once kept `cd "$(dirname "$0")/.."`, which lands in scripts/, and every
+    # `bash scripts/setup.sh` after it failed; only their --help ran in a test.
+    text = (SCRIPTS / script).read_text()
+    marker = 'cd "$(dirname "$0")/'
+    assert marker in text, f"{script} does not cd to the repository root"
+    up = text.split(marker, 1)[1].split('"', 1)[0]
+    assert ((SCRIPTS / script).parent / up).resolve() == REPO, f"{script}: cd {up} from its folder is not the root"

@@ -10,7 +10,7 @@
 set -euo pipefail
 case "${1:-}" in -h|--help) sed -n '2,/^set /p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0;; esac
 command="bash scripts/experiments/bench_reference.sh${*:+$(printf ' %q' "$@")}"
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 out=${1:-results/bench-reference}
 depths=${DEPTHS:-2 4 8}
 if [ -z "${REUSE_PROFILES:-}" ]; then

@@ -8,7 +8,7 @@
 set -euo pipefail
 case "${1:-}" in -h|--help) sed -n '2,/^set /p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0;; esac
 command="bash scripts/experiments/serving_real.sh${*:+$(printf ' %q' "$@")}"
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 out=${1:-results/serving-real}
 mkdir -p "$out"
 bash scripts/setup.sh > /dev/null
