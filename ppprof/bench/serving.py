@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ppprof.distributed.agree import RunError, stop_if_any_failed
-from ppprof.distributed.batches import STOP, PendingBatch, PendingLeft, isend_batch, isend_left, wait_works
+from ppprof.distributed.batches import STOP, BatchLimits, PendingBatch, PendingLeft, isend_batch, isend_left, wait_works
 from ppprof.distributed.pipe import FAILED, OK, Pipe
 from ppprof.mem import Request, StageCache
 from ppprof.mem.cache import describe_leaks
@@ -46,10 +46,10 @@ class LevelResult:
 class ServingRunner:
     """Serves levels through this rank's stage; every rank calls run() for the same level, in the same order."""
 
-    def __init__(self, stage: Stage, cache: StageCache, pipe: Pipe, seed: int, slots: int, max_pieces: int) -> None:
-        """`max_pieces`: the most pieces a batch carries (the most requests a level holds at once)."""
+    def __init__(self, stage: Stage, cache: StageCache, pipe: Pipe, seed: int, slots: int, limits: BatchLimits) -> None:
+        """`limits`: the most pieces (requests a level holds at once) and tokens a batch carries."""
         self.stage, self.cache, self.pipe, self.seed, self.slots = stage, cache, pipe, seed, slots
-        self.max_pieces = max_pieces
+        self.limits = limits
         self.device = cache.device
         self.vocab = stage.spec.vocab_size
 
@@ -125,7 +125,7 @@ class ServingRunner:
         for s in list(in_flight):  # after a failure: what is in the pipeline drains
             self._left(in_flight.pop(s), left)
         if not pipe.is_last:
-            self.sends.append(isend_batch(pipe, self.max_pieces, seq, STOP, []))
+            self.sends.append(isend_batch(pipe, self.limits, seq, STOP, []))
             for works in self.sends:
                 wait_works(pipe, works, 1)
         return Served(
@@ -210,7 +210,7 @@ class ServingRunner:
             if not pipe.is_first:
                 self.sends.append(isend_left(pipe, seq, status, int(self._ms() * 1e3)))
         else:
-            self.sends.append(isend_batch(pipe, self.max_pieces, seq, status, table, x, residual))
+            self.sends.append(isend_batch(pipe, self.limits, seq, status, table, x, residual))
             if len(self.sends) > self.slots + SEND_DEPTH:
                 wait_works(pipe, self.sends.popleft(), pipe.rank + 1)
         if not pipe.is_first:
@@ -222,14 +222,14 @@ class ServingRunner:
     def _follow(self, tag: dict, rows: list[dict]) -> None:
         """A later stage: each batch as it comes, until the level's STOP."""
         pipe, self.sends = self.pipe, deque()
-        pending = PendingBatch(pipe, self.max_pieces)
+        pending = PendingBatch(pipe, self.limits)
         while True:
             m = pending.wait()
             if m.status == STOP:
                 if not pipe.is_last:
-                    self.sends.append(isend_batch(pipe, self.max_pieces, m.seq, STOP, []))
+                    self.sends.append(isend_batch(pipe, self.limits, m.seq, STOP, []))
                 break
-            pending = PendingBatch(pipe, self.max_pieces)  # the next header's receive, posted before this forward
+            pending = PendingBatch(pipe, self.limits)  # the next header's receive, posted before this forward
             pieces = [Planned(r, p, n, last) for r, p, n, last in m.pieces]
             self._stage(m.seq, pieces, m.status, m.hidden, m.residual, tag, rows)
         peer = 0 if pipe.is_last else pipe.rank + 1

@@ -15,6 +15,7 @@ from ppprof.bench.serving import ServingRunner
 from ppprof.chunks import align_up
 from ppprof.config.workload import Workload
 from ppprof.distributed.agree import agreed
+from ppprof.distributed.batches import BatchLimits
 from ppprof.io import atomic_write
 from ppprof.manifest import write_result
 from ppprof.model.stage import Stage, build_stage_cache
@@ -86,7 +87,8 @@ def build_stage(run: RankRun[ServeState]) -> None:
         **tp_shard(run),
     )
     slots = run.pp_size + serve.async_depth
-    run.state.runner = ServingRunner(stage.eval(), cache, run.pipe, serve.seed, slots, max_pieces=entries)
+    limits = BatchLimits(max_pieces=entries, max_tokens=cfg.max_probe_chunk_size)
+    run.state.runner = ServingRunner(stage.eval(), cache, run.pipe, serve.seed, slots, limits)
 
 
 def serve_one(run: RankRun[ServeState], level: LoadLevel, arm: str, repeat: int, prompts: list[int]) -> None:
