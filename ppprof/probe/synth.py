@@ -98,22 +98,27 @@ def make_probes(cfg: ProfileConfig) -> list[Probe]:
     return probes
 
 
-def warmup_requests(probes: list[Probe], count: int) -> list[ProbeRequest]:
+def warmup_requests(probes: list[Probe], count: int, every_size: bool = False) -> list[ProbeRequest]:
     """Untimed requests before the first timed one: `count` shaped like the first (largest) sweep requests, then one
     per prefix probe with its prefix, so that no timed request is the first of its kind. Negative ids keep them
     apart from the probes'. An adaptive design's warm-up: `count` of its largest chunk without a prefix, then its
-    smallest chunk at each of its prefix lengths (cheap, and each prefix length met once before it is timed)."""
+    smallest chunk at each of its prefix lengths (cheap, and each prefix length met once before it is timed).
+    `every_size` (on a GPU) adds one request without a prefix of every other chunk size the probes time: a GPU's first
+    forward of a new size picks its kernels (43-60 ms against 3-5 ms warm on an H200, results/gpu-check-h200/), so
+    that no timed row is a size's first."""
     if probes[0].kind == DESIGN:
         reqs = probes[0].requests
         largest = max(r.chunk_size for r in reqs)
         deep = sorted({r.prefix_len for r in reqs} - {0})
         shapes = [(0, largest)] * count + [(p, min(r.chunk_size for r in reqs if r.prefix_len == p)) for p in deep]
-        return [ProbeRequest(-1 - i, p, c) for i, (p, c) in enumerate(shapes)] if count else []
-    first = probes[0].requests
-    out = [ProbeRequest(-1 - i, 0, first[i % len(first)].chunk_size) for i in range(count)]
-    if count:
-        out += [
-            ProbeRequest(-1 - count - k, p.requests[0].prefix_len, max(r.chunk_size for r in p.requests))
-            for k, p in enumerate(probes[1:])
-        ]
-    return out
+    else:
+        first = probes[0].requests
+        shapes = [(0, first[i % len(first)].chunk_size) for i in range(count)]
+        if count:
+            shapes += [(p.requests[0].prefix_len, max(r.chunk_size for r in p.requests)) for p in probes[1:]]
+    if not count:
+        return []
+    if every_size:
+        met = {c for _, c in shapes}
+        shapes += [(0, c) for c in sorted({r.chunk_size for p in probes for r in p.requests} - met)]
+    return [ProbeRequest(-1 - i, p, c) for i, (p, c) in enumerate(shapes)]

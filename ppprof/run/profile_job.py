@@ -177,7 +177,8 @@ def warm_up(run: RankRun[ProfileState]) -> None:
     run.state.runner = ProbeRunner(
         stage=run.stage, cache=run.cache, pipe=run.pipe, seed=run.cfg.probes.seed, fault=run.fault
     )
-    run.state.warmup = warmup_requests(run.state.probes, run.cfg.probes.warmup)
+    every_size = run.info.device.type == "cuda"  # a GPU's first forward of each size is slow (kernel choice)
+    run.state.warmup = warmup_requests(run.state.probes, run.cfg.probes.warmup, every_size)
     run.state.t_probes = time.perf_counter()
     run.state.runner.warm_up(run.state.warmup)
     # What each stage's attention ran (None on a stage without attention), gathered for run.json.

@@ -87,3 +87,15 @@ def test_empty_prefix_lens_profile_the_sweep_only_as_sglang_does():
     assert [p.kind for p in make_probes(cfg)] == [SWEEP] and len(make_probes(cfg)[0].requests) == 128
     wider = make_probes(resolve_config(None, {"prefix_lens": ""}))  # the default also probes the wide sizes
     assert [p.kind for p in wider] == [SWEEP, WIDE] and wider[0] == make_probes(cfg)[0]
+
+
+def test_on_a_gpu_the_warmup_meets_every_timed_chunk_size_once_more():
+    probes = make_probes(ProfileConfig(requests_per_probe=8, base_chunk_size=64, prefix_lens=(64, 128)))
+    plain, every = warmup_requests(probes, 2), warmup_requests(probes, 2, every_size=True)
+    assert every[: len(plain)] == plain  # the same first requests, then each size not met yet, without a prefix
+    sizes = {r.chunk_size for p in probes for r in p.requests}
+    extra = every[len(plain) :]
+    assert sorted(r.chunk_size for r in extra) == sorted(sizes - {r.chunk_size for r in plain})
+    assert all(r.prefix_len == 0 for r in extra) and {r.chunk_size for r in every} == sizes
+    assert [r.rid for r in every] == list(range(-1, -len(every) - 1, -1))
+    assert warmup_requests(probes, 0, every_size=True) == []
