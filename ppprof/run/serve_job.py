@@ -48,13 +48,15 @@ class ServeState:
 
 
 def prepare(run: RankRun[ServeState]) -> None:
-    """Rank 0: the policy (its latency model prices the simulation beside) and serving.json's path."""
+    """The first stage's ranks (every TP rank of it runs the same scheduler): the policy, whose latency model also
+    prices the simulation beside; rank 0: serving.json's path."""
     serve, out = run.state.serve, None
     with agreed(run.pipe, "read the policy"):
-        if run.rank == 0:
+        if run.pipe.is_first:
             policy = run.state.policy = run.state.policy or load(serve.policy)
             if policy.planning_model is None:
                 raise ValueError(f"policy {serve.policy} has no latency model ({policy.reason}): profile again")
+        if run.rank == 0:
             out = Path(serve.out) if serve.out else default_run_dir(f"serve-{run.cfg.model.model}") / SERVING_JSON
             out.parent.mkdir(parents=True, exist_ok=True)
     run.state.out = Path(run.pipe.broadcast(str(out)))
@@ -92,15 +94,15 @@ def build_stage(run: RankRun[ServeState]) -> None:
 
 
 def serve_one(run: RankRun[ServeState], level: LoadLevel, arm: str, repeat: int, prompts: list[int]) -> None:
-    serve, rank0 = run.state.serve, run.rank == 0
+    serve, lead = run.state.serve, run.pipe.is_first  # every TP rank of the first stage schedules alike
     entries = serve.entries(level)
-    capacity = Capacity(max(prompts) * entries, entries) if rank0 else None
+    capacity = Capacity(max(prompts) * entries, entries) if lead else None
     tag = {"level": level.name if repeat >= 0 else WARMUP, "arm": arm, "repeat": repeat}
-    result = run.state.runner.run(prompts, level, sizer(run.state.policy, arm) if rank0 else None, capacity, tag)
+    result = run.state.runner.run(prompts, level, sizer(run.state.policy, arm) if lead else None, capacity, tag)
     if repeat < 0:
         return
     run.state.rows += result.rows
-    if rank0:
+    if run.rank == 0:
         run.state.cells.setdefault((level.name, arm), []).append(result)
 
 

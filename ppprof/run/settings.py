@@ -190,6 +190,12 @@ def resolve_serve(policy_path: str, flags: dict) -> tuple[ServeBenchConfig, Poli
             f"policy {policy_path} has no latency model ({policy.status}: {policy.reason}): the simulation beside "
             "the run prices batches with it; profile again"
         )
+    if levels[0].rate is not None and profile.parallelism.tp_size > 1:
+        raise ValueError(
+            f"--request-rate with the profile's --tp-size {profile.parallelism.tp_size}: the TP ranks of the first "
+            "stage each run the scheduler, and Poisson arrivals by the wall clock could part them; use --concurrency "
+            "(closed loops schedule alike on every rank), or --simulate"
+        )
     stages = len(run.get("layer_partition") or [None] * run.get("world_size", 1))
     if flags["pp_size"] is not None and flags["pp_size"] != stages:
         raise ValueError(

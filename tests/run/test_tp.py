@@ -101,6 +101,15 @@ def test_torchrun_with_four_processes_and_tp_size_2_profiles_pp2_tp2_writes_a_po
     rows = pd.read_csv(bench / "bench.csv")
     assert {a.split("-")[0] for a in rows["arm"]} == {"fixed", "policy"} and rows["compute_ms"].gt(0).all()
     assert set(rows["stage"]) == {0, 1} and "leak" not in r.stderr
+    # and the serving bench: every TP rank of the first stage runs the same scheduler, so the TP peers' batches agree
+    served = tmp_path / "serve" / "serving.json"
+    r = run_cli(
+        "serve-bench", str(out / "policy.json"), "--concurrency", "2", "--num-prompts", "3", "--prompt-lens", "200",
+        "--repeats", "1", "--strategies", "fixed", "--out", str(served),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    cell = json.loads(served.read_text())["levels"]["concurrency-2"]["fixed"]
+    assert cell["num_requests"] == 3 and r.stderr.count("pools back to full capacity") == 2 * 4  # warm-up, the cell
 
 
 def test_pp1_tp2_profile_runs_one_stage_on_two_ranks(tmp_path):
