@@ -18,7 +18,7 @@ from ppprof.chunks import align_up
 from ppprof.config import BenchConfig
 from ppprof.distributed.agree import agreed
 from ppprof.manifest import write_manifest
-from ppprof.model.stage import Stage, build_stage_cache
+from ppprof.model.stage import build_stage_cache
 from ppprof.policy.policy_file import load
 from ppprof.policy.runtime import Policy
 from ppprof.policy.summary import extrapolation
@@ -28,11 +28,11 @@ from ppprof.run.rank import (
     RankRun,
     claim_folder,
     enter_folder,
+    make_stage,
     release_folder,
     run_phases,
     run_rank,
     set_up,
-    tp_comm,
     tp_shard,
 )
 from ppprof.runfiles import RunFolder
@@ -113,15 +113,7 @@ def build_stages(run: RankRun[BenchState]) -> None:
     stages = []
     for index in range(run.stage_idx * per_rank, (run.stage_idx + 1) * per_rank):
         layer_ids = run.stage_ranges[index]
-        stage = Stage(
-            run.spec,
-            layer_ids,
-            dtype=run.dtype,
-            device=run.info.device,
-            seed=cfg.probes.seed,
-            attention_backend=cfg.job.attention_backend,
-            **tp_comm(run),
-        )
+        stage = make_stage(run, layer_ids)
         cache = build_stage_cache(
             run.spec,
             layer_ids,
@@ -134,7 +126,7 @@ def build_stages(run: RankRun[BenchState]) -> None:
             device=run.info.device,
             **tp_shard(run),
         )
-        stages.append(BenchStage(index, stage.eval(), cache))
+        stages.append(BenchStage(index, stage, cache))
     run.state.runner = PromptRunner(stages=stages, pipe=run.pipe, seed=cfg.probes.seed)
     log.info("stages %s of %d (%s) on rank %d", [s.index for s in stages], bench.pp_size, run.spec.name, run.rank)
 

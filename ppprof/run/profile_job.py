@@ -18,7 +18,7 @@ from ppprof.distributed.agree import RunError, agreed
 from ppprof.distributed.stop import Stop
 from ppprof.fit.plots import CHUNKS_PLOT, FIT_PLOT
 from ppprof.manifest import git_revision, write_manifest
-from ppprof.model.stage import Stage, build_stage_cache
+from ppprof.model.stage import build_stage_cache
 from ppprof.probe.loop import ProbeRunner
 from ppprof.probe.output import complete_probes
 from ppprof.probe.synth import warmup_requests
@@ -31,12 +31,12 @@ from ppprof.run.rank import (
     RankRun,
     claim_folder,
     enter_folder,
+    make_stage,
     release_folder,
     run_phases,
     run_rank,
     run_status,
     set_up,
-    tp_comm,
     tp_shard,
 )
 from ppprof.runfiles import FAILED, RunFolder, RunRecord
@@ -136,17 +136,7 @@ def build_stage(run: RankRun[ProfileState]) -> None:
         run.info.backend,
         torch.get_num_threads(),
     )
-    tp = tp_comm(run)
-    run.stage = Stage(
-        spec,
-        layer_ids,
-        dtype=run.dtype,
-        device=run.info.device,
-        seed=cfg.probes.seed,
-        attention_backend=cfg.job.attention_backend,
-        **tp,
-    )
-    run.stage.eval()
+    run.stage = make_stage(run, layer_ids)
     run.cache = build_stage_cache(
         spec,
         layer_ids,

@@ -123,6 +123,21 @@ def set_up(
     return RankRun(cfg=cfg, info=info, spec=spec, dtype=dtype, stage_ranges=ranges, pipe=pipe, state=state, fault=fault)
 
 
+def make_stage(run: RankRun, layer_ids: range) -> Stage:
+    """The stage of layers `layer_ids` on this rank, as every job builds it: random weights from the probes' seed,
+    the job's attention backend, this stage's TP group where the job has TP; in eval mode."""
+    stage = Stage(
+        run.spec,
+        layer_ids,
+        dtype=run.dtype,
+        device=run.info.device,
+        seed=run.cfg.probes.seed,
+        attention_backend=run.cfg.job.attention_backend,
+        **tp_comm(run),
+    )
+    return stage.eval()
+
+
 def tp_comm(run: RankRun) -> dict:
     """Stage(...)'s `tp` keyword: this stage's TP group, where the job has TP."""
     return {"tp": run.pipe.tp} if run.tp_size > 1 else {}

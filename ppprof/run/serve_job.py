@@ -12,17 +12,16 @@ from pathlib import Path
 import pandas as pd
 
 from ppprof.bench.serving import ServingRunner
-from ppprof.chunks import align_up
 from ppprof.config.workload import Workload
 from ppprof.distributed.agree import agreed
 from ppprof.distributed.batches import BatchLimits
 from ppprof.io import atomic_write
 from ppprof.manifest import write_result
-from ppprof.model.stage import Stage, build_stage_cache
+from ppprof.model.stage import build_stage_cache
 from ppprof.policy.policy_file import load
 from ppprof.policy.runtime import Policy
 from ppprof.run.provenance import default_run_dir
-from ppprof.run.rank import Phase, RankRun, run_phases, run_rank, set_up, tp_comm, tp_shard
+from ppprof.run.rank import Phase, RankRun, make_stage, run_phases, run_rank, set_up, tp_shard
 from ppprof.serving.arms import sizer
 from ppprof.serving.levels import ServingPlan, simulate_levels
 from ppprof.serving.plots import write_plots
@@ -63,34 +62,27 @@ def prepare(run: RankRun[ServeState]) -> None:
 
 
 def build_stage(run: RankRun[ServeState]) -> None:
-    """This rank's stage, with pools for the most requests a level holds at once, each at the longest prompt."""
+    """This rank's stage, with the pools the settings sized for the most requests a level holds at once, each at the
+    longest prompt (ServeBenchConfig.with_pools)."""
     cfg, serve = run.cfg, run.state.serve
     entries = max(serve.entries(level) for level in serve.levels)
-    longest = align_up(max(serve.prompts), cfg.pools.page_size)
-    stage = Stage(
-        run.spec,
-        run.layer_ids,
-        dtype=run.dtype,
-        device=run.info.device,
-        seed=cfg.probes.seed,
-        attention_backend=cfg.job.attention_backend,
-        **tp_comm(run),
-    )
+    stage = make_stage(run, run.layer_ids)
+    pools = cfg.pools
     cache = build_stage_cache(
         run.spec,
         run.layer_ids,
-        max_total_tokens=entries * longest,
-        page_size=cfg.pools.page_size,
-        max_mamba_cache_size=entries,
-        max_running_requests=entries,
-        context_len=max(longest, cfg.probes.context_len),
+        max_total_tokens=pools.max_total_tokens,
+        page_size=pools.page_size,
+        max_mamba_cache_size=pools.max_mamba_cache_size,
+        max_running_requests=pools.max_running_requests,
+        context_len=cfg.probes.context_len,
         dtype=run.dtype,
         device=run.info.device,
         **tp_shard(run),
     )
     slots = run.pp_size + serve.async_depth
     limits = BatchLimits(max_pieces=entries, max_tokens=cfg.max_probe_chunk_size)
-    run.state.runner = ServingRunner(stage.eval(), cache, run.pipe, serve.seed, slots, limits)
+    run.state.runner = ServingRunner(stage, cache, run.pipe, serve.seed, slots, limits)
 
 
 def serve_one(run: RankRun[ServeState], level: LoadLevel, arm: str, repeat: int, prompts: list[int]) -> None:
