@@ -22,11 +22,13 @@ def loaded(request, tmp_path, monkeypatch):
     monkeypatch.setenv(POLICY_ENV, str(path))
     policy = load(path)
     s = policy.settings
+    hardware = policy.data["provenance"].get("hardware") or {}  # the server the profile ran on (an H200's too)
     scheduler = Scheduler(
-        sizer_class(pp_size=policy.pp_size, tp_size=policy.tp_size),
+        sizer_class(pp_size=policy.pp_size, tp_size=policy.tp_size, device_name=hardware.get("device_name")),
         model_config(path),
         chunked_prefill_size=s.base_chunk_size,
         page_size=s.page_size,
+        device=hardware.get("device", "cpu"),
     )
     sizer = scheduler.maybe_init_dynamic_chunk_sizer()
     assert scheduler.dynamic_chunk_sizer is sizer, "the committed policy fits its own profile's server"
@@ -82,6 +84,7 @@ def test_two_ranks_with_the_same_file_answer_alike(loaded):
         scheduler.model_config,
         chunked_prefill_size=scheduler.chunked_prefill_size,
         page_size=scheduler.page_size,
+        device=scheduler.device,
     )
     other = twin.maybe_init_dynamic_chunk_sizer()
     for prefix_len in range(0, policy.settings.context_len, 997):
