@@ -106,7 +106,8 @@ def composed(scored: Scored) -> LoadRule | None:
 
 def scored_rules(policy: Policy, prompts: list[int]) -> Scored:
     """The candidates, scored: the idle rules, each candidate rule of one level (level_rules) from one pending
-    request on, and the rule of each level's own best (composed)."""
+    request on, the rule of each level's own best (composed), and the best of these handed over only once the
+    pending requests hold B tokens, or the largest chunk's (handover_tokens)."""
 
     def scored(rule: LoadRule | None):
         return rule, [level_figures(policy, rule, prompts, c) for c in LOAD_LEVELS]
@@ -114,7 +115,12 @@ def scored_rules(policy: Policy, prompts: list[int]) -> Scored:
     singles = [LoadRule([1], [b], [cap], [starts], [sizes]) for b, cap, starts, sizes in level_rules(policy)]
     out = [scored(None), *(scored(rule) for rule in singles)]
     rule = composed(out)
-    return out if rule is None or rule in singles else [*out, scored(rule)]
+    out = out if rule is None or rule in singles else [*out, scored(rule)]
+    best = out[int(np.argmin(worst_losses(out)))][0]
+    if best is None:
+        return out
+    tokens = sorted({policy.base_chunk_size, policy.prompt_rule.largest_chunk})
+    return out + [scored(replace(best, handover_tokens=t)) for t in tokens]
 
 
 def choose_load(policy: Policy) -> tuple[dict | None, dict]:
