@@ -29,6 +29,7 @@ RUNS = {
     "experiments/calibrate.py": [BENCH, BENCH_POLICY],
     "experiments/holdout.py": ["results/baseline-intel-xeon/policy.json", BASELINE],
     "experiments/repredict.py": [BENCH, BENCH_POLICY],
+    "experiments/under_load_sim.py": ["--quick"],
 }
 """Scripts run whole on a tiny input, each writing its one-file result to -o: its arguments but -o."""
 

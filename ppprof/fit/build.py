@@ -24,10 +24,12 @@ from ppprof.io import finite
 from ppprof.policy.choice import choose, default_workload, rule_domain
 from ppprof.policy.policy_file import save
 from ppprof.policy.rule import LatencyModel, build_table
+from ppprof.policy.runtime import Policy
 from ppprof.policy.schema import SCHEMA_VERSION
 from ppprof.policy.tables import RULE_TEXT, PromptRule
 from ppprof.runfiles import RunFolder
 from ppprof.servers.sglang import PARITY
+from ppprof.serving.underload import choose_load
 
 PROFILE_LATENCY_MODEL = "auto"
 """The latency model a profile's own fit (fit_run) asks for, and so the one its adaptive design judges."""
@@ -189,6 +191,17 @@ def with_packed(policy: dict, packed: PackedRows | None, samples: Samples) -> di
     return policy | {"packed_forwards": finite(packed_forwards(model, packed, samples.bottleneck_stage, samples))}
 
 
+def with_load(policy: dict) -> dict:
+    """The policy with its under-load rule (ppprof.serving.underload: chosen by simulating the serving scheduler on
+    its planning model at closed-loop levels) where one beats its idle rules under load, and what it was chosen on in
+    its diagnostics (`under_load`); a parity policy (SGLang's own rule) is left as SGLang runs it."""
+    if policy["latency_model"] is None or policy.get("parity") is not None:
+        return policy
+    load, evidence = choose_load(Policy.of(policy))
+    diagnostics = policy["diagnostics"] | {"under_load": evidence}
+    return finite(policy | {"diagnostics": diagnostics} | ({"load": load} if load else {}))
+
+
 def assemble(
     samples: Samples,
     run: dict | None,
@@ -255,6 +268,7 @@ def fit(
     packed_path = RunFolder.of(samples_path).packed
     packed = read_packed(packed_path) if packed_path.is_file() else None
     policy = with_packed(fit_samples(samples, run, settings, latency_model, parity, chosen), packed, samples)
+    policy = with_load(policy)
     out = Path(out) if out is not None else RunFolder.of(samples_path).policy
     path = save(out, policy)
     if plots:
@@ -285,7 +299,8 @@ def rechoose(data: dict, model: LatencyModel, status: str = "dynamic", reason: s
     )
     rules = carried(model, status, reason, settings, data.get("domain"), None, options, False, data.get("calibration"))
     target = None if model is None else model.target_ms(settings.base_chunk_size)
-    data = {k: v for k, v in data.items() if k != "packed_forwards"}  # scored on the model this one replaces
+    # packed_forwards was scored, and load chosen, on the model this one replaces
+    data = {k: v for k, v in data.items() if k not in ("packed_forwards", "load")}
     return finite(
         dict(data, latency_model=None if model is None else model.to_dict(), target_latency_ms=target, **rules)
     )

@@ -63,7 +63,28 @@ def fit_summary(path: Path, policy: dict) -> str:
         f"{s['smooth_factor']:g}, floor {s['min_chunk_size']}, cap {s['max_chunk_size']}, "
         f"{len(policy['table']['chunk_size'])} table entries"
     )
+    if policy.get("load"):
+        lines.append(load_line(policy["load"]))
     return "\n".join(lines)
+
+
+def load_line(load: dict) -> str:
+    """The under-load rule and what it gains over the idle rules at each simulated level."""
+    rule = ", ".join(
+        f"from {k} pending chunks {min(sizes)}-{max(sizes)}"
+        for k, sizes in zip(load["pending_requests"], load["chunk_size"])
+    )
+    tokens = f" with {load['handover_tokens']} tokens left" if load["handover_tokens"] else ""
+    gains = "; ".join(
+        f"{level['concurrency']}: throughput "
+        f"{level['throughput_tokens_per_s']['policy-load'] / level['throughput_tokens_per_s']['policy'] - 1:+.1%}, "
+        f"mean TTFT {level['ttft_mean_ms']['policy-load'] / level['ttft_mean_ms']['policy'] - 1:+.1%}"
+        for level in load["levels"]
+    )
+    return (
+        f"under load: {rule}{tokens}; simulated on {load['num_prompts']} prompts against the idle rules, at "
+        f"concurrency {gains}"
+    )
 
 
 def incomplete_run_note(samples_path: str) -> str | None:

@@ -25,6 +25,8 @@ MAX_WALL_S = 1e7
 """The longest probing a policy records, seconds (about 116 days)."""
 MAX_RELATIVE_ERROR = 1e6
 """The largest relative error of a prediction a policy records (1 is 100%)."""
+MAX_THROUGHPUT = 1e12
+"""The largest input throughput a policy records, tokens a second."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +54,8 @@ GAIN = Bound(-1, 1, "a gain over the best fixed chunk")
 STAGE = Bound(0, MAX_STAGES - 1, "a stage's index")
 PIECES = Bound(1, MAX_TOKENS, "pieces in one forward (a token each at least)")
 RELATIVE_ERROR = Bound(0, MAX_RELATIVE_ERROR, "a relative error (1 is 100%)")
+THROUGHPUT = Bound(0, MAX_THROUGHPUT, "an input throughput in tokens a second")
+SEED = Bound(0, 2**32 - 1, "a seed")
 
 APE_KEYS = ("mape", "median_ape", "worst_ape")
 """A prediction's absolute relative errors: their mean, median and largest."""
@@ -98,6 +102,16 @@ FIELDS = (
     ("prompt_table.bound_ms[]", LATENCY),
     *((f"prompt_table.{k}[][]", TOKENS) for k in ("prefix_len", "chunk_size")),
     *((f"prompt_table.{k}", TOKENS) for k in ("unit", "largest_chunk", "max_prompt_len")),
+    ("load.pending_requests[]", COUNT),
+    ("load.bound_ms[]", LATENCY),
+    ("load.chunk_cap[]", TOKENS),
+    *((f"load.{k}[][]", TOKENS) for k in ("prefix_len", "chunk_size")),
+    ("load.handover_tokens", TOKENS),
+    ("load.num_prompts", COUNT),
+    ("load.seed", SEED),
+    ("load.levels[].concurrency", COUNT),
+    ("load.levels[].throughput_tokens_per_s.*", THROUGHPUT),
+    ("load.levels[].ttft_mean_ms.*", LATENCY),
 )
 """Every number of the file (a path's `[]` is each item of a list, `*` each value of an object) and its bound; a
 field absent or null is not checked."""

@@ -36,6 +36,7 @@ def check_rules(policy: Policy) -> None:
     tables are the bounded rules their bounds give on the planning model (checked at every breakpoint, both sides)."""
     if policy.latency_model is not None:
         check_positive(policy)
+    check_load_tables(policy)
     history, prompt_rule = policy.history_table, policy.prompt_rule
     if policy.status == "static":
         if (
@@ -60,6 +61,22 @@ def check_rules(policy: Policy) -> None:
     for i, bound in enumerate(prompt_rule.bound_ms):
         starts, sizes = prompt_rule.prefix_len[i], prompt_rule.chunk_size[i]
         check_bounded(f"$.prompt_table.band[{i}]", model, bound, prompt_rule.largest_chunk, unit, starts, sizes)
+
+
+def check_load_tables(policy: Policy) -> None:
+    """Each level of the under-load rule is its bounded rule (bound, cap) on the planning model, its cap within the
+    largest chunk the prompt-aware rule gives (the domain the model was profiled on)."""
+    rule, top = policy.load_rule, policy.prompt_rule.largest_chunk
+    if rule is None:
+        return
+    if policy.planning_model is None:
+        raise ValueError("$.load: an under-load rule needs the latency model it was chosen on: refit")
+    unit = policy.data["prompt_table"]["unit"]
+    for i, cap in enumerate(rule.chunk_cap):
+        if not unit <= cap <= top:
+            raise ValueError(f"$.load.chunk_cap[{i}]: {cap} is outside {unit}..{top}, the rules' unit to largest chunk")
+        where = f"$.load.level[{i}]"
+        check_bounded(where, policy.planning_model, rule.bound_ms[i], cap, unit, rule.prefix_len[i], rule.chunk_size[i])
 
 
 def check_bounded(

@@ -9,15 +9,16 @@ from ppprof.chunks import walk
 from ppprof.config import ChunkSettings
 from ppprof.policy.arguments import check_prompt_len, checked_prompt_len, token_count
 from ppprof.policy.rule import NO_CALIBRATION, LatencyModel, build_table
-from ppprof.policy.tables import HistoryTable, PromptRule, table_plan
+from ppprof.policy.tables import HistoryTable, LoadRule, PromptRule, table_plan
 
 
 @dataclass(frozen=True, slots=True)
 class Policy:
     """A loaded policy: `data`, the document as read (every field; the parts below are typed from it once), the
-    latency model as fitted and as planned with (the calibration and the per-chunk overhead applied), the settings and
-    the two tables. `next_chunk_size(prefix_len, prompt_len)` is two bisects in the prompt-aware rule's tables;
-    without the prompt length, one bisect in the history-only table. Built by Policy.of from a checked document
+    latency model as fitted and as planned with (the calibration and the per-chunk overhead applied), the settings,
+    the two tables and the under-load rule (None where the file has none). `next_chunk_size(prefix_len, prompt_len)`
+    is two bisects in the prompt-aware rule's tables; without the prompt length, one bisect in the history-only table;
+    with a load past the handover, two bisects in the under-load rule. Built by Policy.of from a checked document
     (ppprof.policy.policy_file)."""
 
     data: dict
@@ -26,6 +27,7 @@ class Policy:
     planning_model: LatencyModel | None
     history_table: HistoryTable
     prompt_rule: PromptRule
+    load_rule: LoadRule | None = None
 
     @classmethod
     def of(cls, data: dict) -> Policy:
@@ -42,7 +44,7 @@ class Policy:
         overhead_ms = float(data["overhead"]["ms_per_chunk"])
         planning = None if model is None else model.planning(data.get("calibration") or NO_CALIBRATION, overhead_ms)
         tables = HistoryTable.from_dict(data["table"]), PromptRule.from_dict(data["prompt_table"])
-        return cls(data, model, settings, planning, *tables)
+        return cls(data, model, settings, planning, *tables, LoadRule.from_dict(data.get("load")))
 
     @property
     def status(self) -> str:
@@ -94,7 +96,13 @@ class Policy:
         return self.settings.base_chunk_size
 
     def next_chunk_size(
-        self, prefix_len: int | None = None, prompt_len: int | None = None, *, history_len: int | None = None
+        self,
+        prefix_len: int | None = None,
+        prompt_len: int | None = None,
+        *,
+        history_len: int | None = None,
+        pending_requests: int = 0,
+        pending_tokens: int = 0,
     ) -> int:
         """Size of the next prefill chunk of a prompt whose first `prefix_len` tokens are already in the cache.
 
@@ -102,6 +110,10 @@ class Policy:
         last chunk is the rest). Without it, the history-only table's chunk (the caller cuts the last chunk).
         history_len: alias of prefix_len kept for servers written against ppprof 0.1 / SGLang's name. Give exactly
         one of the two (TypeError otherwise).
+        pending_requests, pending_tokens: the load the scheduler sees, the other requests with prefill work (waiting
+        or partly prefilled) and their tokens not yet scheduled. At or past the under-load rule's handover, its chunk
+        (a batch's token budget; the caller cuts it to the rest and packs the others into what is left); below it,
+        or without an under-load rule, the answer above, as with no load.
         """
         if history_len is not None:
             if prefix_len is not None:
@@ -113,16 +125,35 @@ class Policy:
             prefix_len = token_count("prefix_len", prefix_len)
         if prefix_len < 0:
             raise ValueError(f"prefix_len {prefix_len} is negative: use the number of tokens already prefilled")
+        if prompt_len is not None:
+            if type(prompt_len) is not int:
+                prompt_len = token_count("prompt_len", prompt_len)
+            if prompt_len <= prefix_len:
+                raise ValueError(
+                    f"prefix_len {prefix_len} leaves nothing of prompt_len {prompt_len} to prefill: ask only "
+                    "while tokens are left"
+                )
+        if pending_requests or pending_tokens:
+            loaded = self.under_load(prefix_len, pending_requests, pending_tokens)
+            if loaded is not None:
+                return loaded
         if prompt_len is None:
             return self.history_table.next_chunk_size(prefix_len)
-        if type(prompt_len) is not int:
-            prompt_len = token_count("prompt_len", prompt_len)
-        if prompt_len <= prefix_len:
-            raise ValueError(
-                f"prefix_len {prefix_len} leaves nothing of prompt_len {prompt_len} to prefill: ask only "
-                "while tokens are left"
-            )
         return self.prompt_rule.next_chunk_size(prefix_len, prompt_len)
+
+    def under_load(self, prefix_len: int, pending_requests: int, pending_tokens: int) -> int | None:
+        """The under-load rule's chunk after `prefix_len` tokens at this load (the counts checked); None below its
+        handover or without one."""
+        if type(pending_requests) is not int or type(pending_tokens) is not int:
+            pending_requests = token_count("pending_requests", pending_requests)
+            pending_tokens = token_count("pending_tokens", pending_tokens)
+        if pending_requests < 0 or pending_tokens < 0:
+            raise ValueError(
+                f"pending_requests {pending_requests}, pending_tokens {pending_tokens}: a load is never negative; "
+                "count the other requests with prefill work and their tokens left"
+            )
+        rule = self.load_rule
+        return None if rule is None else rule.next_chunk_size(prefix_len, pending_requests, pending_tokens)
 
     def plan(self, prompt_len: int) -> list[int]:
         """The whole chunk list of a `prompt_len`-token prompt under the prompt-aware rule. ValueError beyond the

@@ -8,7 +8,9 @@ from pathlib import Path
 
 from ppprof.checks import is_int, short
 
-SCHEMA_VERSION = 3  # 3: the prompt-aware rule (prompt_table), the history-only table, the per-chunk overhead
+SCHEMA_VERSION = 4  # 4: the under-load rule (load); 3: the prompt-aware rule, the history-only table, the overhead
+READ_VERSIONS = (3, SCHEMA_VERSION)
+"""The versions read: a policy of schema 3 has no under-load rule and answers at every load as with none."""
 SCHEMA_FILE = Path(__file__).with_name("policy.schema.json")
 """The policy contract: a JSON Schema (draft 2020-12) of policy.json, shipped with the package; `ppprof validate
 --schema` prints it. Servers in other languages validate against it."""

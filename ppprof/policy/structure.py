@@ -8,7 +8,7 @@ import math
 
 from ppprof.checks import short
 from ppprof.policy.numbers import number_error
-from ppprof.policy.schema import SCHEMA_VERSION, schema_error
+from ppprof.policy.schema import READ_VERSIONS, schema_error
 
 FIX = "fix that field or regenerate the policy with `ppprof fit`"
 
@@ -45,6 +45,22 @@ def check_prompt_table(prompt_table: dict) -> None:
         check_breakpoints(f"$.prompt_table.band[{i}]", starts, sizes)
 
 
+def check_load(load: dict, version: int) -> None:
+    """The under-load rule: a schema 4 field, one entry a level, its levels' pending requests strictly increasing,
+    and each level's breakpoint table."""
+    if version < 4:
+        raise ValueError(f"$.load: the under-load rule is a schema 4 field, in a schema {version} policy; refit it")
+    levels = load["pending_requests"]
+    for key in ("bound_ms", "chunk_cap", "prefix_len", "chunk_size"):
+        if len(load[key]) != len(levels):
+            raise ValueError(f"$.load.{key}: {len(load[key])} entries for {len(levels)} levels: give one a level")
+    for i, (a, b) in enumerate(zip(levels, levels[1:])):
+        if b <= a:
+            raise ValueError(f"$.load.pending_requests[{i + 1}]: {b} after {a}: it must increase strictly")
+    for i, (starts, sizes) in enumerate(zip(load["prefix_len"], load["chunk_size"])):
+        check_breakpoints(f"$.load.level[{i}]", starts, sizes)
+
+
 def check_structure(data) -> None:
     """Raise ValueError (one line naming the field) unless `data` follows the policy schema (SCHEMA_FILE), its numbers
     are within their bounds (ppprof.policy.numbers) and the structural rules a JSON Schema cannot say hold: the
@@ -52,16 +68,18 @@ def check_structure(data) -> None:
     finite."""
     if not isinstance(data, dict):
         raise ValueError(f"policy must be a JSON object, not a {type(data).__name__}: regenerate it with `ppprof fit`")
-    if "schema_version" in data and data["schema_version"] != SCHEMA_VERSION:
+    if "schema_version" in data and data["schema_version"] not in READ_VERSIONS:
         raise ValueError(
             f"policy schema_version {short(data['schema_version'])} is not supported: this ppprof reads "
-            f"{SCHEMA_VERSION}; regenerate it with `ppprof fit`"
+            f"{', '.join(map(str, READ_VERSIONS))}; regenerate it with `ppprof fit`"
         )
     problem = schema_error(data) or number_error(data)
     if problem:
         raise ValueError(f"{problem}; {FIX}")
     check_breakpoints("$.table", data["table"]["prefix_len"], data["table"]["chunk_size"])
     check_prompt_table(data["prompt_table"])
+    if data.get("load") is not None:
+        check_load(data["load"], data["schema_version"])
     dom = data.get("domain")
     for key in ("prefix_len", "chunk_size") if dom else ():
         low, high = dom[key]

@@ -18,15 +18,29 @@ def summary_line(policy: Policy) -> str:
     """One line: status, model, the rules' sizes and the profiled domain."""
     history = policy.history_table.chunk_size
     if policy.status == "static":
-        return f"static (chunk {history[0]}): {policy.reason}{domain_text(policy)}{packed_text(policy)}"
+        return (
+            f"static (chunk {history[0]}): {policy.reason}{load_text(policy)}{domain_text(policy)}{packed_text(policy)}"
+        )
     prompt_rule = policy.prompt_rule
     sizes = [x for band in prompt_rule.chunk_size for x in band]
     return (
         f"dynamic ({policy.latency_model.name}, overhead {policy.overhead_ms:.3g} ms a chunk"
         f"{calibration_text(policy.calibration)}, {policy.pp_size} "
         f"stages): prompt-aware rule of {len(prompt_rule.prompt_len)} bands, chunks {min(sizes)}-{max(sizes)}; "
-        f"history-only table of {len(history)} entries{domain_text(policy)}{packed_text(policy)}"
+        f"history-only table of {len(history)} entries{load_text(policy)}{domain_text(policy)}{packed_text(policy)}"
     )
+
+
+def load_text(policy: Policy) -> str:
+    """The under-load rule in words: its levels and their chunks, or that the policy has none."""
+    rule = policy.load_rule
+    if rule is None:
+        return "; no under-load rule (the same chunks at every load)"
+    levels = ", ".join(
+        f"from {k} pending chunks {min(sizes)}-{max(sizes)}" for k, sizes in zip(rule.pending_requests, rule.chunk_size)
+    )
+    tokens = f" with {rule.handover_tokens} tokens left" if rule.handover_tokens else ""
+    return f"; under load {levels}{tokens}"
 
 
 def packed_text(policy: Policy) -> str:

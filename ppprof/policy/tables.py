@@ -101,3 +101,51 @@ class PromptRule:
     def fixed(cls, chunk_size: int) -> PromptRule:
         """One band of one entry: every chunk `chunk_size` (a static policy)."""
         return cls([1], [math.inf], [0], [[0]], [[chunk_size]], chunk_size)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadRule:
+    """The under-load rule as it is stored (the file's `load`): while at least pending_requests[0] other requests have
+    prefill work with at least handover_tokens tokens left between them (the handover), level i is the last with
+    pending_requests[i] <= the requests pending, and after L cached tokens the next chunk is chunk_size[i][j] for the
+    last j with prefix_len[i][j] <= L: the bounded rule (bound_ms[i], chunk_cap[i]) as a breakpoint table. Below the
+    handover, the idle rules answer. The chunk is a batch's token budget: the scheduler packs the other requests'
+    tokens into what the chunked request's rest leaves of it."""
+
+    pending_requests: list[int]
+    bound_ms: list[float]
+    chunk_cap: list[int]
+    prefix_len: list[list[int]]
+    chunk_size: list[list[int]]
+    handover_tokens: int = 0
+
+    def next_chunk_size(self, prefix_len: int, pending_requests: int, pending_tokens: int) -> int | None:
+        """The under-load chunk at this load; None below the handover (the idle rules answer)."""
+        if pending_requests < self.pending_requests[0] or pending_tokens < self.handover_tokens:
+            return None
+        i = bisect_right(self.pending_requests, pending_requests) - 1
+        return self.chunk_size[i][bisect_right(self.prefix_len[i], prefix_len) - 1]
+
+    def to_dict(self) -> dict:
+        return {
+            "pending_requests": self.pending_requests,
+            "bound_ms": [b if math.isfinite(b) else None for b in self.bound_ms],
+            "chunk_cap": self.chunk_cap,
+            "prefix_len": self.prefix_len,
+            "chunk_size": self.chunk_size,
+            "handover_tokens": self.handover_tokens,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> LoadRule | None:
+        """The rule of a policy's `load` (None where the file has none: the idle rules answer at every load)."""
+        if d is None:
+            return None
+        return cls(
+            list(d["pending_requests"]),
+            [math.inf if b is None else float(b) for b in d["bound_ms"]],
+            list(d["chunk_cap"]),
+            [list(v) for v in d["prefix_len"]],
+            [list(v) for v in d["chunk_size"]],
+            int(d["handover_tokens"]),
+        )

@@ -129,6 +129,7 @@ def export_data(policy: Policy, server: str, source: str = "the policy") -> dict
         )
     comparison = compare_rules(policy, server, setting, model)
     comments += comparison_comments(policy, server, label, comparison)
+    comments += load_notes(policy, server)
     loaded = {"policy_file": policy_file(policy, source)} if server == LOADS_POLICY else {}
     if loaded:
         comments += [
@@ -153,6 +154,24 @@ def export_data(policy: Policy, server: str, source: str = "the policy") -> dict
         "causes": causes(policy, server),
         **loaded,
     }
+
+
+def load_notes(policy: Policy, server: str) -> list[str]:
+    """Whether the server can carry the policy's under-load rule (none: nothing to say)."""
+    rule = policy.load_rule
+    if rule is None:
+        return []
+    handover = rule.pending_requests[0]
+    lines = {
+        "sglang": "the flags cannot (SGLang's own sizer reads no load); the policy file loaded by ppprof's sizer "
+        "does (it reads the scheduler's waiting queue), below",
+        "vllm-ascend": "vllm-ascend cannot: it sizes every prefill of a step against one time budget and reads no "
+        "queue",
+        "atom": "ATOM cannot carry its chunks; its guard (dynamic only while the request is the only one with "
+        "prefill work, fixed chunks otherwise) is a handover at 1 pending request"
+        + ("" if handover == 1 else f", where the policy's is at {handover}"),
+    }
+    return [f"# under load (from {handover} pending requests) the policy has its own rule: {lines[server]}"]
 
 
 def comparison_comments(policy: Policy, server: str, label: str, comparison: dict) -> list[str]:

@@ -11,10 +11,11 @@ from ppprof.policy.runtime import Policy
 from ppprof.policy.tables import table_chunk_size
 from ppprof.serving.scheduler import Batch, Load, Sizer
 
-SERVING_ARMS = ("fixed", "fixed-best", "greedy", "policy", "policy-history", "atom-guard")
+SERVING_ARMS = ("fixed", "fixed-best", "greedy", "policy", "policy-history", "atom-guard", "policy-load")
 """fixed: B; fixed-best: the policy's best fixed chunk on its workload; greedy: SGLang's equal-latency rule on the
 policy's model; policy: the prompt-aware rule; policy-history: the history-only table; atom-guard: the prompt-aware
-rule while the request being sized is the only one with prefill work, B otherwise (AMD ATOM's guard)."""
+rule while the request being sized is the only one with prefill work, B otherwise (AMD ATOM's guard); policy-load: the
+policy's rules fed the scheduler's load (the under-load rule past its handover, the prompt-aware rule below it)."""
 
 
 def sizer(policy: Policy, arm: str) -> Sizer:
@@ -40,6 +41,10 @@ def sizer(policy: Policy, arm: str) -> Sizer:
             return policy.next_chunk_size(prefix_len, prompt_len) if load.pending_requests == 0 else B
 
         return guarded
+    if arm == "policy-load":
+        return lambda prefix_len, prompt_len, load: policy.next_chunk_size(
+            prefix_len, prompt_len, pending_requests=load.pending_requests, pending_tokens=load.pending_tokens
+        )
     raise ValueError(f"--strategies {arm!r} is unknown: use a comma-separated subset of {','.join(SERVING_ARMS)}")
 
 

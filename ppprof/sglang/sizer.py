@@ -22,6 +22,9 @@ REQ_FIELDS = ("prefix_len", "origin_input_ids", "output_ids")
 """What the sizer reads of the request being chunked (SGLang's Req); the contract test finds each in Req.__init__."""
 CHUNKED_REQ = "chunked_req"
 """The scheduler's attribute holding the request being chunked, the one whose prefix SGLang passes to predict."""
+WAITING_QUEUE = "waiting_queue"
+"""The scheduler's attribute holding the requests waiting for their first chunk: the load the under-load rule reads
+(the other requests with prefill work and their tokens; the one chunked request at a time is the one being sized)."""
 
 
 @dataclass(frozen=True)
@@ -142,20 +145,30 @@ class PolicySizer:
 
     def predict(self, prefix_len: int) -> int | None:
         """The next chunk after `prefix_len` cached tokens: the prompt-aware rule where the request being chunked
-        is the scheduler's (its length known), else the history-only table; two bisects at most. None (the static
-        size) without a policy, or where the policy cannot answer (said once)."""
+        is the scheduler's (its length known), else the history-only table; the under-load rule past its handover,
+        with the scheduler's waiting queue as the load; two bisects at most. None (the static size) without a
+        policy, or where the policy cannot answer (said once)."""
         if self.policy is None:
             return None
         try:
             prompt_len = self.prompt_len(prefix_len)
-            if prompt_len is None:
-                return self.policy.next_chunk_size(prefix_len)
-            return self.policy.next_chunk_size(prefix_len, prompt_len)
+            pending_requests, pending_tokens = self.load()
+            return self.policy.next_chunk_size(
+                prefix_len, prompt_len, pending_requests=pending_requests, pending_tokens=pending_tokens
+            )
         except Exception as e:  # noqa: BLE001 - the scheduler keeps its static size
             if not self.failed_predict:
                 self.failed_predict = True
                 logger.warning(f"{LOG_PREFIX} predict({prefix_len!r}) failed ({e!r}): the static size this time")
             return None
+
+    def load(self) -> tuple[int, int]:
+        """(the requests in the scheduler's waiting queue, their tokens: prompt and any output prefilled again);
+        (0, 0) where the policy has no under-load rule (nothing is read) or the scheduler holds no queue."""
+        queue = getattr(self.scheduler, WAITING_QUEUE, None) if self.policy.load_rule is not None else None
+        if not queue:
+            return 0, 0
+        return len(queue), sum(len(r.origin_input_ids) + len(r.output_ids) for r in queue)
 
     def prompt_len(self, prefix_len: int) -> int | None:
         """The length of the request being chunked (prompt and any output it prefills again), where it is the

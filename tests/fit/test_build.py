@@ -7,7 +7,7 @@ import pytest
 from ppprof.fit import fit, fit_run
 from ppprof.fit.selection import warmup_rows
 from ppprof.fit.synthetic import make_samples, write_run_dir
-from ppprof.policy import load, validate
+from ppprof.policy import SCHEMA_VERSION, load, validate
 from ppprof.policy.rule import LatencyModel
 
 PREFIX_TRUE = LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=4e-4)
@@ -39,7 +39,10 @@ def test_fit_run_writes_dynamic_policy_and_plots(tmp_path):
     assert data["diagnostics"]["bottleneck_stage"] == 1
     assert set(data["diagnostics"]["predicted_shrink"]) == {"fraction", "prefix_len"}
     assert {"prefix_len", "chunk_size"} <= set(data["diagnostics"]["worst_residual"])
-    assert set(data["table"]) <= {"prefix_len", "chunk_size", "bound_ms", "chunk_cap"} and data["schema_version"] == 3
+    assert (
+        set(data["table"]) <= {"prefix_len", "chunk_size", "bound_ms", "chunk_cap"}
+        and data["schema_version"] == SCHEMA_VERSION
+    )
     assert data["overhead"]["source"] in ("measured", "none") and data["num_stages"] == 2
     assert data["provenance"]["world_size"] == 2 and data["provenance"]["layer_partition"] == [2, 2]
     assert data["settings"]["alignment"] == 64 and data["settings"]["min_chunk_size"] == 1024

@@ -4,6 +4,7 @@ from click.testing import CliRunner
 
 from ppprof.cli import main
 from ppprof.fit.synthetic import make_samples, write_run_dir
+from ppprof.policy import SCHEMA_VERSION
 from ppprof.policy.rule import LatencyModel
 
 MODEL = LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=4e-4)
@@ -20,7 +21,7 @@ def test_fit_writes_policy_and_summary(tmp_path):
     assert result.exit_code == 0, result.output
     assert "dynamic" in result.output and "CV MAPE" in result.output
     data = json.loads(out.read_text())
-    assert data["settings"]["smooth_factor"] == 0.6 and data["schema_version"] == 3
+    assert data["settings"]["smooth_factor"] == 0.6 and data["schema_version"] == SCHEMA_VERSION
 
 
 def test_bad_options_exit_2_and_write_nothing(tmp_path):

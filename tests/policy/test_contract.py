@@ -131,6 +131,30 @@ def docs_reader() -> str:
 
 @pytest.mark.parametrize("path", COMMITTED, ids=[p.parent.name for p in COMMITTED])
 def test_the_docs_reader_agrees_with_next_chunk_size_on_the_committed_policies(path):
+    reader_agrees(path)
+
+
+def test_the_docs_reader_reads_a_schema_4_policy_as_an_idle_pipeline(tmp_path):
+    data = json.loads(COMMITTED[0].read_text())
+    unit = data["prompt_table"]["unit"]
+    data["schema_version"] = 4
+    data["load"] = {
+        "pending_requests": [1],
+        "bound_ms": [None],
+        "chunk_cap": [unit],
+        "prefix_len": [[0]],
+        "chunk_size": [[unit]],
+        "handover_tokens": 0,
+    }
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(data))
+    assert load(path).next_chunk_size(4096, pending_requests=1) == unit
+    reader_agrees(path)
+
+
+def reader_agrees(path):
+    """The docs' reader answers as Policy.next_chunk_size with no load, on the prefixes and prompts around every
+    breakpoint and at random."""
     code = docs_reader()
     assert "ppprof" not in code.split("\n", 1)[1] and len(code.strip().splitlines()) <= 25
     reader: dict = {}

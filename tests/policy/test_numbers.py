@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from ppprof.bounds import MAX_TOKENS
 from ppprof.cli import main
+from ppprof.fit.build import with_load
 from ppprof.policy import LatencyModel, from_dict, load
 from ppprof.policy.numbers import FIELDS, number_error, values_at
 from ppprof.policy.schema import policy_schema
@@ -60,8 +61,9 @@ def test_every_number_the_schema_allows_has_an_upper_bound():
 
 
 def test_every_field_bounded_is_a_field_ppprof_writes():
-    # The committed policies predate packed_forwards: its fields come from the scoring `ppprof fit` writes.
+    # The committed policies predate packed_forwards and load: their fields come from what `ppprof fit` writes.
     docs = [json.loads(p.read_text()) for p in FULL] + [with_packed_forwards(policy_dict(MODEL), MODEL)]
+    docs.append(with_load(policy_dict(MODEL) | {"diagnostics": {}}))  # an under-load rule with a bound
     assert [path for path, _ in FIELDS if not any(list(values_at(d, steps(path))) for d in docs)] == []
     assert all(number_error(d) is None for d in docs)
 

@@ -1,13 +1,17 @@
 """The serving bench's arms as sizers: alone in the pipeline each gives the chunks of its one-prompt plan (what
-`ppprof plan` and `ppprof bench` run), atom-guard falls back to B when other requests wait, and a packed forward pays
-one fixed cost (and the cost of each extra piece the profile's packed forwards measured)."""
+`ppprof plan` and `ppprof bench` run), atom-guard falls back to B when other requests wait, policy-load asks the
+policy's under-load rule with the scheduler's load, and a packed forward pays one fixed cost (and the cost of each
+extra piece the profile's packed forwards measured)."""
 
+import dataclasses
+import math
 from pathlib import Path
 
 import pytest
 
 from ppprof.policy import load
 from ppprof.policy.planners import fixed_chunks
+from ppprof.policy.tables import LoadRule
 from ppprof.serving.arms import SERVING_ARMS, packed_stage_ms, sizer
 from ppprof.serving.scheduler import Batch, Capacity, Load, Piece
 from ppprof.serving.simulate import LoadLevel, serve
@@ -35,6 +39,7 @@ def test_alone_each_arm_runs_its_one_prompt_plan(policy, arm):
             "policy": policy.plan(r.prompt_len),
             "policy-history": policy.plan_history(r.prompt_len),
             "atom-guard": policy.plan(r.prompt_len),
+            "policy-load": policy.plan(r.prompt_len),
         }[arm]
         assert r.chunks == want, (arm, r.prompt_len)
 
@@ -43,6 +48,16 @@ def test_atom_guard_is_fixed_while_others_wait(policy):
     guard = sizer(policy, "atom-guard")
     assert guard(1000, 4000, Load()) == policy.next_chunk_size(1000, 4000)
     assert guard(1000, 4000, Load(pending_requests=1, pending_tokens=3000)) == policy.base_chunk_size
+
+
+def test_policy_load_feeds_the_scheduler_load_to_the_under_load_rule(policy):
+    loaded = dataclasses.replace(policy, load_rule=LoadRule([2], [math.inf], [640], [[0]], [[640]], 1000))
+    arm = sizer(loaded, "policy-load")
+    idle = policy.next_chunk_size(1000, 4000)
+    assert arm(1000, 4000, Load()) == idle == sizer(policy, "policy-load")(1000, 4000, Load(5, 9000))
+    assert arm(1000, 4000, Load(pending_requests=1, pending_tokens=3000)) == idle  # below the handover
+    assert arm(1000, 4000, Load(pending_requests=2, pending_tokens=999)) == idle
+    assert arm(1000, 4000, Load(pending_requests=2, pending_tokens=1000, busy_slots=1)) == 640
 
 
 def test_a_packed_forward_pays_one_fixed_cost(policy):

@@ -58,13 +58,14 @@ def sizer_class(pp_size=2, tp_size=1, device_name=None, others=()) -> type[Polic
 
 class Scheduler:
     """Builds the sizer as SGLang 0.5.23's Scheduler.maybe_init_dynamic_chunk_sizer does, and holds the request
-    being chunked as `chunked_req`."""
+    being chunked as `chunked_req` and those waiting for their first chunk as `waiting_queue`."""
 
     def __init__(self, cls: type, config, *, chunked_prefill_size, max_prefill_tokens=16384, page_size=1, device="cpu"):
         self.cls, self.model_config = cls, config
         self.chunked_prefill_size, self.max_prefill_tokens = chunked_prefill_size, max_prefill_tokens
         self.page_size, self.device = page_size, device
         self.chunked_req = None
+        self.waiting_queue = []
         self.dynamic_chunk_sizer = None
 
     def maybe_init_dynamic_chunk_sizer(self):

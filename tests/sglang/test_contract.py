@@ -13,7 +13,7 @@ import pytest
 
 from ppprof.sglang import hook
 from ppprof.sglang.match import MODEL_CONFIG_FIELDS
-from ppprof.sglang.sizer import CHUNKED_REQ, REQ_FIELDS, PolicySizer
+from ppprof.sglang.sizer import CHUNKED_REQ, REQ_FIELDS, WAITING_QUEUE, PolicySizer
 
 from .wheel import CHECKED_VERSIONS, FILES, sources, wheel
 
@@ -207,7 +207,7 @@ def test_what_the_sizer_reads_of_sglang_is_there(version):
     config = assigned_self_attrs(class_def(ast.parse(src["model_config"]), "ModelConfig"))
     assert set(MODEL_CONFIG_FIELDS) | {"hf_config"} <= config, f"{set(MODEL_CONFIG_FIELDS) - config=}"
     scheduler = assigned_self_attrs(class_def(ast.parse(src["scheduler"]), hook.SCHEDULER_CLASS))
-    assert CHUNKED_REQ in scheduler
+    assert CHUNKED_REQ in scheduler and WAITING_QUEUE in scheduler, f"{scheduler & {CHUNKED_REQ, WAITING_QUEUE}=}"
     runtime = ast.parse(src["runtime_context"])
     assert any(isinstance(n, ast.FunctionDef) and n.name == "get_parallel" for n in runtime.body)
     read = set()  # what SGLang's own code reads of get_parallel(): the sizer reads only those

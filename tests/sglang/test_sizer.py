@@ -1,6 +1,7 @@
 """predict() is the policy's own answer on every committed policy: Policy.next_chunk_size(prefix_len, prompt_len)
 where the scheduler's chunked request is at that prefix (the prompt-aware rule), next_chunk_size(prefix_len) where
-it is not (the history-only table); it never raises into the scheduler."""
+it is not (the history-only table), with the scheduler's waiting queue as the load (the under-load rule past its
+handover); it never raises into the scheduler."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import pytest
 from ppprof.bounds import POLICY_ENV
 from ppprof.policy import load
 
-from .standin import COMMITTED, IDS, Scheduler, model_config, shaped, sizer_class
+from .standin import COMMITTED, IDS, REPO, Scheduler, model_config, shaped, sizer_class
 from .standin import request as chunked
+
+REFERENCE = REPO / "results/bench-reference/profile/policy.json"
 
 
 @pytest.fixture(params=COMMITTED, ids=IDS)
@@ -89,3 +92,48 @@ def test_two_ranks_with_the_same_file_answer_alike(loaded):
     other = twin.maybe_init_dynamic_chunk_sizer()
     for prefix_len in range(0, policy.settings.context_len, 997):
         assert other.predict(prefix_len) == sizer.predict(prefix_len)
+
+
+def test_the_waiting_queue_is_the_load_the_under_load_rule_reads(tmp_path, monkeypatch):
+    committed = REFERENCE if REFERENCE in COMMITTED else COMMITTED[0]
+    base = load(committed)
+    unit = base.data["prompt_table"]["unit"]
+    under = base.prompt_rule.largest_chunk // unit * unit
+    rule = {  # fixed chunks of one unit from 1 pending request on, of the largest chunk from 3 on
+        "pending_requests": [1, 3],
+        "bound_ms": [None, None],
+        "chunk_cap": [unit, under],
+        "prefix_len": [[0], [0]],
+        "chunk_size": [[unit], [under]],
+        "handover_tokens": 100,
+    }
+    path = shaped(committed, tmp_path, schema_version=4, load=rule)
+    monkeypatch.setenv(POLICY_ENV, str(path))
+    policy = load(path)
+    scheduler = Scheduler(
+        sizer_class(pp_size=policy.pp_size, tp_size=policy.tp_size),
+        model_config(path),
+        chunked_prefill_size=policy.settings.base_chunk_size,
+        page_size=policy.settings.page_size,
+    )
+    sizer = scheduler.maybe_init_dynamic_chunk_sizer()
+    assert scheduler.dynamic_chunk_sizer is sizer
+    scheduler.chunked_req = chunked(1024, 9000)
+    idle = policy.next_chunk_size(1024, 9000)
+    assert sizer.predict(1024) == idle and idle not in (unit, under)  # nothing waits: the idle rules
+    scheduler.waiting_queue = [chunked(0, 60)]
+    assert sizer.predict(1024) == idle  # one waits, with fewer tokens than the handover's
+    scheduler.waiting_queue = [chunked(0, 60), chunked(0, 40)]
+    assert sizer.predict(1024) == unit  # two wait, 100 tokens between them: the handover
+    scheduler.waiting_queue.append(chunked(0, 5000))
+    assert sizer.predict(1024) == under == policy.next_chunk_size(1024, 9000, pending_requests=3, pending_tokens=5100)
+    scheduler.chunked_req = None
+    assert sizer.predict(1024) == under  # without the request's length the rule reads the load all the same
+
+
+def test_a_policy_without_an_under_load_rule_answers_alike_whatever_waits(loaded):
+    scheduler, sizer, policy = loaded
+    scheduler.chunked_req = chunked(1024, 9000)
+    idle = sizer.predict(1024)
+    scheduler.waiting_queue = [chunked(0, 5000)] * 4
+    assert sizer.predict(1024) == idle == policy.next_chunk_size(1024, 9000)

@@ -1,0 +1,117 @@
+"""The under-load rule against every arm, simulated: `policy-load` beside fixed, fixed-best, greedy, policy,
+policy-history and atom-guard, on the default profile (results/bench-reference/profile's samples refitted, with the
+under-load rule `ppprof fit` now chooses) and on a GPU-sized policy (AMD ATOM's published model of Kimi-K2.5 on MI355X,
+PP4, 20 ms a chunk of pipeline overhead as results/serving-atom-sim.json takes it, B 8192, chunks up to 32768, prompts
+up to 131072), at closed-loop concurrency 1, 2, 4, 8, 16 and Poisson rates of 50%, 80% and 95% of fixed-best's
+throughput at concurrency 8; serve-bench's 64 prompts, seed 0.
+
+Usage: python scripts/experiments/under_load_sim.py [-o OUT.json] [--quick]
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from ppprof.config import ChunkSettings, PolicyOptions
+from ppprof.config.workload import Workload
+from ppprof.fit import fit
+from ppprof.fit.build import carried, with_load
+from ppprof.manifest import script_parser, write_result
+from ppprof.policy import from_dict
+from ppprof.policy.rule import LatencyModel
+from ppprof.policy.schema import SCHEMA_VERSION
+from ppprof.serving.arms import SERVING_ARMS
+from ppprof.serving.levels import ServingPlan, simulate_levels
+from ppprof.serving.simulate import LoadLevel
+
+REPO = Path(__file__).resolve().parents[2]
+PROFILE = REPO / "results/bench-reference/profile"
+ATOM_MODEL = LatencyModel("prefix", a=3.25e-7, b=6.03e-3, c=26.1, g=5.39e-4)
+CONCURRENCY = (1, 2, 4, 8, 16)
+RATE_FRACTIONS = (0.5, 0.8, 0.95)
+
+
+def default_policy():
+    """The default profile's samples refitted into a temporary folder (with its run.json), as `ppprof fit` does."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("samples.csv", "run.json"):
+            shutil.copy(PROFILE / name, Path(tmp) / name)
+        return from_dict(fit(Path(tmp) / "samples.csv")[1])
+
+
+def gpu_sized_policy():
+    """ATOM's model at PP4 with its rules chosen as `ppprof fit` chooses them, then its under-load rule."""
+    settings = ChunkSettings(base_chunk_size=8192, context_len=131072, page_size=64)
+    measured = {"prefix_len": [0, settings.context_len], "chunk_size": [1, 32768]}
+    options = PolicyOptions(min_gain=0.0, overhead_ms=20.0, pp_size=4)
+    rules = carried(ATOM_MODEL, "dynamic", "ATOM's published model", settings, measured, None, options, False)
+    data = {
+        "schema_version": SCHEMA_VERSION,
+        "latency_model": ATOM_MODEL.to_dict(),
+        "settings": settings.to_dict(),
+        "target_latency_ms": ATOM_MODEL.target_ms(settings.base_chunk_size),
+        "provenance": {"world_size": 4},
+        "parity": None,
+        "diagnostics": {},
+        **rules,
+    }
+    return from_dict(with_load(data))
+
+
+def served(policy, levels, num_prompts: int) -> dict:
+    workload = Workload.from_dict(policy.data["workload"])
+    plan = ServingPlan(tuple(levels), SERVING_ARMS, workload, num_prompts, policy.pp_size)
+    return simulate_levels(policy, plan)["levels"]
+
+
+def versus_best(levels: dict) -> dict:
+    """policy-load's throughput and mean TTFT against the best arm's at each level, relative."""
+    out = {}
+    for name, arms in levels.items():
+        best_thr = max(a["throughput_tokens_per_s"] for a in arms.values())
+        best_ttft = min(a["ttft_ms"]["mean"] for a in arms.values())
+        mine = arms["policy-load"]
+        out[name] = {
+            "throughput": mine["throughput_tokens_per_s"] / best_thr - 1.0,
+            "ttft_mean": mine["ttft_ms"]["mean"] / best_ttft - 1.0,
+        }
+    return out
+
+
+def study(policy, num_prompts: int, concurrency) -> dict:
+    closed = served(policy, [LoadLevel(concurrency=c) for c in concurrency], num_prompts)
+    capacity = closed[f"concurrency-{max(c for c in concurrency if c <= 8)}"]["fixed-best"]["throughput_tokens_per_s"]
+    workload = policy.data["workload"]
+    mean_prompt = float(np.dot(workload["prompt_lens"], workload["weights"]) / np.sum(workload["weights"]))
+    rates = [round(f * capacity / mean_prompt, 4) for f in RATE_FRACTIONS]
+    poisson = served(policy, [LoadLevel(rate=r) for r in rates], num_prompts)
+    levels = closed | poisson
+    for arms in levels.values():
+        for cell in arms.values():
+            cell.pop("ttft_ms_by_request")
+    return {"load": policy.data.get("load"), "rates_per_s": rates, "levels": levels, "vs_best": versus_best(levels)}
+
+
+def main() -> None:
+    args = script_parser(__doc__, None, "8 prompts a level, concurrency 1 and 4").parse_args()
+    num_prompts, concurrency = (8, (1, 4)) if args.quick else (64, CONCURRENCY)
+    result = {"what": __doc__.splitlines()[0], "num_prompts": num_prompts}
+    for name, policy in (("default-profile", default_policy()), ("gpu-sized-atom-model", gpu_sized_policy())):
+        result[name] = r = study(policy, num_prompts, concurrency)
+        for level, vs in r["vs_best"].items():
+            mine = r["levels"][level]["policy-load"]
+            print(
+                f"{name} {level}: policy-load {mine['throughput_tokens_per_s']:.0f} tok/s, mean TTFT "
+                f"{mine['ttft_ms']['mean']:.1f} ms; against the best arm throughput {vs['throughput']:+.2%}, "
+                f"mean TTFT {vs['ttft_mean']:+.2%}"
+            )
+    if args.out:
+        write_result(args.out, result)
+
+
+if __name__ == "__main__":
+    main()
