@@ -131,9 +131,15 @@ def test_the_waiting_queue_is_the_load_the_under_load_rule_reads(tmp_path, monke
     assert sizer.predict(1024) == under  # without the request's length the rule reads the load all the same
 
 
-def test_a_policy_without_an_under_load_rule_answers_alike_whatever_waits(loaded):
+def test_every_committed_policy_answers_as_its_rule_whatever_waits(loaded):
+    # without an under-load rule the queue is not read and the answer stays the idle one; with one, the policy's
+    # answer at the queue's load (results/serving-real/ carries one)
     scheduler, sizer, policy = loaded
     scheduler.chunked_req = chunked(1024, 9000)
     idle = sizer.predict(1024)
+    assert idle == policy.next_chunk_size(1024, 9000)
     scheduler.waiting_queue = [chunked(0, 5000)] * 4
-    assert sizer.predict(1024) == idle == policy.next_chunk_size(1024, 9000)
+    busy = policy.next_chunk_size(1024, 9000, pending_requests=4, pending_tokens=20000)
+    assert sizer.predict(1024) == busy
+    if policy.load_rule is None:
+        assert busy == idle
