@@ -22,25 +22,31 @@ def check_breakpoints(where: str, starts: list[int], sizes: list[int]) -> None:
         )
     if starts[0] != 0:
         raise ValueError(f"{where}.prefix_len[0]: {starts[0]}: a table starts at prefix_len 0")
-    for i, (a, b) in enumerate(zip(starts, starts[1:])):
+    increasing(f"{where}.prefix_len", starts, "prefix_len")
+
+
+def increasing(where: str, values: list, what: str) -> None:
+    """ValueError naming the first entry of `values` (the column at `where`) not above the one before it."""
+    for i, (a, b) in enumerate(zip(values, values[1:])):
         if b <= a:
-            raise ValueError(f"{where}.prefix_len[{i + 1}]: {b} after {a}: prefix_len must increase strictly")
+            raise ValueError(f"{where}[{i + 1}]: {b} after {a}: {what} must increase strictly")
+
+
+def one_a_row(where: str, table: dict, keys: tuple[str, ...], rows: int, row: str) -> None:
+    """ValueError naming the first column of `table` (at `where`) whose length is not `rows` (one a `row`)."""
+    for key in keys:
+        if len(table[key]) != rows:
+            raise ValueError(f"{where}.{key}: {len(table[key])} entries for {rows} {row}s: give one a {row}")
 
 
 def check_prompt_table(prompt_table: dict) -> None:
     """The prompt-aware rule's columns: one entry a band, bands from prompts of 1 token strictly increasing, and
     each band's breakpoint table."""
     bands = prompt_table["prompt_len"]
-    for key in ("bound_ms", "merge_len", "prefix_len", "chunk_size"):
-        if len(prompt_table[key]) != len(bands):
-            raise ValueError(
-                f"$.prompt_table.{key}: {len(prompt_table[key])} entries for {len(bands)} bands: give one a band"
-            )
+    one_a_row("$.prompt_table", prompt_table, ("bound_ms", "merge_len", "prefix_len", "chunk_size"), len(bands), "band")
     if bands[0] != 1:
         raise ValueError(f"$.prompt_table.prompt_len[0]: {bands[0]}: the first band starts at prompts of 1 token")
-    for i, (a, b) in enumerate(zip(bands, bands[1:])):
-        if b <= a:
-            raise ValueError(f"$.prompt_table.prompt_len[{i + 1}]: {b} after {a}: band starts must increase strictly")
+    increasing("$.prompt_table.prompt_len", bands, "band starts")
     for i, (starts, sizes) in enumerate(zip(prompt_table["prefix_len"], prompt_table["chunk_size"])):
         check_breakpoints(f"$.prompt_table.band[{i}]", starts, sizes)
 
@@ -51,12 +57,8 @@ def check_load(load: dict, version: int) -> None:
     if version < 4:
         raise ValueError(f"$.load: the under-load rule is a schema 4 field, in a schema {version} policy; refit it")
     levels = load["pending_requests"]
-    for key in ("bound_ms", "chunk_cap", "prefix_len", "chunk_size"):
-        if len(load[key]) != len(levels):
-            raise ValueError(f"$.load.{key}: {len(load[key])} entries for {len(levels)} levels: give one a level")
-    for i, (a, b) in enumerate(zip(levels, levels[1:])):
-        if b <= a:
-            raise ValueError(f"$.load.pending_requests[{i + 1}]: {b} after {a}: it must increase strictly")
+    one_a_row("$.load", load, ("bound_ms", "chunk_cap", "prefix_len", "chunk_size"), len(levels), "level")
+    increasing("$.load.pending_requests", levels, "it")
     for i, (starts, sizes) in enumerate(zip(load["prefix_len"], load["chunk_size"])):
         check_breakpoints(f"$.load.level[{i}]", starts, sizes)
 
