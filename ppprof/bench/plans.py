@@ -73,6 +73,8 @@ def arms(
             plans["policy"] = policy.plan(prompt_len)
         if "policy-history" in strategies:
             plans["policy-history"] = policy.plan_history(prompt_len)
+        if "policy-load" in strategies:  # a bench runs one prompt at a time: no other request has prefill work
+            plans["policy-load"] = policy.plan_at_load(prompt_len, pending_requests=0, pending_tokens=0)
         for name, chunks in ((extra or {}).get(str(prompt_len)) or {}).items():
             plans[f"plan-{name}"] = list(chunks)
         if "optimal" in strategies:

@@ -11,7 +11,7 @@ import click
 
 from ppprof.bounds import ATTENTION_BACKENDS, DEVICES
 from ppprof.commands.options import resolved_config_option, shown, timeout_option, torchrun_options, with_options
-from ppprof.config import BENCH_STRATEGIES, BenchConfig
+from ppprof.config import BENCH_STRATEGIES, DEFAULT_STRATEGIES, BenchConfig
 from ppprof.distributed.launch import TORCHRUN_OPTIONS
 from ppprof.run.bench_job import bench_rank
 from ppprof.run.checks import bench_world_check
@@ -23,7 +23,7 @@ PROFILES = "[the profile's]"
 
 BENCH_OPTIONS = (
     (("--prompt-len", "prompt_lens"), dict(type=int, multiple=True), "Prompt length in tokens (repeatable)."),
-    (("--strategies",), dict(), f"Comma-separated subset of {','.join(BENCH_STRATEGIES)}. [all]"),
+    (("--strategies",), dict(), f"Comma-separated subset of {','.join(BENCH_STRATEGIES)}. [{','.join(DEFAULT_STRATEGIES)}]"),
     (
         ("--plans", "plans"),
         dict(),

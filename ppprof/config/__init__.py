@@ -3,7 +3,7 @@ construction (before any rank starts). profile: ProfileConfig (what `ppprof prof
 (the next-chunk rule's, part of a profile's settings and of its policy); policy: PolicyOptions (what a
 policy's rules are chosen with); bench: BenchConfig (a bench on a profile)."""
 
-from ppprof.config.bench_config import BENCH_STRATEGIES, BenchConfig
+from ppprof.config.bench_config import BENCH_STRATEGIES, DEFAULT_STRATEGIES, BenchConfig
 from ppprof.config.chunk import CONTEXT_MARGIN, DEFAULT_CONTEXT_LEN, DEFAULT_SMOOTH_FACTOR, ChunkSettings
 from ppprof.config.policy import DEFAULT_MIN_GAIN, PolicyOptions
 from ppprof.config.profile_config import ProfileConfig, sweep_chunk_sizes
@@ -11,6 +11,7 @@ from ppprof.config.sections import DESIGNS, flag
 
 __all__ = [
     "BENCH_STRATEGIES",
+    "DEFAULT_STRATEGIES",
     "CONTEXT_MARGIN",
     "DEFAULT_CONTEXT_LEN",
     "DEFAULT_MIN_GAIN",

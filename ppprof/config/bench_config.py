@@ -9,11 +9,16 @@ from ppprof.bounds import MAX_STAGES
 from ppprof.checks import is_int, require_int, require_str
 from ppprof.config.profile_config import ProfileConfig
 
-BENCH_STRATEGIES = ("fixed", "fixed-best", "sglang", "greedy", "policy", "policy-history", "optimal")
-"""What `ppprof bench --strategies` takes. fixed: B; fixed-best: the best measured of B/4, B/2, B, 2B; sglang:
+DEFAULT_STRATEGIES = ("fixed", "fixed-best", "sglang", "greedy", "policy", "policy-history", "optimal")
+"""What `ppprof bench` runs without --strategies. fixed: B; fixed-best: the best measured of B/4, B/2, B, 2B; sglang:
 SGLang's rule with the policy's flags on SGLang's boot fit of the same samples (ppprof.servers, as `ppprof tune` scores
 it); greedy: SGLang's rule on the policy's fitted model; policy: the policy's prompt-aware rule;
 policy-history: its history-only table; optimal: the DP plan."""
+BENCH_STRATEGIES = DEFAULT_STRATEGIES + ("policy-load",)
+"""What `ppprof bench --strategies` takes: the default ones and policy-load, the policy's rules asked with the load
+the bench runs at (none: one prompt at a time), through the same call a server makes under load
+(Policy.plan_at_load). Its chunks are `policy`'s, so it runs only when asked for: a check that a server feeding the
+load-aware call an idle scheduler's load gets the idle plan, timed."""
 MAX_REPEATS = 1000
 """The most prompts a bench runs per (prompt length, strategy)."""
 
@@ -29,7 +34,7 @@ class BenchConfig:
     """The profile's settings the bench runs under (model, layers, partition, device, dtype, pools, kernels)."""
     prompt_lens: tuple[int, ...]
     """Prompt lengths in tokens."""
-    strategies: tuple[str, ...] = BENCH_STRATEGIES
+    strategies: tuple[str, ...] = DEFAULT_STRATEGIES
     repeats: int = 5
     """Prompts per (prompt length, strategy), interleaved: A B C A B C ..."""
     pp_size: int | None = None

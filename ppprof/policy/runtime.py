@@ -160,6 +160,17 @@ class Policy:
         policy's context length (no prompt is longer; the list stays bounded)."""
         return self.prompt_rule.plan(self.checked_prompt_len(prompt_len))
 
+    def plan_at_load(self, prompt_len: int, pending_requests: int = 0, pending_tokens: int = 0) -> list[int]:
+        """The chunks of a `prompt_len`-token prompt asked of next_chunk_size with a load that stays the same while
+        it prefills (the last chunk takes the rest). With no load, `plan`'s chunks."""
+        prompt_len = self.checked_prompt_len(prompt_len)
+        return walk(
+            lambda done: self.next_chunk_size(
+                done, prompt_len, pending_requests=pending_requests, pending_tokens=pending_tokens
+            ),
+            prompt_len,
+        )
+
     def plan_history(self, prompt_len: int) -> list[int]:
         """The chunk list under the history-only table (the last chunk takes the rest)."""
         return self.history_table.plan(self.checked_prompt_len(prompt_len))

@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from ppprof.checks import is_int
-from ppprof.config import BENCH_STRATEGIES, BenchConfig, ProfileConfig
+from ppprof.config import DEFAULT_STRATEGIES, BenchConfig, ProfileConfig
 from ppprof.config import flag as config_flag
 from ppprof.config.sections import setting_fields
 from ppprof.config.workload import Workload, parse_prompt_spec
@@ -147,7 +147,7 @@ def resolve_bench(policy_path: str, flags: dict) -> tuple[BenchConfig, Policy]:
     strategies = flags.pop("strategies")
     # "" is no strategy (refused), not the default: only a flag not given means every strategy
     strategies = (
-        BENCH_STRATEGIES if strategies is None else tuple(s.strip() for s in strategies.split(",") if s.strip())
+        DEFAULT_STRATEGIES if strategies is None else tuple(s.strip() for s in strategies.split(",") if s.strip())
     )
     if flags.get("plans") is not None:
         flags["plans"] = read_plans(flags["plans"])

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from ppprof.bench.plans import arms, fixed_sizes
+from ppprof.config import BENCH_STRATEGIES, DEFAULT_STRATEGIES
 from ppprof.config.workload import parse_prompt_spec
 from ppprof.fit.build import fit
 from ppprof.fit.samples import read_samples
@@ -66,7 +67,7 @@ def test_the_sglang_arm_is_sglangs_rule_on_sglangs_boot_fit_not_ppprofs_fit(tmp_
 def test_every_arm_covers_its_prompt_and_the_dp_bound_beats_them_all(tmp_path):
     policy, csv = profile(tmp_path, TRUTH)
     extra = {"6000": {"mine": [1000, 5000]}}
-    strategies = ("fixed", "fixed-best", "sglang", "greedy", "policy", "policy-history", "optimal")
+    strategies = ("fixed", "fixed-best", "sglang", "greedy", "policy", "policy-history", "policy-load", "optimal")
     plans = arms(policy, csv, PROMPT_LENS, strategies, 4, extra)
     names = {n: {a.name for a in plans if a.prompt_len == n} for n in PROMPT_LENS}
     best = f"fixed-{policy.data['predicted']['fixed_best_chunk']}"  # the policy's own best fixed chunk joins the sweep
@@ -80,6 +81,7 @@ def test_every_arm_covers_its_prompt_and_the_dp_bound_beats_them_all(tmp_path):
         "greedy",
         "policy",
         "policy-history",
+        "policy-load",
         "plan-mine",
         "optimal",
     } and names[20000] == names[6000] - {"plan-mine"}
@@ -91,3 +93,9 @@ def test_every_arm_covers_its_prompt_and_the_dp_bound_beats_them_all(tmp_path):
     assert by_name(plans, 6000)["greedy"] == policy.sglang_plan(6000)
     assert by_name(plans, 6000)["policy"] == policy.plan(6000)
     assert by_name(plans, 20000)["policy-history"] == policy.plan_history(20000)
+    assert all(by_name(plans, n)["policy-load"] == policy.plan(n) for n in PROMPT_LENS)  # a bench has no load
+
+
+def test_policy_load_runs_only_when_asked_for():
+    assert "policy-load" in BENCH_STRATEGIES and "policy-load" not in DEFAULT_STRATEGIES
+    assert set(BENCH_STRATEGIES) - set(DEFAULT_STRATEGIES) == {"policy-load"}

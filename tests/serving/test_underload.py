@@ -101,6 +101,17 @@ def test_alone_policy_load_runs_the_policy_chunk_for_chunk(which, request):
     assert [r.chunks for r in one.requests] == [policy.plan(n) for n in prompts]
 
 
+def test_a_plan_at_a_steady_load_follows_the_under_load_rule(reference):
+    n, rule = 20000, reference.load_rule
+    assert reference.plan_at_load(n) == reference.plan(n)
+    busy = reference.plan_at_load(n, pending_requests=max(rule.pending_requests), pending_tokens=4096)
+    done, want = 0, []
+    while done < n:
+        want.append(min(rule.next_chunk_size(done, max(rule.pending_requests), 4096), n - done))
+        done += want[-1]
+    assert busy == want != reference.plan(n)
+
+
 def test_under_load_the_arm_reads_the_rule(reference):
     prompts = prompts_of(reference.data["workload"]["prompt_lens"], reference.data["workload"]["weights"], 16, 0)
     busy = served(reference, "policy-load", prompts, 8)
