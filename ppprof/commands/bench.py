@@ -23,7 +23,11 @@ PROFILES = "[the profile's]"
 
 BENCH_OPTIONS = (
     (("--prompt-len", "prompt_lens"), dict(type=int, multiple=True), "Prompt length in tokens (repeatable)."),
-    (("--strategies",), dict(), f"Comma-separated subset of {','.join(BENCH_STRATEGIES)}. [{','.join(DEFAULT_STRATEGIES)}]"),
+    (
+        ("--strategies",),
+        dict(),
+        f"Comma-separated subset of {','.join(BENCH_STRATEGIES)}. [{','.join(DEFAULT_STRATEGIES)}]",
+    ),
     (
         ("--plans", "plans"),
         dict(),
