@@ -16,6 +16,8 @@ from ppprof.policy.policy_file import load
 from ppprof.runfiles import RunFolder
 from ppprof.servers import DEFAULT_SERVER, SERVERS, ServerSetting, get
 from ppprof.servers.tune import draw, tune
+from ppprof.serving.levels import parse_levels
+from ppprof.serving.tuning import load_scorer
 
 TUNE_OPTIONS = (
     (
@@ -51,6 +53,13 @@ TUNE_OPTIONS = (
         dict(is_flag=True),
         "Search chunk sizes beyond the profiled ones (the latency model is extrapolated there).",
     ),
+    (
+        ("--concurrency",),
+        dict(default=None, metavar="LIST"),
+        "Score every setting under load as well: closed loops of this many requests in flight (e.g. 4,16), served "
+        "in the serving simulation; the search then minimises the geometric mean of the mean TTFT alone and at "
+        "each level  [default: alone only]",
+    ),
     (("--json", "as_json"), dict(is_flag=True), "Print JSON (every setting's TTFT per prompt, and its plans)."),
     (
         ("--png",),
@@ -67,7 +76,7 @@ TUNE_OPTIONS = (
 )
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False))
 @with_options(*TUNE_OPTIONS)
-def tune_command(policy_path, spec, pp_size, server, current, boot_fit, extrapolate, as_json, png) -> None:
+def tune_command(policy_path, spec, pp_size, server, current, boot_fit, extrapolate, concurrency, as_json, png) -> None:
     """Recommend server flags (base chunk, smoothing factor, floor or cap) that minimise the predicted TTFT of your
     prompt lengths, as that server would chunk them; compare with your current flags, the best fixed chunk and the
     DP-optimal bound."""
@@ -80,7 +89,11 @@ def tune_command(policy_path, spec, pp_size, server, current, boot_fit, extrapol
     forwards = None
     if boot_fit != "model" and samples.is_file() and get(server).fits_at_boot:
         forwards = read_samples(samples)
-    result = tune(policy, workload, pp_size, server, current, extrapolate, forwards)
+    load_score = None
+    if concurrency is not None:
+        levels = [level.concurrency for level in parse_levels(concurrency, None)]
+        load_score = load_scorer(policy, workload, pp_size, levels)
+    result = tune(policy, workload, pp_size, server, current, extrapolate, forwards, load_score)
     path = Path(policy_path)
     png = Path(png) if png else path.with_name(f"{path.stem}.tune-{server}.png")
     draw(result, png, f"{path.name}: {get(server).label}, {pp_size} stages, {len(workload.prompt_lens)} prompt lengths")
@@ -122,10 +135,31 @@ def echo_tune(result: dict, path: Path) -> None:
             else f"fixed {server.fixed_chunk_size(ServerSetting.from_dict(s))}"
         )
         click.echo(f"  {k}: {mode}")
+    echo_load(settings)
     gain = result["gain"]
     click.echo(
         f"recommended vs {list(settings)[0]}: {gain['vs_current']:+.1%} mean TTFT saved; vs the policy's "
         f"settings {gain['vs_policy']:+.1%}; vs the best fixed chunk {gain['vs_best_fixed']:+.1%}; "
         f"{result['gap_to_optimal']:.1%} above the DP-optimal bound"
     )
+    if "objective_gain" in result:
+        gains = ", ".join(f"{k[3:]} {v:+.1%}" for k, v in result["objective_gain"].items() if k != "vs_recommended")
+        click.echo(f"recommended under load and alone (geometric mean of mean TTFTs), saved vs: {gains}")
     click.echo(f"plot: {result['png']}")
+
+
+def echo_load(settings: dict) -> None:
+    """With --concurrency: each setting's throughput and mean / p90 TTFT at each level, simulated."""
+    first = next(iter(settings.values()))
+    if "load" not in first:
+        return
+    click.echo("under load (serving simulation): throughput tokens/s, mean / p90 TTFT ms")
+    for level in first["load"]:
+        cells = [settings[k]["load"][level] for k in settings]
+        click.echo(
+            f"  {level:>16} "
+            + " ".join(
+                f"{k}: {c['throughput_tokens_per_s']:.0f}, {c['ttft_mean_ms']:.1f} / {c['ttft_p90_ms']:.1f};"
+                for k, c in zip(settings, cells)
+            )
+        )

@@ -12,6 +12,7 @@ no torch.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -36,10 +37,12 @@ def tune(
     current: str | None = None,
     extrapolate: bool = False,
     forwards: Forwards | None = None,
+    load_score: Callable[[np.ndarray], dict] | None = None,
 ) -> dict:
     """The recommendation and its comparison (what `ppprof tune --json` prints, less the plot path). `forwards`: the
-    profile's samples, which a server that fits at boot fits its model to (else its model comes from the policy's)."""
-    tuner = Tuner(policy, workload, pp_size, server, extrapolate=extrapolate, forwards=forwards)
+    profile's samples, which a server that fits at boot fits its model to (else its model comes from the policy's).
+    `load_score`: each setting's figures under load, which then join what is minimised (Scored.objective)."""
+    tuner = Tuner(policy, workload, pp_size, server, extrapolate=extrapolate, forwards=forwards, load_score=load_score)
     scored_current, current_calibration, ignored = score_current(tuner, current)
     own = tuner.server.setting_of(policy)
     if tuner.model is None:
@@ -51,10 +54,12 @@ def tune(
         if tuner.max_chunk is None or max(st.base_chunk_size, tuner.server.fixed_chunk_size(st)) <= tuner.max_chunk
     ]
     best, best_fixed = tuner.search(inside)
-    current_wins = scored_current.mean_ms < best.mean_ms  # the user's own calibration (ATOM) can beat ppprof's model
+    current_wins = (
+        scored_current.objective < best.objective
+    )  # the user's own calibration (ATOM) can beat ppprof's model
     if current_wins:
         best = scored_current
-    best = Scored(best.setting, "recommended", best.ttft_ms, best.mean_ms, best.p90_ms, best.plans)
+    best = replace(best, label="recommended")
     best_fixed.label = "best fixed"
     optimal = tuner.optimal([best, best_fixed, scored_current, scored_policy])
     calibration = None
@@ -106,6 +111,7 @@ def result(
             for key, r in (("current", scored_current), ("policy", scored_policy), ("best_fixed", best_fixed))
         },
         "gap_to_optimal": best.mean_ms / mean_opt - 1.0,
+        **under_load(best, rows),
         "plans": {
             str(n): {
                 "current": scored_current.plans[i],
@@ -118,6 +124,16 @@ def result(
         },
         "notes": notes(tuner, workload, (best, scored_current), ignored),
         "surface": surface(tuner),
+    }
+
+
+def under_load(best: Scored, rows: list[Scored]) -> dict:
+    """With --concurrency: what was minimised and the recommendation's gain on it over each row."""
+    if not best.load:
+        return {}
+    return {
+        "objective": "geometric mean of the mean TTFT alone and at each concurrency in the serving simulation",
+        "objective_gain": {"vs_" + r.label.replace(" ", "_"): 1.0 - best.objective / r.objective for r in rows},
     }
 
 

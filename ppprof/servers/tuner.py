@@ -5,7 +5,8 @@ DP-optimal bound. Pure numpy; no torch."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -35,9 +36,20 @@ class Scored:
     mean_ms: float
     p90_ms: float
     plans: list[list[int]]
+    load: dict | None = None
+    """Under load (`tune --concurrency`): each level's throughput and TTFT in the serving simulation."""
+
+    @property
+    def objective(self) -> float:
+        """What the search minimises: the weighted mean TTFT of the prompts alone; under load, the geometric mean of
+        it and each level's mean TTFT (so that each level weighs the same whatever its scale)."""
+        if not self.load:
+            return self.mean_ms
+        means = [self.mean_ms, *(level["ttft_mean_ms"] for level in self.load.values())]
+        return float(np.exp(np.mean(np.log(means))))
 
     def to_dict(self, workload: Workload) -> dict:
-        return {
+        out = {
             "label": self.label,
             "setting": self.setting.to_dict(),
             "mean_ttft_ms": self.mean_ms,
@@ -47,6 +59,7 @@ class Scored:
                 for n, t, p in zip(workload.prompt_lens, self.ttft_ms, self.plans)
             ],
         }
+        return out | ({"load": self.load, "objective_ms": self.objective} if self.load else {})
 
 
 def weighted_p90(values: np.ndarray, weights: np.ndarray) -> float:
@@ -76,8 +89,12 @@ class Tuner:
         server: str,
         extrapolate: bool = False,
         forwards: Forwards | None = None,
+        load_score: Callable[[np.ndarray], dict] | None = None,
     ):
+        """`load_score`: the figures under load of the chunks of the longest prompt (ppprof.serving.tuning), which
+        then join the objective the search minimises (Scored.objective); None: alone only."""
         self.server = get(server)
+        self.load_score = load_score
         if not is_int(pp_size) or not 1 <= pp_size <= MAX_STAGES:
             raise ValueError(f"--pp {pp_size!r} is invalid: use a number of pipeline stages in 1..{MAX_STAGES}")
         if policy.latency_model is None:
@@ -104,7 +121,7 @@ class Tuner:
     def score(self, setting: ServerSetting, label: str = "", calibration: LatencyModel | None = None) -> Scored:
         if calibration is None and setting in self.cache:
             hit = self.cache[setting]
-            return Scored(hit.setting, label or hit.label, hit.ttft_ms, hit.mean_ms, hit.p90_ms, hit.plans)
+            return replace(hit, label=label or hit.label)
         chunks = np.asarray(
             self.server.chunks(setting, self.model_for(calibration), self.context, self.longest), dtype=np.int64
         )
@@ -117,6 +134,7 @@ class Tuner:
             float(ttft @ self.weights),
             weighted_p90(ttft, self.weights),
             [[int(c) for c in p] for p in plans],
+            None if self.load_score is None else self.load_score(chunks),
         )
         if calibration is None:
             self.cache[setting] = scored
@@ -158,11 +176,11 @@ class Tuner:
             else [self.score(st) for B in grid for st in self.dynamic_settings(B, SMOOTH_FACTORS)]
         )
         extras = [self.score(st) for st in extra if st.dynamic is False or self.model is not None]
-        best_fixed = min(fixed, key=lambda r: r.mean_ms)
-        best = min(fixed + dynamic + extras, key=lambda r: r.mean_ms)  # fixed first: a tie goes to fixed chunks
+        best_fixed = min(fixed, key=lambda r: r.objective)
+        best = min(fixed + dynamic + extras, key=lambda r: r.objective)  # fixed first: a tie goes to fixed chunks
         best_fixed = self.refine(grid, best_fixed, True)
         best = self.refine(grid, best, not best.setting.dynamic)
-        best = min([best, best_fixed], key=lambda r: r.mean_ms)
+        best = min([best, best_fixed], key=lambda r: r.objective)
         return best, best_fixed
 
     def refine(self, grid: list[int], pick: Scored, is_fixed: bool) -> Scored:
@@ -186,7 +204,7 @@ class Tuner:
                 for st in self.dynamic_settings(b, smooth)
                 if self.server.same_knob(st, pick.setting, b)
             ]
-        return min(found + [pick], key=lambda r: r.mean_ms)
+        return min(found + [pick], key=lambda r: r.objective)
 
     def optimal(self, seeds: list[Scored]) -> list[tuple[list[int], float]]:
         """The DP-optimal plan of each prompt (chunks up to the largest any candidate uses), seeded with `seeds`' plans
