@@ -1,8 +1,9 @@
 """The under-load rule against every arm, simulated: `policy-load` beside fixed, fixed-best, greedy, policy,
 policy-history and atom-guard, on the default profile (results/bench-reference/profile's samples refitted, with the
-under-load rule `ppprof fit` now chooses) and on a GPU-sized policy (AMD ATOM's published model of Kimi-K2.5 on MI355X,
-PP4, 20 ms a chunk of pipeline overhead as results/serving-atom-sim.json takes it, B 8192, chunks up to 32768, prompts
-up to 131072), at closed-loop concurrency 1, 2, 4, 8, 16 and Poisson rates of 50%, 80% and 95% of fixed-best's
+under-load rule `ppprof fit` now chooses) on GPU-sized policies of AMD ATOM's published model of Kimi-K2.5 on MI355X
+(PP4, 20 ms a chunk of pipeline overhead as results/serving-atom-sim.json takes it, B 8192, chunks up to 32768, prompts
+up to 131072), of ATOM's published setup itself (every prompt 131072 tokens, B 32768) and of an 8-stage pipeline
+(ATOM's stage split in two), at closed-loop concurrency 1, 2, 4, 8, 16 and Poisson rates of 50%, 80% and 95% of fixed-best's
 throughput at concurrency 8; serve-bench's 64 prompts, seed 0.
 
 Usage: python scripts/experiments/under_load_sim.py [-o OUT.json] [--quick]
@@ -43,23 +44,46 @@ def default_policy():
         return from_dict(fit(Path(tmp) / "samples.csv")[1])
 
 
-def gpu_sized_policy():
-    """ATOM's model at PP4 with its rules chosen as `ppprof fit` chooses them, then its under-load rule."""
-    settings = ChunkSettings(base_chunk_size=8192, context_len=131072, page_size=64)
+def gpu_sized_policy(model=ATOM_MODEL, pp_size=4, base=8192, context=131072, workload=None):
+    """A policy of `model` at `pp_size` stages (default: ATOM's, PP4, B 8192, chunks up to 32768) with its rules
+    chosen as `ppprof fit` chooses them, then its under-load rule."""
+    settings = ChunkSettings(base_chunk_size=base, context_len=context, page_size=64)
     measured = {"prefix_len": [0, settings.context_len], "chunk_size": [1, 32768]}
-    options = PolicyOptions(min_gain=0.0, overhead_ms=20.0, pp_size=4)
-    rules = carried(ATOM_MODEL, "dynamic", "ATOM's published model", settings, measured, None, options, False)
+    options = PolicyOptions(min_gain=0.0, overhead_ms=20.0, pp_size=pp_size, workload=workload)
+    rules = carried(model, "dynamic", "a published model", settings, measured, None, options, False)
     data = {
         "schema_version": SCHEMA_VERSION,
-        "latency_model": ATOM_MODEL.to_dict(),
+        "latency_model": model.to_dict(),
         "settings": settings.to_dict(),
-        "target_latency_ms": ATOM_MODEL.target_ms(settings.base_chunk_size),
-        "provenance": {"world_size": 4},
+        "target_latency_ms": model.target_ms(settings.base_chunk_size),
+        "provenance": {"world_size": pp_size},
         "parity": None,
         "diagnostics": {},
         **rules,
     }
     return from_dict(with_load(data))
+
+
+def atom_published_policy():
+    """ATOM's published setup itself: PP4, every prompt 131072 tokens, B (the fixed arm) 32768."""
+    workload = Workload((131072,), (1.0,), source="131072")
+    return gpu_sized_policy(base=32768, context=131072 + 8192, workload=workload)
+
+
+def eight_stage_policy():
+    """A GPU-sized 8-stage pipeline: ATOM's calibration of a PP4 stage split over twice the stages (each stage half
+    the layers: a, b and g halved, the fixed cost c kept), 20 ms a chunk of overhead, B 8192, prompts up to 131072."""
+    half = LatencyModel("prefix", a=ATOM_MODEL.a / 2, b=ATOM_MODEL.b / 2, c=ATOM_MODEL.c, g=ATOM_MODEL.g / 2)
+    return gpu_sized_policy(model=half, pp_size=8)
+
+
+CASES = {
+    "default-profile": default_policy,
+    "gpu-sized-atom-model": gpu_sized_policy,
+    "atom-published-setup": atom_published_policy,
+    "gpu-sized-8-stages": eight_stage_policy,
+}
+"""The policies simulated, by name."""
 
 
 def served(policy, levels, num_prompts: int) -> dict:
@@ -78,6 +102,9 @@ def versus_best(levels: dict) -> dict:
         out[name] = {
             "throughput": mine["throughput_tokens_per_s"] / best_thr - 1.0,
             "ttft_mean": mine["ttft_ms"]["mean"] / best_ttft - 1.0,
+            "ttft_p90": mine["ttft_ms"]["p90"] / min(a["ttft_ms"]["p90"] for a in arms.values()) - 1.0,
+            "best_throughput_arm": max(arms, key=lambda a: arms[a]["throughput_tokens_per_s"]),
+            "best_ttft_mean_arm": min(arms, key=lambda a: arms[a]["ttft_ms"]["mean"]),
         }
     return out
 
@@ -100,8 +127,8 @@ def main() -> None:
     args = script_parser(__doc__, None, "8 prompts a level, concurrency 1 and 4").parse_args()
     num_prompts, concurrency = (8, (1, 4)) if args.quick else (64, CONCURRENCY)
     result = {"what": __doc__.splitlines()[0], "num_prompts": num_prompts}
-    for name, policy in (("default-profile", default_policy()), ("gpu-sized-atom-model", gpu_sized_policy())):
-        result[name] = r = study(policy, num_prompts, concurrency)
+    for name, make in CASES.items():
+        result[name] = r = study(make(), num_prompts, concurrency)
         for level, vs in r["vs_best"].items():
             mine = r["levels"][level]["policy-load"]
             print(
