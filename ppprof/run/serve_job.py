@@ -25,7 +25,7 @@ from ppprof.run.rank import Phase, RankRun, make_stage, run_phases, run_rank, se
 from ppprof.serving.arms import sizer
 from ppprof.serving.levels import ServingPlan, simulate_levels
 from ppprof.serving.plots import write_plots
-from ppprof.serving.report import cell_summary, largest_miss, levels_text, measured_levels
+from ppprof.serving.report import cell_summary, largest_miss, levels_text, measured_levels, paired_ratios
 from ppprof.serving.scheduler import Capacity
 from ppprof.serving.settings import ServeBenchConfig
 from ppprof.serving.simulate import LoadLevel
@@ -143,6 +143,7 @@ def write_results(run: RankRun[ServeState]) -> None:
         "policy": serve.policy,
         "device": str(run.info.device),
         "levels": measured_levels(run.state.cells, simulated["levels"]),
+        "paired": paired_ratios(run.state.cells),
     }
     miss = largest_miss(result["levels"])
     result["largest_miss"] = None if miss is None else {"where": miss[1], "fraction": miss[0]}

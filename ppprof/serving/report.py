@@ -63,6 +63,25 @@ def measured_levels(cells: dict[tuple[str, str], list[dict]], simulated: dict) -
     return out
 
 
+def paired_ratios(cells: dict[tuple[str, str], list[dict]], arm: str = "policy-load") -> dict:
+    """serving.json's `paired`: at each level, `arm` against every other arm, repeat by repeat (the repeats are
+    interleaved, so repeat r of two arms ran side by side and share the host's state then): the median over the
+    repeats of the throughput ratio and of the mean-TTFT ratio, with their ranges. Empty where `arm` did not run."""
+    out: dict[str, dict] = {}
+    for (level, other), repeats in cells.items():
+        mine = cells.get((level, arm))
+        if mine is None or other == arm:
+            continue
+        thr = [a["throughput_tokens_per_s"] / b["throughput_tokens_per_s"] for a, b in zip(mine, repeats)]
+        ttft = [a["ttft_ms"]["mean"] / b["ttft_ms"]["mean"] for a, b in zip(mine, repeats)]
+        out.setdefault(level, {})[f"{arm}/{other}"] = {
+            "throughput": _median(thr),
+            "ttft_mean": _median(ttft),
+            "range": {"throughput": [min(thr), max(thr)], "ttft_mean": [min(ttft), max(ttft)]},
+        }
+    return out
+
+
 def largest_miss(levels: dict) -> tuple[float, str] | None:
     """The largest |measured / simulated - 1| over every cell and figure, and where."""
     misses = [
@@ -99,4 +118,7 @@ def levels_text(result: dict) -> str:
                 vs = s["vs_simulated"]
                 line += f" {vs['throughput']:>+12.1%} {vs['ttft_mean']:>+11.1%}"
             lines.append(line)
+    for name, pairs in (result.get("paired") or {}).items():
+        cells = "; ".join(f"{k} {v['throughput']:.3f} / {v['ttft_mean']:.3f}" for k, v in pairs.items())
+        lines.append(f"paired, {name} (throughput / mean TTFT ratio, median of repeats): {cells}")
     return "\n".join(lines)

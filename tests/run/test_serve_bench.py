@@ -32,6 +32,10 @@ def test_serve_bench_serves_every_arm_through_the_real_pipeline(tmp_path):
         for cell in arms.values():
             assert cell["num_requests"] == 5 and cell["throughput_tokens_per_s"] > 0
             assert cell["simulated"]["num_requests"] == 5 and set(cell["vs_simulated"]) == {"throughput", "ttft_mean"}
+    assert set(doc["paired"]) == set(doc["levels"])  # policy-load against each other arm, repeat by repeat
+    assert all(
+        set(p) == {f"policy-load/{a}" for a in SERVING_ARMS if a != "policy-load"} for p in doc["paired"].values()
+    )
     rows = pd.read_csv(out.with_name("serving.csv"))
     rows = rows[rows.level != "warm-up"]
     assert sorted(rows.stage.unique()) == [0, 1]
