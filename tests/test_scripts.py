@@ -30,6 +30,7 @@ RUNS = {
     "experiments/holdout.py": ["results/baseline-intel-xeon/policy.json", BASELINE],
     "experiments/repredict.py": [BENCH, BENCH_POLICY],
     "experiments/under_load_sim.py": ["--quick"],
+    "experiments/serving_paired.py": ["results/serving-real"],
 }
 """Scripts run whole on a tiny input, each writing its one-file result to -o: its arguments but -o."""
 
