@@ -13,3 +13,5 @@ MAX_STAGES = 1024
 POLICY_ENV = "PPPROF_POLICY"
 """The environment variable that names the policy file a server process loads (ppprof.sglang's start-up hook and
 sizer; `ppprof export --server sglang` prints it)."""
+MAX_ASYNC_DEPTH = 16
+"""The most micro-batch slots beyond the stages a server keeps in flight (--async-depth)."""

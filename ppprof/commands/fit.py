@@ -51,7 +51,17 @@ from ppprof.servers.sglang import PARITY
 )
 @policy_options
 def fit_command(
-    samples, latency_model, out, parity, prompt_lens, min_gain, overhead_ms, pp_size, extrapolate, **options
+    samples,
+    latency_model,
+    out,
+    parity,
+    prompt_lens,
+    min_gain,
+    overhead_ms,
+    pp_size,
+    extrapolate,
+    async_depth,
+    **options,
 ) -> None:
     """Fit a latency model to SAMPLES (a CSV with prefix_len, chunk_size, latency_ms) and write a policy: the
     prompt-aware rule, the history-only table for the workload, and its status."""
@@ -64,6 +74,7 @@ def fit_command(
         "overhead_ms": overhead_ms,
         "pp_size": pp_size,
         "extrapolate": extrapolate or None,
+        "async_depth": async_depth,
     }
     path, policy = fit(samples, out, latency_model, parity=parity, policy_options=chosen, **options)
     for line in notes(samples, policy, pp_size):

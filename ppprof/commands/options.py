@@ -155,6 +155,13 @@ def policy_options(f):
             default=False,
             help="Let the rules plan chunks (up to 4 B) and prompts (up to the context) beyond the profiled domain.",
         ),
+        click.option(
+            "--async-depth",
+            type=int,
+            default=None,
+            help="Micro-batch slots your server keeps in flight beyond the stages (SGLang's "
+            "--pp-async-batch-depth), which the under-load rule is chosen at. [default: 0, SGLang's default]",
+        ),
     ]
     for opt in reversed(opts):
         f = opt(f)

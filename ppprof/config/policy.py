@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from ppprof.bounds import MAX_STAGES
+from ppprof.bounds import MAX_ASYNC_DEPTH, MAX_STAGES
 from ppprof.checks import is_number, require_bool, require_int, short
 from ppprof.config.workload import Workload
 
@@ -33,6 +33,9 @@ class PolicyOptions:
     """The pipeline stages the rules are chosen for; default: the profile's."""
     extrapolate: bool = False
     """Let the rules use chunks and prompts beyond the profiled domain (up to 4 B and the context length)."""
+    async_depth: int = 0
+    """Micro-batch slots the server keeps in flight beyond the stages (SGLang's pp_async_batch_depth, 0 by
+    default), which the under-load rule is chosen at (--async-depth)."""
 
     def __post_init__(self) -> None:
         if self.workload is not None and not isinstance(self.workload, Workload):
@@ -49,6 +52,7 @@ class PolicyOptions:
         if self.pp_size is not None:
             require_int("--pp", self.pp_size, 1, MAX_STAGES)
         require_bool("--extrapolate", self.extrapolate)
+        require_int("--async-depth", self.async_depth, 0, MAX_ASYNC_DEPTH)
 
     def to_dict(self) -> dict:
         return asdict(self)

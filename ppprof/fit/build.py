@@ -191,13 +191,14 @@ def with_packed(policy: dict, packed: PackedRows | None, samples: Samples) -> di
     return policy | {"packed_forwards": finite(packed_forwards(model, packed, samples.bottleneck_stage, samples))}
 
 
-def with_load(policy: dict) -> dict:
+def with_load(policy: dict, async_depth: int = 0) -> dict:
     """The policy with its under-load rule (ppprof.serving.underload: chosen by simulating the serving scheduler on
-    its planning model at closed-loop levels) where one beats its idle rules under load, and what it was chosen on in
-    its diagnostics (`under_load`); a parity policy (SGLang's own rule) is left as SGLang runs it."""
+    its planning model at closed-loop levels, `async_depth` slots beyond the stages) where one beats its idle rules
+    under load, and what it was chosen on in its diagnostics (`under_load`); a parity policy (SGLang's own rule) is
+    left as SGLang runs it."""
     if policy["latency_model"] is None or policy.get("parity") is not None:
         return policy
-    load, evidence = choose_load(Policy.of(policy))
+    load, evidence = choose_load(Policy.of(policy), async_depth)
     diagnostics = policy["diagnostics"] | {"under_load": evidence}
     return finite(policy | {"diagnostics": diagnostics} | ({"load": load} if load else {}))
 
@@ -268,7 +269,7 @@ def fit(
     packed_path = RunFolder.of(samples_path).packed
     packed = read_packed(packed_path) if packed_path.is_file() else None
     policy = with_packed(fit_samples(samples, run, settings, latency_model, parity, chosen), packed, samples)
-    policy = with_load(policy)
+    policy = with_load(policy, chosen.async_depth)
     out = Path(out) if out is not None else RunFolder.of(samples_path).policy
     path = save(out, policy)
     if plots:

@@ -109,6 +109,7 @@ FIELDS = (
     ("load.handover_tokens", TOKENS),
     ("load.num_prompts", COUNT),
     ("load.seed", SEED),
+    ("load.async_depth", COUNT),
     ("load.levels[].concurrency", COUNT),
     ("load.levels[].throughput_tokens_per_s.*", THROUGHPUT),
     ("load.levels[].ttft_mean_ms.*", LATENCY),

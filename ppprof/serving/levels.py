@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ppprof.bounds import MAX_STAGES
+from ppprof.bounds import MAX_ASYNC_DEPTH, MAX_STAGES
 from ppprof.checks import require_int
 from ppprof.config.workload import Workload
 from ppprof.policy.runtime import Policy
@@ -19,7 +19,6 @@ from ppprof.serving.simulate import LoadLevel, prompts_of, serve
 MAX_CONCURRENCY = 4096
 MAX_RATE = 1e6
 MAX_NUM_PROMPTS = 100_000
-MAX_ASYNC_DEPTH = 16
 DEFAULT_REQUEST_ENTRIES = 128
 """Requests the simulated pools hold at once (SGLang's --max-running-requests of a prefill server, and a profile's
 default): KV slots for that many of the longest prompt."""

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from ppprof.bounds import MAX_ASYNC_DEPTH
 from ppprof.checks import require_int, require_str
 from ppprof.config.profile_config import ProfileConfig
 from ppprof.config.workload import Workload
-from ppprof.serving.levels import DEFAULT_REQUEST_ENTRIES, MAX_ASYNC_DEPTH, MAX_NUM_PROMPTS
+from ppprof.serving.levels import DEFAULT_REQUEST_ENTRIES, MAX_NUM_PROMPTS
 from ppprof.serving.simulate import LoadLevel, prompts_of
 
 MAX_REPEATS = 100

@@ -56,14 +56,18 @@ def level_rules(policy: Policy) -> list[tuple[float, int, list[int], list[int]]]
     return out
 
 
-def level_figures(policy: Policy, rule: LoadRule | None, prompts: list[int], concurrency: int) -> tuple[float, float]:
+def level_figures(
+    policy: Policy, rule: LoadRule | None, prompts: list[int], concurrency: int, async_depth: int = 0
+) -> tuple[float, float]:
     """(input throughput in tokens/s, mean TTFT in ms) of `prompts` served at `concurrency` by the policy with the
-    under-load rule `rule` (None: its idle rules at every load)."""
+    under-load rule `rule` (None: its idle rules at every load), `async_depth` slots beyond the stages."""
     arm = replace(policy, load_rule=rule)
     stage_ms = packed_stage_ms(policy.planning_model, policy.pp_size, policy.extra_piece_ms)
     capacity = Capacity(max(prompts) * concurrency, concurrency)
     level = LoadLevel(concurrency=concurrency)
-    summary = serve(policy.pp_size, sizer(arm, "policy-load"), stage_ms, capacity, prompts, level).summary()
+    summary = serve(
+        policy.pp_size, sizer(arm, "policy-load"), stage_ms, capacity, prompts, level, async_depth=async_depth
+    ).summary()
     return summary["throughput_tokens_per_s"], summary["ttft_ms"]["mean"]
 
 
@@ -104,13 +108,13 @@ def composed(scored: Scored) -> LoadRule | None:
     return LoadRule([k for k, _ in parts], *columns)
 
 
-def scored_rules(policy: Policy, prompts: list[int]) -> Scored:
+def scored_rules(policy: Policy, prompts: list[int], async_depth: int = 0) -> Scored:
     """The candidates, scored: the idle rules, each candidate rule of one level (level_rules) from one pending
     request on, the rule of each level's own best (composed), and the best of these handed over only once the
     pending requests hold B tokens, or the largest chunk's (handover_tokens)."""
 
     def scored(rule: LoadRule | None):
-        return rule, [level_figures(policy, rule, prompts, c) for c in LOAD_LEVELS]
+        return rule, [level_figures(policy, rule, prompts, c, async_depth) for c in LOAD_LEVELS]
 
     singles = [LoadRule([1], [b], [cap], [starts], [sizes]) for b, cap, starts, sizes in level_rules(policy)]
     out = [scored(None), *(scored(rule) for rule in singles)]
@@ -123,14 +127,15 @@ def scored_rules(policy: Policy, prompts: list[int]) -> Scored:
     return out + [scored(replace(best, handover_tokens=t)) for t in tokens]
 
 
-def choose_load(policy: Policy) -> tuple[dict | None, dict]:
+def choose_load(policy: Policy, async_depth: int = 0) -> tuple[dict | None, dict]:
     """(policy.json's `load`, what it was chosen on) for `policy`: the scored candidate (scored_rules) whose worst
-    loss over LOAD_LEVELS is least; no `load` where that is the idle rules. Both None without a planning model."""
+    loss over LOAD_LEVELS is least, served with `async_depth` slots beyond the stages (the server's
+    pp_async_batch_depth); no `load` where that is the idle rules. Both None without a planning model."""
     if policy.planning_model is None:
         return None, {}
     workload = policy.data["workload"]
     prompts = prompts_of(workload["prompt_lens"], workload["weights"], LOAD_PROMPTS, LOAD_SEED)
-    scored = scored_rules(policy, prompts)
+    scored = scored_rules(policy, prompts, async_depth)
     worst = worst_losses(scored)
     chosen = int(np.argmin(worst))
     rule, figures = scored[chosen]
@@ -143,6 +148,6 @@ def choose_load(policy: Policy) -> tuple[dict | None, dict]:
         }
         for i, c in enumerate(LOAD_LEVELS)
     ]
-    chosen_on = {"num_prompts": LOAD_PROMPTS, "seed": LOAD_SEED, "levels": levels}
+    chosen_on = {"num_prompts": LOAD_PROMPTS, "seed": LOAD_SEED, "async_depth": async_depth, "levels": levels}
     evidence = chosen_on | {"candidates": len(scored), "worst_loss": worst[chosen], "idle_worst_loss": worst[0]}
     return (None if rule is None else rule.to_dict() | chosen_on), evidence

@@ -44,7 +44,7 @@ def default_policy():
         return from_dict(fit(Path(tmp) / "samples.csv")[1])
 
 
-def gpu_sized_policy(model=ATOM_MODEL, pp_size=4, base=8192, context=131072, workload=None):
+def gpu_sized_policy(model=ATOM_MODEL, pp_size=4, base=8192, context=131072, workload=None, async_depth=0):
     """A policy of `model` at `pp_size` stages (default: ATOM's, PP4, B 8192, chunks up to 32768) with its rules
     chosen as `ppprof fit` chooses them, then its under-load rule."""
     settings = ChunkSettings(base_chunk_size=base, context_len=context, page_size=64)
@@ -61,13 +61,14 @@ def gpu_sized_policy(model=ATOM_MODEL, pp_size=4, base=8192, context=131072, wor
         "diagnostics": {},
         **rules,
     }
-    return from_dict(with_load(data))
+    return from_dict(with_load(data, async_depth))
 
 
-def atom_published_policy():
-    """ATOM's published setup itself: PP4, every prompt 131072 tokens, B (the fixed arm) 32768."""
+def atom_published_policy(async_depth=0):
+    """ATOM's published setup itself: PP4, every prompt 131072 tokens, B (the fixed arm) 32768; the under-load rule
+    chosen at `async_depth` slots beyond the stages."""
     workload = Workload((131072,), (1.0,), source="131072")
-    return gpu_sized_policy(base=32768, context=131072 + 8192, workload=workload)
+    return gpu_sized_policy(base=32768, context=131072 + 8192, workload=workload, async_depth=async_depth)
 
 
 def eight_stage_policy():
@@ -78,17 +79,20 @@ def eight_stage_policy():
 
 
 CASES = {
-    "default-profile": default_policy,
-    "gpu-sized-atom-model": gpu_sized_policy,
-    "atom-published-setup": atom_published_policy,
-    "gpu-sized-8-stages": eight_stage_policy,
+    "default-profile": (default_policy, 0),
+    "gpu-sized-atom-model": (gpu_sized_policy, 0),
+    "atom-published-setup": (atom_published_policy, 0),
+    "atom-published-setup-depth-3": (lambda: atom_published_policy(3), 3),
+    "gpu-sized-8-stages": (eight_stage_policy, 0),
 }
-"""The policies simulated, by name."""
+"""The policies simulated, by name, and the async depth they are served at (the one their under-load rule was
+chosen at: `ppprof fit --async-depth`). At depth 3 ATOM's reversal shows: fixed 32768 beats the idle rules under
+load (results/serving-atom-sim.json)."""
 
 
-def served(policy, levels, num_prompts: int) -> dict:
+def served(policy, levels, num_prompts: int, async_depth: int = 0) -> dict:
     workload = Workload.from_dict(policy.data["workload"])
-    plan = ServingPlan(tuple(levels), SERVING_ARMS, workload, num_prompts, policy.pp_size)
+    plan = ServingPlan(tuple(levels), SERVING_ARMS, workload, num_prompts, policy.pp_size, async_depth)
     return simulate_levels(policy, plan)["levels"]
 
 
@@ -109,26 +113,32 @@ def versus_best(levels: dict) -> dict:
     return out
 
 
-def study(policy, num_prompts: int, concurrency) -> dict:
-    closed = served(policy, [LoadLevel(concurrency=c) for c in concurrency], num_prompts)
+def study(policy, num_prompts: int, concurrency, async_depth: int = 0) -> dict:
+    closed = served(policy, [LoadLevel(concurrency=c) for c in concurrency], num_prompts, async_depth)
     capacity = closed[f"concurrency-{max(c for c in concurrency if c <= 8)}"]["fixed-best"]["throughput_tokens_per_s"]
     workload = policy.data["workload"]
     mean_prompt = float(np.dot(workload["prompt_lens"], workload["weights"]) / np.sum(workload["weights"]))
     rates = [round(f * capacity / mean_prompt, 4) for f in RATE_FRACTIONS]
-    poisson = served(policy, [LoadLevel(rate=r) for r in rates], num_prompts)
+    poisson = served(policy, [LoadLevel(rate=r) for r in rates], num_prompts, async_depth)
     levels = closed | poisson
     for arms in levels.values():
         for cell in arms.values():
             cell.pop("ttft_ms_by_request")
-    return {"load": policy.data.get("load"), "rates_per_s": rates, "levels": levels, "vs_best": versus_best(levels)}
+    return {
+        "load": policy.data.get("load"),
+        "async_depth": async_depth,
+        "rates_per_s": rates,
+        "levels": levels,
+        "vs_best": versus_best(levels),
+    }
 
 
 def main() -> None:
     args = script_parser(__doc__, None, "8 prompts a level, concurrency 1 and 4").parse_args()
     num_prompts, concurrency = (8, (1, 4)) if args.quick else (64, CONCURRENCY)
     result = {"what": __doc__.splitlines()[0], "num_prompts": num_prompts}
-    for name, make in CASES.items():
-        result[name] = r = study(make(), num_prompts, concurrency)
+    for name, (make, depth) in CASES.items():
+        result[name] = r = study(make(), num_prompts, concurrency, depth)
         for level, vs in r["vs_best"].items():
             mine = r["levels"][level]["policy-load"]
             print(

@@ -154,5 +154,23 @@ def test_policy_load_is_within_1pct_of_the_best_arm(which, level, request):
     assert mine["ttft_ms"]["mean"] <= 1.01 * best_ttft, rows
 
 
+def test_the_rule_is_chosen_at_the_servers_async_depth():
+    """`ppprof fit --async-depth 3`: the levels are served with 3 slots beyond the stages, and the file says so."""
+    model = LatencyModel("prefix", a=3.25e-7, b=6.03e-3, c=26.1, g=5.39e-4)
+    data = policy_dict(model, pp_size=4, overhead_ms=20.0, largest=32768) | {"diagnostics": {}}
+    deep = from_dict(with_load(data, async_depth=3))
+    assert deep.data["load"]["async_depth"] == 3
+    idle = dataclasses.replace(deep, load_rule=None)
+    prompts = prompts_of(data["workload"]["prompt_lens"], data["workload"]["weights"], LOAD_PROMPTS, LOAD_SEED)
+    for level in deep.data["load"]["levels"]:
+        stage_ms = packed_stage_ms(deep.planning_model, deep.pp_size, deep.extra_piece_ms)
+        capacity = Capacity(max(prompts) * level["concurrency"], level["concurrency"])
+        at = LoadLevel(concurrency=level["concurrency"])
+        summary = serve(4, sizer(deep, "policy-load"), stage_ms, capacity, prompts, at, async_depth=3).summary()
+        assert level["ttft_mean_ms"]["policy-load"] == summary["ttft_ms"]["mean"]
+        shallow = serve(4, sizer(idle, "policy"), stage_ms, capacity, prompts, at).summary()
+        assert level["ttft_mean_ms"]["policy"] != shallow["ttft_ms"]["mean"]  # served deeper than SGLang's default
+
+
 def test_without_a_model_there_is_nothing_to_simulate(tiny):
     assert choose_load(dataclasses.replace(tiny, planning_model=None)) == (None, {})
