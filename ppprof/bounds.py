@@ -13,7 +13,7 @@ MAX_STAGES = 1024
 POLICY_ENV = "PPPROF_POLICY"
 """The environment variable that names the policy file a server process loads (ppprof.sglang's start-up hook and
 sizer; `ppprof export --server sglang` prints it)."""
-MLA_PREFIX_PIECE_TOKENS = 8192
-"""The most cached tokens an MLA layer decompresses at once (ppprof.model.mla): a longer prefix is decompressed piece
-by piece and the pieces' attention merged by log-sum-exp, as servers bound their MLA prefill workspace, so the
-transient stays at a chunk-sized piece whatever the prefix (ppprof.specs.activation counts the piece)."""
+MLA_PREFIX_SPAN_TOKENS = 8192
+"""The most cached tokens an MLA layer decompresses at once (ppprof.model.mla): a longer prefix is decompressed span
+by span and the spans' attention merged by log-sum-exp, as servers bound their MLA prefill workspace, so the
+transient stays at a chunk-sized span whatever the prefix (ppprof.specs.activation counts the span)."""

@@ -5,8 +5,8 @@ the pool's row. A chunk's prefill after a prefix is computed as serving engines 
 SGLang's chunked-prefix MHA path): the prefix's and the chunk's latents are decompressed by kv_b_proj into per-head
 keys (k_nope, k_r) and values, then the chunk attends over them, causal with prefix. So every chunk pays a term that
 grows with the prefix, kv_b_proj over the L cached tokens (the per-chunk prefix cost g of ATOM's model). A prefix
-longer than MLA_PREFIX_PIECE_TOKENS is decompressed a piece at a time, each piece's attention merged into the chunk's
-by log-sum-exp (ppprof.model.attention_kernels), so the transient is bounded by the piece, not the prefix. The
+longer than MLA_PREFIX_SPAN_TOKENS is decompressed a span at a time, each span's attention merged into the chunk's
+by log-sum-exp (ppprof.model.attention_kernels), so the transient is bounded by the span, not the prefix. The
 absorbed form (kv_b_proj's halves folded into the queries and the output, attention over the latent: decode's form)
 is `mla_absorbed`; the two agree (tests/model/test_mla.py).
 
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ppprof.bounds import MLA_PREFIX_PIECE_TOKENS
+from ppprof.bounds import MLA_PREFIX_SPAN_TOKENS
 from ppprof.mem.cache import Request, StageCache
 from ppprof.model.attention import apply_rope, rope_cos_sin
 from ppprof.model.attention_kernels import (
@@ -56,13 +56,13 @@ def mla_decompressed(
     scale: float,
     *,
     reference: bool = False,
-    piece_len: int = MLA_PREFIX_PIECE_TOKENS,
+    span_len: int = MLA_PREFIX_SPAN_TOKENS,
 ) -> torch.Tensor:
     """The prefill form: keys and values rebuilt from the latents, then attention per head.
 
     q_nope: (n, H, dn); q_rope: (n, H, dr); latent: (T, c) and k_rope: (T, dr) for the T = L + n positions;
     w_kv_b: (H * (dn + dv), c), kv_b_proj's weight (this TP rank's H heads). Returns (n, H, dv). A prefix longer
-    than `piece_len` is decompressed `piece_len` tokens at a time (attend_pieces).
+    than `span_len` is decompressed `span_len` tokens at a time (attend_spans).
     """
     n, heads, dn = q_nope.shape
 
@@ -73,7 +73,7 @@ def mla_decompressed(
         return k, kv[..., dn:]
 
     q = torch.cat([q_nope, q_rope], dim=-1)  # (n, H, dn + dr)
-    return attend_pieces(q, keys, latent, k_rope, prefix_len, scale, reference, piece_len)
+    return attend_spans(q, keys, latent, k_rope, prefix_len, scale, reference, span_len)
 
 
 def mla_absorbed(
@@ -86,7 +86,7 @@ def mla_absorbed(
     scale: float,
     *,
     reference: bool = False,
-    piece_len: int = MLA_PREFIX_PIECE_TOKENS,
+    span_len: int = MLA_PREFIX_SPAN_TOKENS,
 ) -> torch.Tensor:
     """The absorbed form: q_nope . (W_uk c) = (W_uk^T q_nope) . c, so each head's query moves into the latent space,
     all heads attend over one shared key [c, k_r] with value c, and W_uv maps the result out. Same arguments and
@@ -101,11 +101,11 @@ def mla_absorbed(
     def keys(lat: torch.Tensor, kr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.cat([lat, kr], dim=-1)[:, None, :], lat[:, None, :]  # (t, 1, c + dr), (t, 1, c)
 
-    out_latent = attend_pieces(q, keys, latent, k_rope, prefix_len, scale, reference, piece_len)  # (n, H, c)
+    out_latent = attend_spans(q, keys, latent, k_rope, prefix_len, scale, reference, span_len)  # (n, H, c)
     return torch.einsum("nhc,hvc->nhv", out_latent, w_uv)  # (n, H, dv)
 
 
-def attend_pieces(
+def attend_spans(
     q: torch.Tensor,
     keys: KeysOf,
     latent: torch.Tensor,
@@ -113,32 +113,32 @@ def attend_pieces(
     prefix_len: int,
     scale: float,
     reference: bool,
-    piece_len: int,
+    span_len: int,
 ) -> torch.Tensor:
     """q: (n, H, d) over the T = L + n positions of latent: (T, c), k_rope: (T, dr), causal with prefix -> (n, H, dv).
 
-    Up to `piece_len` cached tokens (and `reference`, a dense mask): the keys of all T positions at once. Beyond:
+    Up to `span_len` cached tokens (and `reference`, a dense mask): the keys of all T positions at once. Beyond:
     1. the chunk's own n positions, causal (square), with their log-sum-exp;
-    2. the prefix in pieces of at most piece_len positions, no mask, each merged into the running output by
-       log-sum-exp (exact: softmax over a union of key sets), its keys freed before the next piece is built.
+    2. the prefix in spans of at most span_len positions, no mask, each merged into the running output by
+       log-sum-exp (exact: softmax over a union of key sets), its keys freed before the next span is built.
     """
-    if piece_len < 1:
-        raise ValueError(f"piece_len {piece_len} must be at least 1")
-    if reference or prefix_len <= piece_len:
+    if span_len < 1:
+        raise ValueError(f"span_len {span_len} must be at least 1")
+    if reference or prefix_len <= span_len:
         k, v = keys(latent, k_rope)
         return _attend(q, k, v, prefix_len, scale, reference)
     q4 = q.transpose(0, 1)[None]  # (1, H, n, d)
     d = q4.shape[-1]
 
-    def part(start: int, stop: int, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def attend(start: int, stop: int, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
         k, v = keys(latent[start:stop], k_rope[start:stop])  # (t, Hk, d), (t, Hk, dv)
         k4, v4 = k.transpose(0, 1)[None], F.pad(v, (0, d - v.shape[-1])).transpose(0, 1)[None]  # V padded to d
         out, lse = attention_lse(q4, k4, v4, causal, scale)  # (1, H, n, d), (1, H, n)
         return out[..., : v.shape[-1]].float(), lse  # (1, H, n, dv) fp32: the running output stays fp32
 
-    out, lse = part(prefix_len, latent.shape[0], True)
-    for start in range(0, prefix_len, piece_len):
-        out, lse = merge_attention_lse(out, lse, *part(start, min(prefix_len, start + piece_len), False))
+    out, lse = attend(prefix_len, latent.shape[0], True)
+    for start in range(0, prefix_len, span_len):
+        out, lse = merge_attention_lse(out, lse, *attend(start, min(prefix_len, start + span_len), False))
     return out[0].transpose(0, 1).to(q.dtype)  # (n, H, dv)
 
 
@@ -159,7 +159,7 @@ def _attend(
 class MLAttention(nn.Module):
     """q: q_a_proj -> norm -> q_b_proj (or one q_proj); kv_a_proj -> (latent, k_rope); the latent normed; RoPE on
     q's and k's rotary parts; the latent row written to the pool; attention over the request's rows (decompressed,
-    or absorbed with `absorb`), the prefix in pieces of `prefix_piece_len` tokens; o_proj. No biases. Under TP
+    or absorbed with `absorb`), the prefix in spans of `prefix_span_len` tokens; o_proj. No biases. Under TP
     (`tp`): this rank's query heads, then the all-reduce of o_proj's output (see the module docstring)."""
 
     def __init__(
@@ -172,12 +172,12 @@ class MLAttention(nn.Module):
         absorb: bool = False,
         reference: bool = False,
         tp: TPComm = NO_TP,
-        prefix_piece_len: int = MLA_PREFIX_PIECE_TOKENS,
+        prefix_span_len: int = MLA_PREFIX_SPAN_TOKENS,
     ) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.absorb, self.reference, self.tp = absorb, reference, tp
-        self.prefix_piece_len = prefix_piece_len
+        self.prefix_span_len = prefix_span_len
         heads = rank_shapes(spec, tp.size, tp.rank).q_heads
         self.num_heads = heads.size
         self.nope, self.rope, self.v_dim = spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.v_head_dim
@@ -232,6 +232,6 @@ class MLAttention(nn.Module):
             prefix_len,
             self.scale,
             reference=self.reference,
-            piece_len=self.prefix_piece_len,
+            span_len=self.prefix_span_len,
         )  # (n, H, dv)
         return self.tp.all_reduce(self.o_proj(out.reshape(n, self.num_heads * self.v_dim)))  # summed over TP ranks

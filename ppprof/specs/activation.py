@@ -5,7 +5,7 @@ probe holds beyond the layers (activation_peak says how each term is counted). N
 
 from __future__ import annotations
 
-from ppprof.bounds import MLA_PREFIX_PIECE_TOKENS
+from ppprof.bounds import MLA_PREFIX_SPAN_TOKENS
 from ppprof.chunks import align_up
 from ppprof.specs.accounting import FP32_BYTES, deltanet_state_shapes
 from ppprof.specs.backends import MAMBA_FUSED
@@ -40,18 +40,18 @@ def attention_bytes(spec: ModelSpec, n: int, total: int, b: int, backend: str, d
 
 
 def mla_bytes(
-    spec: ModelSpec, n: int, total: int, b: int, backend: str, device: str, piece: int = MLA_PREFIX_PIECE_TOKENS
+    spec: ModelSpec, n: int, total: int, b: int, backend: str, device: str, span: int = MLA_PREFIX_SPAN_TOKENS
 ) -> int:
-    """Transient of one MLA layer on n tokens after total - n cached ones, a prefix longer than `piece` decompressed
-    a piece at a time (see activation_peak)."""
+    """Transient of one MLA layer on n tokens after total - n cached ones, a prefix longer than `span` decompressed
+    a span at a time (see activation_peak)."""
     heads, d, c, dr = spec.num_attention_heads, spec.qk_head_dim, spec.kv_lora_rank, spec.qk_rope_head_dim
     dv = spec.v_head_dim
-    pieced = backend != "reference" and total - n > piece
-    rows = max(n, piece) if pieced else total  # positions decompressed at once
+    spanned = backend != "reference" and total - n > span
+    rows = max(n, span) if spanned else total  # positions decompressed at once
     out = n * (spec.q_lora_rank + 2 * heads * d + c + dr) * b  # q_a, q and its RoPE'd copy, kv_a
     out += total * (c + dr) * b  # the rows read from the pool
     keys = rows * heads * (spec.qk_nope_head_dim + dv) * b + rows * heads * d * b * (2 if dv < d else 1)
-    if pieced:  # a part's keys and output beside the running fp32 output, or the merge (its keys freed by then)
+    if spanned:  # a span's keys and output beside the running fp32 output, or the merge (its keys freed by then)
         running = n * heads * dv * FP32_BYTES
         return out + max(keys + n * heads * d * b + running, 5 * running)
     out += keys  # decompressed, the keys, and V padded to the key width
@@ -189,12 +189,12 @@ def activation_peak(
     - MLA (H heads, query/key width d = dn + dr, latent c, value dv): q_a, q and its RoPE'd copy and kv_a,
       n (q_lora + 2 H d + c + dr) b; the T rows read from the pool and decompressed, T (c + dr) b + T H (dn + dv) b;
       the keys, and V zero-padded to d, 2 T H d b; then attention as sdpa's (reference: the dense mask and fp32
-      scores). A prefix longer than P = MLA_PREFIX_PIECE_TOKENS is decompressed a piece at a time (as servers bound
-      it): the T rows read, then the larger of a part (max(n, P) positions decompressed, their keys and padded V, its
+      scores). A prefix longer than P = MLA_PREFIX_SPAN_TOKENS is decompressed a span at a time (as servers bound
+      it): the T rows read, then the larger of a span (max(n, P) positions decompressed, their keys and padded V, its
       output n H d b, beside the running fp32 output n H dv 4) and the log-sum-exp merge (the running output, the
-      part's fp32 output, two weighted copies and their sum, 5 n H dv 4). So the term stops growing with the
+      span's fp32 output, two weighted copies and their sum, 5 n H dv 4). So the term stops growing with the
       prefix: DeepSeek-V3's MLA layer (bf16, TP 1, n = 8192) holds 22.6 GiB at a 131072-token prefix at once,
-      3.4 GiB in pieces.
+      3.4 GiB in spans.
     - deltanet (Hv value heads of dv, key heads of dk repeated to Hv, block q, n' = n rounded up to q): in_proj and
       the conv's input and output, fp32 q, k, v per value head; then the larger of the chunked rule's block tensors,
       3 Hv n' q 4, with its per-token vectors, Hv n' (4 dk + 3 dv) 4, and the gated norm, 2 n Hv dv 4.

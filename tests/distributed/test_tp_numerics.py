@@ -58,9 +58,9 @@ def recurrent_kernel(q, k, v, g, beta, chunk_size, initial_state):
 
 def other_forms(module) -> None:
     """MLA absorbed, its prefix decompressed 5 tokens at a time (CHUNKS' second chunk has a 24-token prefix: 5
-    pieces); the Gated DeltaNet by its recurrence."""
+    spans); the Gated DeltaNet by its recurrence."""
     if isinstance(module, MLAttention):
-        module.absorb, module.prefix_piece_len = True, 5
+        module.absorb, module.prefix_span_len = True, 5
     if isinstance(module, GatedDeltaNet):
         module.kernel = recurrent_kernel
 
@@ -113,7 +113,7 @@ def worker(rank: int, port: int) -> None:
             ref = run_stages(spec, None, 0)
             runs = {"": run_stages(spec, mesh.tp, rank)}
             if spec.name in ("tiny-mla", "tiny-gdn"):
-                runs["absorbed, pieces / recurrent"] = run_stages(spec, mesh.tp, rank, other_forms)
+                runs["absorbed, spans / recurrent"] = run_stages(spec, mesh.tp, rank, other_forms)
             for form, got in runs.items():
                 for name, a, b in zip(("hidden", "residual", "logits"), got[:3], ref[:3]):
                     torch.testing.assert_close(
