@@ -189,12 +189,10 @@ def activation_peak(
     - MLA (H heads, query/key width d = dn + dr, latent c, value dv): q_a, q and its RoPE'd copy and kv_a,
       n (q_lora + 2 H d + c + dr) b; the T rows read from the pool and decompressed, T (c + dr) b + T H (dn + dv) b;
       the keys, and V zero-padded to d, 2 T H d b; then attention as sdpa's (reference: the dense mask and fp32
-      scores). A prefix longer than P = MLA_PREFIX_SPAN_TOKENS is decompressed a span at a time (as servers bound
-      it): the T rows read, then the larger of a span (max(n, P) positions decompressed, their keys and padded V, its
-      output n H d b, beside the running fp32 output n H dv 4) and the log-sum-exp merge (the running output, the
-      span's fp32 output, two weighted copies and their sum, 5 n H dv 4). So the term stops growing with the
-      prefix: DeepSeek-V3's MLA layer (bf16, TP 1, n = 8192) holds 22.6 GiB at a 131072-token prefix at once,
-      3.4 GiB in spans.
+      scores). Past P = MLA_PREFIX_SPAN_TOKENS cached tokens, a span at a time: the T rows, then the larger of a
+      span (max(n, P) positions decompressed, their keys and padded V, its output n H d b, the running fp32 output
+      n H dv 4) and the log-sum-exp merge (running and span outputs, two weighted copies, their sum: 5 n H dv 4);
+      DeepSeek-V3's MLA layer (bf16, TP 1, n = 8192, L = 131072) holds 3.4 GiB so, 22.6 GiB at once.
     - deltanet (Hv value heads of dv, key heads of dk repeated to Hv, block q, n' = n rounded up to q): in_proj and
       the conv's input and output, fp32 q, k, v per value head; then the larger of the chunked rule's block tensors,
       3 Hv n' q 4, with its per-token vectors, Hv n' (4 dk + 3 dv) 4, and the gated norm, 2 n Hv dv 4.
