@@ -81,9 +81,10 @@ def attention_lse(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One attention call that also gives its log-sum-exp, to be merged (merge_attention_lse). q: (1, heads, n, d);
     k, v: (1, kv_heads, t, d), t == n where `causal` (square) -> (1, heads, n, d), lse (1, heads, n) fp32. CPU: the
-    flash kernel; CUDA: the memory-efficient kernel (its log-sum-exp is padded past n), the KV heads broadcast."""
+    flash kernel; CUDA: the memory-efficient kernel (its log-sum-exp is padded past n), the KV heads repeated."""
     if q.device.type == "cuda":
-        k, v = (x.expand(-1, q.shape[1], -1, -1) for x in (k, v))
+        if k.shape[1] != q.shape[1]:  # the kernel takes no GQA: each query head its own K/V
+            k, v = (x.expand(-1, q.shape[1], -1, -1).contiguous() for x in (k, v))
         efficient = torch.ops.aten._scaled_dot_product_efficient_attention
         out, lse, _, _ = efficient(q, k, v, None, True, 0.0, causal, scale=scale)
         return out, lse[..., : q.shape[2]].float()
