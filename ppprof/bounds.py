@@ -15,3 +15,7 @@ POLICY_ENV = "PPPROF_POLICY"
 sizer; `ppprof export --server sglang` prints it)."""
 MAX_ASYNC_DEPTH = 16
 """The most micro-batch slots beyond the stages a server keeps in flight (--async-depth)."""
+MLA_PREFIX_SPAN_TOKENS = 8192
+"""The most cached tokens an MLA layer decompresses at once (ppprof.model.mla): a longer prefix is decompressed span
+by span and the spans' attention merged by log-sum-exp, as servers bound their MLA prefill workspace, so the
+transient stays at a chunk-sized span whatever the prefix (ppprof.specs.activation counts the span)."""

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The GPU checks, in one run, for a machine with NVIDIA GPUs: environment report, the CUDA numerics tests, and short
-# profiles with real layer shapes over NCCL (llama3-8b and nemotron-h-8b, few layers per stage), each with its peak
-# memory against ppprof's estimate and the attention / Mamba kernels that ran. Everything lands in one folder.
+# The GPU checks, in one run, for a machine with NVIDIA GPUs: environment report, the CUDA numerics tests, the TP
+# numerics and the bounded MLA prefix, and short profiles with real layer shapes over NCCL (llama3-8b and
+# nemotron-h-8b, few layers per stage), each with its peak memory against ppprof's estimate and the attention / Mamba
+# kernels that ran. Everything lands in one folder.
 #   bash scripts/gpu_check.sh [OUT]        (default results/gpu-check-<UTC time>; about 5-10 minutes on one H200)
 # GPU_CHECK_STEP_TIMEOUT=S bounds each step (default 420 s; a short device lease wants about 150).
 # GPU_CHECK_EXTRAS=1 also tries `pip install flashinfer-python mamba-ssm causal-conv1d flash-linear-attention` (the `gpu` extra) first.
@@ -43,6 +44,14 @@ pp=$(( ngpu >= 4 ? 4 : (ngpu >= 2 ? 2 : 1) ))
 step "numerics on CUDA (tests/model/test_cuda.py) and the whole model suite"
 timeout "$limit" $PY -m pytest -q -p no:cacheprovider tests/model -rs > "$out/numerics.log" 2>&1 || status=1
 tail -n 3 "$out/numerics.log" | tee -a "$out/summary.txt"
+
+# TP numerics on gloo (a TP = 2 stage equals TP = 1 for every layer kind, MLA's and Gated DeltaNet's other forms too),
+# the bounded MLA prefix (spans equal the whole prefix, on CPU and through CUDA's memory-efficient kernel) and its
+# memory term.
+step "TP numerics and the bounded MLA prefix"
+timeout "$limit" $PY -m pytest -q -p no:cacheprovider tests/distributed/test_tp_numerics.py tests/specs/test_tp.py \
+  tests/model/test_mla.py tests/specs/test_memory.py -k "tp or span" -rs > "$out/tp-numerics.log" 2>&1 || status=1
+tail -n 3 "$out/tp-numerics.log" | tee -a "$out/summary.txt"
 
 profile() {  # name, then ppprof profile options
   local name=$1; shift

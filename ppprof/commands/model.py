@@ -107,7 +107,8 @@ def model(
 def tp_line(tp_size: int) -> str:
     """The line that says the figures below are one TP rank's."""
     return (
-        f"tp          {tp_size} ranks a stage (heads, KV heads, intermediate, Mamba heads and vocab split); "
+        f"tp          {tp_size} ranks a stage (heads, KV heads, intermediate, Mamba and DeltaNet heads and vocab "
+        "split, MLA's latent whole); "
         "params and the stage table per TP rank"
     )
 

@@ -7,6 +7,7 @@ still tells its successors, which then skip their forward instead of waiting on 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -22,7 +23,8 @@ FAILED = 1
 
 
 class PendingActivation:
-    """Receives posted for one chunk: wait() gives (status, hidden, residual), the tensors None unless OK."""
+    """Receives posted for one chunk: wait() gives (status, hidden, residual), the tensors None unless OK; `gather`
+    makes a received slice the whole tensor (Pipe.gathered)."""
 
     def __init__(
         self,
@@ -31,16 +33,19 @@ class PendingActivation:
         hidden: torch.Tensor,
         residual: torch.Tensor,
         waiting: AbstractContextManager,
+        gather: Callable[[torch.Tensor], torch.Tensor],
     ) -> None:
         self.works, self.header, self.hidden, self.residual = works, header, hidden, residual
-        self.waiting = waiting
+        self.waiting, self.gather = waiting, gather
 
     def wait(self) -> tuple[int, torch.Tensor | None, torch.Tensor | None]:
         with self.waiting:  # on CUDA the wait ends at .item(), when the stream has the header
             for w in self.works:
                 w.wait()
             status = int(self.header[0].item())
-        return (status, self.hidden, self.residual) if status == OK else (status, None, None)
+        if status != OK:
+            return status, None, None
+        return status, self.gather(self.hidden), self.gather(self.residual)
 
 
 class Pipe:
@@ -48,11 +53,11 @@ class Pipe:
     collectives of a run (agreement, gather, broadcast). With a watchdog, every wait on another rank has a deadline
     (ppprof.distributed.watchdog).
 
-    `rank` is this rank's stage and `world_size` the number of stages. With a (pp, tp) mesh, TP rank t of a stage
-    sends its whole hidden state to TP rank t of the next over the mesh's pp group: after the row-parallel
-    all-reduce every TP rank holds the full (replicated) hidden, so one send per TP rank needs no collective on the
-    receiving side and keeps the pipelined receive a point-to-point wait (servers send 1/tp each and all-gather
-    instead, which moves 1/tp of the bytes a link). The agreement, gathers, broadcasts and barriers span every rank
+    `rank` is this rank's stage and `world_size` the number of stages. With a (pp, tp) mesh, as servers send it
+    (vLLM's and SGLang's send_tensor_dict with an all-gather group): after the row-parallel all-reduce every TP rank
+    holds the whole (replicated) hidden and residual, so TP rank t of a stage sends only its 1/tp slice of each
+    (flattened) to TP rank t of the next over the mesh's pp group, and the receiving stage's TP ranks all-gather the
+    slices; a chunk whose n x hidden values tp does not divide crosses whole. The agreement, gathers, broadcasts and barriers span every rank
     of the mesh; `all_gather` gives one entry a stage (its TP rank 0's: the TP ranks of a stage agree on what they
     gather, their latencies being the slowest's), `all_gather_ranks` one a rank."""
 
@@ -134,16 +139,45 @@ class Pipe:
     def _header(self, status: int, chunk_size: int) -> torch.Tensor:
         return torch.tensor([status, chunk_size], dtype=torch.int64, device=self.device)
 
+    def sliced(self, chunk_size: int) -> bool:
+        """Whether a chunk of `chunk_size` tokens crosses the stage boundary in 1/tp slices (TP > 1, and tp divides
+        its chunk_size x hidden_size values), else whole."""
+        return self.tp_size > 1 and chunk_size * self.hidden_size % self.tp_size == 0
+
+    def outgoing(self, x: torch.Tensor) -> torch.Tensor:
+        """What this rank sends of x: (chunk_size, hidden) -> its TP rank's slice of the flattened values, or x whole;
+        in the pipeline dtype (the receiver allocates buffers of it)."""
+        x = x.to(self.dtype).contiguous()
+        if not self.sliced(x.shape[0]):
+            return x
+        return x.view(-1).chunk(self.tp_size)[self.mesh.coords.tp_rank].contiguous()
+
+    def incoming(self, chunk_size: int) -> torch.Tensor:
+        """A receive buffer of what the previous stage's peer sends of a chunk (outgoing's shape)."""
+        shape = (
+            (chunk_size * self.hidden_size // self.tp_size,)
+            if self.sliced(chunk_size)
+            else (chunk_size, self.hidden_size)
+        )
+        return torch.empty(shape, dtype=self.dtype, device=self.device)
+
+    def gathered(self, part: torch.Tensor) -> torch.Tensor:
+        """A received slice -> the whole (chunk_size, hidden), all-gathered over this stage's TP ranks (every one
+        calls it); a whole tensor as it is."""
+        if part.dim() == 2:
+            return part
+        return self.mesh.tp.all_gather(part).view(-1, self.hidden_size)
+
     def send_activation(self, status: int, hidden: torch.Tensor | None, residual: torch.Tensor | None) -> None:
-        """To the next stage: the header, then (when OK) hidden and residual, each (chunk_size, hidden_size)."""
+        """To the next stage: the header, then (when OK) hidden and residual, each (chunk_size, hidden_size), or this
+        TP rank's slice of each."""
         dst = self.peer(self.rank + 1)
         chunk_size = 0 if status != OK else hidden.shape[0]
         with self.waiting(dst):
             dist.send(self._header(status, chunk_size), dst, group=self._group)
             if status == OK:
-                # The receiver allocates buffers of the pipeline dtype, so send exactly that.
-                dist.send(hidden.to(self.dtype).contiguous(), dst, group=self._group)
-                dist.send(residual.to(self.dtype).contiguous(), dst, group=self._group)
+                dist.send(self.outgoing(hidden), dst, group=self._group)
+                dist.send(self.outgoing(residual), dst, group=self._group)
 
     def recv_activation(self) -> tuple[int, torch.Tensor | None, torch.Tensor | None]:
         """From the previous stage: (status, hidden, residual); the tensors are None when the status is not OK."""
@@ -154,36 +188,31 @@ class Pipe:
             status, chunk_size = (int(v) for v in header.tolist())
             if status != OK:
                 return status, None, None
-            hidden = torch.empty((chunk_size, self.hidden_size), dtype=self.dtype, device=self.device)
-            residual = torch.empty_like(hidden)
+            hidden, residual = self.incoming(chunk_size), self.incoming(chunk_size)
             dist.recv(hidden, src, group=self._group)
             dist.recv(residual, src, group=self._group)
-        return status, hidden, residual
+        return status, self.gathered(hidden), self.gathered(residual)
 
     def isend_activation(
         self, status: int, hidden: torch.Tensor | None, residual: torch.Tensor | None, chunk_size: int
     ) -> list:
-        """Non-blocking send to the next stage of the header and both tensors, always of shape (chunk_size, hidden),
-        zeros when the status is not OK (the receiver posted its receives for exactly these shapes). Returns the works
-        to wait on."""
+        """Non-blocking send to the next stage of the header and both tensors (or this TP rank's slices), always of
+        a chunk of chunk_size tokens, zeros when the status is not OK (the receiver posted its receives for exactly
+        these shapes). Returns the works to wait on."""
         dst = self.peer(self.rank + 1)
         if status != OK:
             hidden = residual = torch.zeros((chunk_size, self.hidden_size), dtype=self.dtype, device=self.device)
-        tensors = (
-            self._header(status, chunk_size),
-            hidden.to(self.dtype).contiguous(),
-            residual.to(self.dtype).contiguous(),
-        )
+        tensors = (self._header(status, chunk_size), self.outgoing(hidden), self.outgoing(residual))
         return [dist.isend(t, dst, group=self._group) for t in tensors]
 
     def irecv_activation(self, chunk_size: int) -> PendingActivation:
-        """Post the receives of the previous stage's next chunk of `chunk_size` tokens; wait() on the result."""
+        """Post the receives of the previous stage's next chunk of `chunk_size` tokens; wait() on the result (which
+        all-gathers sliced tensors over this stage's TP ranks)."""
         src = self.peer(self.rank - 1)
         header = self._header(OK, 0)
-        hidden = torch.empty((chunk_size, self.hidden_size), dtype=self.dtype, device=self.device)
-        residual = torch.empty_like(hidden)
+        hidden, residual = self.incoming(chunk_size), self.incoming(chunk_size)
         works = [dist.irecv(t, src, group=self._group) for t in (header, hidden, residual)]
-        return PendingActivation(works, header, hidden, residual, self.waiting(src))
+        return PendingActivation(works, header, hidden, residual, self.waiting(src), self.gathered)
 
     def wait_sends(self, works: list) -> None:
         """Wait for the works of isend_activation (the next stage receives them); on CUDA until they are done, so that

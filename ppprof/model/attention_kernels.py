@@ -62,20 +62,45 @@ def _check_slots(q: torch.Tensor, slots: torch.Tensor, prefix_len: int) -> None:
 def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
     """Exact softmax attention over the union of two key sets from each set's output and log-sum-exp.
     out: (1, heads, n, d); lse: (1, heads, n) fp32. The weight of each part is its share of the total exp-sum."""
+    return merge_attention_lse(out_a, lse_a, out_b, lse_b)[0]
+
+
+def merge_attention_lse(
+    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """merge_attention, and the log-sum-exp of the union (1, heads, n) fp32, so that more parts can be merged in."""
     m = torch.maximum(lse_a, lse_b)
     w_a, w_b = torch.exp(lse_a - m)[..., None], torch.exp(lse_b - m)[..., None]  # (1, heads, n, 1)
-    return ((out_a.float() * w_a + out_b.float() * w_b) / (w_a + w_b)).to(out_a.dtype)
+    total = w_a + w_b
+    out = ((out_a.float() * w_a + out_b.float() * w_b) / total).to(out_a.dtype)
+    return out, m + total[..., 0].log()
+
+
+def attention_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One attention call that also gives its log-sum-exp, to be merged (merge_attention_lse). q: (1, heads, n, d);
+    k, v: (1, kv_heads, t, d), t == n where `causal` (square) -> (1, heads, n, d), lse (1, heads, n) fp32. CPU: the
+    flash kernel; CUDA: the memory-efficient kernel (its log-sum-exp is padded past n), the KV heads repeated."""
+    if q.device.type == "cuda":
+        if k.shape[1] != q.shape[1]:  # the kernel takes no GQA: each query head its own K/V
+            k, v = (x.expand(-1, q.shape[1], -1, -1).contiguous() for x in (k, v))
+        efficient = torch.ops.aten._scaled_dot_product_efficient_attention
+        out, lse, _, _ = efficient(q, k, v, None, True, 0.0, causal, scale=scale)
+        return out, lse[..., : q.shape[2]].float()
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    out, lse = flash(q, k, v, 0.0, causal, scale=scale)
+    return out, lse
 
 
 def cpu_prefix_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int, scale: float | None = None
 ) -> torch.Tensor:
     """q: (1, heads, n, d); k, v: (1, kv_heads, L + n, d) -> (1, heads, n, d), with CPU flash calls only."""
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    out, lse = flash(q, k[:, :, prefix_len:], v[:, :, prefix_len:], 0.0, True, scale=scale)  # chunk: causal, square
+    out, lse = attention_lse(q, k[:, :, prefix_len:], v[:, :, prefix_len:], True, scale)  # chunk: causal, square
     if prefix_len == 0:
         return out
-    out_prefix, lse_prefix = flash(q, k[:, :, :prefix_len], v[:, :, :prefix_len], 0.0, False, scale=scale)
+    out_prefix, lse_prefix = attention_lse(q, k[:, :, :prefix_len], v[:, :, :prefix_len], False, scale)
     return merge_attention(out_prefix, lse_prefix, out, lse)
 
 

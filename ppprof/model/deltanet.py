@@ -18,7 +18,9 @@ from torch import nn
 
 from ppprof.mem.cache import Request, StageCache
 from ppprof.model.mamba import causal_conv
+from ppprof.model.tp import NO_TP, TPComm, assign, full_shape, mark_segments
 from ppprof.specs.spec import ModelSpec
+from ppprof.specs.tp import rank_shapes
 
 DELTANET_TORCH = "torch chunked delta rule (states fp32)"
 DELTANET_FLA = "fla chunk_gated_delta_rule"
@@ -143,7 +145,12 @@ class DeltaNetKernel:
 
 class GatedDeltaNet(nn.Module):
     """in_proj_qkvz -> q, k, v, z; in_proj_ba -> beta, the decay's input; causal conv + SiLU over q, k, v; the gated
-    delta rule; RMSNorm per head gated by silu(z); out_proj. Hv / Hk value heads share a key head."""
+    delta rule; RMSNorm per head gated by silu(z); out_proj. Hv / Hk value heads share a key head.
+
+    Under TP (`tp`), as SGLang's and vLLM's Qwen3-Next split it: this rank's key heads and value heads (a value head's
+    key head is on the same rank: both split evenly), in_proj_qkvz, in_proj_ba and the conv column-parallel by head,
+    A and dt bias its heads', the per-head norm whole, out_proj row-parallel, then the all-reduce. Its conv and
+    recurrent states in the Mamba-pool slot are its heads' only."""
 
     def __init__(
         self,
@@ -153,41 +160,51 @@ class GatedDeltaNet(nn.Module):
         dtype: torch.dtype,
         device: str | torch.device,
         kernel: DeltaNetKernel | None = None,
+        tp: TPComm = NO_TP,
     ) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.kernel = kernel or DeltaNetKernel(torch.device(device))
-        self.num_k_heads, self.num_v_heads = spec.linear_num_key_heads, spec.linear_num_value_heads
+        self.tp = tp
+        shapes = rank_shapes(spec, tp.size, tp.rank)
+        k_heads, v_heads = shapes.deltanet_key_heads, shapes.deltanet_value_heads
+        self.num_k_heads, self.num_v_heads = k_heads.size, v_heads.size
         self.k_dim, self.v_dim = spec.linear_key_head_dim, spec.linear_value_head_dim
-        self.key_size, self.value_size = spec.deltanet_key_dim, spec.deltanet_value_dim
+        self.key_size, self.value_size = self.num_k_heads * self.k_dim, self.num_v_heads * self.v_dim
         self.chunk_size, self.eps = spec.deltanet_chunk_size, spec.rms_norm_eps
         kw = dict(dtype=dtype, device=device)
         h = spec.hidden_size
-        self.in_proj_qkvz = nn.Linear(h, 2 * self.key_size + 2 * self.value_size, bias=False, **kw)
+        conv_dim = 2 * self.key_size + self.value_size
+        self.in_proj_qkvz = nn.Linear(h, conv_dim + self.value_size, bias=False, **kw)
         self.in_proj_ba = nn.Linear(h, 2 * self.num_v_heads, bias=False, **kw)
-        self.conv_weight = nn.Parameter(torch.empty(spec.deltanet_conv_dim, spec.linear_conv_kernel_dim, **kw))
+        self.conv_weight = nn.Parameter(torch.empty(conv_dim, spec.linear_conv_kernel_dim, **kw))
         # A and dt bias stay fp32, as in the reference implementation: they enter exp/softplus on every step.
         self.a_log = nn.Parameter(torch.empty(self.num_v_heads, dtype=torch.float32, device=device))
         self.dt_bias = nn.Parameter(torch.empty(self.num_v_heads, dtype=torch.float32, device=device))
         self.norm_weight = nn.Parameter(torch.empty(self.v_dim, **kw))
         self.out_proj = nn.Linear(self.value_size, h, bias=False, **kw)
+        qkv = [(k_heads, self.k_dim), (k_heads, self.k_dim), (v_heads, self.v_dim)]
+        mark_segments(self.in_proj_qkvz.weight, [*qkv, (v_heads, self.v_dim)], dim=0)  # q, k, v, z
+        mark_segments(self.in_proj_ba.weight, [(v_heads, 1), (v_heads, 1)], dim=0)
+        mark_segments(self.conv_weight, qkv, dim=0)
+        for p in (self.a_log, self.dt_bias):
+            mark_segments(p, [(v_heads, 1)], dim=0)
+        mark_segments(self.out_proj.weight, [(v_heads, self.v_dim)], dim=1)
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator, std: float) -> None:
-        """Random projections, a conv of unit gain, A in [1, 16] and dt in [1e-3, 1e-1] as Mamba2's init."""
-
-        def draw(p: torch.Tensor, t: torch.Tensor) -> None:
-            p.copy_(t.to(p.dtype))
-
+        """Random projections, a conv of unit gain, A in [1, 16] and dt in [1e-3, 1e-1] as Mamba2's init; drawn at
+        the full (TP = 1) shapes, this rank keeping its shard."""
         for proj in (self.in_proj_qkvz, self.in_proj_ba):
-            draw(proj.weight, torch.randn(proj.weight.shape, generator=generator) * std)
-        kernel = self.conv_weight.shape[1]
-        draw(self.conv_weight, torch.randn(self.conv_weight.shape, generator=generator) / math.sqrt(kernel))
-        draw(self.a_log, torch.empty(self.num_v_heads).uniform_(1.0, 16.0, generator=generator).log())
-        dt = torch.empty(self.num_v_heads).uniform_(math.log(1e-3), math.log(1e-1), generator=generator).exp()
-        draw(self.dt_bias, dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
-        draw(self.norm_weight, torch.ones(self.v_dim))
-        draw(self.out_proj.weight, torch.randn(self.out_proj.weight.shape, generator=generator) * std)
+            assign(proj.weight, torch.randn(full_shape(proj.weight), generator=generator) * std)
+        conv_shape = full_shape(self.conv_weight)
+        assign(self.conv_weight, torch.randn(conv_shape, generator=generator) / math.sqrt(conv_shape[1]))
+        num_v_heads = full_shape(self.a_log)[0]
+        assign(self.a_log, torch.empty(num_v_heads).uniform_(1.0, 16.0, generator=generator).log())
+        dt = torch.empty(num_v_heads).uniform_(math.log(1e-3), math.log(1e-1), generator=generator).exp()
+        assign(self.dt_bias, dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+        assign(self.norm_weight, torch.ones(self.v_dim))
+        assign(self.out_proj.weight, torch.randn(full_shape(self.out_proj.weight), generator=generator) * std)
 
     def forward(self, x: torch.Tensor, cache: StageCache, req: Request) -> torch.Tensor:
         """x: (n, hidden), the request's next n tokens -> (n, hidden). Reads and rewrites the conv and recurrent
@@ -213,4 +230,4 @@ class GatedDeltaNet(nn.Module):
         state.copy_(final_state)
         o = o * torch.rsqrt(o.pow(2).mean(dim=-1, keepdim=True) + self.eps)  # RMSNorm per head
         o = o.to(x.dtype) * self.norm_weight * F.silu(z.view(n, self.num_v_heads, self.v_dim))
-        return self.out_proj(o.reshape(n, self.value_size))
+        return self.tp.all_reduce(self.out_proj(o.reshape(n, self.value_size)))  # summed over TP ranks

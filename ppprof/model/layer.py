@@ -57,16 +57,14 @@ class Layer(nn.Module):
         kw = dict(dtype=dtype, device=device)
         self.layer_id = layer_id
         self.mixer_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, **kw) if layer.mixers else None
-        # Under TP only attention, Mamba2, MLP and MoE are sharded (ppprof.specs.tp refuses TP of MLA and Gated
-        # DeltaNet layers before any rank starts).
         if layer.has_mla:  # MLA takes the attention slot: a model has one KV mixer kind (ModelSpec checks it)
-            self.attention = MLAttention(spec, layer_id, reference=attention_kernel.backend == "reference", **kw)
+            self.attention = MLAttention(spec, layer_id, reference=attention_kernel.backend == "reference", tp=tp, **kw)
         else:
             self.attention = (
                 Attention(spec, layer_id, kernel=attention_kernel, tp=tp, **kw) if layer.has_attention else None
             )
         if layer.has_deltanet:  # likewise the Gated DeltaNet takes the Mamba slot
-            self.mamba = GatedDeltaNet(spec, layer_id, kernel=deltanet_kernel, **kw)
+            self.mamba = GatedDeltaNet(spec, layer_id, kernel=deltanet_kernel, tp=tp, **kw)
         else:
             self.mamba = Mamba2(spec, layer_id, kernel=mamba_kernel, tp=tp, **kw) if layer.has_mamba else None
         self.ffn_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, **kw) if layer.ffn else None

@@ -4,21 +4,40 @@ Each token keeps one latent c (kv_lora_rank, normed) and one RoPE'd key k_r (qk_
 the pool's row. A chunk's prefill after a prefix is computed as serving engines compute it (vLLM's MLA prefill,
 SGLang's chunked-prefix MHA path): the prefix's and the chunk's latents are decompressed by kv_b_proj into per-head
 keys (k_nope, k_r) and values, then the chunk attends over them, causal with prefix. So every chunk pays a term that
-grows with the prefix, kv_b_proj over the L cached tokens (the per-chunk prefix cost g of ATOM's model). The absorbed
-form (kv_b_proj's halves folded into the queries and the output, attention over the latent: decode's form) is
-`mla_absorbed`; the two agree (tests/model/test_mla.py).
+grows with the prefix, kv_b_proj over the L cached tokens (the per-chunk prefix cost g of ATOM's model). A prefix
+longer than MLA_PREFIX_SPAN_TOKENS is decompressed a span at a time, each span's attention merged into the chunk's
+by log-sum-exp (ppprof.model.attention_kernels), so the transient is bounded by the span, not the prefix. The
+absorbed form (kv_b_proj's halves folded into the queries and the output, attention over the latent: decode's form)
+is `mla_absorbed`; the two agree (tests/model/test_mla.py).
+
+Under TP, as SGLang and vLLM shard it without data-parallel attention: each rank holds its query heads (q_b_proj or
+q_proj and kv_b_proj column-parallel by head, o_proj row-parallel, then the all-reduce); q_a_proj and kv_a_proj are
+whole, so every rank writes and reads the whole latent row of a token.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ppprof.bounds import MLA_PREFIX_SPAN_TOKENS
 from ppprof.mem.cache import Request, StageCache
 from ppprof.model.attention import apply_rope, rope_cos_sin
-from ppprof.model.attention_kernels import dense_prefix_attention, prefix_causal_mask
+from ppprof.model.attention_kernels import (
+    attention_lse,
+    dense_prefix_attention,
+    merge_attention_lse,
+    prefix_causal_mask,
+)
+from ppprof.model.tp import NO_TP, TPComm, mark_segments
 from ppprof.specs.spec import ModelSpec
+from ppprof.specs.tp import rank_shapes
+
+KeysOf = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+"""(latent (t, c), k_rope (t, dr)) of t positions -> their keys (t, Hk, dk) and values (t, Hk, dv)."""
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -37,19 +56,24 @@ def mla_decompressed(
     scale: float,
     *,
     reference: bool = False,
+    span_len: int = MLA_PREFIX_SPAN_TOKENS,
 ) -> torch.Tensor:
     """The prefill form: keys and values rebuilt from the latents, then attention per head.
 
     q_nope: (n, H, dn); q_rope: (n, H, dr); latent: (T, c) and k_rope: (T, dr) for the T = L + n positions;
-    w_kv_b: (H * (dn + dv), c), kv_b_proj's weight. Returns (n, H, dv).
+    w_kv_b: (H * (dn + dv), c), kv_b_proj's weight (this TP rank's H heads). Returns (n, H, dv). A prefix longer
+    than `span_len` is decompressed `span_len` tokens at a time (attend_spans).
     """
     n, heads, dn = q_nope.shape
-    t = latent.shape[0]
-    kv = (latent @ w_kv_b.T).view(t, heads, -1)  # (T, H, dn + dv): the prefix's decompression, every chunk
-    k_nope, v = kv[..., :dn], kv[..., dn:]
-    k = torch.cat([k_nope, k_rope[:, None, :].expand(t, heads, -1)], dim=-1)  # (T, H, dn + dr)
+
+    def keys(lat: torch.Tensor, kr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        t = lat.shape[0]
+        kv = (lat @ w_kv_b.T).view(t, heads, -1)  # (t, H, dn + dv): the decompression, every chunk
+        k = torch.cat([kv[..., :dn], kr[:, None, :].expand(t, heads, -1)], dim=-1)  # (t, H, dn + dr)
+        return k, kv[..., dn:]
+
     q = torch.cat([q_nope, q_rope], dim=-1)  # (n, H, dn + dr)
-    return _attend(q, k, v, prefix_len, scale, reference)
+    return attend_spans(q, keys, latent, k_rope, prefix_len, scale, reference, span_len)
 
 
 def mla_absorbed(
@@ -62,6 +86,7 @@ def mla_absorbed(
     scale: float,
     *,
     reference: bool = False,
+    span_len: int = MLA_PREFIX_SPAN_TOKENS,
 ) -> torch.Tensor:
     """The absorbed form: q_nope . (W_uk c) = (W_uk^T q_nope) . c, so each head's query moves into the latent space,
     all heads attend over one shared key [c, k_r] with value c, and W_uv maps the result out. Same arguments and
@@ -72,9 +97,49 @@ def mla_absorbed(
     w_uk, w_uv = w[:, :dn], w[:, dn:]  # (H, dn, c), (H, dv, c)
     q_latent = torch.einsum("nhd,hdc->nhc", q_nope, w_uk)  # (n, H, c)
     q = torch.cat([q_latent, q_rope], dim=-1)  # (n, H, c + dr)
-    k = torch.cat([latent, k_rope], dim=-1)[:, None, :]  # (T, 1, c + dr)
-    out_latent = _attend(q, k, latent[:, None, :], prefix_len, scale, reference)  # (n, H, c)
+
+    def keys(lat: torch.Tensor, kr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.cat([lat, kr], dim=-1)[:, None, :], lat[:, None, :]  # (t, 1, c + dr), (t, 1, c)
+
+    out_latent = attend_spans(q, keys, latent, k_rope, prefix_len, scale, reference, span_len)  # (n, H, c)
     return torch.einsum("nhc,hvc->nhv", out_latent, w_uv)  # (n, H, dv)
+
+
+def attend_spans(
+    q: torch.Tensor,
+    keys: KeysOf,
+    latent: torch.Tensor,
+    k_rope: torch.Tensor,
+    prefix_len: int,
+    scale: float,
+    reference: bool,
+    span_len: int,
+) -> torch.Tensor:
+    """q: (n, H, d) over the T = L + n positions of latent: (T, c), k_rope: (T, dr), causal with prefix -> (n, H, dv).
+
+    Up to `span_len` cached tokens (and `reference`, a dense mask): the keys of all T positions at once. Beyond:
+    1. the chunk's own n positions, causal (square), with their log-sum-exp;
+    2. the prefix in spans of at most span_len positions, no mask, each merged into the running output by
+       log-sum-exp (exact: softmax over a union of key sets), its keys freed before the next span is built.
+    """
+    if span_len < 1:
+        raise ValueError(f"span_len {span_len} must be at least 1")
+    if reference or prefix_len <= span_len:
+        k, v = keys(latent, k_rope)
+        return _attend(q, k, v, prefix_len, scale, reference)
+    q4 = q.transpose(0, 1)[None]  # (1, H, n, d)
+    d = q4.shape[-1]
+
+    def attend(start: int, stop: int, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = keys(latent[start:stop], k_rope[start:stop])  # (t, Hk, d), (t, Hk, dv)
+        k4, v4 = k.transpose(0, 1)[None], F.pad(v, (0, d - v.shape[-1])).transpose(0, 1)[None]  # V padded to d
+        out, lse = attention_lse(q4, k4, v4, causal, scale)  # (1, H, n, d), (1, H, n)
+        return out[..., : v.shape[-1]].float(), lse  # (1, H, n, dv) fp32: the running output stays fp32
+
+    out, lse = attend(prefix_len, latent.shape[0], True)
+    for start in range(0, prefix_len, span_len):
+        out, lse = merge_attention_lse(out, lse, *attend(start, min(prefix_len, start + span_len), False))
+    return out[0].transpose(0, 1).to(q.dtype)  # (n, H, dv)
 
 
 def _attend(
@@ -94,7 +159,8 @@ def _attend(
 class MLAttention(nn.Module):
     """q: q_a_proj -> norm -> q_b_proj (or one q_proj); kv_a_proj -> (latent, k_rope); the latent normed; RoPE on
     q's and k's rotary parts; the latent row written to the pool; attention over the request's rows (decompressed,
-    or absorbed with `absorb`); o_proj. No biases."""
+    or absorbed with `absorb`), the prefix in spans of `prefix_span_len` tokens; o_proj. No biases. Under TP
+    (`tp`): this rank's query heads, then the all-reduce of o_proj's output (see the module docstring)."""
 
     def __init__(
         self,
@@ -105,11 +171,15 @@ class MLAttention(nn.Module):
         device: str | torch.device,
         absorb: bool = False,
         reference: bool = False,
+        tp: TPComm = NO_TP,
+        prefix_span_len: int = MLA_PREFIX_SPAN_TOKENS,
     ) -> None:
         super().__init__()
         self.layer_id = layer_id
-        self.absorb, self.reference = absorb, reference
-        self.num_heads = spec.num_attention_heads
+        self.absorb, self.reference, self.tp = absorb, reference, tp
+        self.prefix_span_len = prefix_span_len
+        heads = rank_shapes(spec, tp.size, tp.rank).q_heads
+        self.num_heads = heads.size
         self.nope, self.rope, self.v_dim = spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.v_head_dim
         self.kv_lora_rank = spec.kv_lora_rank
         self.rope_theta, self.eps = spec.rope_theta, spec.rms_norm_eps
@@ -120,12 +190,16 @@ class MLAttention(nn.Module):
             self.q_a_proj = nn.Linear(h, spec.q_lora_rank, **kw)
             self.q_a_norm = nn.Parameter(torch.ones(spec.q_lora_rank, dtype=dtype, device=device))
             self.q_b_proj = nn.Linear(spec.q_lora_rank, q_out, **kw)
+            q_proj = self.q_b_proj
         else:
-            self.q_proj = nn.Linear(h, q_out, **kw)
+            self.q_proj = q_proj = nn.Linear(h, q_out, **kw)
         self.kv_a_proj = nn.Linear(h, spec.mla_latent_dim, **kw)
         self.kv_a_norm = nn.Parameter(torch.ones(spec.kv_lora_rank, dtype=dtype, device=device))
         self.kv_b_proj = nn.Linear(spec.kv_lora_rank, self.num_heads * (self.nope + self.v_dim), **kw)
         self.o_proj = nn.Linear(self.num_heads * self.v_dim, h, **kw)
+        mark_segments(q_proj.weight, [(heads, spec.qk_head_dim)], dim=0)  # column-parallel by head
+        mark_segments(self.kv_b_proj.weight, [(heads, self.nope + self.v_dim)], dim=0)
+        mark_segments(self.o_proj.weight, [(heads, self.v_dim)], dim=1)  # row-parallel
 
     def forward(self, x: torch.Tensor, cache: StageCache, req: Request, prefix_len: int) -> torch.Tensor:
         """x: (n, hidden) for positions [prefix_len, prefix_len + n) of `req` -> (n, hidden); the chunk's latent rows
@@ -147,7 +221,7 @@ class MLAttention(nn.Module):
         slots = cache.req_pool.slots(req.req_pool_idx, prefix_len + n)
         pool = cache.kv_pool
         pool.write(self.layer_id, slots[prefix_len:], torch.cat([latent, k_rope], dim=-1))
-        rows = pool.latent[self.layer_id].index_select(0, slots)  # (L + n, c + dr)
+        rows = pool.latent[self.layer_id].index_select(0, slots)  # (L + n, c + dr): whole on every TP rank
         form = mla_absorbed if self.absorb else mla_decompressed
         out = form(
             q_nope,
@@ -158,5 +232,6 @@ class MLAttention(nn.Module):
             prefix_len,
             self.scale,
             reference=self.reference,
+            span_len=self.prefix_span_len,
         )  # (n, H, dv)
-        return self.o_proj(out.reshape(n, self.num_heads * self.v_dim))
+        return self.tp.all_reduce(self.o_proj(out.reshape(n, self.num_heads * self.v_dim)))  # summed over TP ranks

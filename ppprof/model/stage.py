@@ -21,7 +21,7 @@ from ppprof.model.mamba import MambaKernel
 from ppprof.model.tp import NO_TP, TPComm, assign, full_shape, mark_sharded, take_padded_rows, vocab_embed
 from ppprof.specs.accounting import deltanet_state_shapes
 from ppprof.specs.spec import ModelSpec
-from ppprof.specs.tp import rank_shapes
+from ppprof.specs.tp import rank_shapes, rank_spec
 
 INIT_STD = 0.02
 """Std of the random projection weights: small enough that activations stay finite through many layers."""
@@ -181,7 +181,8 @@ def build_stage_cache(
 ) -> StageCache:
     """StageCache with pools for the stage's own layers only: the KV pool of its attention layers (or the latent pool
     of its MLA layers), the Mamba pool of its Mamba2 (or Gated DeltaNet) layers; under TP, those of TP rank
-    `tp_rank`: KV for its KV heads, Mamba state for its heads and groups (the allocators the same on every rank).
+    `tp_rank`: KV for its KV heads (MLA's latent whole), Mamba state for its Mamba2 heads and groups or its Gated
+    DeltaNet heads (the allocators the same on every rank).
 
     The KV allocator always exists (request bookkeeping runs the same on every stage) even with no attention layer;
     a stage with no Mamba or Gated DeltaNet layer gets neither a Mamba allocator nor a Mamba pool.
@@ -201,7 +202,7 @@ def build_stage_cache(
     if state_ids:
         mamba_alloc = MambaAllocator(max_mamba_cache_size)
         if spec.layers[state_ids[0]].has_deltanet:
-            (conv_dim, conv_width), state_shape = deltanet_state_shapes(spec)
+            (conv_dim, conv_width), state_shape = deltanet_state_shapes(rank_spec(spec, tp_size, tp_rank))
             mamba_pool = MambaPool(
                 mamba_alloc.total_slots, state_ids, conv_dim, conv_width + 1, *state_shape, dtype, device
             )

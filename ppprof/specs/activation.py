@@ -5,6 +5,7 @@ probe holds beyond the layers (activation_peak says how each term is counted). N
 
 from __future__ import annotations
 
+from ppprof.bounds import MLA_PREFIX_SPAN_TOKENS
 from ppprof.chunks import align_up
 from ppprof.specs.accounting import FP32_BYTES, deltanet_state_shapes
 from ppprof.specs.backends import MAMBA_FUSED
@@ -38,12 +39,22 @@ def attention_bytes(spec: ModelSpec, n: int, total: int, b: int, backend: str, d
     )
 
 
-def mla_bytes(spec: ModelSpec, n: int, total: int, b: int, backend: str, device: str) -> int:
-    """Transient of one MLA layer on n tokens after total - n cached ones (see activation_peak)."""
+def mla_bytes(
+    spec: ModelSpec, n: int, total: int, b: int, backend: str, device: str, span: int = MLA_PREFIX_SPAN_TOKENS
+) -> int:
+    """Transient of one MLA layer on n tokens after total - n cached ones, a prefix longer than `span` decompressed
+    a span at a time (see activation_peak)."""
     heads, d, c, dr = spec.num_attention_heads, spec.qk_head_dim, spec.kv_lora_rank, spec.qk_rope_head_dim
+    dv = spec.v_head_dim
+    spanned = backend != "reference" and total - n > span
+    rows = max(n, span) if spanned else total  # positions decompressed at once
     out = n * (spec.q_lora_rank + 2 * heads * d + c + dr) * b  # q_a, q and its RoPE'd copy, kv_a
-    out += total * (c + dr) * b + total * heads * (spec.qk_nope_head_dim + spec.v_head_dim) * b  # rows, decompressed
-    out += total * heads * d * b * (2 if spec.v_head_dim < d else 1)  # keys, and V padded to the key width
+    out += total * (c + dr) * b  # the rows read from the pool
+    keys = rows * heads * (spec.qk_nope_head_dim + dv) * b + rows * heads * d * b * (2 if dv < d else 1)
+    if spanned:  # a span's keys and output beside the running fp32 output, or the merge (its keys freed by then)
+        running = n * heads * dv * FP32_BYTES
+        return out + max(keys + n * heads * d * b + running, 5 * running)
+    out += keys  # decompressed, the keys, and V padded to the key width
     if backend == "reference":
         return out + n * total * (1 + FP32_BYTES) + heads * n * total * (2 * FP32_BYTES + 1)
     if device == "cuda" or total == n:
@@ -178,8 +189,10 @@ def activation_peak(
     - MLA (H heads, query/key width d = dn + dr, latent c, value dv): q_a, q and its RoPE'd copy and kv_a,
       n (q_lora + 2 H d + c + dr) b; the T rows read from the pool and decompressed, T (c + dr) b + T H (dn + dv) b;
       the keys, and V zero-padded to d, 2 T H d b; then attention as sdpa's (reference: the dense mask and fp32
-      scores). The decompression grows with the prefix: about 5 GiB a layer for DeepSeek-V3 at 32K tokens in bf16
-      (servers bound it by decompressing the prefix in pieces; ppprof does it at once).
+      scores). Past P = MLA_PREFIX_SPAN_TOKENS cached tokens, a span at a time: the T rows, then the larger of a
+      span (max(n, P) positions decompressed, their keys and padded V, its output n H d b, the running fp32 output
+      n H dv 4) and the log-sum-exp merge (running and span outputs, two weighted copies, their sum: 5 n H dv 4);
+      DeepSeek-V3's MLA layer (bf16, TP 1, n = 8192, L = 131072) holds 3.4 GiB so, 22.6 GiB at once.
     - deltanet (Hv value heads of dv, key heads of dk repeated to Hv, block q, n' = n rounded up to q): in_proj and
       the conv's input and output, fp32 q, k, v per value head; then the larger of the chunked rule's block tensors,
       3 Hv n' q 4, with its per-token vectors, Hv n' (4 dk + 3 dv) 4, and the gated norm, 2 n Hv dv 4.

@@ -6,7 +6,11 @@ vLLM shard them), and the check that a model can be split over `tp_size` ranks a
 - MLP: the intermediate dimension split (gate/up column-parallel, down row-parallel).
 - MoE: experts sharded by TP, not expert parallel: every rank holds every expert's slice of the expert intermediate
   dimension, and the router whole; the experts' count needs no divisibility. A shared expert is a TP MLP.
-- MLA and Gated DeltaNet layers are not sharded yet: a model with them runs at TP = 1 only.
+- MLA, as SGLang and vLLM shard it without data-parallel attention: the query heads split (q_b_proj or q_proj and
+  kv_b_proj column-parallel by head, o_proj row-parallel), q_a_proj and kv_a_proj whole, so the latent cache
+  (kv_lora_rank + qk_rope_head_dim a token) is whole on every TP rank.
+- Gated DeltaNet: key and value heads split evenly (in_proj_qkvz, in_proj_ba and the conv column-parallel by head,
+  out_proj row-parallel); each rank's conv and recurrent states are those of its heads.
 - Mamba2: heads split evenly; groups (B, C) split where there are at least as many as TP ranks, else replicated, rank r
   holding group r // (tp_size / mamba_n_groups) (SGLang's and vLLM's MambaMixer2).
 - Embedding and LM head: vocab-parallel, ceil(vocab_size / tp_size) rows a rank, the last rank's padded.
@@ -62,6 +66,8 @@ class RankShapes:
     moe_intermediate: Shard
     mamba_heads: Shard
     mamba_groups: Shard
+    deltanet_key_heads: Shard
+    deltanet_value_heads: Shard
     vocab: Shard
 
     @property
@@ -89,13 +95,15 @@ def rank_shapes(spec: ModelSpec, tp_size: int = 1, tp_rank: int = 0) -> RankShap
         moe_intermediate=shard(spec.moe_intermediate_size),
         mamba_heads=shard(spec.mamba_num_heads),
         mamba_groups=shard(spec.mamba_n_groups, replicate=True),
+        deltanet_key_heads=shard(spec.linear_num_key_heads),
+        deltanet_value_heads=shard(spec.linear_num_value_heads),
         vocab=vocab,
     )
 
 
 def rank_spec(spec: ModelSpec, tp_size: int, tp_rank: int = 0) -> ModelSpec:
-    """The model as one TP rank holds it: its heads, KV heads, groups, intermediate and vocab rows, the rest (hidden,
-    norms, the router) whole; what per-stage accounting and memory estimates of `spec` give per TP rank. `spec`
+    """The model as one TP rank holds it: its heads (attention, MLA, Mamba2, Gated DeltaNet), KV heads, groups,
+    intermediate and vocab rows, the rest (hidden, norms, the router, MLA's latent) whole; what per-stage accounting and memory estimates of `spec` give per TP rank. `spec`
     itself at TP = 1."""
     if tp_size == 1:
         return spec
@@ -109,6 +117,8 @@ def rank_spec(spec: ModelSpec, tp_size: int, tp_rank: int = 0) -> ModelSpec:
         shared_expert_intermediate_size=spec.shared_expert_intermediate_size // tp_size,
         mamba_num_heads=s.mamba_heads.size,
         mamba_n_groups=s.mamba_groups.size,
+        linear_num_key_heads=s.deltanet_key_heads.size,
+        linear_num_value_heads=s.deltanet_value_heads.size,
         vocab_size=s.vocab.size,
     )
 
@@ -116,17 +126,14 @@ def rank_spec(spec: ModelSpec, tp_size: int, tp_rank: int = 0) -> ModelSpec:
 def tp_problem(spec: ModelSpec, tp_size: int) -> str | None:
     """Why `spec` cannot be split over `tp_size` TP ranks (the field, its value, the fix), or None."""
     layers = spec.layers
-    if tp_size > 1:
-        for kind, has in (("MLA", lambda layer: layer.has_mla), ("Gated DeltaNet", lambda layer: layer.has_deltanet)):
-            if any(has(layer) for layer in layers):
-                return (
-                    f"--tp-size {tp_size}: model {spec.name!r} has {kind} layers, which ppprof does not shard "
-                    "over TP ranks yet: use --tp-size 1"
-                )
     checks = []
-    if any(layer.has_attention for layer in layers):
+    if any(layer.has_attention or layer.has_mla for layer in layers):
         checks.append(("num_attention_heads", spec.num_attention_heads, False))
+    if any(layer.has_attention for layer in layers):
         checks.append(("num_key_value_heads", spec.num_key_value_heads, True))
+    if any(layer.has_deltanet for layer in layers):
+        # its value heads are a multiple of its key heads (ModelSpec checks it): they split where these do
+        checks.append(("linear_num_key_heads", spec.linear_num_key_heads, False))
     if any(layer.ffn == MLP for layer in layers):
         checks.append(("intermediate_size", spec.intermediate_size, False))
     if any(layer.ffn == MOE for layer in layers):

@@ -13,6 +13,9 @@ import torch.multiprocessing as mp
 
 from ppprof.distributed.mesh import build_mesh
 from ppprof.mem.cache import Request
+from ppprof.mem.pools import LatentPool
+from ppprof.model.deltanet import GatedDeltaNet, recurrent_gated_delta_rule
+from ppprof.model.mla import MLAttention
 from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.specs import LayerSpec, load_spec
 from tests.model.helpers import prefill
@@ -36,15 +39,41 @@ def specs():
         shared_expert_intermediate_size=64,
         shared_expert_gate=True,
     )
-    return [load_spec("tiny-dense"), hybrid, moe, replicated, qwen3_moe, shared]
+    return [
+        load_spec("tiny-dense"),
+        hybrid,
+        moe,
+        replicated,
+        qwen3_moe,
+        shared,
+        load_spec("tiny-mla"),
+        load_spec("tiny-gdn"),
+    ]
 
 
-def run_stages(spec, tp, tp_rank: int):
-    """The spec split in two stages (one process runs both), prefilled in CHUNKS: (stage 0's last hidden, logits)."""
+def recurrent_kernel(q, k, v, g, beta, chunk_size, initial_state):
+    """The Gated DeltaNet's token-by-token recurrence in place of its chunked kernel (same call)."""
+    return recurrent_gated_delta_rule(q, k, v, g, beta, initial_state)
+
+
+def other_forms(module) -> None:
+    """MLA absorbed, its prefix decompressed 5 tokens at a time (CHUNKS' second chunk has a 24-token prefix: 5
+    spans); the Gated DeltaNet by its recurrence."""
+    if isinstance(module, MLAttention):
+        module.absorb, module.prefix_span_len = True, 5
+    if isinstance(module, GatedDeltaNet):
+        module.kernel = recurrent_kernel
+
+
+def run_stages(spec, tp, tp_rank: int, variant=None):
+    """The spec split in two stages (one process runs both), prefilled in CHUNKS: (stage 0's last hidden, logits);
+    `variant` applied to every module of the stages first."""
     half = spec.num_layers // 2
     ranges = [range(0, half), range(half, spec.num_layers)]
     kw = {} if tp is None else {"tp": tp}
     stages = [Stage(spec, r, seed=3, **kw) for r in ranges]
+    for stage in stages if variant else ():
+        stage.apply(variant)
     caches = [
         build_stage_cache(
             spec,
@@ -82,18 +111,34 @@ def worker(rank: int, port: int) -> None:
         assert mesh.coords.stage == 0 and mesh.coords.tp_rank == rank
         for spec in specs():
             ref = run_stages(spec, None, 0)
-            got = run_stages(spec, mesh.tp, rank)
-            for name, a, b in zip(("hidden", "residual", "logits"), got[:3], ref[:3]):
-                torch.testing.assert_close(
-                    a, b, rtol=1e-4, atol=1e-5, msg=lambda m, spec=spec, name=name: f"{spec.name} {name}: {m}"
-                )
-            # the rank's pools hold its heads only
-            ref_pool, pool = ref[3][0].kv_pool, got[3][0].kv_pool
-            if pool is not None:
-                lid = pool.layer_ids[0]
-                assert pool.k[lid].shape[1] == max(1, ref_pool.k[lid].shape[1] // TP), (spec.name, pool.k[lid].shape)
+            runs = {"": run_stages(spec, mesh.tp, rank)}
+            if spec.name in ("tiny-mla", "tiny-gdn"):
+                runs["absorbed, spans / recurrent"] = run_stages(spec, mesh.tp, rank, other_forms)
+            for form, got in runs.items():
+                for name, a, b in zip(("hidden", "residual", "logits"), got[:3], ref[:3]):
+                    torch.testing.assert_close(
+                        a, b, rtol=1e-4, atol=1e-5, msg=lambda m, s=spec, n=name, f=form: f"{s.name} {f} {n}: {m}"
+                    )
+            check_pools(spec.name, ref[3][0], runs[""][3][0])
     finally:
         dist.destroy_process_group()
+
+
+def check_pools(name, ref, got) -> None:
+    """The rank's pools hold its heads only: KV of its KV heads, MLA's latent whole, Mamba / Gated DeltaNet state of
+    its heads."""
+    pool, ref_pool = got.kv_pool, ref.kv_pool
+    if isinstance(pool, LatentPool):
+        lid = pool.layer_ids[0]
+        assert pool.latent[lid].shape == ref_pool.latent[lid].shape, name
+    elif pool is not None:
+        lid = pool.layer_ids[0]
+        assert pool.k[lid].shape[1] == max(1, ref_pool.k[lid].shape[1] // TP), (name, pool.k[lid].shape)
+    if got.mamba_pool is not None and name == "tiny-gdn":
+        lid = got.mamba_pool.layer_ids[0]
+        ref_conv, ref_ssm = ref.mamba_pool.conv[lid].shape, ref.mamba_pool.ssm[lid].shape
+        assert got.mamba_pool.conv[lid].shape[1] * TP == ref_conv[1], (name, got.mamba_pool.conv[lid].shape)
+        assert got.mamba_pool.ssm[lid].shape[1] * TP == ref_ssm[1], (name, got.mamba_pool.ssm[lid].shape)
 
 
 @pytest.mark.multirank

@@ -173,3 +173,21 @@ def test_the_new_presets_on_cuda_prefilled_in_chunks_equal_one_shot(preset):
             done += n
         out.append(logits)
     torch.testing.assert_close(out[1], out[0], rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("absorb", [False, True])
+def test_mla_prefix_spans_on_cuda_equal_the_dense_mask_reference(dtype, absorb):
+    """DeepSeek-V3's head shapes (8 heads of a TP rank): a 3000-token prefix in spans of 1024 through the
+    memory-efficient kernel's log-sum-exp, against the whole prefix under a dense mask."""
+    from ppprof.model.mla import mla_absorbed, mla_decompressed
+
+    gen = torch.Generator().manual_seed(0)
+    n, prefix_len, heads, dn, dr, dv, c = 256, 3000, 8, 128, 64, 128, 512
+    q_nope, q_rope = torch.randn(n, heads, dn, generator=gen), torch.randn(n, heads, dr, generator=gen)
+    latent, k_rope = torch.randn(prefix_len + n, c, generator=gen), torch.randn(prefix_len + n, dr, generator=gen)
+    w = torch.randn(heads * (dn + dv), c, generator=gen) * c**-0.5
+    args = [t.to(CUDA, dtype) for t in (q_nope, q_rope, latent, k_rope, w)] + [prefix_len, (dn + dr) ** -0.5]
+    form = mla_absorbed if absorb else mla_decompressed
+    spans = form(*args, span_len=1024)
+    torch.testing.assert_close(spans.float(), form(*args, reference=True).float(), **TOL[dtype])

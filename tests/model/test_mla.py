@@ -39,6 +39,20 @@ def test_decompressed_and_absorbed_agree(prefix_len, reference):
     torch.testing.assert_close(a, b, **TOL)
 
 
+@pytest.mark.parametrize("form", [mla_decompressed, mla_absorbed])
+@pytest.mark.parametrize("span_len", [1, 6, 13, 39])
+def test_a_prefix_decompressed_in_spans_equals_it_whole(form, span_len):
+    """40 cached tokens in spans of span_len (the last one shorter), merged by log-sum-exp into the chunk's part:
+    the same as the whole prefix at once and as the dense-mask oracle."""
+    args = (*_inputs(prefix_len=40), 40, 0.2)
+    whole = form(*args, span_len=40)
+    spanned = form(*args, span_len=span_len)
+    torch.testing.assert_close(spanned, whole, **TOL)
+    torch.testing.assert_close(spanned, form(*args, reference=True), **TOL)
+    with pytest.raises(ValueError, match="span_len 0 must be at least 1"):
+        form(*args, span_len=0)
+
+
 def test_fast_path_equals_dense_mask_reference():
     q_nope, q_rope, latent, k_rope, w = _inputs(prefix_len=9)
     fast = mla_decompressed(q_nope, q_rope, latent, k_rope, w, 9, 0.2)

@@ -112,6 +112,24 @@ def test_torchrun_with_four_processes_and_tp_size_2_profiles_pp2_tp2_writes_a_po
     assert cell["num_requests"] == 3 and r.stderr.count("pools back to full capacity") == 2 * 4  # warm-up, the cell
 
 
+@pytest.mark.parametrize("model", ["tiny-mla", "tiny-gdn"])
+def test_mla_and_gated_deltanet_profile_at_pp2_tp2_and_write_a_policy(tmp_path, model):
+    """MLA (query heads split, the latent pool whole on each TP rank) and Gated DeltaNet (heads split, each TP rank's
+    states in its own Mamba-pool slot) through the whole profile on 4 gloo ranks; every rank's pools back to full."""
+    out = tmp_path / "run"
+    r = run_cli("profile", "--model", model, "--pp-size", "2", "--tp-size", "2", *SMALL, "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    samples, run = read_run(out)
+    assert (run["world_size"], run["pp_size"], run["tp_size"]) == (4, 2, 2) and run["model"]["name"] == model
+    assert samples[["stage0_latency_ms", "stage1_latency_ms"]].gt(0).all().all()
+    policy = json.loads((out / "policy.json").read_text())
+    assert policy["provenance"]["tp_size"] == 2 and policy["provenance"]["model"] == model
+    for rank in range(4):
+        log = (out / f"rank{rank}.log").read_text()
+        assert f"stage {rank // 2}/2 (TP rank {rank % 2} of 2)" in log, log[:2000]
+        assert "pools back to full capacity" in log and "leak" not in log
+
+
 def test_pp1_tp2_profile_runs_one_stage_on_two_ranks(tmp_path):
     out = tmp_path / "run"
     r = run_cli(

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from ppprof.bounds import MLA_PREFIX_SPAN_TOKENS
 from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.specs import load_spec, split_layers
-from ppprof.specs.activation import FLASHINFER_WORKSPACE_BYTES, attention_bytes, mamba_bytes
+from ppprof.specs.activation import FLASHINFER_WORKSPACE_BYTES, attention_bytes, mamba_bytes, mla_bytes
 from ppprof.specs.backends import MAMBA_FUSED, MAMBA_TORCH, resolve_backend
 from ppprof.specs.memory import format_bytes, stage_memory
 from ppprof.specs.spec import LayerSpec, ModelSpec
@@ -151,6 +152,23 @@ def test_the_largest_layer_wins_and_flashinfer_adds_its_workspace():
     mamba_only = stage_memory(spec, range(2), attention_backend="sdpa", **sizes)
     assert mamba_only.kv_pool == 0 and "attention" not in mamba_only.activation_terms
     assert mamba_only.activation_terms["prefix_noise"] > 0, "one Mamba slot of random state"
+
+
+def test_mla_counts_one_span_of_a_long_prefix_not_the_whole_prefix():
+    """Past MLA_PREFIX_SPAN_TOKENS cached tokens only the rows read from the pool grow with the prefix (c + dr a
+    token); up to it, the whole prefix is decompressed at once, as before; the dense-mask oracle never spans."""
+    spec = load_spec(Path(__file__).parent / "data" / "deepseek_v3" / "config.json")
+    n, p, b, latent = 8192, MLA_PREFIX_SPAN_TOKENS, 2, spec.mla_latent_dim
+
+    def term(prefix_len, backend="sdpa", span=p):
+        return mla_bytes(spec, n, prefix_len + n, b, backend, "cuda", span)
+
+    assert term(4 * p) - term(2 * p) == 2 * p * latent * b
+    assert term(p) == term(p, span=10 * p)  # one span: the whole prefix at once
+    assert term(p + 1) < term(p + 1, span=10 * p)
+    assert term(131072, "reference") == term(131072, "reference", span=10**6)
+    whole, spanned = term(131072, span=10**6), term(131072)
+    assert spanned * 6 < whole, f"{format_bytes(spanned)=} {format_bytes(whole)=}"
 
 
 def test_bad_sizes_name_the_setting():

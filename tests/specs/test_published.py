@@ -135,12 +135,15 @@ def test_memory_check_holds_the_experts_and_grows_with_the_prefix():
     m = stage_memory(spec, layers, prefix_len=30720, **kw)
     assert m.weights == stage_weight_bytes(spec, layers, dtype="bfloat16") > 15 * 256 * 3 * 7168 * 2048 * BF16
     assert m.kv_pool == (65536 // 64 + 1) * 64 * 15 * 576 * BF16
-    # MLA's decompression of the prefix: every cached token costs its latent row, its K/V and the padded V again.
+    # MLA's decompression of the prefix: up to one prefix span (8192 tokens) every cached token costs its latent row,
+    # its K/V and the padded V again; past it, only its latent row (the spans are decompressed one at a time).
     per_token = (512 + 64) + 128 * (128 + 128) + 2 * 128 * 192
-    assert (
-        mla_bytes(spec, 2048, 2048 + 30720, BF16, "sdpa", "cuda") - mla_bytes(spec, 2048, 2048, BF16, "sdpa", "cuda")
-        == 30720 * per_token * BF16
-    )
+
+    def mla(prefix_len):
+        return mla_bytes(spec, 2048, 2048 + prefix_len, BF16, "sdpa", "cuda")
+
+    assert mla(8192) - mla(0) == 8192 * per_token * BF16
+    assert mla(30720) - mla(16384) == (30720 - 16384) * (512 + 64) * BF16
     assert m.activation_terms["attention"] == mla_bytes(spec, 2048, 2048 + 30720, BF16, "sdpa", "cuda")
     qwen = load_spec(DATA / "qwen3_next" / "config.json")
     q = stage_memory(qwen, range(12), prefix_len=0, **{**kw, "max_mamba_cache_size": 64})

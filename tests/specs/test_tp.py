@@ -2,11 +2,15 @@
 one-line refusals."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
 from ppprof.specs import load_spec
-from ppprof.specs.tp import Shard, check_tp, rank_shapes, split_or_replicate
+from ppprof.specs.accounting import deltanet_state_shapes, kv_bytes_per_token, mamba_bytes_per_slot, mla_params
+from ppprof.specs.tp import Shard, check_tp, rank_shapes, rank_spec, split_or_replicate
+
+DATA = Path(__file__).parent / "data"
 
 
 def test_llama3_8b_at_tp4_holds_8_query_heads_2_kv_heads_and_a_quarter_of_the_mlp():
@@ -76,14 +80,8 @@ def test_a_vocabulary_tp_does_not_divide_is_padded_on_the_last_rank():
             "does not divide mamba_n_groups (4)",
         ),
         ("tiny-dense", {}, 65, "--tp-size 65 must be in 1..64"),
-        (
-            "tiny-mla",
-            {},
-            2,
-            "--tp-size 2: model 'tiny-mla' has MLA layers, which ppprof does not shard over TP ranks yet: "
-            "use --tp-size 1",
-        ),
-        ("tiny-gdn", {}, 2, "has Gated DeltaNet layers, which ppprof does not shard"),
+        ("tiny-mla", {}, 8, "--tp-size 8 does not divide num_attention_heads (4) of model 'tiny-mla'"),
+        ("tiny-gdn", {}, 4, "--tp-size 4 does not divide linear_num_key_heads (2) of model 'tiny-gdn'"),
         (
             "tiny-moe",
             {"shared_expert_intermediate_size": 66},
@@ -97,6 +95,34 @@ def test_a_model_tp_cannot_split_is_refused_naming_field_value_and_fix(model, ch
     with pytest.raises(ValueError) as e:
         check_tp(spec, tp)
     assert message in str(e.value), f"{e.value=}"
+
+
+def test_deepseek_v3_at_tp8_splits_mla_heads_and_keeps_the_latent_whole():
+    """SGLang's and vLLM's MLA TP without data-parallel attention: 16 of 128 heads a rank in q_b_proj, kv_b_proj and
+    o_proj; q_a_proj and kv_a_proj whole; the latent cache (512 + 64 a token a layer) whole on every rank."""
+    spec = load_spec(DATA / "deepseek_v3" / "config.json")
+    check_tp(spec, 8)
+    assert [rank_shapes(spec, 8, r).q_heads for r in (0, 7)] == [Shard(0, 16, 128), Shard(112, 16, 128)]
+    rank = rank_spec(spec, 8, 3)
+    h, heads = 7168, 16
+    expected = (
+        h * 1536 + 1536 + 1536 * heads * 192  # q_a, its norm, q_b: this rank's heads
+        + h * 576 + 512 + 512 * heads * (128 + 128)  # kv_a (whole), its norm, kv_b: this rank's heads
+        + heads * 128 * h  # o_proj: this rank's heads' rows
+    )  # fmt: skip
+    assert mla_params(rank) == expected, f"{mla_params(rank)=} {expected=}"
+    assert kv_bytes_per_token(rank, dtype="bfloat16") == kv_bytes_per_token(spec, dtype="bfloat16") == 61 * 576 * 2
+
+
+def test_qwen3_next_at_tp4_splits_deltanet_heads_and_each_rank_keeps_a_quarter_of_the_state():
+    spec = load_spec(DATA / "qwen3_next" / "config.json")
+    check_tp(spec, 4)
+    s = rank_shapes(spec, 4, 2)
+    assert s.deltanet_key_heads == Shard(8, 4, 16) and s.deltanet_value_heads == Shard(16, 8, 32)
+    rank = rank_spec(spec, 4, 2)
+    (conv, width), state = deltanet_state_shapes(rank)
+    assert (conv, width) == ((2 * 4 * 128 + 8 * 128), 3) and state == (8, 128, 128)
+    assert mamba_bytes_per_slot(rank, dtype="bfloat16") * 4 == mamba_bytes_per_slot(spec, dtype="bfloat16")
 
 
 def test_every_preset_splits_at_tp_1_and_the_published_degrees_where_it_should():
