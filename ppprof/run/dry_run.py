@@ -60,7 +60,12 @@ class RankRun:
         """What the rank holds during its largest probe: weights, pools, request table, the forward's peak and the
         synthetic prefix."""
         return (
-            self.weights + self.kv_pool + self.mamba_pool + self.request_table + self.activation_peak + self.prefix_noise
+            self.weights
+            + self.kv_pool
+            + self.mamba_pool
+            + self.request_table
+            + self.activation_peak
+            + self.prefix_noise
         )
 
     def to_dict(self) -> dict:
@@ -99,7 +104,11 @@ class DryRun:
 def dry_run_dtype(cfg: ProfileConfig, spec: ModelSpec) -> str:
     """The dtype the profile would run in (as ppprof.run.rank resolves it): --dtype, the spec's, else bf16 on CUDA
     and fp32 on CPU."""
-    return normalize_dtype(cfg.model.dtype) or spec.dtype or (AUTO_DTYPE_GPU if cfg.job.device == "cuda" else AUTO_DTYPE_CPU)
+    return (
+        normalize_dtype(cfg.model.dtype)
+        or spec.dtype
+        or (AUTO_DTYPE_GPU if cfg.job.device == "cuda" else AUTO_DTYPE_CPU)
+    )
 
 
 def dry_run(cfg: ProfileConfig, spec: ModelSpec | None = None, nnodes: int = 1) -> DryRun:
@@ -164,13 +173,7 @@ def meta_backend(cfg: ProfileConfig) -> str:
 
 
 def run_rank(
-    cfg: ProfileConfig,
-    spec: ModelSpec,
-    layers: range,
-    stage_idx: int,
-    tp_rank: int,
-    rank: int,
-    estimate: StageMemory,
+    cfg: ProfileConfig, spec: ModelSpec, layers: range, stage_idx: int, tp_rank: int, rank: int, estimate: StageMemory
 ) -> RankRun:
     """Build the rank's stage and cache on meta tensors, admit one request, extend it by the deepest prefix and the
     largest chunk, run the chunk through every layer under LiveBytes. (The cache is dropped after: its slot table
