@@ -37,6 +37,8 @@ class RankRun:
     built_as: int
     """The rank whose build this rank's figures are (itself, or a TP rank of its stage with the same shapes)."""
     num_params: int
+    num_replicated_params: int
+    """Of num_params, those every TP rank of the stage holds whole (norms, routers, and all of them at TP = 1)."""
     weights: int
     kv_pool: int
     kv_kind: str
@@ -49,6 +51,14 @@ class RankRun:
     """{kind: {"count", "bytes"}} of the forward: the TP group's all-reduces and all-gathers, the send down."""
     estimate: StageMemory
     estimate_params: int
+    tp_size: int
+    """The TP ranks of its stage."""
+
+    @property
+    def own_params(self) -> float:
+        """The rank's part of the model: its shards, and 1/tp of what it holds whole. Summed over the ranks: the
+        model's parameters (each once)."""
+        return self.num_params - self.num_replicated_params * (1 - 1 / self.tp_size)
 
     @property
     def prefix_noise(self) -> int:
@@ -77,6 +87,7 @@ class RankRun:
             "layer_stop": self.layers.stop,
             "built_as": self.built_as,
             "num_params": self.num_params,
+            "num_replicated_params": self.num_replicated_params,
             "weights": self.weights,
             "kv_pool": self.kv_pool,
             "kv_kind": self.kv_kind,
@@ -215,6 +226,7 @@ def run_rank(
         layers=layers,
         built_as=rank,
         num_params=sum(p.numel() for p in stage.parameters()),
+        num_replicated_params=sum(p.numel() for p in stage.parameters() if not hasattr(p, "tp_full_shape")),
         weights=sum(p.numel() * p.element_size() for p in stage.parameters()),
         kv_pool=cache.kv_pool.nbytes() if cache.kv_pool is not None else 0,
         kv_kind=kv_kind,
@@ -224,4 +236,5 @@ def run_rank(
         collectives=summarize(tp.calls),
         estimate=estimate,
         estimate_params=stage_params(rank_spec(spec, tp.size, tp_rank), layers)["total"],
+        tp_size=tp.size,
     )

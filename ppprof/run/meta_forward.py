@@ -85,7 +85,8 @@ class LiveBytes(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.ops.aten.bincount.default:
-            return worst_bincount(args[0], kwargs.get("minlength", 0), self.top_k)
+            minlength = kwargs.get("minlength", args[2] if len(args) > 2 else 0)  # (self, weights, minlength)
+            return worst_bincount(args[0], minlength, self.top_k)
         for t in tree_leaves((args, kwargs)):  # what an op reads or writes in place (a pool, a weight) is not new
             if isinstance(t, torch.Tensor):
                 self._seen.add(t.untyped_storage())
