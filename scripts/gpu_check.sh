@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks, in one run, for a machine with NVIDIA GPUs: environment report, the CUDA numerics tests, and short
 # profiles with real layer shapes over NCCL (llama3-8b and nemotron-h-8b, few layers per stage), each with its peak
-# memory against ppprof's estimate and the attention / Mamba kernels that ran. Everything lands in one folder.
+# memory against ppprof's estimate and the attention / Mamba kernels that ran; first, the full-size dry run of
+# DeepSeek-V3 at PP4 x TP8 (CPU only, seconds). Everything lands in one folder.
 #   bash scripts/gpu_check.sh [OUT]        (default results/gpu-check-<UTC time>; about 5-10 minutes on one H200)
 # GPU_CHECK_STEP_TIMEOUT=S bounds each step (default 420 s; a short device lease wants about 150).
 # GPU_CHECK_EXTRAS=1 also tries `pip install flashinfer-python mamba-ssm causal-conv1d flash-linear-attention` (the `gpu` extra) first.
@@ -37,6 +38,15 @@ print(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn
 EOF
 cat "$out/env.json" | tee -a "$out/summary.txt"
 ngpu=$($PY -c "import torch; print(torch.cuda.device_count())")
+
+# The full-size dry run (meta tensors, no rank, seconds on the CPU): DeepSeek-V3 at SGLang's PP4 x TP8, every rank
+# built and run once at the largest probe request, against this machine's GPU (80 GiB where none is visible).
+step "dry run: DeepSeek-V3 at PP4 x TP8"
+device_memory=$( [ "$ngpu" -ge 1 ] && echo cuda || echo 80GiB )
+timeout "$limit" .venv/bin/ppprof profile --dry-run --model tests/specs/data/deepseek_v3/config.json --pp-size 4 \
+  --tp-size 8 --dtype bf16 --device-memory "$device_memory" > "$out/dry-run-deepseek-v3.txt" 2>&1 || status=1
+tail -n 3 "$out/dry-run-deepseek-v3.txt" | tee -a "$out/summary.txt"
+
 [ "$ngpu" -ge 1 ] || { echo "no CUDA device visible" | tee -a "$out/summary.txt"; exit 1; }
 pp=$(( ngpu >= 4 ? 4 : (ngpu >= 2 ? 2 : 1) ))
 

@@ -4,6 +4,8 @@ routing answer, --device-memory, the layout search, and `ppprof profile --dry-ru
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +18,7 @@ from ppprof.run.settings import resolve_config
 from ppprof.specs import load_spec
 
 MIB = 2**20
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_live_bytes_counts_new_tensors_while_they_live_and_their_peak():
@@ -102,3 +105,12 @@ def test_cli_refuses_a_layout_that_does_not_fit_in_one_line_naming_the_rank_and_
 def test_cli_dry_run_flags_need_dry_run(args, setting):
     r = CliRunner().invoke(main, ["profile", *args])
     assert r.exit_code == 2 and setting in r.stderr and "--dry-run" in r.stderr, r.output
+
+
+def test_the_gpu_check_dry_runs_deepseek_v3_at_pp4_tp8_with_flags_profile_takes():
+    script = (REPO / "scripts" / "gpu_check.sh").read_text()
+    block = script[script.index("ppprof profile --dry-run") : script.index('> "$out/dry-run-deepseek-v3.txt"')]
+    command = " ".join(block.replace("\\\n", " ").split())
+    assert "--model tests/specs/data/deepseek_v3/config.json --pp-size 4 --tp-size 8" in command, command
+    known = {o for p in main.commands["profile"].params for o in p.opts}
+    assert set(re.findall(r"--[a-z][a-z0-9-]*", command)) <= known, command
