@@ -6,6 +6,7 @@ beside the analytic counts of ppprof.specs (what `ppprof model --memory` prints)
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 
@@ -14,6 +15,7 @@ import torch
 from ppprof.config import ProfileConfig
 from ppprof.mem.cache import Request
 from ppprof.model.stage import Stage, build_stage_cache
+from ppprof.model.tp import full_shape
 from ppprof.run.meta_forward import LiveBytes, RecordingTP, record_send, summarize
 from ppprof.specs import ModelSpec, load_spec, split_layers
 from ppprof.specs.accounting import stage_params
@@ -37,8 +39,9 @@ class RankRun:
     built_as: int
     """The rank whose build this rank's figures are (itself, or a TP rank of its stage with the same shapes)."""
     num_params: int
-    num_replicated_params: int
-    """Of num_params, those every TP rank of the stage holds whole (norms, routers, and all of them at TP = 1)."""
+    num_full_params: int
+    """The parameters of the tensors this rank's are shards of, each whole (ppprof.model.tp.full_shape): the stage
+    at TP = 1 (the last vocab shard's padding included)."""
     weights: int
     kv_pool: int
     kv_kind: str
@@ -56,9 +59,10 @@ class RankRun:
 
     @property
     def own_params(self) -> float:
-        """The rank's part of the model: its shards, and 1/tp of what it holds whole. Summed over the ranks: the
-        model's parameters (each once)."""
-        return self.num_params - self.num_replicated_params * (1 - 1 / self.tp_size)
+        """The rank's share of the model as the layout divides it: its stage's parameters over its TP ranks. Summed
+        over the ranks: the model's parameters, each once. num_params less this is what TP replicates (norms, routers,
+        MLA's latent projections, KV heads where there are fewer than TP ranks)."""
+        return self.num_full_params / self.tp_size
 
     @property
     def prefix_noise(self) -> int:
@@ -87,7 +91,7 @@ class RankRun:
             "layer_stop": self.layers.stop,
             "built_as": self.built_as,
             "num_params": self.num_params,
-            "num_replicated_params": self.num_replicated_params,
+            "num_full_params": self.num_full_params,
             "weights": self.weights,
             "kv_pool": self.kv_pool,
             "kv_kind": self.kv_kind,
@@ -226,7 +230,7 @@ def run_rank(
         layers=layers,
         built_as=rank,
         num_params=sum(p.numel() for p in stage.parameters()),
-        num_replicated_params=sum(p.numel() for p in stage.parameters() if not hasattr(p, "tp_full_shape")),
+        num_full_params=sum(math.prod(full_shape(p)) for p in stage.parameters()),
         weights=sum(p.numel() * p.element_size() for p in stage.parameters()),
         kv_pool=cache.kv_pool.nbytes() if cache.kv_pool is not None else 0,
         kv_kind=kv_kind,

@@ -74,8 +74,8 @@ def test_rank_counts_agree_with_the_analytic_accounting_within_1_percent(deploym
 
 
 def test_the_ranks_parts_add_up_to_the_published_total_within_1_percent(deployment):
-    """Each rank's own part (its shards, 1/tp of what it holds whole): a stage's TP ranks together hold the stage at
-    TP 1 (exactly, less the last vocab shard's padding), and the stages the published total."""
+    """Each rank's share (its stage's whole tensors over its TP ranks): a stage's TP ranks together hold the stage at
+    TP 1 (exactly, with the last vocab shard's padding), and the stages the published total."""
     folder, spec, run = deployment
     for stage_idx, layers in enumerate(split_layers(spec.num_layers, run.pp_size)):
         own = sum(r.own_params for r in run.ranks if r.stage_idx == stage_idx)
