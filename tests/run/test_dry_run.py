@@ -5,33 +5,15 @@ analytic model's."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from ppprof.run.dry_report import activation_deviation, deviation
-from ppprof.run.dry_run import dry_run
-from ppprof.run.settings import resolve_config
 from ppprof.specs import load_spec, split_layers
 from ppprof.specs.accounting import stage_params
-from ppprof.specs.tp import tp_problem
+from tests.run.dry_runs import DATA, HEADLINE, PUBLISHED_PARAMS, published_dry_run
 
-DATA = Path(__file__).resolve().parents[1] / "specs" / "data"
-PUBLISHED_PARAMS = {
-    # DeepSeek-V3 technical report (arXiv 2412.19437): 671B, the MTP module's 14B apart (ppprof does not run it).
-    "deepseek_v3": 671e9,
-    # Kimi-K2-Instruct: 1026.5B, the checkpoint's count on its model card (its technical report rounds to 1.04T).
-    "kimi_k2": 1026.5e9,
-    # Qwen3 technical report (arXiv 2505.09388): 235B.
-    "qwen3_moe": 235e9,
-    # Qwen3-Next-80B-A3B model card: 80B.
-    "qwen3_next": 80e9,
-}
 DEPLOYMENTS = [
-    ("deepseek_v3", 4, 8),  # SGLang's long-context PP blog: DeepSeek-V3.1 at PP4 x TP8
-    ("kimi_k2", 4, 8),
-    ("qwen3_moe", 4, 4),
-    ("qwen3_next", 2, 4),
+    *HEADLINE,
     ("deepseek_v3", 4, 1),  # the TP 1 layouts, which shard nothing, run whatever TP supports
     ("qwen3_next", 2, 1),
 ]
@@ -42,15 +24,9 @@ these deployments it comes within 10% of the meta forward's."""
 
 @pytest.fixture(scope="module", params=DEPLOYMENTS, ids=[f"{f}-pp{p}-tp{t}" for f, p, t in DEPLOYMENTS])
 def deployment(request):
-    folder, pp_size, tp_size = request.param
-    spec = load_spec(DATA / folder / "config.json", dtype="bfloat16")
-    problem = tp_problem(spec, tp_size)
-    if problem:
-        pytest.skip(f"ppprof.specs.tp refuses this layout for now: {problem}")
-    cfg = resolve_config(
-        None, {"model": str(DATA / folder / "config.json"), "pp_size": pp_size, "tp_size": tp_size, "dtype": "bf16"}
-    )
-    return folder, spec, dry_run(cfg)
+    folder = request.param[0]
+    _, run = published_dry_run(*request.param)
+    return folder, load_spec(DATA / folder / "config.json", dtype="bfloat16"), run
 
 
 def test_every_rank_is_built_and_run(deployment):

@@ -6,20 +6,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from ppprof.run.dry_run import dry_run
-from ppprof.run.settings import resolve_config
-from ppprof.specs import load_spec, split_layers
-from ppprof.specs.tp import tp_problem
+from ppprof.specs import split_layers
+from tests.run.dry_runs import DATA, HEADLINE, PUBLISHED_PARAMS, published_dry_run
 
-DATA = Path(__file__).resolve().parents[1] / "specs" / "data"
 BF16, FP32 = 2, 4
-PUBLISHED_PARAMS = {"deepseek_v3": 671e9, "kimi_k2": 1026.5e9, "qwen3_moe": 235e9, "qwen3_next": 80e9}
-"""As tests/run/test_dry_run.py cites them (the MTP module of DeepSeek-V3 apart)."""
-DEPLOYMENTS = [("deepseek_v3", 4, 8), ("kimi_k2", 4, 8), ("qwen3_moe", 4, 4), ("qwen3_next", 2, 4)]
 
 
 @dataclass
@@ -129,15 +122,11 @@ def pool_bytes(c: dict, layers: range, tp: int, kv_slots: int, mamba_slots: int)
     return kv * kv_slots, state * mamba_slots
 
 
-@pytest.fixture(scope="module", params=DEPLOYMENTS, ids=[f"{f}-pp{p}-tp{t}" for f, p, t in DEPLOYMENTS])
+@pytest.fixture(scope="module", params=HEADLINE, ids=[f"{f}-pp{p}-tp{t}" for f, p, t in HEADLINE])
 def deployment(request):
-    folder, pp_size, tp_size = request.param
-    path = DATA / folder / "config.json"
-    problem = tp_problem(load_spec(path), tp_size)
-    if problem:
-        pytest.skip(f"ppprof.specs.tp refuses this layout for now: {problem}")
-    cfg = resolve_config(None, {"model": str(path), "pp_size": pp_size, "tp_size": tp_size, "dtype": "bf16"})
-    return folder, json.loads(path.read_text()), cfg, dry_run(cfg)
+    folder = request.param[0]
+    cfg, run = published_dry_run(*request.param)
+    return folder, json.loads((DATA / folder / "config.json").read_text()), cfg, run
 
 
 def test_the_hand_count_is_the_published_total_within_1_percent(deployment):
