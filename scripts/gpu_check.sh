@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks, in one run, for a machine with NVIDIA GPUs: environment report, the CUDA numerics tests, and short
 # profiles with real layer shapes over NCCL (llama3-8b and nemotron-h-8b, few layers per stage), each with its peak
-# memory against ppprof's estimate and the attention / Mamba kernels that ran; first, the full-size dry run of
-# DeepSeek-V3 at PP4 x TP8 (CPU only, seconds). Everything lands in one folder.
+# memory against ppprof's estimate and the attention / Mamba kernels that ran. Everything lands in one folder.
 #   bash scripts/gpu_check.sh [OUT]        (default results/gpu-check-<UTC time>; about 5-10 minutes on one H200)
 # GPU_CHECK_STEP_TIMEOUT=S bounds each step (default 420 s; a short device lease wants about 150).
 # GPU_CHECK_EXTRAS=1 also tries `pip install flashinfer-python mamba-ssm causal-conv1d flash-linear-attention` (the `gpu` extra) first.

@@ -16,7 +16,7 @@ from ppprof.config import ProfileConfig
 from ppprof.mem.cache import Request
 from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.model.tp import full_shape
-from ppprof.run.meta_forward import LiveBytes, RecordingTP, record_send, summarize
+from ppprof.run.meta_forward import LiveBytes, RecordingTP, record_receive, record_send, summarize
 from ppprof.specs import ModelSpec, load_spec, split_layers
 from ppprof.specs.accounting import stage_params
 from ppprof.specs.dtypes import AUTO_DTYPE_CPU, AUTO_DTYPE_GPU, normalize_dtype
@@ -51,7 +51,8 @@ class RankRun:
     activation_peak: int
     """The peak of the bytes the forward's tensors hold at once (its input and output included)."""
     collectives: dict
-    """{kind: {"count", "bytes"}} of the forward: the TP group's all-reduces and all-gathers, the send down."""
+    """{kind: {"count", "bytes"}} of the forward: the all-gathers of what the previous stage sent, the TP group's
+    all-reduces and all-gathers, and the send down."""
     estimate: StageMemory
     estimate_params: int
     tp_size: int
@@ -219,9 +220,10 @@ def run_rank(
         else:
             x = torch.empty((n, spec.hidden_size), dtype=dtype, device=META)
             residual = torch.empty_like(x)
+            record_receive(tp.calls, x, tp.size)
         out = stage.forward(cache, req, x, residual, prefix_len)
     if not stage.is_last:
-        record_send(tp.calls, *out)
+        record_send(tp.calls, *out, tp.size)
     kv_kind = "-" if cache.kv_pool is None else "latent" if hasattr(cache.kv_pool, "latent") else "KV"
     return RankRun(
         rank=rank,

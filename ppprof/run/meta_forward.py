@@ -16,7 +16,7 @@ from torch.utils._pytree import tree_leaves
 ALL_REDUCE = "all_reduce"
 ALL_GATHER = "all_gather"
 SEND = "send"
-"""The kinds of collective a dry run records: the TP group's two and the pipe's send to the next stage."""
+"""The kinds of collective a dry run records: the TP group's two and the send to the next stage."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,11 +50,25 @@ class RecordingTP:
         return out
 
 
-def record_send(calls: list[Collective], hidden: torch.Tensor, residual: torch.Tensor) -> None:
-    """What ppprof.distributed.pipe.Pipe sends the next stage for one chunk, from every TP rank: its header (status,
-    chunk size: two int64), the hidden state and the residual stream."""
+def sliced(num_values: int, tp_size: int) -> bool:
+    """Whether a stage boundary carries a tensor of `num_values` values in 1/tp slices, as servers send it (vLLM's
+    and SGLang's send_tensor_dict with an all-gather group): TP > 1 and tp divides it; else whole."""
+    return tp_size > 1 and num_values % tp_size == 0
+
+
+def record_send(calls: list[Collective], hidden: torch.Tensor, residual: torch.Tensor, tp_size: int) -> None:
+    """What a TP rank sends the next stage for one chunk: its header (status, chunk size: two int64), then its 1/tp
+    slice of the hidden state and of the residual stream (each whole where tp does not divide it)."""
     header_bytes = 2 * torch.empty((), dtype=torch.int64).element_size()
-    calls.append(Collective(SEND, header_bytes + hidden.nbytes + residual.nbytes))
+    parts = tp_size if sliced(hidden.numel(), tp_size) else 1
+    calls.append(Collective(SEND, header_bytes + (hidden.nbytes + residual.nbytes) // parts))
+
+
+def record_receive(calls: list[Collective], x: torch.Tensor, tp_size: int) -> None:
+    """What a stage's TP ranks do with the slices they receive: all-gather the hidden state and the residual
+    stream, each of x's shape (the chunk's (n, hidden))."""
+    if sliced(x.numel(), tp_size):
+        calls += [Collective(ALL_GATHER, x.nbytes)] * 2
 
 
 def summarize(calls: list[Collective]) -> dict[str, dict[str, int]]:

@@ -13,7 +13,17 @@ from click.testing import CliRunner
 
 from ppprof.cli import main
 from ppprof.run.dry_report import SEARCHED_TP_SIZES, layout_need, parse_device_memory, smallest_layout
-from ppprof.run.meta_forward import ALL_GATHER, ALL_REDUCE, LiveBytes, RecordingTP, summarize, worst_bincount
+from ppprof.run.meta_forward import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    SEND,
+    LiveBytes,
+    RecordingTP,
+    record_receive,
+    record_send,
+    summarize,
+    worst_bincount,
+)
 from ppprof.run.settings import resolve_config
 from ppprof.specs import load_spec
 
@@ -48,6 +58,11 @@ def test_recording_tp_keeps_shapes_and_counts_bytes():
     assert tp.all_reduce(x) is x
     assert tp.all_gather(x).shape == (12, 8)
     assert summarize(tp.calls) == {ALL_REDUCE: {"count": 1, "bytes": 48}, ALL_GATHER: {"count": 1, "bytes": 192}}
+    calls = []
+    record_send(calls, x, x, 4)  # 24 values: 1/4 each of hidden and residual, after the 16-byte header
+    record_receive(calls, x, 4)  # the next stage all-gathers both
+    record_send(calls, x[:1], x[:1], 3)  # 8 values: tp 3 does not divide them, they cross whole
+    assert [(c.kind, c.nbytes) for c in calls] == [(SEND, 16 + 24), (ALL_GATHER, 48), (ALL_GATHER, 48), (SEND, 48)]
     one = RecordingTP(1, 0)
     assert one.all_gather(x) is x and one.all_reduce(x) is x and one.calls == []
 
