@@ -19,7 +19,7 @@ DEPLOYMENTS = [
 ]
 ACTIVATION_TOLERANCE = 0.2
 """The analytic activation peak is a model of the kernels' transients (ppprof.specs.activation), not a count: on
-these deployments it comes within 10% of the meta forward's."""
+these deployments it comes within 14% of the meta forward's."""
 
 
 @pytest.fixture(scope="module", params=DEPLOYMENTS, ids=[f"{f}-pp{p}-tp{t}" for f, p, t in DEPLOYMENTS])
