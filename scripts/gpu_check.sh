@@ -38,6 +38,15 @@ print(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn
 EOF
 cat "$out/env.json" | tee -a "$out/summary.txt"
 ngpu=$($PY -c "import torch; print(torch.cuda.device_count())")
+
+# The full-size dry run (meta tensors, no rank, seconds on the CPU): DeepSeek-V3 at SGLang's PP4 x TP8, every rank
+# built and run once at the largest probe request, against this machine's GPU (80 GiB where none is visible).
+step "dry run: DeepSeek-V3 at PP4 x TP8"
+device_memory=$( [ "$ngpu" -ge 1 ] && echo cuda || echo 80GiB )
+timeout "$limit" .venv/bin/ppprof profile --dry-run --model tests/specs/data/deepseek_v3/config.json --pp-size 4 \
+  --tp-size 8 --dtype bf16 --device-memory "$device_memory" > "$out/dry-run-deepseek-v3.txt" 2>&1 || status=1
+tail -n 3 "$out/dry-run-deepseek-v3.txt" | tee -a "$out/summary.txt"
+
 [ "$ngpu" -ge 1 ] || { echo "no CUDA device visible" | tee -a "$out/summary.txt"; exit 1; }
 pp=$(( ngpu >= 4 ? 4 : (ngpu >= 2 ? 2 : 1) ))
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from ppprof.commands.dry_run import show_dry_run
 from ppprof.commands.options import (
     resolved_config_option,
     shown,
@@ -94,6 +95,19 @@ PROFILE_OPTIONS = (
         dict(metavar="DIR"),
         "Finish the interrupted run in DIR from its last complete probe, with its recorded settings.",
     ),
+    (
+        ("--dry-run",),
+        dict(is_flag=True, default=False),
+        "Start no rank: build every rank's stage at its real size on meta tensors, run the largest probe request "
+        "through it, and print per rank its parameters, weights, pools, activation peak and collectives.",
+    ),
+    (
+        ("--device-memory",),
+        dict(),
+        "With --dry-run: each device's memory (80GiB, 141GB, or cuda for this machine's GPU); a layout with a "
+        "rank that does not fit is refused, naming the smallest that fits.",
+    ),
+    (("--json", "as_json"), dict(is_flag=True, default=False), "With --dry-run: print one JSON object."),
     torchrun_options,
     resolved_config_option,
     (("--inject-fault",), dict(type=click.Choice(FAULTS), hidden=True), "Testing only: a deliberate fault."),
@@ -101,9 +115,15 @@ PROFILE_OPTIONS = (
 """The options of `ppprof profile`, in the order --help shows them."""
 
 
-@click.command("profile", epilog="Example: ppprof profile --model tiny-dense --out results/my-run")
+@click.command(
+    "profile",
+    epilog="Example: ppprof profile --model tiny-dense --out results/my-run\n\n"
+    "Example: ppprof profile --dry-run --model config.json --pp-size 4 --tp-size 8 --device-memory 80GiB",
+)
 @with_options(*PROFILE_OPTIONS)
-def profile(config_path, resolved_config, inject_fault, overwrite, resume_dir, **options) -> None:
+def profile(
+    config_path, resolved_config, inject_fault, overwrite, resume_dir, dry_run, device_memory, as_json, **options
+) -> None:
     """Profile prefill chunks on every stage of a pipeline and write samples.csv, run.json and policy.json.
 
     Without torchrun it starts its own ranks (--nproc-per-node per node, by default --pp-size x --tp-size;
@@ -111,6 +131,9 @@ def profile(config_path, resolved_config, inject_fault, overwrite, resume_dir, *
     ...`) it runs as one rank. The ranks form a (pp, tp) mesh: rank = stage x tp-size + TP rank.
     """
     torchrun = {name: options.pop(name) for name, _ in TORCHRUN_OPTIONS}
+    if dry_run or device_memory is not None or as_json:
+        check_dry_run_flags(dry_run, device_memory, as_json, resume_dir)
+        return show_dry_run(resolve_config(config_path, options), device_memory, as_json, torchrun.get("nnodes"))
     if resolved_config is not None:
         cfg = resolve_config(None, json.loads(resolved_config))
     elif resume_dir is not None:
@@ -132,6 +155,15 @@ def profile(config_path, resolved_config, inject_fault, overwrite, resume_dir, *
             resume=resume_dir is not None,
         )
     )
+
+
+def check_dry_run_flags(dry_run: bool, device_memory: str | None, as_json: bool, resume_dir: str | None) -> None:
+    """--device-memory and --json go with --dry-run, which resumes nothing."""
+    if not dry_run:
+        flag = "--device-memory" if device_memory is not None else "--json"
+        raise ValueError(f"{flag} is a setting of the dry run: add --dry-run")
+    if resume_dir is not None:
+        raise ValueError(f"--dry-run with --resume {resume_dir}: a dry run starts no rank; drop --resume")
 
 
 def check_resume_flags(resume_dir: str, out: str | None, overwrite: bool) -> None:

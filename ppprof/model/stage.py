@@ -44,7 +44,8 @@ class Stage(nn.Module):
 
     Under TP (`tp`, the stage's TP group), this rank's shard of every layer (ppprof.specs.tp), drawn from the same
     generators as TP = 1, so that the TP ranks together compute the TP = 1 stage; the embedding and the LM head
-    vocab-parallel (the logits gathered)."""
+    vocab-parallel (the logits gathered). On the meta device the stage has its shapes and no values (no weights
+    drawn), for a dry run at full size."""
 
     def __init__(
         self,
@@ -95,7 +96,8 @@ class Stage(nn.Module):
                         (spec.vocab_size, spec.hidden_size),
                         lambda full: take_padded_rows(full, self.vocab),
                     )
-        self._init_weights(seed)
+        if torch.device(device).type != "meta":  # meta tensors hold shapes only: nothing to draw (a dry run)
+            self._init_weights(seed)
 
     @torch.no_grad()
     def _init_weights(self, seed: int) -> None:
