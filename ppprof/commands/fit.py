@@ -50,32 +50,16 @@ from ppprof.servers.sglang import PARITY
     help="With --latency-model quadratic: SGLang's own fit and rule, nothing else (no trimming, no gates but a > 0).",
 )
 @policy_options
-def fit_command(
-    samples,
-    latency_model,
-    out,
-    parity,
-    prompt_lens,
-    min_gain,
-    overhead_ms,
-    pp_size,
-    extrapolate,
-    async_depth,
-    **options,
-) -> None:
+def fit_command(samples, latency_model, out, parity, **options) -> None:
     """Fit a latency model to SAMPLES (a CSV with prefix_len, chunk_size, latency_ms) and write a policy: the
     prompt-aware rule, the history-only table for the workload, and its status."""
     for name in ("alignment", "min_chunk_size", "max_chunk_size"):
         if options[name] is not None:
             require_int(f"--{name.replace('_', '-')}", options[name], 1)
-    chosen = {
-        "prompt_lens": prompt_lens,
-        "min_gain": min_gain,
-        "overhead_ms": overhead_ms,
-        "pp_size": pp_size,
-        "extrapolate": extrapolate or None,
-        "async_depth": async_depth,
-    }
+    names = ("prompt_lens", "min_gain", "overhead_ms", "pp_size", "extrapolate", "async_depth")
+    chosen = {name: options.pop(name) for name in names}  # the policy options (ppprof.config.PolicyOptions)
+    chosen["extrapolate"] = chosen["extrapolate"] or None
+    pp_size = chosen["pp_size"]
     path, policy = fit(samples, out, latency_model, parity=parity, policy_options=chosen, **options)
     for line in notes(samples, policy, pp_size):
         click.echo(line, err=True)
