@@ -6,8 +6,6 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-import pytest
-
 from ppprof.config import ProfileConfig
 from ppprof.run.dry_run import DryRun, dry_run
 from ppprof.run.settings import resolve_config
@@ -36,11 +34,10 @@ HEADLINE = [
 
 @functools.cache
 def published_dry_run(folder: str, pp_size: int, tp_size: int) -> tuple[ProfileConfig, DryRun]:
-    """The dry run of tests/specs/data/FOLDER at PP x TP in bf16 with the profile's default pools; skips the test
-    while ppprof.specs.tp refuses the layout (MLA and Gated DeltaNet above TP 1 until they are sharded)."""
+    """The dry run of tests/specs/data/FOLDER at PP x TP in bf16 with the profile's default pools (every family
+    shards over TP ranks: a refusal fails the test)."""
     path = DATA / folder / "config.json"
     problem = tp_problem(load_spec(path), tp_size)
-    if problem:
-        pytest.skip(f"ppprof.specs.tp refuses this layout for now: {problem}")
+    assert not problem, f"ppprof.specs.tp refuses {folder} at TP {tp_size}: {problem}"
     cfg = resolve_config(None, {"model": str(path), "pp_size": pp_size, "tp_size": tp_size, "dtype": "bf16"})
     return cfg, dry_run(cfg)
