@@ -177,6 +177,18 @@ class ProfileConfig:
         return chunk_unit(self.pools.page_size, self.parallelism.tp_size)
 
     @property
+    def cache_sizes(self) -> dict:
+        """The sizes a stage's cache is built with (and its memory counted with): the pools and the context."""
+        pools = self.pools
+        return {
+            "max_total_tokens": pools.max_total_tokens,
+            "page_size": pools.page_size,
+            "max_mamba_cache_size": pools.max_mamba_cache_size,
+            "max_running_requests": pools.max_running_requests,
+            "context_len": self.probes.context_len,
+        }
+
+    @property
     def max_probe_chunk_size(self) -> int:
         """The largest probe chunk: max_probe_chunk_multiple x B, aligned down to the chunk unit."""
         return align_down(int(self.probes.max_probe_chunk_multiple * self.probes.base_chunk_size), self.chunk_unit)

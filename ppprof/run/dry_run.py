@@ -170,11 +170,7 @@ def stage_estimate(cfg: ProfileConfig, spec: ModelSpec, layers: range, stage_idx
         layers,
         stage_idx=stage_idx,
         dtype=dry_run_dtype(cfg, spec),
-        max_total_tokens=cfg.pools.max_total_tokens,
-        page_size=cfg.pools.page_size,
-        max_mamba_cache_size=cfg.pools.max_mamba_cache_size,
-        max_running_requests=cfg.pools.max_running_requests,
-        context_len=cfg.probes.context_len,
+        **cfg.cache_sizes,
         chunk_size=cfg.max_probe_chunk_size,
         prefix_len=max(cfg.resolved_prefix_lens(), default=0),
         attention_backend=meta_backend(cfg),
@@ -198,17 +194,7 @@ def run_rank(
     tp = RecordingTP(cfg.parallelism.tp_size, tp_rank)
     stage = Stage(spec, layers, dtype=dtype, device=META, attention_backend=meta_backend(cfg), tp=tp)
     cache = build_stage_cache(
-        spec,
-        layers,
-        max_total_tokens=cfg.pools.max_total_tokens,
-        page_size=cfg.pools.page_size,
-        max_mamba_cache_size=cfg.pools.max_mamba_cache_size,
-        max_running_requests=cfg.pools.max_running_requests,
-        context_len=cfg.probes.context_len,
-        dtype=dtype,
-        device=META,
-        tp_size=tp.size,
-        tp_rank=tp_rank,
+        spec, layers, **cfg.cache_sizes, dtype=dtype, device=META, tp_size=tp.size, tp_rank=tp_rank
     )
     n, prefix_len = estimate.chunk_size, estimate.prefix_len
     req = Request(rid=0)
