@@ -31,6 +31,7 @@ RUNS = {
     "experiments/repredict.py": [BENCH, BENCH_POLICY],
     "experiments/under_load_sim.py": ["--quick"],
     "experiments/serving_paired.py": ["results/serving-real"],
+    "experiments/confidence_host.py": ["tests/runs"],
 }
 """Scripts run whole on a tiny input, each writing its one-file result to -o: its arguments but -o."""
 
@@ -40,6 +41,7 @@ HELP_ONLY = {
     "experiments/bench_reference.sh": "profiles and benches for half an hour (ranks)",
     "experiments/bench_tune.sh": "profiles, tunes and benches for minutes (ranks)",
     "experiments/serving_real.sh": "profiles and serves for a quarter of an hour (ranks)",
+    "experiments/confidence_host.sh": "profiles nine times, about 25 minutes (ranks)",
     "experiments/tp_compare.sh": "profiles at TP1 and TP2 (ranks)",
     "sglang_check.py": "needs SGLang and two GPUs",
 }
