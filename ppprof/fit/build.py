@@ -14,6 +14,7 @@ from ppprof.config import ChunkSettings, PolicyOptions
 from ppprof.config.workload import Workload
 from ppprof.fit.calibrate import calibration_of
 from ppprof.fit.calibrate import none as no_calibration
+from ppprof.fit.confidence import RESAMPLES, SEED, gain_interval, refits
 from ppprof.fit.packed import PackedRows, packed_forwards, read_packed
 from ppprof.fit.parity import sglang_fit
 from ppprof.fit.plots import write_plots
@@ -76,11 +77,14 @@ def carried(
     options: PolicyOptions,
     parity: bool,
     calibration: dict | None = None,
+    resampled: list | None = None,
 ) -> dict:
     """The policy's fields beyond the fit: overhead, calibration, stages, workload, the history-only table, the
     prompt-aware rule, what they are predicted to give, and the status and reason that follow. `measured`: the
     profiled domain (`domain`), None for none (chunks up to B, prompts up to the context). The rules are chosen on
-    the planning model (LatencyModel.planning: the calibration, then the overhead)."""
+    the planning model (LatencyModel.planning: the calibration, then the overhead); `resampled`: the model refitted
+    to resampled samples (ppprof.fit.confidence.refits), whose gains give the interval the status reads (None: the
+    point gain alone decides, as for a policy rechosen without its samples)."""
     overhead = overhead_of(run, options.overhead_ms)
     calibration = calibration or no_calibration("not measured")
     stages = options.pp_size or profiled_stages(run)
@@ -103,8 +107,16 @@ def carried(
             "prompt_table": rule.to_dict(dom),
             "predicted": None,
         }
+
+    def planning(m: LatencyModel) -> LatencyModel:
+        return m.planning(calibration, overhead["ms_per_chunk"])
+
+    def interval(rule: PromptRule) -> dict:
+        plans = [rule.plan(int(n)) for n in lengths]
+        return gain_interval(resampled, planning, plans, dom.sizes(), lengths, weights, stages, options.min_gain)
+
     choice = choose(
-        model.planning(calibration, overhead["ms_per_chunk"]), settings, dom, stages, lengths, weights, options.min_gain
+        planning(model), settings, dom, stages, lengths, weights, options.min_gain, interval if resampled else None
     )
     table = choice.history_table | {
         "bound_ms": choice.history_bound_ms if math.isfinite(choice.history_bound_ms) else None,
@@ -166,7 +178,8 @@ def fit_samples(
         "bottleneck_stage": samples.bottleneck_stage,
         "stage_totals_ms": samples.stage_totals_ms,
     }
-    model, target, status, reason = select_and_gate(fitted, failed, per_model, diag, settings, latency_model)
+    model, target, status, reason = select_and_gate(fitted, failed, per_model, diag, settings, latency_model, used)
+    resampled = refits(model, used, fitted[model.name].fit_rows, RESAMPLES, SEED) if status == "dynamic" else None
     rules = carried(
         model,
         status,
@@ -177,6 +190,7 @@ def fit_samples(
         options,
         False,
         calibration_of(run, model, samples.bottleneck_stage),
+        resampled,
     )
     return assemble(samples, run, settings, model, target, diag, rules | {"parity": None})
 
