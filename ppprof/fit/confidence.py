@@ -5,14 +5,16 @@ Cells: the rows of one (prefix_len, chunk_size); where a prefix length's cells h
 (the sweep's one request a chunk size), neighbouring chunk sizes are pooled into cells of MIN_CELL_ROWS rows. A cell's
 deviation is the median of its rows' latency / model - 1, less the median deviation of all cells (a least-squares fit
 runs through the mean of skewed timing noise, above its median by a common factor: a level, not a form). The form
-error is the RMS of the cells' deviations less the noise each median carries (1.2533 x its rows' MAD-sigma / sqrt(n)).
+error is the RMS of the cells' deviations, each weighted by its cell's median latency (the share of a prompt's time the
+cell stands for), less the noise each median carries (1.2533 x sigma / sqrt(n), sigma from the pairs of rows of one
+cell, pooled over the cells of its prefix length).
 
 Resampling (RESAMPLES replicates, seed SEED): the rows the model was fitted to, as run; each row's log residual is
 its probe's level (the median of the probe's log residuals: the shared slowness of the probe) plus its own. A replicate
 gives every probe a level drawn whole from the probes' (centred) and every row a residual drawn from its cell's
 (MIN_CELL_ROWS or more rows) or else its probe's, and refits the model. Each refit prices the policy's own plans of
 the workload and every fixed chunk of the domain on its planning model: the gain of the plans over the refit's best
-fixed chunk. A replicate that cannot be fitted counts as no gain.
+fixed chunk (at least -1, 100% slower). A replicate that cannot be fitted counts as -1.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ MIN_CELL_ROWS = 3
 MAX_FORM_ERROR = 0.10
 """The most RMS deviation of the cells' medians from the model, noise removed: the 10% the per-row CV gate held rows
 to, now held by cells, where timing noise averages out and a wrong form does not."""
+PAIR_MEDIAN = math.sqrt(2.0) * 0.6744897501960817
+"""The median |difference| of two normal values of sigma 1."""
 MEDIAN_SE = math.sqrt(math.pi / 2)
 """The standard error of a median of n normal values is this x sigma / sqrt(n)."""
 
@@ -71,12 +75,11 @@ def form_check(model: LatencyModel, used: Samples) -> dict:
     cell = cells(L, x)
     ids = np.unique(cell)
     med = np.array([np.median(ratio[cell == c]) for c in ids])
-    sigma = np.array([1.4826 * np.median(np.abs(ratio[cell == c] - m)) for c, m in zip(ids, med)])
     n = np.array([(cell == c).sum() for c in ids])
     weight = np.array([np.median(y[cell == c]) for c in ids])
     level = float(np.sum(weight * med) / weight.sum())
     dev = med / level - 1.0
-    noise = MEDIAN_SE * sigma / np.sqrt(n) / level
+    noise = MEDIAN_SE * np.sqrt(pooled_variance(ratio, cell, L, ids) / n) / level
     error = float(np.sqrt(max(0.0, np.sum(weight * (dev**2 - noise**2)) / weight.sum())))
     worst = int(np.argmax(np.abs(dev)))
     first = np.array([np.flatnonzero(cell == c)[0] for c in ids])
@@ -101,6 +104,25 @@ def form_check(model: LatencyModel, used: Samples) -> dict:
             f"{MIN_CELL_ROWS} rows where fewer"
         ),
     }
+
+
+def pooled_variance(ratio: np.ndarray, cell: np.ndarray, prefix_len: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """(cells,) the variance of one row's latency / model in each cell, pooled over the cells of its prefix length:
+    (the median |difference| of two rows of one cell / PAIR_MEDIAN)^2 over every such pair of the prefix length. A
+    median, so that a few slow rows do not pass for noise; pairs, so that cells of three rows estimate it without
+    bias; pooled, since a few rows a cell estimate it poorly, a prefix length's hundred well."""
+    prefix = np.array([prefix_len[cell == c][0] for c in ids])
+    pairs = []
+    for c in ids:
+        r = ratio[cell == c]
+        i, j = np.triu_indices(len(r), k=1)
+        pairs.append(np.abs(r[i] - r[j]))
+    out = np.empty(len(ids))
+    for L in np.unique(prefix):
+        at = np.flatnonzero(prefix == L)
+        diffs = np.concatenate([pairs[k] for k in at])
+        out[at] = (np.median(diffs) / PAIR_MEDIAN) ** 2 if len(diffs) else 0.0
+    return out
 
 
 def probe_ids(used: Samples) -> np.ndarray:
@@ -181,11 +203,11 @@ def gain_interval(
     resampled model's planning model (`planning`): its LOWER_QUANTILE quantile (the lower bound the status reads),
     median and 1 - LOWER_QUANTILE quantile, and the share of replicates at `min_gain` or more."""
     pricer = Pricer([plans] + [[fixed_chunks(int(s), int(n)) for n in lengths] for s in sizes], weights, pp_size)
-    gains = np.full(len(models), -np.inf)  # a replicate that could not be fitted: no gain
+    gains = np.full(len(models), -1.0)  # a replicate that could not be fitted: the least gain there is
     for b, m in enumerate(models):
         if m is not None:
             mean = pricer.mean_ttft(planning(m))
-            gains[b] = 1.0 - mean[0] / mean[1:].min()
+            gains[b] = max(-1.0, 1.0 - mean[0] / mean[1:].min())
     failed = int(sum(m is None for m in models))
     return {
         "lower": float(np.quantile(gains, LOWER_QUANTILE, method="lower")),
@@ -199,6 +221,6 @@ def gain_interval(
         "method": (
             f"{len(models)} refits on the samples resampled by probe (a probe's shared slowness drawn whole) and "
             f"cell, seed {SEED}; each prices the policy's plans of the workload against its best fixed chunk; "
-            f"{failed} could not be fitted (no gain)"
+            f"{failed} could not be fitted (counted as -1)"
         ),
     }

@@ -73,20 +73,26 @@ def select_and_gate(
     latency_model: str,
     used: Samples,
 ) -> tuple[LatencyModel | None, float | None, str, str]:
-    """Pick the fitted model (select_model), check its form on the cell medians of `used` and its condition number
-    (ppprof.fit.gates.adequacy), add its diagnostics to `diag` (the per-row gates too, as diagnostics). Returns (model,
+    """Pick the fitted model (select_model, among those whose form the cell medians of `used` bear out where any
+    does: ppprof.fit.confidence.form_check), check its form and its condition number (ppprof.fit.gates.adequacy), add its diagnostics to `diag` (the per-row gates too, as diagnostics). Returns (model,
     target latency, status, reason): status dynamic while the model is adequate (the policy's gain then decides), a
     model that fails a check is kept, with status static."""
     if not fitted:
         return None, None, "static", "; ".join(failed.values())  # each reason names its model
-    name, key = select_model(fitted)
+    forms = {n: form_check(f.model, used) for n, f in fitted.items()}
+    for n, form in forms.items():
+        diag.setdefault("candidates", {}).setdefault(n, {})["form_error"] = form["value"]
+    adequate = {n: f for n, f in fitted.items() if forms[n]["passed"]}
+    name, key = select_model(adequate or fitted)  # among the models whose form the cells bear out, where any
     model = fitted[name].model
-    diag["selected_by"] = key if latency_model == "auto" else "requested"
+    diag["selected_by"] = (
+        (key if adequate else f"{key} (no model's form passed)") if latency_model == "auto" else "requested"
+    )
     diag.update(per_model[name])
     target = model.target_ms(settings.base_chunk_size)
     shrink, shrink_at = predicted_shrink(model, settings, target)  # SGLang's rule's, a diagnostic
     diag["predicted_shrink"] = {"fraction": shrink, "prefix_len": shrink_at}
-    diag["gates"] = adequacy(form_check(model, used), diag)
+    diag["gates"] = adequacy(forms[name], diag)
     diag["row_gates"] = row_gates(diag)
     reason = failure_reason(diag["gates"])
     if reason:
