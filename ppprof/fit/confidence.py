@@ -3,11 +3,12 @@ out, and the predicted gain over the best fixed chunk resampled. Pure numpy; no 
 
 Cells: the rows of one (prefix_len, chunk_size); where a prefix length's cells hold fewer than MIN_CELL_ROWS rows
 (the sweep's one request a chunk size), neighbouring chunk sizes are pooled into cells of MIN_CELL_ROWS rows. A cell's
-deviation is the median of its rows' latency / model - 1, less the median deviation of all cells (a least-squares fit
-runs through the mean of skewed timing noise, above its median by a common factor: a level, not a form). The form
-error is the RMS of the cells' deviations, each weighted by its cell's median latency (the share of a prompt's time the
-cell stands for), less the noise each median carries (1.2533 x sigma / sqrt(n), sigma from the pairs of rows of one
-cell, pooled over the cells of its prefix length).
+deviation is the median of its rows' latency / model, over the level - 1; the level is the cells' mean of those
+medians, weighted by their latency (a least-squares fit runs through the mean of skewed timing noise, above its median
+by a common factor: a level, not a form). The form error is the RMS of the deviations, each cell weighted by its
+median latency (the share of a prompt's time it stands for), less the noise each median carries (1.2533 x sigma /
+sqrt(n), sigma from the pairs of rows of one cell, pooled over the cells of its prefix length), at its lower bound
+(FORM_ERROR_SES standard errors below).
 
 Resampling (RESAMPLES replicates, seed SEED): the rows the model was fitted to, as run; each row's log residual is
 its probe's level (the median of the probe's log residuals: the shared slowness of the probe) plus its own. A replicate
@@ -43,6 +44,10 @@ MAX_FORM_ERROR = 0.10
 to, now held by cells, where timing noise averages out and a wrong form does not."""
 PAIR_MEDIAN = math.sqrt(2.0) * 0.6744897501960817
 """The median |difference| of two normal values of sigma 1."""
+FORM_ERROR_SES = 2.0
+"""The form error judged is its lower bound: the squared estimate less this many of its standard errors under noise
+alone (a design of few cells, each of few rows, estimates it poorly; a wrong form is refused when the samples show
+it, not when noise might)."""
 MEDIAN_SE = math.sqrt(math.pi / 2)
 """The standard error of a median of n normal values is this x sigma / sqrt(n)."""
 
@@ -80,12 +85,16 @@ def form_check(model: LatencyModel, used: Samples) -> dict:
     level = float(np.sum(weight * med) / weight.sum())
     dev = med / level - 1.0
     noise = MEDIAN_SE * np.sqrt(pooled_variance(ratio, cell, L, ids) / n) / level
-    error = float(np.sqrt(max(0.0, np.sum(weight * (dev**2 - noise**2)) / weight.sum())))
+    share = weight / weight.sum()
+    excess = float(np.sum(share * (dev**2 - noise**2)))  # the squared form error, noise removed
+    spread = float(np.sqrt(2.0 * np.sum(share**2 * noise**4)))  # its standard error were the form right
+    error = math.sqrt(max(0.0, excess - FORM_ERROR_SES * spread))
     worst = int(np.argmax(np.abs(dev)))
     first = np.array([np.flatnonzero(cell == c)[0] for c in ids])
     return {
         "name": "form_error",
         "value": error,
+        "estimate": math.sqrt(max(0.0, excess)),
         "op": "<=",
         "limit": MAX_FORM_ERROR,
         "passed": bool(error <= MAX_FORM_ERROR),
@@ -99,8 +108,8 @@ def form_check(model: LatencyModel, used: Samples) -> dict:
             "noise": float(noise[worst]),
         },
         "rule": (
-            f"RMS over {len(ids)} cells of (median latency / model) / level - 1, less each median's noise, "
-            f"<= {MAX_FORM_ERROR:.0%}; cells: (prefix_len, chunk_size), neighbouring chunk sizes pooled to "
+            f"RMS over {len(ids)} cells (weighted by latency) of (median latency / model) / level - 1, less each "
+            f"median's noise and {FORM_ERROR_SES:g} standard errors, <= {MAX_FORM_ERROR:.0%}; cells: (prefix_len, chunk_size), neighbouring chunk sizes pooled to "
             f"{MIN_CELL_ROWS} rows where fewer"
         ),
     }
