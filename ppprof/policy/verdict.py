@@ -61,15 +61,18 @@ def checks(report: dict, tol: dict[str, float]) -> list[dict]:
 
 
 def judged_status(report: dict, tol: dict[str, float], level: float) -> dict:
-    """The status check (status_check); where it fails while the samples agree and a side has no gain interval (a
-    policy of older code), a hint to refit both sides so that their intervals judge them."""
+    """The status check (status_check); where it fails while the samples agree and a side has no gain interval, why:
+    a policy of older code (refit both, so that their intervals judge them) or a model refused."""
     out = status_check(report["baseline"], report["candidate"], tol)
     worst = (report.get("samples") or {}).get("worst_prefix")  # the prefix length furthest from the level
     agree = worst is not None and abs(worst["median_ratio"] / level - 1.0) <= tol["samples"]
-    if not out["passed"] and agree and not out.get("intervals"):
-        out["detail"] += (
-            f"; yet the samples agree (median latency ratios within {tol['samples']:.0%}): refit both with this "
-            "code (`ppprof fit`) so that their gains' intervals judge the statuses"
+    if not out["passed"] and agree and not out["intervals"]:
+        sides = (report["baseline"], report["candidate"])
+        older = any(s["gain_vs_fixed_best"] is not None and s.get("gain_interval") is None for s in sides)
+        out["detail"] += f"; yet the samples agree (median latency ratios within {tol['samples']:.0%})" + (
+            ": refit both with this code (`ppprof fit`) so that their gains' intervals judge the statuses"
+            if older
+            else ": one side has no gain to judge (its model was refused: see its reason)"
         )
     return out
 
