@@ -2,13 +2,13 @@
 out, and the predicted gain over the best fixed chunk resampled. Pure numpy; no torch.
 
 Cells: the rows of one (prefix_len, chunk_size); where a prefix length's cells hold fewer than MIN_CELL_ROWS rows
-(the sweep's one request a chunk size), neighbouring chunk sizes are pooled into cells of MIN_CELL_ROWS rows. A cell's
-deviation is the median of its rows' latency / model, over the level - 1; the level is the cells' mean of those
-medians, weighted by their latency (a least-squares fit runs through the mean of skewed timing noise, above its median
-by a common factor: a level, not a form). The form error is the RMS of the deviations, each cell weighted by its
-median latency (the share of a prompt's time it stands for), less the noise each median carries (1.2533 x sigma /
-sqrt(n), sigma from the pairs of rows of one cell, pooled over the cells of its prefix length), at its lower bound
-(FORM_ERROR_SES standard errors below).
+(the sweep's one request a chunk size), neighbouring chunk sizes are pooled into cells of MIN_CELL_ROWS rows. In logs
+(timing noise is multiplicative, so symmetric there), a cell's deviation is the median of its rows' log(latency /
+model) less the level, the cells' mean of those medians weighted by their latency (a least-squares fit runs through
+the mean of skewed timing noise, above its median by a common factor: a level, not a form). The form error is the RMS
+of the deviations, each cell weighted by its median latency (the share of a prompt's time it stands for), less the
+noise each median carries (1.2533 x sigma / sqrt(n), sigma from the pairs of rows of one cell, pooled over the cells
+of its prefix length), at its lower bound (FORM_ERROR_SES standard errors below); a log deviation of 0.1 is 10.5%.
 
 Resampling (RESAMPLES replicates, seed SEED): the rows the model was fitted to, as run; each row's log residual is
 its probe's level (the median of the probe's log residuals: the shared slowness of the probe) plus its own. A replicate
@@ -76,15 +76,15 @@ def form_check(model: LatencyModel, used: Samples) -> dict:
     """The model against the medians of the cells of every evaluation row (`used`): each cell's deviation, the noise
     of its median, and the form error (module doc); passed when the form error is at most MAX_FORM_ERROR."""
     L, x, y = used.prefix_len, used.chunk_size, used.chunk_latency_ms
-    ratio = y / model.chunk_latency_ms(L, x)
+    ratio = np.log(y / model.chunk_latency_ms(L, x))  # timing noise is multiplicative: symmetric in logs
     cell = cells(L, x)
     ids = np.unique(cell)
     med = np.array([np.median(ratio[cell == c]) for c in ids])
     n = np.array([(cell == c).sum() for c in ids])
     weight = np.array([np.median(y[cell == c]) for c in ids])
     level = float(np.sum(weight * med) / weight.sum())
-    dev = med / level - 1.0
-    noise = MEDIAN_SE * np.sqrt(pooled_variance(ratio, cell, L, ids) / n) / level
+    dev = med - level
+    noise = MEDIAN_SE * np.sqrt(pooled_variance(ratio, cell, L, ids) / n)
     share = weight / weight.sum()
     excess = float(np.sum(share * (dev**2 - noise**2)))  # the squared form error, noise removed
     spread = float(np.sqrt(2.0 * np.sum(share**2 * noise**4)))  # its standard error were the form right
@@ -99,16 +99,16 @@ def form_check(model: LatencyModel, used: Samples) -> dict:
         "limit": MAX_FORM_ERROR,
         "passed": bool(error <= MAX_FORM_ERROR),
         "num_cells": int(len(ids)),
-        "level": level,
+        "level": math.exp(level),
         "worst_cell": {
             "prefix_len": int(L[first[worst]]),
             "chunk_size": int(x[first[worst]]),
             "rows": int(n[worst]),
-            "deviation": float(dev[worst]),
+            "deviation": float(math.expm1(dev[worst])),
             "noise": float(noise[worst]),
         },
         "rule": (
-            f"RMS over {len(ids)} cells (weighted by latency) of (median latency / model) / level - 1, less each "
+            f"RMS over {len(ids)} cells (weighted by latency) of log(median latency / model / level), less each "
             f"median's noise and {FORM_ERROR_SES:g} standard errors, <= {MAX_FORM_ERROR:.0%}; cells: (prefix_len, chunk_size), neighbouring chunk sizes pooled to "
             f"{MIN_CELL_ROWS} rows where fewer"
         ),
@@ -116,7 +116,7 @@ def form_check(model: LatencyModel, used: Samples) -> dict:
 
 
 def pooled_variance(ratio: np.ndarray, cell: np.ndarray, prefix_len: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """(cells,) the variance of one row's latency / model in each cell, pooled over the cells of its prefix length:
+    """(cells,) the variance of one row's log(latency / model) (`ratio`) in each cell, pooled over the cells of its prefix length:
     (the median |difference| of two rows of one cell / PAIR_MEDIAN)^2 over every such pair of the prefix length. A
     median, so that a few slow rows do not pass for noise; pairs, so that cells of three rows estimate it without
     bias; pooled, since a few rows a cell estimate it poorly, a prefix length's hundred well."""
