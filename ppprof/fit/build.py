@@ -100,24 +100,18 @@ def carried(
             starts, sizes = build_table(model, settings, model.target_ms(size))
             table = {"prefix_len": starts, "chunk_size": sizes}
             rule = PromptRule([1], [math.inf], [0], [starts], [sizes], max(sizes))
-        return out | {
-            "status": status,
-            "reason": reason,
-            "table": table,
-            "prompt_table": rule.to_dict(dom),
-            "predicted": None,
-        }
+        fields = {"status": status, "reason": reason, "table": table, "prompt_table": rule.to_dict(dom)}
+        return out | fields | {"predicted": None}
 
     def planning(m: LatencyModel) -> LatencyModel:
         return m.planning(calibration, overhead["ms_per_chunk"])
 
-    def interval(rule: PromptRule) -> dict:
+    def interval(rule: PromptRule) -> dict:  # the gain of the rule's plans over resampled fits
         plans = [rule.plan(int(n)) for n in lengths]
         return gain_interval(resampled, planning, plans, dom.sizes(), lengths, weights, stages, options.min_gain)
 
-    choice = choose(
-        planning(model), settings, dom, stages, lengths, weights, options.min_gain, interval if resampled else None
-    )
+    judge = interval if resampled else None
+    choice = choose(planning(model), settings, dom, stages, lengths, weights, options.min_gain, judge)
     table = choice.history_table | {
         "bound_ms": choice.history_bound_ms if math.isfinite(choice.history_bound_ms) else None,
         "chunk_cap": choice.history_chunk_cap,
@@ -180,18 +174,8 @@ def fit_samples(
     }
     model, target, status, reason = select_and_gate(fitted, failed, per_model, diag, settings, latency_model, used)
     resampled = refits(model, used, fitted[model.name].fit_rows, RESAMPLES, SEED) if status == "dynamic" else None
-    rules = carried(
-        model,
-        status,
-        reason,
-        settings,
-        domain(samples),
-        run,
-        options,
-        False,
-        calibration_of(run, model, samples.bottleneck_stage),
-        resampled,
-    )
+    calibration = calibration_of(run, model, samples.bottleneck_stage)
+    rules = carried(model, status, reason, settings, domain(samples), run, options, False, calibration, resampled)
     return assemble(samples, run, settings, model, target, diag, rules | {"parity": None})
 
 

@@ -105,8 +105,7 @@ def choose(
         f"{history.mean_ttft_ms:.1f} ms, best fixed chunk ({history.fixed_chunk}) "
         f"{history.fixed_mean_ttft_ms:.1f} ms, fixed B ({settings.base_chunk_size}) {base:.1f} ms"
     )
-    interval = confidence(prompt_rule) if confidence else None
-    if interval is not None:
+    if (interval := confidence(prompt_rule) if confidence else None) is not None:
         predicted["gain_interval"] = interval
     verdict = gain_verdict(gain, interval, min_gain)
     if gain >= min_gain and (interval is None or interval["lower"] >= min_gain):
