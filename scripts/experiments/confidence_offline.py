@@ -32,8 +32,15 @@ BEFORE = "afbd823"
 """The code before issue 35's status: the per-row gates (RMS residual, CV MAPE) decide."""
 SIGMAS = (0.1, 0.2, 0.3)
 SEEDS = 3
-NO_GAIN = ("results/bench-reference/tiny-dense/profile", "results/bench_model_domain/grid-new/profile")
-"""Profiles whose clean fit gains less than the threshold: their fitted models are the no-gain surfaces."""
+NO_GAIN = (
+    "results/bench-reference/tiny-dense/profile",
+    "results/bench_model_domain/grid-new/profile",
+    "results/profile-llama3-8b-2layers",
+)
+"""Profiles whose clean fit gains less than the threshold on their own settings: their fitted models are the
+candidate no-gain surfaces; one counts on a layout only where its gain on the layout's settings (the rules chosen
+on the surface itself) is below THRESHOLD too."""
+THRESHOLD = 0.02
 LAYOUTS = ("results/baseline", "results/bench-reference/tiny-dense/profile")
 """The profiles whose rows the no-gain surfaces are drawn on."""
 
@@ -91,17 +98,21 @@ def outcome(policy: dict, clean: dict | None) -> dict:
 
 
 def surface_samples(layout: str, surface: str):
-    """The rows of profile `layout` on the clean fit of profile `surface`: each row's latency is the surface's times
-    the row's own ratio to the layout's clean fit (its scatter), its settings the layout's."""
+    """(samples, fit, gain): the rows of profile `layout` on the clean fit of profile `surface` (each row's latency
+    the surface's times the row's own ratio to the layout's clean fit: its scatter), the layout's fit, and the gain
+    of the rules chosen on the surface itself with the layout's settings."""
+    from ppprof.fit.build import rechoose
     from ppprof.policy.rule import LatencyModel
 
     samples, fit = fitter(layout)
-    own = LatencyModel.from_dict(fit(samples)["latency_model"])
+    clean = fit(samples)
+    own = LatencyModel.from_dict(clean["latency_model"])
     ssamples, sfit = fitter(surface)
     model = LatencyModel.from_dict(sfit(ssamples)["latency_model"])
     L, x = samples.prefix_len, samples.chunk_size
     scatter = samples.chunk_latency_ms / own.chunk_latency_ms(L, x)
-    return dataclasses.replace(samples, chunk_latency_ms=model.chunk_latency_ms(L, x) * scatter), fit
+    gain = rechoose(clean, model)["predicted"]["gain_vs_fixed_best"]
+    return dataclasses.replace(samples, chunk_latency_ms=model.chunk_latency_ms(L, x) * scatter), fit, gain
 
 
 def evaluate(folders: list[str], seeds: int, layouts: list[str], surfaces: list[str]) -> dict:
@@ -118,8 +129,8 @@ def evaluate(folders: list[str], seeds: int, layouts: list[str], surfaces: list[
         out["profiles"][folder] = row
     for layout in layouts:
         for surface in surfaces:
-            samples, fit = surface_samples(layout, surface)
-            row = {"clean": outcome(fit(samples), None)}
+            samples, fit, gain = surface_samples(layout, surface)
+            row = {"surface_gain": gain, "no_gain": gain < THRESHOLD, "clean": outcome(fit(samples), None)}
             for sigma in SIGMAS:
                 row[str(sigma)] = [outcome(fit(noisy(samples, sigma, seed)), None) for seed in range(seeds)]
             out["no_gain"][f"{surface} on {layout}"] = row
@@ -138,14 +149,16 @@ def before(rev: str, spec: dict) -> dict:
 
 def summary(result: dict) -> dict:
     """Per sigma: copies agreeing with the clean status, and the plans' TTFT error (mean |.| and worst) of the
-    profiles; the no-gain surfaces' static copies."""
+    profiles; the static copies of the surfaces that gain less than THRESHOLD on their layout."""
     out = {}
     for sigma in map(str, SIGMAS):
         copies = [c for row in result["profiles"].values() for c in row[sigma]]
         errors = [abs(c["ttft_error"]) for c in copies if c.get("ttft_error") is not None]
-        static = [c["status"] == "static" for row in result["no_gain"].values() for c in row[sigma]]
+        static = [c["status"] == "static" for row in result["no_gain"].values() if row["no_gain"] for c in row[sigma]]
+        dynamic = [c for row in result["profiles"].values() if row["clean"]["status"] == "dynamic" for c in row[sigma]]
         out[sigma] = {
             "agree": f"{sum(c['agrees'] for c in copies)}/{len(copies)}",
+            "agree_of_dynamic_profiles": f"{sum(c['agrees'] for c in dynamic)}/{len(dynamic)}",
             "plans_within_1pct": f"{sum(e <= 0.01 for e in errors)}/{len(errors)}",
             "ttft_error_mean": float(np.mean(errors)) if errors else None,
             "ttft_error_max": float(np.max(errors)) if errors else None,
