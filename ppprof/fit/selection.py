@@ -34,11 +34,21 @@ def without_warmup(samples: Samples) -> tuple[Samples, list[int]]:
 def select_model(fitted: dict[str, Fit]) -> tuple[str, str] | None:
     """(name, score) of the fitted model that best predicts work it never saw (held_out_mape: prefix bands and chunk
     ranges held out; the row-wise cv_mape where there are fewer than two prefix bands; ties: MODEL_NAMES order);
-    None where none fitted. The policy's choice, and the model the adaptive design bootstraps."""
+    None where none fitted; `pick` asks it among the models whose form passed."""
     if not fitted:
         return None
     key = "held_out_mape" if all(np.isfinite(f.held_out_mape) for f in fitted.values()) else "cv_mape"
     return min(fitted, key=lambda k: (getattr(fitted[k], key), MODEL_NAMES.index(k))), key
+
+
+def pick(fitted: dict[str, Fit], used: Samples) -> tuple[str, str, dict[str, dict]]:
+    """(name, score, {name: form check}): select_model among the fitted models whose form the cell medians of `used`
+    bear out (ppprof.fit.confidence.form_check), all of them where none does; `fitted` must not be empty. The
+    policy's choice, and the model the adaptive design bootstraps."""
+    forms = {n: form_check(f.model, used) for n, f in fitted.items()}
+    adequate = {n: f for n, f in fitted.items() if forms[n]["passed"]}
+    name, key = select_model(adequate or fitted)
+    return name, key, forms
 
 
 def fit_used_rows(used: Samples, latency_model: str) -> tuple[dict[str, Fit], dict[str, str], dict[str, dict]]:
@@ -79,11 +89,10 @@ def select_and_gate(
     model that fails a check is kept, with status static."""
     if not fitted:
         return None, None, "static", "; ".join(failed.values())  # each reason names its model
-    forms = {n: form_check(f.model, used) for n, f in fitted.items()}
+    name, key, forms = pick(fitted, used)
     for n, form in forms.items():
         diag.setdefault("candidates", {}).setdefault(n, {})["form_error"] = form["value"]
-    adequate = {n: f for n, f in fitted.items() if forms[n]["passed"]}
-    name, key = select_model(adequate or fitted)  # among the models whose form the cells bear out, where any
+    adequate = any(form["passed"] for form in forms.values())
     model = fitted[name].model
     diag["selected_by"] = (
         (key if adequate else f"{key} (no model's form passed)") if latency_model == "auto" else "requested"
