@@ -27,6 +27,7 @@ RUNS = {
     "benchmarks/policy.py": ["--quick"],
     "experiments/atom_under_load.py": [],
     "experiments/calibrate.py": [BENCH, BENCH_POLICY],
+    "experiments/confidence_offline.py": ["--quick"],
     "experiments/holdout.py": ["results/baseline-intel-xeon/policy.json", BASELINE],
     "experiments/repredict.py": [BENCH, BENCH_POLICY],
     "experiments/under_load_sim.py": ["--quick"],

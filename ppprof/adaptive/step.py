@@ -19,7 +19,7 @@ from ppprof.fit.build import PROFILE_LATENCY_MODEL
 from ppprof.fit.forms import Unfittable
 from ppprof.fit.regress import fit_candidates
 from ppprof.fit.samples import Samples, read_samples
-from ppprof.fit.selection import select_model, without_warmup
+from ppprof.fit.selection import pick, without_warmup
 from ppprof.io import finite
 from ppprof.probe.synth import Probe
 
@@ -47,18 +47,20 @@ class DesignFit:
     used: Samples
     """The rows the policy's fit reads: samples.csv less its warm-up rows (ppprof.fit.build.without_warmup)."""
     uncertainty: Uncertainty | None
-    """The bootstrap of the model the policy's fit picks (select_model) on `used`; None where there is none."""
+    """The bootstrap of the model the policy's fit picks (ppprof.fit.selection.pick) on `used`; None where there is
+    none."""
     error: str | None
     """Why there is no uncertainty: no model fits, or the picked one's rule has no positive target."""
 
 
 def design_fit(cfg: ProfileConfig, pp_size: int, samples: Samples) -> DesignFit:
     """The rows, model choice and fit of the policy a profile's own fit would write from `samples` (fit_run: the
-    warm-up rows dropped, PROFILE_LATENCY_MODEL, the held-out model choice), and that model's bootstrap."""
+    warm-up rows dropped, PROFILE_LATENCY_MODEL, the held-out choice among the models whose form the cells bear out),
+    and that model's bootstrap."""
     used, _ = without_warmup(samples)
     L, x, y = used.prefix_len, used.chunk_size, used.chunk_latency_ms
     fitted, failed = fit_candidates(L, x, y, PROFILE_LATENCY_MODEL)
-    picked = select_model(fitted)
+    picked = pick(fitted, used) if fitted else None
     if picked is None:
         return DesignFit(used, None, "; ".join(failed.values()) or "no samples left after the warm-up rows")
     try:

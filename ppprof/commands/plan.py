@@ -11,7 +11,7 @@ import click
 from ppprof.commands.options import with_options
 from ppprof.policy.planners import STRATEGIES, Plan, default_pp_size, plan_prompt
 from ppprof.policy.policy_file import load
-from ppprof.policy.summary import calibration_text, extrapolation
+from ppprof.policy.summary import calibration_text, extrapolation, gain_text
 from ppprof.policy.timeline import write_timeline
 
 
@@ -111,7 +111,7 @@ def plan_command(policy_path, prompt_len, pp_size, strategy, extrapolate, as_jso
     if notes:
         click.echo(f"warning: {notes[0]}", err=True)
     click.echo(
-        f"policy {path} ({policy.status}, rules chosen for {policy.pp_size} stages, overhead "
+        f"policy {path} ({policy.status}{gain_text(policy)}, rules chosen for {policy.pp_size} stages, overhead "
         f"{policy.overhead_ms:.3g} ms a chunk{calibration_text(policy.calibration)}), prompt {prompt_len} tokens, "
         f"{pp_size} stages"
     )

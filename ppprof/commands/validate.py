@@ -6,7 +6,7 @@ import click
 
 from ppprof.policy.policy_file import load
 from ppprof.policy.schema import SCHEMA_FILE
-from ppprof.policy.summary import summary_line
+from ppprof.policy.summary import summary_line, verbose_lines
 
 
 @click.command("validate", epilog="Example: ppprof validate results/my-run/policy.json")
@@ -17,7 +17,12 @@ from ppprof.policy.summary import summary_line
     is_flag=True,
     help="Print the policy's JSON Schema (draft 2020-12), the contract servers validate against.",
 )
-def validate_command(policy_path, show_schema) -> None:
+@click.option(
+    "--verbose",
+    is_flag=True,
+    help="Also print the model's checks, the per-row gates (diagnostics) and the gain's interval.",
+)
+def validate_command(policy_path, show_schema, verbose) -> None:
     """Check POLICY against the policy schema and the rule; print 'ok ...' (exit 0) or one line naming the field
     (exit 2). With --schema, print the JSON Schema instead."""
     if show_schema:
@@ -27,4 +32,7 @@ def validate_command(policy_path, show_schema) -> None:
         return
     if policy_path is None:
         raise click.UsageError("Missing argument 'POLICY': give a policy.json, or --schema to print the schema")
-    click.echo(f"ok {policy_path}: {summary_line(load(policy_path))}")
+    policy = load(policy_path)
+    click.echo(f"ok {policy_path}: {summary_line(policy)}")
+    if verbose:
+        click.echo("\n".join(verbose_lines(policy)))

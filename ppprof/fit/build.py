@@ -14,6 +14,7 @@ from ppprof.config import ChunkSettings, PolicyOptions
 from ppprof.config.workload import Workload
 from ppprof.fit.calibrate import calibration_of
 from ppprof.fit.calibrate import none as no_calibration
+from ppprof.fit.confidence import RESAMPLES, SEED, gain_interval, refits
 from ppprof.fit.packed import PackedRows, packed_forwards, read_packed
 from ppprof.fit.parity import sglang_fit
 from ppprof.fit.plots import write_plots
@@ -76,11 +77,14 @@ def carried(
     options: PolicyOptions,
     parity: bool,
     calibration: dict | None = None,
+    resampled: list | None = None,
 ) -> dict:
     """The policy's fields beyond the fit: overhead, calibration, stages, workload, the history-only table, the
     prompt-aware rule, what they are predicted to give, and the status and reason that follow. `measured`: the
     profiled domain (`domain`), None for none (chunks up to B, prompts up to the context). The rules are chosen on
-    the planning model (LatencyModel.planning: the calibration, then the overhead)."""
+    the planning model (LatencyModel.planning: the calibration, then the overhead); `resampled`: the model refitted
+    to resampled samples (ppprof.fit.confidence.refits), whose gains give the interval the status reads (None: the
+    point gain alone decides, as for a policy rechosen without its samples)."""
     overhead = overhead_of(run, options.overhead_ms)
     calibration = calibration or no_calibration("not measured")
     stages = options.pp_size or profiled_stages(run)
@@ -96,16 +100,18 @@ def carried(
             starts, sizes = build_table(model, settings, model.target_ms(size))
             table = {"prefix_len": starts, "chunk_size": sizes}
             rule = PromptRule([1], [math.inf], [0], [starts], [sizes], max(sizes))
-        return out | {
-            "status": status,
-            "reason": reason,
-            "table": table,
-            "prompt_table": rule.to_dict(dom),
-            "predicted": None,
-        }
-    choice = choose(
-        model.planning(calibration, overhead["ms_per_chunk"]), settings, dom, stages, lengths, weights, options.min_gain
-    )
+        fields = {"status": status, "reason": reason, "table": table, "prompt_table": rule.to_dict(dom)}
+        return out | fields | {"predicted": None}
+
+    def planning(m: LatencyModel) -> LatencyModel:
+        return m.planning(calibration, overhead["ms_per_chunk"])
+
+    def interval(rule: PromptRule) -> dict:  # the gain of the rule's plans over resampled fits
+        plans = [rule.plan(int(n)) for n in lengths]
+        return gain_interval(resampled, planning, plans, dom.sizes(), lengths, weights, stages, options.min_gain)
+
+    judge = interval if resampled else None
+    choice = choose(planning(model), settings, dom, stages, lengths, weights, options.min_gain, judge)
     table = choice.history_table | {
         "bound_ms": choice.history_bound_ms if math.isfinite(choice.history_bound_ms) else None,
         "chunk_cap": choice.history_chunk_cap,
@@ -166,18 +172,10 @@ def fit_samples(
         "bottleneck_stage": samples.bottleneck_stage,
         "stage_totals_ms": samples.stage_totals_ms,
     }
-    model, target, status, reason = select_and_gate(fitted, failed, per_model, diag, settings, latency_model)
-    rules = carried(
-        model,
-        status,
-        reason,
-        settings,
-        domain(samples),
-        run,
-        options,
-        False,
-        calibration_of(run, model, samples.bottleneck_stage),
-    )
+    model, target, status, reason = select_and_gate(fitted, failed, per_model, diag, settings, latency_model, used)
+    resampled = refits(model, used, fitted[model.name].fit_rows, RESAMPLES, SEED) if status == "dynamic" else None
+    calibration = calibration_of(run, model, samples.bottleneck_stage)
+    rules = carried(model, status, reason, settings, domain(samples), run, options, False, calibration, resampled)
     return assemble(samples, run, settings, model, target, diag, rules | {"parity": None})
 
 

@@ -9,9 +9,8 @@ import numpy as np
 
 from ppprof.fit.drift import samples_drift
 from ppprof.fit.samples import Samples, read_samples
-from ppprof.fit.selection import gate_samples
 from ppprof.plotting import pyplot, save_figure
-from ppprof.policy.compare import compare_policies, gates_passed, table_end
+from ppprof.policy.compare import compare_policies, table_end
 from ppprof.policy.policy_file import load
 from ppprof.policy.runtime import Policy
 from ppprof.runfiles import POLICY_FILE, RunFolder
@@ -51,14 +50,6 @@ def compare(
     (bp, bs), (cp, cs) = resolve(baseline, "baseline"), resolve(candidate, "candidate")
     base, cand = load(bp), load(cp)
     samples = (read_samples(bs), read_samples(cs)) if bs and cs else None
-    refit = None
-    gated = gates_passed(base), gates_passed(cand)
-    if samples and None not in gated and gated[0] != gated[1]:
-        # One of the two failed the quality gates: on its samples, or would this code judge the baseline's otherwise?
-        passed, reason = gate_samples(
-            samples[0], base.settings, base.data["diagnostics"].get("requested_model") or "auto"
-        )
-        refit = {"passed": passed, "reason": reason, "baseline_passed": gated[0]}
     report = compare_policies(
         base,
         cand,
@@ -66,7 +57,6 @@ def compare(
         prompt_lens=prompt_lens,
         pp_size=pp_size,
         samples=samples_drift(*samples) if samples else None,
-        baseline_refit=refit,
         labels=(str(baseline), str(candidate)),
     )
     report["baseline"].update(policy=str(bp), samples=str(bs) if bs else None)

@@ -37,6 +37,7 @@ class Samples:
     stage_totals_ms: list[float] | None
     path: Path
     sha256: str
+    probe: np.ndarray | None = None  # (n,) int: the probe of each row where the column exists (ppprof profile's)
 
     def __len__(self) -> int:
         return len(self.chunk_latency_ms)
@@ -52,6 +53,7 @@ class Samples:
             self.stage_totals_ms,
             self.path,
             self.sha256,
+            None if self.probe is None else self.probe[keep],
         )
 
 
@@ -88,6 +90,7 @@ def read_samples(path: str | Path) -> Samples:
                 f"{float(numeric[col][bad[0]])!r} ms: latencies must be positive"
             )
     kind = frame["kind"].astype(str).to_numpy() if "kind" in frame.columns else None
+    probe = pd.to_numeric(frame["probe"], errors="coerce").to_numpy() if "probe" in frame.columns else None
     return Samples(
         numeric["prefix_len"].astype(np.int64),
         numeric["chunk_size"].astype(np.int64),
@@ -97,6 +100,7 @@ def read_samples(path: str | Path) -> Samples:
         totals,
         path,
         hashlib.sha256(raw).hexdigest(),
+        probe,
     )
 
 

@@ -1,12 +1,13 @@
-"""Which fitted latency model a policy carries and whether it passes: the rows fitted (the warm-up rows dropped), every
-candidate fitted on them, the one that best predicts work it never saw, and its quality gates."""
+"""Which fitted latency model a policy carries and whether it is adequate: the rows fitted (the warm-up rows dropped),
+every candidate fitted on them, the one that best predicts work it never saw, and its checks (ppprof.fit.gates)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ppprof.config import ChunkSettings
-from ppprof.fit.gates import failure_reason, gates, predicted_shrink
+from ppprof.fit.confidence import form_check
+from ppprof.fit.gates import adequacy, failure_reason, predicted_shrink, row_gates
 from ppprof.fit.regress import Fit, diagnostics, fit_candidates
 from ppprof.fit.samples import Samples
 from ppprof.policy.rule import MODEL_NAMES, LatencyModel
@@ -33,11 +34,21 @@ def without_warmup(samples: Samples) -> tuple[Samples, list[int]]:
 def select_model(fitted: dict[str, Fit]) -> tuple[str, str] | None:
     """(name, score) of the fitted model that best predicts work it never saw (held_out_mape: prefix bands and chunk
     ranges held out; the row-wise cv_mape where there are fewer than two prefix bands; ties: MODEL_NAMES order);
-    None where none fitted. The policy's choice, and the model the adaptive design bootstraps."""
+    None where none fitted; `pick` asks it among the models whose form passed."""
     if not fitted:
         return None
     key = "held_out_mape" if all(np.isfinite(f.held_out_mape) for f in fitted.values()) else "cv_mape"
     return min(fitted, key=lambda k: (getattr(fitted[k], key), MODEL_NAMES.index(k))), key
+
+
+def pick(fitted: dict[str, Fit], used: Samples) -> tuple[str, str, dict[str, dict]]:
+    """(name, score, {name: form check}): select_model among the fitted models whose form the cell medians of `used`
+    bear out (ppprof.fit.confidence.form_check), all of them where none does; `fitted` must not be empty. The
+    policy's choice, and the model the adaptive design bootstraps."""
+    forms = {n: form_check(f.model, used) for n, f in fitted.items()}
+    adequate = {n: f for n, f in fitted.items() if forms[n]["passed"]}
+    name, key = select_model(adequate or fitted)
+    return name, key, forms
 
 
 def fit_used_rows(used: Samples, latency_model: str) -> tuple[dict[str, Fit], dict[str, str], dict[str, dict]]:
@@ -70,31 +81,40 @@ def select_and_gate(
     diag: dict,
     settings: ChunkSettings,
     latency_model: str,
+    used: Samples,
 ) -> tuple[LatencyModel | None, float | None, str, str]:
-    """Pick the fitted model (select_model), gate it and add its diagnostics to `diag`. Returns (model, target
-    latency, status, reason); a model that fails a gate is kept, with status static."""
+    """Pick the fitted model (select_model, among those whose form the cell medians of `used` bear out where any
+    does: ppprof.fit.confidence.form_check), check its form and its condition number (ppprof.fit.gates.adequacy), add its diagnostics to `diag` (the per-row gates too, as diagnostics). Returns (model,
+    target latency, status, reason): status dynamic while the model is adequate (the policy's gain then decides), a
+    model that fails a check is kept, with status static."""
     if not fitted:
         return None, None, "static", "; ".join(failed.values())  # each reason names its model
-    name, key = select_model(fitted)
+    name, key, forms = pick(fitted, used)
+    for n, form in forms.items():
+        diag.setdefault("candidates", {}).setdefault(n, {})["form_error"] = form["value"]
+    adequate = any(form["passed"] for form in forms.values())
     model = fitted[name].model
-    diag["selected_by"] = key if latency_model == "auto" else "requested"
+    diag["selected_by"] = (
+        (key if adequate else f"{key} (no model's form passed)") if latency_model == "auto" else "requested"
+    )
     diag.update(per_model[name])
     target = model.target_ms(settings.base_chunk_size)
     shrink, shrink_at = predicted_shrink(model, settings, target)  # SGLang's rule's, a diagnostic
     diag["predicted_shrink"] = {"fraction": shrink, "prefix_len": shrink_at}
-    diag["gates"] = gates(diag)
+    diag["gates"] = adequacy(forms[name], diag)
+    diag["row_gates"] = row_gates(diag)
     reason = failure_reason(diag["gates"])
     if reason:
         return model, target, "static", reason
     if not target > 0:
         return model, target, "static", f"target latency {target:.4g} ms is not positive"
-    return model, target, "dynamic", f"{name} model passed all quality gates"
-
-
-def gate_samples(samples: Samples, settings: ChunkSettings, latency_model: str = "auto") -> tuple[bool, str]:
-    """(passed, reason) of the quality gates alone on `samples`, fitted and gated as fit_samples does (the gain over
-    fixed chunks is not judged): what `ppprof compare` asks of a baseline's samples under this code."""
-    used, _ = without_warmup(samples)
-    fitted, failed, per_model = fit_used_rows(used, latency_model)
-    _, _, status, reason = select_and_gate(fitted, failed, per_model, {}, settings, latency_model)
-    return status == "dynamic", reason
+    form = diag["gates"][0]
+    return (
+        model,
+        target,
+        "dynamic",
+        (
+            f"{name} model adequate (cell medians within {form['value']:.1%} RMS of it, noise removed; condition "
+            f"{diag['condition_number']:.3g})"
+        ),
+    )

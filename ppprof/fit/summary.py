@@ -39,6 +39,7 @@ def fit_summary(path: Path, policy: dict) -> str:
             f"fitted to {diag['fit']['rows']}: R^2 {num(diag['fit']['r2'], '.4f')}; condition "
             f"{num(diag['condition_number'], '.3g')}"
         )
+        lines += checks_lines(diag)
     others = {
         k: v
         for k, v in diag["candidates"].items()
@@ -66,6 +67,23 @@ def fit_summary(path: Path, policy: dict) -> str:
     if policy.get("load"):
         lines.append(load_line(policy["load"]))
     return "\n".join(lines)
+
+
+def checks_lines(diag: dict) -> list[str]:
+    """The checks that decide (the form on the cells' medians, the condition number) and the per-row gates, which
+    do not; none for a policy without them."""
+    out = []
+    for title, key in (("checks (decide)", "gates"), ("per-row gates (diagnostics)", "row_gates")):
+        if diag.get(key):
+            out.append(
+                f"{title}: "
+                + ", ".join(
+                    f"{g['name']} {num(g['value'], '.3g')} {g['op']} {g['limit']:g}"
+                    + ("" if g["passed"] else " FAILED")
+                    for g in diag[key]
+                )
+            )
+    return out
 
 
 def load_line(load: dict) -> str:

@@ -5,6 +5,7 @@ follows from the gain over it. Pure numpy; no torch."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,10 +73,12 @@ def choose(
     lengths,
     weights,
     min_gain: float = DEFAULT_MIN_GAIN,
+    confidence: Callable[[PromptRule], dict] | None = None,
 ) -> Choice:
     """Build the prompt-aware rule and the history-only table on the planning `model`, score them and the fixed
     chunks on the workload, and set the status: dynamic when the prompt-aware rule's gain over the best fixed chunk
-    is at least `min_gain`, else static at the best fixed chunk."""
+    is at least `min_gain` and so is its lower bound (`confidence(rule)`: the gain's interval over resampled fits,
+    ppprof.fit.confidence; none: the gain itself), else static at the best fixed chunk."""
     prompt_rule, quality = build_prompt_rule(model, dom, pp_size)
     history = build_history_rule(model, dom, pp_size, lengths, weights)
     starts, sizes = rule_table(model, history.bound_ms, history.chunk_cap, dom.unit, dom.max_prompt_len)
@@ -102,15 +105,15 @@ def choose(
         f"{history.mean_ttft_ms:.1f} ms, best fixed chunk ({history.fixed_chunk}) "
         f"{history.fixed_mean_ttft_ms:.1f} ms, fixed B ({settings.base_chunk_size}) {base:.1f} ms"
     )
-    if gain >= min_gain:
-        status, reason = "dynamic", f"gain {gain:.1%} over the best fixed chunk >= {min_gain:.1%}; {numbers}"
+    if (interval := confidence(prompt_rule) if confidence else None) is not None:
+        predicted["gain_interval"] = interval
+    verdict = gain_verdict(gain, interval, min_gain)
+    if gain >= min_gain and (interval is None or interval["lower"] >= min_gain):
+        status, reason = "dynamic", f"{verdict}; {numbers}"
         return Choice(
             prompt_rule, table, history.bound_ms, history.chunk_cap, history.fixed_chunk, predicted, status, reason
         )
-    reason = (
-        f"gain {gain:.1%} over the best fixed chunk is below {min_gain:.1%}: fixed chunks of "
-        f"{history.fixed_chunk}; {numbers}"
-    )
+    reason = f"{verdict}: fixed chunks of {history.fixed_chunk}; {numbers}"
     fixed = history.fixed_chunk
     return Choice(
         PromptRule.fixed(fixed),
@@ -127,3 +130,23 @@ def choose(
 def fixed_mean(model: LatencyModel, size: int, lengths, weights, pp_size: int) -> float:
     """The weighted mean predicted TTFT of fixed chunks of `size`."""
     return mean_ttft(model, [fixed_chunks(size, int(n)) for n in lengths], weights, pp_size)
+
+
+def gain_verdict(gain: float, interval: dict | None, min_gain: float) -> str:
+    """The status's reason in one clause: the gain over the best fixed chunk and, where resampled, its lower bound,
+    against `min_gain`: no gain (the gain below it), a gain the samples cannot tell from none (its lower bound below
+    it), or a gain they can."""
+    if gain < min_gain:
+        return f"no gain: {gain:.1%} over the best fixed chunk is below {min_gain:.1%}"
+    if interval is None:
+        return f"gain {gain:.1%} over the best fixed chunk >= {min_gain:.1%}"
+    bound = (
+        f"its lower bound {interval['lower']:.1%} (the {interval['quantile']:.0%} quantile of "
+        f"{interval['resamples']} resampled fits; 80% interval {interval['lower']:.1%} to {interval['upper']:.1%})"
+    )
+    if interval["lower"] < min_gain:
+        return (
+            f"gain {gain:.1%} over the best fixed chunk, but {bound} is below {min_gain:.1%}: the samples cannot "
+            "tell it from no gain"
+        )
+    return f"gain {gain:.1%} over the best fixed chunk, {bound} >= {min_gain:.1%}"

@@ -43,6 +43,7 @@ def side(policy: Policy, label: str) -> dict:
         "num_table_entries": len(policy.history_table.chunk_size),
         "num_bands": len(policy.prompt_rule.prompt_len),
         "gain_vs_fixed_best": (policy.data.get("predicted") or {}).get("gain_vs_fixed_best"),
+        "gain_interval": (policy.data.get("predicted") or {}).get("gain_interval"),
         "gates_passed": gates_passed(policy),
         "overhead": policy.data["overhead"],
         "calibration": policy.calibration,
@@ -168,12 +169,10 @@ def compare_policies(
     prompt_lens: list[int] | None = None,
     pp_size: int | None = None,
     samples: dict | None = None,
-    baseline_refit: dict | None = None,
     labels: tuple[str, str] = ("baseline", "candidate"),
 ) -> dict:
     """The whole comparison as a JSON-ready dict; `drifted` is True when any check failed. `samples`: the
-    samples-level drift (ppprof.fit.drift), judged with the rest; `baseline_refit`: {passed, reason, baseline_passed} of the quality
-    gates on the baseline's samples fitted by this code (noisy_status), where they were refitted."""
+    samples-level drift (ppprof.fit.drift), judged with the rest."""
     pp_size = default_pp_size(base) if pp_size is None else pp_size
     prompt_lens = prompt_lens or default_prompt_lens(base, cand)
     level = level_of(samples)
@@ -193,7 +192,6 @@ def compare_policies(
         "ttft": compare_ttft(base, cand, prompt_lens, pp_size, factor),
         "samples": samples,
         "level": level,
-        "baseline_refit": baseline_refit,
     }
     report["checks"] = checks(report, tol)
     report["drifted"] = not all(c["passed"] for c in report["checks"])

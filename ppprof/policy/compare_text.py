@@ -107,7 +107,7 @@ def verdict_lines(checks: list[dict]) -> list[str]:
     for ch in checks:
         limit = "" if ch["limit"] is None or ch["figure"] == "overhead" else f" (limit {ch['limit']:.0%})"
         lines.append(
-            f"{('noisy' if ch.get('noisy') else 'ok   ') if ch['passed'] else 'DRIFT'} {ch['figure']}: {ch['detail']}{limit}"
+            f"{('split' if ch.get('split') else 'ok   ') if ch['passed'] else 'DRIFT'} {ch['figure']}: {ch['detail']}{limit}"
         )
     failed = [ch["figure"] for ch in checks if not ch["passed"]]
     lines.append(f"drift beyond tolerance: {', '.join(failed)}" if failed else "within tolerance")

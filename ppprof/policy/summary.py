@@ -27,8 +27,43 @@ def summary_line(policy: Policy) -> str:
         f"dynamic ({policy.latency_model.name}, overhead {policy.overhead_ms:.3g} ms a chunk"
         f"{calibration_text(policy.calibration)}, {policy.pp_size} "
         f"stages): prompt-aware rule of {len(prompt_rule.prompt_len)} bands, chunks {min(sizes)}-{max(sizes)}; "
-        f"history-only table of {len(history)} entries{load_text(policy)}{domain_text(policy)}{packed_text(policy)}"
+        f"history-only table of {len(history)} entries{gain_text(policy)}{load_text(policy)}{domain_text(policy)}"
+        f"{packed_text(policy)}"
     )
+
+
+def gain_text(policy: Policy) -> str:
+    """The predicted gain over the best fixed chunk and, where the fit resampled it, its interval ("" without)."""
+    predicted = policy.data.get("predicted") or {}
+    gain, interval = predicted.get("gain_vs_fixed_best"), predicted.get("gain_interval")
+    if gain is None:
+        return ""
+    if not isinstance(interval, dict):
+        return f"; gain {gain:.1%} over the best fixed chunk"
+    share = 1.0 - 2.0 * interval["quantile"]
+    return (
+        f"; gain {gain:.1%} over the best fixed chunk ({share:.0%} interval {interval['lower']:.1%} to "
+        f"{interval['upper']:.1%} over {interval['resamples']} resampled fits)"
+    )
+
+
+def verbose_lines(policy: Policy) -> list[str]:
+    """What `ppprof validate --verbose` adds: the model's checks (which decide), the per-row gates (diagnostics) and
+    the gain's interval."""
+    diag = policy.data.get("diagnostics") or {}
+    lines = []
+    for title, key in (("check (decides)", "gates"), ("per-row gate (diagnostic)", "row_gates")):
+        for g in diag.get(key) or ():
+            verdict = "passed" if g.get("passed") else "failed"
+            lines.append(f"  {title} {g['name']} = {g['value']:.4g} {g['op']} {g['limit']:g}: {verdict}")
+    interval = (policy.data.get("predicted") or {}).get("gain_interval")
+    if isinstance(interval, dict):
+        lines.append(
+            f"  gain over the best fixed chunk: lower bound {interval['lower']:.2%} (quantile {interval['quantile']:g}), "
+            f"median {interval['median']:.2%}, upper {interval['upper']:.2%}; {interval['share_above_threshold']:.0%} "
+            f"of the replicates at the threshold or above; {interval['method']}"
+        )
+    return lines or ["  no checks recorded (a parity policy, or one written by older code)"]
 
 
 def load_text(policy: Policy) -> str:

@@ -52,7 +52,7 @@ def checks(report: dict, tol: dict[str, float]) -> list[dict]:
     if report["level"]["ratio"] is not None:
         out.append(check("level", abs(level - 1.0), tol["level"], machine_level_words(report["level"])))
     out += target_check(report, tol, level)
-    out += table_check(report, tol, bool(status.get("noisy")))
+    out += table_check(report, tol, bool(status["passed"] and status.get("intervals")))
     out.append(overhead_check(report["baseline"]["overhead"], report["candidate"]["overhead"], tol["overhead"], level))
     out += ttft_check(report, tol, level)
     out += samples_check(report, tol, level)
@@ -61,14 +61,19 @@ def checks(report: dict, tol: dict[str, float]) -> list[dict]:
 
 
 def judged_status(report: dict, tol: dict[str, float], level: float) -> dict:
-    """The status check; a change passes as noisy where the samples agree and the baseline's refit says the gates
-    split on noise (noisy_status)."""
+    """The status check (status_check); where it fails while the samples agree and a side has no gain interval, why:
+    a policy of older code (refit both, so that their intervals judge them) or a model refused."""
     out = status_check(report["baseline"], report["candidate"], tol)
     worst = (report.get("samples") or {}).get("worst_prefix")  # the prefix length furthest from the level
     agree = worst is not None and abs(worst["median_ratio"] / level - 1.0) <= tol["samples"]
-    if not out["passed"] and agree:
-        passed, why = noisy_status(report.get("baseline_refit"), tol)
-        out.update(passed=passed, noisy=passed, detail=out["detail"] + why)
+    if not out["passed"] and agree and not out["intervals"]:
+        sides = (report["baseline"], report["candidate"])
+        older = any(s["gain_vs_fixed_best"] is not None and s.get("gain_interval") is None for s in sides)
+        out["detail"] += f"; yet the samples agree (median latency ratios within {tol['samples']:.0%})" + (
+            ": refit both with this code (`ppprof fit`) so that their gains' intervals judge the statuses"
+            if older
+            else ": one side has no gain to judge (its model was refused: see its reason)"
+        )
     return out
 
 
@@ -84,9 +89,10 @@ def target_check(report: dict, tol: dict[str, float], level: float) -> list[dict
     return [check("target", abs(tgt["change_at_level"]), tol["target"], detail)]
 
 
-def table_check(report: dict, tol: dict[str, float], status_noisy: bool) -> list[dict]:
+def table_check(report: dict, tol: dict[str, float], status_split: bool) -> list[dict]:
     """The tables by their regret: the worst of the candidate's plans on the baseline's model against the
-    baseline's own; not judged where the status passed as noisy (one side's tables are fixed chunks)."""
+    baseline's own; not judged where the statuses differ within their gains' intervals (one side's tables are fixed
+    chunks)."""
     regrets = [r for r in report["ttft"]["rows"] if r.get("regret") is not None]
     if not regrets:
         return []
@@ -99,13 +105,13 @@ def table_check(report: dict, tol: dict[str, float], status_noisy: bool) -> list
         f"against the baseline's own on the baseline's model ({report['table']['num_changed']} of "
         f"{report['table']['num_prefix_lens']} prefix lengths of the history-only table changed)",
     )
-    if status_noisy and not table["passed"]:
-        # One side's tables are the fixed chunks a failed gate falls back to, not the rule: nothing to judge.
+    if status_split and not table["passed"] and table["value"] is not None:
+        # One side's tables are the fixed chunks its status falls back to, not the rule: nothing to judge.
         table.update(
             passed=True,
-            noisy=True,
-            detail=table["detail"] + "; not judged: one side's tables are the "
-            "fixed chunks of a profile too noisy to gate (noisy status)",
+            split=True,
+            detail=table["detail"] + "; not judged: one side's tables are the fixed chunks of a status the "
+            "samples cannot tell from the other (the gains' intervals overlap)",
         )
     return [table]
 
@@ -176,45 +182,39 @@ def at_level(change: float | None, level: float) -> str:
 
 
 def status_check(b: dict, c: dict, tol: dict[str, float]) -> dict:
-    """Same status; or both chose it on their predicted gain and the gains are within tol["gain"] of each other (the
-    gain sits near the threshold, and noise moved it across)."""
+    """Same status; or, where both policies carry their gain's interval over resampled fits (predicted.gain_interval),
+    the two intervals overlap: the samples cannot tell the two gains apart, and the statuses differ only by the side
+    of the threshold a lower bound fell on. Without both intervals (older policies): both chose it on their gain and
+    the gains are within tol["gain"] of each other."""
     detail = f"{b['status']} -> {c['status']}"
     gb, gc = b["gain_vs_fixed_best"], c["gain_vs_fixed_best"]
+    ib, ic = b.get("gain_interval"), c.get("gain_interval")
     passed = b["status"] == c["status"]
-    if not passed and gb is not None and gc is not None:
+    both = isinstance(ib, dict) and isinstance(ic, dict)
+    if both:
+        detail += f" (gain {interval_words(ib)} -> {interval_words(ic)}"
+        if not passed:
+            passed = ib["lower"] <= ic["upper"] and ic["lower"] <= ib["upper"]
+            detail += (
+                ": the intervals overlap, the samples cannot tell the gains apart"
+                if passed
+                else ": the intervals are apart, the decision changed"
+            )
+        detail += ")"
+    elif not passed and gb is not None and gc is not None:
         passed = abs(gc - gb) <= tol["gain"]
         detail += (
             f" (gain over the best fixed chunk {gb:.1%} -> {gc:.1%}, within {tol['gain']:.0%}: near the threshold)"
             if passed
             else f" (gain {gb:.1%} -> {gc:.1%})"
         )
-    return {"figure": "status", "value": None, "limit": None, "passed": passed, "detail": detail}
+    return {"figure": "status", "value": None, "limit": None, "passed": passed, "detail": detail, "intervals": both}
 
 
-def noisy_status(refit: dict | None, tol: dict[str, float]) -> tuple[bool, str]:
-    """(passed, why) of a status change where the samples agree and one of the two failed the quality gates: passed
-    when this code's fit of the baseline's own samples (`refit`, from ppprof.fit.compare) judges them as the baseline
-    says (the candidate was fitted by this code): then the gates split on the two profiles' samples, one too noisy to
-    gate, and the code did not drift. Without that refit, or where it judges the baseline otherwise, a drift."""
-    agree = f"; yet the samples agree (median latency ratios within {tol['samples']:.0%})"
-    if refit is None:
-        return False, (
-            f"{agree}: a noisy profile may have failed the quality gates (see its reason); profile it "
-            "again on a quiet machine"
-        )
-    noisy = "candidate" if refit["baseline_passed"] else "baseline"
-    if refit["passed"] == refit["baseline_passed"]:
-        return True, (
-            f"{agree}, and this code's fit of the baseline's samples "
-            f"{'passes every quality gate' if refit['passed'] else 'fails the gates as the baseline did'}: "
-            f"the {noisy}'s samples were too noisy to gate (see its reason), not a drift; profile again on a "
-            "quiet machine to compare the statuses"
-        )
-    judged = f"fails the quality gates ({refit['reason']})" if not refit["passed"] else "passes the gates it failed"
-    return (
-        False,
-        f"{agree}, but this code's fit of the baseline's own samples {judged}: the fit changed, not the machine",
-    )
+def interval_words(interval: dict) -> str:
+    """A gain's interval: "2.1% (80%: 1.8% to 2.4%)"."""
+    share = 1.0 - 2.0 * interval["quantile"]
+    return f"{interval['median']:.1%} ({share:.0%}: {interval['lower']:.1%} to {interval['upper']:.1%})"
 
 
 def overhead_check(b: dict, c: dict, limit: float, level: float = 1.0) -> dict:

@@ -59,8 +59,15 @@ def test_gate_failures_give_static_with_reason(tmp_path):
     assert data["status"] == "static" and "below 5.0%" in data["reason"], data["reason"]
     best = data["predicted"]["fixed_best_chunk"]
     assert data["table"]["chunk_size"] == [best] and data["prompt_table"]["chunk_size"] == [[best]]
+    # Rows scattered by 40%: the per-row gates fail (diagnostics only); the right form's cell medians bear it out, so
+    # the model is adequate and the gain's interval decides.
     _, data = fit(run_dir(tmp_path / "noisy", noise=0.4) / "samples.csv")
-    assert data["status"] == "static" and "cv_mape" in data["reason"], data["reason"]
+    diag = data["diagnostics"]
+    assert [g["passed"] for g in diag["row_gates"]] == [False, False] and diag["cv_mape"] > 0.3, diag["row_gates"]
+    assert [g["name"] for g in diag["gates"]] == ["form_error", "condition_number"] and all(
+        g["passed"] for g in diag["gates"]
+    ), diag["gates"]
+    assert "adequate" in data["reason"] and "lower bound" in data["reason"], data["reason"]
     _, data = fit(run_dir(tmp_path / "forced", linear) / "samples.csv", latency_model="quadratic")
     assert data["status"] == "static" and "quadratic" in data["reason"], data["reason"]
 
@@ -92,9 +99,11 @@ def test_quadratic_is_fitted_on_prefix_free_rows_and_scored_on_all(tmp_path):
     assert diag["fit"]["rows"].startswith("143 of the 143 prefix-free rows (prefix_len == 0)"), diag["fit"]["rows"]
     assert diag["fit"]["r2"] > 0.99, diag["fit"]
     assert diag["num_evaluation_rows"] == 127 + 4 * 16 and "48 prefixed" in diag["rows"], diag["rows"]
-    # The planner's view of the prefixed rows is poor for this model (it has no prefix term g L): the gates see it.
+    # The planner's view of the prefixed rows is poor for this model (it has no prefix term g L): the per-row gates
+    # see it, and so do the cells' medians, which refuse it.
     assert diag["r2"] < diag["fit"]["r2"] and diag["cv_mape"] > 0.10, diag
-    assert data["status"] == "static" and "cv_mape" in data["reason"], data["reason"]
+    assert data["status"] == "static" and "gate form_error" in data["reason"], data["reason"]
+    assert diag["gates"][0]["value"] > 0.3 and not diag["gates"][0]["passed"], diag["gates"]
     _, data = fit(run_dir(tmp_path / "auto") / "samples.csv")
     candidates = data["diagnostics"]["candidates"]
     assert candidates["prefix"]["cv_mape"] < candidates["quadratic"]["cv_mape"], candidates

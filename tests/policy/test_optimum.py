@@ -119,19 +119,21 @@ def test_history_only_table_is_never_above_the_best_fixed_chunk_on_its_workload(
     assert predicted["mean_ttft_ms"]["policy"] <= history * (1 + 1e-12)
 
 
-def test_status_is_static_exactly_when_the_gain_is_below_the_threshold(tmp_path):
+def test_status_is_static_exactly_when_the_gain_or_its_lower_bound_is_below_the_threshold(tmp_path):
     frame = make_samples(
         GPU, base_chunk_size=2048, prefixes=[0, 4096, 16384, 32768], chunk_sizes=[512, 2048, 8192], noise=0.01
     )
     write_run_dir(tmp_path, frame, base_chunk_size=2048, context_len=32768, world_size=4)
     samples = tmp_path / "samples.csv"
     _, data = fit(samples, tmp_path / "any.json", policy_options={"min_gain": 0.0})
-    gain = data["predicted"]["gain_vs_fixed_best"]
-    assert 0.0 < gain < 0.9
-    _, below = fit(samples, tmp_path / "below.json", policy_options={"min_gain": gain * 0.999})
+    gain, lower = data["predicted"]["gain_vs_fixed_best"], data["predicted"]["gain_interval"]["lower"]
+    assert 0.0 < lower < gain < 0.9, (lower, gain)
+    _, below = fit(samples, tmp_path / "below.json", policy_options={"min_gain": lower * 0.999})
+    _, between = fit(samples, tmp_path / "between.json", policy_options={"min_gain": (lower + gain) / 2})
     _, above = fit(samples, tmp_path / "above.json", policy_options={"min_gain": gain * 1.001})
-    assert below["status"] == "dynamic" and f"gain {gain:.1%}" in below["reason"]
-    assert above["status"] == "static" and "below" in above["reason"]
+    assert below["status"] == "dynamic" and f"gain {gain:.1%}" in below["reason"], below["reason"]
+    assert between["status"] == "static" and "cannot tell it from no gain" in between["reason"], between["reason"]
+    assert above["status"] == "static" and "no gain" in above["reason"], above["reason"]
     best = above["predicted"]["fixed_best_chunk"]
     assert above["table"]["chunk_size"] == [best] and load(tmp_path / "above.json").plan(20000) == fixed_chunks(
         best, 20000
