@@ -1,7 +1,7 @@
 """The adaptive probe design: a small D-optimal initial design for the prefix model t(L, x) = c + g L + b x +
 a (2 L x + x^2) on a candidate grid of (prefix_len, chunk_size), the identifiability check, and each next batch, for
 the model the policy's fit picks (ppprof.adaptive.uncertainty): the candidates that most reduce the uncertainty of the
-chunk-size table and of the predicted TTFT per second they cost. Pure numpy; no torch.
+status's gain, the chunk-size table and the predicted TTFT per second they cost. Pure numpy; no torch.
 
 1. Initial design (before anything is timed, so before any model is picked: the prefix model, whose four terms every
    model shares or extends): INITIAL_POINTS distinct candidates maximizing log det(Z^T Z), Z its regressors (columns
@@ -9,32 +9,25 @@ chunk-size table and of the predicted TTFT per second they cost. Pure numpy; no 
    time (a point that costs k times more must carry k times the information). Greedy, then Fedorov exchange;
    at least MIN_PREFIX_LEVELS prefix lengths and two chunk sizes (what the fit needs). Each point INITIAL_REPEATS
    times, so that the first fit sees the noise.
-2. Next batch (after a fit and its bootstrap, ppprof.adaptive.uncertainty): for each quantity q not yet stable (a table
-   entry's chunk size at both ends of the entry, in alignment units; predicted TTFT, in units of 2% of it), its
-   gradient in the coefficients, and Var(q) = sigma^2 g^T M^-1 g with M = sum w z z^T, w = 1 / y_hat^2 (timing noise
+2. Next batch (after a fit, its bootstrap, ppprof.adaptive.uncertainty, and the status the fit would write,
+   ppprof.adaptive.status): for each quantity q the stop waits on (the status's gain over the best fixed chunk while
+   the status is not sure, in units of its distance from --min-gain; a table entry's chunk size at both ends of the
+   entry, in alignment units; predicted TTFT, in units of 2% of it), its gradient in the coefficients, and Var(q) = sigma^2 g^T M^-1 g with M = sum w z z^T, w = 1 / y_hat^2 (timing noise
    is relative). Adding a request at z lowers sum Var(q) / tol_q^2 by w (g^T M^-1 z)^2 / (1 + w z^T M^-1 z)
    (Sherman-Morrison); candidates are taken greedily by that gain per predicted second, until every such variance
-   has shrunk by the factor the bootstrap's spread asks for (NEED_MARGIN of it), or the batch costs BATCH_GROWTH x
-   the probing time so far. Only a candidate the model is fitted to carries information (a quadratic's prefix-free
+   has shrunk by the factor the resampled spread asks for (NEED_MARGIN of it) and the batch costs MIN_BATCH_GROWTH x
+   the probing time so far, or it costs BATCH_GROWTH x that time. Only a candidate the model is fitted to carries information (a quadratic's prefix-free
    ones); every table entry's and TTFT's gradient is taken in that model's coefficients.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from ppprof.adaptive.uncertainty import (
-    CONFIDENCE,
-    MAX_REQUESTS,
-    MAX_SECONDS,
-    STABLE,
-    TTFT_TOLERANCE,
-    Uncertainty,
-    regressors,
-)
+from ppprof.adaptive.status import StatusCheck, gain_need
+from ppprof.adaptive.uncertainty import CONFIDENCE, TTFT_TOLERANCE, Uncertainty, regressors
 from ppprof.config import ChunkSettings
 from ppprof.fit.forms import admissible
 from ppprof.policy.rule import LatencyModel
@@ -56,6 +49,10 @@ overstates long prefixes on most models and keeps the initial design cheap there
 BATCH_GROWTH = 0.5
 """Each next batch is predicted to cost this fraction of the probing time so far (few fits, little overshoot)."""
 MIN_BATCH = 4
+MIN_BATCH_GROWTH = 0.25
+"""Each next batch is predicted to cost at least this fraction of the probing time so far (or of `budget_s`, when
+less): every design step refits and resamples the samples (about a second on 2 CPU cores), so steps of a few
+requests would cost more in fits than in probes; with a floor on the growth, the steps are logarithmic in the time."""
 NEED_MARGIN = 0.8
 """A batch aims at this fraction of the variance the bootstrap says would just be stable."""
 MAX_REPEATS_PER_BATCH = 8
@@ -185,11 +182,18 @@ def ttft_gradient(
     return Z.sum(axis=0) + (pp_size - 1) * Z[slowest]
 
 
-def unstable_gradients(u: Uncertainty, settings: ChunkSettings, pp_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Gradients of the quantities not yet stable, each divided by its tolerance (all quantities when none is), and
-    for each the factor by which its variance must shrink to be stable (from the bootstrap's spread, with a margin:
-    a table entry's 95th-percentile deviation must come down to one unit, a TTFT's half-width to 2%)."""
+def unstable_gradients(
+    u: Uncertainty, settings: ChunkSettings, pp_size: int, check: StatusCheck | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Gradients of the quantities the stopping rule waits on (the status's gain while it is not sure, the table
+    entries and predicted TTFTs not yet stable), each divided by its tolerance (all quantities when none is waited
+    on), and for each the factor by which its variance must shrink (from the resampled spread, with a margin: the
+    gain's standard deviation must come down to its distance from --min-gain over Z_LOWER, a table entry's
+    95th-percentile deviation to one unit, a TTFT's half-width to 2%)."""
     grads, need = [], []
+    if check is not None and (want := gain_need(check, NEED_MARGIN)) is not None:
+        grads.append(check.gradient / check.tolerance())
+        need.append(want)
     ends = u.starts[1:] + [u.starts[-1] + 1]
     for want_unstable in (True, False):
         for i, f in enumerate(u.within_one_unit):
@@ -220,10 +224,12 @@ def next_batch(
     cost_s: np.ndarray,
     budget_s: float,
     max_count: int,
+    check: StatusCheck | None = None,
+    min_s: float = 0.0,
 ) -> list[tuple[int, int]]:
     """Greedy batch of candidates (repeats allowed) by uncertainty reduction per second (module docstring, step 2),
     until the linearized variances have shrunk as much as the bootstrap says they must (at least MIN_BATCH
-    requests), or the batch is predicted to cost `budget_s`, or holds `max_count`."""
+    requests and `min_s` seconds), or the batch is predicted to cost `budget_s`, or holds `max_count`."""
     cand_L, cand_x = np.asarray(cand_L), np.asarray(cand_x)
     rows_L, rows_x = np.asarray(rows_L)[u.fit_rows], np.asarray(rows_x)[u.fit_rows]
     name = u.model.name
@@ -236,7 +242,7 @@ def next_batch(
     w_cand = admissible(name, cand_L) / u.model.chunk_latency_ms(cand_L, cand_x) ** 2
     M = (Zr * w_rows[:, None]).T @ Zr
     M += 1e-12 * np.trace(M) * np.eye(len(scale))
-    G, need = unstable_gradients(u, settings, pp_size)
+    G, need = unstable_gradients(u, settings, pp_size, check)
     G = G / scale  # d q / d(theta * scale)
 
     def variances(Minv: np.ndarray) -> np.ndarray:
@@ -248,7 +254,7 @@ def next_batch(
     spent = 0.0
     while len(picks) < max_count and spent < budget_s:
         Minv = np.linalg.inv(M)
-        if len(picks) >= MIN_BATCH and np.all(variances(Minv) <= need * start):
+        if len(picks) >= MIN_BATCH and spent >= min_s and np.all(variances(Minv) <= need * start):
             break
         A = G @ Minv @ Zc.T  # (quantities, candidates): g^T M^-1 z
         gain = w_cand * (A**2).sum(axis=0) / (1.0 + w_cand * np.einsum("ij,jk,ik->i", Zc, Minv, Zc))
@@ -259,45 +265,3 @@ def next_batch(
         spent += float(cost_s[j])
         M += w_cand[j] * np.outer(Zc[j], Zc[j])
     return picks
-
-
-@dataclass(slots=True)
-class Decision:
-    """What rank 0 decided after a design step: the next batch, or why it stopped; and the uncertainty so far."""
-
-    points: list[tuple[int, int]] = field(default_factory=list)
-    stop_reason: str | None = None
-    uncertainty: dict | None = None
-
-
-def decide(
-    u: Uncertainty,
-    settings: ChunkSettings,
-    pp_size: int,
-    rows_L,
-    rows_x,
-    cand_L,
-    cand_x,
-    *,
-    cost_s: np.ndarray,
-    requests_run: int,
-    seconds_spent: float,
-    requests_per_probe: int,
-    max_requests: int | None,
-    max_seconds: float | None,
-) -> Decision:
-    """Stop when the policy is stable or a budget is spent; else the next batch, sized to BATCH_GROWTH x the time
-    spent and to what the budgets leave."""
-    record = u.to_dict()
-    if u.stable:
-        return Decision(stop_reason=STABLE, uncertainty=record)
-    left_requests = requests_per_probe if max_requests is None else min(requests_per_probe, max_requests - requests_run)
-    if left_requests <= 0:
-        return Decision(stop_reason=MAX_REQUESTS, uncertainty=record)
-    budget = max(BATCH_GROWTH * seconds_spent, MIN_BATCH_SECONDS)
-    if max_seconds is not None:
-        if seconds_spent >= max_seconds:
-            return Decision(stop_reason=MAX_SECONDS, uncertainty=record)
-        budget = min(budget, max_seconds - seconds_spent)
-    points = next_batch(u, settings, pp_size, rows_L, rows_x, cand_L, cand_x, cost_s, budget, left_requests)
-    return Decision(points=points, uncertainty=record)

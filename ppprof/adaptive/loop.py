@@ -56,6 +56,7 @@ def probe_sequence(
                     e2e_ms,
                     time.perf_counter() - start,
                     time.perf_counter() - t_probes,
+                    design.pipeline_overhead,
                 )
         decision = pipe.broadcast(decision)
         record_step(design, probes, decision, time.perf_counter() - t_probes)
@@ -76,15 +77,30 @@ def record_step(design: DesignState, probes: list[Probe], decision, seconds: flo
             "seconds": round(seconds, 3),
             "table_within_one_unit": None if u is None else min(u["table"]["within_one_unit"]),
             "ttft_half_width": None if u is None else u["ttft"]["half_width"],
+            "status": None if u is None else u.get("status"),
         }
     )
     if u is not None:
         log.info(
-            "design step %d: %d requests, table entries within one unit in >= %.0f%% of refits, predicted "
+            "design step %d: %d requests, %s, table entries within one unit in >= %.0f%% of refits, predicted "
             "TTFT +-%s; %s",
             probes[-1].design_step,
             design.history[-1]["requests"],
+            status_words(u.get("status")),
             100 * design.history[-1]["table_within_one_unit"],
             ", ".join(f"{h:.1%}" for h in u["ttft"]["half_width"]),
             f"stop: {decision.stop_reason}" if decision.stop_reason else f"next {len(decision.points)} requests",
         )
+
+
+def status_words(status: dict | None) -> str:
+    """A design step's status check in words: "static (not sure; gain 1.2%, 80% interval -0.3% to 2.2%)"."""
+    if status is None:
+        return "no status judged"
+    sure = "sure" if status["sure"] else "not sure"
+    if status["gain_lower"] is None:
+        return f"{status['status']} ({sure}: a check failed)"
+    return (
+        f"{status['status']} ({sure}; gain {status['gain']:.1%}, 80% interval {status['gain_lower']:.1%} to "
+        f"{status['gain_upper']:.1%})"
+    )

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ppprof.adaptive.design import Decision, decide
 from ppprof.adaptive.probes import candidate_grid
+from ppprof.adaptive.status import status_check
+from ppprof.adaptive.stop import Decision, decide
 from ppprof.adaptive.uncertainty import MAX_REQUESTS, MAX_SECONDS, STOPPING_REASONS, Uncertainty, bootstrap
 from ppprof.config import ProfileConfig
 from ppprof.fit.build import PROFILE_LATENCY_MODEL
@@ -37,7 +38,10 @@ class DesignState:
     uncertainty: dict | None = None
     """The stopping step's Uncertainty.to_dict(); None where its samples determined no model."""
     history: list[dict] = field(default_factory=list)
-    """One entry a design step: requests and seconds so far, the table's and the TTFT's stability."""
+    """One entry a design step: requests and seconds so far, the status and how sure, the table's and the TTFT's
+    stability."""
+    pipeline_overhead: dict | None = None
+    """Rank 0: run.json's pipeline_overhead, measured before the probes; the status checks plan with it."""
 
 
 @dataclass(slots=True)
@@ -77,9 +81,11 @@ def choose(
     e2e_ms: list[list[float]],
     last_probe_s: float,
     seconds_spent: float,
+    pipeline_overhead: dict | None = None,
 ) -> Decision:
     """Rank 0, after every probe in `probes` ran (`samples`: samples.csv read back; e2e_ms[probe][request]): fit,
-    bootstrap, and stop or choose the next batch (costed from what the probes so far took)."""
+    bootstrap, judge the status as the profile's fit would (with `pipeline_overhead`, measured before the probes),
+    and stop or choose the next batch (costed from what the probes so far took)."""
     requests_run = len(samples)
     step = design_fit(cfg, pp_size, samples)
     u = step.uncertainty
@@ -106,6 +112,8 @@ def choose(
         step.used.chunk_size,
         cand_L,
         cand_x,
+        check=status_check(cfg, pp_size, samples, pipeline_overhead),
+        steps=len(probes),
         cost_s=cost_s,
         requests_run=requests_run,
         seconds_spent=seconds_spent,

@@ -42,7 +42,11 @@ STABLE = "stable"
 MAX_REQUESTS = "max-requests"
 MAX_SECONDS = "max-seconds"
 STOPPING_REASONS = {
-    STABLE: "every table entry stable to one alignment unit and predicted TTFT to 2%, at 95% confidence",
+    STABLE: (
+        "after 3 probes at least, the status sure (its gain's 10% quantile over resampled fits at --min-gain or "
+        "more, or at most 10% of them there) and, for a dynamic status, every table entry stable to one alignment "
+        "unit and predicted TTFT to 2%, at 95% confidence"
+    ),
     MAX_REQUESTS: "the request budget is spent (--max-requests; default: the grid design's number of requests)",
     MAX_SECONDS: "the --max-seconds budget is spent",
 }

@@ -1,7 +1,7 @@
-"""The profile's measuring phases, once the stage is warm: the probes in lockstep (rank 0 appends each probe's rows
-to samples.csv as it completes; the adaptive design chooses each next probe from them), the packed forwards in
-lockstep (ppprof.probe.packed; rank 0 writes packed.csv), then the per-chunk pipeline overhead, pipelined through the
-profile's own stages by the bench executor (ppprof.bench.overhead)."""
+"""The profile's measuring phases: first the per-chunk pipeline overhead, pipelined through the profile's own stages
+by the bench executor (ppprof.bench.overhead); once the stage is warm, the probes in lockstep (rank 0 appends each
+probe's rows to samples.csv as it completes; the adaptive design chooses each next probe from them, judging the
+status with that overhead), then the packed forwards in lockstep (ppprof.probe.packed; rank 0 writes packed.csv)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ def run_probes(run: RankRun[ProfileState]) -> None:
         )
         bar = tqdm(total=total, desc="profile", unit="req", file=sys.stderr, disable=None, dynamic_ncols=True)
     e2e_ms = []
+    run.state.design.pipeline_overhead = run.state.overhead  # rank 0's; what the design's status checks plan with
     for probe in probe_sequence(
         run.pipe, run.cfg, run.state.probes, run.state.design, run.folder.samples, e2e_ms, run.state.t_probes, first
     ):

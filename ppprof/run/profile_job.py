@@ -1,6 +1,7 @@
-"""The profile job, one rank's view: prepare the run folder and the probes, build the stage, warm up, run the probes
-in lockstep, time the packed forwards, measure the per-chunk pipeline overhead (ppprof.run.measure), then (rank 0)
-write samples.csv and run.json and fit the policy (ppprof.run.profile_results). The phases hand on a ProfileState
+"""The profile job, one rank's view: prepare the run folder and the probes, build the stage, measure the per-chunk
+pipeline overhead (first, so that the adaptive design judges the status on the planning model the fit will use), warm
+up, run the probes in lockstep, time the packed forwards (ppprof.run.measure), then (rank 0) write samples.csv and
+run.json and fit the policy (ppprof.run.profile_results). The phases hand on a ProfileState
 (ppprof.run.profile_state)."""
 
 from __future__ import annotations
@@ -176,10 +177,10 @@ def warm_up(run: RankRun[ProfileState]) -> None:
 PHASES: tuple[Phase, ...] = (
     ("prepare the run folder", prepare_run_folder),
     ("build the stage", build_stage),
+    ("measure the pipeline overhead", measure_overhead),
     ("warm up", warm_up),
     ("run the probes", run_probes),
     ("time the packed forwards", time_packed_forwards),
-    ("measure the pipeline overhead", measure_overhead),
     ("write samples.csv and run.json", write_results),
     ("fit the policy", fit_policy),
 )

@@ -10,13 +10,13 @@ from ppprof.adaptive.design import (
     MAX_REPEATS_PER_BATCH,
     check_identifiable,
     d_optimal,
-    decide,
     feasible,
     initial_design,
     log_det,
     prior_cost,
     regressors,
 )
+from ppprof.adaptive.stop import decide
 from ppprof.adaptive.uncertainty import MAX_REQUESTS, MAX_SECONDS, STABLE, bootstrap, table_differences
 from ppprof.config import ChunkSettings
 from ppprof.fit.least_squares import fit_model
@@ -42,6 +42,7 @@ def decide_on(L, x, y, **kw):
     u = bootstrap(fit_candidates(L, x, y, "prefix")[0]["prefix"], L, x, y, SETTINGS, 2)
     args = (
         dict(
+            check=None,  # the table and predicted TTFT alone: the status checks are tested in test_step
             cost_s=2 * TRUTH.chunk_latency_ms(CAND_L, CAND_X) / 1e3,
             requests_run=len(L),
             seconds_spent=1.0,

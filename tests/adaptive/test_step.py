@@ -1,12 +1,17 @@
 """Rank 0's step of the adaptive design (ppprof.adaptive.step), in process, on samples.csv files written as a profile
 writes them: the choice between probes, and the rows and model it judges, which must be the policy fit's."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
+from ppprof.adaptive.design import unstable_gradients
 from ppprof.adaptive.probes import candidate_grid, design_probe, initial_probes
+from ppprof.adaptive.status import StatusCheck, mean_ttft_gradient, status_check
 from ppprof.adaptive.step import choose, design_fit
-from ppprof.adaptive.uncertainty import MAX_REQUESTS
+from ppprof.adaptive.stop import MIN_STEPS
+from ppprof.adaptive.uncertainty import MAX_REQUESTS, STABLE, model_terms
 from ppprof.config import ProfileConfig
 from ppprof.fit import fit, read_samples
 from ppprof.policy.rule import LatencyModel
@@ -87,3 +92,85 @@ def test_the_design_judges_the_rows_and_the_model_of_the_policy_fitted_to_the_sa
     assert step.uncertainty.model == model, f"{step.uncertainty.model=} {model=}"
     assert step.uncertainty.to_dict()["model"] == "pairs"
     assert set(step.uncertainty.coefficients) == {"c", "g", "b", "a", "h"}
+
+
+CLEAR = LatencyModel("prefix", a=1e-6, b=7e-3, c=0.5, g=2e-4)
+"""A surface on which the prompt-aware rule gains a clear 3% over the best fixed chunk at PP2."""
+NO_GAIN = LatencyModel("prefix", a=1e-6, b=7e-3, c=0.5, g=0.0)
+"""One on which it gains about 1.2%: static."""
+
+
+def run_design(tmp_path, truth, num_probes, sigma=0.01):
+    """samples.csv of the initial probe and `num_probes - 1` design probes of candidates, timed on `truth` with
+    lognormal noise; returns (cfg, probes, path, e2e_ms)."""
+    cfg = ProfileConfig(design="adaptive", base_chunk_size=512)
+    cand = list(zip(*candidate_grid(cfg)))
+    probes = initial_probes(cfg)
+    for k in range(1, num_probes):
+        probes.append(design_probe(k, k, cand[k - 1 :: 2], 1000 * k, cfg.probes.seed))
+    noise = iter(np.random.default_rng(0).normal(0.0, sigma, 5000))
+    path, e2e_ms = write_run(tmp_path, probes, lambda L, x: float(truth.chunk_latency_ms(L, x)) * np.exp(next(noise)))
+    return cfg, probes, path, e2e_ms
+
+
+@pytest.mark.parametrize("truth,status", [(CLEAR, "dynamic"), (NO_GAIN, "static")])
+def test_the_design_stops_once_the_status_the_fit_writes_is_sure(tmp_path, truth, status):
+    cfg, probes, path, e2e_ms = run_design(tmp_path, truth, MIN_STEPS)
+    decision = choose(cfg, 2, probes, read_samples(path), e2e_ms, 0.5, 5.0)
+    assert decision.stop_reason == STABLE and decision.points == []
+    judged = decision.uncertainty["status"]
+    assert judged["status"] == status and judged["sure"], judged
+    # The status judged is the one the profile's fit writes on the same samples.
+    _, policy = fit(path, tmp_path / "policy.json", base_chunk_size=512, context_len=cfg.probes.context_len)
+    assert policy["status"] == status
+    assert judged["gain"] == pytest.approx(policy["predicted"]["gain_vs_fixed_best"])
+    assert judged["gain_lower"] == pytest.approx(policy["predicted"]["gain_interval"]["lower"])
+
+
+def test_a_sure_status_does_not_stop_the_design_before_its_third_probe(tmp_path):
+    cfg, probes, path, e2e_ms = run_design(tmp_path, CLEAR, MIN_STEPS - 1)
+    decision = choose(cfg, 2, probes, read_samples(path), e2e_ms, 0.5, 5.0)
+    assert decision.uncertainty["status"]["sure"]
+    assert decision.stop_reason is None and decision.points
+
+
+def test_a_status_the_samples_cannot_tell_asks_for_a_batch_aimed_at_its_gain(tmp_path):
+    cfg, probes, path, e2e_ms = run_design(tmp_path, PAIRS, MIN_STEPS, sigma=0.3)
+    samples = read_samples(path)
+    check = status_check(cfg, 2, samples, None)
+    assert check.interval is not None and not check.sure, check.to_dict()
+    decision = choose(cfg, 2, probes, samples, e2e_ms, 0.5, 5.0)
+    assert decision.stop_reason is None and decision.points
+    u = design_fit(cfg, 2, samples).uncertainty
+    G, need = unstable_gradients(u, cfg.chunk_settings(), 2, check)
+    np.testing.assert_allclose(G[0], check.gradient / check.tolerance())  # the gain comes first ...
+    assert 0 < need[0] < 1  # ... and its variance must shrink
+
+
+def test_the_gain_gradient_is_the_gain_differentiated_with_the_plans_held():
+    model = LatencyModel("pairs", a=2e-6, b=7e-3, c=2.0, g=7e-5, h=4e-9)
+    plans, weights = [[512, 512, 384, 256], [1024, 64], [128]], [0.5, 0.3, 0.2]
+    calibration = {"linear_scale": 0.9, "shift_ms": 0.2}
+
+    def total(m):
+        return mean_ttft_gradient(m, m.planning(calibration, 0.5), plans, weights, 4, 0.9)[0]
+
+    _, grad = mean_ttft_gradient(model, model.planning(calibration, 0.5), plans, weights, 4, 0.9)
+    for i, term in enumerate(model_terms("pairs")):
+        step = 1e-3 * abs(getattr(model, term))
+        up, down = (replace(model, **{term: getattr(model, term) + s}) for s in (step, -step))
+        assert grad[i] == pytest.approx((total(up) - total(down)) / (2 * step), rel=1e-6), term
+
+
+@pytest.mark.parametrize(
+    "status,interval,sure",
+    [
+        ("dynamic", {"lower": 0.021, "upper": 0.03, "share_above_threshold": 0.95}, True),
+        ("static", {"lower": -0.01, "upper": 0.019, "share_above_threshold": 0.05}, True),
+        ("static", {"lower": 0.01, "upper": 0.03, "share_above_threshold": 0.5}, False),
+        ("static", None, False),  # a failed check: more samples may bear the form out
+    ],
+)
+def test_which_statuses_are_sure(status, interval, sure):
+    check = StatusCheck(status, "", 0.02, gain=0.025, interval=interval)
+    assert check.sure is sure

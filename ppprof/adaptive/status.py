@@ -1,0 +1,133 @@
+"""The adaptive design's view of the decision the profile makes: the status the profile's own fit would write on the
+samples so far (ppprof.fit.build.fit_samples, with the pipeline overhead and its calibration measured before the
+probes, so on the planning model the fit will use), whether the resampled fits leave it sure, and the gradient of its
+gain in the model's coefficients, so that the next batch probes where the decision is least sure. Pure numpy; no
+torch.
+
+Sure: a dynamic status is (its gain's lower bound, the LOWER_QUANTILE quantile of the resampled fits, clears
+--min-gain); a static one when at most LOWER_QUANTILE of the resampled fits reach --min-gain (the same one-sided
+90%, the other way). A static status from a failed check (the model's form or its condition number) carries no
+interval and is not sure: more samples may bear the form out, or determine the coefficients."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ppprof.adaptive.uncertainty import model_terms, regressors
+from ppprof.config import PolicyOptions, ProfileConfig
+from ppprof.config.workload import parse_prompt_spec
+from ppprof.fit.build import PROFILE_LATENCY_MODEL, fit_samples
+from ppprof.fit.confidence import LOWER_QUANTILE
+from ppprof.fit.samples import Samples
+from ppprof.policy.planners import fixed_chunks
+from ppprof.policy.rule import LatencyModel
+from ppprof.policy.tables import PromptRule
+
+Z_LOWER = 1.2815515655446004
+"""The standard normal's 1 - LOWER_QUANTILE quantile: a gain's interval bound lies this many standard deviations from
+its median."""
+GAIN_FLOOR = 0.002
+"""The least distance between the gain and --min-gain a batch aims to resolve: a gain right at the threshold would
+otherwise ask for endless samples (the request budget ends those)."""
+
+
+@dataclass(slots=True)
+class StatusCheck:
+    """The status the profile's fit would write on the samples so far, and what the design needs of it."""
+
+    status: str
+    reason: str
+    min_gain: float
+    gain: float | None = None
+    """The prompt-aware rule's predicted gain over the best fixed chunk; None where a check failed first."""
+    interval: dict | None = None
+    """predicted.gain_interval (ppprof.fit.confidence.gain_interval); None where a check failed first."""
+    gradient: np.ndarray | None = None
+    """d(gain)/d(coefficients), in model_terms order, the plans held; None without an interval."""
+
+    @property
+    def sure(self) -> bool:
+        if self.interval is None:
+            return False
+        if self.status == "dynamic":
+            return self.interval["lower"] >= self.min_gain
+        return self.interval["share_above_threshold"] <= LOWER_QUANTILE
+
+    def tolerance(self) -> float:
+        """The standard deviation of the gain at which the status would be sure: its distance from --min-gain
+        (GAIN_FLOOR at least) over Z_LOWER."""
+        return max(abs(self.gain - self.min_gain), GAIN_FLOOR) / Z_LOWER
+
+    def spread(self) -> float:
+        """The gain's standard deviation over the resampled fits, read from its interval."""
+        return (self.interval["upper"] - self.interval["lower"]) / (2 * Z_LOWER)
+
+    def to_dict(self) -> dict:
+        """What a design step records of it."""
+        i = self.interval or {}
+        return {
+            "status": self.status,
+            "sure": self.sure,
+            "gain": self.gain,
+            "gain_lower": i.get("lower"),
+            "gain_upper": i.get("upper"),
+            "share_above_threshold": i.get("share_above_threshold"),
+        }
+
+
+def status_check(cfg: ProfileConfig, pp_size: int, samples: Samples, pipeline_overhead: dict | None) -> StatusCheck:
+    """The status the profile's own fit (fit_run) would write on `samples`, the pipeline overhead measured before the
+    probes (None: not measured) standing in for run.json's."""
+    settings = cfg.chunk_settings()
+    workload = None if cfg.fit.prompt_lens is None else parse_prompt_spec(cfg.fit.prompt_lens, settings.context_len)
+    options = PolicyOptions(workload=workload, min_gain=cfg.fit.min_gain, pp_size=pp_size)
+    measured = {"world_size": pp_size, "pipeline_overhead": pipeline_overhead}  # what run.json will say of them
+    policy = fit_samples(samples, measured, settings, PROFILE_LATENCY_MODEL, None, options)
+    predicted = policy.get("predicted") or {}
+    check = StatusCheck(policy["status"], policy["reason"], options.min_gain)
+    if "gain_interval" not in predicted or policy.get("latency_model") is None:
+        return check
+    model = LatencyModel.from_dict(policy["latency_model"])
+    lengths, weights = policy["workload"]["prompt_lens"], policy["workload"]["weights"]
+    rule = PromptRule.from_dict(policy["prompt_table"])
+    plans = [rule.plan(int(n)) for n in lengths]
+    fixed = [fixed_chunks(int(predicted["fixed_best_chunk"]), int(n)) for n in lengths]
+    calibration, overhead_ms = policy["calibration"], policy["overhead"]["ms_per_chunk"]
+    planning = model.planning(calibration, overhead_ms)
+    scale = float(calibration.get("linear_scale", 1.0))
+    Tp, dTp = mean_ttft_gradient(model, planning, plans, weights, pp_size, scale)
+    Tf, dTf = mean_ttft_gradient(model, planning, fixed, weights, pp_size, scale)
+    check.gain = float(predicted["gain_vs_fixed_best"])
+    check.interval = predicted["gain_interval"]
+    check.gradient = -(dTp * Tf - Tp * dTf) / Tf**2  # gain = 1 - Tp / Tf
+    return check
+
+
+def mean_ttft_gradient(
+    model: LatencyModel, planning: LatencyModel, plans: list[list[int]], weights, pp_size: int, scale: float
+) -> tuple[float, np.ndarray]:
+    """The weighted mean TTFT of `plans` on the planning model and its gradient in `model`'s coefficients
+    (model_terms order; the calibration's linear_scale multiplies c and b), each plan's slowest chunk held."""
+    terms = model_terms(model.name)
+    factor = np.array([scale if t in ("c", "b") else 1.0 for t in terms])
+    total, grad = 0.0, np.zeros(len(terms))
+    for chunks, w in zip(plans, weights):
+        pos = np.concatenate([[0], np.cumsum(chunks)[:-1]])
+        t = planning.chunk_latency_ms(pos, chunks)
+        Z = regressors(model.name, pos, chunks) * factor
+        slowest = int(np.argmax(t))
+        total += w * (float(t.sum()) + (pp_size - 1) * float(t[slowest]))
+        grad += w * (Z.sum(axis=0) + (pp_size - 1) * Z[slowest])
+    return total, grad
+
+
+def gain_need(check: StatusCheck, margin: float) -> float | None:
+    """The factor by which the gain's variance must shrink for the status to be sure (`margin` of it), or None where
+    the check has no gain to resolve (a failed check, or already sure)."""
+    if check.sure or check.gradient is None:
+        return None
+    spread = check.spread()
+    return margin * min(1.0, (check.tolerance() / spread) ** 2) if spread > 0 and math.isfinite(spread) else margin

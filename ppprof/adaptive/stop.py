@@ -1,0 +1,75 @@
+"""The stopping rule of the adaptive design, and what rank 0 decides after each design step: stop, and why (the
+decision sure, or a budget spent), or the next batch (ppprof.adaptive.design.next_batch). Pure numpy; no torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ppprof.adaptive.design import BATCH_GROWTH, MIN_BATCH_GROWTH, MIN_BATCH_SECONDS, next_batch
+from ppprof.adaptive.status import StatusCheck
+from ppprof.adaptive.uncertainty import MAX_REQUESTS, MAX_SECONDS, STABLE, Uncertainty
+from ppprof.config import ChunkSettings
+
+MIN_STEPS = 3
+"""The design stops after this many probes at the earliest: the status's resampling draws a probe's level whole, and
+two probes' levels say little of a third's."""
+
+
+@dataclass(slots=True)
+class Decision:
+    """What rank 0 decided after a design step: the next batch, or why it stopped; and the uncertainty so far."""
+
+    points: list[tuple[int, int]] = field(default_factory=list)
+    stop_reason: str | None = None
+    uncertainty: dict | None = None
+
+
+def decide(
+    u: Uncertainty,
+    settings: ChunkSettings,
+    pp_size: int,
+    rows_L,
+    rows_x,
+    cand_L,
+    cand_x,
+    *,
+    check: StatusCheck | None,
+    steps: int = MIN_STEPS,
+    cost_s: np.ndarray,
+    requests_run: int,
+    seconds_spent: float,
+    requests_per_probe: int,
+    max_requests: int | None,
+    max_seconds: float | None,
+) -> Decision:
+    """Stop when the decision is sure (sure_enough) or a budget is spent; else the next batch, sized to BATCH_GROWTH x
+    the time spent and to what the budgets leave, aimed at what the stop waits on. `check`: the status the fit would
+    write on the samples so far (None: judge the table and predicted TTFT alone, as before a status is judged)."""
+    record = u.to_dict() | ({} if check is None else {"status": check.to_dict()})
+    if steps >= MIN_STEPS and sure_enough(u, check):
+        return Decision(stop_reason=STABLE, uncertainty=record)
+    left_requests = requests_per_probe if max_requests is None else min(requests_per_probe, max_requests - requests_run)
+    if left_requests <= 0:
+        return Decision(stop_reason=MAX_REQUESTS, uncertainty=record)
+    budget = max(BATCH_GROWTH * seconds_spent, MIN_BATCH_SECONDS)
+    if max_seconds is not None:
+        if seconds_spent >= max_seconds:
+            return Decision(stop_reason=MAX_SECONDS, uncertainty=record)
+        budget = min(budget, max_seconds - seconds_spent)
+    least = min(MIN_BATCH_GROWTH * seconds_spent, budget)
+    points = next_batch(
+        u, settings, pp_size, rows_L, rows_x, cand_L, cand_x, cost_s, budget, left_requests, check, least
+    )
+    return Decision(points=points, uncertainty=record)
+
+
+def sure_enough(u: Uncertainty, check: StatusCheck | None) -> bool:
+    """The stopping rule (after MIN_STEPS probes): the status sure under resampling (ppprof.adaptive.status) and,
+    where it is dynamic, the tables and the plans' predicted TTFT stable under the bootstrap (Uncertainty.stable:
+    every entry within one alignment unit, the TTFTs within 2%, at 95% confidence); a static policy has no table to
+    settle. Without a status check: Uncertainty.stable alone."""
+    if check is None:
+        return u.stable
+    return check.sure and (check.status == "static" or u.stable)
