@@ -33,6 +33,7 @@ RUNS = {
     "experiments/under_load_sim.py": ["--quick"],
     "experiments/serving_paired.py": ["results/serving-real"],
     "experiments/confidence_host.py": ["tests/runs"],
+    "experiments/design_agreement.py": ["results/design-agreement", "--summary-only"],
 }
 """Scripts run whole on a tiny input, each writing its one-file result to -o: its arguments but -o."""
 

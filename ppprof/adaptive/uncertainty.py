@@ -1,6 +1,7 @@
-"""How certain the policy's fit makes the policy: a residual bootstrap of the model the policy's fit picks (refit
-REPLICATES times), the spread of the chunk-size table per entry in alignment units and of the predicted TTFT, and the
-stopping rule of the adaptive design. Pure numpy / scikit-learn; no torch.
+"""How stable the policy's fit makes its tables: a residual bootstrap of the model the policy's fit picks (refit
+REPLICATES times), the spread of the chunk-size table per entry in alignment units and of the predicted TTFT (half of
+the adaptive design's stopping rule, ppprof.adaptive.stop; the status is the other), and the stopping reasons. Pure
+numpy / scikit-learn; no torch.
 
 Every model is the prefix form t(L, x) = z(L, x) . theta with the terms it lacks at 0 (ppprof.policy.rule):
 model_terms gives its coefficients, regressors its z, on every row (a quadratic predicts prefixed rows too, though it

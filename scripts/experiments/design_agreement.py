@@ -12,6 +12,7 @@ the grid's median.
 
 Usage:
     python scripts/experiments/design_agreement.py OUT [--rounds 5] [--loaded 2]   # profiles, ~2 min a round
+    python scripts/experiments/design_agreement.py OUT --flags '--pp-size 1'       # another setup
     python scripts/experiments/design_agreement.py OUT --summary-only              # re-read OUT's runs
 The summary goes to OUT/summary.json (-o to put it elsewhere).
 """
@@ -19,6 +20,7 @@ The summary goes to OUT/summary.json (-o to put it elsewhere).
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -51,11 +53,12 @@ def busy_loop(on: bool):
             proc.wait()
 
 
-def profile(out: Path, design: str) -> None:
-    """One default profile with `design` into `out`, only KEEP kept, its process wall time in out/wall_s."""
+def profile(out: Path, design: str, flags: list[str]) -> None:
+    """One default profile (with `flags`) with `design` into `out`, only KEEP kept, its process wall time in
+    out/wall_s."""
     shutil.rmtree(out, ignore_errors=True)
     start = time.perf_counter()
-    cmd = [sys.executable, "-m", "ppprof", "profile", "--design", design, "--out", str(out)]
+    cmd = [sys.executable, "-m", "ppprof", "profile", *flags, "--design", design, "--out", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{r.stderr[-3000:]}")
@@ -66,14 +69,14 @@ def profile(out: Path, design: str) -> None:
     (out / "wall_s").write_text(f"{wall:.2f}\n")
 
 
-def run_rounds(folder: Path, rounds: int, loaded: int) -> None:
+def run_rounds(folder: Path, rounds: int, loaded: int, flags: list[str]) -> None:
     for i in range(rounds + loaded):
         kind = "quiet" if i < rounds else "loaded"
         order = DESIGNS if i % 2 == 0 else DESIGNS[::-1]
         with busy_loop(kind == "loaded"):
             for design in order:
                 name = f"{kind}-{i + 1}-{design}"
-                profile(folder / name, design)
+                profile(folder / name, design, flags)
                 print(f"{name}: {row(folder / name)['status']}", file=sys.stderr)
 
 
@@ -176,10 +179,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="quiet rounds (a grid and an adaptive profile each)")
     parser.add_argument("--loaded", type=int, default=2, help="rounds beside one Python busy loop")
     parser.add_argument("--summary-only", action="store_true", help="re-read the runs FOLDER holds; profile none")
+    parser.add_argument("--flags", default="", help="more `ppprof profile` flags, e.g. '--pp-size 1'")
     args = parser.parse_args()
     if not args.summary_only:
         args.folder.mkdir(parents=True, exist_ok=True)
-        run_rounds(args.folder, args.rounds, args.loaded)
+        run_rounds(args.folder, args.rounds, args.loaded, shlex.split(args.flags))
     result = summary(args.folder)
     command = "python scripts/experiments/design_agreement.py " + " ".join(sys.argv[1:])
     out = write_result(args.out or args.folder / "summary.json", result, command)
