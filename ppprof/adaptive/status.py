@@ -22,6 +22,8 @@ from ppprof.config.workload import parse_prompt_spec
 from ppprof.fit.build import PROFILE_LATENCY_MODEL, fit_samples
 from ppprof.fit.confidence import LOWER_QUANTILE
 from ppprof.fit.samples import Samples
+from ppprof.policy.builders import build_prompt_rule
+from ppprof.policy.choice import rule_domain
 from ppprof.policy.planners import fixed_chunks
 from ppprof.policy.rule import LatencyModel
 from ppprof.policy.tables import PromptRule
@@ -46,7 +48,9 @@ class StatusCheck:
     interval: dict | None = None
     """predicted.gain_interval (ppprof.fit.confidence.gain_interval); None where a check failed first."""
     gradient: np.ndarray | None = None
-    """d(gain)/d(coefficients), in model_terms order, the plans held; None without an interval."""
+    """d(gain)/d(coefficients), in model_terms order, the prompt-aware rule's plans and the best fixed chunk held
+    (a static policy's prompt-aware rule built again, as its fit built it); None for a sure status or without an
+    interval."""
 
     @property
     def sure(self) -> bool:
@@ -90,18 +94,25 @@ def status_check(cfg: ProfileConfig, pp_size: int, samples: Samples, pipeline_ov
     check = StatusCheck(policy["status"], policy["reason"], options.min_gain)
     if "gain_interval" not in predicted or policy.get("latency_model") is None:
         return check
+    check.gain = float(predicted["gain_vs_fixed_best"])
+    check.interval = predicted["gain_interval"]
+    if check.sure:
+        return check  # the design does not aim at a sure status's gain
     model = LatencyModel.from_dict(policy["latency_model"])
-    lengths, weights = policy["workload"]["prompt_lens"], policy["workload"]["weights"]
-    rule = PromptRule.from_dict(policy["prompt_table"])
-    plans = [rule.plan(int(n)) for n in lengths]
-    fixed = [fixed_chunks(int(predicted["fixed_best_chunk"]), int(n)) for n in lengths]
     calibration, overhead_ms = policy["calibration"], policy["overhead"]["ms_per_chunk"]
     planning = model.planning(calibration, overhead_ms)
+    if (
+        policy["status"] == "static"
+    ):  # it carries the best fixed chunk: the gain is the prompt-aware rule's, built again
+        rule, _ = build_prompt_rule(planning, rule_domain(settings, policy["domain"], options.extrapolate), pp_size)
+    else:
+        rule = PromptRule.from_dict(policy["prompt_table"])
+    lengths, weights = policy["workload"]["prompt_lens"], policy["workload"]["weights"]
+    plans = [rule.plan(int(n)) for n in lengths]
+    fixed = [fixed_chunks(int(predicted["fixed_best_chunk"]), int(n)) for n in lengths]
     scale = float(calibration.get("linear_scale", 1.0))
     Tp, dTp = mean_ttft_gradient(model, planning, plans, weights, pp_size, scale)
     Tf, dTf = mean_ttft_gradient(model, planning, fixed, weights, pp_size, scale)
-    check.gain = float(predicted["gain_vs_fixed_best"])
-    check.interval = predicted["gain_interval"]
     check.gradient = -(dTp * Tf - Tp * dTf) / Tf**2  # gain = 1 - Tp / Tf
     return check
 

@@ -139,6 +139,8 @@ def test_a_status_the_samples_cannot_tell_asks_for_a_batch_aimed_at_its_gain(tmp
     samples = read_samples(path)
     check = status_check(cfg, 2, samples, None)
     assert check.interval is not None and not check.sure, check.to_dict()
+    # A static policy carries the best fixed chunk; the gain, and so its gradient, is the prompt-aware rule's.
+    assert check.status == "static" and np.linalg.norm(check.gradient) > 0
     decision = choose(cfg, 2, probes, samples, e2e_ms, 0.5, 5.0)
     assert decision.stop_reason is None and decision.points
     u = design_fit(cfg, 2, samples).uncertainty
