@@ -293,7 +293,7 @@ def test_sigint_keeps_the_samples_and_resume_gives_the_probes_of_an_uninterrupte
     pd.testing.assert_frame_equal(resumed[PROBE_COLUMNS], uninterrupted[PROBE_COLUMNS])
 
 
-def test_a_run_stopped_while_it_measures_the_pipeline_overhead_resumes_that_phase_alone(tmp_path):
+def test_a_run_stopped_while_it_measures_the_pipeline_overhead_resumes_from_that_phase(tmp_path):
     out = tmp_path / "run"
     short = (
         "--model",
@@ -312,22 +312,20 @@ def test_a_run_stopped_while_it_measures_the_pipeline_overhead_resumes_that_phas
     )
     p = start("profile", "--out", str(out), *short, "--overhead-repeats", "100")  # 300 prompts: many seconds
     try:
-        read_until(p, "probe 3 (prefix", rank=0)  # the last probe's rows are on disk; the overhead phase is next
-        time.sleep(1.5)  # the probes' phase ends within milliseconds; the overhead phase takes far longer
+        read_until(p, "pools: KV", rank=0)  # the stage is built; the overhead phase, before the probes, is next
+        time.sleep(1.5)  # building ends within milliseconds of that line; the overhead phase takes far longer
         p.send_signal(signal.SIGINT)
         rest = p.stderr.read()
         p.wait(timeout=60)
     finally:
         p.kill()
     assert p.returncode == 130, rest[-3000:]
-    assert "pipeline overhead: " not in rest  # stopped before it ended
+    assert "pipeline overhead: " not in rest and "probe 0 (" not in rest  # stopped in the overhead phase
     run = json.loads((out / "run.json").read_text())
     assert run["status"] == "interrupted" and "pipeline_overhead" not in run
-    kept = pd.read_csv(out / "samples.csv")
-    assert kept["probe"].nunique() == 4
+    assert not (out / "samples.csv").is_file() or pd.read_csv(out / "samples.csv").empty
 
-    # --overhead-repeats may change on resume (it changes no probe): every probe is complete, so only the
-    # warm-up and the overhead phase run again
+    # --overhead-repeats may change on resume (it changes no probe): no probe is complete, so every phase runs
     r = subprocess.run(
         [sys.executable, "-m", "ppprof", "profile", "--resume", str(out), "--timeout", "30", "--overhead-repeats", "2"],
         cwd=REPO,
@@ -336,12 +334,11 @@ def test_a_run_stopped_while_it_measures_the_pipeline_overhead_resumes_that_phas
         timeout=240,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "probes 0..3 are complete, 0 to run" in r.stderr, r.stderr[-3000:]
     run = json.loads((out / "run.json").read_text())
-    assert run["status"] == "complete" and run["resumed_from_probe"] == 4 and run["timed_requests"] == 0
+    assert run["status"] == "complete" and run["resumed_from_probe"] == 0
     assert run["config"]["overhead_repeats"] == 2
     assert sorted({x["repeat"] for x in run["pipeline_overhead"]["runs"]}) == [0, 1]
-    pd.testing.assert_frame_equal(pd.read_csv(out / "samples.csv"), kept)
+    assert pd.read_csv(out / "samples.csv")["probe"].nunique() == 4
 
 
 def test_sigterm_ends_every_rank_with_143_and_an_interrupted_folder(tmp_path):
