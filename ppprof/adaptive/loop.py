@@ -30,21 +30,28 @@ def probe_sequence(
     t_probes: float,
     first: int = 0,
 ) -> Iterator[Probe]:
-    """The probes to run, in order. Grid: `probes` from `first` (a resumed run's first probe not yet complete).
-    Adaptive (never resumed): the initial design, then after each probe (once the caller has appended its rows to
-    `samples_path` and its end-to-end latencies to `e2e_ms`) the next one rank 0 chooses, appended to `probes`,
-    until it stops; every rank gets the same probe or the stop. `t_probes`: when the probing began."""
+    """The probes to run, in order, from `first` (a resumed run's first probe not yet complete). Grid: `probes`.
+    Adaptive: the initial design, then after each probe (once the caller has appended its rows to `samples_path`
+    and its end-to-end latencies to `e2e_ms`) the next one rank 0 chooses, appended to `probes`, until it stops;
+    every rank gets the same probe or the stop. A run resumed after its last whole probe (`first` = len(probes);
+    rank 0's `e2e_ms` holds the probes that ran) chooses first. `t_probes`: when this run's probing began; the
+    probes before a resume count as their end-to-end latencies."""
     if cfg.probes.design != "adaptive":
         yield from probes[first:]
         design.stopping_reason = GRID_DONE
         return
-    i = 0
+    i = first
+    spent_before = sum(map(sum, e2e_ms)) / 1e3 if first else 0.0
     while True:
         start = time.perf_counter()
-        yield probes[i]
-        i += 1
         if i < len(probes):
-            continue
+            yield probes[i]
+            i += 1
+            if i < len(probes):
+                continue
+            last_s = time.perf_counter() - start
+        else:  # resumed: no probe ran yet, so none tells the overhead between requests
+            last_s = sum(e2e_ms[-1]) / 1e3 if e2e_ms else 0.0
         decision = None
         with agreed(pipe, "choose the next probe"):
             if pipe.rank == 0:
@@ -54,12 +61,12 @@ def probe_sequence(
                     probes,
                     read_samples(samples_path),
                     e2e_ms,
-                    time.perf_counter() - start,
-                    time.perf_counter() - t_probes,
+                    last_s,
+                    time.perf_counter() - t_probes + spent_before,
                     design.pipeline_overhead,
                 )
         decision = pipe.broadcast(decision)
-        record_step(design, probes, decision, time.perf_counter() - t_probes)
+        record_step(design, probes, decision, time.perf_counter() - t_probes + spent_before)
         if decision.stop_reason:
             design.stopping_reason, design.uncertainty = decision.stop_reason, decision.uncertainty
             return

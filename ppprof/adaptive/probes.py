@@ -4,9 +4,13 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
+
+import pandas as pd
 
 from ppprof.adaptive.design import INITIAL_REQUESTS, initial_design
 from ppprof.config import ProfileConfig
+from ppprof.probe.output import whole_rows
 from ppprof.probe.synth import DESIGN, Probe, ProbeRequest, grid_chunk_sizes, make_probes, wide_chunk_sizes
 
 NUM_CANDIDATE_CHUNKS = 12
@@ -45,6 +49,32 @@ def initial_probes(cfg: ProfileConfig) -> list[Probe]:
         return make_probes(cfg)
     L, x = candidate_grid(cfg)
     return [design_probe(0, 0, initial_design(L, x, cfg.probes.base_chunk_size), 0, cfg.probes.seed)]
+
+
+def resumed_probes(cfg: ProfileConfig, samples_path: Path) -> list[Probe]:
+    """The probes of an interrupted run to resume. Grid: all of them (initial_probes). Adaptive: its initial design
+    (the same again from the seed), then each probe the design chose, as samples.csv holds it (its whole rows, in the
+    order they ran): the probes it chose are the ones it ran. complete_probes then keeps those samples.csv holds
+    whole."""
+    probes = initial_probes(cfg)
+    if cfg.probes.design != "adaptive" or not samples_path.is_file() or samples_path.stat().st_size == 0:
+        return probes
+    frame, _ = whole_rows(samples_path)
+    for index, rows in frame[frame["probe"] >= len(probes)].groupby("probe", sort=True):
+        if index != len(probes):  # the probes run in order, each whole: a gap ends what can be resumed
+            break
+        requests = tuple(ProbeRequest(int(r.request), int(r.prefix_len), int(r.chunk_size)) for r in rows.itertuples())
+        probes.append(Probe(int(index), DESIGN, requests, int(rows["design_step"].iloc[0])))
+    return probes
+
+
+def resumed_latencies(samples_path: Path, probes: list[Probe]) -> list[list[float]]:
+    """The end-to-end latencies (latency_ms) of the whole probes samples.csv holds, a list a probe: what the adaptive
+    design costs its next batch from (the probes it ran before the interruption included)."""
+    if not probes:
+        return []
+    frame = pd.read_csv(samples_path)
+    return [frame.loc[frame["probe"] == p.index, "latency_ms"].astype(float).tolist() for p in probes]
 
 
 def check(cfg: ProfileConfig) -> None:

@@ -101,7 +101,8 @@ def choose(
         return Decision(points=[(r.prefix_len, r.chunk_size) for r in probes[0].requests][:left])
     cand_L, cand_x = (np.array(v) for v in candidate_grid(cfg))
     overhead_ms = max(0.0, (last_probe_s * 1e3 - float(np.sum(e2e_ms[-1]))) / len(probes[-1].requests))
-    # An adaptive run is never resumed: samples.csv holds this run's requests, in the order they ran.
+    # samples.csv holds the requests of every probe that ran, in order (a resumed run's earlier ones too), and
+    # e2e_ms theirs.
     e2e_per_stage_ms = float(np.median(np.concatenate(e2e_ms) / samples.chunk_latency_ms))
     cost_s = (e2e_per_stage_ms * u.model.chunk_latency_ms(cand_L, cand_x) + overhead_ms) / 1e3
     return decide(

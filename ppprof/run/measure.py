@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 from ppprof.adaptive.loop import probe_sequence
+from ppprof.adaptive.probes import resumed_latencies
 from ppprof.bench.executor import WARMUP_REPEAT, BenchPrompt, BenchStage, PromptRunner
 from ppprof.bench.overhead import overhead_chunk_sizes, overhead_plans, pipeline_overhead
 from ppprof.probe.output import append_samples, samples_frame
@@ -38,7 +39,8 @@ def run_probes(run: RankRun[ProfileState]) -> None:
             else run.cfg.request_budget
         )
         bar = tqdm(total=total, desc="profile", unit="req", file=sys.stderr, disable=None, dynamic_ncols=True)
-    e2e_ms = []
+    # A resumed adaptive design costs its next batch from every probe that ran, those before the interruption too.
+    e2e_ms = resumed_latencies(run.folder.samples, run.state.probes[:first]) if run.rank == 0 else []
     run.state.design.pipeline_overhead = run.state.overhead  # rank 0's; what the design's status checks plan with
     for probe in probe_sequence(
         run.pipe, run.cfg, run.state.probes, run.state.design, run.folder.samples, e2e_ms, run.state.t_probes, first

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from ppprof.adaptive import initial_probes
+from ppprof.adaptive.probes import resumed_probes
 from ppprof.config import ProfileConfig
 from ppprof.distributed.agree import RunError, agreed
 from ppprof.distributed.stop import Stop
@@ -70,9 +71,10 @@ def prepare_run_folder(run: RankRun[ProfileState]) -> None:
             run_dir.mkdir(parents=True, exist_ok=True)
             claim_folder(run, run_dir, run.cfg.job.out, run.state.overwrite, run.state.resume)
             folder = RunFolder(run_dir)
-            probes = initial_probes(run.cfg)
+            probes = resumed_probes(run.cfg, folder.samples) if run.state.resume else initial_probes(run.cfg)
             if run.state.resume:
                 first = complete_probes(folder.samples, probes)
+                probes = probes if run.cfg.probes.design != "adaptive" else probes[: max(first, 1)]
             else:
                 for path in run_outputs(folder):  # --overwrite: none of an older run's results stays beside this one's
                     path.unlink(missing_ok=True)

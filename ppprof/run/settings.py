@@ -93,11 +93,6 @@ def resume_config(run_dir: str, config_path: str | None, flags: dict) -> Profile
     run = read_run_json(run_file)
     if run["status"] == COMPLETE:
         raise ValueError(f"--resume {run_dir}: the run is complete (status in {run_file}); nothing to resume")
-    if run["config"].get("design") == "adaptive":
-        raise ValueError(
-            f"--resume {run_dir}: an adaptive design chose its probes from what it had measured and "
-            f"cannot be resumed; start a new run with another --out (it costs a fraction of the grid)"
-        )
     recorded = ProfileConfig.recorded(run["config"])
     recorded["out"] = str(run_dir)
     base = resolve_config(None, recorded)

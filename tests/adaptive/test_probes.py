@@ -5,8 +5,9 @@ import pytest
 
 from ppprof.adaptive import check, initial_probes
 from ppprof.adaptive.design import INITIAL_REQUESTS
-from ppprof.adaptive.probes import candidate_grid, design_probe
+from ppprof.adaptive.probes import candidate_grid, design_probe, resumed_latencies, resumed_probes
 from ppprof.config import ProfileConfig
+from ppprof.probe.output import samples_frame, write_samples
 from ppprof.probe.synth import DESIGN, make_probes, warmup_requests
 
 
@@ -52,3 +53,23 @@ def test_a_grid_profile_starts_with_every_grid_probe():
 def test_the_check_before_launch_names_the_flag_and_the_fix(settings, match):
     with pytest.raises(ValueError, match=match):
         check(ProfileConfig(design="adaptive", **settings))
+
+
+def test_a_resumed_adaptive_run_takes_back_the_probes_its_design_ran(tmp_path):
+    cfg = ProfileConfig(design="adaptive", base_chunk_size=128)
+    cand = list(zip(*candidate_grid(cfg)))
+    probes = initial_probes(cfg)
+    probes += [design_probe(1, 1, cand[:5], 100, 0), design_probe(2, 2, cand[5:12], 200, 0)]
+    path = tmp_path / "samples.csv"
+    latencies = [[float(10 * p.index + k) for k in range(len(p.requests))] for p in probes]
+    stage_ms = [[lat, lat] for lat in latencies]
+    write_samples(path, samples_frame(probes, stage_ms, latencies))
+    assert resumed_probes(cfg, path) == probes  # indices, steps, requests in the order they ran
+    assert resumed_latencies(path, probes[:2]) == latencies[:2]
+    # a probe missing from the middle ends what can be resumed
+    write_samples(path, samples_frame([probes[0], probes[2]], [stage_ms[0], stage_ms[2]], [latencies[0], latencies[2]]))
+    assert resumed_probes(cfg, path) == probes[:1]
+    # a grid run resumes its synthesized probes; an empty samples.csv, the initial design
+    assert resumed_probes(ProfileConfig(base_chunk_size=128), path) == make_probes(ProfileConfig(base_chunk_size=128))
+    path.write_text("")
+    assert resumed_probes(cfg, path) == probes[:1]

@@ -1,8 +1,6 @@
-"""A profile's fault-handling input, before any rank starts: bad --timeout / --resume flags and YAML, an adaptive run
-that cannot be resumed, a run folder that holds files or is in use, a disk that refuses the lock; each one line,
-exit 2, nothing written."""
+"""A profile's fault-handling input, before any rank starts: bad --timeout / --resume flags and YAML, a run folder
+that holds files or is in use, a disk that refuses the lock; each one line, exit 2, nothing written."""
 
-import json
 import os
 import signal
 import subprocess
@@ -13,7 +11,7 @@ from click.testing import CliRunner
 
 from ppprof.cli import main
 from ppprof.runfiles import LOCK_FILE
-from tests.multirank import REPO, TINY, TINY_RUN
+from tests.multirank import REPO, TINY
 
 
 def test_a_run_folder_in_use_or_holding_a_run_is_refused(tmp_path):
@@ -78,17 +76,6 @@ def test_timeout_is_read_from_yaml(tmp_path):
     cfg_file.write_text("timeout: soon\n")
     r = CliRunner().invoke(main, ["profile", "--config", str(cfg_file)])
     assert r.exit_code == 2 and "--timeout 'soon' must be a number of seconds" in r.stderr
-
-
-def test_an_adaptive_run_is_not_resumed(tmp_path):
-    """The adaptive design chose its probes from its own measurements: resuming would change them."""
-    run = json.loads((TINY_RUN / "run.json").read_text())
-    run.update(schema_version=3, status="interrupted")
-    run["config"]["design"] = "adaptive"
-    (tmp_path / "run.json").write_text(json.dumps(run))
-    r = CliRunner().invoke(main, ["profile", "--resume", str(tmp_path)])
-    assert r.exit_code == 2 and r.stderr.count("\n") == 1
-    assert "an adaptive design chose its probes from what it had measured" in r.stderr
 
 
 def test_a_write_refused_by_the_disk_names_the_file_and_leaves_nothing(tmp_path):

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
+from ppprof.adaptive.stop import MIN_STEPS
 from ppprof.cli import main
 from ppprof.probe.synth import make_probes
 from ppprof.run.settings import resolve_config
@@ -381,3 +382,39 @@ def test_a_stale_lock_and_other_files_are_kept_by_overwrite(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert (out / "notes.txt").read_text() == "mine" and not (out / LOCK_FILE).exists()
     assert json.loads((out / "run.json").read_text())["status"] == "complete"
+
+
+def test_an_adaptive_run_stopped_between_probes_resumes_where_its_design_left_off(tmp_path):
+    out = tmp_path / "run"
+    short = ("--model", "tiny-dense", "--base-chunk-size", "64", "--context-len", "2048", "--design", "adaptive")
+    short += ("--warmup", "1", "--no-fit")
+    short += ("--overhead-repeats", "1", "--packed-forwards", "0", "--seed", "5")
+    p = start("profile", "--out", str(out), *short)
+    try:
+        read_until(p, "probe 0 (design", rank=0)  # its rows are on disk; rank 0 now fits them to choose probe 1
+        p.send_signal(signal.SIGINT)
+        rest = p.stderr.read()
+        p.wait(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 130, rest[-3000:]
+    kept = pd.read_csv(out / "samples.csv")
+    assert kept["probe"].nunique() < MIN_STEPS  # the design cannot have stopped yet
+
+    r = subprocess.run(
+        [sys.executable, "-m", "ppprof", "profile", "--resume", str(out), "--timeout", "60"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = json.loads((out / "run.json").read_text())
+    assert run["status"] == "complete" and run["resumed_from_probe"] == kept["probe"].nunique()
+    assert run["design"]["stopping_reason"] in ("stable", "max-requests")
+    samples = pd.read_csv(out / "samples.csv")
+    # The probes before the interruption are kept as they ran; the design went on from them, in order.
+    pd.testing.assert_frame_equal(samples.iloc[: len(kept)], kept)
+    assert sorted(samples["probe"].unique()) == list(range(samples["probe"].nunique()))
+    assert samples["probe"].nunique() >= MIN_STEPS or run["design"]["stopping_reason"] == "max-requests"
+    assert samples["request"].is_unique
