@@ -78,6 +78,19 @@ def read_until(p: subprocess.Popen, text: str, rank: int | None = None) -> list[
     raise AssertionError(f"{text!r} never came:\n" + "".join(lines[-30:]))
 
 
+def resume(out: Path, *flags: str) -> dict:
+    """`ppprof profile --resume out` with `flags`, run to its end (exit 0); its run.json."""
+    r = subprocess.run(
+        [sys.executable, "-m", "ppprof", "profile", "--resume", str(out), *flags],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads((out / "run.json").read_text())
+
+
 def descendants(pid: int) -> list[int]:
     children = {}
     for d in Path("/proc").iterdir():
@@ -275,15 +288,7 @@ def test_sigint_keeps_the_samples_and_resume_gives_the_probes_of_an_uninterrupte
     assert r.exit_code == 2 and r.stderr.count("\n") == 1
     assert f"--resume {out}: --seed 6 differs from the run's recorded 5" in r.stderr
 
-    r = subprocess.run(
-        [sys.executable, "-m", "ppprof", "profile", "--resume", str(out), "--timeout", "30"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    run = json.loads((out / "run.json").read_text())
+    run = resume(out, "--timeout", "30")
     assert run["status"] == "complete" and run["resumed_from_probe"] == kept["probe"].nunique()
     resumed = pd.read_csv(out / "samples.csv")
     assert resumed.iloc[: len(kept)].equals(kept)  # the samples kept are kept as they were
@@ -327,15 +332,7 @@ def test_a_run_stopped_while_it_measures_the_pipeline_overhead_resumes_from_that
     assert not (out / "samples.csv").is_file() or pd.read_csv(out / "samples.csv").empty
 
     # --overhead-repeats may change on resume (it changes no probe): no probe is complete, so every phase runs
-    r = subprocess.run(
-        [sys.executable, "-m", "ppprof", "profile", "--resume", str(out), "--timeout", "30", "--overhead-repeats", "2"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    run = json.loads((out / "run.json").read_text())
+    run = resume(out, "--timeout", "30", "--overhead-repeats", "2")
     assert run["status"] == "complete" and run["resumed_from_probe"] == 0
     assert run["config"]["overhead_repeats"] == 2
     assert sorted({x["repeat"] for x in run["pipeline_overhead"]["runs"]}) == [0, 1]
@@ -401,15 +398,7 @@ def test_an_adaptive_run_stopped_between_probes_resumes_where_its_design_left_of
     kept = pd.read_csv(out / "samples.csv")
     assert kept["probe"].nunique() < MIN_STEPS  # the design cannot have stopped yet
 
-    r = subprocess.run(
-        [sys.executable, "-m", "ppprof", "profile", "--resume", str(out), "--timeout", "60"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    run = json.loads((out / "run.json").read_text())
+    run = resume(out, "--timeout", "60")
     assert run["status"] == "complete" and run["resumed_from_probe"] == kept["probe"].nunique()
     assert run["design"]["stopping_reason"] in ("stable", "max-requests")
     samples = pd.read_csv(out / "samples.csv")
