@@ -68,7 +68,8 @@ PROFILE_OPTIONS = (
         ("--design",),
         dict(type=click.Choice(DESIGNS)),
         "grid: the sweep and a probe per prefix length; adaptive: a small D-optimal design, then the "
-        f"requests that most reduce the policy's uncertainty, until its table is stable. {shown('design')}",
+        "requests that most reduce the uncertainty of the policy's decision, until its status is sure and its "
+        f"tables stable. {shown('design')}",
     ),
     (("--max-requests",), dict(type=int), "Adaptive design: at most this many timed requests. [no limit]"),
     (("--max-seconds",), dict(type=float), "Adaptive design: stop adding probes after this much probing. [no limit]"),

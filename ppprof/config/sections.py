@@ -81,8 +81,8 @@ MAX_DESIGN_REQUESTS = 1_000_000
 """The most requests --max-requests allows the adaptive design."""
 DESIGNS = ("grid", "adaptive")
 """What --design takes. grid: the sweep and one probe per prefix length; adaptive: a small D-optimal design for the
-prefix model, then the requests that most reduce the policy's uncertainty, until its table is stable or a budget is
-spent (ppprof.adaptive)."""
+prefix model, then the requests that most reduce the uncertainty of the policy's decision, until its status is sure and
+its tables stable or a budget is spent (ppprof.adaptive)."""
 MIN_TIMEOUT_S, MAX_TIMEOUT_S = 0.5, 86400.0
 """--timeout's range: below half a second a heartbeat could not tell a stopped rank; above a day no fault is bounded."""
 
@@ -185,7 +185,8 @@ class ProbeSettings:
     seed: int = 0
     design: str = "grid"
     """Probe design: grid (the sweep, then one probe per prefix length) or adaptive (a small D-optimal design, then
-    the requests that most reduce the uncertainty of the policy's table, until it is stable or a budget is spent)."""
+    the requests that most reduce the uncertainty of the policy's decision, until its status is sure and its tables
+    stable, or a budget is spent)."""
     max_requests: int | None = None
     """Adaptive design: stop after this many timed requests (default: as many as the grid design would run,
     requests_per_probe x (1 + the number of prefix lengths))."""
