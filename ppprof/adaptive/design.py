@@ -12,12 +12,13 @@ status's gain, the chunk-size table and the predicted TTFT per second they cost.
 2. Next batch (after a fit, its bootstrap, ppprof.adaptive.uncertainty, and the status the fit would write,
    ppprof.adaptive.status): for each quantity q the stop waits on (the status's gain over the best fixed chunk while
    the status is not sure, in units of its distance from --min-gain; a table entry's chunk size at both ends of the
-   entry, in alignment units; predicted TTFT, in units of 2% of it), its gradient in the coefficients, and Var(q) = sigma^2 g^T M^-1 g with M = sum w z z^T, w = 1 / y_hat^2 (timing noise
-   is relative). Adding a request at z lowers sum Var(q) / tol_q^2 by w (g^T M^-1 z)^2 / (1 + w z^T M^-1 z)
-   (Sherman-Morrison); candidates are taken greedily by that gain per predicted second, until every such variance
-   has shrunk by the factor the resampled spread asks for (NEED_MARGIN of it) and the batch costs MIN_BATCH_GROWTH x
-   the probing time so far, or it costs BATCH_GROWTH x that time. Only a candidate the model is fitted to carries information (a quadratic's prefix-free
-   ones); every table entry's and TTFT's gradient is taken in that model's coefficients.
+   entry, in alignment units; predicted TTFT, in units of 2% of it), its gradient in the coefficients, and
+   Var(q) = sigma^2 g^T M^-1 g with M = sum w z z^T, w = 1 / y_hat^2 (timing noise is relative). Adding a request
+   at z lowers sum Var(q) / tol_q^2 by w (g^T M^-1 z)^2 / (1 + w z^T M^-1 z) (Sherman-Morrison); candidates are
+   taken greedily by that gain per predicted second, until every such variance has shrunk by the factor the
+   resampled spread asks for (NEED_MARGIN of it) and the batch costs MIN_BATCH_GROWTH x the probing time so far,
+   or it costs BATCH_GROWTH x that time. Only a candidate the model is fitted to carries information (a
+   quadratic's prefix-free ones); every quantity's gradient is taken in that model's coefficients.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ import math
 import numpy as np
 
 from ppprof.adaptive.status import StatusCheck, gain_need
-from ppprof.adaptive.uncertainty import CONFIDENCE, TTFT_TOLERANCE, Uncertainty, regressors
+from ppprof.adaptive.uncertainty import CONFIDENCE, TTFT_TOLERANCE, Uncertainty, plan_gradient, regressors
 from ppprof.config import ChunkSettings
 from ppprof.fit.forms import admissible
+from ppprof.policy.planners import chunk_latencies_ms
 from ppprof.policy.rule import LatencyModel
 from ppprof.policy.tables import table_plan
 
@@ -176,10 +178,7 @@ def ttft_gradient(
     """d(predicted TTFT)/d(theta) with the plan held: the chunks' regressors summed, the slowest's P - 1 times
     more."""
     chunks = table_plan(starts, sizes, prompt_len)
-    pos = np.concatenate([[0], np.cumsum(chunks)[:-1]])
-    Z = regressors(model.name, pos, chunks)
-    slowest = int(np.argmax(model.chunk_latency_ms(pos, chunks)))
-    return Z.sum(axis=0) + (pp_size - 1) * Z[slowest]
+    return plan_gradient(model.name, chunks, chunk_latencies_ms(model, chunks), pp_size)
 
 
 def unstable_gradients(

@@ -29,13 +29,15 @@ def probe_sequence(
     e2e_ms: list,
     t_probes: float,
     first: int = 0,
+    pipeline_overhead: dict | None = None,
 ) -> Iterator[Probe]:
     """The probes to run, in order, from `first` (a resumed run's first probe not yet complete). Grid: `probes`.
     Adaptive: the initial design, then after each probe (once the caller has appended its rows to `samples_path`
     and its end-to-end latencies to `e2e_ms`) the next one rank 0 chooses, appended to `probes`, until it stops;
     every rank gets the same probe or the stop. A run resumed after its last whole probe (`first` = len(probes);
     rank 0's `e2e_ms` holds the probes that ran) chooses first. `t_probes`: when this run's probing began; the
-    probes before a resume count as their end-to-end latencies."""
+    probes before a resume count as their end-to-end latencies. `pipeline_overhead`: rank 0's, measured before the
+    probes, which the status checks plan with."""
     if cfg.probes.design != "adaptive":
         yield from probes[first:]
         design.stopping_reason = GRID_DONE
@@ -63,7 +65,7 @@ def probe_sequence(
                     e2e_ms,
                     last_s,
                     time.perf_counter() - t_probes + spent_before,
-                    design.pipeline_overhead,
+                    pipeline_overhead,
                 )
         decision = pipe.broadcast(decision)
         record_step(design, probes, decision, time.perf_counter() - t_probes + spent_before)

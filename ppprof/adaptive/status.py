@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ppprof.adaptive.uncertainty import model_terms, regressors
+from ppprof.adaptive.uncertainty import model_terms, plan_gradient
 from ppprof.config import PolicyOptions, ProfileConfig
 from ppprof.config.workload import parse_prompt_spec
 from ppprof.fit.build import PROFILE_LATENCY_MODEL, fit_samples
@@ -24,7 +24,7 @@ from ppprof.fit.confidence import LOWER_QUANTILE
 from ppprof.fit.samples import Samples
 from ppprof.policy.builders import build_prompt_rule
 from ppprof.policy.choice import rule_domain
-from ppprof.policy.planners import fixed_chunks
+from ppprof.policy.planners import chunk_latencies_ms, fixed_chunks, ttft_ms
 from ppprof.policy.rule import LatencyModel
 from ppprof.policy.tables import PromptRule
 
@@ -101,9 +101,8 @@ def status_check(cfg: ProfileConfig, pp_size: int, samples: Samples, pipeline_ov
     model = LatencyModel.from_dict(policy["latency_model"])
     calibration, overhead_ms = policy["calibration"], policy["overhead"]["ms_per_chunk"]
     planning = model.planning(calibration, overhead_ms)
-    if (
-        policy["status"] == "static"
-    ):  # it carries the best fixed chunk: the gain is the prompt-aware rule's, built again
+    # A static policy carries the best fixed chunk: the gain is the prompt-aware rule's, built again.
+    if policy["status"] == "static":
         rule, _ = build_prompt_rule(planning, rule_domain(settings, policy["domain"], options.extrapolate), pp_size)
     else:
         rule = PromptRule.from_dict(policy["prompt_table"])
@@ -122,23 +121,19 @@ def mean_ttft_gradient(
 ) -> tuple[float, np.ndarray]:
     """The weighted mean TTFT of `plans` on the planning model and its gradient in `model`'s coefficients
     (model_terms order; the calibration's linear_scale multiplies c and b), each plan's slowest chunk held."""
-    terms = model_terms(model.name)
-    factor = np.array([scale if t in ("c", "b") else 1.0 for t in terms])
-    total, grad = 0.0, np.zeros(len(terms))
+    factor = np.array([scale if t in ("c", "b") else 1.0 for t in model_terms(model.name)])
+    total, grad = 0.0, np.zeros(len(factor))
     for chunks, w in zip(plans, weights):
-        pos = np.concatenate([[0], np.cumsum(chunks)[:-1]])
-        t = planning.chunk_latency_ms(pos, chunks)
-        Z = regressors(model.name, pos, chunks) * factor
-        slowest = int(np.argmax(t))
-        total += w * (float(t.sum()) + (pp_size - 1) * float(t[slowest]))
-        grad += w * (Z.sum(axis=0) + (pp_size - 1) * Z[slowest])
+        t = chunk_latencies_ms(planning, chunks)
+        total += w * ttft_ms(t, pp_size)
+        grad += w * plan_gradient(model.name, chunks, t, pp_size, factor)
     return total, grad
 
 
 def gain_need(check: StatusCheck, margin: float) -> float | None:
     """The factor by which the gain's variance must shrink for the status to be sure (`margin` of it), or None where
     the check has no gain to resolve (a failed check, or already sure)."""
-    if check.sure or check.gradient is None:
+    if check.gradient is None:  # status_check leaves it None for a sure status
         return None
     spread = check.spread()
     return margin * min(1.0, (check.tolerance() / spread) ** 2) if spread > 0 and math.isfinite(spread) else margin

@@ -40,8 +40,6 @@ class DesignState:
     history: list[dict] = field(default_factory=list)
     """One entry a design step: requests and seconds so far, the status and how sure, the table's and the TTFT's
     stability."""
-    pipeline_overhead: dict | None = None
-    """Rank 0: run.json's pipeline_overhead, measured before the probes; the status checks plan with it."""
 
 
 @dataclass(slots=True)

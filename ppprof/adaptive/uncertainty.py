@@ -85,6 +85,15 @@ def regressors(name: str, prefix_len, chunk_size) -> np.ndarray:
     return design("prefix", prefix_len, chunk_size, model_terms(name))
 
 
+def plan_gradient(name: str, chunks: list[int], latencies_ms, pp_size: int, factor=1.0) -> np.ndarray:
+    """d(TTFT of the plan `chunks`)/d(theta) of model `name`, the plan and its slowest chunk (by `latencies_ms`)
+    held: the chunks' regressors summed, the slowest's P - 1 times more; `factor` multiplies each column (a
+    calibration's linear scale on c and b)."""
+    pos = np.concatenate([[0], np.cumsum(chunks)[:-1]])
+    Z = regressors(name, pos, chunks) * factor
+    return Z.sum(axis=0) + (pp_size - 1) * Z[int(np.argmax(latencies_ms))]
+
+
 def as_fitted(name: str, coefs: np.ndarray, chunk_size) -> bool:
     """Whether least-squares coefficients are what fit_model would return on the same rows (`chunk_size`: theirs):
     non-negative (prefix: no term to drop; pairs: the bounded solution, its h of either sign where pairs_hold), or

@@ -41,9 +41,9 @@ def run_probes(run: RankRun[ProfileState]) -> None:
         bar = tqdm(total=total, desc="profile", unit="req", file=sys.stderr, disable=None, dynamic_ncols=True)
     # A resumed adaptive design costs its next batch from every probe that ran, those before the interruption too.
     e2e_ms = resumed_latencies(run.folder.samples, run.state.probes[:first]) if run.rank == 0 else []
-    run.state.design.pipeline_overhead = run.state.overhead  # rank 0's; what the design's status checks plan with
+    state = run.state
     for probe in probe_sequence(
-        run.pipe, run.cfg, run.state.probes, run.state.design, run.folder.samples, e2e_ms, run.state.t_probes, first
+        run.pipe, run.cfg, state.probes, state.design, run.folder.samples, e2e_ms, state.t_probes, first, state.overhead
     ):
         timings = runner.run_probe(probe, on_request=bar.update if bar is not None else None)
         stage_ms = run.pipe.all_gather(timings.stage_ms)

@@ -78,6 +78,21 @@ def read_until(p: subprocess.Popen, text: str, rank: int | None = None) -> list[
     raise AssertionError(f"{text!r} never came:\n" + "".join(lines[-30:]))
 
 
+def interrupt(args: tuple[str, ...], text: str, after_s: float = 0.0) -> tuple[int, str]:
+    """`ppprof profile ARGS`, sent SIGINT `after_s` seconds after rank 0 logs `text`: (its exit code, the stderr
+    left after that line)."""
+    p = start("profile", *args)
+    try:
+        read_until(p, text, rank=0)
+        time.sleep(after_s)
+        p.send_signal(signal.SIGINT)
+        rest = p.stderr.read()
+        p.wait(timeout=60)
+    finally:
+        p.kill()
+    return p.returncode, rest
+
+
 def resume(out: Path, *flags: str) -> dict:
     """`ppprof profile --resume out` with `flags`, run to its end (exit 0); its run.json."""
     r = subprocess.run(
@@ -316,16 +331,10 @@ def test_a_run_stopped_while_it_measures_the_pipeline_overhead_resumes_from_that
         "--seed",
         "5",
     )
-    p = start("profile", "--out", str(out), *short, "--overhead-repeats", "100")  # 300 prompts: many seconds
-    try:
-        read_until(p, "pools: KV", rank=0)  # the stage is built; the overhead phase, before the probes, is next
-        time.sleep(1.5)  # building ends within milliseconds of that line; the overhead phase takes far longer
-        p.send_signal(signal.SIGINT)
-        rest = p.stderr.read()
-        p.wait(timeout=60)
-    finally:
-        p.kill()
-    assert p.returncode == 130, rest[-3000:]
+    # the stage is built at "pools: KV"; the overhead phase (300 prompts: many seconds), before the probes, is next,
+    # and building ends within milliseconds of that line
+    code, rest = interrupt(("--out", str(out), *short, "--overhead-repeats", "100"), "pools: KV", after_s=1.5)
+    assert code == 130, rest[-3000:]
     assert "pipeline overhead: " not in rest and "probe 0 (" not in rest  # stopped in the overhead phase
     run = json.loads((out / "run.json").read_text())
     assert run["status"] == "interrupted" and "pipeline_overhead" not in run
@@ -386,15 +395,9 @@ def test_an_adaptive_run_stopped_between_probes_resumes_where_its_design_left_of
     short = ("--model", "tiny-dense", "--base-chunk-size", "64", "--context-len", "2048", "--design", "adaptive")
     short += ("--warmup", "1", "--no-fit")
     short += ("--overhead-repeats", "1", "--packed-forwards", "0", "--seed", "5")
-    p = start("profile", "--out", str(out), *short)
-    try:
-        read_until(p, "probe 0 (design", rank=0)  # its rows are on disk; rank 0 now fits them to choose probe 1
-        p.send_signal(signal.SIGINT)
-        rest = p.stderr.read()
-        p.wait(timeout=60)
-    finally:
-        p.kill()
-    assert p.returncode == 130, rest[-3000:]
+    # at "probe 0 (design" its rows are on disk, and rank 0 fits them to choose probe 1
+    code, rest = interrupt(("--out", str(out), *short), "probe 0 (design")
+    assert code == 130, rest[-3000:]
     kept = pd.read_csv(out / "samples.csv")
     assert kept["probe"].nunique() < MIN_STEPS  # the design cannot have stopped yet
 
