@@ -5,9 +5,10 @@ import pandas as pd
 import pytest
 
 from ppprof.fit import fit, fit_run
+from ppprof.fit.build import rechoose
 from ppprof.fit.selection import warmup_rows
 from ppprof.fit.synthetic import make_samples, write_run_dir
-from ppprof.policy import SCHEMA_VERSION, load, validate
+from ppprof.policy import SCHEMA_VERSION, load, save, validate
 from ppprof.policy.rule import LatencyModel
 
 PREFIX_TRUE = LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=4e-4)
@@ -166,3 +167,16 @@ def test_without_run_json_the_rules_are_chosen_for_the_samples_stage_columns(tmp
     r = CliRunner().invoke(main, ["fit", str(csv), "--base-chunk-size", "4096", "--context-len", "65536"])
     assert r.exit_code == 0, r.output
     assert "note: no run.json beside" in r.stderr and "its 4 stage columns" in r.stderr
+
+
+def test_a_static_policy_may_carry_a_target_that_is_not_positive(tmp_path):
+    """Noisy timings on a tiny model can fit a latency that grows with the prefix only (the coefficients are not
+    negative, so a = b = 0 and T = 0; a 4-rank MLA profile in CI did): the fit says static, naming the target, and the
+    policy it writes validates; a dynamic policy with that target is refused."""
+    _, data = fit(run_dir(tmp_path) / "samples.csv")
+    flat = LatencyModel("prefix", a=0.0, b=0.0, c=5.0, g=4e-4)
+    static = rechoose(data, flat, "static", f"target latency {flat.target_ms(4096):.4g} ms is not positive")
+    assert static["target_latency_ms"] == 0 and static["reason"] == "target latency 0 ms is not positive"
+    assert validate(load(save(tmp_path / "static.json", static))).startswith("static")
+    with pytest.raises(ValueError, match=r"\$.target_latency_ms: 0.0 is less than or equal to the minimum of 0"):
+        save(tmp_path / "dynamic.json", static | {"status": "dynamic"})
