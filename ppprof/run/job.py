@@ -4,11 +4,13 @@ check what the ranks need once, take the run folder's lock and launch this node'
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from ppprof.config import ProfileConfig
 from ppprof.distributed.launch import Outcome, in_worker, launch, num_nodes
@@ -46,7 +48,7 @@ def start(
             local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
             # Across nodes a rank may start after rank 0 wrote into --out: rank 0 checks it (ppprof.run.profile_job).
             check_before_launch(profile, world_size, local, torchrun, overwrite, resume, folder=world_size == local)
-        return rank_main(settings, fault)
+        leave(rank_main(settings, fault))
     world_size = num_nodes(torchrun.get("nnodes")) * profile.parallelism.nproc_per_node
     one_node = world_size == profile.parallelism.nproc_per_node
     (world_check or (lambda n: None))(world_size)
@@ -79,6 +81,20 @@ def start(
         release_lock(profile.job.out)
         if created:
             remove_if_empty(profile.job.out)
+
+
+def leave(code: int) -> NoReturn:
+    """End a rank that ran its job and left its process group: flush its logs and streams, then exit with `code`
+    without the interpreter's finalization. The watchdog's daemon threads and the C++ objects of gloo and of the
+    launcher's store are still alive then, and tearing them down at exit can abort the process after its run was
+    written (a rank of a CI run died of SIGABRT there)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or its reader is gone
+            pass
+    os._exit(code)
 
 
 def claim_out(out: str) -> bool:
