@@ -56,7 +56,7 @@ def probe_sequence(
             last_s = sum(e2e_ms[-1]) / 1e3 if e2e_ms else 0.0
         decision = None
         with agreed(pipe, "choose the next probe"):
-            if pipe.rank == 0:
+            if pipe.global_rank == 0:  # under TP, stage 0's other ranks have pipe.rank 0 too
                 decision = choose(
                     cfg,
                     pipe.world_size,

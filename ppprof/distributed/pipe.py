@@ -93,6 +93,12 @@ class Pipe:
         """This stage's TP group (None without a mesh)."""
         return None if self.mesh is None else self.mesh.tp
 
+    @property
+    def global_rank(self) -> int:
+        """This rank's place among all of the mesh's ranks (0: the rank that writes the run folder and chooses the
+        adaptive design's probes); `rank` is its stage."""
+        return self.rank if self.mesh is None else self.mesh.coords.rank
+
     def peer(self, stage: int) -> int:
         """The global rank this rank talks to on `stage` (its own TP rank there)."""
         return stage if self.mesh is None else self.mesh.coords.global_rank(stage)
