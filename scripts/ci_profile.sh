@@ -8,7 +8,8 @@
 #           (results/baseline*/ whose run.json names it), else results/baseline;
 #           also $PPPROF_BASELINE. `none` profiles and validates without comparing (to make a first baseline: commit
 #           the run folder it leaves, `git add -f`, since results/*/ is ignored).
-# PROFILE_OPTIONS  more `ppprof profile` options, e.g. -- --nproc-per-node 8 (flags win over CONFIG).
+# PROFILE_OPTIONS  more `ppprof profile` options, e.g. -- --nproc-per-node 8 (flags win over CONFIG). Without
+#           --design here or in CONFIG, the profile runs the baseline's design (its run.json's; grid if it has none).
 # $PPPROF_ARTIFACTS  the artifacts folder (default ci-artifacts/<UTC time>): run/ (samples.csv, run.json,
 #           policy.json, plots, rank logs), compare.txt, compare.json, compare.png.
 # $PPPROF_TOLERANCE  `ppprof compare --tolerance` items, e.g. ttft=0.1,samples=0.1.
@@ -64,6 +65,25 @@ echo "ci_profile: artifacts in $artifacts; baseline $baseline"
 [ "${PPPROF_CI_SETUP:-1}" = 0 ] || bash scripts/setup.sh
 ppprof() { .venv/bin/python -m ppprof "$@"; }
 profile_options=(${config:+--config "$config"} "${extra[@]}")
+# The profile is compared cell by cell with the baseline, so it runs the baseline's probe design (its run.json's
+# design; grid where it records none) unless the options or CONFIG choose one: the default adaptive design picks its
+# cells from its own rows, and would share too few of them with a grid baseline to tell the machine's level.
+baseline_design() {
+  local run_json=$1
+  [ -d "$1" ] && run_json="$1/run.json" || run_json="$(dirname "$1")/run.json"
+  .venv/bin/python - "$run_json" <<'PY'
+import json, sys
+try:
+    design = json.load(open(sys.argv[1])).get("design")
+except (OSError, ValueError):
+    design = None
+print(design.get("design", "grid") if isinstance(design, dict) else "grid")
+PY
+}
+if [ "$baseline" != none ] && [[ " ${extra[*]} " != *" --design"* ]] \
+  && { [ -z "$config" ] || ! grep -qE '^[[:space:]]*design[[:space:]]*:' "$config"; }; then
+  profile_options+=(--design "$(baseline_design "$baseline")")
+fi
 tolerance=(${PPPROF_TOLERANCE:+--tolerance "$PPPROF_TOLERANCE"})
 
 for attempt in $(seq 1 "$attempts"); do

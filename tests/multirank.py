@@ -29,5 +29,18 @@ def run_cli(
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO, env=env)
 
 
-# Small enough for a 2-core machine: tiny model, few short requests, no fit.
-TINY = ("--base-chunk-size", "32", "--requests-per-probe", "8", "--prefix-lens", "32,64", "--warmup", "1", "--no-fit")
+# Small enough for a 2-core machine: tiny model, few short requests, no fit; the grid design, whose probes these
+# tests name (the default adaptive design plans dynamic chunks, which needs B of at least the alignment, 64).
+TINY = (
+    "--base-chunk-size",
+    "32",
+    "--requests-per-probe",
+    "8",
+    "--prefix-lens",
+    "32,64",
+    "--warmup",
+    "1",
+    "--no-fit",
+    "--design",
+    "grid",
+)

@@ -105,3 +105,23 @@ def test_ci_checks_the_format_and_the_lint_before_the_tests_with_the_pinned_ruff
     assert order == sorted(order) and order[-1] < lines.index("bash scripts/test.sh")
     extras = (REPO / "pyproject.toml").read_text()
     assert re.search(r'^test = \[.*"ruff==[0-9.]+"', extras, re.M), "ruff is pinned in the test extras"
+
+
+def test_the_profile_job_profiles_with_the_baselines_design(tmp_path):
+    """The CI profile is compared cell by cell with the baseline, so it runs the baseline's probe design: the one its
+    run.json records (beside a policy file too), grid where it records none or cannot be read."""
+    function = re.search(r"^baseline_design\(\) \{.*?^\}$", SCRIPT.read_text(), re.S | re.M).group(0)
+
+    def design_of(path) -> str:
+        script = f"{function}\nbaseline_design {shlex.quote(str(path))}"
+        out = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    assert design_of(REPO / "results/baseline") == "grid"
+    adaptive = tmp_path / "adaptive"
+    adaptive.mkdir()
+    (adaptive / "run.json").write_text('{"design": {"design": "adaptive", "steps": 3}}')
+    assert design_of(adaptive) == "adaptive" and design_of(adaptive / "policy.json") == "adaptive"
+    (adaptive / "run.json").write_text("{not json")
+    assert design_of(adaptive) == "grid" and design_of(tmp_path / "policy.json") == "grid"

@@ -83,11 +83,12 @@ def test_design_settings_are_checked():
 
     from ppprof.config import ProfileConfig
 
-    assert ProfileConfig().probes.design == "grid"
+    assert ProfileConfig().probes.design == "adaptive"
     with pytest.raises(ValueError, match="--design 'dense' is unknown: use one of grid, adaptive"):
         ProfileConfig(design="dense")
     with pytest.raises(ValueError, match="--max-requests 64 bounds the adaptive design only"):
-        ProfileConfig(max_requests=64)
+        ProfileConfig(max_requests=64, design="grid")
+    assert ProfileConfig(max_requests=64).request_budget == 64  # the default design takes it
     with pytest.raises(ValueError, match="--max-seconds 0 must be a positive number"):
         ProfileConfig(design="adaptive", max_seconds=0)
     cfg = ProfileConfig(design="adaptive", requests_per_probe=64, max_seconds=3)
@@ -135,9 +136,13 @@ def test_a_base_chunk_below_the_alignment_is_refused_only_where_a_rule_is_needed
     message = r"--base-chunk-size 32 is below the chunk alignment 64 = max\(--page-size 1, 64\)"
     with pytest.raises(ValueError, match=message):
         ProfileConfig(base_chunk_size=32)
-    with pytest.raises(ValueError, match=message):
-        ProfileConfig(base_chunk_size=32, fit=False, design="adaptive")
-    assert ProfileConfig(base_chunk_size=32, fit=False).probes.base_chunk_size == 32  # samples only: no rule to check
+    # without the fit, the default adaptive design still plans dynamic chunks, and says how to profile samples alone
+    with pytest.raises(
+        ValueError, match=message + r".* \(the adaptive design plans them; --design grid probes any B\)$"
+    ):
+        ProfileConfig(base_chunk_size=32, fit=False)
+    grid = ProfileConfig(base_chunk_size=32, fit=False, design="grid")  # samples only: no rule to check
+    assert grid.probes.base_chunk_size == 32
 
 
 def test_chunks_split_evenly_over_the_tp_ranks():

@@ -53,7 +53,7 @@ PROFILE_OPTIONS = (
     (
         ("--overhead-repeats",),
         dict(type=int),
-        "Rounds of fixed plans at B/4, B and 2B run pipelined after the probes to measure the per-chunk "
+        "Rounds of fixed plans at B/4, B and 2B run pipelined before the probes to measure the per-chunk "
         f"pipeline overhead; 0: not measured. {shown('overhead_repeats')}",
     ),
     (
@@ -67,11 +67,15 @@ PROFILE_OPTIONS = (
     (
         ("--design",),
         dict(type=click.Choice(DESIGNS)),
-        "grid: the sweep and a probe per prefix length; adaptive: a small D-optimal design, then the "
-        "requests that most reduce the uncertainty of the policy's decision, until its status is sure and its "
-        f"tables stable. {shown('design')}",
+        "adaptive: a small D-optimal design, then the requests that most reduce the uncertainty of the policy's "
+        "decision, until its status is sure and its tables stable; grid: the sweep and a probe per prefix length. "
+        f"{shown('design')}",
     ),
-    (("--max-requests",), dict(type=int), "Adaptive design: at most this many timed requests. [no limit]"),
+    (
+        ("--max-requests",),
+        dict(type=int),
+        "Adaptive design: at most this many timed requests. [as many as the grid design runs]",
+    ),
     (("--max-seconds",), dict(type=float), "Adaptive design: stop adding probes after this much probing. [no limit]"),
     (
         ("--prompt-lens",),

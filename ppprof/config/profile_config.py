@@ -102,13 +102,18 @@ class ProfileConfig:
         rule = (
             self.fit.fit or self.probes.design == "adaptive"
         )  # the rule the policy will carry, or the design makes certain
-        check_base_chunk(
-            self.probes.base_chunk_size,
-            self.pools.page_size,
-            self.parallelism.tp_size,
-            0 if rule else None,
-            probes=True,
-        )
+        try:
+            check_base_chunk(
+                self.probes.base_chunk_size,
+                self.pools.page_size,
+                self.parallelism.tp_size,
+                0 if rule else None,
+                probes=True,
+            )
+        except ValueError as e:
+            if not rule or self.fit.fit:
+                raise
+            raise ValueError(f"{e} (the adaptive design plans them; --design grid probes any B)") from None
         if self.max_probe_chunk_size > self.probes.context_len:
             raise ValueError(
                 f"--base-chunk-size {self.probes.base_chunk_size} (largest probe chunk {self.max_probe_chunk_size}) exceeds "

@@ -27,8 +27,21 @@ from ppprof.policy import load
 from ppprof.runfiles import stage_column
 
 PPPROF = [sys.executable, "-m", "ppprof"]
-GRIDS = {"old grid (B, 2B, 4B)": ["--prefix-lens", "512,1024,2048"], "new grid (whole context)": []}
-VALIDATION = ["--base-chunk-size", "400", "--prefix-lens", "800,3000,9000,20000,30000", "--seed", "7", "--no-fit"]
+GRIDS = {
+    "old grid (B, 2B, 4B)": ["--design", "grid", "--prefix-lens", "512,1024,2048"],
+    "new grid (whole context)": ["--design", "grid"],
+}
+VALIDATION = [
+    "--design",
+    "grid",
+    "--base-chunk-size",
+    "400",
+    "--prefix-lens",
+    "800,3000,9000,20000,30000",
+    "--seed",
+    "7",
+    "--no-fit",
+]
 PROMPTS = (8192, 32768)
 RANKED = ("fixed-best", "greedy", "optimal")
 
@@ -89,7 +102,7 @@ def main() -> None:
         "grids": {},
     }
     for name, flags in GRIDS.items():
-        folder = out / ("grid-new" if not flags else "grid-old")
+        folder = out / ("grid-new" if len(flags) == 2 else "grid-old")
         run(["profile", "--out", str(folder / "profile"), *flags])
         run(
             [

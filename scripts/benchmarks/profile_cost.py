@@ -2,7 +2,7 @@
 
 Profiles, interleaved seed by seed (sweep, grid, adaptive, sweep, grid, adaptive, ...):
 - sweep: the SGLang-equivalent profile, the 128-request prefix-free sweep only (`--prefix-lens ''`);
-- grid: today's default, the sweep and one 128-request probe per prefix length (`--design grid`);
+- grid: the fixed design (the default before 2026-12-05), the sweep and one 128-request probe per prefix length (`--design grid`);
 - adaptive: `--design adaptive`;
 and first a dense validation profile none of them saw (7 other prefix lengths across the context, another seed).
 For each profile: probing wall time (run.json probe_wall_s: warm-up, probes and, for adaptive, its fits) as a
@@ -34,7 +34,11 @@ from ppprof.policy.rule import LatencyModel
 from ppprof.runfiles import stage_column
 
 PPPROF = [sys.executable, "-m", "ppprof", "profile"]
-KINDS = {"sweep": ["--prefix-lens", ""], "grid": ["--design", "grid"], "adaptive": ["--design", "adaptive"]}
+KINDS = {
+    "sweep": ["--design", "grid", "--prefix-lens", ""],
+    "grid": ["--design", "grid"],
+    "adaptive": ["--design", "adaptive"],
+}
 VALIDATION_FRACTIONS = (0.025, 0.06, 0.14, 0.27, 0.49, 0.73, 0.97)
 """The validation profile's prefix lengths, as fractions of the deepest prefix the context allows."""
 VALIDATION_SEED = 1000
@@ -148,7 +152,14 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     common = SMALL if args.small else []
     prefixes = validation_prefixes(common)
-    vflags = common + ["--prefix-lens", ",".join(map(str, prefixes)), "--seed", str(VALIDATION_SEED)]
+    vflags = common + [
+        "--design",
+        "grid",
+        "--prefix-lens",
+        ",".join(map(str, prefixes)),
+        "--seed",
+        str(VALIDATION_SEED),
+    ]
     vrun = profile(out / "validation", vflags)
     validation = pd.read_csv(out / "validation" / "samples.csv")
     dense_table = load(out / "validation" / "policy.json").data["table"]

@@ -8,7 +8,7 @@ what the holdout's own fit (the same latency model, fitted to the holdout's rows
 which no model fitted elsewhere can beat.
 
 Usage: python scripts/experiments/holdout.py POLICY HOLDOUT_RUN [-o results/holdout/holdout.json]
-  e.g. ppprof profile --seed 1 --prefix-lens 3000 --prefix-lens 9000 --prefix-lens 20000 --out /tmp/holdout
+  e.g. ppprof profile --design grid --seed 1 --prefix-lens 3000 --prefix-lens 9000 --prefix-lens 20000 --out /tmp/holdout
        python scripts/experiments/holdout.py results/baseline/policy.json /tmp/holdout
 """
 

@@ -35,7 +35,7 @@ def test_the_adaptive_design_starts_with_one_probe_of_its_initial_design():
 
 
 def test_a_grid_profile_starts_with_every_grid_probe():
-    cfg = ProfileConfig(requests_per_probe=16, base_chunk_size=128)
+    cfg = ProfileConfig(requests_per_probe=16, base_chunk_size=128, design="grid")
     assert initial_probes(cfg) == make_probes(cfg)
     check(cfg)  # nothing to check for the grid design
 
@@ -70,6 +70,7 @@ def test_a_resumed_adaptive_run_takes_back_the_probes_its_design_ran(tmp_path):
     write_samples(path, samples_frame([probes[0], probes[2]], [stage_ms[0], stage_ms[2]], [latencies[0], latencies[2]]))
     assert resumed_probes(cfg, path) == probes[:1]
     # a grid run resumes its synthesized probes; an empty samples.csv, the initial design
-    assert resumed_probes(ProfileConfig(base_chunk_size=128), path) == make_probes(ProfileConfig(base_chunk_size=128))
+    grid = ProfileConfig(base_chunk_size=128, design="grid")
+    assert resumed_probes(grid, path) == make_probes(grid)
     path.write_text("")
     assert resumed_probes(cfg, path) == probes[:1]

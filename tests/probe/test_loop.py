@@ -34,7 +34,9 @@ def make_runner(max_mamba_cache_size=8, fault=None):
 def test_probe_times_every_request_and_leaves_pools_full(one_rank_group):
     runner = make_runner()
     probes = make_probes(
-        ProfileConfig(base_chunk_size=32, requests_per_probe=8, page_size=4, prefix_lens=(64,), fit=False)
+        ProfileConfig(
+            base_chunk_size=32, requests_per_probe=8, page_size=4, prefix_lens=(64,), fit=False, design="grid"
+        )
     )
     assert [len(p.requests) for p in probes] == [8, 3, 8]  # the sweep, the wide probe, the prefix probe
     for probe in probes:

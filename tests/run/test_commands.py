@@ -24,9 +24,12 @@ from ppprof.run.settings import resolve_config
         (["--attention-backend", "fast"], "Invalid value for '--attention-backend'"),
         (["--device", "cuda", "--start-method", "fork"], "--start-method fork cannot be used with --device cuda"),
         (["--design", "random"], "Invalid value for '--design'"),
-        (["--max-requests", "100"], "--max-requests 100 bounds the adaptive design only: add --design adaptive"),
-        (["--max-seconds", "5"], "--max-seconds 5.0 bounds the adaptive design only"),
-        (["--design", "adaptive", "--max-requests", "5"], "--max-requests 5 is below the 12 requests of the adaptive"),
+        (
+            ["--design", "grid", "--max-requests", "100"],
+            "--max-requests 100 bounds the adaptive design only: add --design adaptive",
+        ),
+        (["--design", "grid", "--max-seconds", "5"], "--max-seconds 5.0 bounds the adaptive design only"),
+        (["--max-requests", "5"], "--max-requests 5 is below the 12 requests of the adaptive"),  # the default design
         (["--design", "adaptive", "--max-requests", "0"], "--max-requests 0 must be an integer in 1..1000000"),
         (["--design", "adaptive", "--max-seconds", "-1"], "--max-seconds -1.0 must be a positive number of seconds"),
         (
@@ -41,6 +44,10 @@ from ppprof.run.settings import resolve_config
             ["--base-chunk-size", "32"],
             "--base-chunk-size 32 is below the chunk alignment 64 = max(--page-size 1, 64) "
             "that dynamic chunks are multiples of: use --base-chunk-size 64 or more",
+        ),
+        (
+            ["--base-chunk-size", "32", "--no-fit"],
+            "use --base-chunk-size 64 or more (the adaptive design plans them; --design grid probes any B)",
         ),
     ],
 )

@@ -83,6 +83,8 @@ def test_deltanet_states_in_a_mamba_pool_smaller_than_the_probe_leave_no_leak(tm
         "--overhead-repeats",
         "0",
         "--no-fit",
+        "--design",
+        "grid",
     )
     assert r.returncode == 0, r.stderr[-3000:]
     samples = pd.read_csv(out / "samples.csv")

@@ -37,6 +37,8 @@ LONG = (
     "--warmup",
     "1",
     "--no-fit",
+    "--design",
+    "grid",
     "--seed",
     "5",
 )
@@ -47,6 +49,7 @@ LONG_SETTINGS = {
     "prefix_lens": "32,64,96,128,160,192,224,256",
     "warmup": 1,
     "fit": False,
+    "design": "grid",
     "seed": 5,
 }
 """LONG as the settings of a job (ppprof.run.settings.resolve_config)."""
@@ -328,6 +331,8 @@ def test_a_run_stopped_while_it_measures_the_pipeline_overhead_resumes_from_that
         "--warmup",
         "1",
         "--no-fit",
+        "--design",
+        "grid",
         "--seed",
         "5",
     )

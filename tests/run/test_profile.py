@@ -37,6 +37,8 @@ def test_profile_with_a_mamba_cache_much_smaller_than_the_requests_completes(tmp
         "--warmup",
         "1",
         "--no-fit",
+        "--design",
+        "grid",
     )
     assert r.returncode == 0, r.stderr[-3000:]
     samples, run = read_run(out)
@@ -136,6 +138,8 @@ def test_leaked_mamba_slots_are_named_when_the_pool_runs_dry_before_the_leak_che
         "--max-mamba-cache-size",
         "8",
         "--no-fit",
+        "--design",
+        "grid",
         "--inject-fault",
         "skip-mamba-release",
     )
