@@ -319,23 +319,7 @@ def test_sigint_keeps_the_samples_and_resume_gives_the_probes_of_an_uninterrupte
 
 def test_a_run_stopped_while_it_measures_the_pipeline_overhead_resumes_from_that_phase(tmp_path):
     out = tmp_path / "run"
-    short = (
-        "--model",
-        "tiny-dense",
-        "--base-chunk-size",
-        "32",
-        "--requests-per-probe",
-        "8",
-        "--prefix-lens",
-        "32,64",
-        "--warmup",
-        "1",
-        "--no-fit",
-        "--design",
-        "grid",
-        "--seed",
-        "5",
-    )
+    short = ("--model", "tiny-dense", *TINY, "--seed", "5")
     # the stage is built at "pools: KV"; the overhead phase (300 prompts: many seconds), before the probes, is next,
     # and building ends within milliseconds of that line
     code, rest = interrupt(("--out", str(out), *short, "--overhead-repeats", "100"), "pools: KV", after_s=1.5)
