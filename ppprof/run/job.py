@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable
@@ -121,7 +122,33 @@ def remove_if_empty(folder: str | Path) -> None:
 
 def record_outcome(out: str | None, outcome: Outcome) -> int:
     """The launch's exit code, after recording a failure rank 0 could not record (it died) in --out's run.json; a rank
-    that died of a signal is the failure's cause, not what the others said after it."""
+    that died of a signal is the failure's cause, not what the others said after it. A rank that crashed (CRASHES)
+    left its reason in its log, where its C++ messages go: the last lines are printed after the launcher's line."""
     if out and outcome.failure is not None:
         mark_failed(RunFolder(out).run_json, outcome.failure, replace_failure="died of" in outcome.failure)
+        for line in last_words(RunFolder(out), outcome.failure):
+            print(f"error: {line}", file=sys.stderr)
     return outcome.code
+
+
+CRASHES = ("SIGABRT", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL")
+"""The signals a rank raises on itself (a C++ abort, a bad access): its log says why, unlike a SIGKILL from outside."""
+LAST_LINES, LAST_BYTES = 3, 4096
+
+
+def last_words(folder: RunFolder, failure: str) -> list[str]:
+    """For each rank that `failure` says crashed ("rank 0 died of SIGABRT (pid 1)"), the last LAST_LINES lines of its
+    log in `folder` (none where this node has no such log), as "rank 0's log ends: ..."."""
+    out = []
+    for rank, signal in re.findall(r"rank (\d+) died of (SIG[A-Z]+)", failure):
+        if signal not in CRASHES:
+            continue
+        try:
+            with open(folder.rank_log(int(rank)), "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - LAST_BYTES))
+                text = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        lines = [line.strip()[:300] for line in text.splitlines() if line.strip()][-LAST_LINES:]
+        out.extend(f"rank {rank}'s log ends: {line}" for line in lines)
+    return out

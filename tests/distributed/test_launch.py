@@ -157,3 +157,28 @@ def test_torchrun_takes_knows_its_flags_from_torchruns_own_parser():
     # torch 2.11's torchrun has no --shutdown-timeout and refuses a command line that passes it: the launcher asks.
     assert torchrun_takes("--nproc-per-node")
     assert not torchrun_takes("--no-such-torchrun-flag")
+
+
+def test_a_rank_that_crashed_has_its_logs_last_lines_printed(tmp_path, capsys):
+    """A C++ abort writes its reason to the rank's log (descriptor 2 points there), not to the launcher's stderr: a
+    rank that crashed has its log's last lines printed after the launcher's line; a SIGKILL from outside has not."""
+    from ppprof.distributed.launch import Outcome
+    from ppprof.run.job import record_outcome
+
+    lines = [f"[rank 0] 01:57:11 INFO step {i}" for i in range(500)] + [
+        "terminate called after throwing an instance of 'std::runtime_error'",
+        "  what():  a C++ error",
+        "",
+    ]
+    (tmp_path / "rank0.log").write_text("\n".join(lines))
+    (tmp_path / "rank1.log").write_text("[rank 1] 01:57:11 INFO probe 3\n")
+    failure = "rank 0 died of SIGABRT (pid 5); rank 1 stopped after it"
+    assert record_outcome(str(tmp_path), Outcome(1, failure)) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "error: rank 0's log ends: [rank 0] 01:57:11 INFO step 499",
+        "error: rank 0's log ends: terminate called after throwing an instance of 'std::runtime_error'",
+        "error: rank 0's log ends: what():  a C++ error",
+    ]
+    record_outcome(str(tmp_path), Outcome(1, "rank 1 died of SIGKILL (pid 6)"))
+    record_outcome(str(tmp_path / "elsewhere"), Outcome(1, "rank 0 died of SIGSEGV (pid 7)"))  # no log on this node
+    assert capsys.readouterr().err == ""
