@@ -104,6 +104,15 @@ def test_recorded_settings_are_read_back_typed_and_checked():
         ProfileConfig.from_dict({**cfg.to_dict(), "page_size": 0}, "run.json here")
 
 
+def test_a_config_recorded_before_the_design_was_a_setting_reads_as_the_grid():
+    """Such a run ran the grid, the only design then; read with today's default it would resume as adaptive, and a
+    B below the alignment with --no-fit would not read at all."""
+    old = ProfileConfig(base_chunk_size=32, fit=False, design="grid").to_dict()
+    del old["design"]
+    assert ProfileConfig.from_dict(old).probes.design == "grid"
+    assert ProfileConfig.from_dict(ProfileConfig(base_chunk_size=64).to_dict()).probes.design == "adaptive"
+
+
 def test_a_config_recorded_before_the_largest_probe_chunk_was_a_setting_reads_as_1_25b():
     cfg = ProfileConfig(base_chunk_size=512)
     assert cfg.probes.max_probe_chunk_multiple == 4.0 and cfg.max_probe_chunk_size == 2048

@@ -242,9 +242,11 @@ class ProfileConfig:
     @classmethod
     def recorded(cls, d: dict) -> dict:
         """The settings of a recorded config (run.json's) that this ppprof knows; keys of other versions left out. A
-        config recorded before max_probe_chunk_multiple existed probed up to 1.25 B, and reads so."""
+        config recorded before max_probe_chunk_multiple existed probed up to 1.25 B, and one recorded before design
+        existed ran the grid: they read so."""
         known = set(SECTION_OF)
-        return {"max_probe_chunk_multiple": LEGACY_PROBE_MULTIPLE, **{k: v for k, v in d.items() if k in known}}
+        legacy = {"max_probe_chunk_multiple": LEGACY_PROBE_MULTIPLE, "design": "grid"}
+        return {**legacy, **{k: v for k, v in d.items() if k in known}}
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "run.json") -> ProfileConfig:
