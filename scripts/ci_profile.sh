@@ -67,7 +67,8 @@ ppprof() { .venv/bin/python -m ppprof "$@"; }
 profile_options=(${config:+--config "$config"} "${extra[@]}")
 # The profile is compared cell by cell with the baseline, so it runs the baseline's probe design (its run.json's
 # design; grid where it records none) unless the options or CONFIG choose one: the default adaptive design picks its
-# cells from its own rows, and would share too few of them with a grid baseline to tell the machine's level.
+# cells from its own rows and shares a handful with a grid baseline (6 of its 197 cells in one try, one or two a
+# prefix length), where the grid shares them all: the level and the drift at each prefix length rest on those cells.
 baseline_design() {
   local run_json=$1
   [ -d "$1" ] && run_json="$1/run.json" || run_json="$(dirname "$1")/run.json"
