@@ -87,7 +87,7 @@ def check(cfg: ProfileConfig) -> None:
     except ValueError as e:
         raise ValueError(
             f"--design adaptive with --prefix-lens {','.join(map(str, cfg.resolved_prefix_lens()))}: "
-            f"{e}; give at least two prefix lengths (or none, for the default)"
+            f"{e}; give at least two prefix lengths (or none, for the default), or probe them with --design grid"
         ) from None
     if cfg.probes.max_requests is not None and cfg.probes.max_requests < INITIAL_REQUESTS:
         raise ValueError(
