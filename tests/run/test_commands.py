@@ -37,6 +37,7 @@ from ppprof.run.settings import resolve_config
             "--design adaptive with --prefix-lens 512: the candidate grid has 2 prefix lengths",
         ),
         (["--prefix-lens", "512"], "(or none, for the default), or probe them with --design grid"),  # the default
+        (["--prefix-lens", "512", "--dry-run"], "the candidate grid has 2 prefix lengths"),  # as the run refuses it
         (
             ["--design", "adaptive", "--base-chunk-size", "32"],
             "--base-chunk-size 32 is below the chunk alignment 64 = max(--page-size 1, 64)",
