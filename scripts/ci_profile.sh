@@ -9,7 +9,8 @@
 #           also $PPPROF_BASELINE. `none` profiles and validates without comparing (to make a first baseline: commit
 #           the run folder it leaves, `git add -f`, since results/*/ is ignored).
 # PROFILE_OPTIONS  more `ppprof profile` options, e.g. -- --nproc-per-node 8 (flags win over CONFIG). Without
-#           --design here or in CONFIG, the profile runs the baseline's design (its run.json's; grid if it has none).
+#           --design (or --max-requests / --max-seconds, which choose the adaptive one) here or in CONFIG, the
+#           profile runs the baseline's design (its run.json's; grid if it has none, or for a first baseline).
 # $PPPROF_ARTIFACTS  the artifacts folder (default ci-artifacts/<UTC time>): run/ (samples.csv, run.json,
 #           policy.json, plots, rank logs), compare.txt, compare.json, compare.png.
 # $PPPROF_TOLERANCE  `ppprof compare --tolerance` items, e.g. ttft=0.1,samples=0.1.
@@ -81,10 +82,21 @@ except (OSError, ValueError):
 print(design.get("design", "grid") if isinstance(design, dict) else "grid")
 PY
 }
-if [ "$baseline" != none ] && [[ " ${extra[*]} " != *" --design"* ]] \
-  && { [ -z "$config" ] || ! grep -qE '^[[:space:]]*design[[:space:]]*:' "$config"; }; then
-  profile_options+=(--design "$(baseline_design "$baseline")")
-fi
+# The design to add: none where the options or CONFIG choose one (--design, or the adaptive design's budgets
+# --max-requests / --max-seconds, which choose it); else the baseline's, and grid for a first baseline (`none`), so
+# that the profiles later compared with it share its cells.
+chosen_design() {
+  local word
+  for word in "${extra[@]}"; do
+    case $word in --design|--design=*|--max-requests|--max-requests=*|--max-seconds|--max-seconds=*) return ;; esac
+  done
+  if [ -n "$config" ] && grep -qE '^[[:space:]]*(design|max[-_]requests|max[-_]seconds)[[:space:]]*:' "$config"; then
+    return
+  fi
+  if [ "$baseline" = none ]; then echo grid; else baseline_design "$baseline"; fi
+}
+design=$(chosen_design)
+[ -z "$design" ] || profile_options+=(--design "$design")
 tolerance=(${PPPROF_TOLERANCE:+--tolerance "$PPPROF_TOLERANCE"})
 
 for attempt in $(seq 1 "$attempts"); do

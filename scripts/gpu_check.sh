@@ -65,7 +65,7 @@ tail -n 3 "$out/tp-numerics.log" | tee -a "$out/summary.txt"
 profile() {  # name, then ppprof profile options
   local name=$1; shift
   step "profile $name: $*"
-  timeout "$limit" .venv/bin/ppprof profile --device cuda --nproc-per-node "$pp" --out "$out/$name" "$@" \
+  timeout "$limit" .venv/bin/ppprof profile --design grid --device cuda --nproc-per-node "$pp" --out "$out/$name" "$@" \
     > "$out/$name.log" 2>&1 || { status=1; tail -n 5 "$out/$name.log" | tee -a "$out/summary.txt"; return; }
   $PY - "$out/$name" <<'EOF' | tee -a "$out/summary.txt"
 import json, sys
@@ -95,7 +95,7 @@ profile kimi-k2 --model tests/specs/data/kimi_k2/config.json --num-layers $((2 *
 if [ "$ngpu" -ge 4 ]; then
   tp_out="$out/llama3-8b-pp2-tp2"
   step "profile llama3-8b PP2 x TP2 (NCCL)"
-  timeout "$limit" .venv/bin/ppprof profile --device cuda --pp-size 2 --tp-size 2 --nproc-per-node 4 --out "$tp_out" \
+  timeout "$limit" .venv/bin/ppprof profile --design grid --device cuda --pp-size 2 --tp-size 2 --nproc-per-node 4 --out "$tp_out" \
     --model llama3-8b --num-layers 4 --dtype bf16 --base-chunk-size 2048 --page-size 64 --requests-per-probe 32 \
     --prefix-lens 2048,8192,24576 > "$tp_out.log" 2>&1 || { status=1; tail -n 5 "$tp_out.log" | tee -a "$out/summary.txt"; }
   if [ -f "$tp_out/run.json" ]; then

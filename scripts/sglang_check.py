@@ -64,6 +64,8 @@ def profile(out: Path, model: Path, pp: int, base: int, prompt_lens: list[int]) 
     cmd = [
         str(Path(sys.executable).with_name("ppprof")),
         "profile",
+        "--design",
+        "grid",
         "--device",
         "cuda",
         "--nproc-per-node",

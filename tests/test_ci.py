@@ -125,3 +125,33 @@ def test_the_profile_job_profiles_with_the_baselines_design(tmp_path):
     assert design_of(adaptive) == "adaptive" and design_of(adaptive / "policy.json") == "adaptive"
     (adaptive / "run.json").write_text("{not json")
     assert design_of(adaptive) == "grid" and design_of(tmp_path / "policy.json") == "grid"
+
+
+def test_the_profile_job_adds_a_design_only_where_none_is_chosen(tmp_path):
+    """--design, or the adaptive design's budgets, in the options or CONFIG choose the design; otherwise the
+    baseline's is added, and grid for a first baseline (`none`), so that later profiles share its cells."""
+    text = SCRIPT.read_text()
+    functions = "\n".join(
+        re.search(rf"^{name}\(\) \{{.*?^\}}$", text, re.S | re.M).group(0)
+        for name in ("baseline_design", "chosen_design")
+    )
+    adaptive = tmp_path / "adaptive"
+    adaptive.mkdir()
+    (adaptive / "run.json").write_text('{"design": {"design": "adaptive"}}')
+    budget = tmp_path / "budget.yaml"
+    budget.write_text("model: tiny-dense\nmax-seconds: 30\n")
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("model: tiny-dense\n")
+
+    def chosen(baseline, config="", *extra: str) -> str:
+        words = " ".join(shlex.quote(w) for w in extra)
+        script = f"{functions}\nbaseline={shlex.quote(str(baseline))}\nconfig={shlex.quote(str(config))}\nextra=({words})\nchosen_design"
+        out = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    assert chosen(REPO / "results/baseline") == "grid" and chosen(adaptive) == "adaptive"
+    assert chosen("none") == "grid" and chosen("none", plain) == "grid"
+    for extra in (["--design", "adaptive"], ["--max-seconds", "30"], ["--max-requests=100"]):
+        assert chosen(REPO / "results/baseline", "", "--nproc-per-node", "2", *extra) == "", extra
+    assert chosen(REPO / "results/baseline", budget) == ""

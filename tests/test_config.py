@@ -147,11 +147,17 @@ def test_a_base_chunk_below_the_alignment_is_refused_only_where_a_rule_is_needed
         ProfileConfig(base_chunk_size=32)
     # without the fit, the default adaptive design still plans dynamic chunks, and says how to profile samples alone
     with pytest.raises(
-        ValueError, match=message + r".* \(the adaptive design plans them; --design grid probes any B\)$"
+        ValueError, match=message + r".* \(the adaptive design plans them; --design grid probes a smaller B\)$"
     ):
         ProfileConfig(base_chunk_size=32, fit=False)
     grid = ProfileConfig(base_chunk_size=32, fit=False, design="grid")  # samples only: no rule to check
     assert grid.probes.base_chunk_size == 32
+    # a B the grid refuses too (below the unit every probe chunk splits over the TP ranks in) gets no such hint
+    with pytest.raises(
+        ValueError, match=r"--base-chunk-size 20 is smaller than 48 = lcm\(--page-size 16, --tp-size 6\)"
+    ) as e:
+        ProfileConfig(base_chunk_size=20, page_size=16, tp_size=6, pp_size=1, fit=False)
+    assert "--design grid" not in str(e.value)
 
 
 def test_chunks_split_evenly_over_the_tp_ranks():

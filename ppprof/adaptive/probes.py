@@ -86,8 +86,9 @@ def check(cfg: ProfileConfig) -> None:
         initial_probes(cfg)
     except ValueError as e:
         raise ValueError(
-            f"--design adaptive with --prefix-lens {','.join(map(str, cfg.resolved_prefix_lens()))}: "
-            f"{e}; give at least two prefix lengths (or none, for the default), or probe them with --design grid"
+            f"the adaptive design (the default) with --prefix-lens {','.join(map(str, cfg.resolved_prefix_lens()))}: "
+            f"{e}; give at least two prefix lengths, or leave --prefix-lens out for the default ones, or probe "
+            "these with --design grid"
         ) from None
     if cfg.probes.max_requests is not None and cfg.probes.max_requests < INITIAL_REQUESTS:
         raise ValueError(

@@ -113,7 +113,11 @@ class ProfileConfig:
         except ValueError as e:
             if not rule or self.fit.fit:
                 raise
-            raise ValueError(f"{e} (the adaptive design plans them; --design grid probes any B)") from None
+            # the adaptive design alone needs the rule here: say so where the grid design would take this B
+            check_base_chunk(
+                self.probes.base_chunk_size, self.pools.page_size, self.parallelism.tp_size, None, probes=True
+            )
+            raise ValueError(f"{e} (the adaptive design plans them; --design grid probes a smaller B)") from None
         if self.max_probe_chunk_size > self.probes.context_len:
             raise ValueError(
                 f"--base-chunk-size {self.probes.base_chunk_size} (largest probe chunk {self.max_probe_chunk_size}) exceeds "
@@ -166,7 +170,7 @@ class ProfileConfig:
             ):
                 if value is not None:
                     raise ValueError(
-                        f"{flag} {value} bounds the adaptive design only: add --design adaptive or drop {flag}"
+                        f"{flag} {value} bounds the adaptive design only (the default): drop --design grid or drop {flag}"
                     )
 
     @property

@@ -30,6 +30,18 @@ def relative(base: float | None, cand: float | None) -> float | None:
     return cand / base - 1.0
 
 
+def target_change(base: float | None, cand: float | None, factor: float) -> dict:
+    """The targets T and their change (at the candidate's level: over `factor`); no change where either is missing or
+    not positive (a static policy whose model does not grow with the chunk: a ratio of such targets means nothing)."""
+    judged = base is not None and cand is not None and base > 0 and cand > 0
+    return {
+        "baseline": base,
+        "candidate": cand,
+        "change": relative(base, cand) if judged else None,
+        "change_at_level": relative(base, cand / factor) if judged else None,
+    }
+
+
 def side(policy: Policy, label: str) -> dict:
     s = policy.settings
     return {
@@ -182,12 +194,7 @@ def compare_policies(
         "candidate": side(cand, labels[1]),
         "tolerances": {k: (None if math.isinf(v) else v) for k, v in tol.items()},
         "coefficients": compare_coefficients(base, cand),
-        "target_latency_ms": {
-            "baseline": base.target_ms,
-            "candidate": cand.target_ms,
-            "change": relative(base.target_ms, cand.target_ms),
-            "change_at_level": relative(base.target_ms, cand.target_ms / factor),
-        },
+        "target_latency_ms": target_change(base.target_ms, cand.target_ms, factor),
         "table": compare_tables(base, cand, tol),
         "ttft": compare_ttft(base, cand, prompt_lens, pp_size, factor),
         "samples": samples,

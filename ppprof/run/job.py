@@ -3,12 +3,14 @@ check what the ranks need once, take the run folder's lock and launch this node'
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
 import re
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
@@ -63,20 +65,21 @@ def start(
         + (["--resume", profile.job.out] if resume else [])
         + (["--overwrite"] if overwrite else [])
     )
+    started = time.time()  # a rank log older than this was not written by this launch (a resumed run's)
     if not one_node:  # rank 0 checks and locks the folder for every node
         return record_outcome(
-            profile.job.out, launch(profile.parallelism.nproc_per_node, torchrun, worker_args, job=command)
+            profile.job.out, launch(profile.parallelism.nproc_per_node, torchrun, worker_args, job=command), started
         )
     if not profile.job.out:  # rank 0 names a new folder, and tells which
         with tempfile.NamedTemporaryFile("r", prefix="ppprof-run-dir.") as note:
             os.environ[RUN_DIR_NOTE_ENV] = note.name
             outcome = launch(profile.parallelism.nproc_per_node, torchrun, worker_args, job=command)
-            return record_outcome(Path(note.name).read_text().strip() or None, outcome)
+            return record_outcome(Path(note.name).read_text().strip() or None, outcome, started)
     created = claim_out(profile.job.out)
     os.environ[LOCK_HELD_ENV] = "1"  # the ranks inherit it: their launcher holds the lock
     try:
         return record_outcome(
-            profile.job.out, launch(profile.parallelism.nproc_per_node, torchrun, worker_args, job=command)
+            profile.job.out, launch(profile.parallelism.nproc_per_node, torchrun, worker_args, job=command), started
         )
     finally:
         release_lock(profile.job.out)
@@ -90,6 +93,10 @@ def leave(code: int) -> NoReturn:
     launcher's store are still alive then, and tearing them down at exit can abort the process after its run was
     written (a rank of a CI run died of SIGABRT there)."""
     logging.shutdown()
+    try:  # what C and C++ code left in stdio's buffers (NCCL_DEBUG writes to stdout), which os._exit drops
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):
+        pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -120,35 +127,49 @@ def remove_if_empty(folder: str | Path) -> None:
         pass
 
 
-def record_outcome(out: str | None, outcome: Outcome) -> int:
+def record_outcome(out: str | None, outcome: Outcome, since: float = 0.0) -> int:
     """The launch's exit code, after recording a failure rank 0 could not record (it died) in --out's run.json; a rank
     that died of a signal is the failure's cause, not what the others said after it. A rank that crashed (CRASHES)
-    left its reason in its log, where its C++ messages go: the last lines are printed after the launcher's line."""
+    left its reason in its log, where its C++ messages go: its last lines are printed after the launcher's line, where
+    this launch (which began at `since`, time.time()) wrote the log."""
     if out and outcome.failure is not None:
         mark_failed(RunFolder(out).run_json, outcome.failure, replace_failure="died of" in outcome.failure)
-        for line in last_words(RunFolder(out), outcome.failure):
+        for line in last_words(RunFolder(out), outcome.failure, since):
             print(f"error: {line}", file=sys.stderr)
     return outcome.code
 
 
 CRASHES = ("SIGABRT", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL")
 """The signals a rank raises on itself (a C++ abort, a bad access): its log says why, unlike a SIGKILL from outside."""
-LAST_LINES, LAST_BYTES = 3, 4096
+LAST_LINES, LAST_BYTES = 3, 8192
+OPENING = re.compile(r"terminate called|Fatal Python error")
+"""A line that opens a crash's reason: a C++ abort's, or Python's fatal error (a backtrace may follow it)."""
+REASON = re.compile(r"what\(\):|Error")
+"""A line of a reason, where no line opens one."""
 
 
-def last_words(folder: RunFolder, failure: str) -> list[str]:
-    """For each rank that `failure` says crashed ("rank 0 died of SIGABRT (pid 1)"), the last LAST_LINES lines of its
-    log in `folder` (none where this node has no such log), as "rank 0's log ends: ..."."""
+def last_words(folder: RunFolder, failure: str, since: float = 0.0) -> list[str]:
+    """For each rank that `failure` says crashed ("rank 0 died of SIGABRT (pid 1)"), LAST_LINES lines of its log in
+    `folder`, as "rank 0's log ends: ...": from the last line of its tail that opens a reason (OPENING, else REASON),
+    so that a backtrace's frames after it are left out; else its last lines. None for a rank whose log this node
+    lacks, or that was last written before `since`."""
     out = []
     for rank, signal in re.findall(r"rank (\d+) died of (SIG[A-Z]+)", failure):
-        if signal not in CRASHES:
-            continue
+        path = folder.rank_log(int(rank))
         try:
-            with open(folder.rank_log(int(rank)), "rb") as f:
+            if signal not in CRASHES or path.stat().st_mtime < since:
+                continue
+            with open(path, "rb") as f:
                 f.seek(max(0, f.seek(0, os.SEEK_END) - LAST_BYTES))
                 text = f.read().decode(errors="replace")
         except OSError:
             continue
-        lines = [line.strip()[:300] for line in text.splitlines() if line.strip()][-LAST_LINES:]
-        out.extend(f"rank {rank}'s log ends: {line}" for line in lines)
+        lines = [line.strip()[:300] for line in text.splitlines() if line.strip()]
+        first = max(len(lines) - LAST_LINES, 0)
+        for pattern in (OPENING, REASON):
+            hits = [i for i, line in enumerate(lines) if pattern.search(line)]
+            if hits:
+                first = hits[-1]
+                break
+        out.extend(f"rank {rank}'s log ends: {line}" for line in lines[first : first + LAST_LINES])
     return out

@@ -1,7 +1,7 @@
 """Benchmark (not a test): what a profile costs and what it buys, in one run on one machine.
 
 Profiles, interleaved seed by seed (sweep, grid, adaptive, sweep, grid, adaptive, ...):
-- sweep: the SGLang-equivalent profile, the 128-request prefix-free sweep only (`--prefix-lens ''`);
+- sweep: the SGLang-equivalent profile, the 128-request prefix-free sweep only (`--design grid --prefix-lens ''`);
 - grid: the fixed design (the default before 2026-12-05), the sweep and one 128-request probe per prefix length (`--design grid`);
 - adaptive: `--design adaptive`;
 and first a dense validation profile none of them saw (7 other prefix lengths across the context, another seed).

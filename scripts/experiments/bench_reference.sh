@@ -22,7 +22,7 @@ for model in tiny-hybrid tiny-dense; do
   dir=$([ "$model" = tiny-hybrid ] && echo "$out" || echo "$out/$model")
   mkdir -p "$dir"
   if [ -z "${REUSE_PROFILES:-}" ] || [ ! -f "$dir/profile/samples.csv" ]; then
-    .venv/bin/ppprof profile --model "$model" --out "$dir/profile" 2> "$dir/profile.log"
+    .venv/bin/ppprof profile --design grid --model "$model" --out "$dir/profile" 2> "$dir/profile.log"
   fi
   for pp in $depths; do
     # A policy's rules are chosen for its pipeline depth: deeper pipelines bench the profile refitted for them.

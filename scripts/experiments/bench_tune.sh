@@ -14,7 +14,7 @@ rm -rf "$out"
 mkdir -p "$out"
 bash scripts/setup.sh > /dev/null
 ppprof=.venv/bin/ppprof
-$ppprof profile --base-chunk-size 2048 --requests-per-probe 64 --seed 0 --out "$out/profile" 2> "$out/profile.log"
+$ppprof profile --design grid --base-chunk-size 2048 --requests-per-probe 64 --seed 0 --out "$out/profile" 2> "$out/profile.log"
 lens=8192,24576
 for server in sglang atom; do
   $ppprof tune "$out/profile/policy.json" --prompt-lens "$lens" --server "$server" --json \

@@ -14,7 +14,7 @@ mkdir -p "$out"
 bash scripts/setup.sh > /dev/null
 if [ -z "${REUSE_PROFILE:-}" ] || [ ! -f "$out/profile/policy.json" ]; then
   rm -rf "$out/profile"
-  .venv/bin/ppprof profile --out "$out/profile" 2> "$out/profile.log"
+  .venv/bin/ppprof profile --design grid --out "$out/profile" 2> "$out/profile.log"
 fi
 .venv/bin/ppprof serve-bench "$out/profile/policy.json" --concurrency 1,2,4,8 --num-prompts "${NUM_PROMPTS:-16}" \
   --prompt-lens 2048,4096,8192,16384,32768 --repeats "${REPEATS:-3}" --out "$out/serving.json" 2> "$out/serving.log"

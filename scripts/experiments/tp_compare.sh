@@ -11,7 +11,7 @@ out=${1:-results/tp-compare-$(date -u +%Y%m%d-%H%M%S)}
 shift || true
 mkdir -p "$out"
 for tp in 1 2; do
-  .venv/bin/ppprof profile --pp-size 2 --tp-size "$tp" --out "$out/tp$tp" "$@" > "$out/tp$tp.log" 2>&1 \
+  .venv/bin/ppprof profile --design grid --pp-size 2 --tp-size "$tp" --out "$out/tp$tp" "$@" > "$out/tp$tp.log" 2>&1 \
     || { echo "tp_compare: the TP$tp profile failed, see $out/tp$tp.log" >&2; exit 1; }
 done
 # The same latency model on both sides (prefix: c + g L + b x + a (2 L x + x^2)), so that c, b, a and g compare;

@@ -45,7 +45,7 @@ def test_a_grid_profile_starts_with_every_grid_probe():
     [
         (
             dict(prefix_lens=(512,)),
-            r"--design adaptive with --prefix-lens 512: the candidate grid has 2 prefix lengths",
+            r"the adaptive design \(the default\) with --prefix-lens 512: the candidate grid has 2 prefix lengths",
         ),
         (dict(max_requests=5), r"--max-requests 5 is below the 12 requests of the adaptive design's initial design"),
     ],

@@ -161,24 +161,36 @@ def test_torchrun_takes_knows_its_flags_from_torchruns_own_parser():
 
 def test_a_rank_that_crashed_has_its_logs_last_lines_printed(tmp_path, capsys):
     """A C++ abort writes its reason to the rank's log (descriptor 2 points there), not to the launcher's stderr: a
-    rank that crashed has its log's last lines printed after the launcher's line; a SIGKILL from outside has not."""
+    rank that crashed has its reason printed after the launcher's line, from where it opens (the backtrace's frames
+    after it left out); a SIGKILL from outside adds nothing, nor does a log this launch did not write."""
+    import os
+
     from ppprof.distributed.launch import Outcome
     from ppprof.run.job import record_outcome
 
     lines = [f"[rank 0] 01:57:11 INFO step {i}" for i in range(500)] + [
-        "terminate called after throwing an instance of 'std::runtime_error'",
+        "terminate called after throwing an instance of 'c10::Error'",
         "  what():  a C++ error",
+        "Exception raised from run at pair.cc:537 (most recent call first):",
+        *[f"frame #{i}: 0x7f00 in libtorch_cpu.so" for i in range(30)],
         "",
     ]
     (tmp_path / "rank0.log").write_text("\n".join(lines))
-    (tmp_path / "rank1.log").write_text("[rank 1] 01:57:11 INFO probe 3\n")
+    (tmp_path / "rank1.log").write_text("[rank 1] 01:57:11 INFO probe 3\n[rank 1] 01:57:11 INFO probe 4\n")
     failure = "rank 0 died of SIGABRT (pid 5); rank 1 stopped after it"
     assert record_outcome(str(tmp_path), Outcome(1, failure)) == 1
     assert capsys.readouterr().err.splitlines() == [
-        "error: rank 0's log ends: [rank 0] 01:57:11 INFO step 499",
-        "error: rank 0's log ends: terminate called after throwing an instance of 'std::runtime_error'",
+        "error: rank 0's log ends: terminate called after throwing an instance of 'c10::Error'",
         "error: rank 0's log ends: what():  a C++ error",
+        "error: rank 0's log ends: Exception raised from run at pair.cc:537 (most recent call first):",
+    ]
+    record_outcome(str(tmp_path), Outcome(1, "rank 1 died of SIGSEGV (pid 6)"))  # no reason in it: its last lines
+    assert capsys.readouterr().err.splitlines() == [
+        "error: rank 1's log ends: [rank 1] 01:57:11 INFO probe 3",
+        "error: rank 1's log ends: [rank 1] 01:57:11 INFO probe 4",
     ]
     record_outcome(str(tmp_path), Outcome(1, "rank 1 died of SIGKILL (pid 6)"))
     record_outcome(str(tmp_path / "elsewhere"), Outcome(1, "rank 0 died of SIGSEGV (pid 7)"))  # no log on this node
+    os.utime(tmp_path / "rank0.log", (1000.0, 1000.0))  # a resumed run's log, last written by an earlier launch
+    record_outcome(str(tmp_path), Outcome(1, failure), since=2000.0)
     assert capsys.readouterr().err == ""

@@ -285,3 +285,12 @@ def test_a_slower_machine_drifts_on_the_level_alone(tmp_path):
     shape = slowed("shape", lambda L: 1.7 * (1.5 if L >= 5000 else 1.0))
     result = compare(base, shape, "--tolerance", "level=1")
     assert result.exit_code == 1 and "DRIFT samples: " in result.output, result.output
+
+
+def test_a_target_that_is_not_positive_is_not_compared():
+    """A static policy may carry a target of 0 or below (its model does not grow with the chunk): a ratio of such
+    targets means nothing, so the target is not judged; positive targets are, at the candidate's level."""
+    from ppprof.policy.compare import target_change
+
+    assert target_change(0.0, 5.0, 1.0)["change"] is None and target_change(4.0, -1.0, 1.0)["change_at_level"] is None
+    assert target_change(4.0, 5.0, 1.25) == {"baseline": 4.0, "candidate": 5.0, "change": 0.25, "change_at_level": 0.0}

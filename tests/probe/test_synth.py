@@ -82,10 +82,12 @@ def test_warmup_covers_the_sweep_and_every_prefix():
 def test_empty_prefix_lens_profile_the_sweep_only_as_sglang_does():
     from ppprof.run.settings import resolve_config
 
-    cfg = resolve_config(None, {"prefix_lens": "", "max_probe_chunk_multiple": 1.25})
+    cfg = resolve_config(None, {"prefix_lens": "", "max_probe_chunk_multiple": 1.25, "design": "grid"})
     assert cfg.probes.prefix_lens == () and cfg.resolved_prefix_lens() == ()
     assert [p.kind for p in make_probes(cfg)] == [SWEEP] and len(make_probes(cfg)[0].requests) == 128
-    wider = make_probes(resolve_config(None, {"prefix_lens": ""}))  # the default also probes the wide sizes
+    wider = make_probes(
+        resolve_config(None, {"prefix_lens": "", "design": "grid"})
+    )  # the default multiple: wide sizes too
     assert [p.kind for p in wider] == [SWEEP, WIDE] and wider[0] == make_probes(cfg)[0]
 
 

@@ -26,7 +26,7 @@ from ppprof.run.settings import resolve_config
         (["--design", "random"], "Invalid value for '--design'"),
         (
             ["--design", "grid", "--max-requests", "100"],
-            "--max-requests 100 bounds the adaptive design only: add --design adaptive",
+            "--max-requests 100 bounds the adaptive design only (the default): drop --design grid or drop --max-requests",
         ),
         (["--design", "grid", "--max-seconds", "5"], "--max-seconds 5.0 bounds the adaptive design only"),
         (["--max-requests", "5"], "--max-requests 5 is below the 12 requests of the adaptive"),  # the default design
@@ -34,9 +34,12 @@ from ppprof.run.settings import resolve_config
         (["--design", "adaptive", "--max-seconds", "-1"], "--max-seconds -1.0 must be a positive number of seconds"),
         (
             ["--design", "adaptive", "--prefix-lens", "512"],
-            "--design adaptive with --prefix-lens 512: the candidate grid has 2 prefix lengths",
+            "the adaptive design (the default) with --prefix-lens 512: the candidate grid has 2 prefix lengths",
         ),
-        (["--prefix-lens", "512"], "(or none, for the default), or probe them with --design grid"),  # the default
+        (
+            ["--prefix-lens", "512"],
+            "or leave --prefix-lens out for the default ones, or probe these with --design grid",
+        ),  # the default
         (["--prefix-lens", "512", "--dry-run"], "the candidate grid has 2 prefix lengths"),  # as the run refuses it
         (
             ["--design", "adaptive", "--base-chunk-size", "32"],
@@ -49,7 +52,7 @@ from ppprof.run.settings import resolve_config
         ),
         (
             ["--base-chunk-size", "32", "--no-fit"],
-            "use --base-chunk-size 64 or more (the adaptive design plans them; --design grid probes any B)",
+            "use --base-chunk-size 64 or more (the adaptive design plans them; --design grid probes a smaller B)",
         ),
     ],
 )
