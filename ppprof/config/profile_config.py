@@ -102,22 +102,7 @@ class ProfileConfig:
         rule = (
             self.fit.fit or self.probes.design == "adaptive"
         )  # the rule the policy will carry, or the design makes certain
-        try:
-            check_base_chunk(
-                self.probes.base_chunk_size,
-                self.pools.page_size,
-                self.parallelism.tp_size,
-                0 if rule else None,
-                probes=True,
-            )
-        except ValueError as e:
-            if not rule or self.fit.fit:
-                raise
-            # the adaptive design alone needs the rule here: say so where the grid design would take this B
-            check_base_chunk(
-                self.probes.base_chunk_size, self.pools.page_size, self.parallelism.tp_size, None, probes=True
-            )
-            raise ValueError(f"{e} (the adaptive design plans them; --design grid probes a smaller B)") from None
+        self.check_probe_base_chunk(rule)
         if self.max_probe_chunk_size > self.probes.context_len:
             raise ValueError(
                 f"--base-chunk-size {self.probes.base_chunk_size} (largest probe chunk {self.max_probe_chunk_size}) exceeds "
@@ -133,6 +118,18 @@ class ProfileConfig:
         self.resolve_kv_slots()
         if rule:
             self.chunk_settings()
+
+    def check_probe_base_chunk(self, rule: bool) -> None:
+        """B holds one unit of the probe chunks and, where a rule is planned (`rule`), one alignment unit; where only
+        the adaptive design plans one (no fit), the error says the grid design would take this B."""
+        B, page, tp = self.probes.base_chunk_size, self.pools.page_size, self.parallelism.tp_size
+        try:
+            check_base_chunk(B, page, tp, 0 if rule else None, probes=True)
+        except ValueError as e:
+            if not rule or self.fit.fit:
+                raise
+            check_base_chunk(B, page, tp, None, probes=True)  # a B the grid refuses too gets its own error
+            raise ValueError(f"{e} (the adaptive design plans them; --design grid probes a smaller B)") from None
 
     def resolve_kv_slots(self) -> None:
         """--max-total-tokens: whole pages that hold the longest probe request; by default exactly that."""

@@ -4,6 +4,7 @@ check what the ranks need once, take the run folder's lock and launch this node'
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import logging
 import os
@@ -65,22 +66,19 @@ def start(
         + (["--resume", profile.job.out] if resume else [])
         + (["--overwrite"] if overwrite else [])
     )
+    ranks = functools.partial(launch, profile.parallelism.nproc_per_node, torchrun, worker_args, job=command)
     started = time.time()  # a rank log older than this was not written by this launch (a resumed run's)
     if not one_node:  # rank 0 checks and locks the folder for every node
-        return record_outcome(
-            profile.job.out, launch(profile.parallelism.nproc_per_node, torchrun, worker_args, job=command), started
-        )
+        return record_outcome(profile.job.out, ranks(), started)
     if not profile.job.out:  # rank 0 names a new folder, and tells which
         with tempfile.NamedTemporaryFile("r", prefix="ppprof-run-dir.") as note:
             os.environ[RUN_DIR_NOTE_ENV] = note.name
-            outcome = launch(profile.parallelism.nproc_per_node, torchrun, worker_args, job=command)
+            outcome = ranks()
             return record_outcome(Path(note.name).read_text().strip() or None, outcome, started)
     created = claim_out(profile.job.out)
     os.environ[LOCK_HELD_ENV] = "1"  # the ranks inherit it: their launcher holds the lock
     try:
-        return record_outcome(
-            profile.job.out, launch(profile.parallelism.nproc_per_node, torchrun, worker_args, job=command), started
-        )
+        return record_outcome(profile.job.out, ranks(), started)
     finally:
         release_lock(profile.job.out)
         if created:
