@@ -19,7 +19,7 @@ from ppprof.cli import main
 from ppprof.probe.synth import make_probes
 from ppprof.run.settings import resolve_config
 from ppprof.runfiles import LOCK_FILE
-from tests.multirank import REPO, TINY
+from tests.multirank import REPO, TINY, run_cli
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(300)]
 
@@ -98,13 +98,7 @@ def interrupt(args: tuple[str, ...], text: str, after_s: float = 0.0) -> tuple[i
 
 def resume(out: Path, *flags: str) -> dict:
     """`ppprof profile --resume out` with `flags`, run to its end (exit 0); its run.json."""
-    r = subprocess.run(
-        [sys.executable, "-m", "ppprof", "profile", "--resume", str(out), *flags],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    r = run_cli("profile", "--resume", str(out), *flags, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads((out / "run.json").read_text())
 
