@@ -99,6 +99,13 @@ def test_ci_runs_the_tests_from_a_clone_in_a_folder_named_ppprof():
     assert re.search(r'git clone -q \. "\$\w+/ppprof"', text) and 'basename "$PWD"' in text
 
 
+def test_ci_runs_the_readmes_two_commands_in_the_order_it_writes_them():
+    readme = (REPO / "README.md").read_text().split("```")[1].strip().splitlines()
+    lines = [line.strip() for line in (REPO / ".ci/run").read_text().splitlines()]
+    assert len(readme) == 2 and readme[1] == "bash scripts/test.sh"
+    assert lines.index(readme[0]) + 1 == lines.index(readme[1]), "the README's first command, then its second"
+
+
 def test_ci_checks_the_format_and_the_lint_before_the_tests_with_the_pinned_ruff():
     lines = [line.strip() for line in (REPO / ".ci/run").read_text().splitlines()]
     order = [lines.index(cmd) for cmd in (".venv/bin/ruff format --check .", ".venv/bin/ruff check .")]

@@ -3,6 +3,7 @@ manifest (ppprof.manifest: a folder's manifest.json, a JSON file's "manifest" ke
 is gone."""
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,15 +11,18 @@ from ppprof.manifest import AFTERWARDS, BY_THE_COMMAND, read_manifest
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 INDEX = RESULTS / "README.md"
+LINE_LIMIT = 300
 REQUIRED = ("command", "git_revision", "cpu_model", "date", "recorded")
 
 
 def entries() -> list[str]:
-    return sorted(
-        p.name + ("/" if p.is_dir() else "")
-        for p in RESULTS.iterdir()
-        if p.name != "README.md" and not p.name.startswith(".")
-    )
+    """The entries git tracks under results/ (a folder's name with a slash): what a run left there, such as the
+    README's first command's run folder, is no entry until it is committed."""
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z", "--", "."], cwd=RESULTS, capture_output=True, check=True
+    ).stdout.decode()
+    names = {Path(f).parts[0] + ("/" if len(Path(f).parts) > 1 else "") for f in tracked.split("\0") if f}
+    return sorted(n for n in names if n != "README.md" and not n.startswith("."))
 
 
 def indexed() -> dict[str, str]:
@@ -50,11 +54,23 @@ def test_every_entry_carries_its_manifest():
     assert incomplete == []
 
 
-def test_a_missing_line_or_manifest_is_found(tmp_path, monkeypatch):
+def test_a_missing_line_or_manifest_is_found_and_an_untracked_run_folder_is_no_entry(tmp_path, monkeypatch):
     (tmp_path / "README.md").write_text("| entry | what | command |\n|---|---|---|\n| `gone/` | x | `y` |\n")
     (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "result.json").write_text("{}")
+    (tmp_path / "20261205-074635-tiny-hybrid").mkdir()  # what the README's first command leaves, never committed
+    (tmp_path / "20261205-074635-tiny-hybrid" / "policy.json").write_text("{}")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run([*git, "add", "README.md", "new"], cwd=tmp_path, check=True)
     module = sys.modules[__name__]
     monkeypatch.setattr(module, "RESULTS", tmp_path)
     monkeypatch.setattr(module, "INDEX", tmp_path / "README.md")
     assert entries() == ["new/"] and list(indexed()) == ["gone/"]
     assert read_manifest(tmp_path / "new") is None
+
+
+def test_every_line_of_the_index_is_short():
+    """One line an entry, at most LINE_LIMIT characters; the figures and how to read them go to docs/results.md."""
+    long = [line[:60] for line in INDEX.read_text().splitlines() if len(line) > LINE_LIMIT]
+    assert long == [], f"results/README.md lines over {LINE_LIMIT} characters: move the detail to docs/results.md"
