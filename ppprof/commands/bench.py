@@ -10,7 +10,16 @@ import sys
 import click
 
 from ppprof.bounds import ATTENTION_BACKENDS, DEVICES
-from ppprof.commands.options import resolved_config_option, shown, timeout_option, torchrun_options, with_options
+from ppprof.commands.options import (
+    TORCHRUN_PARAMS,
+    TieredCommand,
+    resolved_config_option,
+    shown,
+    timeout_option,
+    torchrun_options,
+    verbose_option,
+    with_options,
+)
 from ppprof.config import BENCH_STRATEGIES, DEFAULT_STRATEGIES, BenchConfig
 from ppprof.distributed.launch import TORCHRUN_OPTIONS
 from ppprof.run.bench_job import bench_rank
@@ -58,11 +67,26 @@ BENCH_OPTIONS = (
     ),
     torchrun_options,
     resolved_config_option,
+    verbose_option,
 )
 """The options of `ppprof bench`, in the order --help shows them."""
+BENCH_ADVANCED = TORCHRUN_PARAMS | {
+    "nproc_per_node",
+    "device",
+    "dtype",
+    "attention_backend",
+    "torch_threads",
+    "timeout",
+}
+"""What --help-all alone lists: where and how the ranks run (the profile's by default) and torchrun's options."""
 
 
-@click.command("bench", epilog="Example: ppprof bench results/my-run/policy.json --prompt-len 8192")
+@click.command(
+    "bench",
+    cls=TieredCommand,
+    advanced=BENCH_ADVANCED,
+    epilog="Example: ppprof bench results/my-run/policy.json --prompt-len 8192",
+)
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False), required=False)
 @with_options(*BENCH_OPTIONS)
 def bench(

@@ -4,6 +4,7 @@ help text never states a default of its own."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 
 import click
@@ -13,6 +14,7 @@ from ppprof.config import PolicyOptions, ProfileConfig, flag
 from ppprof.config.sections import setting_fields
 from ppprof.distributed.launch import TORCHRUN_OPTIONS
 from ppprof.run.job import RESOLVED_CONFIG
+from ppprof.run.rank import VERBOSE_ENV
 
 resolved_config_option = click.option(
     RESOLVED_CONFIG, hidden=True, help="Internal: the launcher hands each rank the resolved settings."
@@ -39,6 +41,21 @@ timeout_option = click.option(
 )
 
 
+def set_verbose(ctx, param, value) -> None:
+    if value:  # the ranks the launcher starts inherit its environment; a rank started by torchrun reads its own
+        os.environ[VERBOSE_ENV] = "1"
+
+
+verbose_option = click.option(
+    "--verbose",
+    is_flag=True,
+    default=False,
+    expose_value=False,
+    callback=set_verbose,
+    help="Every rank's log lines on the console, not only rank 0's and each rank's own.",
+)
+
+
 Option = tuple[tuple[str, ...], dict, str]
 """One click option as data: (its declarations, click.option's other keywords, its help)."""
 
@@ -53,6 +70,55 @@ def with_options(*entries: Option | Callable) -> Callable:
         return f
 
     return add
+
+
+TORCHRUN_PARAMS = frozenset(name for name, _ in TORCHRUN_OPTIONS)
+"""The parameter names of torchrun's options: advanced on every command that takes them."""
+
+
+class TieredCommand(click.Command):
+    """A command whose --help shows the settings a user chooses; the `advanced` ones (measurement internals, torchrun's
+    options, what tests shrink a run with) work the same but are listed only by --help-all, in a section of their
+    own. Most of them are settings of the YAML config too (`--config`)."""
+
+    def __init__(self, *args, advanced=frozenset(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.advanced = frozenset(advanced)
+        unknown = self.advanced - {p.name for p in self.params}
+        assert not unknown, f"advanced options that {self.name} does not take: {sorted(unknown)}"
+        self.params.append(
+            click.Option(
+                ["--help-all"],
+                is_flag=True,
+                expose_value=False,
+                is_eager=True,
+                callback=self.show_all,
+                help="Show the advanced options too, and exit.",
+            )
+        )
+
+    def show_all(self, ctx, param, value) -> None:
+        if value and not ctx.resilient_parsing:
+            ctx.meta["ppprof.help_all"] = True
+            click.echo(ctx.get_help(), color=ctx.color)
+            ctx.exit()
+
+    def format_options(self, ctx, formatter) -> None:
+        basic, advanced = [], []
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                (advanced if param.name in self.advanced else basic).append(record)
+        with formatter.section("Options"):
+            formatter.write_dl(basic)
+        if not advanced:
+            return
+        if ctx.meta.get("ppprof.help_all"):
+            with formatter.section("Advanced options"):
+                formatter.write_dl(advanced)
+        else:
+            formatter.write_paragraph()
+            formatter.write_text(f"{len(advanced)} advanced options (measurement, torchrun's): --help-all lists them.")
 
 
 def torchrun_options(f):

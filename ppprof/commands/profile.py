@@ -11,11 +11,14 @@ import click
 
 from ppprof.commands.dry_run import show_dry_run
 from ppprof.commands.options import (
+    TORCHRUN_PARAMS,
+    TieredCommand,
     resolved_config_option,
     shown,
     sizing_options,
     timeout_option,
     torchrun_options,
+    verbose_option,
     with_options,
 )
 from ppprof.config import DESIGNS
@@ -116,12 +119,40 @@ PROFILE_OPTIONS = (
     torchrun_options,
     resolved_config_option,
     (("--inject-fault",), dict(type=click.Choice(FAULTS), hidden=True), "Testing only: a deliberate fault."),
+    verbose_option,
 )
 """The options of `ppprof profile`, in the order --help shows them."""
+
+PROFILE_ADVANCED = TORCHRUN_PARAMS | {
+    "nproc_per_node",
+    "requests_per_probe",
+    "page_size",
+    "max_probe_chunk_multiple",
+    "max_mamba_cache_size",
+    "max_running_requests",
+    "max_total_tokens",
+    "prefix_lens",
+    "attention_backend",
+    "num_prefix_lens",
+    "warmup",
+    "layer_partition",
+    "seed",
+    "overhead_repeats",
+    "packed_forwards",
+    "fit",
+    "torch_threads",
+    "min_gain",
+    "timeout",
+    "device_memory",
+    "as_json",
+}
+"""What --help-all alone lists: measurement internals, the pools' sizes, torchrun's options, the dry run's details."""
 
 
 @click.command(
     "profile",
+    cls=TieredCommand,
+    advanced=PROFILE_ADVANCED,
     epilog="Example: ppprof profile --model tiny-dense --out results/my-run\n\n"
     "Example: ppprof profile --dry-run --model config.json --pp-size 4 --tp-size 8 --device-memory 80GiB",
 )

@@ -12,7 +12,15 @@ from pathlib import Path
 import click
 
 from ppprof.bounds import DEVICES
-from ppprof.commands.options import resolved_config_option, timeout_option, torchrun_options, with_options
+from ppprof.commands.options import (
+    TORCHRUN_PARAMS,
+    TieredCommand,
+    resolved_config_option,
+    timeout_option,
+    torchrun_options,
+    verbose_option,
+    with_options,
+)
 from ppprof.config.workload import Workload, parse_prompt_spec
 from ppprof.distributed.launch import TORCHRUN_OPTIONS
 from ppprof.manifest import write_result
@@ -67,11 +75,19 @@ SERVE_BENCH_OPTIONS = (
     timeout_option,
     torchrun_options,
     resolved_config_option,
+    verbose_option,
 )
 """The options of `ppprof serve-bench`, in the order --help shows them."""
+SERVE_BENCH_ADVANCED = TORCHRUN_PARAMS | {"seed", "nproc_per_node", "device", "torch_threads", "timeout"}
+"""What --help-all alone lists: the seed, where and how the ranks run (the profile's by default), torchrun's options."""
 
 
-@click.command("serve-bench", epilog="Example: ppprof serve-bench results/my-run/policy.json --concurrency 1,2,4,8")
+@click.command(
+    "serve-bench",
+    cls=TieredCommand,
+    advanced=SERVE_BENCH_ADVANCED,
+    epilog="Example: ppprof serve-bench results/my-run/policy.json --concurrency 1,2,4,8",
+)
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False), required=False)
 @with_options(*SERVE_BENCH_OPTIONS)
 def serve_bench_command(policy_path, simulate, resolved_config, **flags) -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import click
 
 from ppprof.policy.policy_file import load
 from ppprof.policy.schema import SCHEMA_FILE
-from ppprof.policy.summary import summary_line, verbose_lines
+from ppprof.policy.summary import next_commands, summary_block, summary_line, typical_prompt_len, verbose_lines
 
 
 @click.command("validate", epilog="Example: ppprof validate results/my-run/policy.json")
@@ -20,11 +22,14 @@ from ppprof.policy.summary import summary_line, verbose_lines
 @click.option(
     "--verbose",
     is_flag=True,
-    help="Also print the model's checks, the per-row gates (diagnostics) and the gain's interval.",
+    help="Also print the whole record in one line, the model's checks, the per-row gates (diagnostics) and the "
+    "gain's interval.",
 )
-def validate_command(policy_path, show_schema, verbose) -> None:
-    """Check POLICY against the policy schema and the rule; print 'ok ...' (exit 0) or one line naming the field
-    (exit 2). With --schema, print the JSON Schema instead."""
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the short block's facts and the record.")
+def validate_command(policy_path, show_schema, verbose, as_json) -> None:
+    """Check POLICY against the policy schema and the rule; print 'ok POLICY' and a short block (the decision, a
+    typical prompt's predicted TTFT against fixed B, the model, the rule under load; exit 0) or one line naming the
+    field (exit 2). With --schema, print the JSON Schema instead."""
     if show_schema:
         if policy_path is not None:
             raise click.UsageError("--schema prints the schema and takes no POLICY: give one or the other")
@@ -33,6 +38,20 @@ def validate_command(policy_path, show_schema, verbose) -> None:
     if policy_path is None:
         raise click.UsageError("Missing argument 'POLICY': give a policy.json, or --schema to print the schema")
     policy = load(policy_path)
-    click.echo(f"ok {policy_path}: {summary_line(policy)}")
+    block = summary_block(policy, policy_path)
+    if as_json:
+        record = {
+            "ok": True,
+            "policy": policy_path,
+            "status": policy.status,
+            "reason": policy.reason,
+            "summary": summary_line(policy),
+            "lines": [line.strip() for line in block[1:]],
+            "next": next_commands(policy_path, typical_prompt_len(policy)),
+        }
+        click.echo(json.dumps(record, indent=2))
+        return
+    click.echo("\n".join(block))
     if verbose:
+        click.echo(f"  in full: {summary_line(policy)}")
         click.echo("\n".join(verbose_lines(policy)))

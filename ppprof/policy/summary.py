@@ -131,3 +131,77 @@ def extrapolation(policy: Policy, prompt_len: int, chunk_sizes: list[int] | None
         f"prompt {prompt_len} reaches " + " and ".join(notes) + ": the latency model is extrapolated there; "
         "profile with --prefix-lens (or --context-len) covering it"
     )
+
+
+def typical_prompt_len(policy: Policy) -> int | None:
+    """The workload's weighted median prompt length (the policy's `workload`), None where it records none."""
+    workload = policy.data.get("workload")
+    if not isinstance(workload, dict) or not workload.get("prompt_lens"):
+        return None
+    lens, weights = workload["prompt_lens"], workload.get("weights") or [1.0] * len(workload["prompt_lens"])
+    pairs = sorted(zip(lens, weights))
+    total, seen = sum(w for _, w in pairs), 0.0
+    for length, weight in pairs:
+        seen += weight
+        if seen >= total / 2:
+            return int(length)
+    return int(pairs[-1][0])
+
+
+def decision_words(policy: Policy) -> str:
+    """The decision in words: dynamic or static, the gain over the best fixed chunk and its interval."""
+    predicted = policy.data.get("predicted") or {}
+    gain, interval, best = (predicted.get(k) for k in ("gain_vs_fixed_best", "gain_interval", "fixed_best_chunk"))
+    if gain is None:
+        return f"{policy.status}: {policy.reason}"
+    spread = ""
+    if isinstance(interval, dict):
+        spread = (
+            f" ({1.0 - 2.0 * interval['quantile']:.0%} interval {interval['lower']:.1%} to {interval['upper']:.1%})"
+        )
+    best_text = f" ({best} tokens)" if best else ""
+    if policy.status == "dynamic":
+        return (
+            f"dynamic: the policy's chunks cut the workload's predicted mean TTFT by {gain:.1%}{spread} against the "
+            f"best fixed chunk{best_text}, surely above the threshold"
+        )
+    return (
+        f"static: keep fixed chunks of {policy.history_table.chunk_size[0]} tokens; dynamic chunks would cut the "
+        f"predicted mean TTFT by {gain:.1%}{spread}, not surely above the threshold"
+    )
+
+
+def summary_block(policy: Policy, policy_path: str) -> list[str]:
+    """What a user reads first of a policy, in a few lines: the decision, what it means for a typical prompt of the
+    workload (predicted TTFT under the policy against fixed B), the model and its domain, the rule under load."""
+    from ppprof.policy.planners import plan_prompt
+
+    lines = [f"ok {policy_path}", f"  decision: {decision_words(policy)}"]
+    prompt_len = typical_prompt_len(policy)
+    if prompt_len is not None and policy.latency_model is not None:
+        try:
+            plans = {p.strategy: p for p in plan_prompt(policy, prompt_len, policy.pp_size, ("policy", "fixed"))}
+        except ValueError:
+            plans = {}
+        if plans:
+            mine, fixed = plans["policy"], plans["fixed"]
+            lines.append(
+                f"  a typical prompt ({prompt_len} tokens, the workload's median): predicted TTFT "
+                f"{mine.ttft_ms:.1f} ms under the policy ({len(mine.chunk_sizes)} chunks) against {fixed.ttft_ms:.1f} "
+                f"ms with fixed {policy.base_chunk_size}-token chunks ({fixed.ttft_ms / mine.ttft_ms - 1:+.1%} with fixed)"
+            )
+    model = policy.latency_model.name if policy.latency_model is not None else "none"
+    lines.append(f"  model: {model}, {policy.pp_size} stages{domain_text(policy)}")
+    lines.append(f"  under load: {load_text(policy).removeprefix('; ').removeprefix('under load ')}")
+    return lines
+
+
+def next_commands(policy_path: str, prompt_len: int | None) -> list[str]:
+    """The commands to run next on a policy, with its real path."""
+    n = prompt_len or 8192
+    return [
+        f"ppprof plan {policy_path} --prompt-len {n}",
+        f"ppprof bench {policy_path} --prompt-len {n}",
+        f"ppprof serve-bench {policy_path} --concurrency 1,2,4",
+        f"ppprof export {policy_path} --server sglang",
+    ]

@@ -22,8 +22,10 @@ from ppprof.model.stage import build_stage_cache
 from ppprof.policy.policy_file import load
 from ppprof.policy.runtime import Policy
 from ppprof.policy.summary import extrapolation
+from ppprof.run.progress import progress
 from ppprof.run.provenance import default_run_dir
 from ppprof.run.rank import (
+    OWN,
     Phase,
     RankRun,
     claim_folder,
@@ -128,7 +130,9 @@ def build_stages(run: RankRun[BenchState]) -> None:
         )
         stages.append(BenchStage(index, stage, cache))
     run.state.runner = PromptRunner(stages=stages, pipe=run.pipe, seed=cfg.probes.seed)
-    log.info("stages %s of %d (%s) on rank %d", [s.index for s in stages], bench.pp_size, run.spec.name, run.rank)
+    log.info(
+        "stages %s of %d (%s) on rank %d", [s.index for s in stages], bench.pp_size, run.spec.name, run.rank, extra=OWN
+    )
 
 
 def measure_transfers(run: RankRun[BenchState]) -> None:
@@ -158,20 +162,14 @@ def measure_transfers(run: RankRun[BenchState]) -> None:
 def run_prompts(run: RankRun[BenchState]) -> None:
     """The schedule in order, every rank together; rows and TTFTs are gathered to rank 0 at the end."""
     runner, prompts = run.state.runner, run.state.schedule
-    bar = None
-    if run.rank == 0:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(prompts), desc="bench", unit="prompt", file=sys.stderr, disable=None, dynamic_ncols=True)
     rows, ttft = [], {}
-    for prompt in prompts:
-        result = runner.run(prompt)
-        rows += result.rows
-        ttft[prompt.index] = result.ttft_ms
-        if bar is not None:
-            bar.update()
-    if bar is not None:
-        bar.close()
+    with progress(run.rank, len(prompts), "bench", "prompt") as bar:
+        for prompt in prompts:
+            result = runner.run(prompt)
+            rows += result.rows
+            ttft[prompt.index] = result.ttft_ms
+            if bar is not None:
+                bar.update()
     gathered = run.pipe.all_gather(rows)
     run.state.rows = [row for per_rank in gathered for row in per_rank]
     run.state.ttft = ttft

@@ -6,18 +6,18 @@ status with that overhead), then the packed forwards in lockstep (ppprof.probe.p
 from __future__ import annotations
 
 import logging
-import sys
 import time
 
 import numpy as np
 
-from ppprof.adaptive.loop import probe_sequence
+from ppprof.adaptive.loop import probe_sequence, status_words
 from ppprof.adaptive.probes import resumed_latencies
 from ppprof.bench.executor import WARMUP_REPEAT, BenchPrompt, BenchStage, PromptRunner
 from ppprof.bench.overhead import overhead_chunk_sizes, overhead_plans, pipeline_overhead
 from ppprof.probe.output import append_samples, samples_frame
 from ppprof.probe.packed import PackedRunner, PackLimits, pack_design, write_packed
 from ppprof.run.profile_state import ProfileState
+from ppprof.run.progress import progress
 from ppprof.run.provenance import peak_memory_bytes
 from ppprof.run.rank import RankRun
 
@@ -29,34 +29,13 @@ def run_probes(run: RankRun[ProfileState]) -> None:
     are gathered (stage_ms[probe][stage][request]) and rank 0 appends the probe's rows to samples.csv. The adaptive
     design chooses each next probe from the rows samples.csv holds so far (probe_sequence)."""
     first, runner = run.state.first_probe, run.state.runner
-    bar = None
-    if run.rank == 0:
-        from tqdm import tqdm
-
-        total = (
-            sum(len(p.requests) for p in run.state.probes[first:])
-            if run.cfg.probes.design == "grid"
-            else run.cfg.request_budget
-        )
-        bar = tqdm(total=total, desc="profile", unit="req", file=sys.stderr, disable=None, dynamic_ncols=True)
-    # A resumed adaptive design costs its next batch from every probe that ran, those before the interruption too.
-    e2e_ms = resumed_latencies(run.folder.samples, run.state.probes[:first]) if run.rank == 0 else []
-    state = run.state
-    for probe in probe_sequence(
-        run.pipe, run.cfg, state.probes, state.design, run.folder.samples, e2e_ms, state.t_probes, first, state.overhead
-    ):
-        timings = runner.run_probe(probe, on_request=bar.update if bar is not None else None)
-        stage_ms = run.pipe.all_gather(timings.stage_ms)
-        e2e_ms.append(timings.e2e_ms)
-        if run.rank == 0:
-            keep_samples(run, probe, stage_ms, timings.e2e_ms)
-        log.info(
-            "probe %d (%s, %d requests, prefix %d): pools back to full capacity",
-            probe.index,
-            probe.kind,
-            len(probe.requests),
-            probe.requests[0].prefix_len,
-        )
+    total = (
+        sum(len(p.requests) for p in run.state.probes[first:])
+        if run.cfg.probes.design == "grid"
+        else run.cfg.request_budget
+    )
+    with progress(run.rank, total, "profile", "req") as bar:
+        probe_all(run, bar)
     run.state.probe_wall_s = time.perf_counter() - run.state.t_probes
     run.state.forward_tokens = run.pipe.all_gather(runner.forward_tokens)
     run.state.peak_memory = run.pipe.all_gather(peak_memory_bytes(run.info.device))
@@ -75,8 +54,32 @@ def run_probes(run: RankRun[ProfileState]) -> None:
                 [o[1] for o in everyone[s * tp : (s + 1) * tp]] for s in range(run.pp_size)
             ],
         }
-    if bar is not None:
-        bar.close()
+
+
+def probe_all(run: RankRun[ProfileState], bar) -> None:
+    """The probes of run_probes, `bar` (rank 0's progress bar, or None) counting the requests and showing the
+    adaptive design's decision so far."""
+    state, first, runner = run.state, run.state.first_probe, run.state.runner
+    # A resumed adaptive design costs its next batch from every probe that ran, those before the interruption too.
+    e2e_ms = resumed_latencies(run.folder.samples, state.probes[:first]) if run.rank == 0 else []
+    for probe in probe_sequence(
+        run.pipe, run.cfg, state.probes, state.design, run.folder.samples, e2e_ms, state.t_probes, first, state.overhead
+    ):
+        timings = runner.run_probe(probe, on_request=bar.update if bar is not None else None)
+        stage_ms = run.pipe.all_gather(timings.stage_ms)
+        e2e_ms.append(timings.e2e_ms)
+        if run.rank == 0:
+            keep_samples(run, probe, stage_ms, timings.e2e_ms)
+        log.info(
+            "probe %d (%s, %d requests, prefix %d): pools back to full capacity",
+            probe.index,
+            probe.kind,
+            len(probe.requests),
+            probe.requests[0].prefix_len,
+        )
+        history = getattr(state.design, "history", None)
+        if bar is not None and history:
+            bar.set_postfix_str(status_words(history[-1].get("status")), refresh=True)
 
 
 def time_packed_forwards(run: RankRun[ProfileState]) -> None:

@@ -29,6 +29,7 @@ from ppprof.run.profile_results import fit_policy, write_results
 from ppprof.run.profile_state import ProfileState
 from ppprof.run.provenance import default_run_dir, hardware
 from ppprof.run.rank import (
+    OWN,
     Phase,
     RankRun,
     claim_folder,
@@ -138,6 +139,7 @@ def build_stage(run: RankRun[ProfileState]) -> None:
         str(run.dtype).removeprefix("torch."),
         run.info.backend,
         torch.get_num_threads(),
+        extra=OWN,
     )
     run.stage = make_stage(run, layer_ids)
     run.cache = build_stage_cache(

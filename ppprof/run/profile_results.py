@@ -4,6 +4,7 @@ overhead) with the summary in the log, and the fit of the policy beside the samp
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from pathlib import Path
 
@@ -87,4 +88,24 @@ def fit_policy(run: RankRun[ProfileState]) -> None:
         return
     from ppprof.fit import fit_run
 
-    log.info("policy: %s", fit_run(run.folder.path))
+    path = fit_run(run.folder.path)
+    log.info("policy: %s", path)
+    print_summary(path)
+
+
+def print_summary(policy_path: Path) -> None:
+    """The run's last lines, on stdout: the decision and what it means for a typical prompt of the workload, the files
+    written and the next commands with the real path."""
+    from ppprof.policy.policy_file import load
+    from ppprof.policy.summary import next_commands, summary_block, typical_prompt_len
+
+    policy = load(policy_path)
+    folder = policy_path.parent
+    files = sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+    lines = ["", f"profile done: {folder}"]
+    lines += summary_block(policy, str(policy_path))[1:]
+    lines.append(f"  files: {', '.join(files)}")
+    lines.append("  next:")
+    lines += [f"    {command}" for command in next_commands(str(policy_path), typical_prompt_len(policy))]
+    sys.stderr.flush()
+    print("\n".join(lines), flush=True)

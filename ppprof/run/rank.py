@@ -197,7 +197,7 @@ def run_rank(
     if threads is not None:
         torch.set_num_threads(threads)
     if device == "cpu" and not steady_malloc():
-        log.warning("could not fix malloc's thresholds (not glibc?): CPU timings may be noisier")
+        log.warning("could not fix malloc's thresholds (not glibc?): CPU timings may be noisier", extra=OWN)
     with process_group(device, timeout_s, tp_size) as info:
         try:
             job(info)
@@ -227,6 +227,20 @@ def short_error(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}"
 
 
+VERBOSE_ENV = "PPPROF_VERBOSE"
+"""Set to 1 (by --verbose, in the launcher's environment that every rank inherits): every rank's lines on the console."""
+OWN = {"own": True}
+"""`extra=` of a line that is this rank's own (its stage at start-up, its trouble): printed by every rank."""
+
+
+class OneVoice(logging.Filter):
+    """Rank 0 speaks for the run: on the console of any other rank, only its own lines (logged with extra=OWN) and
+    its errors pass; its log file in the run folder keeps every line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR or getattr(record, "own", False)
+
+
 def setup_logging(rank: int, level: int = logging.INFO) -> None:
     fmt = logging.Formatter(f"[rank {rank}] %(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
     root = logging.getLogger("ppprof")
@@ -234,6 +248,8 @@ def setup_logging(rank: int, level: int = logging.INFO) -> None:
     root.handlers.clear()
     h = logging.StreamHandler(sys.stderr)
     h.setFormatter(fmt)
+    if rank != 0 and os.environ.get(VERBOSE_ENV) != "1":
+        h.addFilter(OneVoice())
     root.addHandler(h)
     root.propagate = False
 

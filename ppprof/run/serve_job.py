@@ -20,6 +20,7 @@ from ppprof.manifest import write_result
 from ppprof.model.stage import build_stage_cache
 from ppprof.policy.policy_file import load
 from ppprof.policy.runtime import Policy
+from ppprof.run.progress import progress
 from ppprof.run.provenance import default_run_dir
 from ppprof.run.rank import Phase, RankRun, make_stage, run_phases, run_rank, set_up, tp_shard
 from ppprof.serving.arms import sizer
@@ -105,10 +106,15 @@ def serve_levels(run: RankRun[ServeState]) -> None:
     prompts = serve.prompts
     first = serve.levels[0]
     serve_one(run, first, serve.strategies[0], -1, prompts[: max(2, run.state.runner.slots)])
-    for repeat in range(serve.repeats):
-        for level in serve.levels:
-            for arm in serve.strategies:
-                serve_one(run, level, arm, repeat, prompts)
+    cells = serve.repeats * len(serve.levels) * len(serve.strategies)
+    with progress(run.rank, cells, "serve-bench", "cell") as bar:
+        for repeat in range(serve.repeats):
+            for level in serve.levels:
+                for arm in serve.strategies:
+                    serve_one(run, level, arm, repeat, prompts)
+                    if bar is not None:
+                        bar.set_postfix_str(f"{level.name}, {arm}, repeat {repeat}", refresh=False)
+                        bar.update()
     rows = [row for per_stage in run.pipe.all_gather(run.state.rows) for row in per_stage]
     if run.rank == 0:
         run.state.rows = rows

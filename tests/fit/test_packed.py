@@ -134,7 +134,7 @@ def test_fit_reads_the_packed_rows_beside_the_samples_validate_shows_them_and_th
     assert packed["extra_piece"]["worst_ape"] < 1e-3 and packed["source"] == str(tmp_path / "packed.csv")
     # Every piece's cell was probed (noise-free samples of the model): the same misses on the probes' latencies.
     assert packed["additive_on_probes"] == pytest.approx(packed["additive"], rel=1e-6)
-    result = CliRunner().invoke(main, ["validate", str(out)])
+    result = CliRunner().invoke(main, ["validate", str(out), "--verbose"])
     assert result.exit_code == 0 and "5 packed forwards held out: additive form median error" in result.output
     assert "; with 2 ms a piece beyond the first 0.0%, worst 0.0%" in result.output, result.output
     policy = load(out)

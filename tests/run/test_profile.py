@@ -1,15 +1,22 @@
 """Real gloo ranks in subprocesses, each run bounded by a timeout: a hang fails the test."""
 
+import fcntl
 import json
 import math
+import os
+import pty
+import re
+import struct
+import subprocess
 import sys
+import termios
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from ppprof.policy.timeline import replay
-from tests.multirank import TINY, free_port, run_cli
+from tests.multirank import REPO, TIMEOUT_S, TINY, free_port, run_cli
 
 pytestmark = pytest.mark.multirank
 
@@ -264,3 +271,49 @@ def test_adaptive_design_chooses_probes_on_rank_0_and_every_rank_runs_them_witho
     assert {k: c["value"] for k, c in u["coefficients"].items()} == {
         k: c["value"] for k, c in model["coefficients"].items()
     }
+    assert_one_voice_and_a_summary(r, out)
+
+
+LOG_LINE = re.compile(r"^\[rank (\d+)\] \d\d:\d\d:\d\d (\w+) (.*)$")
+
+
+def assert_one_voice_and_a_summary(r, out) -> None:
+    """A piped run's console: rank 0 logs the run's events once, rank 1 only its own stage line (its full log is in
+    its file); no progress bar; the last lines are the summary, with the run's real paths."""
+    said = [m.groups() for m in map(LOG_LINE.match, r.stderr.splitlines()) if m]
+    by_rank = {rank: [text for rk, _, text in said if rk == rank] for rank in ("0", "1")}
+    assert by_rank["0"] and len(by_rank["1"]) == 1 and by_rank["1"][0].startswith("stage 1/2: "), r.stderr[-3000:]
+    assert not set(by_rank["0"]) & set(by_rank["1"]), "no event printed by both ranks"
+    assert "design step 0: " in r.stderr and r.stderr.count("design step 0: ") == 1
+    assert "design step 0: " in (out / "rank1.log").read_text()  # every rank's file keeps its every line
+    assert "%|" not in r.stderr and "req/s" not in r.stderr, "no progress bar where stderr is not a terminal"
+    lines = r.stdout.strip().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("profile done: "))
+    summary = "\n".join(lines[start:])
+    assert "  decision: " in summary and "  files: " in summary and "policy.json" in summary, summary
+    assert f"    ppprof bench {out}/policy.json --prompt-len " in summary, summary
+
+
+def test_a_profile_on_a_terminal_draws_rank_0s_progress_bar(tmp_path):
+    """Under a pseudo-terminal the profile's bar shows: requests probed against the budget, elapsed / remaining."""
+    out = tmp_path / "run"
+    primary, secondary = pty.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # a terminal has a size
+    env = {**os.environ, "PPPROF_DIST_TIMEOUT": "120", "COLUMNS": "160"}
+    cmd = [sys.executable, "-m", "ppprof", "profile", "--out", str(out), *TINY]
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=secondary, stderr=secondary, env=env, cwd=REPO)
+    os.close(secondary)
+    chunks = []
+    while True:
+        try:
+            data = os.read(primary, 65536)
+        except OSError:  # EIO: every writer closed its end
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(primary)
+    assert proc.wait(timeout=TIMEOUT_S) == 0
+    text = b"".join(chunks).decode(errors="replace")
+    assert re.search(r"profile: +\d+%\|.*\| *\d+/\d+ \[\d\d:\d\d<\d\d:\d\d", text), text[-3000:]
+    assert "Traceback" not in text

@@ -12,9 +12,10 @@ from types import SimpleNamespace
 from ppprof.fit.samples import model_shape
 from ppprof.sglang import hook
 from ppprof.sglang.sizer import PolicySizer, Runtime
+from tests.tracked import tracked
 
 REPO = Path(__file__).resolve().parents[2]
-COMMITTED = sorted(p for p in REPO.glob("results/**/policy.json") if (p.parent / "run.json").is_file())
+COMMITTED = [p for p in tracked("results/**/policy.json") if (p.parent / "run.json").is_file()]
 """Every committed policy of a profile (its run.json beside it; refits of another folder's samples left out)."""
 IDS = [str(p.parent.relative_to(REPO / "results")) for p in COMMITTED]
 
