@@ -154,8 +154,9 @@ def decision_words(policy: Policy) -> str:
     gain, interval, best = (predicted.get(k) for k in ("gain_vs_fixed_best", "gain_interval", "fixed_best_chunk"))
     if gain is None:
         return f"{policy.status}: {policy.reason}"
-    spread = ""
+    spread, sure = "", "at or above the threshold"
     if isinstance(interval, dict):
+        sure = "surely above the threshold"
         spread = (
             f" ({1.0 - 2.0 * interval['quantile']:.0%} interval {interval['lower']:.1%} to {interval['upper']:.1%})"
         )
@@ -163,7 +164,7 @@ def decision_words(policy: Policy) -> str:
     if policy.status == "dynamic":
         return (
             f"dynamic: the policy's chunks cut the workload's predicted mean TTFT by {gain:.1%}{spread} against the "
-            f"best fixed chunk{best_text}, surely above the threshold"
+            f"best fixed chunk{best_text}, {sure}"
         )
     return (
         f"static: keep fixed chunks of {policy.history_table.chunk_size[0]} tokens; dynamic chunks would cut the "
