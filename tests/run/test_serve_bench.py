@@ -21,7 +21,7 @@ def test_serve_bench_serves_every_arm_through_the_real_pipeline(tmp_path):
     # prompts that are not multiples of B, so that a request's last chunk leaves room for the next one's first
     r = run_cli(
         "serve-bench", str(TINY_RUN / "policy.json"), "--concurrency", "1,3", "--num-prompts", "5",
-        "--prompt-lens", "300,700", "--repeats", "1", "--out", str(out),
+        "--prompt-lens", "300,700", "--repeats", "1", "--out", str(out), "--verbose",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(out.read_text())
@@ -50,5 +50,6 @@ def test_serve_bench_serves_every_arm_through_the_real_pipeline(tmp_path):
         assert {rid: sum(c) for rid, c in served.items()} == dict(enumerate(doc["prompt_lens"])), (level, arm, stage)
     assert rows[rows.level == "concurrency-3"].pieces.max() > 1, "no batch carried several requests"
     full = [line for line in r.stderr.splitlines() if "pools back to full capacity" in line]
-    assert len(full) == 2 * (1 + 2 * len(SERVING_ARMS)), r.stderr[-2000:]  # 2 ranks x (warm-up + every cell)
+    # --verbose: every rank's lines; 2 ranks x (warm-up + every cell)
+    assert len(full) == 2 * (1 + 2 * len(SERVING_ARMS)), r.stderr[-2000:]
     assert (out.parent / "serving.png").stat().st_size > 0

@@ -107,11 +107,13 @@ def test_torchrun_with_four_processes_and_tp_size_2_profiles_pp2_tp2_writes_a_po
     served = tmp_path / "serve" / "serving.json"
     r = run_cli(
         "serve-bench", str(out / "policy.json"), "--concurrency", "2", "--num-prompts", "3", "--prompt-lens", "200",
-        "--repeats", "1", "--strategies", "fixed", "--out", str(served),
+        "--repeats", "1", "--strategies", "fixed", "--out", str(served), "--verbose",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     cell = json.loads(served.read_text())["levels"]["concurrency-2"]["fixed"]
-    assert cell["num_requests"] == 3 and r.stderr.count("pools back to full capacity") == 2 * 4  # warm-up, the cell
+    assert (
+        cell["num_requests"] == 3 and r.stderr.count("pools back to full capacity") == 2 * 4
+    )  # warm-up, the cell (--verbose: every rank's line)
 
 
 @pytest.mark.parametrize("model", ["tiny-mla", "tiny-gdn"])
