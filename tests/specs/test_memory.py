@@ -213,13 +213,9 @@ def load_bench():
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc (VmHWM, clear_refs)")
 @pytest.mark.parametrize(
     ("model", "backend", "base_chunk_size"),
-    [
-        (model, backend, b)
-        for model in ("tiny-dense", "tiny-hybrid")
-        for backend in ("sdpa", "reference")
-        for b in (512, 2048)
-        if (model, backend, b) != ("tiny-dense", "reference", 2048)
-    ],
+    # Each model, each backend and each B once: the reference backend's dense scores (about 1.2 GiB at B = 2048) on
+    # the hybrid model. The benchmark (scripts/benchmarks/memory.py, results/bench_memory.json) measures every case.
+    [("tiny-dense", "sdpa", 512), ("tiny-hybrid", "sdpa", 2048), ("tiny-hybrid", "reference", 2048)],
 )
 def test_the_estimate_is_within_25_percent_of_the_measured_peak(model, backend, base_chunk_size):
     """One forward of the largest probe request of a profile with base chunk B (chunk 1.25 B after 4 B cached
