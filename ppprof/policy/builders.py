@@ -48,13 +48,11 @@ def pieces(dom: Domain, per_unit: int = 8) -> tuple[np.ndarray, np.ndarray]:
 
 
 def longest_runs(ok: np.ndarray) -> np.ndarray:
-    """run[..., k]: how many consecutive True from index k on along the last axis."""
-    run = np.zeros(ok.shape, dtype=np.int64)
-    acc = np.zeros(ok.shape[:-1], dtype=np.int64)
-    for k in range(ok.shape[-1] - 1, -1, -1):
-        acc = np.where(ok[..., k], acc + 1, 0)
-        run[..., k] = acc
-    return run
+    """run[..., k]: how many consecutive True from index k on along the last axis: the distance from k to the first
+    False at or after it (the end of the axis where none is)."""
+    index = np.arange(ok.shape[-1], dtype=np.int64)
+    next_false = np.where(ok, ok.shape[-1], index)
+    return np.minimum.accumulate(next_false[..., ::-1], axis=-1)[..., ::-1] - index
 
 
 @dataclass(slots=True)

@@ -118,19 +118,33 @@ def optimum_at(
     bounds: np.ndarray,
     lengths: np.ndarray,
     pp_size: int,
-    block: int = 256,
+    block: int = 4096,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(lower, upper) bounds of the least TTFT at any prompt lengths (aligned or not) from all_min_sums: the last
     chunk runs from an aligned position below the length, at most largest_chunk before it. `block` lengths at a
-    time keep the arrays small."""
+    time keep the arrays small.
+
+    The bounds of optimum_bounds, taken over the last chunk's start k and the bound m in the other order: a last chunk
+    of cost c from pos[i] fits the bounds from f = the first bound >= c on, so the upper bound is the least over k of
+    c + min over m >= f of (S[i, m] + (P - 1) M_m), a suffix minimum of each row of S computed once; the lower bound
+    likewise. Each start costs a gather per length, not a pass over every bound."""
     window = dom.largest_chunk // dom.unit
+    P1 = pp_size - 1
+    never = np.full((len(pos), 1), np.inf)  # the suffix past the last bound: a chunk dearer than every bound
+
+    def suffix_min(terms: np.ndarray) -> np.ndarray:
+        return np.concatenate([np.minimum.accumulate(terms[:, ::-1], axis=1)[:, ::-1], never], axis=1)
+
+    upper_after = suffix_min(sums + P1 * bounds[None, :])
+    below = np.full_like(sums, np.inf)  # S[i, m] + (P - 1) M_(m-1): the sum under one bound, the bound below it
+    below[:, 1:] = sums[:, 1:] + P1 * bounds[None, :-1]
+    lower_after = suffix_min(below)
+    lowest = sums[:, 0] + P1 * bounds[0]  # every chunk within the cheapest bound
     lower, upper = np.empty(len(lengths)), np.empty(len(lengths))
-    sums32, columns = sums.astype(np.float32), np.arange(len(bounds))
     for b in range(0, len(lengths), block):
         n = lengths[b : b + block]
         hi = np.searchsorted(pos, n, side="left")  # the last chunk starts at pos[hi - 1 - k], k = 0 .. window - 1
-        best = np.full((len(n), len(bounds)), np.inf, dtype=np.float32)
-        cand = np.empty_like(best)
+        low, up = np.full(len(n), np.inf), np.full(len(n), np.inf)
         for k in range(window):
             i = np.maximum(hi - 1 - k, 0)
             valid = (hi - 1 - k >= 0) & (n - pos[i] <= dom.largest_chunk)
@@ -138,8 +152,8 @@ def optimum_at(
             cost = np.where(valid, model.chunk_latency_ms(start, n - start), np.inf)
             # bounds are sorted: the chunk fits the bounds from the first one >= its cost on
             fits = np.searchsorted(bounds, cost, side="left")
-            np.add(sums32[i], cost[:, None].astype(np.float32), out=cand)
-            cand[columns[None, :] < fits[:, None]] = np.inf
-            np.minimum(best, cand, out=best)
-        lower[b : b + block], upper[b : b + block] = optimum_bounds(best.astype(float), bounds, pp_size)
+            np.minimum(up, cost + upper_after[i, fits], out=up)
+            np.minimum(low, cost + lower_after[i, fits], out=low)
+            np.minimum(low, np.where(fits == 0, cost + lowest[i], np.inf), out=low)
+        lower[b : b + block], upper[b : b + block] = low, up
     return lower, upper
