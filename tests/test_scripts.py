@@ -21,6 +21,7 @@ BENCH_POLICY = "results/bench-reference/profile/policy.json"
 
 RUNS = {
     "benchmarks/alloc.py": ["--quick"],
+    "benchmarks/fit_cost.py": ["--quick"],
     "benchmarks/forward.py": ["--quick"],
     "benchmarks/memory.py": ["--quick"],
     "benchmarks/planner.py": ["--quick"],

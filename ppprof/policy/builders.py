@@ -49,10 +49,11 @@ def pieces(dom: Domain, per_unit: int = 8) -> tuple[np.ndarray, np.ndarray]:
 
 def longest_runs(ok: np.ndarray) -> np.ndarray:
     """run[..., k]: how many consecutive True from index k on along the last axis: the distance from k to the first
-    False at or after it (the end of the axis where none is)."""
-    index = np.arange(ok.shape[-1], dtype=np.int64)
-    next_false = np.where(ok, ok.shape[-1], index)
-    return np.minimum.accumulate(next_false[..., ::-1], axis=-1)[..., ::-1] - index
+    False at or after it (the end of the axis where none is), a running minimum from the end."""
+    size = ok.shape[-1]
+    backwards = np.where(ok[..., ::-1], np.int32(size), np.arange(size - 1, -1, -1, dtype=np.int32))
+    np.minimum.accumulate(backwards, axis=-1, out=backwards)
+    return backwards[..., ::-1] - np.arange(size, dtype=np.int32)
 
 
 @dataclass(slots=True)
