@@ -83,14 +83,26 @@ def rule_ttft(
     """TTFT of rule r's plan of each prompt length (sorted): chunks up to the last start below the length, then the
     rest; with `merge` > 0, a rest of at most `merge` tokens joins the chunk before it where that stays within
     `largest`."""
+    return rule_ttfts(model, walks, r, lengths, (merge,), pp_size, largest)[0]
+
+
+def rule_ttfts(
+    model: LatencyModel, walks: Walks, r: int, lengths: np.ndarray, merges, pp_size: int, largest: int | None = None
+) -> list[np.ndarray]:
+    """rule_ttft of each merge length in `merges`: the last chunk's start found once for all of them."""
     starts = walks.starts[:, r]
-    j = np.searchsorted(starts, lengths, side="left") - 1  # the last chunk starts at starts[j] < length
-    if merge:
-        joined = (j >= 1) & (lengths - starts[j] <= merge) & (lengths - starts[np.maximum(j - 1, 0)] <= largest)
-        j = np.where(joined, j - 1, j)
-    L = starts[j]
-    t = model.chunk_latency_ms(L, lengths - L)
-    return ttft(walks.sums[j, r] + t, np.maximum(walks.maxes[j, r], t), pp_size)
+    last = np.searchsorted(starts, lengths, side="left") - 1  # the last chunk starts at starts[last] < length
+    rest = lengths - starts[last]
+    before = lengths - starts[np.maximum(last - 1, 0)]
+    out = []
+    for merge in merges:
+        j = last
+        if merge:
+            j = np.where((last >= 1) & (rest <= merge) & (before <= largest), last - 1, last)
+        L = starts[j]
+        t = model.chunk_latency_ms(L, lengths - L)
+        out.append(ttft(walks.sums[j, r] + t, np.maximum(walks.maxes[j, r], t), pp_size))
+    return out
 
 
 def rule_bounds(model: LatencyModel, dom: Domain, count: int) -> np.ndarray:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ppprof.policy.bounded import Walks, rule_bounds, rule_table, rule_ttft, walk_rules
+from ppprof.policy.bounded import Walks, rule_bounds, rule_table, rule_ttft, rule_ttfts, walk_rules
 from ppprof.policy.optimum import Domain, all_min_sums, bound_grid, optimum_at
 from ppprof.policy.rule import LatencyModel
 from ppprof.policy.tables import PromptRule
@@ -81,8 +81,8 @@ def score_candidates(model: LatencyModel, dom: Domain, pp_size: int) -> tuple[Ca
     merges = [u * dom.unit for u in MERGE_UNITS]
     ratio = np.full((len(merges), len(bounds), len(first)), np.inf)
     for r in range(len(bounds)):
-        for g, merge in enumerate(merges):
-            both = rule_ttft(model, walks, r, lengths, merge, pp_size, dom.largest_chunk) / lower
+        for g, ttfts in enumerate(rule_ttfts(model, walks, r, lengths, merges, pp_size, dom.largest_chunk)):
+            both = ttfts / lower
             ratio[g, r] = np.maximum(both[: len(first)], both[len(first) :])
     return Candidates(bounds, merges, walks, ratio), first
 
