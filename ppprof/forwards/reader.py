@@ -12,7 +12,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ppprof.forwards.format import END, FORWARD, HEADER, IDENTITY, forward_problem, header_problem
+from ppprof.forwards.format import END, FORMAT, FORWARD, HEADER, IDENTITY, forward_problem, header_problem
 from ppprof.io import special_kind
 
 MAX_TRACE_BYTES = 2**30
@@ -150,3 +150,18 @@ def read_lines(f, path: Path, out: Forwards | None, first_path: Path | None) -> 
         raise ValueError(f"forward trace {path} holds no forwards (a header alone): serve some requests first")
     out.files.append({"path": str(path), "sha256": digest.hexdigest(), "forwards": read, "dropped_by_writer": dropped})
     return out
+
+
+def is_trace(path) -> bool:
+    """Whether `path` is given as a forward trace: named *.jsonl, or a regular file whose first line names the
+    format (so that `ppprof compare POLICY TRACE` tells a trace from a policy or a run folder)."""
+    path = Path(path)
+    if path.suffix == ".jsonl":
+        return True
+    try:
+        if not path.is_file():
+            return False
+        with open(path, "rb") as f:
+            return FORMAT.encode() in f.readline(4096)
+    except OSError:
+        return False

@@ -2,12 +2,16 @@
 rank's part joined into one file, the parts removed), holding every forward serving.csv / bench.csv recorded, with
 its time; `ppprof calibrate` refits the committed tiny policy from it. Timings are never asserted."""
 
+import hashlib
 from collections import Counter
 
 import pandas as pd
 import pytest
+from click.testing import CliRunner
 
+from ppprof.cli import main
 from ppprof.forwards import read_forwards
+from ppprof.policy import load
 from tests.multirank import TINY_RUN, run_cli
 
 pytestmark = pytest.mark.multirank
@@ -31,7 +35,7 @@ def serve(out, trace):
     )  # fmt: skip
 
 
-def test_serve_bench_writes_every_stages_forwards_into_one_trace(tmp_path):
+def test_serve_bench_writes_every_stages_forwards_and_calibrate_refits_from_them(tmp_path):
     out, trace = tmp_path / "serving.json", tmp_path / "trace.jsonl"
     r = serve(out, trace)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -51,6 +55,12 @@ def test_serve_bench_writes_every_stages_forwards_into_one_trace(tmp_path):
         by_key.setdefault((s, p), []).append(ms)
     for s, q, ms in zip(rows.stage, rows.requests, rows.compute_ms):
         assert min(abs(ms - t) for t in by_key[(int(s), pieces_of(q))]) < 1e-3, f"{s=} {q=} {ms=}"
+    calibrated = tmp_path / "calibrated.json"
+    r = CliRunner().invoke(main, ["calibrate", str(TINY_RUN / "policy.json"), str(trace), "-o", str(calibrated)])
+    assert r.exit_code == 0, r.output
+    live = load(calibrated).data["provenance"]["live"]
+    assert live["traces"][0]["sha256"] == hashlib.sha256(trace.read_bytes()).hexdigest()
+    assert live["forwards_read"] == len(got) and live["forwards_used"]["single"] > 0
 
 
 def test_bench_writes_every_chunks_forward_on_every_stage(tmp_path):
