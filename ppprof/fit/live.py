@@ -165,7 +165,9 @@ def refit(policy: dict, policy_path, forwards: Forwards, trace_paths, latency_mo
     options = PolicyOptions(
         overhead_ms=float(policy["overhead"]["ms_per_chunk"]),
         pp_size=policy.get("num_stages"),
-        workload=Workload.from_dict(workload) if workload else None,
+        # a workload the policy derived from its profiled domain is derived again from the domain the live
+        # forwards reach; one the user gave stays
+        workload=Workload.from_dict(workload) if workload and workload.get("source") != "default" else None,
     )
     requested = latency_model or (policy.get("diagnostics") or {}).get("requested_model") or "auto"
     new = fit_samples(samples, None, settings, requested, None, options)

@@ -7,13 +7,16 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
 from ppprof.cli import main
+from ppprof.fit.build import fit
 from ppprof.fit.live import calibrate
 from ppprof.fit.samples import read_samples
 from ppprof.policy import load
@@ -146,3 +149,23 @@ def test_calibrate_writes_nothing_when_the_trace_is_of_another_layout(tmp_path):
     r = CliRunner().invoke(main, ["calibrate", str(POLICY), str(trace), "-o", str(tmp_path / "p.json")])
     assert r.exit_code == 2 and "pp_size 4 served, 2 profiled" in r.stderr, r.output
     assert not (tmp_path / "p.json").exists()
+
+
+def test_a_policy_fitted_without_the_prefix_term_gets_it_and_its_workload_from_the_live_forwards(tmp_path):
+    """ATOM's case: a policy fitted on the prefix-free rows alone (its domain, and so its default workload, end at
+    prompts of 1 token) is refitted on live forwards at prefixes up to 2048: the model the refit chooses predicts
+    the live forwards, and the workload is derived again from the domain they reach."""
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    shutil.copy(TINY / "run.json", wrong / "run.json")
+    rows = pd.read_csv(TINY / "samples.csv")
+    rows[rows.prefix_len == 0].to_csv(wrong / "samples.csv", index=False)
+    _, before = fit(wrong / "samples.csv")
+    assert before["workload"]["prompt_lens"] == [1] and before["domain"]["prefix_len"] == [0, 0]
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, known_forwards([0, 128, 256, 512, 1024, 2048], [32, 64, 128, 256, 512, 1024]), 10**5)
+    _, after, rows_ = calibrate(wrong / "policy.json", [trace], tmp_path / "p.json")
+    assert after["domain"]["prefix_len"] == [0, 2048]
+    assert max(after["workload"]["prompt_lens"]) > 2048, after["workload"]
+    assert all(abs(r["calibrated_ratio"] - 1) < 0.05 for r in rows_ if r["stage"] == 0), rows_
+    assert max(abs(r["profiled_ratio"] - 1) for r in rows_ if r["stage"] == 0) > 0.3, rows_
