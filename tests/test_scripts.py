@@ -22,6 +22,7 @@ BENCH_POLICY = "results/bench-reference/profile/policy.json"
 RUNS = {
     "benchmarks/alloc.py": ["--quick"],
     "benchmarks/forward.py": ["--quick"],
+    "benchmarks/forward_trace.py": ["--quick"],
     "benchmarks/memory.py": ["--quick"],
     "benchmarks/planner.py": ["--quick"],
     "benchmarks/policy.py": ["--quick"],
