@@ -17,7 +17,7 @@ from ppprof.fit.summary import fit_summary
     "calibrate", epilog="Example: ppprof calibrate results/my-run/policy.json trace.jsonl -o calibrated.json"
 )
 @click.argument("policy", type=click.Path(dir_okay=False))
-@click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("traces", metavar="TRACE...", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option(
     "-o", "--out", type=click.Path(dir_okay=False), default=None, help="New policy  [default: POLICY-calibrated.json]"
 )
