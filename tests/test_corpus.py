@@ -73,12 +73,26 @@ def huge_trace(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def huge_forward_trace(tmp_path_factory):
+    """A forward trace of 10^8 records' size (about 100 bytes each): a sparse file, refused by its size unread."""
+    path = tmp_path_factory.mktemp("forwards") / "huge.jsonl"
+    with path.open("wb") as f:
+        f.truncate(10**8 * 100)
+    return path
+
+
 @pytest.mark.parametrize("setting,args", CASES, ids=[args for _, args in CASES])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch, busy_port, setting, args, request):
     if any(args.endswith(m) for m in MEMORY_CASES) and host_available_bytes() is None:
         pytest.skip("no /proc/meminfo here: the memory check cannot tell")
     trace = request.getfixturevalue("huge_trace") if "{huge_trace}" in args else None
-    argv = shlex.split(args.format(corpus=CORPUS, repo=REPO, tmp=tmp_path, busy_port=busy_port, huge_trace=trace))
+    forwards = request.getfixturevalue("huge_forward_trace") if "{huge_forward_trace}" in args else None
+    argv = shlex.split(
+        args.format(
+            corpus=CORPUS, repo=REPO, tmp=tmp_path, busy_port=busy_port, huge_trace=trace, huge_forward_trace=forwards
+        )
+    )
     monkeypatch.chdir(tmp_path)
     watched = (tmp_path, CORPUS, REPO / "results")
     before = snapshot(*watched)

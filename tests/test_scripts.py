@@ -23,6 +23,7 @@ RUNS = {
     "benchmarks/alloc.py": ["--quick"],
     "benchmarks/fit_cost.py": ["--quick"],
     "benchmarks/forward.py": ["--quick"],
+    "benchmarks/forward_trace.py": ["--quick"],
     "benchmarks/memory.py": ["--quick"],
     "benchmarks/planner.py": ["--quick"],
     "benchmarks/policy.py": ["--quick"],
@@ -46,6 +47,7 @@ HELP_ONLY = {
     "experiments/serving_real.sh": "profiles and serves for a quarter of an hour (ranks)",
     "experiments/confidence_host.sh": "profiles nine times, about 25 minutes (ranks)",
     "experiments/tp_compare.sh": "profiles at TP1 and TP2 (ranks)",
+    "experiments/loop_closed.py": "serves, calibrates and serves again for minutes (ranks)",
     "sglang_check.py": "needs SGLang and two GPUs",
 }
 """Scripts whose run needs minutes, ranks or GPUs: their --help exits 0 (Python ones in-process, without ranks)."""

@@ -76,6 +76,9 @@ class PromptRunner:
         self.pipe = pipe
         self.seed = seed
         self.device = stages[0].cache.device
+        self.trace = None
+        """Where each forward is also recorded (`record(pieces, start_perf_s, latency_ms, stage)`: a forward trace's
+        rank part, ppprof.run.forward_trace), or None."""
 
     def run(self, prompt: BenchPrompt) -> PromptResult:
         """Every chunk of `prompt` through this rank's stages; collective with the other ranks. Raises RunError on
@@ -135,6 +138,8 @@ class PromptRunner:
                         with Timer(self.device) as t:
                             x, residual = s.stage(s.cache, req, x, residual, prefix_len)
                         first_start = t.start if first_start is None else first_start
+                        if self.trace is not None:
+                            self.trace.record([(prefix_len, n)], t.start, t.elapsed_ms, s.index)
                         compute_ms = pipe.tp_slowest(t.elapsed_ms)  # the stage's: its slowest TP rank's
                         row.update(
                             start_ms=(t.start - t0) * 1e3,

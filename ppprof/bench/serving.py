@@ -52,6 +52,9 @@ class ServingRunner:
         self.limits = limits
         self.device = cache.device
         self.vocab = stage.spec.vocab_size
+        self.trace = None
+        """Where each forward is also recorded (`record(pieces, start_perf_s, latency_ms)`: a forward trace's rank
+        part, ppprof.run.forward_trace), or None."""
 
     def run(
         self, prompts: Sequence[int], level: LoadLevel, sizer: Sizer | None, capacity: Capacity | None, tag: dict
@@ -188,6 +191,8 @@ class ServingRunner:
                     x, residual = self.stage.forward_packed(self.cache, held, x, residual)
                 start, end = (t.start - self.t0) * 1e3, (t.start - self.t0) * 1e3 + t.elapsed_ms
                 pipe.measured(t.elapsed_ms / 1e3)
+                if self.trace is not None:
+                    self.trace.record([(p.prefix_len, p.size) for p in pieces], t.start, t.elapsed_ms)
             except Exception as e:
                 status = FAILED
                 self.error = self.error or f"stage {pipe.rank}, batch {seq}: {type(e).__name__}: {e}"

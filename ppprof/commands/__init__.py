@@ -2,6 +2,7 @@
 lets ppprof.cli turn a ValueError into the one-line error. COMMANDS is the order `ppprof --help` lists them in."""
 
 from ppprof.commands.bench import bench
+from ppprof.commands.calibrate import calibrate_command
 from ppprof.commands.compare import compare_command
 from ppprof.commands.export import export_command
 from ppprof.commands.fit import fit_command
@@ -23,4 +24,5 @@ COMMANDS = (
     bench,
     serve_bench_command,
     compare_command,
+    calibrate_command,
 )

@@ -13,6 +13,7 @@ from ppprof.bounds import ATTENTION_BACKENDS, DEVICES
 from ppprof.commands.options import (
     TORCHRUN_PARAMS,
     TieredCommand,
+    forward_trace_option,
     resolved_config_option,
     shown,
     timeout_option,
@@ -54,6 +55,7 @@ BENCH_OPTIONS = (
         f"Pipeline stages (--pp: the same); more than the profile's: replay only. {PROFILES}",
     ),
     (("--out",), dict(), "Run folder. [results/<time>-bench-<model>]"),
+    forward_trace_option,
     (("--nproc-per-node",), dict(type=int), f"Ranks on this node. {PROFILES}"),
     (("--device",), dict(type=click.Choice(DEVICES)), PROFILES),
     (("--dtype",), dict(), PROFILES),
@@ -90,7 +92,17 @@ BENCH_ADVANCED = TORCHRUN_PARAMS | {
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False), required=False)
 @with_options(*BENCH_OPTIONS)
 def bench(
-    policy_path, prompt_lens, strategies, plans, repeats, pp_size, out, resolved_config, overwrite, **options
+    policy_path,
+    prompt_lens,
+    strategies,
+    plans,
+    repeats,
+    pp_size,
+    out,
+    forward_trace,
+    resolved_config,
+    overwrite,
+    **options,
 ) -> None:
     """Run real chunked prefills of synthetic prompts through the pipeline under each strategy (fixed, fixed-best,
     sglang, greedy, optimal) and compare measured TTFT with the policy's prediction. Writes bench.csv, bench.json
@@ -115,6 +127,7 @@ def bench(
                 "repeats": repeats,
                 "prompt_lens": tuple(prompt_lens),
                 "plans": plans,
+                "forward_trace": forward_trace,
             },
         )
     sys.exit(

@@ -11,6 +11,9 @@ import click
 
 from ppprof.checks import require_int
 from ppprof.fit.compare import compare
+from ppprof.fit.live import check_trace
+from ppprof.fit.live_forwards import judge_text
+from ppprof.forwards.reader import is_trace
 from ppprof.io import atomic_write_json
 from ppprof.policy.compare_text import render
 from ppprof.policy.verdict import DEFAULT_TOLERANCES
@@ -88,7 +91,10 @@ def parse_tolerances(specs) -> dict[str, float]:
 )
 def compare_command(baseline, candidate, as_json, tolerances, prompt_lens, pp_size, plot, out) -> None:
     """Compare CANDIDATE with BASELINE (run folders or policy files): coefficients, target, chunk-size table,
-    predicted TTFT, status and, for run folders, the samples. Exit 0 within tolerance, 1 on drift, 2 on bad input."""
+    predicted TTFT, status and, for run folders, the samples; or a forward trace (*.jsonl) against POLICY per stage
+    and prefix band. Exit 0 within tolerance, 1 on drift, 2 on bad input."""
+    if is_trace(candidate):  # POLICY TRACE: the server's own forwards against the policy's predictions
+        sys.exit(compare_trace(baseline, candidate, tolerances, as_json, out))
     for n in prompt_lens:
         require_int("--prompt-len", n, 1)
     report = compare(
@@ -102,5 +108,13 @@ def compare_command(baseline, candidate, as_json, tolerances, prompt_lens, pp_si
     if out:
         atomic_write_json(out, report)
     click.echo(json.dumps(report, indent=2) if as_json else render(report))
-    if report["drifted"]:
-        sys.exit(1)
+    sys.exit(1 if report["drifted"] else 0)
+
+
+def compare_trace(policy, trace, tolerances, as_json: bool, out) -> int:
+    """`ppprof compare POLICY TRACE` (ppprof.fit.live.check_trace): the report, and 1 on drift, else 0."""
+    report = check_trace(policy, trace, parse_tolerances(tolerances))
+    if out:
+        atomic_write_json(out, report)
+    click.echo(json.dumps(report, indent=2) if as_json else "\n".join(judge_text(report)))
+    return 1 if report["drifted"] else 0

@@ -40,6 +40,13 @@ timeout_option = click.option(
     f'not answer"; more where requests are slow (20 x the slowest so far). {shown("timeout")}',
 )
 
+forward_trace_option = click.option(
+    "--forward-trace",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write every stage's forwards to this forward trace (docs/forwards.md; `ppprof calibrate` reads it).",
+)
+
 
 def set_verbose(ctx, param, value) -> None:
     if value:  # the ranks the launcher starts inherit its environment; a rank started by torchrun reads its own

@@ -15,6 +15,7 @@ from ppprof.bounds import DEVICES
 from ppprof.commands.options import (
     TORCHRUN_PARAMS,
     TieredCommand,
+    forward_trace_option,
     resolved_config_option,
     timeout_option,
     torchrun_options,
@@ -69,6 +70,7 @@ SERVE_BENCH_OPTIONS = (
         dict(type=click.Path(dir_okay=False)),
         "serving.json's path  [default: --simulate: beside POLICY; else results/<time>-serve-<model>/]",
     ),
+    forward_trace_option,
     (("--nproc-per-node",), dict(type=int), f"Ranks on this node. {PROFILES}"),
     (("--device",), dict(type=click.Choice(DEVICES)), PROFILES),
     (("--torch-threads",), dict(type=int), f"Intra-op threads per rank. {PROFILES}"),
@@ -105,6 +107,8 @@ def serve_bench_command(policy_path, simulate, resolved_config, **flags) -> None
     if policy_path is None:
         raise click.UsageError("Missing argument 'POLICY': give the policy.json of a profile")
     if simulate:
+        if flags["forward_trace"] is not None:
+            raise ValueError("--forward-trace with --simulate: the simulation runs no forwards; drop one of them")
         simulate_command(policy_path, **flags)
         return
     profile = {k: flags.pop(k) for k in ("nproc_per_node", "device", "torch_threads", "timeout")}

@@ -49,7 +49,12 @@ class BenchConfig:
     """Extra chunk plans to run beside the strategies, {"<prompt_len>": {name: [chunk sizes]}} (`--plans`, e.g. the
     plans of `ppprof tune --json`); each runs as the arm plan-<name>."""
 
+    forward_trace: str | None = None
+    """Where every rank's forwards go as one forward trace (docs/forwards.md); None: none."""
+
     def __post_init__(self) -> None:
+        if self.forward_trace is not None:
+            require_str("--forward-trace", self.forward_trace, "a file path for the forward trace")
         if not self.prompt_lens:
             raise ValueError("--prompt-len is required: give at least one prompt length, e.g. --prompt-len 8192")
         for n in self.prompt_lens:

@@ -22,6 +22,7 @@ from ppprof.model.stage import build_stage_cache
 from ppprof.policy.policy_file import load
 from ppprof.policy.runtime import Policy
 from ppprof.policy.summary import extrapolation
+from ppprof.run.forward_trace import RankTrace, join_parts
 from ppprof.run.progress import progress
 from ppprof.run.provenance import default_run_dir
 from ppprof.run.rank import (
@@ -130,6 +131,11 @@ def build_stages(run: RankRun[BenchState]) -> None:
         )
         stages.append(BenchStage(index, stage, cache))
     run.state.runner = PromptRunner(stages=stages, pipe=run.pipe, seed=cfg.probes.seed)
+    if bench.forward_trace is not None:
+        context_len = max(longest, cfg.probes.context_len)
+        run.state.runner.trace = RankTrace(
+            bench.forward_trace, run.rank, run.pipe, run.spec, run.dtype, context_len, "ppprof bench", bench.pp_size
+        )
     log.info(
         "stages %s of %d (%s) on rank %d", [s.index for s in stages], bench.pp_size, run.spec.name, run.rank, extra=OWN
     )
@@ -170,6 +176,8 @@ def run_prompts(run: RankRun[BenchState]) -> None:
             ttft[prompt.index] = result.ttft_ms
             if bar is not None:
                 bar.update()
+    if run.state.bench.forward_trace is not None:
+        join_parts(run.pipe, run.rank, run.state.bench.forward_trace, runner.trace)
     gathered = run.pipe.all_gather(rows)
     run.state.rows = [row for per_rank in gathered for row in per_rank]
     run.state.ttft = ttft

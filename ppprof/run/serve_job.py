@@ -20,6 +20,7 @@ from ppprof.manifest import write_result
 from ppprof.model.stage import build_stage_cache
 from ppprof.policy.policy_file import load
 from ppprof.policy.runtime import Policy
+from ppprof.run.forward_trace import RankTrace, join_parts
 from ppprof.run.progress import progress
 from ppprof.run.provenance import default_run_dir
 from ppprof.run.rank import Phase, RankRun, make_stage, run_phases, run_rank, set_up, tp_shard
@@ -84,6 +85,11 @@ def build_stage(run: RankRun[ServeState]) -> None:
     slots = run.pp_size + serve.async_depth
     limits = BatchLimits(max_pieces=entries, max_tokens=cfg.max_probe_chunk_size)
     run.state.runner = ServingRunner(stage, cache, run.pipe, serve.seed, slots, limits)
+    if serve.forward_trace is not None:
+        context_len = cfg.probes.context_len
+        run.state.runner.trace = RankTrace(
+            serve.forward_trace, run.rank, run.pipe, run.spec, run.dtype, context_len, "ppprof serve-bench"
+        )
 
 
 def serve_one(run: RankRun[ServeState], level: LoadLevel, arm: str, repeat: int, prompts: list[int]) -> None:
@@ -115,6 +121,8 @@ def serve_levels(run: RankRun[ServeState]) -> None:
                     if bar is not None:
                         bar.set_postfix_str(f"{level.name}, {arm}, repeat {repeat}", refresh=False)
                         bar.update()
+    if serve.forward_trace is not None:
+        join_parts(run.pipe, run.rank, serve.forward_trace, run.state.runner.trace)
     rows = [row for per_stage in run.pipe.all_gather(run.state.rows) for row in per_stage]
     if run.rank == 0:
         run.state.rows = rows

@@ -17,6 +17,7 @@ from ppprof.config.workload import Workload, parse_prompt_spec
 from ppprof.io import parse_json, parse_yaml, read_small_text
 from ppprof.policy.policy_file import load
 from ppprof.policy.runtime import Policy
+from ppprof.run.forward_trace import check_trace_path
 from ppprof.runfiles import COMPLETE, RunFolder, read_run_json
 from ppprof.serving.levels import parse_arms, parse_levels
 from ppprof.serving.settings import ServeBenchConfig
@@ -156,6 +157,7 @@ def resolve_bench(policy_path: str, flags: dict) -> tuple[BenchConfig, Policy]:
         profiled_stages=len(stages),
         **{k: v for k, v in flags.items() if v is not None},
     )
+    check_trace_path(bench.forward_trace)
     return bench, policy
 
 
@@ -209,5 +211,7 @@ def resolve_serve(policy_path: str, flags: dict) -> tuple[ServeBenchConfig, Poli
         strategies=arms,
         workload=workload.to_dict(),
         **{k: flags[k] for k in ("num_prompts", "async_depth", "seed", "repeats", "out") if flags[k] is not None},
+        forward_trace=flags.get("forward_trace"),
     )
+    check_trace_path(serve.forward_trace)
     return serve.with_pools(), policy

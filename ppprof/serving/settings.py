@@ -35,6 +35,8 @@ class ServeBenchConfig:
     """Runs of each (level, arm), interleaved: every arm of every level once, then again."""
     out: str | None = None
     """serving.json's path; None: results/<time>-serve-<model>/serving.json."""
+    forward_trace: str | None = None
+    """Where every rank's forwards go as one forward trace (docs/forwards.md); None: none."""
 
     def __post_init__(self) -> None:
         require_int("--num-prompts", self.num_prompts, 1, MAX_NUM_PROMPTS)
@@ -43,6 +45,8 @@ class ServeBenchConfig:
         require_int("--repeats", self.repeats, 1, MAX_REPEATS)
         if self.out is not None:
             require_str("--out", self.out, "a file path for serving.json")
+        if self.forward_trace is not None:
+            require_str("--forward-trace", self.forward_trace, "a file path for the forward trace")
 
     @property
     def levels(self) -> list[LoadLevel]:
