@@ -79,7 +79,7 @@ def score_candidates(model: LatencyModel, dom: Domain, pp_size: int) -> tuple[Ca
         model, bounds, np.full(len(bounds), dom.largest_chunk, dtype=np.int64), dom.unit, dom.max_prompt_len
     )
     merges = [u * dom.unit for u in MERGE_UNITS]
-    ratio = np.full((len(merges), len(bounds), len(first)), np.inf)
+    ratio = np.empty((len(merges), len(bounds), len(first)))  # every entry written below
     for r in range(len(bounds)):
         for g, ttfts in enumerate(rule_ttfts(model, walks, r, lengths, merges, pp_size, dom.largest_chunk)):
             both = ttfts / lower
@@ -111,16 +111,18 @@ def build_prompt_rule(
     cand, first = score_candidates(model, dom, pp_size)
     bands = cover(cand.ratio, tolerance)
     prompt_rule = PromptRule([], [], [], [], [], dom.largest_chunk)
-    worst = 0.0
+    worst, tables = 0.0, {}  # a rule's table once, however many bands it serves
     for n, (k, g, r) in enumerate(bands):
         end = bands[n + 1][0] if n + 1 < len(bands) else len(first)
         worst = max(worst, float(cand.ratio[g, r, k:end].max()))
-        starts, sizes = rule_table(model, float(cand.bounds[r]), dom.largest_chunk, dom.unit, dom.max_prompt_len)
+        if r not in tables:
+            tables[r] = rule_table(model, float(cand.bounds[r]), dom.largest_chunk, dom.unit, dom.max_prompt_len)
+        starts, sizes = tables[r]
         prompt_rule.prompt_len.append(int(first[k]))
         prompt_rule.bound_ms.append(float(cand.bounds[r]))
         prompt_rule.merge_len.append(cand.merges[g])
-        prompt_rule.prefix_len.append(starts)
-        prompt_rule.chunk_size.append(sizes)
+        prompt_rule.prefix_len.append(list(starts))
+        prompt_rule.chunk_size.append(list(sizes))
     return prompt_rule, {"max_ratio": worst, "bands": len(bands)}
 
 
