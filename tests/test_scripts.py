@@ -45,6 +45,7 @@ HELP_ONLY = {
     "experiments/serving_real.sh": "profiles and serves for a quarter of an hour (ranks)",
     "experiments/confidence_host.sh": "profiles nine times, about 25 minutes (ranks)",
     "experiments/tp_compare.sh": "profiles at TP1 and TP2 (ranks)",
+    "experiments/robust_load.py": "fits four policies and serves about a thousand levels (3 minutes)",
     "sglang_check.py": "needs SGLang and two GPUs",
 }
 """Scripts whose run needs minutes, ranks or GPUs: their --help exits 0 (Python ones in-process, without ranks)."""
