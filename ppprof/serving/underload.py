@@ -103,8 +103,7 @@ def workloads(policy: Policy, num_prompts: int) -> list[tuple[str, list[int]]]:
     own = policy.data["workload"]
     unit, longest = int(policy.data["prompt_table"]["unit"]), int(policy.data["prompt_table"]["max_prompt_len"])
     out = [("policy's workload", prompts_of(own["prompt_lens"], own["weights"], num_prompts, LOAD_SEED))]
-    for f in SINGLE_FRACTIONS:
-        n = max(unit, int(longest * f) // unit * unit)
+    for n in dict.fromkeys(max(unit, int(longest * f) // unit * unit) for f in SINGLE_FRACTIONS):
         out.append((f"{n}-token prompts", [n] * num_prompts))
     tail = sorted({max(unit, int(n) // unit * unit) for n in np.geomspace(longest / 64, longest, TAIL_LENGTHS)})
     weights = [1.0 / n for n in tail]
@@ -195,12 +194,12 @@ def robust_choice(scored: Scored) -> int:
 
 
 def screen_cells(family: list[Cell]) -> list[Cell]:
-    """The policy's workload, the shortest and a middle single length, each at the smallest, a middle and the
-    largest closed-loop level: where the candidates differ most, for the screens."""
+    """The policy's workload, the shortest and a middle single length (fewer where the family has fewer), each at
+    the smallest, a middle and the largest closed-loop level: where the candidates differ most, for the screens."""
     closed = sorted({c.level.concurrency for c in family if c.level.concurrency})
     picks = {closed[0], closed[len(closed) // 2], closed[-1]}
     names = list(dict.fromkeys(c.workload for c in family))
-    names = {names[0], names[1], names[1 + len(SINGLE_FRACTIONS) // 2]}
+    names = {names[min(k, len(names) - 1)] for k in (0, 1, 1 + len(SINGLE_FRACTIONS) // 2)}
     return [c for c in family if c.workload in names and c.level.concurrency in picks]
 
 
