@@ -48,6 +48,7 @@ HELP_ONLY = {
     "experiments/confidence_host.sh": "profiles nine times, about 25 minutes (ranks)",
     "experiments/tp_compare.sh": "profiles at TP1 and TP2 (ranks)",
     "experiments/loop_closed.py": "serves, calibrates and serves again for minutes (ranks)",
+    "experiments/robust_load.py": "fits four policies and serves about a thousand levels (3 minutes)",
     "sglang_check.py": "needs SGLang and two GPUs",
 }
 """Scripts whose run needs minutes, ranks or GPUs: their --help exits 0 (Python ones in-process, without ranks)."""

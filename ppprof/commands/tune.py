@@ -17,7 +17,7 @@ from ppprof.runfiles import RunFolder
 from ppprof.servers import DEFAULT_SERVER, SERVERS, ServerSetting, get
 from ppprof.servers.tune import draw, tune
 from ppprof.serving.levels import parse_levels
-from ppprof.serving.tuning import load_scorer
+from ppprof.serving.tuning import load_scorer, policy_load_figures
 
 TUNE_OPTIONS = (
     (
@@ -94,6 +94,8 @@ def tune_command(policy_path, spec, pp_size, server, current, boot_fit, extrapol
         levels = [level.concurrency for level in parse_levels(concurrency, None)]
         load_score = load_scorer(policy, workload, pp_size, levels)
     result = tune(policy, workload, pp_size, server, current, extrapolate, forwards, load_score)
+    if concurrency is not None:
+        result["policy_load"] = policy_load_figures(policy, workload, pp_size, levels)
     path = Path(policy_path)
     png = Path(png) if png else path.with_name(f"{path.stem}.tune-{server}.png")
     draw(result, png, f"{path.name}: {get(server).label}, {pp_size} stages, {len(workload.prompt_lens)} prompt lengths")
@@ -135,7 +137,7 @@ def echo_tune(result: dict, path: Path) -> None:
             else f"fixed {server.fixed_chunk_size(ServerSetting.from_dict(s))}"
         )
         click.echo(f"  {k}: {mode}")
-    echo_load(settings)
+    echo_load(settings, result.get("policy_load"))
     gain = result["gain"]
     click.echo(
         f"recommended vs {list(settings)[0]}: {gain['vs_current']:+.1%} mean TTFT saved; vs the policy's "
@@ -148,18 +150,20 @@ def echo_tune(result: dict, path: Path) -> None:
     click.echo(f"plot: {result['png']}")
 
 
-def echo_load(settings: dict) -> None:
-    """With --concurrency: each setting's throughput and mean / p90 TTFT at each level, simulated."""
+def echo_load(settings: dict, policy_load: dict | None = None) -> None:
+    """With --concurrency: each setting's throughput and mean / p90 TTFT at each level, simulated, and ppprof's own
+    sizer's (policy-load: the policy file in SGLang through ppprof's sizer, its under-load rule included)."""
     first = next(iter(settings.values()))
     if "load" not in first:
         return
     click.echo("under load (serving simulation): throughput tokens/s, mean / p90 TTFT ms")
     for level in first["load"]:
-        cells = [settings[k]["load"][level] for k in settings]
+        cells = [(k, settings[k]["load"][level]) for k in settings]
+        cells += [("policy-load", policy_load[level])] if policy_load else []
         click.echo(
             f"  {level:>16} "
             + " ".join(
                 f"{k}: {c['throughput_tokens_per_s']:.0f}, {c['ttft_mean_ms']:.1f} / {c['ttft_p90_ms']:.1f};"
-                for k, c in zip(settings, cells)
+                for k, c in cells
             )
         )

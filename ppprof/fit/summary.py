@@ -87,21 +87,15 @@ def checks_lines(diag: dict) -> list[str]:
 
 
 def load_line(load: dict) -> str:
-    """The under-load rule and what it gains over the idle rules at each simulated level."""
-    rule = ", ".join(
-        f"from {k} pending chunks {min(sizes)}-{max(sizes)}"
-        for k, sizes in zip(load["pending_requests"], load["chunk_size"])
-    )
-    tokens = f" with {load['handover_tokens']} tokens left" if load["handover_tokens"] else ""
-    gains = "; ".join(
-        f"{level['concurrency']}: throughput "
-        f"{level['throughput_tokens_per_s']['policy-load'] / level['throughput_tokens_per_s']['policy'] - 1:+.1%}, "
-        f"mean TTFT {level['ttft_mean_ms']['policy-load'] / level['ttft_mean_ms']['policy'] - 1:+.1%}"
-        for level in load["levels"]
-    )
+    """The under-load rule, and its worst loss against the best candidate over the workloads and loads it was chosen
+    on beside the idle rules'."""
+    full = load["full"]
+    bound = "no bound" if full["bound_ms"] is None else f"{full['bound_ms']:.0f} ms"
+    floor = "" if load.get("floor") is None else f", at least a first chunk of {load['floor']} tokens"
     return (
-        f"under load: {rule}{tokens}; simulated on {load['num_prompts']} prompts against the idle rules, at "
-        f"concurrency {gains}"
+        f"under load: once the work fills {load['fill']:g} x {load['slots']} slots, chunks of one latency up to {bound} "
+        f"and {full['chunk_cap']} tokens{floor}; chosen for its worst loss {load['worst_loss']:.1%} against the best "
+        f"candidate (at {load['worst_at']}), the idle rules' {load['idle_worst_loss']:.1%}"
     )
 
 

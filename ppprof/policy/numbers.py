@@ -25,6 +25,8 @@ MAX_WALL_S = 1e7
 """The longest probing a policy records, seconds (about 116 days)."""
 MAX_RELATIVE_ERROR = 1e6
 """The largest relative error of a prediction a policy records (1 is 100%)."""
+MAX_FILL = 1e3
+"""The largest `fill` of an under-load rule read (a fit tries a few, about 1)."""
 MAX_THROUGHPUT = 1e12
 """The largest input throughput a policy records, tokens a second."""
 
@@ -102,6 +104,14 @@ FIELDS = (
     ("prompt_table.bound_ms[]", LATENCY),
     *((f"prompt_table.{k}[][]", TOKENS) for k in ("prefix_len", "chunk_size")),
     *((f"prompt_table.{k}", TOKENS) for k in ("unit", "largest_chunk", "max_prompt_len")),
+    ("load.slots", COUNT),
+    ("load.fill", Bound(0, MAX_FILL, "how many times over the work fills the slots")),
+    ("load.unit", TOKENS),
+    ("load.floor", TOKENS),
+    ("load.full.bound_ms", LATENCY),
+    ("load.full.chunk_cap", TOKENS),
+    ("load.worst_loss", RELATIVE_ERROR),
+    ("load.idle_worst_loss", RELATIVE_ERROR),
     ("load.pending_requests[]", COUNT),
     ("load.bound_ms[]", LATENCY),
     ("load.chunk_cap[]", TOKENS),

@@ -64,19 +64,22 @@ def check_rules(policy: Policy) -> None:
 
 
 def check_load_tables(policy: Policy) -> None:
-    """Each level of the under-load rule is its bounded rule (bound, cap) on the planning model, its cap within the
-    largest chunk the prompt-aware rule gives (the domain the model was profiled on)."""
+    """The under-load rule's cap within the rules' unit and the largest chunk the prompt-aware rule gives (the domain
+    the model was profiled on), its unit the prompt-aware rule's, and the planning model it reads there."""
     rule, top = policy.load_rule, policy.prompt_rule.largest_chunk
     if rule is None:
         return
     if policy.planning_model is None:
         raise ValueError("$.load: an under-load rule needs the latency model it was chosen on: refit")
     unit = policy.data["prompt_table"]["unit"]
-    for i, cap in enumerate(rule.chunk_cap):
-        if not unit <= cap <= top:
-            raise ValueError(f"$.load.chunk_cap[{i}]: {cap} is outside {unit}..{top}, the rules' unit to largest chunk")
-        where = f"$.load.level[{i}]"
-        check_bounded(where, policy.planning_model, rule.bound_ms[i], cap, unit, rule.prefix_len[i], rule.chunk_size[i])
+    if rule.unit != unit:
+        raise ValueError(f"$.load.unit: {rule.unit} is not prompt_table.unit {unit}: refit")
+    if rule.floor is not None and not unit <= rule.floor <= rule.chunk_cap:
+        raise ValueError(f"$.load.floor: {rule.floor} is outside {unit}..{rule.chunk_cap}, the unit to the rule's cap")
+    if not unit <= rule.chunk_cap <= top:
+        raise ValueError(
+            f"$.load.full.chunk_cap: {rule.chunk_cap} is outside {unit}..{top}, the rules' unit to largest chunk"
+        )
 
 
 def check_bounded(

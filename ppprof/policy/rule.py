@@ -78,6 +78,12 @@ class LatencyModel:
         t = self.c + self.g * L + self.b * x + self.a * (2.0 * L * x + x * x)
         return t + self.h * L * x * x if self.h else t
 
+    def one_chunk_ms(self, prefix_len: int, chunk_size: int) -> float:
+        """chunk_latency_ms of one chunk in plain floats: what a simulation or a server's sizer asks per chunk, where
+        numpy's per-call cost is most of the time."""
+        L, x = float(prefix_len), float(chunk_size)
+        return self.c + self.g * L + self.b * x + self.a * (2.0 * L * x + x * x) + self.h * L * x * x
+
     def with_overhead(self, ms_per_chunk: float) -> LatencyModel:
         """This model with the per-chunk pipeline overhead added to every chunk's fixed cost."""
         return replace(self, c=self.c + ms_per_chunk) if ms_per_chunk else self

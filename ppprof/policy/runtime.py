@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from ppprof.chunks import walk
 from ppprof.config import ChunkSettings
 from ppprof.policy.arguments import check_prompt_len, checked_prompt_len, token_count
+from ppprof.policy.bounded import bounded_chunk
 from ppprof.policy.rule import NO_CALIBRATION, LatencyModel, build_table
 from ppprof.policy.tables import HistoryTable, LoadRule, PromptRule, table_plan
 
@@ -18,7 +19,7 @@ class Policy:
     latency model as fitted and as planned with (the calibration and the per-chunk overhead applied), the settings,
     the two tables and the under-load rule (None where the file has none). `next_chunk_size(prefix_len, prompt_len)`
     is two bisects in the prompt-aware rule's tables; without the prompt length, one bisect in the history-only table;
-    with a load past the handover, two bisects in the under-load rule. Built by Policy.of from a checked document
+    with others waiting, one bisect more in the under-load rule. Built by Policy.of from a checked document
     (ppprof.policy.policy_file)."""
 
     data: dict
@@ -44,7 +45,9 @@ class Policy:
         overhead_ms = float(data["overhead"]["ms_per_chunk"])
         planning = None if model is None else model.planning(data.get("calibration") or NO_CALIBRATION, overhead_ms)
         tables = HistoryTable.from_dict(data["table"]), PromptRule.from_dict(data["prompt_table"])
-        return cls(data, model, settings, planning, *tables, LoadRule.from_dict(data.get("load")))
+        return cls(
+            data, model, settings, planning, *tables, LoadRule.from_dict(data.get("load"), data["schema_version"])
+        )
 
     @property
     def status(self) -> str:
@@ -103,6 +106,7 @@ class Policy:
         history_len: int | None = None,
         pending_requests: int = 0,
         pending_tokens: int = 0,
+        slots: int | None = None,
     ) -> int:
         """Size of the next prefill chunk of a prompt whose first `prefix_len` tokens are already in the cache.
 
@@ -111,9 +115,11 @@ class Policy:
         history_len: alias of prefix_len kept for servers written against ppprof 0.1 / SGLang's name. Give exactly
         one of the two (TypeError otherwise).
         pending_requests, pending_tokens: the load the scheduler sees, the other requests with prefill work (waiting
-        or partly prefilled) and their tokens not yet scheduled. At or past the under-load rule's handover, its chunk
-        (a batch's token budget; the caller cuts it to the rest and packs the others into what is left); below it,
-        or without an under-load rule, the answer above, as with no load.
+        or partly prefilled) and their tokens not yet scheduled. While any wait, the under-load rule's chunk (a
+        batch's token budget; the caller cuts it to the rest and packs the others into what is left): the answer
+        above raised to the work's share of the pipeline's slots where the pipeline is full (LoadRule); without an
+        under-load rule, or with nothing else waiting, the answer above, as with no load.
+        slots: the server's micro-batch slots (pp_size plus its async depth) where they differ from the rule's.
         """
         if history_len is not None:
             if prefix_len is not None:
@@ -133,17 +139,21 @@ class Policy:
                     f"prefix_len {prefix_len} leaves nothing of prompt_len {prompt_len} to prefill: ask only "
                     "while tokens are left"
                 )
-        if pending_requests or pending_tokens:
-            loaded = self.under_load(prefix_len, pending_requests, pending_tokens)
-            if loaded is not None:
-                return loaded
         if prompt_len is None:
-            return self.history_table.next_chunk_size(prefix_len)
-        return self.prompt_rule.next_chunk_size(prefix_len, prompt_len)
+            idle = self.history_table.next_chunk_size(prefix_len)
+        else:
+            idle = self.prompt_rule.next_chunk_size(prefix_len, prompt_len)
+        if pending_requests or pending_tokens:
+            own = prompt_len if prompt_len is not None else prefix_len + idle
+            return self.under_load(prefix_len, idle, own, pending_requests, pending_tokens, slots)
+        return idle
 
-    def under_load(self, prefix_len: int, pending_requests: int, pending_tokens: int) -> int | None:
-        """The under-load rule's chunk after `prefix_len` tokens at this load (the counts checked); None below its
-        handover or without one."""
+    def under_load(
+        self, prefix_len: int, idle: int, own: int, pending_requests: int, pending_tokens: int, slots: int | None
+    ) -> int:
+        """The under-load rule's chunk after `prefix_len` tokens at this load (the counts checked; LoadRule), where
+        the idle rules give `idle` and the prompt being sized has `own` tokens; `idle` without an under-load rule or
+        with nothing else waiting."""
         if type(pending_requests) is not int or type(pending_tokens) is not int:
             pending_requests = token_count("pending_requests", pending_requests)
             pending_tokens = token_count("pending_tokens", pending_tokens)
@@ -152,8 +162,19 @@ class Policy:
                 f"pending_requests {pending_requests}, pending_tokens {pending_tokens}: a load is never negative; "
                 "count the other requests with prefill work and their tokens left"
             )
-        rule = self.load_rule
-        return None if rule is None else rule.next_chunk_size(prefix_len, pending_requests, pending_tokens)
+        if slots is not None and (type(slots) is not int or slots < 1):
+            raise ValueError(f"slots {slots!r}: give the server's micro-batch slots, pp_size plus its async depth")
+        rule, model = self.load_rule, self.planning_model
+        if rule is None or model is None or pending_tokens == 0:
+            return idle
+        share = model.one_chunk_ms(0, rule.share(own + pending_tokens, slots))
+        if rule.floor is not None:
+            bound = min(rule.bound_ms, max(model.one_chunk_ms(0, rule.floor), share))
+            return bounded_chunk(model, bound, rule.chunk_cap, prefix_len, rule.unit)
+        bound = min(rule.bound_ms, share)
+        if bound <= model.one_chunk_ms(prefix_len, idle):
+            return idle
+        return max(idle, bounded_chunk(model, bound, rule.chunk_cap, prefix_len, rule.unit))
 
     def plan(self, prompt_len: int) -> list[int]:
         """The whole chunk list of a `prompt_len`-token prompt under the prompt-aware rule. ValueError beyond the

@@ -9,6 +9,7 @@ import math
 from ppprof.checks import short
 from ppprof.policy.numbers import number_error
 from ppprof.policy.schema import READ_VERSIONS, schema_error
+from ppprof.policy.tables import LOAD_RULE_VERSION
 
 FIX = "fix that field or regenerate the policy with `ppprof fit`"
 
@@ -52,10 +53,19 @@ def check_prompt_table(prompt_table: dict) -> None:
 
 
 def check_load(load: dict, version: int) -> None:
-    """The under-load rule: a schema 4 field, one entry a level, its levels' pending requests strictly increasing,
-    and each level's breakpoint table."""
+    """The under-load rule: a field of schema 4 on, in the form of its schema (schema 5's full-pipeline rule, whose
+    numbers the schema and ppprof.policy.numbers check; schema 4's pending-count levels, kept but not read)."""
     if version < 4:
         raise ValueError(f"$.load: the under-load rule is a schema 4 field, in a schema {version} policy; refit it")
+    new_form = "slots" in load
+    if new_form != (version >= LOAD_RULE_VERSION):
+        form = "schema 5's (slots, fill)" if new_form else "schema 4's (pending_requests)"
+        raise ValueError(
+            f"$.load: {form} under-load rule in a schema {version} policy: refit it with `ppprof fit`, which writes "
+            f"schema {LOAD_RULE_VERSION}"
+        )
+    if new_form:
+        return
     levels = load["pending_requests"]
     one_a_row("$.load", load, ("bound_ms", "chunk_cap", "prefix_len", "chunk_size"), len(levels), "level")
     increasing("$.load.pending_requests", levels, "it")

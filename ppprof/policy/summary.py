@@ -3,6 +3,8 @@ prompt's plan leaves what the profile measured."""
 
 from __future__ import annotations
 
+import math
+
 from ppprof.policy.rule import LatencyModel
 from ppprof.policy.runtime import Policy
 
@@ -67,15 +69,33 @@ def verbose_lines(policy: Policy) -> list[str]:
 
 
 def load_text(policy: Policy) -> str:
-    """The under-load rule in words: its levels and their chunks, or that the policy has none."""
-    rule = policy.load_rule
+    """The under-load rule in words: when it hands over, its chunks and the evidence it was chosen on (its worst
+    loss against the best candidate, and where), or that the policy has none (a schema 4 rule named as not read)."""
+    rule, load = policy.load_rule, policy.data.get("load")
+    if rule is None and load is not None:
+        return (
+            f"; its schema {policy.data['schema_version']} under-load rule (a count of pending requests) is not read, "
+            "the same chunks at every load: refit with `ppprof fit` for the full-pipeline rule"
+        )
     if rule is None:
+        evidence = (policy.data.get("diagnostics") or {}).get("under_load") or {}
+        if "idle_worst_loss" in evidence:
+            return (
+                f"; no under-load rule: no candidate beat the idle rules robustly (their worst loss "
+                f"{evidence['idle_worst_loss']:.1%}, at {evidence['idle_worst_at']})"
+            )
         return "; no under-load rule (the same chunks at every load)"
-    levels = ", ".join(
-        f"from {k} pending chunks {min(sizes)}-{max(sizes)}" for k, sizes in zip(rule.pending_requests, rule.chunk_size)
+    bound = f"{rule.bound_ms:.0f} ms" if math.isfinite(rule.bound_ms) else "no bound"
+    text = (
+        f"; under load, once the work fills {rule.fill:g} x {rule.slots} slots, chunks of one latency up to {bound} "
+        f"and {rule.chunk_cap} tokens"
     )
-    tokens = f" with {rule.handover_tokens} tokens left" if rule.handover_tokens else ""
-    return f"; under load {levels}{tokens}"
+    if "worst_loss" in load:
+        text += (
+            f" (chosen for its worst loss {load['worst_loss']:.1%}, at {load['worst_at']}; the idle rules' "
+            f"{load['idle_worst_loss']:.1%})"
+        )
+    return text
 
 
 def packed_text(policy: Policy) -> str:
@@ -188,12 +208,15 @@ def summary_block(policy: Policy, policy_path: str) -> list[str]:
             mine, fixed = plans["policy"], plans["fixed"]
             lines.append(
                 f"  a typical prompt ({prompt_len} tokens, the workload's median): predicted TTFT "
-                f"{mine.ttft_ms:.1f} ms under the policy ({len(mine.chunk_sizes)} chunks) against {fixed.ttft_ms:.1f} "
+                f"{mine.ttft_ms:.1f} ms under the policy ({len(mine.chunk_sizes)} chunk{'s' * (len(mine.chunk_sizes) != 1)}) against {fixed.ttft_ms:.1f} "
                 f"ms with fixed {policy.base_chunk_size}-token chunks ({fixed.ttft_ms / mine.ttft_ms - 1:+.1%} with fixed)"
             )
     model = policy.latency_model.name if policy.latency_model is not None else "none"
     lines.append(f"  model: {model}, {policy.pp_size} stages{domain_text(policy)}")
-    lines.append(f"  under load: {load_text(policy).removeprefix('; ').removeprefix('under load ')}")
+    under_load = load_text(policy).removeprefix("; ")
+    if under_load.startswith("under load"):
+        under_load = under_load.removeprefix("under load").lstrip(", ")
+    lines.append(f"  under load: {under_load}")
     return lines
 
 

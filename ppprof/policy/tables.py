@@ -17,6 +17,9 @@ RULE_TEXT = (
     "bounded rule with the least mean TTFT on the workload (no bound: fixed chunks of the cap)"
 )
 """The rules behind the tables, in words: the policy file's `rule`."""
+LOAD_RULE_VERSION = 5
+"""The schema whose `load` is the full-pipeline rule (LoadRule); schema 4's (a count of pending requests tuned to one
+workload) is kept in the file but not read."""
 
 
 def table_chunk_size(starts: list[int], sizes: list[int], prefix_len: int) -> int:
@@ -105,47 +108,48 @@ class PromptRule:
 
 @dataclass(frozen=True, slots=True)
 class LoadRule:
-    """The under-load rule as it is stored (the file's `load`): while at least pending_requests[0] other requests have
-    prefill work with at least handover_tokens tokens left between them (the handover), level i is the last with
-    pending_requests[i] <= the requests pending, and after L cached tokens the next chunk is chunk_size[i][j] for the
-    last j with prefix_len[i][j] <= L: the bounded rule (bound_ms[i], chunk_cap[i]) as a breakpoint table. Below the
-    handover, the idle rules answer. The chunk is a batch's token budget: the scheduler packs the other requests'
-    tokens into what the chunked request's rest leaves of it."""
+    """The under-load rule as it is stored (the file's `load`, schema 5): whether the pipeline is full, read from the
+    work present, and chunks of one latency while it is. While other requests have prefill work (pending_tokens > 0),
+    the work is the prompt being sized (its length, or its rest where the length is unknown) and the others' tokens
+    not yet scheduled, and its share the work over `fill` times the pipeline's `slots` micro-batch slots (pp_size
+    plus the async depth). The bound is the predicted latency of a first chunk of the share, at least that of the idle
+    rules' chunk and at most the full pipeline's bound (full.bound_ms); the chunk after L cached tokens is the
+    bounded rule's (the largest multiple of the unit <= full.chunk_cap whose predicted latency at L is within the
+    bound), never below the idle rules' chunk. Where the work would not give every slot a batch of the idle rules'
+    latency, the idle rules answer: the handover is the share's latency crossing the idle chunk's, not a count of
+    requests. One bound for the whole prompt while the load holds keeps the stages' batches even (a batch much longer
+    than its neighbours idles the stages behind it). The chunk is a batch's token budget: the scheduler packs the
+    other requests' tokens into what the chunked request's rest leaves of it."""
 
-    pending_requests: list[int]
-    bound_ms: list[float]
-    chunk_cap: list[int]
-    prefix_len: list[list[int]]
-    chunk_size: list[list[int]]
-    handover_tokens: int = 0
+    slots: int
+    fill: float
+    unit: int
+    bound_ms: float
+    chunk_cap: int
+    floor: int | None = None
+    """None: the idle rules' chunk is the least (the rule only grows chunks); a chunk size: the least bound is a
+    first chunk of it, so that a share below the idle chunk splits the work over more of the slots."""
 
-    def next_chunk_size(self, prefix_len: int, pending_requests: int, pending_tokens: int) -> int | None:
-        """The under-load chunk at this load; None below the handover (the idle rules answer)."""
-        if pending_requests < self.pending_requests[0] or pending_tokens < self.handover_tokens:
-            return None
-        i = bisect_right(self.pending_requests, pending_requests) - 1
-        return self.chunk_size[i][bisect_right(self.prefix_len[i], prefix_len) - 1]
+    def share(self, work: int, slots: int | None = None) -> int:
+        """`work` tokens over fill x slots (the server's slots where given), aligned down to the unit, one at least."""
+        return max(self.unit, int(work / (self.fill * (slots or self.slots))) // self.unit * self.unit)
 
     def to_dict(self) -> dict:
         return {
-            "pending_requests": self.pending_requests,
-            "bound_ms": [b if math.isfinite(b) else None for b in self.bound_ms],
-            "chunk_cap": self.chunk_cap,
-            "prefix_len": self.prefix_len,
-            "chunk_size": self.chunk_size,
-            "handover_tokens": self.handover_tokens,
+            "slots": self.slots,
+            "fill": self.fill,
+            "unit": self.unit,
+            "floor": self.floor,
+            "full": {"bound_ms": self.bound_ms if math.isfinite(self.bound_ms) else None, "chunk_cap": self.chunk_cap},
         }
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> LoadRule | None:
-        """The rule of a policy's `load` (None where the file has none: the idle rules answer at every load)."""
-        if d is None:
+    def from_dict(cls, d: dict | None, schema_version: int = LOAD_RULE_VERSION) -> LoadRule | None:
+        """The rule of a policy's `load`; None where the file has none, or has a schema 4 rule (a count of pending
+        requests, not read since schema 5: the idle rules answer at every load, as with none)."""
+        if d is None or schema_version < LOAD_RULE_VERSION:
             return None
-        return cls(
-            list(d["pending_requests"]),
-            [math.inf if b is None else float(b) for b in d["bound_ms"]],
-            list(d["chunk_cap"]),
-            [list(v) for v in d["prefix_len"]],
-            [list(v) for v in d["chunk_size"]],
-            int(d["handover_tokens"]),
-        )
+        full = d["full"]
+        bound = math.inf if full["bound_ms"] is None else float(full["bound_ms"])
+        floor = None if d.get("floor") is None else int(d["floor"])
+        return cls(int(d["slots"]), float(d["fill"]), int(d["unit"]), bound, int(full["chunk_cap"]), floor)

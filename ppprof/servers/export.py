@@ -161,17 +161,17 @@ def load_notes(policy: Policy, server: str) -> list[str]:
     rule = policy.load_rule
     if rule is None:
         return []
-    handover = rule.pending_requests[0]
     lines = {
         "sglang": "the flags cannot (SGLang's own sizer reads no load); the policy file loaded by ppprof's sizer "
-        "does (it reads the scheduler's waiting queue), below",
+        "does (it reads the scheduler's waiting queue and its micro-batch slots), below",
         "vllm-ascend": "vllm-ascend cannot: it sizes every prefill of a step against one time budget and reads no "
         "queue",
         "atom": "ATOM cannot carry its chunks; its guard (dynamic only while the request is the only one with "
-        "prefill work, fixed chunks otherwise) is a handover at 1 pending request"
-        + ("" if handover == 1 else f", where the policy's is at {handover}"),
+        "prefill work, fixed chunks otherwise) hands over at 1 pending request, where the policy's reads whether "
+        "the pipeline is full",
     }
-    return [f"# under load (from {handover} pending requests) the policy has its own rule: {lines[server]}"]
+    when = f"once the work fills {rule.fill:g} x {rule.slots} slots"
+    return [f"# under load ({when}) the policy has its own rule: {lines[server]}"]
 
 
 def comparison_comments(policy: Policy, server: str, label: str, comparison: dict) -> list[str]:

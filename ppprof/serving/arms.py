@@ -56,7 +56,7 @@ def packed_stage_ms(model: LatencyModel, pp_size: int, extra_piece_ms: float = 0
     the bottleneck stage's)."""
 
     def stage_ms(batch: Batch) -> list[float]:
-        t = model.c + sum(float(model.chunk_latency_ms(p.prefix_len, p.size)) - model.c for p in batch.pieces)
+        t = model.c + sum(model.one_chunk_ms(p.prefix_len, p.size) - model.c for p in batch.pieces)
         return [t + extra_piece_ms * (len(batch.pieces) - 1)] * pp_size
 
     return stage_ms

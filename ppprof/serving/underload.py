@@ -1,27 +1,27 @@
-"""The under-load rule a policy carries (policy.json's `load`), chosen at fit time on the policy's own planning model:
-the serving simulation (ppprof.serving.simulate) of closed-loop levels, each batch priced as one packed forward, the
-policy's idle rules while the chunked request is alone and each candidate bounded rule once others wait, scored on
-input throughput and mean TTFT against the best candidate at each level. Pure: no torch."""
+"""The under-load rule a policy carries (policy.json's `load`, ppprof.policy.tables.LoadRule), chosen at fit time for
+robustness: each candidate (a full pipeline's chunk table and how many times over the work must fill the slots) is
+served by the serving simulation (ppprof.serving.simulate) of the policy's planning model over a family of workloads
+(the policy's own, single lengths across its prompts, a long-tailed mix) at closed-loop levels up to 2 x the slots
+and at Poisson loads, each batch priced as one packed forward; the rule kept is the one whose worst loss against the
+best candidate of each cell is least, and never worse than the idle rules by more than NOISE in any cell, or none
+(the idle rules) where no candidate beats them. Pure: no torch."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ppprof.policy.bounded import rule_table
 from ppprof.policy.runtime import Policy
 from ppprof.policy.tables import LoadRule
 from ppprof.serving.arms import packed_stage_ms, sizer
 from ppprof.serving.scheduler import Capacity
 from ppprof.serving.simulate import LoadLevel, prompts_of, serve
 
-LOAD_LEVELS = (2, 4, 8)
-"""The closed-loop concurrencies the rule is chosen at (at 1 no other request waits: the idle rules answer)."""
 LOAD_PROMPTS = 24
-"""Prompts a level serves, drawn from the policy's workload: enough for the closed loop to settle, few enough that
-the choice costs well under a second on a profile's model."""
+"""The fewest prompts a level serves (twice the concurrency where that is more): enough for the closed loop to
+settle, few enough that the choice costs seconds on a profile's model."""
 LOAD_SEED = 0
 NUM_CANDIDATES = 8
 """First chunks tried: log-spaced multiples of the rules' unit from the smaller of B and the best fixed chunk up to
@@ -29,10 +29,46 @@ the largest chunk the prompt-aware rule gives (the profiled domain's), with B an
 BOUND_FACTORS = (1.0, 1.5, 2.0)
 """Each first chunk x gives fixed chunks of x and the bounded rules whose bound is t(0, x) times each factor: the
 first chunk x, or larger, then chunks of equal predicted latency (so that the stages' batches stay even)."""
+FILLS = (1.0, 2.0, 3.0, 4.0, 6.0)
+"""How many times over the work must fill the slots (LoadRule.fill)."""
+FLOOR_FRACTIONS = (None, 0.25, 0.5, 1.0)
+"""The least chunk of a candidate (LoadRule.floor), fractions of B: None, the idle rules' chunk (chunks only grow
+under load); a fraction, a floor under which a share below the idle chunk may cut the work (a deep pipeline with few
+short prompts waiting holds more batches so)."""
+SCREEN_FILL = 3.0
+BOUNDS_KEPT = 2
+"""Full-pipeline bounds kept from the first screen (every bound at SCREEN_FILL with no floor)."""
+FINALISTS = 6
+"""Candidates kept from the second screen (the kept bounds with every fill and floor) for the whole family."""
+SINGLE_FRACTIONS = (1 / 16, 1 / 4, 1 / 2, 1.0)
+"""Single-length workloads, fractions of the longest prompt the rules plan for."""
+TAIL_LENGTHS = 8
+"""The long-tailed mix: lengths log-spaced from 1/64 of the longest prompt to it, weights falling as 1/length."""
+RATE_FRACTIONS = (0.5, 0.9)
+"""Poisson loads: these fractions of the idle rules' throughput at the highest closed-loop level, in requests a
+second of the workload's mean prompt."""
+NOISE = 0.01
+"""A candidate worse than the idle rules by more than this (throughput or mean TTFT, relative) in any cell is not
+kept: the under-load rule is never worse than the policy's idle rules beyond the noise of a measurement."""
+POISSON_ENTRIES = 128
+"""Requests the pools hold under Poisson arrivals (serve-bench's default)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """One workload served at one load level."""
+
+    workload: str
+    prompts: tuple[int, ...]
+    level: LoadLevel
+
+    @property
+    def name(self) -> str:
+        return f"{self.workload} at {self.level.name}"
 
 
 def candidates(policy: Policy) -> list[int]:
-    """The under-load chunks tried (NUM_CANDIDATES, B and the best fixed chunk), ascending."""
+    """The first chunks tried (NUM_CANDIDATES, B and the best fixed chunk), ascending."""
     unit, top = int(policy.data["prompt_table"]["unit"]), policy.prompt_rule.largest_chunk
     B, best = policy.base_chunk_size, policy.fixed_best_chunk or policy.base_chunk_size
     low = max(unit, min(B, best, top))
@@ -40,114 +76,189 @@ def candidates(policy: Policy) -> list[int]:
     return sorted(x for x in spaced | {B, best} if unit <= x <= top)
 
 
-def level_rules(policy: Policy) -> list[tuple[float, int, list[int], list[int]]]:
-    """The candidate rules of one level, (bound_ms, chunk_cap, prefix_len starts, chunk sizes), distinct tables:
-    fixed chunks of each candidate (no bound) and the bounded rules of BOUND_FACTORS up to the largest chunk."""
-    model, unit = policy.planning_model, int(policy.data["prompt_table"]["unit"])
-    top, end = policy.prompt_rule.largest_chunk, int(policy.data["prompt_table"]["max_prompt_len"])
-    out, seen = [], set()
+def full_bounds(policy: Policy) -> list[tuple[float, int]]:
+    """The full pipeline's candidate (bound_ms, chunk_cap), distinct: fixed chunks of each first chunk x (no bound, cap
+    x) and the bounded rules whose bound is t(0, x) times each of BOUND_FACTORS, up to the largest chunk."""
+    model, top = policy.planning_model, policy.prompt_rule.largest_chunk
+    out = []
     for x in candidates(policy):
         first = float(model.chunk_latency_ms(0, x)) * (1.0 + 1e-12)
-        for bound, cap in [(math.inf, x), *((first * f, top) for f in BOUND_FACTORS)]:
-            starts, sizes = rule_table(model, bound, cap, unit, end)
-            if (tuple(starts), tuple(sizes)) not in seen:
-                seen.add((tuple(starts), tuple(sizes)))
-                out.append((bound, cap, starts, sizes))
+        out += [(math.inf, x), *((first * f, top) for f in BOUND_FACTORS)]
+    return list(dict.fromkeys(out))
+
+
+def slots_of(policy: Policy, async_depth: int) -> int:
+    return policy.pp_size + async_depth
+
+
+def closed_levels(slots: int) -> list[int]:
+    """The closed-loop concurrencies scored: 2, 3 and the slots' half, whole, one and a half and double, up to
+    2 x slots (at 1 nothing else waits and every candidate runs the idle rules)."""
+    return sorted({2, 3, *(max(2, round(slots * f)) for f in (0.5, 1.0, 1.5, 2.0))})
+
+
+def workloads(policy: Policy, num_prompts: int) -> list[tuple[str, list[int]]]:
+    """The family a rule is chosen on, (name, prompt lengths in arrival order): the policy's own workload, single
+    lengths across its prompts (SINGLE_FRACTIONS of the longest), a long-tailed mix (TAIL_LENGTHS)."""
+    own = policy.data["workload"]
+    unit, longest = int(policy.data["prompt_table"]["unit"]), int(policy.data["prompt_table"]["max_prompt_len"])
+    out = [("policy's workload", prompts_of(own["prompt_lens"], own["weights"], num_prompts, LOAD_SEED))]
+    for n in dict.fromkeys(max(unit, int(longest * f) // unit * unit) for f in SINGLE_FRACTIONS):
+        out.append((f"{n}-token prompts", [n] * num_prompts))
+    tail = sorted({max(unit, int(n) // unit * unit) for n in np.geomspace(longest / 64, longest, TAIL_LENGTHS)})
+    weights = [1.0 / n for n in tail]
+    out.append(("long-tailed mix", prompts_of(tail, weights, num_prompts, LOAD_SEED)))
     return out
 
 
-def level_figures(
-    policy: Policy, rule: LoadRule | None, prompts: list[int], concurrency: int, async_depth: int = 0
-) -> tuple[float, float]:
-    """(input throughput in tokens/s, mean TTFT in ms) of `prompts` served at `concurrency` by the policy with the
-    under-load rule `rule` (None: its idle rules at every load), `async_depth` slots beyond the stages."""
+def served(policy: Policy, rule: LoadRule | None, cell: Cell, async_depth: int) -> tuple[float, float]:
+    """(input throughput in tokens/s, mean TTFT in ms) of `cell` served by the policy with the under-load rule `rule`
+    (None: its idle rules at every load), `async_depth` slots beyond the stages."""
     arm = replace(policy, load_rule=rule)
     stage_ms = packed_stage_ms(policy.planning_model, policy.pp_size, policy.extra_piece_ms)
-    capacity = Capacity(max(prompts) * concurrency, concurrency)
-    level = LoadLevel(concurrency=concurrency)
+    entries = cell.level.concurrency or POISSON_ENTRIES
+    capacity = Capacity(max(cell.prompts) * entries, entries)
     summary = serve(
-        policy.pp_size, sizer(arm, "policy-load"), stage_ms, capacity, prompts, level, async_depth=async_depth
+        policy.pp_size,
+        sizer(arm, "policy-load"),
+        stage_ms,
+        capacity,
+        list(cell.prompts),
+        cell.level,
+        LOAD_SEED,
+        async_depth,
     ).summary()
     return summary["throughput_tokens_per_s"], summary["ttft_ms"]["mean"]
 
 
+def cells(policy: Policy, async_depth: int) -> list[Cell]:
+    """Every workload of the family at every closed-loop level and at the Poisson loads (RATE_FRACTIONS of the idle
+    rules' throughput at the highest closed-loop level)."""
+    levels = closed_levels(slots_of(policy, async_depth))
+    num_prompts = max(LOAD_PROMPTS, 2 * levels[-1])
+    out = []
+    for name, prompts in workloads(policy, num_prompts):
+        out += [Cell(name, tuple(prompts), LoadLevel(concurrency=c)) for c in levels]
+        top = served(policy, None, out[-1], async_depth)[0]
+        rate = top / float(np.mean(prompts))
+        out += [Cell(name, tuple(prompts), LoadLevel(rate=f * rate)) for f in RATE_FRACTIONS]
+    return out
+
+
 def loss(figures: tuple[float, float], best: tuple[float, float]) -> float:
-    """How far a candidate is from the best at a level: the larger of its throughput shortfall and its mean TTFT
+    """How far a candidate is from the best at a cell: the larger of its throughput shortfall and its mean TTFT
     excess, relative (0: the best on both)."""
     return max(best[0] / figures[0] - 1.0, figures[1] / best[1] - 1.0)
 
 
 Scored = list[tuple[LoadRule | None, list[tuple[float, float]]]]
-"""Candidate rules (None: the idle rules at every load) with their figures at each of LOAD_LEVELS."""
+"""Candidate rules (None: the idle rules at every load) with their figures in each cell."""
 
 
 def bests(scored: Scored) -> list[tuple[float, float]]:
-    """The best throughput and the best mean TTFT at each level over the candidates."""
-    return [(max(f[i][0] for _, f in scored), min(f[i][1] for _, f in scored)) for i in range(len(LOAD_LEVELS))]
+    """The best throughput and the best mean TTFT in each cell over the candidates."""
+    num_cells = len(scored[0][1])
+    return [(max(f[i][0] for _, f in scored), min(f[i][1] for _, f in scored)) for i in range(num_cells)]
 
 
 def worst_losses(scored: Scored) -> list[float]:
-    """Each candidate's largest loss over the levels."""
+    """Each candidate's largest loss over the cells."""
     best = bests(scored)
     return [max(loss(f, b) for f, b in zip(figures, best)) for _, figures in scored]
 
 
-def composed(scored: Scored) -> LoadRule | None:
-    """Each level's own best candidate (the idle rules too: None) from the pending requests that level's concurrency
-    can show and the level below it cannot (LOAD_LEVELS 2, 4, 8: from 1, 2 and 4 pending); the idle rules below the
-    first level whose best is a rule (the handover), a level whose best is the idle rules past it keeping the rule
-    below, equal neighbours merged. None where the idle rules are best at every level."""
-    best, parts = bests(scored), []
-    for i in range(len(LOAD_LEVELS)):
-        rule = min(scored, key=lambda s: loss(s[1][i], best[i]))[0]
-        if rule is not None and (not parts or parts[-1][1] != rule):
-            parts.append((1 if i == 0 else LOAD_LEVELS[i - 1], rule))
-    if not parts:
-        return None
-    columns = [[getattr(r, k)[0] for _, r in parts] for k in ("bound_ms", "chunk_cap", "prefix_len", "chunk_size")]
-    return LoadRule([k for k, _ in parts], *columns)
+def within_noise(figures: list[tuple[float, float]], idle: list[tuple[float, float]]) -> bool:
+    """Never worse than the idle rules by more than NOISE, in throughput or mean TTFT, in any cell."""
+    return all(f[0] >= (1.0 - NOISE) * i[0] and f[1] <= (1.0 + NOISE) * i[1] for f, i in zip(figures, idle))
 
 
-def scored_rules(policy: Policy, prompts: list[int], async_depth: int = 0) -> Scored:
-    """The candidates, scored: the idle rules, each candidate rule of one level (level_rules) from one pending
-    request on, the rule of each level's own best (composed), and the best of these handed over only once the
-    pending requests hold B tokens, or the largest chunk's (handover_tokens)."""
+def rules_of(policy: Policy, bounds, fills, floors, async_depth: int) -> list[LoadRule]:
+    """Every candidate of `bounds` x `fills` x `floors` (fractions of B, None: the idle chunk), distinct."""
+    unit, slots, B = int(policy.data["prompt_table"]["unit"]), slots_of(policy, async_depth), policy.base_chunk_size
+    out = []
+    for bound, cap in bounds:
+        for floor in floors:
+            least = None if floor is None else min(cap, max(unit, int(B * floor) // unit * unit))
+            out += [LoadRule(slots, fill, unit, bound, cap, least) for fill in fills]
+    return list(dict.fromkeys(out))
 
-    def scored(rule: LoadRule | None):
-        return rule, [level_figures(policy, rule, prompts, c, async_depth) for c in LOAD_LEVELS]
 
-    singles = [LoadRule([1], [b], [cap], [starts], [sizes]) for b, cap, starts, sizes in level_rules(policy)]
-    out = [scored(None), *(scored(rule) for rule in singles)]
-    rule = composed(out)
-    out = out if rule is None or rule in singles else [*out, scored(rule)]
-    best = out[int(np.argmin(worst_losses(out)))][0]
-    if best is None:
-        return out
-    tokens = sorted({policy.base_chunk_size, policy.prompt_rule.largest_chunk})
-    return out + [scored(replace(best, handover_tokens=t)) for t in tokens]
+def robust_choice(scored: Scored) -> int:
+    """The index of the candidate kept: of those never worse than the idle rules (scored[0]) beyond NOISE in any
+    cell, the one whose worst loss is least (the first of equals), where that is below the idle rules' own; 0 (the
+    idle rules) otherwise."""
+    worst, idle = worst_losses(scored), scored[0][1]
+    kept = [k for k in range(1, len(scored)) if within_noise(scored[k][1], idle)]
+    chosen = min(kept, key=lambda k: worst[k], default=0)
+    return chosen if worst[chosen] < worst[0] else 0
+
+
+def screen_cells(family: list[Cell]) -> list[Cell]:
+    """The policy's workload, the shortest and a middle single length (fewer where the family has fewer), each at
+    the smallest, a middle and the largest closed-loop level: where the candidates differ most, for the screens."""
+    closed = sorted({c.level.concurrency for c in family if c.level.concurrency})
+    picks = {closed[0], closed[len(closed) // 2], closed[-1]}
+    names = list(dict.fromkeys(c.workload for c in family))
+    names = {names[min(k, len(names) - 1)] for k in (0, 1, 1 + len(SINGLE_FRACTIONS) // 2)}
+    return [c for c in family if c.workload in names and c.level.concurrency in picks]
+
+
+def scored_rules(policy: Policy, family: list[Cell], async_depth: int = 0) -> Scored:
+    """The idle rules and the finalists, scored in every cell of `family`. Two screens on a few cells
+    (screen_cells): every full-pipeline bound at SCREEN_FILL with no floor, the BOUNDS_KEPT of least worst loss
+    kept; those with every fill of FILLS and floor of FLOOR_FRACTIONS, the FINALISTS of least worst loss among those
+    within NOISE of the idle rules there (the others after them) kept."""
+    screen = screen_cells(family)
+
+    def scored(rules: list[LoadRule | None], where: list[Cell]) -> Scored:
+        return [(r, [served(policy, r, c, async_depth) for c in where]) for r in rules]
+
+    bounds = full_bounds(policy)
+    first = scored([None, *rules_of(policy, bounds, [SCREEN_FILL], [None], async_depth)], screen)
+    order = np.argsort(worst_losses(first)[1:], kind="stable")[:BOUNDS_KEPT]
+    kept = [bounds[int(k)] for k in order]
+    second = scored([None, *rules_of(policy, kept, FILLS, FLOOR_FRACTIONS, async_depth)], screen)
+    worst, idle = worst_losses(second), second[0][1]
+    rank = sorted(range(1, len(second)), key=lambda k: (not within_noise(second[k][1], idle), worst[k]))
+    return scored([None, *(second[k][0] for k in rank[:FINALISTS])], family)
 
 
 def choose_load(policy: Policy, async_depth: int = 0) -> tuple[dict | None, dict]:
-    """(policy.json's `load`, what it was chosen on) for `policy`: the scored candidate (scored_rules) whose worst
-    loss over LOAD_LEVELS is least, served with `async_depth` slots beyond the stages (the server's
-    pp_async_batch_depth); no `load` where that is the idle rules. Both None without a planning model."""
+    """(policy.json's `load`, what it was chosen on) for `policy`: of the scored candidates (scored_rules) never
+    worse than the idle rules beyond NOISE, the one whose worst loss over the cells is least, where that is below
+    the idle rules' own; no `load` (the idle rules at every load) otherwise. Both None without a planning model."""
     if policy.planning_model is None:
         return None, {}
-    workload = policy.data["workload"]
-    prompts = prompts_of(workload["prompt_lens"], workload["weights"], LOAD_PROMPTS, LOAD_SEED)
-    scored = scored_rules(policy, prompts, async_depth)
-    worst = worst_losses(scored)
-    chosen = int(np.argmin(worst))
+    idle_policy = replace(policy, load_rule=None)
+    family = cells(idle_policy, async_depth)
+    scored = scored_rules(idle_policy, family, async_depth)
+    worst, idle = worst_losses(scored), scored[0][1]
+    chosen = robust_choice(scored)
     rule, figures = scored[chosen]
-    best, idle = bests(scored), scored[0][1]
-    levels = [
-        {
-            "concurrency": c,
-            "throughput_tokens_per_s": {"policy-load": figures[i][0], "policy": idle[i][0], "best": best[i][0]},
-            "ttft_mean_ms": {"policy-load": figures[i][1], "policy": idle[i][1], "best": best[i][1]},
-        }
-        for i, c in enumerate(LOAD_LEVELS)
-    ]
-    chosen_on = {"num_prompts": LOAD_PROMPTS, "seed": LOAD_SEED, "async_depth": async_depth, "levels": levels}
-    evidence = chosen_on | {"candidates": len(scored), "worst_loss": worst[chosen], "idle_worst_loss": worst[0]}
-    return (None if rule is None else rule.to_dict() | chosen_on), evidence
+    best = bests(scored)
+    losses = [loss(f, b) for f, b in zip(figures, best)]
+    at = int(np.argmax(losses))
+    evidence = {
+        "num_prompts": len(family[0].prompts),
+        "seed": LOAD_SEED,
+        "async_depth": async_depth,
+        "slots": slots_of(policy, async_depth),
+        "candidates": len(scored),
+        "worst_loss": worst[chosen],
+        "worst_at": family[at].name,
+        "idle_worst_loss": worst[0],
+        "idle_worst_at": family[int(np.argmax([loss(f, b) for f, b in zip(idle, best)]))].name,
+        "cells": [
+            {
+                "workload": c.workload,
+                "level": c.level.name,
+                "throughput_tokens_per_s": {"policy-load": figures[i][0], "policy": idle[i][0], "best": best[i][0]},
+                "ttft_mean_ms": {"policy-load": figures[i][1], "policy": idle[i][1], "best": best[i][1]},
+            }
+            for i, c in enumerate(family)
+        ],
+    }
+    if rule is None:
+        return None, evidence
+    keys = ("num_prompts", "seed", "async_depth", "worst_loss", "worst_at", "idle_worst_loss")
+    return rule.to_dict() | {k: evidence[k] for k in keys}, evidence

@@ -25,6 +25,10 @@ CHUNKED_REQ = "chunked_req"
 WAITING_QUEUE = "waiting_queue"
 """The scheduler's attribute holding the requests waiting for their first chunk: the load the under-load rule reads
 (the other requests with prefill work and their tokens; the one chunked request at a time is the one being sized)."""
+LOOP_SIZE = "pp_loop_size"
+"""The scheduler's micro-batch slots, pp_size + pp_async_batch_depth (SchedulerPPMixin.init_pp_loop_state): the slots
+the under-load rule asks the work to fill. Its running batches (running_mbs, and mbs in flight) are not read: they
+hold requests whose prefill is done or already scheduled, and the rule weighs the work not yet scheduled."""
 
 
 @dataclass(frozen=True)
@@ -145,8 +149,8 @@ class PolicySizer:
 
     def predict(self, prefix_len: int) -> int | None:
         """The next chunk after `prefix_len` cached tokens: the prompt-aware rule where the request being chunked
-        is the scheduler's (its length known), else the history-only table; the under-load rule past its handover,
-        with the scheduler's waiting queue as the load; two bisects at most. None (the static size) without a
+        is the scheduler's (its length known), else the history-only table; the under-load rule while others wait,
+        with the scheduler's waiting queue as the load and its micro-batch slots (pp_loop_size) as the pipeline's. None (the static size) without a
         policy, or where the policy cannot answer (said once)."""
         if self.policy is None:
             return None
@@ -154,7 +158,11 @@ class PolicySizer:
             prompt_len = self.prompt_len(prefix_len)
             pending_requests, pending_tokens = self.load()
             return self.policy.next_chunk_size(
-                prefix_len, prompt_len, pending_requests=pending_requests, pending_tokens=pending_tokens
+                prefix_len,
+                prompt_len,
+                pending_requests=pending_requests,
+                pending_tokens=pending_tokens,
+                slots=self.slots(),
             )
         except Exception as e:  # noqa: BLE001 - the scheduler keeps its static size
             if not self.failed_predict:
@@ -169,6 +177,11 @@ class PolicySizer:
         if not queue:
             return 0, 0
         return len(queue), sum(len(r.origin_input_ids) + len(r.output_ids) for r in queue)
+
+    def slots(self) -> int | None:
+        """The scheduler's micro-batch slots (LOOP_SIZE), where it has them; None: the rule's own."""
+        slots = getattr(self.scheduler, LOOP_SIZE, None)
+        return slots if type(slots) is int and slots >= 1 else None
 
     def prompt_len(self, prefix_len: int) -> int | None:
         """The length of the request being chunked (prompt and any output it prefills again), where it is the

@@ -16,6 +16,7 @@ from ppprof.fit.build import with_load
 from ppprof.policy import LatencyModel, from_dict, load
 from ppprof.policy.numbers import FIELDS, number_error, values_at
 from ppprof.policy.schema import policy_schema
+from ppprof.policy.tables import LoadRule
 
 from .policy_helpers import policy_dict, with_packed_forwards
 
@@ -63,7 +64,11 @@ def test_every_number_the_schema_allows_has_an_upper_bound():
 def test_every_field_bounded_is_a_field_ppprof_writes():
     # The committed policies predate packed_forwards and load: their fields come from what `ppprof fit` writes.
     docs = [json.loads(p.read_text()) for p in FULL] + [with_packed_forwards(policy_dict(MODEL), MODEL)]
-    docs.append(with_load(policy_dict(MODEL) | {"diagnostics": {}}))  # an under-load rule with a bound
+    docs.append(with_load(policy_dict(MODEL) | {"diagnostics": {}}))  # the under-load rule fit chooses, or none
+    # a schema 5 rule with a floor and a bound as choose_load writes it, and a schema 4 one as fit wrote it
+    chosen = {"num_prompts": 24, "seed": 0, "async_depth": 0, "worst_loss": 0.01, "idle_worst_loss": 0.2}
+    docs.append(policy_dict(MODEL) | {"load": LoadRule(4, 2.0, 64, 12.0, 1024, 256).to_dict() | chosen})
+    docs.append(json.loads((REPO / "results" / "serving-real" / "profile" / "policy.json").read_text()))
     assert [path for path, _ in FIELDS if not any(list(values_at(d, steps(path))) for d in docs)] == []
     assert all(number_error(d) is None for d in docs)
 

@@ -59,7 +59,7 @@ def test_schema_version_1_is_refused(tmp_path):
     (tmp_path / "p.json").write_text(json.dumps(data))
     with pytest.raises(
         ValueError,
-        match=r"schema_version 1 is not supported: this ppprof reads 3, 4; regenerate it "
+        match=r"schema_version 1 is not supported: this ppprof reads 3, 4, 5; regenerate it "
         r"with `ppprof fit`$",
     ):
         load(tmp_path / "p.json")

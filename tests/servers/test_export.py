@@ -104,20 +104,15 @@ def test_the_model_a_server_sizes_chunks_with_beside_a_policy():
 def test_an_export_says_whether_its_server_carries_the_under_load_rule(server):
     data = policy_dict(PREFIX, base_chunk_size=4096, context_len=32768)
     assert not any("under load" in c for c in export_data(from_dict(data), server)["comments"])
-    sizes = [[4096], [8192]]
-    data |= {
-        "schema_version": 4,
-        "load": {
-            "pending_requests": [2, 4],
-            "bound_ms": [None, None],
-            "chunk_cap": [4096, 8192],
-            "prefix_len": [[0], [0]],
-            "chunk_size": sizes,
-            "handover_tokens": 0,
-        },
+    rule = {
+        "slots": 4,
+        "fill": 2.0,
+        "unit": data["prompt_table"]["unit"],
+        "full": {"bound_ms": None, "chunk_cap": 8192},
     }
+    data |= {"schema_version": 5, "load": rule}
     notes = [c for c in export_data(from_dict(data), server)["comments"] if "under load" in c]
-    assert len(notes) == 1 and "from 2 pending requests" in notes[0], notes
+    assert len(notes) == 1 and "(once the work fills 2 x 4 slots)" in notes[0], notes
     want = {"sglang": "the policy file loaded by ppprof's sizer does", "vllm-ascend": "vllm-ascend cannot"}
-    want["atom"] = "a handover at 1 pending request, where the policy's is at 2"
+    want["atom"] = "hands over at 1 pending request, where the policy's reads whether the pipeline is full"
     assert want[server] in notes[0], notes

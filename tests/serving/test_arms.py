@@ -51,13 +51,16 @@ def test_atom_guard_is_fixed_while_others_wait(policy):
 
 
 def test_policy_load_feeds_the_scheduler_load_to_the_under_load_rule(policy):
-    loaded = dataclasses.replace(policy, load_rule=LoadRule([2], [math.inf], [640], [[0]], [[640]], 1000))
+    # chunks up to 640 tokens once the work fills 4 x 2 slots with chunks longer than the idle one
+    loaded = dataclasses.replace(policy, load_rule=LoadRule(2, 4.0, 64, math.inf, 640))
     arm = sizer(loaded, "policy-load")
     idle = policy.next_chunk_size(1000, 4000)
+    assert idle < 640
     assert arm(1000, 4000, Load()) == idle == sizer(policy, "policy-load")(1000, 4000, Load(5, 9000))
-    assert arm(1000, 4000, Load(pending_requests=1, pending_tokens=3000)) == idle  # below the handover
-    assert arm(1000, 4000, Load(pending_requests=2, pending_tokens=999)) == idle
-    assert arm(1000, 4000, Load(pending_requests=2, pending_tokens=1000, busy_slots=1)) == 640
+    assert arm(1000, 4000, Load(pending_requests=1, pending_tokens=1)) == idle  # 4001 tokens: short of the idle chunk
+    full = arm(1000, 4000, Load(pending_requests=2, pending_tokens=9000, busy_slots=1))
+    assert full == loaded.next_chunk_size(1000, 4000, pending_requests=2, pending_tokens=9000)
+    assert idle < full <= 640
 
 
 def test_a_packed_forward_pays_one_fixed_cost(policy):

@@ -16,7 +16,7 @@ from ppprof.servers.tune import tune
 from ppprof.serving.arms import packed_stage_ms
 from ppprof.serving.scheduler import Capacity
 from ppprof.serving.simulate import LoadLevel, prompts_of, serve
-from ppprof.serving.tuning import load_scorer
+from ppprof.serving.tuning import load_scorer, policy_load_figures
 from ppprof.serving.underload import LOAD_PROMPTS, LOAD_SEED
 
 from ..policy.policy_helpers import policy_dict
@@ -47,7 +47,7 @@ def busy(policy, workload):
 def test_a_fixed_setting_under_load_is_its_fixed_chunks_served(policy, workload, busy):
     fixed = busy["settings"]["best fixed"]
     size = busy["plans"]["6144"]["best-fixed"][0]
-    prompts = prompts_of(workload.prompt_lens, workload.weights, LOAD_PROMPTS, LOAD_SEED)
+    prompts = prompts_of(workload.prompt_lens, workload.weights, max(LOAD_PROMPTS, 2 * max(LEVELS)), LOAD_SEED)
     stage_ms = packed_stage_ms(policy.planning_model, PP, policy.extra_piece_ms)
     for level in LEVELS:
         capacity = Capacity(max(prompts) * level, level)
@@ -90,6 +90,11 @@ def test_tune_command_under_load_and_its_bad_input(tmp_path):
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
     assert all(set(row["load"]) == {"concurrency-2"} for row in out["settings"].values())
+    # ppprof's own sizer on the same prompts, beside the server's settings: the policy-load arm
+    policy = from_dict(data)
+    assert out["policy_load"] == policy_load_figures(policy, parse_prompt_spec("2048,6144", 8192), PP, [2])
+    r = CliRunner().invoke(main, [*args, "--concurrency", "2"])
+    assert r.exit_code == 0 and "policy-load: " in r.output, r.output
     for bad in ("0", "two", "2,,4"):
         r = CliRunner().invoke(main, [*args, "--concurrency", bad])
         assert r.exit_code == 2 and "--concurrency" in r.output and "Traceback" not in r.output, r.output

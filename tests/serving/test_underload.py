@@ -1,23 +1,36 @@
-"""The under-load rule `ppprof fit` chooses by simulating the serving scheduler on the policy's own model, and the
-`policy-load` arm that feeds it the scheduler's load: the candidate chosen is the one whose worst loss over the levels
-is least (its figures recomputed exactly), alone in the pipeline the arm runs the policy's chunks, and on the default
-profile's policy and on a GPU-sized one (ATOM's published model) it is within 1% of the best arm on throughput and mean
-TTFT at concurrency 1, 2, 4 and 8."""
+"""The under-load rule `ppprof fit` chooses for robustness (ppprof.serving.underload) and the `policy-load` arm that
+feeds it the scheduler's load: the candidate kept is the one never worse than the idle rules beyond the noise whose
+worst loss over the family of workloads and levels is least (its evidence recomputed exactly), none where no
+candidate beats the idle rules; alone in the pipeline the arm runs the policy's chunks; and on models and workloads
+the fit never saw (the issue's 8-stage pipeline, and a model and workload drawn here) policy-load is within 2% of the
+best arm's throughput and mean TTFT and never more than 1% below `policy`, at every closed-loop level up to 2 x the
+stages and at Poisson loads."""
 
 import dataclasses
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ppprof.fit import fit
 from ppprof.fit.build import with_load
 from ppprof.policy import SCHEMA_VERSION, from_dict, load, validate
 from ppprof.policy.rule import LatencyModel
+from ppprof.policy.tables import LoadRule
 from ppprof.serving.arms import SERVING_ARMS, packed_stage_ms, sizer
 from ppprof.serving.scheduler import Capacity
 from ppprof.serving.simulate import LoadLevel, prompts_of, serve
-from ppprof.serving.underload import LOAD_PROMPTS, LOAD_SEED, candidates, choose_load, scored_rules, worst_losses
+from ppprof.serving.underload import (
+    NOISE,
+    candidates,
+    cells,
+    choose_load,
+    robust_choice,
+    scored_rules,
+    served,
+    worst_losses,
+)
 
 from ..policy.policy_helpers import policy_dict
 
@@ -25,6 +38,8 @@ REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "tests/runs/tiny-hybrid"
 REFERENCE = REPO / "results/bench-reference/profile"
 """The default profile (docs/bench.md's serve-bench example): its samples refitted here, with the under-load rule."""
+GOAL, FLOOR = 0.02, 0.01
+"""policy-load within 2% of the best arm's throughput and mean TTFT, and never more than 1% below policy's."""
 
 
 def refit(folder: Path, tmp: Path, min_gain: float | None = None):
@@ -47,20 +62,61 @@ def reference(tmp_path_factory):
     return policy
 
 
-@pytest.fixture(scope="module")
-def gpu_sized():
-    """A GPU-sized policy: AMD ATOM's published model of Kimi-K2.5 on MI355X (results/serving-atom-sim.json), PP4,
-    20 ms a chunk of pipeline overhead, B 8192, chunks up to 32768, prompts up to 131072; its rules chosen as
-    `ppprof fit` chooses them, then its under-load rule."""
-    model = LatencyModel("prefix", a=3.25e-7, b=6.03e-3, c=26.1, g=5.39e-4)
-    data = policy_dict(model, pp_size=4, overhead_ms=20.0, largest=32768) | {"diagnostics": {}}
+def chosen_for(model: LatencyModel, pp_size: int, **settings):
+    """A policy of `model` at `pp_size` stages, its rules chosen as `ppprof fit` chooses them, then its under-load
+    rule."""
+    data = policy_dict(model, pp_size=pp_size, **settings) | {"diagnostics": {}}
     return from_dict(with_load(data))
 
 
-def served(policy, arm: str, prompts: list[int], concurrency: int):
+@pytest.fixture(scope="module")
+def eight_stage():
+    """Issue 48's 8-stage GPU-sized pipeline: t = c + gL + bx + a(2Lx + x^2), a 1.1e-7, b 2.4e-3, c 9.0, g 3.1e-4 ms,
+    B 16384, page 64, chunks up to 65536; its rules planned for prompts up to 131072 rather than the issue's context
+    of 524288 (the prompts served are 98304 tokens; the larger domain costs a minute of planning, not a different
+    rule for them). scripts/experiments/robust_load.py serves the issue's own fitted policy at the full context."""
+    model = LatencyModel("prefix", a=1.1e-7, b=2.4e-3, c=9.0, g=3.1e-4)
+    return chosen_for(model, 8, base_chunk_size=16384, context_len=131072, largest=65536)
+
+
+def served_at(policy, arm: str, prompts: list[int], level: LoadLevel):
     stage_ms = packed_stage_ms(policy.planning_model, policy.pp_size, policy.extra_piece_ms)
-    capacity = Capacity(max(prompts) * concurrency, concurrency)
-    return serve(policy.pp_size, sizer(policy, arm), stage_ms, capacity, prompts, LoadLevel(concurrency=concurrency))
+    entries = level.concurrency or 128
+    capacity = Capacity(max(prompts) * entries, entries)
+    return serve(policy.pp_size, sizer(policy, arm), stage_ms, capacity, prompts, level).summary()
+
+
+def goal_misses(policy, prompts: list[int], levels: list[LoadLevel]) -> list[str]:
+    """Each level where policy-load is further than GOAL from the best arm or FLOOR below policy, in words."""
+    misses = []
+    for level in levels:
+        rows = {arm: served_at(policy, arm, prompts, level) for arm in SERVING_ARMS}
+        best_throughput = max(r["throughput_tokens_per_s"] for r in rows.values())
+        best_ttft = min(r["ttft_ms"]["mean"] for r in rows.values())
+        mine, idle = rows["policy-load"], rows["policy"]
+        throughput, ttft = mine["throughput_tokens_per_s"], mine["ttft_ms"]["mean"]
+        if (
+            throughput < (1 - GOAL) * best_throughput
+            or ttft > (1 + GOAL) * best_ttft
+            or throughput < (1 - FLOOR) * idle["throughput_tokens_per_s"]
+            or ttft > (1 + FLOOR) * idle["ttft_ms"]["mean"]
+        ):
+            misses.append(
+                f"{level.name}: throughput {throughput / best_throughput:.3f} of the best, "
+                f"{throughput / idle['throughput_tokens_per_s']:.3f} of policy; mean TTFT {ttft / best_ttft:.3f} of "
+                f"the best, {ttft / idle['ttft_ms']['mean']:.3f} of policy"
+            )
+    return misses
+
+
+def every_level(policy, prompts: list[int]) -> list[LoadLevel]:
+    """Closed loops of 1 to 2 x the stages (1, 2, 3 and the stages' half, whole, one and a half, double) and
+    Poisson arrivals at 50, 80 and 95% of fixed-best's throughput at concurrency pp_size."""
+    pp = policy.pp_size
+    closed = sorted({1, 2, 3, *(max(1, round(pp * f)) for f in (0.5, 1.0, 1.5, 2.0))})
+    top = served_at(policy, "fixed-best", prompts, LoadLevel(concurrency=pp))["throughput_tokens_per_s"]
+    rate = top / float(np.mean(prompts))
+    return [LoadLevel(concurrency=c) for c in closed] + [LoadLevel(rate=f * rate) for f in (0.5, 0.8, 0.95)]
 
 
 def test_candidates_are_units_from_the_smaller_fixed_chunk_to_the_largest_chunk(reference):
@@ -71,28 +127,55 @@ def test_candidates_are_units_from_the_smaller_fixed_chunk_to_the_largest_chunk(
     assert sizes[0] == min(reference.base_chunk_size, reference.fixed_best_chunk)
 
 
-@pytest.mark.parametrize("which", ["tiny", "reference", "gpu_sized"])
-def test_the_fit_carries_the_candidate_with_the_least_worst_loss(which, request):
+def figures(throughput_ttft: list[tuple[float, float]]):
+    return [(float(t), float(m)) for t, m in throughput_ttft]
+
+
+def test_the_robust_choice_keeps_the_least_worst_loss_never_worse_than_idle_beyond_the_noise():
+    rule = [LoadRule(2, f, 64, 10.0, 1024) for f in (2.0, 3.0, 4.0)]
+    idle = figures([(100, 10), (100, 20)])
+    best_but_one_bad_cell = figures([(140, 7), (100 * (1 - 2 * NOISE), 20)])  # least worst loss, 2% short once
+    steady = figures([(130, 8), (100, 20)])
+    weaker = figures([(120, 9), (100, 20)])
+    scored = [(None, idle), (rule[0], best_but_one_bad_cell), (rule[1], weaker), (rule[2], steady)]
+    assert worst_losses(scored)[1] < worst_losses(scored)[3] < worst_losses(scored)[2]
+    assert robust_choice(scored) == 3
+    assert robust_choice(scored[:2]) == 0  # the only candidate beyond the noise: the idle rules
+    worse = figures([(99.5, 10.04), (100, 20)])  # within the noise but no better anywhere: idle
+    assert robust_choice([(None, idle), (rule[0], worse)]) == 0
+
+
+@pytest.mark.parametrize("which", ["tiny", "reference"])
+def test_the_fit_carries_the_robust_choice_and_its_evidence(which, request):
     policy = request.getfixturevalue(which)
     data = policy.data
-    assert data["schema_version"] == SCHEMA_VERSION and "load" in data, data.get("reason")
+    assert data["schema_version"] == SCHEMA_VERSION == 5, data.get("reason")
     idle = dataclasses.replace(policy, load_rule=None)
-    prompts = prompts_of(data["workload"]["prompt_lens"], data["workload"]["weights"], LOAD_PROMPTS, LOAD_SEED)
-    scored = scored_rules(idle, prompts)
-    worst = worst_losses(scored)
-    chosen = [rule for rule, _ in scored].index(policy.load_rule)
-    assert worst[chosen] == min(worst) and worst[chosen] < worst[0], worst  # better than the idle rules under load
-    assert all(cap <= idle.prompt_rule.largest_chunk for rule, _ in scored if rule for cap in rule.chunk_cap)
-    for level in data["load"]["levels"]:  # the file's figures are the arm's, served again
-        summary = served(policy, "policy-load", prompts, level["concurrency"]).summary()
-        assert level["throughput_tokens_per_s"]["policy-load"] == summary["throughput_tokens_per_s"]
-        assert level["ttft_mean_ms"]["policy-load"] == summary["ttft_ms"]["mean"]
+    family = cells(idle, 0)
+    scored = scored_rules(idle, family)
+    chosen = robust_choice(scored)
+    assert policy.load_rule == scored[chosen][0]
+    evidence = data["diagnostics"]["under_load"]
+    assert (
+        evidence["worst_loss"] == worst_losses(scored)[chosen]
+        and evidence["idle_worst_loss"] == worst_losses(scored)[0]
+    )
+    names = {c.workload for c in family}
+    assert len(names) >= 6 and {"policy's workload", "long-tailed mix"} <= names
+    closed = [c.level.concurrency for c in family if c.workload == "policy's workload" and c.level.concurrency]
+    assert max(closed) == 2 * policy.pp_size and any(c.level.rate for c in family)
+    for cell, row in list(zip(family, evidence["cells"]))[:: max(1, len(family) // 6)]:  # the file's figures, again
+        assert row["workload"] == cell.workload and row["level"] == cell.level.name
+        mine = served(idle, policy.load_rule, cell, 0)
         assert (
-            level["ttft_mean_ms"]["policy"]
-            == served(idle, "policy", prompts, level["concurrency"]).summary()["ttft_ms"]["mean"]
+            row["throughput_tokens_per_s"]["policy-load"] == mine[0] and row["ttft_mean_ms"]["policy-load"] == mine[1]
         )
-    assert "; under load from " in validate(policy)
-    assert data["diagnostics"]["under_load"]["worst_loss"] == worst[chosen]
+        assert row["ttft_mean_ms"]["policy"] == served(idle, None, cell, 0)[1]
+    line = validate(policy)
+    if policy.load_rule is None:
+        assert "; no under-load rule: no candidate beat the idle rules robustly" in line
+    else:
+        assert f"(chosen for its worst loss {evidence['worst_loss']:.1%}, at {evidence['worst_at']};" in line
 
 
 @pytest.mark.parametrize("which", ["tiny", "reference"])
@@ -100,81 +183,50 @@ def test_alone_policy_load_runs_the_policy_chunk_for_chunk(which, request):
     policy = request.getfixturevalue(which)
     workload = policy.data["workload"]
     prompts = prompts_of(workload["prompt_lens"], workload["weights"], 16, 3)
-    one, other = served(policy, "policy-load", prompts, 1), served(policy, "policy", prompts, 1)
-    assert [r.chunks for r in one.requests] == [r.chunks for r in other.requests]
-    assert [r.chunks for r in one.requests] == [policy.plan(n) for n in prompts]
-
-
-def test_a_plan_at_a_steady_load_follows_the_under_load_rule(reference):
-    n, rule = 20000, reference.load_rule
-    assert reference.plan_at_load(n) == reference.plan(n)
-    busy = reference.plan_at_load(n, pending_requests=max(rule.pending_requests), pending_tokens=4096)
-    done, want = 0, []
-    while done < n:
-        want.append(min(rule.next_chunk_size(done, max(rule.pending_requests), 4096), n - done))
-        done += want[-1]
-    assert busy == want != reference.plan(n)
-
-
-def test_under_load_the_arm_reads_the_rule(reference):
-    prompts = prompts_of(reference.data["workload"]["prompt_lens"], reference.data["workload"]["weights"], 16, 0)
-    busy = served(reference, "policy-load", prompts, 8)
-    sizes = {x for level in reference.load_rule.chunk_size for x in level}
-    full = [b for b, _, _ in busy.batches if len(b.pieces) > 1 and b.tokens in sizes]
-    assert full, "no batch filled to the under-load budget"  # the others' tokens packed into the chunked one's rest
-    assert [b.pieces for b, _, _ in busy.batches] != [
-        b.pieces for b, _, _ in served(reference, "policy", prompts, 8).batches
-    ]
-
-
-def served_at(policy, arm: str, prompts: list[int], level: LoadLevel):
-    stage_ms = packed_stage_ms(policy.planning_model, policy.pp_size, policy.extra_piece_ms)
-    concurrency = level.concurrency or len(prompts)
-    capacity = Capacity(max(prompts) * concurrency, concurrency)
-    return serve(policy.pp_size, sizer(policy, arm), stage_ms, capacity, prompts, level)
-
-
-@pytest.mark.parametrize("level", ["c1", "c2", "c4", "c8", "c16", "r0.5", "r0.8", "r0.95"])
-@pytest.mark.parametrize("which", ["reference", "gpu_sized"])
-def test_policy_load_is_within_1pct_of_the_best_arm(which, level, request):
-    """At every level results/serving-load-sim.json simulates: closed loops of 1-16, and Poisson arrivals at 50%, 80%
-    and 95% of fixed-best's throughput at concurrency 8 (in requests a second of the workload's mean prompt)."""
-    policy = request.getfixturevalue(which)
-    workload = policy.data["workload"]
-    prompts = prompts_of(workload["prompt_lens"], workload["weights"], 64, 0)  # serve-bench's defaults
-    if level.startswith("c"):
-        load = LoadLevel(concurrency=int(level[1:]))
-    else:
-        capacity = served_at(policy, "fixed-best", prompts, LoadLevel(concurrency=8)).summary()
-        mean_prompt = sum(n * w for n, w in zip(workload["prompt_lens"], workload["weights"])) / sum(
-            workload["weights"]
-        )
-        load = LoadLevel(rate=float(level[1:]) * capacity["throughput_tokens_per_s"] / mean_prompt)
-    rows = {arm: served_at(policy, arm, prompts, load).summary() for arm in SERVING_ARMS}
-    best_throughput = max(r["throughput_tokens_per_s"] for r in rows.values())
-    best_ttft = min(r["ttft_ms"]["mean"] for r in rows.values())
-    mine = rows["policy-load"]
-    assert mine["throughput_tokens_per_s"] >= 0.99 * best_throughput, rows
-    assert mine["ttft_ms"]["mean"] <= 1.01 * best_ttft, rows
-
-
-def test_the_rule_is_chosen_at_the_servers_async_depth():
-    """`ppprof fit --async-depth 3`: the levels are served with 3 slots beyond the stages, and the file says so."""
-    model = LatencyModel("prefix", a=3.25e-7, b=6.03e-3, c=26.1, g=5.39e-4)
-    data = policy_dict(model, pp_size=4, overhead_ms=20.0, largest=32768) | {"diagnostics": {}}
-    deep = from_dict(with_load(data, async_depth=3))
-    assert deep.data["load"]["async_depth"] == 3
-    idle = dataclasses.replace(deep, load_rule=None)
-    prompts = prompts_of(data["workload"]["prompt_lens"], data["workload"]["weights"], LOAD_PROMPTS, LOAD_SEED)
-    for level in deep.data["load"]["levels"]:
-        stage_ms = packed_stage_ms(deep.planning_model, deep.pp_size, deep.extra_piece_ms)
-        capacity = Capacity(max(prompts) * level["concurrency"], level["concurrency"])
-        at = LoadLevel(concurrency=level["concurrency"])
-        summary = serve(4, sizer(deep, "policy-load"), stage_ms, capacity, prompts, at, async_depth=3).summary()
-        assert level["ttft_mean_ms"]["policy-load"] == summary["ttft_ms"]["mean"]
-        shallow = serve(4, sizer(idle, "policy"), stage_ms, capacity, prompts, at).summary()
-        assert level["ttft_mean_ms"]["policy"] != shallow["ttft_ms"]["mean"]  # served deeper than SGLang's default
+    one = served_at(policy, "policy-load", prompts, LoadLevel(concurrency=1))
+    other = served_at(policy, "policy", prompts, LoadLevel(concurrency=1))
+    assert (
+        one["ttft_ms_by_request"] == other["ttft_ms_by_request"]
+        and one["chunks_per_request"] == other["chunks_per_request"]
+    )
 
 
 def test_without_a_model_there_is_nothing_to_simulate(tiny):
     assert choose_load(dataclasses.replace(tiny, planning_model=None)) == (None, {})
+
+
+def test_the_rule_is_chosen_at_the_servers_async_depth():
+    """`ppprof fit --async-depth 3`: the levels are served with 3 slots beyond the stages, the rule's slots say so."""
+    data = load(TINY / "policy.json").data | {"diagnostics": {}, "schema_version": SCHEMA_VERSION}
+    deep = from_dict(with_load(data, async_depth=3))
+    evidence = deep.data["diagnostics"]["under_load"]
+    assert evidence["async_depth"] == 3 and evidence["slots"] == deep.pp_size + 3
+    assert deep.load_rule is None or deep.load_rule.slots == deep.pp_size + 3
+    closed = [row["level"] for row in evidence["cells"] if row["level"].startswith("concurrency-")]
+    assert f"concurrency-{2 * (deep.pp_size + 3)}" in closed
+
+
+def test_issue_48_eight_stages_at_98304_tokens(eight_stage):
+    """The issue's table: 98304-token prompts, 48 a level, closed loops of 1 to 16 and Poisson loads; the old rule
+    lost 35% of policy's throughput at concurrency 4."""
+    prompts = [98304] * 48
+    assert goal_misses(eight_stage, prompts, every_level(eight_stage, prompts)) == []
+
+
+def test_a_model_and_workload_the_fit_never_saw(tmp_path):
+    """Coefficients, stages and a workload drawn here (seeded): a GPU-sized prefix model at 4-12 stages, a mix of
+    3 prompt lengths up to the context; policy-load within the goal at every level."""
+    rng = np.random.default_rng(48)
+    model = LatencyModel(
+        "prefix",
+        a=float(rng.uniform(0.5e-7, 4e-7)),
+        b=float(rng.uniform(1e-3, 8e-3)),
+        c=float(rng.uniform(5.0, 30.0)),
+        g=float(rng.uniform(1e-4, 6e-4)),
+    )
+    pp_size = int(rng.integers(4, 13))
+    policy = chosen_for(model, pp_size, base_chunk_size=8192, context_len=131072, largest=32768)
+    lengths = sorted(int(n) // 64 * 64 for n in rng.uniform(4096, 131072, size=3))
+    prompts = prompts_of(lengths, list(rng.dirichlet(np.ones(3))), 48, 7)
+    misses = goal_misses(policy, prompts, every_level(policy, prompts))
+    assert misses == [], f"{model=} {pp_size=} {lengths=}"

@@ -13,7 +13,7 @@ import pytest
 
 from ppprof.sglang import hook
 from ppprof.sglang.match import MODEL_CONFIG_FIELDS
-from ppprof.sglang.sizer import CHUNKED_REQ, REQ_FIELDS, WAITING_QUEUE, PolicySizer
+from ppprof.sglang.sizer import CHUNKED_REQ, LOOP_SIZE, REQ_FIELDS, WAITING_QUEUE, PolicySizer
 
 from .wheel import CHECKED_VERSIONS, FILES, sources, wheel
 
@@ -208,6 +208,22 @@ def test_what_the_sizer_reads_of_sglang_is_there(version):
     assert set(MODEL_CONFIG_FIELDS) | {"hf_config"} <= config, f"{set(MODEL_CONFIG_FIELDS) - config=}"
     scheduler = assigned_self_attrs(class_def(ast.parse(src["scheduler"]), hook.SCHEDULER_CLASS))
     assert CHUNKED_REQ in scheduler and WAITING_QUEUE in scheduler, f"{scheduler & {CHUNKED_REQ, WAITING_QUEUE}=}"
+    # the slots the under-load rule fills: the PP loop's size, pp_size + pp_async_batch_depth, on the scheduler
+    mixin = class_def(ast.parse(src["pp_mixin"]), "SchedulerPPMixin")
+    assert "SchedulerPPMixin" in {
+        getattr(b, "id", None) for b in class_def(ast.parse(src["scheduler"]), hook.SCHEDULER_CLASS).bases
+    }
+    loop = [
+        n.value
+        for n in ast.walk(mixin)
+        if isinstance(n, (ast.Assign, ast.AnnAssign))
+        and any(
+            isinstance(t, ast.Attribute) and t.attr == LOOP_SIZE
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+        )
+    ]
+    assert len(loop) == 1 and isinstance(loop[0], ast.BinOp) and isinstance(loop[0].op, ast.Add), f"{loop=}"
+    assert {loop[0].left.attr, loop[0].right.attr} == {"pp_size", "pp_async_batch_depth"}, ast.dump(loop[0])
     runtime = ast.parse(src["runtime_context"])
     assert any(isinstance(n, ast.FunctionDef) and n.name == "get_parallel" for n in runtime.body)
     read = set()  # what SGLang's own code reads of get_parallel(): the sizer reads only those

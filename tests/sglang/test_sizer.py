@@ -94,20 +94,13 @@ def test_two_ranks_with_the_same_file_answer_alike(loaded):
         assert other.predict(prefix_len) == sizer.predict(prefix_len)
 
 
-def test_the_waiting_queue_is_the_load_the_under_load_rule_reads(tmp_path, monkeypatch):
+def test_the_waiting_queue_and_the_slots_are_the_load_the_under_load_rule_reads(tmp_path, monkeypatch):
     committed = REFERENCE if REFERENCE in COMMITTED else COMMITTED[0]
     base = load(committed)
     unit = base.data["prompt_table"]["unit"]
     under = base.prompt_rule.largest_chunk // unit * unit
-    rule = {  # fixed chunks of one unit from 1 pending request on, of the largest chunk from 3 on
-        "pending_requests": [1, 3],
-        "bound_ms": [None, None],
-        "chunk_cap": [unit, under],
-        "prefix_len": [[0], [0]],
-        "chunk_size": [[unit], [under]],
-        "handover_tokens": 100,
-    }
-    path = shaped(committed, tmp_path, schema_version=4, load=rule)
+    rule = {"slots": 2, "fill": 8.0, "unit": unit, "full": {"bound_ms": None, "chunk_cap": under}}
+    path = shaped(committed, tmp_path, schema_version=5, load=rule)
     monkeypatch.setenv(POLICY_ENV, str(path))
     policy = load(path)
     scheduler = Scheduler(
@@ -118,17 +111,26 @@ def test_the_waiting_queue_is_the_load_the_under_load_rule_reads(tmp_path, monke
     )
     sizer = scheduler.maybe_init_dynamic_chunk_sizer()
     assert scheduler.dynamic_chunk_sizer is sizer
-    scheduler.chunked_req = chunked(1024, 9000)
-    idle = policy.next_chunk_size(1024, 9000)
-    assert sizer.predict(1024) == idle and idle not in (unit, under)  # nothing waits: the idle rules
+    n = 9000
+    scheduler.chunked_req = chunked(1024, n)
+    idle = policy.next_chunk_size(1024, n)
+    assert sizer.predict(1024) == idle < under  # nothing waits: the idle rules
     scheduler.waiting_queue = [chunked(0, 60)]
-    assert sizer.predict(1024) == idle  # one waits, with fewer tokens than the handover's
-    scheduler.waiting_queue = [chunked(0, 60), chunked(0, 40)]
-    assert sizer.predict(1024) == unit  # two wait, 100 tokens between them: the handover
-    scheduler.waiting_queue.append(chunked(0, 5000))
-    assert sizer.predict(1024) == under == policy.next_chunk_size(1024, 9000, pending_requests=3, pending_tokens=5100)
-    scheduler.chunked_req = None
-    assert sizer.predict(1024) == under  # without the request's length the rule reads the load all the same
+    assert sizer.predict(1024) == idle  # 9060 tokens over 8 x 2 slots: short of the pipeline
+    scheduler.waiting_queue = [chunked(0, 5000)] * 40
+    full = sizer.predict(1024)
+    assert idle < full <= under and full % unit == 0, f"{idle=} {full=} {under=}"
+    assert full == policy.next_chunk_size(1024, n, pending_requests=40, pending_tokens=200000)
+    model = policy.planning_model  # the chunk's latency is the share's, a first chunk of (n + 200000) / 16 tokens
+    share = (n + 200000) // 16 // unit * unit
+    assert model.one_chunk_ms(1024, full) <= model.one_chunk_ms(0, share)
+    assert full == under or model.one_chunk_ms(1024, full + unit) > model.one_chunk_ms(0, share)
+    scheduler.pp_loop_size = 400  # SGLang's slots (pp_size + pp_async_batch_depth): more slots, less a slot
+    assert sizer.predict(1024) == policy.next_chunk_size(1024, n, pending_requests=40, pending_tokens=200000, slots=400)
+    assert sizer.predict(1024) == idle
+    scheduler.chunked_req = None  # without the request's length its work is the idle chunk; the load is read
+    del scheduler.pp_loop_size
+    assert sizer.predict(1024) == policy.next_chunk_size(1024, pending_requests=40, pending_tokens=200000) > idle
 
 
 def test_every_committed_policy_answers_as_its_rule_whatever_waits(loaded):
