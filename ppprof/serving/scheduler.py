@@ -123,6 +123,7 @@ class Scheduler:
             raise ValueError(f"{slots} micro-batch slots: a scheduler needs at least 1")
         self.slots, self.sizer, self.capacity = slots, sizer, capacity
         self.waiting: deque[Request] = deque()
+        self.waiting_tokens = 0  # the rest of every waiting request, kept as they arrive and are admitted
         self.chunked: Request | None = None
         self.in_flight: dict[int, Batch] = {}
         self.requests: dict[int, Request] = {}
@@ -134,6 +135,7 @@ class Scheduler:
                 "prompts or more KV slots"
             )
         self.waiting.append(request)
+        self.waiting_tokens += request.rest
         self.requests[request.rid] = request
 
     @property
@@ -143,11 +145,13 @@ class Scheduler:
 
     def load(self, slot: int, sizing: Request) -> Load:
         """The load seen when sizing `sizing`'s chunk for `slot`."""
-        others = [r for r in self.waiting if r is not sizing]
+        # `sizing` is the waiting queue's head or the request taken out of `chunked`: never deeper in the queue.
+        count, tokens = len(self.waiting), self.waiting_tokens
+        if self.waiting and self.waiting[0] is sizing:
+            count, tokens = count - 1, tokens - sizing.rest
         if self.chunked is not None and self.chunked is not sizing:
-            others.append(self.chunked)
-        busy = sum(1 for s in self.in_flight if s != slot)
-        return Load(len(others), sum(r.rest for r in others), busy)
+            count, tokens = count + 1, tokens + self.chunked.rest
+        return Load(count, tokens, len(self.in_flight) - (slot in self.in_flight))
 
     def size(self, slot: int, request: Request) -> int:
         size = int(self.sizer(request.scheduled, request.prompt_len, self.load(slot, request)))
@@ -172,6 +176,7 @@ class Scheduler:
             left = self.size(slot, self.waiting[0])
         while left > 0 and self.waiting and self.capacity.fits(self.waiting[0].prompt_len):
             request = self.waiting.popleft()
+            self.waiting_tokens -= request.rest
             self.capacity.admit(request.prompt_len)
             pieces.append(self.take(request, min(left, request.rest)))
             left -= pieces[-1].size

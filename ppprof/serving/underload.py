@@ -131,7 +131,20 @@ def served(policy: Policy, rule: LoadRule | None, cell: Cell, async_depth: int) 
     return summary["throughput_tokens_per_s"], summary["ttft_ms"]["mean"]
 
 
-def cells(policy: Policy, async_depth: int) -> list[Cell]:
+Memo = dict
+"""Figures already served, by (rule, cell): the simulation is deterministic, and the screens and the final scoring
+ask for the same (rule, cell) again (the idle rules in every round, the first screen's candidates in the second)."""
+
+
+def served_once(policy: Policy, rule: LoadRule | None, cell: Cell, async_depth: int, memo: Memo) -> tuple[float, float]:
+    """served(), each (rule, cell) once per memo."""
+    key = (rule, cell)
+    if key not in memo:
+        memo[key] = served(policy, rule, cell, async_depth)
+    return memo[key]
+
+
+def cells(policy: Policy, async_depth: int, memo: Memo | None = None) -> list[Cell]:
     """Every workload of the family at every closed-loop level and at the Poisson loads (RATE_FRACTIONS of the idle
     rules' throughput at the highest closed-loop level)."""
     levels = closed_levels(slots_of(policy, async_depth))
@@ -139,7 +152,7 @@ def cells(policy: Policy, async_depth: int) -> list[Cell]:
     out = []
     for name, prompts in workloads(policy, num_prompts):
         out += [Cell(name, tuple(prompts), LoadLevel(concurrency=c)) for c in levels]
-        top = served(policy, None, out[-1], async_depth)[0]
+        top = served_once(policy, None, out[-1], async_depth, {} if memo is None else memo)[0]
         rate = top / float(np.mean(prompts))
         out += [Cell(name, tuple(prompts), LoadLevel(rate=f * rate)) for f in RATE_FRACTIONS]
     return out
@@ -203,15 +216,15 @@ def screen_cells(family: list[Cell]) -> list[Cell]:
     return [c for c in family if c.workload in names and c.level.concurrency in picks]
 
 
-def scored_rules(policy: Policy, family: list[Cell], async_depth: int = 0) -> Scored:
+def scored_rules(policy: Policy, family: list[Cell], async_depth: int = 0, memo: Memo | None = None) -> Scored:
     """The idle rules and the finalists, scored in every cell of `family`. Two screens on a few cells
     (screen_cells): every full-pipeline bound at SCREEN_FILL with no floor, the BOUNDS_KEPT of least worst loss
     kept; those with every fill of FILLS and floor of FLOOR_FRACTIONS, the FINALISTS of least worst loss among those
     within NOISE of the idle rules there (the others after them) kept."""
-    screen = screen_cells(family)
+    screen, memo = screen_cells(family), {} if memo is None else memo
 
     def scored(rules: list[LoadRule | None], where: list[Cell]) -> Scored:
-        return [(r, [served(policy, r, c, async_depth) for c in where]) for r in rules]
+        return [(r, [served_once(policy, r, c, async_depth, memo) for c in where]) for r in rules]
 
     bounds = full_bounds(policy)
     first = scored([None, *rules_of(policy, bounds, [SCREEN_FILL], [None], async_depth)], screen)
@@ -229,9 +242,9 @@ def choose_load(policy: Policy, async_depth: int = 0) -> tuple[dict | None, dict
     the idle rules' own; no `load` (the idle rules at every load) otherwise. Both None without a planning model."""
     if policy.planning_model is None:
         return None, {}
-    idle_policy = replace(policy, load_rule=None)
-    family = cells(idle_policy, async_depth)
-    scored = scored_rules(idle_policy, family, async_depth)
+    idle_policy, memo = replace(policy, load_rule=None), {}
+    family = cells(idle_policy, async_depth, memo)
+    scored = scored_rules(idle_policy, family, async_depth, memo)
     worst, idle = worst_losses(scored), scored[0][1]
     chosen = robust_choice(scored)
     rule, figures = scored[chosen]

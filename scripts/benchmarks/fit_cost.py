@@ -26,6 +26,8 @@ CASES = ("default-profile", "gpu-sized")
 ONE_FIT = r"""
 import json, shutil, sys, tempfile, time
 from pathlib import Path
+import ppprof
+assert Path(ppprof.__file__).resolve().parents[1] == Path.cwd().resolve(), ppprof.__file__  # the tree measured
 from ppprof.fit import fit
 from ppprof.fit.synthetic import make_samples, write_run_dir
 from ppprof.policy import LatencyModel
@@ -52,8 +54,8 @@ shutil.rmtree(tmp)
 def one_fit(tree: Path, case: str) -> dict:
     """One fit of `case` with the ppprof of `tree`, in a fresh Python."""
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", ONE_FIT, case, str(REPO)], capture_output=True, text=True, env=env, timeout=600
+    done = subprocess.run(  # run in `tree`: `python -c` puts the working folder first on sys.path
+        [sys.executable, "-c", ONE_FIT, case, str(REPO)], capture_output=True, text=True, env=env, timeout=600, cwd=tree
     )
     if done.returncode:
         raise SystemExit(f"fit_cost: the fit of {case} with {tree} failed: {done.stderr.strip()[-500:]}")
