@@ -1,0 +1,90 @@
+"""SGLang 0.5.23's own scheduler forms the batches on a CPU, with ppprof's sizer put in place by the start-up hook as
+`python -m ppprof.sglang` puts it (PPPROF_POLICY set, the hook's sitecustomize first on PYTHONPATH): one fresh
+interpreter a session (tests/sglang/scheduler_run.py) runs closed loops of 1 and 4 clients through SGLang's waiting
+queue, PrefillAdder and get_new_batch_prefill; the tests read every batch it formed. Skipped, with pip's reason, where
+SGLang's CPU install (tests/sglang/cpu_install.py) cannot be had."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ppprof.policy import load
+from ppprof.sglang import hook
+
+from .cpu_install import installed
+from .standin import REPO, shaped
+
+BASELINE = REPO / "results" / "baseline" / "policy.json"
+RUNNER = REPO / "tests" / "sglang" / "scheduler_run.py"
+ON_PYTHONPATH = REPO / "ppprof" / "sglang" / "on-pythonpath"
+LOADS = ("1", "4")
+
+
+@pytest.fixture(scope="module")
+def sglang_run(tmp_path_factory):
+    site, why = installed(hook.BUILT_FOR)
+    if site is None:
+        pytest.skip(why)
+    tmp = tmp_path_factory.mktemp("sglang-run")
+    policy = shaped(BASELINE, tmp)
+    out = tmp / "batches.json"
+    env = {k: v for k, v in os.environ.items() if k not in (hook.POLICY_ENV, "PYTHONPATH")}
+    env[hook.POLICY_ENV] = str(policy)
+    env["PYTHONPATH"] = os.pathsep.join([str(ON_PYTHONPATH), str(REPO)])
+    r = subprocess.run(
+        [sys.executable, str(RUNNER), str(site), str(out), *LOADS],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(out.read_text()), r.stderr.splitlines(), load(policy)
+
+
+def test_the_hook_puts_ppprofs_sizer_in_sglangs_own_scheduler(sglang_run):
+    result, stderr, _ = sglang_run
+    assert result["sizer"] == ["ppprof.sglang.sizer"], result["sizer"]
+    replaced = [x for x in stderr if "is ppprof's policy sizer in this process" in x]
+    assert len(replaced) == 1 and f"found {hook.BUILT_FOR}" in replaced[0], stderr[-20:]
+    assert len(result["log"]) == len(LOADS) and all("matches this server" in x for x in result["log"]), result["log"]
+
+
+@pytest.mark.parametrize("concurrency", LOADS)
+def test_every_prompt_is_prefilled_once_in_order(sglang_run, concurrency):
+    run = sglang_run[0]["runs"][concurrency]
+    done = {rid: 0 for rid in run["prompts"]}
+    for batch in run["batches"]:
+        for rid, prefix, size in batch:
+            assert prefix == done[rid] and size > 0, (rid, prefix, done[rid])
+            done[rid] += size
+    assert done == run["prompts"]
+
+
+@pytest.mark.parametrize("concurrency", LOADS)
+def test_sglangs_batches_carry_the_chunks_ppprofs_sizer_answered(sglang_run, concurrency):
+    """A batch that continues the chunked request at prefix L > 0 has the policy's chunk for (L, N) as its budget
+    (SGLang's get_new_batch_prefill asks predict(L)); the first batch of a busy spell has B, SGLang's own first chunk
+    (docs/sglang.md)."""
+    _, _, policy = sglang_run
+    run = sglang_run[0]["runs"][concurrency]
+    B = policy.settings.base_chunk_size
+    continued = 0
+    for i, batch in enumerate(run["batches"]):
+        rid, prefix, size = batch[0]
+        total = sum(n for _, _, n in batch)
+        n = run["prompts"][rid]
+        if i > 0 and prefix > 0 and run["batches"][i - 1][-1][0] == rid:  # the request chunked in the batch before
+            budget = policy.next_chunk_size(prefix, n)
+            assert size == min(budget, n - prefix) and total <= budget, (batch, budget)
+            assert total == budget or all(p + s == run["prompts"][r] for r, p, s in batch[:-1]), (batch, budget)
+            continued += 1
+        else:
+            assert total <= B, (batch, B)
+    assert continued >= 3, run["batches"]
