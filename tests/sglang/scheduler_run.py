@@ -22,11 +22,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import socket
 import sys
 from array import array
 from pathlib import Path
 from types import SimpleNamespace
+
+from ppprof.bounds import POLICY_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 B = 512
@@ -120,8 +123,8 @@ def scheduler(model_config):
     return s
 
 
-def closed_loop(s, concurrency: int) -> dict:
-    """REQUESTS prompts from `concurrency` clients; every batch SGLang forms until all are prefilled."""
+def closed_loop(s, concurrency: int, requests: int = REQUESTS) -> dict:
+    """`requests` prompts from `concurrency` clients; every batch SGLang forms until all are prefilled."""
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
     from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -135,7 +138,7 @@ def closed_loop(s, concurrency: int) -> dict:
         tokens = array("q", [1000 * (i + 1) + k % 997 for k in range(n)])  # no prefix shared between prompts
         s.waiting_queue.append(Req(rid, "", tokens, SamplingParams(max_new_tokens=1)))
 
-    for _ in range(min(concurrency, REQUESTS)):
+    for _ in range(min(concurrency, requests)):
         send()
     batches = []
     while s.waiting_queue or s.chunked_req is not None:
@@ -146,13 +149,37 @@ def closed_loop(s, concurrency: int) -> dict:
         batches.append([[r.rid, int(p), int(n)] for r, p, n in zip(batch.reqs, batch.prefix_lens, batch.extend_lens)])
         done = sum(1 for r in batch.reqs if r is not s.chunked_req)  # the forward returned at once
         for _ in range(done):
-            if len(sent) < REQUESTS:
+            if len(sent) < requests:
                 send()
         assert len(batches) < 1000, "no end to the loop"
     return {"batches": batches, "prompts": sent}
 
 
+def failing(config, name: str, path: str, records: list[str]) -> dict:
+    """A closed loop of one client (two prompts) on a scheduler built with PPPROF_POLICY=path: a file SGLang's
+    sizer must refuse, or ("raises") the good policy whose answers raise inside SGLang's get_new_batch_prefill.
+    The batches and the lines ppprof said while it ran."""
+    first = len(records)
+    os.environ[POLICY_ENV] = path
+    s = scheduler(config)
+    if name == "raises":  # the loaded policy, its answers replaced by an exception
+        loaded = s.dynamic_chunk_sizer.policy
+
+        class Raising:
+            load_rule = loaded.load_rule
+
+            def next_chunk_size(self, *args, **kwargs):
+                raise RuntimeError("a policy that raises")
+
+        s.dynamic_chunk_sizer.policy = Raising()
+    run = closed_loop(s, 1, requests=2)
+    run["sizer"] = None if s.dynamic_chunk_sizer is None else type(s.dynamic_chunk_sizer).__module__
+    run["log"] = records[first:]
+    return run
+
+
 def main(site: str, out: str, *loads: str) -> None:
+    """`loads`: closed loops' concurrencies ("4"), or failure cases, NAME=POLICY_PATH (failing)."""
     sys.path.insert(0, str(REPO))
     from tests.sglang import cpu_stubs
 
@@ -162,7 +189,7 @@ def main(site: str, out: str, *loads: str) -> None:
     handler.emit = lambda r: records.append(r.getMessage())
     logging.getLogger("ppprof.sglang").addHandler(handler)
     logging.getLogger("ppprof.sglang").setLevel(logging.INFO)
-    policy = Path(__import__("os").environ["PPPROF_POLICY"])
+    policy = Path(os.environ[POLICY_ENV])
     from tests.sglang.standin import model_config
 
     config = model_config(policy, vocab_size=32000, is_encoder_decoder=False, hf_eos_token_id=None)
@@ -176,12 +203,15 @@ def main(site: str, out: str, *loads: str) -> None:
         pp_max_micro_batch_size=64,
     ):
         world_group()
-        schedulers = {c: scheduler(config) for c in loads}  # each loop on its own scheduler and cache
+        concurrencies = [c for c in loads if "=" not in c]
+        schedulers = {c: scheduler(config) for c in concurrencies}  # each loop on its own scheduler and cache
         result = {
             "sizer": sorted({type(s.dynamic_chunk_sizer).__module__ for s in schedulers.values()}),
             "runs": {c: closed_loop(s, int(c)) for c, s in schedulers.items()},
-            "log": records,
+            "log": list(records),
         }
+        cases = dict(c.split("=", 1) for c in loads if "=" in c)
+        result["failures"] = {name: failing(config, name, path, records) for name, path in cases.items()}
     Path(out).write_text(json.dumps(result))
 
 

@@ -23,6 +23,9 @@ BASELINE = REPO / "results" / "baseline" / "policy.json"
 RUNNER = REPO / "tests" / "sglang" / "scheduler_run.py"
 ON_PYTHONPATH = REPO / "ppprof" / "sglang" / "on-pythonpath"
 LOADS = ("1", "4")
+FAILURES = ("other-model", "corrupt", "missing", "raises")
+"""Policies SGLang's process must survive on its static chunks: another model's, a corrupted file, a missing file,
+and a policy whose answers raise inside get_new_batch_prefill."""
 
 
 @pytest.fixture(scope="module")
@@ -33,11 +36,16 @@ def sglang_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sglang-run")
     policy = shaped(BASELINE, tmp)
     out = tmp / "batches.json"
+    other = shaped(BASELINE, tmp / "other", **{"provenance.model_shape.hidden_size": 128})
+    corrupt = tmp / "corrupt.json"
+    corrupt.write_text(policy.read_text()[: len(policy.read_text()) // 2])
+    paths = {"other-model": other, "corrupt": corrupt, "missing": tmp / "absent.json", "raises": policy}
+    cases = [f"{name}={paths[name]}" for name in FAILURES]
     env = {k: v for k, v in os.environ.items() if k not in (hook.POLICY_ENV, "PYTHONPATH")}
     env[hook.POLICY_ENV] = str(policy)
     env["PYTHONPATH"] = os.pathsep.join([str(ON_PYTHONPATH), str(REPO)])
     r = subprocess.run(
-        [sys.executable, str(RUNNER), str(site), str(out), *LOADS],
+        [sys.executable, str(RUNNER), str(site), str(out), *LOADS, *cases],
         capture_output=True,
         text=True,
         env=env,
@@ -88,3 +96,20 @@ def test_sglangs_batches_carry_the_chunks_ppprofs_sizer_answered(sglang_run, con
         else:
             assert total <= B, (batch, B)
     assert continued >= 3, run["batches"]
+
+
+@pytest.mark.parametrize("case", FAILURES)
+def test_a_bad_policy_leaves_sglang_on_static_chunks_with_one_line(sglang_run, case):
+    run = sglang_run[0]["failures"][case]
+    B = sglang_run[2].settings.base_chunk_size
+    pieces = [size for batch in run["batches"] for _, _, size in batch]
+    assert sum(pieces) == sum(run["prompts"].values()) and max(pieces) == B, run["batches"]
+    assert all(sum(n for _, _, n in batch) <= B for batch in run["batches"]), run["batches"]
+    if case == "raises":  # the policy loaded; its answer failed, said once, and SGLang kept B for every chunk
+        assert run["sizer"] == "ppprof.sglang.sizer" and len(run["log"]) == 2, run["log"]
+        assert "matches this server" in run["log"][0], run["log"]
+        assert "predict(512) failed (RuntimeError('a policy that raises'))" in run["log"][1], run["log"]
+    else:
+        assert run["sizer"] is None and len(run["log"]) == 1, run["log"]
+        assert f"refused, static chunks of {B}" in run["log"][0], run["log"]
+    print(case, run["log"][-1])
