@@ -66,6 +66,7 @@ def installed(version: str) -> tuple[Path | None, str]:
     except (OSError, subprocess.TimeoutExpired) as e:
         return None, f"pip install --no-deps sglang=={version} and {REQUIREMENTS.name} did not finish ({e})"
     if r.returncode:
+        shutil.rmtree(partial, ignore_errors=True)
         lines = [x for x in r.stderr.strip().splitlines() if not x.startswith("WARNING")] or ["no reason given"]
         return None, f"pip install --no-deps of {REQUIREMENTS.name} failed (registry unreachable?): {lines[-1]}"
     seconds = time.perf_counter() - start

@@ -14,9 +14,12 @@ import sys
 import pytest
 
 from ppprof.policy import load
+from ppprof.serving import arms
+from ppprof.serving.scheduler import Capacity, Request, Scheduler
 from ppprof.sglang import hook
 
 from .cpu_install import installed
+from .scheduler_run import PROMPTS, REQUESTS
 from .standin import REPO, shaped
 
 BASELINE = REPO / "results" / "baseline" / "policy.json"
@@ -113,3 +116,50 @@ def test_a_bad_policy_leaves_sglang_on_static_chunks_with_one_line(sglang_run, c
         assert run["sizer"] is None and len(run["log"]) == 1, run["log"]
         assert f"refused, static chunks of {B}" in run["log"][0], run["log"]
     print(case, run["log"][-1])
+
+
+def simulated(policy, concurrency: int, sizer) -> list[list[list]]:
+    """The closed loop SGLang ran (scheduler_run.closed_loop: the same prompts, a client sending its next prompt when
+    one's prefill ends, each batch formed after the last one's result) through ppprof.serving's scheduler: one
+    micro-batch slot, pools that never run short."""
+    sched = Scheduler(1, sizer, Capacity(10**9, 10**6))
+    sent: list[int] = []
+
+    def send():
+        sent.append(PROMPTS[len(sent) % len(PROMPTS)])
+        sched.arrive(Request(len(sent) - 1, sent[-1], 0.0))
+
+    for _ in range(min(concurrency, REQUESTS)):
+        send()
+    batches = []
+    while not sched.idle:
+        batch = sched.next_batch(0)
+        batches.append([[f"c{concurrency}-r{p.rid}", p.prefix_len, p.size] for p in batch.pieces])
+        for _ in sched.finish(0, float(len(batches))):
+            if len(sent) < REQUESTS:
+                send()
+    return batches
+
+
+@pytest.mark.parametrize("concurrency", LOADS)
+def test_the_simulator_forms_sglangs_batches_but_for_sglangs_first_chunk(sglang_run, concurrency):
+    """ppprof.serving's scheduler with the `policy` arm, beside SGLang's batches: they differ where a batch is formed
+    with no request partly prefilled, which SGLang sizes at B without asking the sizer (docs/sglang.md), and the
+    streams part there. With that one rule given to the simulator's sizer, every batch is SGLang's."""
+    _, _, policy = sglang_run
+    sglang = sglang_run[0]["runs"][concurrency]["batches"]
+    as_simulated = simulated(policy, int(concurrency), arms.sizer(policy, "policy"))
+    prompts = sglang_run[0]["runs"][concurrency]["prompts"]
+    first = next((i for i, (a, b) in enumerate(zip(sglang, as_simulated)) if a != b), None)
+    assert first is not None, "SGLang's first chunk of B does not show"
+    rid, prefix, _ = sglang[first][0]
+    B = policy.base_chunk_size
+    assert prefix == 0 and sum(n for _, _, n in sglang[first]) == B, sglang[first]
+    assert sum(n for _, _, n in as_simulated[first]) == policy.next_chunk_size(0, prompts[rid]) != B, as_simulated[
+        first
+    ]
+
+    def sglang_first_chunk(prefix_len, prompt_len, load):
+        return policy.base_chunk_size if prefix_len == 0 else policy.next_chunk_size(prefix_len, prompt_len)
+
+    assert simulated(policy, int(concurrency), sglang_first_chunk) == sglang
