@@ -37,7 +37,7 @@ MAX_PREFILL_TOKENS = 16384
 PP_SIZE = 2
 PROMPTS = (9000, 1200, 4100, 600, 2600, 7000, 300, 5200)
 """The closed loops' prompt lengths, in order of sending: mostly longer than B, so SGLang chunks them."""
-REQUESTS = 12
+REQUESTS = 32
 """Prompts each closed loop sends in all."""
 
 

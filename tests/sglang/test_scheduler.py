@@ -25,7 +25,7 @@ from .standin import REPO, shaped
 BASELINE = REPO / "results" / "baseline" / "policy.json"
 RUNNER = REPO / "tests" / "sglang" / "scheduler_run.py"
 ON_PYTHONPATH = REPO / "ppprof" / "sglang" / "on-pythonpath"
-LOADS = ("1", "4")
+LOADS = ("1", "4", "16")
 FAILURES = ("other-model", "corrupt", "missing", "raises")
 """Policies SGLang's process must survive on its static chunks: another model's, a corrupted file, a missing file,
 and a policy whose answers raise inside get_new_batch_prefill."""
