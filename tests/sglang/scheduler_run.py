@@ -14,7 +14,7 @@ once, so each batch is formed right after the last), the grammar manager (no con
 coordinator (no beams) and the load inquirer (stats only). Requests leave at the end of their prefill (no decode):
 a closed loop of C clients sends the next prompt when one's prefill ends.
 
-Writes {"runs": {concurrency: {"batches": [[[rid, prefix, size], ...], ...], "prompts": {rid: length}}},
+Writes {"runs": {load: {"batches": [[[rid, prefix, size], ...], ...], "prompts": {rid: length}}},
 "sizer": [the sizers' modules], "log": [ppprof.sglang's lines]}: every batch SGLang formed, each piece's request, prefix and size."""
 
 from __future__ import annotations
@@ -123,35 +123,70 @@ def scheduler(model_config):
     return s
 
 
-def closed_loop(s, concurrency: int, requests: int = REQUESTS) -> dict:
-    """`requests` prompts from `concurrency` clients; every batch SGLang forms until all are prefilled."""
+def arrivals(load: str, requests: int = REQUESTS) -> list[float] | None:
+    """A load's arrival times in ms: "rate-10", Poisson at 10 requests a second (ppprof.serving's draw, seed 0);
+    None for a closed loop ("4")."""
+    if not load.startswith("rate-"):
+        return None
+    from ppprof.serving.simulate import LoadLevel, arrival_times
+
+    return arrival_times(LoadLevel(rate=float(load[len("rate-") :])), requests, seed=0)
+
+
+def batch_ms(policy):
+    """The clock of an open loop: a batch [[rid, prefix, size], ...] takes its packed forward on the policy's
+    planning model, one stage (ppprof.serving.arms.packed_stage_ms); the stand-in model runner itself returns at
+    once."""
+    from ppprof.serving.arms import packed_stage_ms
+    from ppprof.serving.scheduler import Batch, Piece
+
+    stage_ms = packed_stage_ms(policy.latency_model, 1)
+    return lambda pieces: stage_ms(Batch(0, tuple(Piece(0, p, n, False) for _, p, n in pieces)))[0]
+
+
+def run_load(s, load: str, requests: int = REQUESTS, clock=None) -> dict:
+    """`requests` prompts into SGLang's waiting queue, from a closed loop of int(load) clients (the next prompt sent
+    when one's prefill ends) or at the arrival times of `load` on `clock` (batch_ms: time runs by the batches SGLang
+    forms, and waits for the next arrival where nothing is left); every batch SGLang forms until all are prefilled."""
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
     from sglang.srt.sampling.sampling_params import SamplingParams
 
+    times = arrivals(load, requests)
+    name = load if times is not None else f"c{load}"
     sent: dict[str, int] = {}
 
     def send():
         i = len(sent)
         n = PROMPTS[i % len(PROMPTS)]
-        rid = f"c{concurrency}-r{i}"
+        rid = f"{name}-r{i}"
         sent[rid] = n
         tokens = array("q", [1000 * (i + 1) + k % 997 for k in range(n)])  # no prefix shared between prompts
         s.waiting_queue.append(Req(rid, "", tokens, SamplingParams(max_new_tokens=1)))
 
-    for _ in range(min(concurrency, requests)):
-        send()
+    now = 0.0
+    if times is None:
+        for _ in range(min(int(load), requests)):
+            send()
     batches = []
-    while s.waiting_queue or s.chunked_req is not None:
+    while len(sent) < requests or s.waiting_queue or s.chunked_req is not None:
+        if times is not None:
+            if not s.waiting_queue and s.chunked_req is None:
+                now = max(now, times[len(sent)])
+            while len(sent) < requests and times[len(sent)] <= now:
+                send()
         if s.chunked_req is not None:
             s.stash_chunked_request(s.chunked_req)  # as get_next_batch_to_run does before the next batch
         batch = s.get_new_batch_prefill(ScheduleBatch(reqs=[], batch_is_full=False)).batch_to_run
         assert batch is not None, "SGLang formed no batch with prefill work waiting"
         batches.append([[r.rid, int(p), int(n)] for r, p, n in zip(batch.reqs, batch.prefix_lens, batch.extend_lens)])
         done = sum(1 for r in batch.reqs if r is not s.chunked_req)  # the forward returned at once
-        for _ in range(done):
-            if len(sent) < requests:
-                send()
-        assert len(batches) < 1000, "no end to the loop"
+        if times is None:
+            for _ in range(done):
+                if len(sent) < requests:
+                    send()
+        else:
+            now += clock(batches[-1])
+        assert len(batches) < 5000, "no end to the loop"
     return {"batches": batches, "prompts": sent}
 
 
@@ -172,14 +207,15 @@ def failing(config, name: str, path: str, records: list[str]) -> dict:
                 raise RuntimeError("a policy that raises")
 
         s.dynamic_chunk_sizer.policy = Raising()
-    run = closed_loop(s, 1, requests=2)
+    run = run_load(s, "1", requests=2)
     run["sizer"] = None if s.dynamic_chunk_sizer is None else type(s.dynamic_chunk_sizer).__module__
     run["log"] = records[first:]
     return run
 
 
 def main(site: str, out: str, *loads: str) -> None:
-    """`loads`: closed loops' concurrencies ("4"), or failure cases, NAME=POLICY_PATH (failing)."""
+    """`loads`: closed loops' concurrencies ("4"), Poisson rates ("rate-10": requests a second), or failure cases,
+    NAME=POLICY_PATH (failing)."""
     sys.path.insert(0, str(REPO))
     from tests.sglang import cpu_stubs
 
@@ -204,10 +240,13 @@ def main(site: str, out: str, *loads: str) -> None:
     ):
         world_group()
         concurrencies = [c for c in loads if "=" not in c]
+        from ppprof.policy import load as load_policy
+
+        clock = batch_ms(load_policy(policy))
         schedulers = {c: scheduler(config) for c in concurrencies}  # each loop on its own scheduler and cache
         result = {
             "sizer": sorted({type(s.dynamic_chunk_sizer).__module__ for s in schedulers.values()}),
-            "runs": {c: closed_loop(s, int(c)) for c, s in schedulers.items()},
+            "runs": {c: run_load(s, c, clock=clock) for c, s in schedulers.items()},
             "log": list(records),
         }
         cases = dict(c.split("=", 1) for c in loads if "=" in c)

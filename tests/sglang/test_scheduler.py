@@ -1,6 +1,7 @@
 """SGLang 0.5.23's own scheduler forms the batches on a CPU, with ppprof's sizer put in place by the start-up hook as
 `python -m ppprof.sglang` puts it (PPPROF_POLICY set, the hook's sitecustomize first on PYTHONPATH): one fresh
-interpreter a session (tests/sglang/scheduler_run.py) runs closed loops of 1 and 4 clients through SGLang's waiting
+interpreter a session (tests/sglang/scheduler_run.py) runs closed loops of 1, 4 and 16 clients and Poisson
+arrivals through SGLang's waiting
 queue, PrefillAdder and get_new_batch_prefill; the tests read every batch it formed. Skipped, with pip's reason, where
 SGLang's CPU install (tests/sglang/cpu_install.py) cannot be had."""
 
@@ -19,13 +20,14 @@ from ppprof.serving.scheduler import Capacity, Request, Scheduler
 from ppprof.sglang import hook
 
 from .cpu_install import installed
-from .scheduler_run import PROMPTS, REQUESTS
+from .scheduler_run import PROMPTS, REQUESTS, arrivals, batch_ms
 from .standin import REPO, shaped
 
 BASELINE = REPO / "results" / "baseline" / "policy.json"
 RUNNER = REPO / "tests" / "sglang" / "scheduler_run.py"
 ON_PYTHONPATH = REPO / "ppprof" / "sglang" / "on-pythonpath"
-LOADS = ("1", "4", "16")
+LOADS = ("1", "4", "16", "rate-10")
+"""Closed loops of 1, 4 and 16 clients, and Poisson arrivals at 10 requests a second."""
 FAILURES = ("other-model", "corrupt", "missing", "raises")
 """Policies SGLang's process must survive on its static chunks: another model's, a corrupted file, a missing file,
 and a policy whose answers raise inside get_new_batch_prefill."""
@@ -67,9 +69,9 @@ def test_the_hook_puts_ppprofs_sizer_in_sglangs_own_scheduler(sglang_run):
     assert len(result["log"]) == len(LOADS) and all("matches this server" in x for x in result["log"]), result["log"]
 
 
-@pytest.mark.parametrize("concurrency", LOADS)
-def test_every_prompt_is_prefilled_once_in_order(sglang_run, concurrency):
-    run = sglang_run[0]["runs"][concurrency]
+@pytest.mark.parametrize("load", LOADS)
+def test_every_prompt_is_prefilled_once_in_order(sglang_run, load):
+    run = sglang_run[0]["runs"][load]
     done = {rid: 0 for rid in run["prompts"]}
     for batch in run["batches"]:
         for rid, prefix, size in batch:
@@ -78,13 +80,13 @@ def test_every_prompt_is_prefilled_once_in_order(sglang_run, concurrency):
     assert done == run["prompts"]
 
 
-@pytest.mark.parametrize("concurrency", LOADS)
-def test_sglangs_batches_carry_the_chunks_ppprofs_sizer_answered(sglang_run, concurrency):
+@pytest.mark.parametrize("load", LOADS)
+def test_sglangs_batches_carry_the_chunks_ppprofs_sizer_answered(sglang_run, load):
     """A batch that continues the chunked request at prefix L > 0 has the policy's chunk for (L, N) as its budget
     (SGLang's get_new_batch_prefill asks predict(L)); the first batch of a busy spell has B, SGLang's own first chunk
     (docs/sglang.md)."""
     _, _, policy = sglang_run
-    run = sglang_run[0]["runs"][concurrency]
+    run = sglang_run[0]["runs"][load]
     B = policy.settings.base_chunk_size
     continued = 0
     for i, batch in enumerate(run["batches"]):
@@ -118,38 +120,47 @@ def test_a_bad_policy_leaves_sglang_on_static_chunks_with_one_line(sglang_run, c
     print(case, run["log"][-1])
 
 
-def simulated(policy, concurrency: int, sizer) -> list[list[list]]:
-    """The closed loop SGLang ran (scheduler_run.closed_loop: the same prompts, a client sending its next prompt when
-    one's prefill ends, each batch formed after the last one's result) through ppprof.serving's scheduler: one
-    micro-batch slot, pools that never run short."""
+def simulated(policy, load: str, sizer) -> list[list[list]]:
+    """The load SGLang ran (scheduler_run.run_load: the same prompts, arrivals and clock, each batch formed after the
+    last one's result) through ppprof.serving's scheduler: one micro-batch slot, pools that never run short."""
     sched = Scheduler(1, sizer, Capacity(10**9, 10**6))
+    times, clock = arrivals(load), batch_ms(policy)
+    name = load if times is not None else f"c{load}"
     sent: list[int] = []
 
     def send():
         sent.append(PROMPTS[len(sent) % len(PROMPTS)])
         sched.arrive(Request(len(sent) - 1, sent[-1], 0.0))
 
-    for _ in range(min(concurrency, REQUESTS)):
-        send()
+    now = 0.0
+    if times is None:
+        for _ in range(min(int(load), REQUESTS)):
+            send()
     batches = []
-    while not sched.idle:
+    while len(sent) < REQUESTS or not sched.idle:
+        if times is not None:
+            if sched.idle:
+                now = max(now, times[len(sent)])
+            while len(sent) < REQUESTS and times[len(sent)] <= now:
+                send()
         batch = sched.next_batch(0)
-        batches.append([[f"c{concurrency}-r{p.rid}", p.prefix_len, p.size] for p in batch.pieces])
-        for _ in sched.finish(0, float(len(batches))):
-            if len(sent) < REQUESTS:
+        batches.append([[f"{name}-r{p.rid}", p.prefix_len, p.size] for p in batch.pieces])
+        now += clock(batches[-1])
+        for _ in sched.finish(0, now):
+            if times is None and len(sent) < REQUESTS:
                 send()
     return batches
 
 
-@pytest.mark.parametrize("concurrency", LOADS)
-def test_the_simulator_forms_sglangs_batches_but_for_sglangs_first_chunk(sglang_run, concurrency):
+@pytest.mark.parametrize("load", LOADS)
+def test_the_simulator_forms_sglangs_batches_but_for_sglangs_first_chunk(sglang_run, load):
     """ppprof.serving's scheduler with the `policy` arm, beside SGLang's batches: they differ where a batch is formed
     with no request partly prefilled, which SGLang sizes at B without asking the sizer (docs/sglang.md), and the
     streams part there. With that one rule given to the simulator's sizer, every batch is SGLang's."""
     _, _, policy = sglang_run
-    sglang = sglang_run[0]["runs"][concurrency]["batches"]
-    as_simulated = simulated(policy, int(concurrency), arms.sizer(policy, "policy"))
-    prompts = sglang_run[0]["runs"][concurrency]["prompts"]
+    sglang = sglang_run[0]["runs"][load]["batches"]
+    as_simulated = simulated(policy, load, arms.sizer(policy, "policy"))
+    prompts = sglang_run[0]["runs"][load]["prompts"]
     first = next((i for i, (a, b) in enumerate(zip(sglang, as_simulated)) if a != b), None)
     assert first is not None, "SGLang's first chunk of B does not show"
     rid, prefix, _ = sglang[first][0]
@@ -162,4 +173,4 @@ def test_the_simulator_forms_sglangs_batches_but_for_sglangs_first_chunk(sglang_
     def sglang_first_chunk(prefix_len, prompt_len, load):
         return policy.base_chunk_size if prefix_len == 0 else policy.next_chunk_size(prefix_len, prompt_len)
 
-    assert simulated(policy, int(concurrency), sglang_first_chunk) == sglang
+    assert simulated(policy, load, sglang_first_chunk) == sglang
