@@ -2,7 +2,7 @@
 ppprof's start-up hook first on PYTHONPATH (as `python -m ppprof.sglang` starts SGLang), SGLang imported from its
 CPU install (tests/sglang/cpu_install.py) with the GPU-only packages stubbed (tests/sglang/cpu_stubs.py).
 
-    python tests/sglang/scheduler_run.py SGLANG_SITE OUT.json CONCURRENCY... (run by tests/sglang/test_scheduler.py)
+    python tests/sglang/scheduler_run.py SGLANG_SITE OUT.json LOAD... (run by tests/sglang/test_scheduler.py)
 
 SGLang's real parts: its published runtime context (ServerArgs: pp_size 2, --enable-dynamic-chunking,
 --chunked-prefill-size B), its world group (a one-rank gloo group built by SGLang's init_distributed_environment),
@@ -11,11 +11,15 @@ SchedulePolicy, PrefillAdder, get_new_batch_prefill with the chunked request, Sc
 prepare_for_extend, stash_chunked_request, a ReqToTokenPool and TokenToKVPoolAllocator on the CPU and
 RadixCache.create_simulated. Stand-ins, named where set: the model runner (no forward: a batch's forward returns at
 once, so each batch is formed right after the last), the grammar manager (no constrained requests), the beam
-coordinator (no beams) and the load inquirer (stats only). Requests leave at the end of their prefill (no decode):
-a closed loop of C clients sends the next prompt when one's prefill ends.
+coordinator (no beams) and the load inquirer (stats only). Requests leave at the end of their prefill (no decode): a
+closed loop of C clients sends the next prompt when one's prefill ends; Poisson arrivals come on a clock that runs by
+each batch's forward on the policy's planning model (run_load). The PP loop's micro-batch slots are not run: each
+batch is formed after the last one's result.
 
-Writes {"runs": {load: {"batches": [[[rid, prefix, size], ...], ...], "prompts": {rid: length}}},
-"sizer": [the sizers' modules], "log": [ppprof.sglang's lines]}: every batch SGLang formed, each piece's request, prefix and size."""
+Writes {"runs": {load: {"batches": [[[rid, prefix, size], ...], ...], "prompts": {rid: length}}}, "sizer": [the
+sizers' modules], "log": [ppprof.sglang's lines], "failures": {case: a run, its sizer and its lines}}: every batch
+SGLang formed, each piece's request, prefix and size, read from SGLang's ScheduleBatch (reqs, prefix_lens,
+extend_lens)."""
 
 from __future__ import annotations
 

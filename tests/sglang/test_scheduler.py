@@ -1,9 +1,9 @@
 """SGLang 0.5.23's own scheduler forms the batches on a CPU, with ppprof's sizer put in place by the start-up hook as
 `python -m ppprof.sglang` puts it (PPPROF_POLICY set, the hook's sitecustomize first on PYTHONPATH): one fresh
-interpreter a session (tests/sglang/scheduler_run.py) runs closed loops of 1, 4 and 16 clients and Poisson
-arrivals through SGLang's waiting
-queue, PrefillAdder and get_new_batch_prefill; the tests read every batch it formed. Skipped, with pip's reason, where
-SGLang's CPU install (tests/sglang/cpu_install.py) cannot be had."""
+interpreter a session (tests/sglang/scheduler_run.py) runs closed loops of 1, 4 and 16 clients and Poisson arrivals
+through SGLang's waiting queue, PrefillAdder and get_new_batch_prefill, and a loop for each bad policy; the tests read
+every batch it formed. Skipped, with pip's reason, where SGLang's CPU install (tests/sglang/cpu_install.py) cannot be
+had."""
 
 from __future__ import annotations
 
