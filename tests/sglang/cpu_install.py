@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,8 +41,8 @@ def installed(version: str) -> tuple[Path | None, str]:
     if (target / DONE).is_file():
         return target, ""
     start = time.perf_counter()
-    partial = CACHE / f"{key}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f"{key}.partial-", dir=CACHE))  # one a process: two sessions may install
     cmd = [
         sys.executable,
         "-m",
@@ -64,6 +65,7 @@ def installed(version: str) -> tuple[Path | None, str]:
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     except (OSError, subprocess.TimeoutExpired) as e:
+        shutil.rmtree(partial, ignore_errors=True)
         return None, f"pip install --no-deps sglang=={version} and {REQUIREMENTS.name} did not finish ({e})"
     if r.returncode:
         shutil.rmtree(partial, ignore_errors=True)
@@ -72,5 +74,11 @@ def installed(version: str) -> tuple[Path | None, str]:
     seconds = time.perf_counter() - start
     record = {"sglang": version, "wheel": whl.name, "seconds": round(seconds, 1), "bytes": size_of(partial)}
     (partial / DONE).write_text(json.dumps(record))
-    partial.rename(target)
+    try:
+        partial.rename(target)
+    except OSError:  # another process installed it first (or left a folder without DONE: it goes)
+        if not (target / DONE).is_file():
+            shutil.rmtree(target, ignore_errors=True)
+            partial.rename(target)
+    shutil.rmtree(partial, ignore_errors=True)
     return target, ""
