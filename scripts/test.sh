@@ -2,10 +2,8 @@
 # Set up (scripts/setup.sh) and run the whole test suite. Exits non-zero when a test fails or when none ran.
 #   bash scripts/test.sh [PYTEST_ARGS...]   (the arguments go to both phases, e.g. tests/fit -k compare)
 # Two phases: the tests that run in this process (most of them) on $PPPROF_TEST_WORKERS pytest-xdist workers
-# (default 2, one a core; 1 runs them in this process), then the tests that start real ranks (marked multirank): two
-# at a time on as many workers (a pipeline's ranks wait on each other in lockstep, and every launch starts with
-# seconds of imports in one process, so one launch leaves a core idle most of the time), then those that judge a
-# deadline (marked alone as well) one at a time, alone on the machine.
+# (default 2, one a core; 1 runs them in this process), then the tests that start real ranks (marked multirank) one
+# at a time, alone on the machine: each of those already runs two or more processes, and some judge a deadline.
 # Each phase prints its 25 slowest tests; the last line gives each phase's time.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,15 +16,8 @@ start=$SECONDS
 .venv/bin/python -m pytest -m "not multirank" "${parallel[@]}" --durations=25 "$@"
 in_process=$?
 middle=$SECONDS
-.venv/bin/python -m pytest -m "multirank and not alone" "${parallel[@]}" --durations=25 "$@"
-together=$?
-.venv/bin/python -m pytest -m "multirank and alone" --durations=25 "$@"
-alone=$?
-# pytest exits 5 when a part collected no test: the multirank phase ran none only when both parts ran none.
-if [ "$together" -eq 5 ] && [ "$alone" -eq 5 ]; then multirank=5
-elif [ "$together" -ne 0 ] && [ "$together" -ne 5 ]; then multirank=$together
-elif [ "$alone" -ne 0 ] && [ "$alone" -ne 5 ]; then multirank=$alone
-else multirank=0; fi
+.venv/bin/python -m pytest -m multirank --durations=25 "$@"
+multirank=$?
 took() { printf '%d min %02d s' $(($1 / 60)) $(($1 % 60)); }
 echo "test.sh: in-process phase $(took $((middle - start))), multirank phase $(took $((SECONDS - middle)))"
 # pytest exits 5 when a phase collected no test: fine while the other phase ran some.

@@ -99,25 +99,3 @@ def test_pytest_recurses_into_every_folder_of_tests(request):
         and list(d.rglob("test_*.py"))
     ]
     assert not skipped, f"pytest never collects the tests in {skipped}: rename the folder"
-
-
-def test_every_test_that_judges_a_deadline_runs_alone_and_alone_marks_only_multirank_tests():
-    """scripts/test.sh runs the multirank tests two at a time but those marked alone one by one: a test that times
-    how fast a run ends must have the machine to itself."""
-    alone, judged = set(), set()
-    for path in sorted(TESTS.rglob("test_*.py")):
-        text = path.read_text()
-        tree = ast.parse(text)
-        module_alone = "pytest.mark.alone" in "".join(
-            ast.unparse(n) for n in tree.body if isinstance(n, ast.Assign) and "pytestmark" in ast.unparse(n)
-        )
-        for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")):
-            key = f"{path.relative_to(TESTS)}::{fn.name}"
-            if module_alone or any("pytest.mark.alone" in ast.unparse(d) for d in fn.decorator_list):
-                alone.add(key)
-            if "deadline" in fn.name:
-                judged.add(key)
-    marks = marks_of_every_test()
-    assert alone and all(marks[t][0] for t in alone), "alone marks multirank tests only"
-    judged = {t for t in judged if marks[t][0]}  # a multirank test named for a deadline
-    assert judged <= alone, f"judge a deadline but are not marked alone: {sorted(judged - alone)}"

@@ -21,7 +21,7 @@ from ppprof.run.settings import resolve_config
 from ppprof.runfiles import LOCK_FILE
 from tests.multirank import REPO, TINY, run_cli
 
-pytestmark = [pytest.mark.multirank, pytest.mark.alone, pytest.mark.timeout(300)]  # they judge deadlines
+pytestmark = [pytest.mark.multirank, pytest.mark.timeout(300)]
 
 TIMEOUT_S = 3
 # Nine probes of 32 requests on the 4-layer tiny-dense model: long enough to stop a rank in the middle.

@@ -160,7 +160,6 @@ def test_pp1_tp2_profile_runs_one_stage_on_two_ranks(tmp_path):
     assert "pipeline_overhead" not in run and "overhead_wall_s" not in run  # not measured
 
 
-@pytest.mark.alone  # it judges a deadline
 def test_a_stopped_tp_rank_ends_the_run_within_the_deadline(tmp_path):
     out = tmp_path / "run"
     timeout_s = 3
