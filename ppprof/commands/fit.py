@@ -56,7 +56,7 @@ def fit_command(samples, latency_model, out, parity, **options) -> None:
     for name in ("alignment", "min_chunk_size", "max_chunk_size"):
         if options[name] is not None:
             require_int(f"--{name.replace('_', '-')}", options[name], 1)
-    names = ("prompt_lens", "min_gain", "overhead_ms", "pp_size", "extrapolate", "async_depth")
+    names = ("prompt_lens", "min_gain", "overhead_ms", "pp_size", "extrapolate", "async_depth", "load_rule")
     chosen = {name: options.pop(name) for name in names}  # the policy options (ppprof.config.PolicyOptions)
     chosen["extrapolate"] = chosen["extrapolate"] or None
     pp_size = chosen["pp_size"]

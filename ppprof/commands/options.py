@@ -235,6 +235,12 @@ def policy_options(f):
             help="Micro-batch slots your server keeps in flight beyond the stages (SGLang's "
             "--pp-async-batch-depth), which the under-load rule is chosen at. [default: 0, SGLang's default]",
         ),
+        click.option(
+            "--load-rule/--no-load-rule",
+            default=None,
+            help="Choose the under-load rule by simulating your server's scheduler (seconds); --no-load-rule: the "
+            "same chunks at every load. [default: --load-rule]",
+        ),
     ]
     for opt in reversed(opts):
         f = opt(f)

@@ -36,6 +36,9 @@ class PolicyOptions:
     async_depth: int = 0
     """Micro-batch slots the server keeps in flight beyond the stages (SGLang's pp_async_batch_depth, 0 by
     default), which the under-load rule is chosen at (--async-depth)."""
+    load_rule: bool = True
+    """Choose the under-load rule (`load`) by simulating the serving scheduler; False (--no-load-rule): the policy
+    carries only the idle rules, the same chunks at every load, and the fit skips the simulation (seconds)."""
 
     def __post_init__(self) -> None:
         if self.workload is not None and not isinstance(self.workload, Workload):
@@ -52,6 +55,7 @@ class PolicyOptions:
         if self.pp_size is not None:
             require_int("--pp", self.pp_size, 1, MAX_STAGES)
         require_bool("--extrapolate", self.extrapolate)
+        require_bool("--load-rule", self.load_rule)
         require_int("--async-depth", self.async_depth, 0, MAX_ASYNC_DEPTH)
 
     def to_dict(self) -> dict:

@@ -201,6 +201,11 @@ def with_load(policy: dict, async_depth: int = 0) -> dict:
     return finite(policy | {"diagnostics": diagnostics} | ({"load": load} if load else {}))
 
 
+def without_load(policy: dict) -> dict:
+    """The policy as --no-load-rule leaves it: no under-load rule, and its diagnostics saying it was not chosen."""
+    return policy | {"diagnostics": policy["diagnostics"] | {"under_load": {"skipped": "--no-load-rule"}}}
+
+
 def assemble(
     samples: Samples,
     run: dict | None,
@@ -267,7 +272,7 @@ def fit(
     packed_path = RunFolder.of(samples_path).packed
     packed = read_packed(packed_path) if packed_path.is_file() else None
     policy = with_packed(fit_samples(samples, run, settings, latency_model, parity, chosen), packed, samples)
-    policy = with_load(policy, chosen.async_depth)
+    policy = with_load(policy, chosen.async_depth) if chosen.load_rule else without_load(policy)
     out = Path(out) if out is not None else RunFolder.of(samples_path).policy
     path = save(out, policy)
     if plots:
@@ -275,15 +280,17 @@ def fit(
     return path, policy
 
 
-def fit_run(run_dir: str | Path) -> Path:
+def fit_run(run_dir: str | Path, *, load_rule: bool = True) -> Path:
     """Fit `run_dir/samples.csv` with the defaults of `run_dir/run.json` (scoring the model on `run_dir/packed.csv`
     where it exists); write `run_dir/policy.json`, `fit.png` (measured latency vs chunk_size with the fitted curve
     per prefix) and `chunks.png` (chunk size vs prefix_len).
 
-    Signature: fit_run(run_dir: str | Path) -> Path of the policy written. Raises ValueError on unreadable input,
-    before anything is written. A model that fails the quality gates still gives a (static) policy, not an error.
+    Signature: fit_run(run_dir: str | Path, *, load_rule: bool = True) -> Path of the policy written (load_rule
+    False: no under-load rule, as `ppprof fit --no-load-rule`). Raises ValueError on unreadable input, before
+    anything is written. A model that fails the quality gates still gives a (static) policy, not an error.
     """
-    return fit(RunFolder(run_dir).samples, latency_model=PROFILE_LATENCY_MODEL, plots=True)[0]
+    options = None if load_rule else {"load_rule": False}
+    return fit(RunFolder(run_dir).samples, latency_model=PROFILE_LATENCY_MODEL, plots=True, policy_options=options)[0]
 
 
 def rechoose(data: dict, model: LatencyModel, status: str = "dynamic", reason: str = "given") -> dict:

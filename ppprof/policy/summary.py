@@ -79,6 +79,8 @@ def load_text(policy: Policy) -> str:
         )
     if rule is None:
         evidence = (policy.data.get("diagnostics") or {}).get("under_load") or {}
+        if "skipped" in evidence:
+            return f"; no under-load rule ({evidence['skipped']}: the same chunks at every load)"
         if "idle_worst_loss" in evidence:
             return (
                 f"; no under-load rule: no candidate beat the idle rules robustly (their worst loss "

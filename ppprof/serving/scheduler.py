@@ -15,9 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Load:
-    """What a scheduler knows of the other work when it sizes the chunked request's next chunk."""
+    """What a scheduler knows of the other work when it sizes the chunked request's next chunk. Load, Piece and Batch
+    are plain slotted dataclasses, not frozen ones: a frozen one's constructor costs five times as much, and a
+    simulation builds one of each for every batch (most of a robust under-load choice's time). Never changed once
+    built."""
 
     pending_requests: int = 0
     """Requests with prefill work besides the one being sized: waiting, and partly prefilled."""
@@ -54,7 +57,7 @@ class Request:
         return None if self.finish is None else self.finish - self.arrival
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Piece:
     """One request's chunk in a batch: `size` new tokens after `prefix_len` cached ones; `last`: the prompt's end."""
 
@@ -64,7 +67,7 @@ class Piece:
     last: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Batch:
     """What one micro-batch slot sends through the pipeline: one packed forward of one or more requests' pieces."""
 

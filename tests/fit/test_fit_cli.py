@@ -24,6 +24,23 @@ def test_fit_writes_policy_and_summary(tmp_path):
     assert data["settings"]["smooth_factor"] == 0.6 and data["schema_version"] == SCHEMA_VERSION
 
 
+def test_no_load_rule_writes_the_idle_rules_alone_and_says_so(tmp_path):
+    """--no-load-rule: no `load` and no simulation, the diagnostics and `validate` naming the flag; the prompt-aware
+    rule, the table and the status as the fit that chooses the under-load rule writes them."""
+    csv = samples(tmp_path)
+    with_rule, without = tmp_path / "with.json", tmp_path / "without.json"
+    for args in (["-o", str(with_rule)], ["-o", str(without), "--no-load-rule"]):
+        result = CliRunner().invoke(main, ["fit", str(csv), *args])
+        assert result.exit_code == 0, result.output
+    a, b = (json.loads(p.read_text()) for p in (with_rule, without))
+    assert a["diagnostics"]["under_load"]["cells"], "the fit without the flag simulates the serving scheduler"
+    assert "load" not in b and b["diagnostics"]["under_load"] == {"skipped": "--no-load-rule"}
+    for key in ("status", "prompt_table", "table", "latency_model", "predicted"):
+        assert a[key] == b[key], key
+    shown = CliRunner().invoke(main, ["validate", str(without), "--verbose"])
+    assert shown.exit_code == 0 and "no under-load rule (--no-load-rule: the same chunks at every load)" in shown.output
+
+
 def test_bad_options_exit_2_and_write_nothing(tmp_path):
     csv = samples(tmp_path)
     cases = [

@@ -9,7 +9,7 @@ import sys
 import pandas as pd
 import pytest
 
-from tests.multirank import TINY, run_cli
+from tests.multirank import run_cli
 from tests.run.test_faults import LONG, alive, rank_pids, read_until, start, stop_rank
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(300)]
@@ -117,47 +117,28 @@ def test_torchrun_with_four_processes_and_tp_size_2_profiles_pp2_tp2_writes_a_po
 
 
 @pytest.mark.parametrize("model", ["tiny-mla", "tiny-gdn"])
-def test_mla_and_gated_deltanet_profile_at_pp2_tp2_and_write_a_policy(tmp_path, model):
+def test_mla_and_gated_deltanet_profile_on_one_stage_of_two_tp_ranks_and_write_a_policy(tmp_path, model):
     """MLA (query heads split, the latent pool whole on each TP rank) and Gated DeltaNet (heads split, each TP rank's
-    states in its own Mamba-pool slot) through the whole profile on 4 gloo ranks; every rank's pools back to full."""
-    out = tmp_path / "run"
-    r = run_cli("profile", "--model", model, "--pp-size", "2", "--tp-size", "2", *SMALL, "--out", str(out))
-    assert r.returncode == 0, r.stderr[-3000:]
-    samples, run = read_run(out)
-    assert (run["world_size"], run["pp_size"], run["tp_size"]) == (4, 2, 2) and run["model"]["name"] == model
-    assert samples[["stage0_latency_ms", "stage1_latency_ms"]].gt(0).all().all()
-    policy = json.loads((out / "policy.json").read_text())
-    assert policy["provenance"]["tp_size"] == 2 and policy["provenance"]["model"] == model
-    for rank in range(4):
-        log = (out / f"rank{rank}.log").read_text()
-        assert f"stage {rank // 2}/2 (TP rank {rank % 2} of 2)" in log, log[:2000]
-        assert "pools back to full capacity" in log and "leak" not in log
-
-
-def test_pp1_tp2_profile_runs_one_stage_on_two_ranks(tmp_path):
+    states in its own Mamba-pool slot) through the whole profile on one stage of 2 gloo ranks (PP1 x TP2: the PP x
+    TP mesh itself is the 4-rank test's); every rank's pools back to full, the pipeline overhead left unmeasured."""
     out = tmp_path / "run"
     r = run_cli(
-        "profile",
-        "--model",
-        "tiny-dense",
-        "--pp-size",
-        "1",
-        "--tp-size",
-        "2",
-        *TINY,
-        "--overhead-repeats",
-        "0",
-        "--out",
-        str(out),
-    )
+        "profile", "--model", model, "--pp-size", "1", "--tp-size", "2", *SMALL[:-2], "--overhead-repeats", "0",
+        "--packed-forwards", "4", "--design", "grid", "--out", str(out),
+    )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     samples, run = read_run(out)
-    assert (run["world_size"], run["pp_size"], run["tp_size"]) == (2, 1, 2)
-    assert run["layer_partition"] == [4]
+    assert (run["world_size"], run["pp_size"], run["tp_size"]) == (2, 1, 2) and run["model"]["name"] == model
+    assert run["layer_partition"] == [len(run["model"]["layers"])]
     assert samples["stage0_latency_ms"].gt(0).all() and "stage1_latency_ms" not in samples
-    assert len(samples) == 8 + 3 + 8 + 8  # the sweep, the wide probe (one request a wide size), two prefix probes
     assert run["config"]["overhead_repeats"] == 0
     assert "pipeline_overhead" not in run and "overhead_wall_s" not in run  # not measured
+    policy = json.loads((out / "policy.json").read_text())
+    assert policy["provenance"]["tp_size"] == 2 and policy["provenance"]["model"] == model
+    for rank in range(2):
+        log = (out / f"rank{rank}.log").read_text()
+        assert f"stage 0/1 (TP rank {rank} of 2)" in log, log[:2000]
+        assert "pools back to full capacity" in log and "leak" not in log
 
 
 def test_a_stopped_tp_rank_ends_the_run_within_the_deadline(tmp_path):
