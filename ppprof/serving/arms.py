@@ -15,7 +15,8 @@ SERVING_ARMS = ("fixed", "fixed-best", "greedy", "policy", "policy-history", "at
 """fixed: B; fixed-best: the policy's best fixed chunk on its workload; greedy: SGLang's equal-latency rule on the
 policy's model; policy: the prompt-aware rule; policy-history: the history-only table; atom-guard: the prompt-aware
 rule while the request being sized is the only one with prefill work, B otherwise (AMD ATOM's guard); policy-load: the
-policy's rules fed the scheduler's load (the under-load rule past its handover, the prompt-aware rule below it)."""
+policy's rules fed the scheduler's load and its slots (the under-load rule past its handover, the prompt-aware rule
+below it)."""
 FIRST_CHUNK_B_ARMS = ("greedy", "policy", "policy-history", "policy-load")
 """The arms a server answers through SGLang's sizer (its own equal-latency rule, or ppprof's policy through
 PPPROF_POLICY): SGLang 0.5.23 budgets a batch built with no partly prefilled request at B (--chunked-prefill-size)
@@ -61,7 +62,11 @@ def arm_rule(policy: Policy, arm: str) -> Sizer:
         return guarded
     if arm == "policy-load":
         return lambda prefix_len, prompt_len, load: policy.next_chunk_size(
-            prefix_len, prompt_len, pending_requests=load.pending_requests, pending_tokens=load.pending_tokens
+            prefix_len,
+            prompt_len,
+            pending_requests=load.pending_requests,
+            pending_tokens=load.pending_tokens,
+            slots=load.slots,  # the server's slots, as ppprof's sizer in SGLang passes pp_loop_size
         )
     raise ValueError(f"--strategies {arm!r} is unknown: use a comma-separated subset of {','.join(SERVING_ARMS)}")
 

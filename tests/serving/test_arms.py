@@ -5,6 +5,7 @@ policy's under-load rule with the scheduler's load, and a packed forward pays on
 extra piece the profile's packed forwards measured)."""
 
 import dataclasses
+import functools
 import math
 from pathlib import Path
 
@@ -40,16 +41,19 @@ def test_alone_each_arm_runs_its_one_prompt_plan(policy, arm):
             chunks.append(min(next_chunk(sum(chunks)), prompt_len - sum(chunks)))
         return chunks
 
+    def prompt_aware(done, n):
+        return policy.next_chunk_size(done, n)
+
     assert policy.plan(700) == [700] != after_b(700, lambda done: policy.next_chunk_size(done, 700))  # not B first
     for r in served.requests:
         want = {
             "fixed": fixed_chunks(B, r.prompt_len),
             "fixed-best": fixed_chunks(best, r.prompt_len),
             "greedy": policy.sglang_plan(r.prompt_len),
-            "policy": after_b(r.prompt_len, lambda done: policy.next_chunk_size(done, r.prompt_len)),
+            "policy": after_b(r.prompt_len, functools.partial(prompt_aware, n=r.prompt_len)),
             "policy-history": after_b(r.prompt_len, policy.next_chunk_size),
             "atom-guard": policy.plan(r.prompt_len),
-            "policy-load": after_b(r.prompt_len, lambda done: policy.next_chunk_size(done, r.prompt_len)),
+            "policy-load": after_b(r.prompt_len, functools.partial(prompt_aware, n=r.prompt_len)),
         }[arm]
         assert r.chunks == want, (arm, r.prompt_len)
 
