@@ -51,7 +51,7 @@ def arm_rule(policy: Policy, arm: str) -> Sizer:
         starts, sizes = build_table(policy.latency_model, policy.settings, policy.target_ms)
         return lambda prefix_len, prompt_len, load: table_chunk_size(starts, sizes, prefix_len)
     if arm == "policy":
-        return lambda prefix_len, prompt_len, load: policy.next_chunk_size(prefix_len, prompt_len)
+        return idle_sizer(policy)
     if arm == "policy-history":
         return lambda prefix_len, prompt_len, load: policy.next_chunk_size(prefix_len)
     if arm == "atom-guard":
@@ -61,14 +61,43 @@ def arm_rule(policy: Policy, arm: str) -> Sizer:
 
         return guarded
     if arm == "policy-load":
-        return lambda prefix_len, prompt_len, load: policy.next_chunk_size(
-            prefix_len,
-            prompt_len,
-            pending_requests=load.pending_requests,
-            pending_tokens=load.pending_tokens,
-            slots=load.slots,  # the server's slots, as ppprof's sizer in SGLang passes pp_loop_size
-        )
+        return load_sizer(policy)
     raise ValueError(f"--strategies {arm!r} is unknown: use a comma-separated subset of {','.join(SERVING_ARMS)}")
+
+
+def idle_sizer(policy: Policy) -> Sizer:
+    """The `policy` arm: the prompt-aware rule's chunk, each (prefix_len, prompt_len) asked of the policy once (a
+    simulation asks the same ones over and over)."""
+    answers: dict[tuple[int, int], int] = {}
+
+    def size(prefix_len: int, prompt_len: int, load: Load) -> int:
+        key = (prefix_len, prompt_len)
+        chunk = answers.get(key)
+        if chunk is None:
+            chunk = answers[key] = policy.next_chunk_size(prefix_len, prompt_len)
+        return chunk
+
+    return size
+
+
+def load_sizer(policy: Policy) -> Sizer:
+    """The `policy-load` arm: Policy.next_chunk_size fed the scheduler's load, each answer asked of the policy once.
+    The answer depends on the load only through whether other tokens wait and, where they do, the share of the work
+    (LoadRule.share of the prompt and the others' tokens over the scheduler's slots): (prefix_len, prompt_len, share)
+    is its key, 0 the share with none waiting or no under-load rule (the idle rules' chunk)."""
+    rule, answers = policy.load_rule, {}
+
+    def size(prefix_len: int, prompt_len: int, load: Load) -> int:
+        waiting, slots = load.pending_tokens, load.slots  # the server's slots, as ppprof's sizer passes pp_loop_size
+        key = (prefix_len, prompt_len, rule.share(prompt_len + waiting, slots) if rule is not None and waiting else 0)
+        chunk = answers.get(key)
+        if chunk is None:
+            chunk = answers[key] = policy.next_chunk_size(
+                prefix_len, prompt_len, pending_requests=load.pending_requests, pending_tokens=waiting, slots=slots
+            )
+        return chunk
+
+    return size
 
 
 def packed_stage_ms(model: LatencyModel, pp_size: int, extra_piece_ms: float = 0.0) -> Callable[[Batch], list[float]]:
@@ -78,8 +107,14 @@ def packed_stage_ms(model: LatencyModel, pp_size: int, extra_piece_ms: float = 0
     found the additive form missing), c + sum_i (t(L_i, x_i) - c) + d (n - 1); the same on every stage (the model is
     the bottleneck stage's)."""
 
+    prices: dict[tuple, list[float]] = {}
+
     def stage_ms(batch: Batch) -> list[float]:
-        t = model.c + sum(model.one_chunk_ms(p.prefix_len, p.size) - model.c for p in batch.pieces)
-        return [t + extra_piece_ms * (len(batch.pieces) - 1)] * pp_size
+        key = tuple((p.prefix_len, p.size) for p in batch.pieces)
+        times = prices.get(key)
+        if times is None:
+            t = model.c + sum(model.one_chunk_ms(p.prefix_len, p.size) - model.c for p in batch.pieces)
+            times = prices[key] = [t + extra_piece_ms * (len(batch.pieces) - 1)] * pp_size
+        return times
 
     return stage_ms

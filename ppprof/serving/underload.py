@@ -111,36 +111,39 @@ def workloads(policy: Policy, num_prompts: int) -> list[tuple[str, list[int]]]:
     return out
 
 
-def served(policy: Policy, rule: LoadRule | None, cell: Cell, async_depth: int) -> tuple[float, float]:
+def served(
+    policy: Policy, rule: LoadRule | None, cell: Cell, async_depth: int, memo: Memo | None = None
+) -> tuple[float, float]:
     """(input throughput in tokens/s, mean TTFT in ms) of `cell` served by the policy with the under-load rule `rule`
-    (None: its idle rules at every load), `async_depth` slots beyond the stages."""
-    arm = replace(policy, load_rule=rule)
-    stage_ms = packed_stage_ms(policy.planning_model, policy.pp_size, policy.extra_piece_ms)
+    (None: its idle rules at every load), `async_depth` slots beyond the stages. With a memo, its sizer and the
+    batches' prices are kept there for the next cell."""
+    memo = {} if memo is None else memo
+    arm = memo.get(("sizer", rule))
+    if arm is None:
+        arm = memo[("sizer", rule)] = sizer(replace(policy, load_rule=rule), "policy-load")
+    stage_ms = memo.get("prices")
+    if stage_ms is None:
+        stage_ms = memo["prices"] = packed_stage_ms(policy.planning_model, policy.pp_size, policy.extra_piece_ms)
     entries = cell.level.concurrency or POISSON_ENTRIES
     capacity = Capacity(max(cell.prompts) * entries, entries)
     summary = serve(
-        policy.pp_size,
-        sizer(arm, "policy-load"),
-        stage_ms,
-        capacity,
-        list(cell.prompts),
-        cell.level,
-        LOAD_SEED,
-        async_depth,
+        policy.pp_size, arm, stage_ms, capacity, list(cell.prompts), cell.level, LOAD_SEED, async_depth
     ).summary()
     return summary["throughput_tokens_per_s"], summary["ttft_ms"]["mean"]
 
 
 Memo = dict
 """Figures already served, by (rule, cell): the simulation is deterministic, and the screens and the final scoring
-ask for the same (rule, cell) again (the idle rules in every round, the first screen's candidates in the second)."""
+ask for the same (rule, cell) again (the idle rules in every round, the first screen's candidates in the second).
+Beside them, each rule's sizer (("sizer", rule)) and the batches' prices ("prices"), whose answers repeat across
+cells."""
 
 
 def served_once(policy: Policy, rule: LoadRule | None, cell: Cell, async_depth: int, memo: Memo) -> tuple[float, float]:
     """served(), each (rule, cell) once per memo."""
     key = (rule, cell)
     if key not in memo:
-        memo[key] = served(policy, rule, cell, async_depth)
+        memo[key] = served(policy, rule, cell, async_depth, memo)
     return memo[key]
 
 
