@@ -216,8 +216,6 @@ def on_scheduler_module(module) -> None:
     """Check SGLang's scheduler; point its sizer name at ppprof's (it bound the name while importing), or put
     SGLang's own sizer back and say why; wrap its run_batch where PPPROF_TRACE is set."""
     if os.environ.get(TRACE_ENV):
-        from ppprof.sglang.trace import install_trace
-
         install_trace(module)
     if not _state["replaced"]:
         return
@@ -233,6 +231,28 @@ def on_scheduler_module(module) -> None:
         f"SGLang's {SIZER_CLASS} is ppprof's policy sizer in this process (PPPROF_POLICY="
         f"{os.environ.get(POLICY_ENV)}; built for SGLang {BUILT_FOR}, found {sglang_version()})"
     )
+
+
+def install_trace(module) -> bool:
+    """Wrap `module`.Scheduler.run_batch (SGLang's scheduler module) to trace prefill forwards
+    (ppprof.sglang.trace), where it is the method of SGLang BUILT_FOR, run_batch(self, batch, ...); otherwise say
+    why, once, and leave it."""
+    import inspect
+
+    from ppprof.sglang.trace import RUN_BATCH, WRAPPED, traced
+
+    cls = getattr(module, SCHEDULER_CLASS, None)
+    method = getattr(cls, RUN_BATCH, None)
+    if not callable(method):
+        say(f"no forward trace: {module.__name__}.{SCHEDULER_CLASS} has no method {RUN_BATCH}")
+        return False
+    if getattr(method, WRAPPED, False):
+        return True
+    if list(inspect.signature(method).parameters)[:2] != ["self", "batch"]:
+        say(f"no forward trace: {SCHEDULER_CLASS}.{RUN_BATCH}{inspect.signature(method)} is not SGLang {BUILT_FOR}'s")
+        return False
+    setattr(cls, RUN_BATCH, traced(method))
+    return True
 
 
 def sglang_sizer_class() -> type:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import atexit
 import datetime as dt
 import functools
-import inspect
 import logging
 import os
 import time
@@ -32,27 +31,8 @@ PARALLEL_FIELDS = ("pp_rank", "pp_size", "tp_rank", "tp_size")
 """What it reads of SGLang's parallel state (sglang.srt.runtime_context.get_parallel)."""
 TRACER = "_ppprof_forward_trace"
 """The scheduler's attribute holding its tracer (False: tracing is off in this process)."""
-_WRAPPED = "__ppprof_traced__"
-
-
-def install_trace(module) -> bool:
-    """Wrap `module`.Scheduler.run_batch (SGLang's scheduler module) to trace prefill forwards, where it is the
-    method of SGLang 0.5.23; otherwise say why, once, and leave it."""
-    from ppprof.sglang.hook import BUILT_FOR, SCHEDULER_CLASS, say
-
-    cls = getattr(module, SCHEDULER_CLASS, None)
-    method = getattr(cls, RUN_BATCH, None)
-    if not callable(method):
-        say(f"no forward trace: {module.__name__}.{SCHEDULER_CLASS} has no method {RUN_BATCH}")
-        return False
-    if getattr(method, _WRAPPED, False):
-        return True
-    params = list(inspect.signature(method).parameters)
-    if params[:2] != ["self", "batch"]:
-        say(f"no forward trace: {SCHEDULER_CLASS}.{RUN_BATCH}{inspect.signature(method)} is not SGLang {BUILT_FOR}'s")
-        return False
-    setattr(cls, RUN_BATCH, traced(method))
-    return True
+WRAPPED = "__ppprof_traced__"
+"""Set on the wrapped run_batch: a second install leaves it as it is."""
 
 
 def traced(run_batch):
@@ -71,7 +51,7 @@ def traced(run_batch):
         tracer.end(mark, pieces)
         return result
 
-    setattr(run_traced, _WRAPPED, True)
+    setattr(run_traced, WRAPPED, True)
     return run_traced
 
 
@@ -121,7 +101,7 @@ def start(scheduler) -> Tracer | bool:
     try:
         from sglang.srt.runtime_context import get_parallel
 
-        from ppprof.sglang.hook import sglang_version
+        from ppprof.servers.sglang import SGLANG
         from ppprof.sglang.match import model_shape_of
 
         parallel = get_parallel()
@@ -135,8 +115,8 @@ def start(scheduler) -> Tracer | bool:
             tp_size=tp_size,
             device=device.partition(":")[0],
             dtype=str(dtype).removeprefix("torch.") if dtype is not None else "unknown",
-            server="sglang",
-            server_version=sglang_version(),
+            server=SGLANG.name,
+            server_version=installed_version(SGLANG.name),
             context_len=int(config.context_len),
             clock="perf_counter" if events is None else "cuda_events",
             max_records=0,
@@ -151,6 +131,16 @@ def start(scheduler) -> Tracer | bool:
     tracer = Tracer(writer, pp_rank, tp_rank, events)
     atexit.register(tracer.close)  # the end record, with the forwards dropped, at the process's exit
     return tracer
+
+
+def installed_version(distribution: str) -> str:
+    """The installed distribution's version, or "unknown" (a stand-in package has none)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def close(scheduler) -> None:
