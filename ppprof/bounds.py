@@ -13,6 +13,9 @@ MAX_STAGES = 1024
 POLICY_ENV = "PPPROF_POLICY"
 """The environment variable that names the policy file a server process loads (ppprof.sglang's start-up hook and
 sizer; `ppprof export --server sglang` prints it)."""
+TRACE_ENV = "PPPROF_TRACE"
+"""The environment variable that names the forward trace a server process writes (ppprof.sglang's start-up hook
+times each prefill forward of every rank; docs/forwards.md)."""
 MAX_ASYNC_DEPTH = 16
 """The most micro-batch slots beyond the stages a server keeps in flight (--async-depth)."""
 MLA_PREFIX_SPAN_TOKENS = 8192

@@ -15,11 +15,30 @@ SERVING_ARMS = ("fixed", "fixed-best", "greedy", "policy", "policy-history", "at
 """fixed: B; fixed-best: the policy's best fixed chunk on its workload; greedy: SGLang's equal-latency rule on the
 policy's model; policy: the prompt-aware rule; policy-history: the history-only table; atom-guard: the prompt-aware
 rule while the request being sized is the only one with prefill work, B otherwise (AMD ATOM's guard); policy-load: the
-policy's rules fed the scheduler's load (the under-load rule past its handover, the prompt-aware rule below it)."""
+policy's rules fed the scheduler's load and its slots (the under-load rule past its handover, the prompt-aware rule
+below it)."""
+FIRST_CHUNK_B_ARMS = ("greedy", "policy", "policy-history", "policy-load")
+"""The arms a server answers through SGLang's sizer (its own equal-latency rule, or ppprof's policy through
+PPPROF_POLICY): SGLang 0.5.23 budgets a batch built with no partly prefilled request at B (--chunked-prefill-size)
+itself and asks the sizer only from a request's second chunk on (Scheduler.get_new_batch_prefill), so these arms'
+batches with no chunked request are budgeted at B, the under-load rule's too; SGLang's own batches match the
+simulation's so (tests/sglang/test_scheduler.py). fixed and fixed-best are B and the best chunk throughout; atom-guard
+is ATOM's, kept as it was."""
 
 
 def sizer(policy: Policy, arm: str) -> Sizer:
-    """The sizer of `arm` (SERVING_ARMS) with `policy`'s rules and settings."""
+    """The sizer of `arm` (SERVING_ARMS) with `policy`'s rules and settings; B where an arm of FIRST_CHUNK_B_ARMS
+    sizes a batch with no chunked request (the scheduler asks at prefix 0 only then: a request's later chunks start
+    past 0)."""
+    rule = arm_rule(policy, arm)
+    if arm not in FIRST_CHUNK_B_ARMS:
+        return rule
+    B = policy.base_chunk_size
+    return lambda prefix_len, prompt_len, load: B if prefix_len == 0 else rule(prefix_len, prompt_len, load)
+
+
+def arm_rule(policy: Policy, arm: str) -> Sizer:
+    """`arm`'s own rule, asked for every chunk, the first included."""
     B = policy.base_chunk_size
     if arm == "fixed":
         return lambda prefix_len, prompt_len, load: B
@@ -64,17 +83,17 @@ def idle_sizer(policy: Policy) -> Sizer:
 def load_sizer(policy: Policy) -> Sizer:
     """The `policy-load` arm: Policy.next_chunk_size fed the scheduler's load, each answer asked of the policy once.
     The answer depends on the load only through whether other tokens wait and, where they do, the share of the work
-    (LoadRule.share of the prompt and the others' tokens): (prefix_len, prompt_len, share) is its key, 0 the share
-    with none waiting or no under-load rule (the idle rules' chunk)."""
+    (LoadRule.share of the prompt and the others' tokens over the scheduler's slots): (prefix_len, prompt_len, share)
+    is its key, 0 the share with none waiting or no under-load rule (the idle rules' chunk)."""
     rule, answers = policy.load_rule, {}
 
     def size(prefix_len: int, prompt_len: int, load: Load) -> int:
-        waiting = load.pending_tokens
-        key = (prefix_len, prompt_len, rule.share(prompt_len + waiting) if rule is not None and waiting else 0)
+        waiting, slots = load.pending_tokens, load.slots  # the server's slots, as ppprof's sizer passes pp_loop_size
+        key = (prefix_len, prompt_len, rule.share(prompt_len + waiting, slots) if rule is not None and waiting else 0)
         chunk = answers.get(key)
         if chunk is None:
             chunk = answers[key] = policy.next_chunk_size(
-                prefix_len, prompt_len, pending_requests=load.pending_requests, pending_tokens=waiting
+                prefix_len, prompt_len, pending_requests=load.pending_requests, pending_tokens=waiting, slots=slots
             )
         return chunk
 

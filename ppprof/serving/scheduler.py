@@ -28,6 +28,9 @@ class Load:
     """Their prompt tokens not yet scheduled."""
     busy_slots: int = 0
     """Micro-batch slots other than this one holding a batch in the pipeline."""
+    slots: int | None = None
+    """The scheduler's micro-batch slots (pp_size + async depth), as SGLang's sizer reads pp_loop_size; None: not
+    known."""
 
 
 Sizer = Callable[[int, int, Load], int]
@@ -154,7 +157,7 @@ class Scheduler:
             count, tokens = count - 1, tokens - sizing.rest
         if self.chunked is not None and self.chunked is not sizing:
             count, tokens = count + 1, tokens + self.chunked.rest
-        return Load(count, tokens, len(self.in_flight) - (slot in self.in_flight))
+        return Load(count, tokens, len(self.in_flight) - (slot in self.in_flight), self.slots)
 
     def size(self, slot: int, request: Request) -> int:
         size = int(self.sizer(request.scheduled, request.prompt_len, self.load(slot, request)))

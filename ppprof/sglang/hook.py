@@ -1,6 +1,7 @@
 """The start-up hook: where PPPROF_POLICY is set, SGLang's DynamicChunkSizer becomes ppprof's policy sizer
 (ppprof.sglang.sizer) as SGLang imports it, in every process of the server, if SGLang's names and signatures are
-those the sizer was built for; otherwise SGLang is left alone, with one line saying why.
+those the sizer was built for; otherwise SGLang is left alone, with one line saying why. Where PPPROF_TRACE is set,
+Scheduler.run_batch is wrapped to trace each prefill forward (ppprof.sglang.trace), on the same terms.
 
 Installed at interpreter start by ppprof-sglang.pth (site-packages) or by `python -m ppprof.sglang` (PYTHONPATH);
 imports only the standard library (and ppprof.bounds) until SGLang's sizer module loads."""
@@ -10,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ppprof.bounds import POLICY_ENV  # the hook does nothing without it
+from ppprof.bounds import POLICY_ENV, TRACE_ENV  # the hook does nothing without one of them
 
 SIZER_MODULE = "sglang.srt.managers.scheduler_components.dynamic_chunk_sizer"
 SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
@@ -44,9 +45,9 @@ def say(message: str) -> None:
 
 
 def install() -> bool:
-    """Watch for SGLang's sizer and scheduler modules (once a process); False where PPPROF_POLICY is not set or the
-    watch could not be set. Never raises: a start-up hook must not stop the interpreter."""
-    if not os.environ.get(POLICY_ENV):
+    """Watch for SGLang's sizer and scheduler modules (once a process); False where neither PPPROF_POLICY nor
+    PPPROF_TRACE is set or the watch could not be set. Never raises: a start-up hook must not stop the interpreter."""
+    if not os.environ.get(POLICY_ENV) and not os.environ.get(TRACE_ENV):
         return False
     try:
         if not any(isinstance(f, Watcher) for f in sys.meta_path):
@@ -194,8 +195,11 @@ def call_mismatch(method_source: str) -> str | None:
 
 
 def on_sizer_module(module) -> None:
-    """Check SGLang's sizer module; replace its class by ppprof's policy sizer, or say why not."""
-    if _state["replaced"]:
+    """Check SGLang's sizer module; replace its class by ppprof's policy sizer, or say why not (with PPPROF_POLICY
+    set; SGLang's own class is kept for sglang_sizer_class either way)."""
+    if _state["sglang_class"] is None and isinstance(getattr(module, SIZER_CLASS, None), type):
+        _state["sglang_class"] = getattr(module, SIZER_CLASS)
+    if _state["replaced"] or not os.environ.get(POLICY_ENV):
         return
     problem = sizer_mismatch(module)
     if problem:
@@ -210,7 +214,9 @@ def on_sizer_module(module) -> None:
 
 def on_scheduler_module(module) -> None:
     """Check SGLang's scheduler; point its sizer name at ppprof's (it bound the name while importing), or put
-    SGLang's own sizer back and say why."""
+    SGLang's own sizer back and say why; wrap its run_batch where PPPROF_TRACE is set."""
+    if os.environ.get(TRACE_ENV):
+        install_trace(module)
     if not _state["replaced"]:
         return
     problem = scheduler_mismatch(module)
@@ -225,6 +231,35 @@ def on_scheduler_module(module) -> None:
         f"SGLang's {SIZER_CLASS} is ppprof's policy sizer in this process (PPPROF_POLICY="
         f"{os.environ.get(POLICY_ENV)}; built for SGLang {BUILT_FOR}, found {sglang_version()})"
     )
+
+
+def install_trace(module) -> bool:
+    """Wrap `module`.Scheduler.run_batch (SGLang's scheduler module) to trace prefill forwards
+    (ppprof.sglang.trace), where it is the method of SGLang BUILT_FOR, run_batch(self, batch, ...); otherwise say
+    why, once, and leave it."""
+    import inspect
+
+    from ppprof.sglang.trace import RUN_BATCH, WRAPPED, traced
+
+    cls = getattr(module, SCHEDULER_CLASS, None)
+    method = getattr(cls, RUN_BATCH, None)
+    if not callable(method):
+        say(f"no forward trace: {module.__name__}.{SCHEDULER_CLASS} has no method {RUN_BATCH}")
+        return False
+    if getattr(method, WRAPPED, False):
+        return True
+    if list(inspect.signature(method).parameters)[:2] != ["self", "batch"]:
+        say(f"no forward trace: {SCHEDULER_CLASS}.{RUN_BATCH}{inspect.signature(method)} is not SGLang {BUILT_FOR}'s")
+        return False
+    setattr(cls, RUN_BATCH, traced(method))
+    return True
+
+
+def sglang_sizer_class() -> type:
+    """SGLang's own DynamicChunkSizer, whether or not ppprof's stands in for it in this process."""
+    import importlib
+
+    return _state["sglang_class"] or getattr(importlib.import_module(SIZER_MODULE), SIZER_CLASS)
 
 
 def restore() -> None:

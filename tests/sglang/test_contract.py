@@ -14,6 +14,7 @@ import pytest
 from ppprof.sglang import hook
 from ppprof.sglang.match import MODEL_CONFIG_FIELDS
 from ppprof.sglang.sizer import CHUNKED_REQ, LOOP_SIZE, REQ_FIELDS, WAITING_QUEUE, PolicySizer
+from ppprof.sglang.trace import BATCH_FIELDS, PARALLEL_FIELDS, RUN_BATCH, SCHEDULER_FIELDS
 
 from .wheel import CHECKED_VERSIONS, FILES, sources, wheel
 
@@ -253,3 +254,58 @@ def test_what_the_sizer_reads_of_sglang_is_there(version):
     assert any(
         isinstance(n, ast.FunctionDef) and n.name == "get_device_module" for n in ast.parse(src["utils_common"]).body
     )
+
+
+def self_calls(fn: ast.AST, name: str) -> list[ast.Call]:
+    """Every `self.name(...)` in `fn`."""
+    return [n for n in ast.walk(fn) if isinstance(n, ast.Call) and is_self_attr(n.func, name)]
+
+
+@versions
+def test_every_pp_loop_runs_its_batches_through_run_batch_on_the_forward_stream(version):
+    """The trace hook wraps Scheduler.run_batch(self, batch, pp_proxy_tensors=None): event_loop_pp and the
+    prefill-only loop event_loop_pp_disagg_prefill launch each batch through _pp_launch_batch, which calls it inside
+    the forward stream's context (so CUDA events recorded around it bracket the forward); the loops without PP call
+    it too."""
+    src = sources(version)
+    scheduler = class_def(ast.parse(src["scheduler"]), hook.SCHEDULER_CLASS)
+    run = method(scheduler, RUN_BATCH)
+    assert [a.arg for a in run.args.args] == ["self", "batch", "pp_proxy_tensors"] and len(run.args.defaults) == 1
+    assert self_calls(scheduler, RUN_BATCH), "the loops without PP run batches through run_batch"
+    mixin = class_def(ast.parse(src["pp_mixin"]), "SchedulerPPMixin")
+    for loop in ("event_loop_pp", "event_loop_pp_disagg_prefill"):
+        assert self_calls(method(mixin, loop), "_pp_launch_batch"), loop
+        assert not self_calls(method(mixin, loop), RUN_BATCH), loop
+    launch = method(mixin, "_pp_launch_batch")
+    streams = [
+        w
+        for w in ast.walk(launch)
+        if isinstance(w, ast.With) and is_self_attr(w.items[0].context_expr, "forward_stream_ctx")
+    ]
+    assert len(streams) == 1 and len(self_calls(streams[0], RUN_BATCH)) == 1
+
+
+@versions
+def test_what_the_trace_reads_of_sglang_is_there(version):
+    src = sources(version)
+    batch = class_def(ast.parse(src["batch"]), "ScheduleBatch")
+    fields = {n.target.id for n in batch.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    assert set(BATCH_FIELDS) <= fields, f"{set(BATCH_FIELDS) - fields=}"
+    mode = class_def(ast.parse(src["forward_batch_info"]), "ForwardMode")
+    assert method(mode, "is_extend").args.args[0].arg == "self"
+    cls = class_def(ast.parse(src["scheduler"]), hook.SCHEDULER_CLASS)
+    unpacked = {  # `(self.max_total_num_tokens, ..., self.device, ...) = ...`: the device comes with the worker's info
+        e.attr
+        for n in ast.walk(cls)
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Tuple)
+        for e in t.elts
+        if is_self_attr(e, e.attr if isinstance(e, ast.Attribute) else "")
+    }
+    scheduler = assigned_self_attrs(cls) | unpacked
+    assert set(SCHEDULER_FIELDS) <= scheduler, f"{set(SCHEDULER_FIELDS) - scheduler=}"
+    config = assigned_self_attrs(class_def(ast.parse(src["model_config"]), "ModelConfig"))
+    assert {"context_len", "dtype"} <= config
+    names = {n.value for n in ast.walk(ast.parse(src["runtime_context"])) if isinstance(n, ast.Constant)}
+    assert set(PARALLEL_FIELDS) <= names, f"{set(PARALLEL_FIELDS) - names=}"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from ppprof.forwards import read_forwards
 from ppprof.policy import load
 from ppprof.sglang import hook
 
@@ -41,7 +42,7 @@ def write_standin(root: Path, extra_kwarg: str = "") -> Path:
 
             def get_parallel():
                 world = SimpleNamespace(all_gather_object=lambda o: [o])
-                return SimpleNamespace(pp_size=2, tp_size=1, world_group=world)
+                return SimpleNamespace(pp_size=2, tp_size=1, pp_rank=1, tp_rank=0, world_group=world)
         """,
         "sglang/srt/managers/scheduler_components/dynamic_chunk_sizer.py": f"""
             from sglang.srt.runtime_context import get_parallel
@@ -74,6 +75,9 @@ def write_standin(root: Path, extra_kwarg: str = "") -> Path:
                     )
                     if sizer.profile_and_fit():
                         self.dynamic_chunk_sizer = sizer
+
+                def run_batch(self, batch, pp_proxy_tensors=None):
+                    return len(batch.reqs)
         """,
     }
     for name, text in files.items():
@@ -99,20 +103,33 @@ for B in (512, 8192):
     s = scheduler.Scheduler(config, B)
     s.maybe_init_dynamic_chunk_sizer()
     out[B] = None if s.dynamic_chunk_sizer is None else [s.dynamic_chunk_sizer.predict(L) for L in (512, 4096)]
+s.device = "cpu"
+extend = SimpleNamespace(is_extend=lambda: True)
+batch = SimpleNamespace(reqs=[1, 2], prefix_lens=[512, 0], extend_lens=[256, 128], forward_mode=extend)
+decode = SimpleNamespace(reqs=[1], prefix_lens=[], extend_lens=[], forward_mode=SimpleNamespace(is_extend=lambda: False))
+out["ran"] = [s.run_batch(batch), s.run_batch(decode), s.run_batch(batch)]
+out["wrapped"] = hasattr(scheduler.Scheduler.run_batch, "__wrapped__")
+from ppprof.sglang import trace
+trace.close(s)
 print(json.dumps(out))
 """
 
 
-def serve(tmp_path: Path, policy: Path | None, extra_kwarg: str = "") -> tuple[dict, list[str]]:
-    """Run SERVE in a fresh interpreter with the .pth in a site folder; (its result, its stderr lines)."""
+def serve(
+    tmp_path: Path, policy: Path | None, extra_kwarg: str = "", trace: Path | None = None
+) -> tuple[dict, list[str]]:
+    """Run SERVE in a fresh interpreter with the .pth in a site folder, PPPROF_POLICY=policy and PPPROF_TRACE=trace
+    where given; (its result, its stderr lines)."""
     site_dir = tmp_path / "site"
     site_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy(PTH, site_dir)
     standin = write_standin(tmp_path / "standin", extra_kwarg)
-    env = {k: v for k, v in os.environ.items() if k != hook.POLICY_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in (hook.POLICY_ENV, hook.TRACE_ENV)}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(standin)])
     if policy is not None:
         env[hook.POLICY_ENV] = str(policy)
+    if trace is not None:
+        env[hook.TRACE_ENV] = str(trace)
     r = subprocess.run(
         [sys.executable, "-c", SERVE, str(site_dir)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120
     )
@@ -141,6 +158,22 @@ def test_without_the_policy_nothing_of_ppprof_is_imported_and_nothing_said(tmp_p
     out, lines = serve(tmp_path, None)
     assert not out["loaded_at_start"] and out["class"].startswith("sglang."), out
     assert out["512"] is None and out["8192"] is None and lines == [], lines
+    assert not out["wrapped"] and out["ran"] == [2, 1, 2], out  # run_batch is SGLang's own: tracing costs nothing
+
+
+def test_with_the_trace_named_each_prefill_forward_is_written_and_a_bad_path_is_one_line(tmp_path):
+    """PPPROF_TRACE alone (no policy): run_batch is wrapped, its prefill forwards (not the decode) go into PATH.rank1
+    (PP rank 1 of the stand-in), each piece's prefix and extend lengths from the batch; a path that cannot be
+    written turns the trace off with one line and the batches still run."""
+    out, lines = serve(tmp_path, None, trace=tmp_path / "t.jsonl")
+    assert out["loaded_at_start"] and out["class"].startswith("sglang.") and out["wrapped"], out
+    assert out["ran"] == [2, 1, 2] and lines == [], lines
+    forwards = read_forwards([tmp_path / "t.jsonl.rank1"])
+    assert forwards.stage == [1, 1] and forwards.pieces == [((512, 256), (0, 128))] * 2, forwards
+    assert forwards.header["server"] == "sglang" and forwards.header["clock"] == "perf_counter", forwards.header
+    out, lines = serve(tmp_path / "bad", None, trace=tmp_path / "no-such-folder" / "t.jsonl")
+    assert out["ran"] == [2, 1, 2] and len(lines) == 1, lines
+    assert "t.jsonl.rank1 cannot be written (No such file or directory): tracing is off, serving goes on" in lines[0]
 
 
 def test_a_changed_sglang_is_left_alone_with_one_line_why(tmp_path):

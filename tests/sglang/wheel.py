@@ -22,6 +22,7 @@ FILES = {
     "parallel_state": "sglang/srt/distributed/parallel_state.py",
     "runtime_context": "sglang/srt/runtime_context.py",
     "utils_common": "sglang/srt/utils/common.py",
+    "forward_batch_info": "sglang/srt/model_executor/forward_batch_info.py",
 }
 
 
