@@ -73,7 +73,7 @@ def test_a_character_device_given_as_output_is_written_into_and_stays_a_device(t
 
     dev = private_null(tmp_path)
     samples = Path(__file__).resolve().parents[1] / "results/baseline/samples.csv"
-    r = CliRunner().invoke(main, ["fit", str(samples), "-o", str(dev)])
+    r = CliRunner().invoke(main, ["fit", str(samples), "-o", str(dev), "--no-load-rule"])
     assert r.exit_code == 0, r.output
     assert stat.S_ISCHR(os.lstat(dev).st_mode), "the device was replaced by a regular file"
     assert sorted(os.listdir(tmp_path)) == ["null"]  # no temporary file left beside it

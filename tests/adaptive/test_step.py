@@ -59,6 +59,9 @@ def test_a_model_is_fitted_and_the_next_batch_comes_from_the_candidate_grid(tmp_
     assert not decision.uncertainty["stable"]
 
 
+IDLE = {"load_rule": False}
+"""The fits here are the design's: no under-load rule (the serving simulation is the fit's slowest part)."""
+
 PAIRS = LatencyModel("pairs", a=2e-6, b=7e-3, c=2.0, g=7e-5, h=4e-9)
 """A truth only the pairs model fits: the attention cost per query-key pair grows with the chunk."""
 
@@ -74,7 +77,9 @@ def test_the_design_judges_the_rows_and_the_model_of_the_policy_fitted_to_the_sa
         tmp_path, probes, lambda L, x: float(PAIRS.chunk_latency_ms(L, x)) * (1 + next(noise)), slower_stage
     )
     samples = read_samples(path)
-    _, policy = fit(path, tmp_path / "policy.json", base_chunk_size=512, context_len=cfg.probes.context_len)
+    _, policy = fit(
+        path, tmp_path / "policy.json", base_chunk_size=512, context_len=cfg.probes.context_len, policy_options=IDLE
+    )
     diag = policy["diagnostics"]
     step = design_fit(cfg, 2, samples)
 
@@ -121,7 +126,9 @@ def test_the_design_stops_once_the_status_the_fit_writes_is_sure(tmp_path, truth
     judged = decision.uncertainty["status"]
     assert judged["status"] == status and judged["sure"], judged
     # The status judged is the one the profile's fit writes on the same samples.
-    _, policy = fit(path, tmp_path / "policy.json", base_chunk_size=512, context_len=cfg.probes.context_len)
+    _, policy = fit(
+        path, tmp_path / "policy.json", base_chunk_size=512, context_len=cfg.probes.context_len, policy_options=IDLE
+    )
     assert policy["status"] == status
     assert judged["gain"] == pytest.approx(policy["predicted"]["gain_vs_fixed_best"])
     assert judged["gain_lower"] == pytest.approx(policy["predicted"]["gain_interval"]["lower"])

@@ -102,7 +102,7 @@ def fitted(tmp_path, scale, shift):
     )
     po = make_pipeline_overhead(MODEL, linear_scale=scale, shift_ms=shift, overhead_ms=0.5, bottleneck_stage=1)
     write_run_dir(tmp_path, frame, base_chunk_size=4096, context_len=131072, min_gain=0.0, pipeline_overhead=po)
-    path, data = fit(tmp_path / "samples.csv", latency_model="pairs")
+    path, data = fit(tmp_path / "samples.csv", latency_model="pairs", policy_options={"load_rule": False})
     return load(path), data
 
 

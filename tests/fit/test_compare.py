@@ -36,7 +36,7 @@ def profile(run_dir: Path, seed: int, model: LatencyModel = TRUE) -> Path:
     write_run_dir(
         run_dir, frame, base_chunk_size=B, page_size=1, context_len=32768, min_gain=0.0, world_size=4, num_layers=8
     )
-    fit_run(run_dir)
+    fit_run(run_dir, load_rule=False)  # compare judges no under-load rule
     return run_dir
 
 
@@ -211,14 +211,14 @@ def noisy_copy(base: Path, run: Path, seed: int = 0) -> Path:
     for column in [c for c in frame.columns if c.endswith("latency_ms")]:
         frame[column] *= factor
     frame.to_csv(run / "samples.csv", index=False)
-    fit_run(run)
+    fit_run(run, load_rule=False)
     return run
 
 
 def refitted(base: Path, run: Path) -> Path:
     """A copy of the run folder `base` with its policy refitted by this code (its gain's interval recorded)."""
     shutil.copytree(base, run)
-    fit_run(run)
+    fit_run(run, load_rule=False)
     return run
 
 
@@ -269,7 +269,7 @@ def test_a_slower_machine_drifts_on_the_level_alone(tmp_path):
             if isinstance(overhead.get(key), (int, float)):
                 overhead[key] *= 1.7
         atomic_write_json(run / "run.json", meta)
-        fit_run(run)
+        fit_run(run, load_rule=False)
         return run
 
     slow = slowed("slow", lambda L: 1.7)

@@ -17,6 +17,9 @@ from ppprof.policy.planners import chunk_latencies_ms, fixed_chunks, optimal_chu
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT = REPO / "results" / "bench-reference" / "profile"
+IDLE = {"load_rule": False}
+"""The rules and the status are the idle rules': no under-load rule (the serving simulation is the fit's slowest part)."""
+
 GPU = LatencyModel("prefix", a=3.25e-7, b=6.03e-3, c=26.1, g=5.39e-4)
 """A published 4-stage GPU deployment's chunk latency (ms, tokens), B = 8192, prompts up to 131072 tokens."""
 
@@ -29,7 +32,7 @@ def default_policy(pp_size: int, tmp: str):
     out.mkdir(parents=True, exist_ok=True)
     for name in ("samples.csv", "run.json"):
         shutil.copy(DEFAULT / name, out / name)
-    path, _ = fit(out / "samples.csv", policy_options={"pp_size": pp_size, "min_gain": 0.0})
+    path, _ = fit(out / "samples.csv", policy_options={"pp_size": pp_size, "min_gain": 0.0, **IDLE})
     return load(path)
 
 
@@ -45,7 +48,7 @@ def gpu_policy(pp_size: int, tmp: str):
         noise=0.01,
     )
     write_run_dir(out, frame, base_chunk_size=8192, context_len=131072, world_size=pp_size, num_layers=32, min_gain=0.0)
-    path, _ = fit(out / "samples.csv", policy_options={"pp_size": pp_size})
+    path, _ = fit(out / "samples.csv", policy_options={"pp_size": pp_size, **IDLE})
     return load(path)
 
 
@@ -125,12 +128,12 @@ def test_status_is_static_exactly_when_the_gain_or_its_lower_bound_is_below_the_
     )
     write_run_dir(tmp_path, frame, base_chunk_size=2048, context_len=32768, world_size=4)
     samples = tmp_path / "samples.csv"
-    _, data = fit(samples, tmp_path / "any.json", policy_options={"min_gain": 0.0})
+    _, data = fit(samples, tmp_path / "any.json", policy_options={"min_gain": 0.0, **IDLE})
     gain, lower = data["predicted"]["gain_vs_fixed_best"], data["predicted"]["gain_interval"]["lower"]
     assert 0.0 < lower < gain < 0.9, (lower, gain)
-    _, below = fit(samples, tmp_path / "below.json", policy_options={"min_gain": lower * 0.999})
-    _, between = fit(samples, tmp_path / "between.json", policy_options={"min_gain": (lower + gain) / 2})
-    _, above = fit(samples, tmp_path / "above.json", policy_options={"min_gain": gain * 1.001})
+    _, below = fit(samples, tmp_path / "below.json", policy_options={"min_gain": lower * 0.999, **IDLE})
+    _, between = fit(samples, tmp_path / "between.json", policy_options={"min_gain": (lower + gain) / 2, **IDLE})
+    _, above = fit(samples, tmp_path / "above.json", policy_options={"min_gain": gain * 1.001, **IDLE})
     assert below["status"] == "dynamic" and f"gain {gain:.1%}" in below["reason"], below["reason"]
     assert between["status"] == "static" and "cannot tell it from no gain" in between["reason"], between["reason"]
     assert above["status"] == "static" and "no gain" in above["reason"], above["reason"]
