@@ -50,6 +50,8 @@ def test_torchrun_with_four_processes_and_tp_size_2_profiles_pp2_tp2_writes_a_po
         "--layer-partition",
         "3,5",
         *SMALL,
+        "--packed-forwards",
+        "4",
         "--out",
         str(out),
         launcher=[sys.executable, "-m", "torch.distributed.run"],
