@@ -32,7 +32,7 @@ def test_chunk_len_column_is_read_as_chunk_size(tmp_path):
     old.to_csv(tmp_path / "old.csv", index=False)
     samples = read_samples(tmp_path / "old.csv")
     np.testing.assert_array_equal(samples.chunk_size, data.chunk_size)
-    _, policy = fit(tmp_path / "old.csv", base_chunk_size=4096, policy_options={"min_gain": 0.0})
+    _, policy = fit(tmp_path / "old.csv", base_chunk_size=4096, policy_options={"min_gain": 0.0, "load_rule": False})
     assert policy["status"] == "dynamic", policy["reason"]
 
 
