@@ -14,6 +14,11 @@ from ppprof.policy.rule import LatencyModel
 PREFIX_TRUE = LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=4e-4)
 
 
+IDLE = {"load_rule": False}
+"""Fits whose checks read nothing of the under-load rule skip its simulation (test_fit_run_... and the stage
+columns' test keep it)."""
+
+
 def run_dir(tmp_path, model=PREFIX_TRUE, noise=0.01, min_gain=0.0, **kw):
     """A synthetic run; min_gain 0 by default, so that a model that passes the gates gives a dynamic policy."""
     frame = make_samples(
@@ -56,20 +61,22 @@ def test_fit_run_writes_dynamic_policy_and_plots(tmp_path):
 
 def test_gate_failures_give_static_with_reason(tmp_path):
     linear = LatencyModel("prefix", a=0.0, b=0.01, c=5.0, g=0.0)  # no growth with prefix: nothing to shrink
-    _, data = fit(run_dir(tmp_path / "flat", linear, min_gain=0.05) / "samples.csv")  # passes the gates, gains little
+    _, data = fit(
+        run_dir(tmp_path / "flat", linear, min_gain=0.05) / "samples.csv", policy_options=IDLE
+    )  # passes the gates, gains little
     assert data["status"] == "static" and "below 5.0%" in data["reason"], data["reason"]
     best = data["predicted"]["fixed_best_chunk"]
     assert data["table"]["chunk_size"] == [best] and data["prompt_table"]["chunk_size"] == [[best]]
     # Rows scattered by 40%: the per-row gates fail (diagnostics only); the right form's cell medians bear it out, so
     # the model is adequate and the gain's interval decides.
-    _, data = fit(run_dir(tmp_path / "noisy", noise=0.4) / "samples.csv")
+    _, data = fit(run_dir(tmp_path / "noisy", noise=0.4) / "samples.csv", policy_options=IDLE)
     diag = data["diagnostics"]
     assert [g["passed"] for g in diag["row_gates"]] == [False, False] and diag["cv_mape"] > 0.3, diag["row_gates"]
     assert [g["name"] for g in diag["gates"]] == ["form_error", "condition_number"] and all(
         g["passed"] for g in diag["gates"]
     ), diag["gates"]
     assert "adequate" in data["reason"] and "lower bound" in data["reason"], data["reason"]
-    _, data = fit(run_dir(tmp_path / "forced", linear) / "samples.csv", latency_model="quadratic")
+    _, data = fit(run_dir(tmp_path / "forced", linear) / "samples.csv", latency_model="quadratic", policy_options=IDLE)
     assert data["status"] == "static" and "quadratic" in data["reason"], data["reason"]
 
 
@@ -95,7 +102,7 @@ def test_bad_csv_values_name_the_row(tmp_path):
 
 def test_quadratic_is_fitted_on_prefix_free_rows_and_scored_on_all(tmp_path):
     heavy_prefix = LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=1.5e-3)
-    _, data = fit(run_dir(tmp_path, heavy_prefix) / "samples.csv", latency_model="quadratic")
+    _, data = fit(run_dir(tmp_path, heavy_prefix) / "samples.csv", latency_model="quadratic", policy_options=IDLE)
     diag = data["diagnostics"]
     assert diag["fit"]["rows"].startswith("143 of the 143 prefix-free rows (prefix_len == 0)"), diag["fit"]["rows"]
     assert diag["fit"]["r2"] > 0.99, diag["fit"]
@@ -105,7 +112,7 @@ def test_quadratic_is_fitted_on_prefix_free_rows_and_scored_on_all(tmp_path):
     assert diag["r2"] < diag["fit"]["r2"] and diag["cv_mape"] > 0.10, diag
     assert data["status"] == "static" and "gate form_error" in data["reason"], data["reason"]
     assert diag["gates"][0]["value"] > 0.3 and not diag["gates"][0]["passed"], diag["gates"]
-    _, data = fit(run_dir(tmp_path / "auto") / "samples.csv")
+    _, data = fit(run_dir(tmp_path / "auto") / "samples.csv", policy_options=IDLE)
     candidates = data["diagnostics"]["candidates"]
     assert candidates["prefix"]["cv_mape"] < candidates["quadratic"]["cv_mape"], candidates
     assert candidates["quadratic"]["rows"].startswith("all 191 evaluation rows"), candidates
@@ -140,12 +147,12 @@ def test_the_policy_carries_the_design_run_json_records(tmp_path):
         chunk_sizes=[512, 2048, 4096],
     )
     samples = write_run_dir(tmp_path, frame, base_chunk_size=4096)
-    _, policy = fit(samples)
+    _, policy = fit(samples, policy_options=IDLE)
     assert "design" not in policy  # a run.json without one: nothing invented
     run = json.loads((tmp_path / RUN_FILE).read_text())
     run["design"] = {"design": "adaptive", "stopping_reason": "stable", "requests": 40, "uncertainty": None}
     (tmp_path / RUN_FILE).write_text(json.dumps(run))
-    _, policy = fit(samples)
+    _, policy = fit(samples, policy_options=IDLE)
     assert policy["design"] == run["design"]
 
 
@@ -173,7 +180,7 @@ def test_a_static_policy_may_carry_a_target_that_is_not_positive(tmp_path):
     """Noisy timings on a tiny model can fit a latency that grows with the prefix only (the coefficients are not
     negative, so a = b = 0 and T = 0; a 4-rank MLA profile in CI did): the fit says static, naming the target, and the
     policy it writes validates; a dynamic policy with that target is refused."""
-    _, data = fit(run_dir(tmp_path) / "samples.csv")
+    _, data = fit(run_dir(tmp_path) / "samples.csv", policy_options=IDLE)
     flat = LatencyModel("prefix", a=0.0, b=0.0, c=5.0, g=4e-4)
     static = rechoose(data, flat, "static", f"target latency {flat.target_ms(4096):.4g} ms is not positive")
     assert static["target_latency_ms"] == 0 and static["reason"] == "target latency 0 ms is not positive"
