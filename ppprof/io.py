@@ -226,3 +226,24 @@ def too_deep(label: str, where: str) -> TooDeep:
         f"{label} nests lists or mappings deeper than {MAX_DEPTH} levels (at {where}): no ppprof input "
         "does; give the right file"
     )
+
+
+MAX_APPENDED_BYTES = 2**30
+"""The largest JSONL file append_lines extends (it rewrites the file whole, atomically)."""
+
+
+def append_lines(path: str | os.PathLike, objects: list[dict]) -> Path:
+    """`objects` appended to the JSONL file at `path` (created where absent), one JSON object a line, the file replaced
+    atomically with its old lines and the new (a reader sees the old file or the new one, never half a line)."""
+    path = Path(path)
+    old = b""
+    if path.exists():
+        if not path.is_file():
+            raise ValueError(f"{path} is {special_kind(os.stat(path).st_mode)}: give a JSONL file to append to")
+        if path.stat().st_size > MAX_APPENDED_BYTES:
+            raise ValueError(f"{path} is over {MAX_APPENDED_BYTES} bytes: give a new file to append to")
+        old = path.read_bytes()
+        if old and not old.endswith(b"\n"):
+            old += b"\n"
+    new = "".join(json.dumps(finite(o)) + "\n" for o in objects).encode()
+    return atomic_write(path, lambda p: p.write_bytes(old + new))

@@ -55,13 +55,16 @@ def test_the_corpus_holds_at_least_60_bad_inputs_of_every_family():
     assert len(CASES) >= 60, f"{len(CASES)=}"
     commands = {args.split()[0] for _, args in CASES}
     assert {"profile", "bench", "fit", "plan", "export", "validate"} <= commands, f"{commands=}"
-    for family in ("yaml", "specs", "hf", "csv", "policies", "traces"):
+    for family in ("yaml", "specs", "hf", "csv", "policies", "traces", "mooncake"):
         files = list((CORPUS / family).iterdir())
         used = [f for f in files if any(f"{{corpus}}/{family}/{f.name}" in args for _, args in CASES)]
         assert len(used) >= 6 and len(used) >= len(files) - 1, f"{family=} {len(files)=} {len(used)=}"
 
 
 HUGE_TRACE_ROWS = 10**6
+HUGE_MOONCAKE_LINES = 200_001
+"""A Mooncake trace one request past ppprof.traces.mooncake.MAX_REQUESTS: a trace of 10^8 lines is refused at the
+same line, the reader never going further."""
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +73,14 @@ def huge_trace(tmp_path_factory):
     path = tmp_path_factory.mktemp("trace") / "trace.csv"
     lens = np.random.default_rng(0).integers(100, 8000, HUGE_TRACE_ROWS)
     path.write_text("input_len\n" + "\n".join(map(str, lens.tolist())) + "\n0\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def huge_mooncake(tmp_path_factory):
+    path = tmp_path_factory.mktemp("mooncake") / "huge.jsonl"
+    line = '{"timestamp": %d, "input_length": 600, "output_length": 1, "hash_ids": [%d, 2]}\n'
+    path.write_text("".join(line % (t, t) for t in range(HUGE_MOONCAKE_LINES)))
     return path
 
 
@@ -88,9 +99,16 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch, 
         pytest.skip("no /proc/meminfo here: the memory check cannot tell")
     trace = request.getfixturevalue("huge_trace") if "{huge_trace}" in args else None
     forwards = request.getfixturevalue("huge_forward_trace") if "{huge_forward_trace}" in args else None
+    mooncake = request.getfixturevalue("huge_mooncake") if "{huge_mooncake}" in args else None
     argv = shlex.split(
         args.format(
-            corpus=CORPUS, repo=REPO, tmp=tmp_path, busy_port=busy_port, huge_trace=trace, huge_forward_trace=forwards
+            corpus=CORPUS,
+            repo=REPO,
+            tmp=tmp_path,
+            busy_port=busy_port,
+            huge_trace=trace,
+            huge_forward_trace=forwards,
+            huge_mooncake=mooncake,
         )
     )
     monkeypatch.chdir(tmp_path)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import click
 
-from ppprof.bounds import DEVICES
+from ppprof.bounds import DEVICES, MAX_ASYNC_DEPTH, MAX_STAGES, MAX_TOKENS
+from ppprof.checks import require_int
 from ppprof.commands.options import (
     TORCHRUN_PARAMS,
     TieredCommand,
@@ -24,6 +25,7 @@ from ppprof.commands.options import (
 )
 from ppprof.config.workload import Workload, parse_prompt_spec
 from ppprof.distributed.launch import TORCHRUN_OPTIONS
+from ppprof.io import append_lines
 from ppprof.manifest import write_result
 from ppprof.policy.planners import default_pp_size
 from ppprof.policy.policy_file import load
@@ -33,15 +35,23 @@ from ppprof.run.settings import resolve_serve
 from ppprof.serving.arms import SERVING_ARMS
 from ppprof.serving.levels import ServingPlan, parse_arms, parse_levels, simulate_levels
 from ppprof.serving.plots import write_plots
-from ppprof.serving.report import levels_text
+from ppprof.serving.replay import replay
+from ppprof.serving.report import levels_text, trace_text
 from ppprof.serving.settings import ServeBenchConfig
+from ppprof.traces.mooncake import parse_window, read_trace
 
 PROFILES = "[the profile's]"
+NUM_PROMPTS = 64
+"""Prompts a level serves by default."""
 SERVE_BENCH_OPTIONS = (
     (("--simulate",), dict(is_flag=True), "Simulate on the policy's planning model alone, no ranks."),
     (("--concurrency",), dict(metavar="LIST"), "Closed-loop levels: requests in flight, e.g. 1,2,4,8,16."),
     (("--request-rate",), dict(metavar="LIST"), "Poisson levels: requests a second, e.g. 0.5,1,2."),
-    (("--num-prompts",), dict(type=int, default=64, show_default=True), "Prompts served at each level."),
+    (
+        ("--num-prompts",),
+        dict(type=int, default=None),
+        f"Prompts served at each level (--trace: its first N). [{NUM_PROMPTS}; --trace: the whole part]",
+    ),
     (
         ("--prompt-lens", "spec"),
         dict(metavar="SPEC"),
@@ -49,6 +59,29 @@ SERVE_BENCH_OPTIONS = (
         "workload]",
     ),
     (("--strategies",), dict(), f"Comma-separated subset of {','.join(SERVING_ARMS)}. [all]"),
+    (
+        ("--trace",),
+        dict(type=click.Path(dir_okay=False)),
+        "Replay a Mooncake JSONL trace (arrivals, lengths, prefix reuse) instead of levels; with --simulate.",
+    ),
+    (
+        ("--length-scale",),
+        dict(type=float, default=1.0, show_default=True),
+        "--trace: lengths (and blocks) times this.",
+    ),
+    (("--time-scale",), dict(type=float, default=1.0, show_default=True), "--trace: arrival times times this."),
+    (
+        ("--output-file",),
+        dict(type=click.Path(dir_okay=False)),
+        "--trace: append each arm's run as one JSON line, in SGLang bench_serving's metric names.",
+    ),
+    (("--trace-window",), dict(metavar="START:END"), "--trace: its requests in these seconds of its clock."),
+    (
+        ("--cache-tokens",),
+        dict(type=int, default=None),
+        "--trace: the prefix cache's tokens (0: none, every prefill cold). [the simulated KV pool's]",
+    ),
+    (("--output-details",), dict(is_flag=True), "--trace: add per-request arrays to --output-file's lines."),
     (
         ("--pp-size", "--pp", "pp_size"),
         dict(type=int, default=None),
@@ -80,7 +113,16 @@ SERVE_BENCH_OPTIONS = (
     verbose_option,
 )
 """The options of `ppprof serve-bench`, in the order --help shows them."""
-SERVE_BENCH_ADVANCED = TORCHRUN_PARAMS | {"seed", "nproc_per_node", "device", "torch_threads", "timeout"}
+SERVE_BENCH_ADVANCED = TORCHRUN_PARAMS | {
+    "seed",
+    "nproc_per_node",
+    "device",
+    "torch_threads",
+    "timeout",
+    "trace_window",
+    "cache_tokens",
+    "output_details",
+}
 """What --help-all alone lists: the seed, where and how the ranks run (the profile's by default), torchrun's options."""
 
 
@@ -106,6 +148,21 @@ def serve_bench_command(policy_path, simulate, resolved_config, **flags) -> None
         sys.exit(start("serve-bench", serve_rank, serve, serve.profile, torchrun, True, None))
     if policy_path is None:
         raise click.UsageError("Missing argument 'POLICY': give the policy.json of a profile")
+    trace_flags = {k: flags.pop(k) for k in TRACE_FLAGS}
+    if trace_flags["trace"] is not None:
+        if not simulate:
+            raise ValueError(
+                "--trace replays on the simulation only (--simulate) in this version: the real pipeline does not "
+                "prefill cached prefixes yet; add --simulate"
+            )
+        if flags["concurrency"] is not None or flags["request_rate"] is not None:
+            raise ValueError("--trace sets the arrivals: drop --concurrency and --request-rate")
+        trace_command(policy_path, **flags, **trace_flags)
+        return
+    for name, value in trace_flags.items():
+        if value not in (None, False, 1.0):
+            raise ValueError(f"--{name.replace('_', '-')} needs --trace FILE: give the trace it applies to")
+    flags["num_prompts"] = NUM_PROMPTS if flags["num_prompts"] is None else flags["num_prompts"]
     if simulate:
         if flags["forward_trace"] is not None:
             raise ValueError("--forward-trace with --simulate: the simulation runs no forwards; drop one of them")
@@ -116,6 +173,45 @@ def serve_bench_command(policy_path, simulate, resolved_config, **flags) -> None
     sys.exit(
         start("serve-bench", functools.partial(serve_rank, policy=policy), serve, serve.profile, torchrun, False, None)
     )
+
+
+TRACE_FLAGS = ("trace", "length_scale", "time_scale", "output_file", "trace_window", "cache_tokens", "output_details")
+
+
+def trace_command(
+    policy_path, trace, length_scale, time_scale, output_file, trace_window, cache_tokens, output_details, **flags
+) -> None:
+    """`ppprof serve-bench --simulate --trace FILE`: every arm replays the trace's part on the policy's planning
+    model; serving.json and (--output-file) one bench_serving-style JSON line an arm."""
+    arms = parse_arms(flags["strategies"])
+    policy = load(policy_path)
+    pp_size = default_pp_size(policy) if flags["pp_size"] is None else flags["pp_size"]
+    require_int("--pp-size", pp_size, 1, MAX_STAGES)
+    require_int("--async-depth", flags["async_depth"], 0, MAX_ASYNC_DEPTH)
+    if cache_tokens is not None:
+        require_int("--cache-tokens", cache_tokens, 0, MAX_TOKENS)
+    part = read_trace(
+        trace,
+        window_s=parse_window(trace_window),
+        num_prompts=flags["num_prompts"],
+        time_scale=time_scale,
+        length_scale=length_scale,
+        context_len=policy.settings.context_len,
+    )
+    runs = replay(policy, part, arms, pp_size, flags["async_depth"], cache_tokens, output_details)
+    result = {
+        "mode": "simulated trace",
+        "pp_size": pp_size,
+        "async_depth": flags["async_depth"],
+        "trace": part.to_dict(),
+        "runs": [{k: v for k, v in run.items() if k != "details"} for run in runs],
+    }
+    out = flags["out"]
+    path = write_result(Path(out) if out else Path(policy_path).with_name("serving.json"), result)
+    if output_file:
+        append_lines(Path(output_file), runs)
+    click.echo(trace_text(result))
+    click.echo(f"serving.json: {path}" + (f"; {output_file}: {len(runs)} lines appended" if output_file else ""))
 
 
 def simulate_command(

@@ -122,3 +122,25 @@ def levels_text(result: dict) -> str:
         cells = "; ".join(f"{k} {v['throughput']:.3f} / {v['ttft_mean']:.3f}" for k, v in pairs.items())
         lines.append(f"paired, {name} (throughput / mean TTFT ratio, median of repeats): {cells}")
     return "\n".join(lines)
+
+
+def trace_text(result: dict) -> str:
+    """A trace replay's table (serving.json of `serve-bench --simulate --trace`), a line an arm, in bench_serving's
+    metrics: request and input token throughput, TTFT mean / median / p90 / p99 (ms), with the prefix-hit share and the
+    chunks a request took."""
+    t = result["trace"]
+    lines = [
+        f"simulated trace {t['path']}: {t['requests']} requests over {t['span_s']:.0f} s, {t['input_tokens']} input "
+        f"tokens ({t['shared_prefix_tokens'] / t['input_tokens']:.1%} an earlier request's prefix), lengths x "
+        f"{t['length_scale']:g}, time x {t['time_scale']:g}; {result['pp_size']} stages, async depth "
+        f"{result['async_depth']}",
+        f"{'arm':<15} {'req/s':>7} {'input tok/s':>11} {'mean ms':>10} {'median':>10} {'p90':>10} {'p99':>10} "
+        f"{'hit':>6} {'chunks':>7}",
+    ]
+    for run in result["runs"]:
+        lines.append(
+            f"{run['arm']:<15} {run['request_throughput']:>7.3f} {run['input_throughput']:>11.0f} "
+            f"{run['mean_ttft_ms']:>10.1f} {run['median_ttft_ms']:>10.1f} {run['p90_ttft_ms']:>10.1f} "
+            f"{run['p99_ttft_ms']:>10.1f} {run['prefix_hit_share']:>6.1%} {run['chunks_per_request']:>7.2f}"
+        )
+    return "\n".join(lines)

@@ -14,6 +14,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ppprof.serving.prefix_cache import PrefixCache
+
 
 @dataclass(slots=True)
 class Load:
@@ -46,9 +48,14 @@ class Request:
     prompt_len: int
     arrival: float
     scheduled: int = 0
-    """Tokens of it put into batches so far (its next chunk starts here)."""
+    """Tokens of it put into batches so far, a cached prefix included (its next chunk starts here)."""
     chunks: list[int] = field(default_factory=list)
     finish: float | None = None
+    blocks: tuple[int, ...] = ()
+    """A trace's block ids of its prompt (ppprof.serving.prefix_cache), () where it has none."""
+    cached: int = 0
+    """Its leading tokens the prefix cache held when it arrived: its prefill starts there."""
+    held: tuple[int, ...] = ()
 
     @property
     def rest(self) -> int:
@@ -124,10 +131,10 @@ class Capacity:
 class Scheduler:
     """Builds each slot's next batch and retires the requests a finished batch completes."""
 
-    def __init__(self, slots: int, sizer: Sizer, capacity: Capacity) -> None:
+    def __init__(self, slots: int, sizer: Sizer, capacity: Capacity, cache: PrefixCache | None = None) -> None:
         if slots < 1:
             raise ValueError(f"{slots} micro-batch slots: a scheduler needs at least 1")
-        self.slots, self.sizer, self.capacity = slots, sizer, capacity
+        self.slots, self.sizer, self.capacity, self.cache = slots, sizer, capacity, cache
         self.waiting: deque[Request] = deque()
         self.waiting_tokens = 0  # the rest of every waiting request, kept as they arrive and are admitted
         self.chunked: Request | None = None
@@ -140,6 +147,9 @@ class Scheduler:
                 f"prompt of {request.prompt_len} tokens exceeds the {self.capacity.kv_tokens} KV slots: use shorter "
                 "prompts or more KV slots"
             )
+        if self.cache is not None and request.blocks:  # matched as it arrives: its prefill starts past the hit
+            request.cached, request.held = self.cache.match(request.blocks, request.prompt_len)
+            request.scheduled = request.cached
         self.waiting.append(request)
         self.waiting_tokens += request.rest
         self.requests[request.rid] = request
@@ -211,5 +221,8 @@ class Scheduler:
                 request = self.requests.pop(piece.rid)
                 request.finish = now
                 self.capacity.release(request.prompt_len)
+                if self.cache is not None and request.blocks:
+                    self.cache.release(request.held)
+                    self.cache.insert(request.blocks)
                 done.append(request)
         return done

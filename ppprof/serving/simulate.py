@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ppprof.serving.prefix_cache import PrefixCache
 from ppprof.serving.scheduler import Batch, Capacity, Request, Scheduler, Sizer
 
 
@@ -90,20 +91,26 @@ def serve(
     stage_ms: Callable[[Batch], Sequence[float]],
     capacity: Capacity,
     prompts: Sequence[int],
-    level: LoadLevel,
+    level: LoadLevel | None,
     seed: int = 0,
     async_depth: int = 0,
+    *,
+    arrivals: Sequence[float] | None = None,
+    blocks: Sequence[tuple[int, ...]] | None = None,
+    cache: PrefixCache | None = None,
 ) -> Served:
-    """Serve `prompts` (in arrival order) at `level`; `stage_ms(batch)` is each stage's time for a batch (pp_size of
-    them). The scheduler serves pp_size + `async_depth` micro-batch slots (SGLang's pp_async_batch_depth, 0 by
-    default)."""
+    """Serve `prompts` (in arrival order) at `level`, or (level None) at the times `arrivals` gives (ms, a trace's);
+    `stage_ms(batch)` is each stage's time for a batch (pp_size of them). The scheduler serves pp_size + `async_depth`
+    micro-batch slots (SGLang's pp_async_batch_depth, 0 by default). With `blocks` (each prompt's block ids) and a
+    `cache`, a prompt's prefill starts after its cached prefix."""
     slots = pp_size + async_depth
-    scheduler = Scheduler(slots, sizer, capacity)
-    times = arrival_times(level, len(prompts), seed)
+    scheduler = Scheduler(slots, sizer, capacity, cache)
+    times = list(arrivals) if arrivals is not None else arrival_times(level, len(prompts), seed)
+    ids = list(blocks) if blocks is not None else [()] * len(prompts)
     queue = deque() if times is None else deque(zip(times, range(len(prompts)), prompts))
     issued = 0 if times is not None else min(level.concurrency, len(prompts))
     for rid in range(issued):
-        scheduler.arrive(Request(rid, prompts[rid], 0.0))
+        scheduler.arrive(Request(rid, prompts[rid], 0.0, blocks=ids[rid]))
     stage_free, busy = [0.0] * pp_size, [0.0] * pp_size
     leaves: dict[int, float] = {}
     batches: list[tuple[Batch, float, float]] = []
@@ -115,11 +122,11 @@ def serve(
             for request in scheduler.finish(slot, now):
                 done.append(request)
                 if times is None and issued < len(prompts):  # closed loop: the next request arrives now
-                    scheduler.arrive(Request(issued, prompts[issued], now))
+                    scheduler.arrive(Request(issued, prompts[issued], now, blocks=ids[issued]))
                     issued += 1
         while queue and queue[0][0] <= now:
             t, rid, n = queue.popleft()
-            scheduler.arrive(Request(rid, n, t))
+            scheduler.arrive(Request(rid, n, t, blocks=ids[rid]))
         batch = scheduler.next_batch(slot)
         if batch is not None:
             start = end = now
