@@ -33,6 +33,7 @@ RUNS = {
     "experiments/holdout.py": ["results/baseline-intel-xeon/policy.json", BASELINE],
     "experiments/repredict.py": [BENCH, BENCH_POLICY],
     "experiments/under_load_sim.py": ["--quick"],
+    "experiments/trace_replay.py": ["--quick"],
     "experiments/serving_paired.py": ["results/serving-real"],
     "experiments/confidence_host.py": ["tests/runs"],
     "experiments/design_agreement.py": ["results/design-agreement", "--summary-only"],
