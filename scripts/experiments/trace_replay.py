@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from under_load_sim import default_policy, gpu_sized_policy  # noqa: E402
 
 from ppprof.manifest import script_parser, write_result  # noqa: E402
+from ppprof.policy import load  # noqa: E402
 from ppprof.serving.arms import SERVING_ARMS  # noqa: E402
 from ppprof.serving.replay import replay  # noqa: E402
 from ppprof.traces import read_trace  # noqa: E402
@@ -31,15 +32,20 @@ LONGEST = 126195
 
 def cases(quick: bool):
     """(name, policy, length scale, time scales)."""
+    if quick:  # the committed policy as it is: no refit
+        committed = load(REPO / "results/bench-reference/profile/policy.json")
+        return [("default profile", committed, committed.settings.context_len / LONGEST, (1.0,))]
     default = default_policy()
     scale = default.settings.context_len / LONGEST
-    if quick:
-        return [("default profile", default, scale, (1.0,))]
     return [("default profile", default, scale, (1.0, 0.4)), ("ATOM's model, PP4", gpu_sized_policy(), 1.0, (1.0, 0.3))]
 
 
 def main() -> None:
-    parser = script_parser(__doc__, "results/trace-replay.json", quick="the trace's first 300 requests, one case")
+    parser = script_parser(
+        __doc__,
+        "results/trace-replay.json",
+        quick="the trace's first 300 requests, the committed default policy unrefitted",
+    )
     parser.add_argument("trace", nargs="?", default=None, help=f"[{TRACE}; --quick: {HEAD.relative_to(REPO)}]")
     args = parser.parse_args()
     args.trace = args.trace or str(HEAD if args.quick else TRACE)
