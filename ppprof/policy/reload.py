@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -69,8 +70,12 @@ class PolicyWatch:
         self.stat: tuple | None = None  # the first look reads the file: a change since start-up is seen
         self.candidate: tuple[str, object | None, str | None] | None = None
         """(sha256, policy, problem) of the new file this rank read; None: none new."""
+        self.voted: tuple[str, object | None, str | None] | None = None
+        """The candidate this rank last voted for: the one a switch takes, though a look since found another."""
         self.refused: set[str] = set()
         self.said: set[tuple] = set()
+        self.lock = threading.Lock()
+        """poll() may run on a thread of its own (the SGLang sizer's), vote, decide and take on the scheduler's."""
 
     def _stat(self) -> tuple | None:
         try:
@@ -82,6 +87,10 @@ class PolicyWatch:
     def poll(self, force: bool = False) -> bool:
         """Look at the file where `interval_s` has passed (or `force`): read it when its stat changed, check it when
         its sha256 is new. True where this rank's vote changed. Never raises."""
+        with self.lock:
+            return self._poll(force)
+
+    def _poll(self, force: bool) -> bool:
         now = self.clock()
         if not force and now - self.looked_at < self.interval_s:
             return False
@@ -114,11 +123,17 @@ class PolicyWatch:
         return True
 
     def vote(self) -> tuple[str | None, str | None]:
-        return NO_VOTE if self.candidate is None else (self.candidate[0], self.candidate[2])
+        with self.lock:
+            self.voted = self.candidate
+            return NO_VOTE if self.voted is None else (self.voted[0], self.voted[2])
 
     def decide(self, votes: list[tuple[str | None, str | None]]) -> Decision:
         """Every rank's decision from every rank's vote (in rank order): the same votes give the same decision on
         every rank, and each rank's watch keeps the same record of refused files."""
+        with self.lock:
+            return self._decide(votes)
+
+    def _decide(self, votes: list[tuple[str | None, str | None]]) -> Decision:
         digests = [d for d, _ in votes]
         if all(d is None for d in digests):
             return Decision("none")
@@ -149,8 +164,12 @@ class PolicyWatch:
         return Decision("wait", None, line)
 
     def take(self, decision: Decision) -> object:
-        """After a `switch` decision: the new policy, now the one in use."""
-        digest, policy, _ = self.candidate
-        assert decision.action == "switch" and digest == decision.digest, (decision, digest)
-        self.digest, self.candidate = digest, None
-        return policy
+        """After a `switch` decision: the new policy (the one this rank voted for), now the one in use."""
+        with self.lock:
+            digest, policy, _ = self.voted
+            if decision.action != "switch" or digest != decision.digest:
+                raise RuntimeError(f"take({decision}) after a vote for {digest}: call it after a switch")
+            self.digest = digest
+            if self.candidate is not None and self.candidate[0] == digest:
+                self.candidate = None
+            return policy

@@ -110,3 +110,16 @@ def test_the_interval_comes_from_the_environment():
     assert check_interval_s({CHECK_ENV: "0.5"}) == (0.5, None)
     value, line = check_interval_s({CHECK_ENV: "-1"})
     assert value == DEFAULT_CHECK_S and line.startswith(f"{CHECK_ENV}='-1' is not a number of seconds")
+
+
+def test_a_switch_takes_the_file_voted_for_though_a_look_since_found_another(watched):
+    path, watch, clock = watched
+    voted = json.dumps({"ok": True, "v": 5})
+    path.write_text(voted)
+    watch.poll(force=True)
+    votes = [watch.vote(), (sha(voted), None)]
+    path.write_text(json.dumps({"ok": True, "v": 6}))  # the watch's thread looks while the ranks gather
+    watch.poll(force=True)
+    decision = watch.decide(votes)
+    assert watch.take(decision) == {"ok": True, "v": 5} and watch.digest == sha(voted)
+    assert watch.vote()[0] == sha(json.dumps({"ok": True, "v": 6})), "the newer file is the next vote"
