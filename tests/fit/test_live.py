@@ -107,12 +107,14 @@ def test_profile_rows_fill_only_the_cells_live_forwards_leave(tmp_path):
     expected = sum((band(int(L)), band(int(x))) not in covered for L, x in zip(samples.prefix_len, samples.chunk_size))
     live = policy["provenance"]["live"]
     assert live["profile_rows"] == expected > 0
-    # the profile's rows at the live level: the median of the live forwards over the tiny policy's prediction
+    # the profile's rows at the live level: the median of the live forwards over the tiny policy's prediction (the
+    # forwards all in the profile's cells)
     model = load(POLICY).latency_model
     ratios = [
         truth_ms(0, x) / float(model.planning(load(POLICY).calibration, 0.0).chunk_latency_ms(0, x)) for x in (64, 256)
     ]
     assert min(ratios) * 0.95 <= live["profile_level"] <= max(ratios) * 1.05, f"{live['profile_level']=} {ratios=}"
+    assert live["profile_level_source"] == f"the {live['forwards_used']['single']} live forwards in the profile's cells"
     assert policy["domain"]["prefix_len"][1] == 1024  # the profile's prefixes came in
 
 
