@@ -8,8 +8,9 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent
 STARTERS = {"run_cli", "start", "start_processes"}
 """Calls that start ranks: tests.multirank.run_cli, tests.run.test_faults.start, torch.multiprocessing's."""
-LAUNCHES = ("'-m', 'ppprof', 'profile'", "'-m', 'ppprof', 'bench'")
-"""A subprocess.run / Popen of `python -m ppprof profile` or `bench` starts ranks too (the launcher's)."""
+LAUNCHES = ("'-m', 'ppprof', 'profile'", "'-m', 'ppprof', 'bench'", "'-m', 'ppprof', 'serve-bench'")
+"""A subprocess.run / Popen of `python -m ppprof profile`, `bench` or `serve-bench` starts ranks too (the
+launcher's)."""
 REFUSED_BEFORE_RANKS = {"run/test_fault_input.py::test_a_write_refused_by_the_disk_names_the_file_and_leaves_nothing"}
 """Subprocesses of `ppprof profile` that end before any rank starts (a limit set on the subprocess alone)."""
 

@@ -10,9 +10,9 @@ profile's fit (ppprof.fit.build), and the profile's samples only where the live 
    prices (ppprof.fit.packed: the additive form and its per-piece term d, fitted on them, never in the model's fit).
 4. The profile's samples (the policy's provenance.samples, where its sha256 still matches and the device is the
    trace's) fill the cells (power-of-two bands of prefix and chunk size) no live single-request forward falls in,
-   their latencies times the live level (the median of the live forwards' time over the policy's prediction of them:
-   the profile gives the shape there, the server the level), a row weighing as much as a live forward; in a cell
-   the live forwards cover, they alone count.
+   their latencies times the live level (the median of the live forwards' time over the policy's prediction of them,
+   those in the profile's cells, where the model was fitted: the profile gives the shape there, the server the
+   level), a row weighing as much as a live forward; in a cell the live forwards cover, they alone count.
 Pure numpy: no torch."""
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from ppprof.policy.rule import LatencyModel
 WEIGHING = (
     "live single-request forwards as rows of the fit; the profile's samples only in the cells (power-of-two bands of "
     "prefix_len and chunk_size) no live single-request forward falls in, times the live level (profile_level: the "
-    "median of live / the policy's prediction), a row weighing as much as a live forward; "
+    "median of live / the policy's prediction over the live forwards in the profile's cells), a row weighing as "
+    "much as a live forward; "
     "packed batches priced by the additive form with its per-piece term fitted on them (packed_forwards), never in "
     "the model's fit"
 )
@@ -82,15 +83,29 @@ def profile_samples(policy: dict, policy_path, device: str) -> tuple[Samples | N
     return None, f"{name} is not there with the sha256 the policy recorded"
 
 
-def profile_level(policy: dict, prefix: np.ndarray, size: np.ndarray, ms: np.ndarray) -> float:
-    """The live level of the profile: the median of the live single-request forwards' time over the policy's
-    prediction of them (its model at the pipelined level, no per-chunk overhead); 1 without a forward."""
+def profile_level(
+    policy: dict, prefix: np.ndarray, size: np.ndarray, ms: np.ndarray, profile: Samples | None = None
+) -> tuple[float, str]:
+    """The live level of the profile, and which forwards gave it: the median of the live single-request forwards'
+    time over the policy's prediction of them (its model at the pipelined level, no per-chunk overhead), over those
+    in the cells (power-of-two bands of prefix and chunk size) the profile's samples hold, where the model was
+    fitted: a model wrong in shape (no prefix term) extrapolates its error into every other cell. Over all the live
+    forwards where none falls in a profiled cell; 1 without a forward."""
     if not len(ms):
-        return 1.0
+        return 1.0, "no live forward"
     model = LatencyModel.from_dict(policy["latency_model"]).planning(policy.get("calibration"), 0.0)
     predicted = np.asarray(model.chunk_latency_ms(prefix.astype(float), size.astype(float)), dtype=float)
     ok = predicted > 0
-    return float(np.median(ms[ok] / predicted[ok])) if ok.any() else 1.0
+    words = "all the live forwards"
+    if profile is not None and len(profile):
+        profiled = set(zip(band(profile.prefix_len).tolist(), band(profile.chunk_size).tolist()))
+        inside = np.array([cell in profiled for cell in zip(band(prefix).tolist(), band(size).tolist())], dtype=bool)
+        if (ok & inside).any():
+            ok &= inside
+            words = f"the {int(ok.sum())} live forwards in the profile's cells"
+    if not ok.any():
+        return 1.0, "no positive prediction"
+    return float(np.median(ms[ok] / predicted[ok])), words
 
 
 def rows_of(
@@ -149,11 +164,12 @@ def refit(policy: dict, policy_path, forwards: Forwards, trace_paths, latency_mo
     traces = " ".join(f["path"] for f in forwards.files)
     profile, profile_words = profile_samples(policy, policy_path, forwards.header["device"])
     single = [i for i in live.of_stage(stage) if len(live.pieces[i]) == 1]
-    level = profile_level(
+    level, level_source = profile_level(
         policy,
-        np.array([live.pieces[i][0][0] for i in single]),
-        np.array([live.pieces[i][0][1] for i in single]),
+        np.array([live.pieces[i][0][0] for i in single], dtype=np.int64),
+        np.array([live.pieces[i][0][1] for i in single], dtype=np.int64),
         live.latency_ms[single],
+        profile,
     )
     samples, n_profile = rows_of(live, stage, profile, traces, level)
     if len(samples) - n_profile < 3:
@@ -172,7 +188,13 @@ def refit(policy: dict, policy_path, forwards: Forwards, trace_paths, latency_mo
     requested = latency_model or (policy.get("diagnostics") or {}).get("requested_model") or "auto"
     new = fit_samples(samples, None, settings, requested, None, options)
     new = with_load(with_packed(new, packed_rows(live, stage, traces), samples))
-    live_words = {"n_profile": n_profile, "level": level, "profile": profile_words, "stage": stage}
+    live_words = {
+        "n_profile": n_profile,
+        "level": level,
+        "level_source": level_source,
+        "profile": profile_words,
+        "stage": stage,
+    }
     new["provenance"] = (policy.get("provenance") or {}) | {
         "created_at": new["provenance"]["created_at"],
         "ppprof_version": new["provenance"]["ppprof_version"],
@@ -251,6 +273,7 @@ def live_provenance(forwards: Forwards, live: LiveForwards, single: int, words: 
         "time_span_s": float(end - start),
         "profile_rows": words["n_profile"],
         "profile_level": words["level"],
+        "profile_level_source": words["level_source"],
         "profile_samples": words["profile"],
         "weighing": WEIGHING,
         "policy": str(policy_path),

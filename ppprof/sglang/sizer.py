@@ -8,11 +8,13 @@ import hashlib
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ppprof.bounds import POLICY_ENV
-from ppprof.policy.policy_file import load
+from ppprof.policy.policy_file import from_text, load
+from ppprof.policy.reload import PolicyWatch, check_interval_s
 from ppprof.policy.runtime import Policy
 from ppprof.sglang.match import ServerConfig, matched_line, mismatch, model_shape_of
 
@@ -29,6 +31,11 @@ LOOP_SIZE = "pp_loop_size"
 """The scheduler's micro-batch slots, pp_size + pp_async_batch_depth (SchedulerPPMixin.init_pp_loop_state): the slots
 the under-load rule asks the work to fill. Its running batches (running_mbs, and mbs in flight) are not read: they
 hold requests whose prefill is done or already scheduled, and the rule weighs the work not yet scheduled."""
+AGREE_EVERY = 256
+"""predict() calls between two agreements on a new policy file. Every PP rank runs the same scheduler on the same
+requests in the same order (SGLang's event_loop_pp: "each stage runs in the same order"), so the n-th call is the
+same batch on every rank; the gather there waits until the last stage reaches that batch (at most the pipeline's
+depth of forwards), once in AGREE_EVERY chunked batches."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,7 @@ class PolicySizer:
 
     runtime = staticmethod(sglang_runtime)
     """Where the running server's state comes from (a test without SGLang gives its own)."""
+    agree_every = AGREE_EVERY
 
     def __init__(
         self,
@@ -81,6 +89,10 @@ class PolicySizer:
         self.page_size, self.device = page_size, device
         self.policy: Policy | None = None
         self.failed_predict = False
+        self.watch: PolicyWatch | None = None
+        self.calls = 0
+        self.reloads: list[dict] = []
+        """Each decision on a new policy file: (the predict call it took effect at, the action, the sha256)."""
         # SGLang passes predict only the prefix length; the prompt's length is on the request being chunked, which
         # the scheduler that builds this sizer holds. Built in Scheduler.maybe_init_dynamic_chunk_sizer (the
         # contract test reads it so), the caller's `self` is that scheduler.
@@ -109,7 +121,56 @@ class PolicySizer:
         except Exception as e:  # noqa: BLE001 - the policy is in use on every rank; only the line is short
             matched = f"({e!r} describing it)"
         logger.info(f"{LOG_PREFIX} policy {path} (sha256 {digest[:12]}) matches this server: {matched}")
+        self.start_watch(path, digest, runtime)
         return True
+
+    def start_watch(self, path: str, digest: str, runtime: Runtime) -> None:
+        """The watch on the policy file (ppprof.policy.reload) and its thread, which looks at the file every
+        PPPROF_POLICY_CHECK_S seconds (5 by default) off the scheduler's thread; the ranks agree in predict(),
+        every AGREE_EVERY calls."""
+        interval, problem = check_interval_s()
+        if problem:
+            logger.warning(f"{LOG_PREFIX} {problem}")
+
+        def check(text: str) -> tuple[Policy | None, str | None]:
+            policy = from_text(text, f"policy file {path}")
+            return policy, mismatch(policy, self.server_config(runtime))
+
+        self.runtime_state, self.watch = runtime, PolicyWatch(path, digest, check, interval)
+        stop = self.watch_stop = threading.Event()
+
+        def look() -> None:
+            while not stop.wait(max(interval, 0.05)):
+                self.watch.poll()
+
+        threading.Thread(target=look, name="ppprof-policy-watch", daemon=True).start()
+
+    def agree(self) -> None:
+        """Every rank's vote on a new policy file gathered (SGLang's world group), one decision on every rank: the
+        new policy from this batch on, or the old one kept, with one line. Never raises into the scheduler."""
+        watch = self.watch
+        try:
+            decision = watch.decide(self.runtime_state.gather(watch.vote()))
+        except Exception as e:  # noqa: BLE001 - no agreement possible: the policy in use stays, reloads stop
+            self.watch = None
+            self.watch_stop.set()
+            logger.warning(f"{LOG_PREFIX} policy reloads off, the policy in use kept: the ranks' gather failed ({e!r})")
+            return
+        if decision.action == "none":
+            return
+        if decision.action == "switch":
+            self.policy = watch.take(decision)
+            try:
+                matched = matched_line(self.policy, self.server_config(self.runtime_state))
+            except Exception as e:  # noqa: BLE001 - the policy is in use on every rank; only the line is short
+                matched = f"({e!r} describing it)"
+            logger.info(
+                f"{LOG_PREFIX} policy {watch.path} (sha256 {decision.digest[:12]}) taken by every rank from chunked "
+                f"batch {self.calls}: {matched}"
+            )
+        elif decision.line:
+            logger.warning(f"{LOG_PREFIX} {decision.line}")
+        self.reloads.append({"call": self.calls, "action": decision.action, "sha256": decision.digest})
 
     def check(self, path: str, runtime: Runtime) -> tuple[Policy | None, str | None, str | None]:
         """(the policy, None, its file's sha256) where it loads and fits this server, else (None, the one line,
@@ -154,6 +215,9 @@ class PolicySizer:
         policy, or where the policy cannot answer (said once)."""
         if self.policy is None:
             return None
+        self.calls += 1
+        if self.watch is not None and self.calls % self.agree_every == 0:
+            self.agree()
         try:
             prompt_len = self.prompt_len(prefix_len)
             pending_requests, pending_tokens = self.load()

@@ -107,12 +107,14 @@ def test_profile_rows_fill_only_the_cells_live_forwards_leave(tmp_path):
     expected = sum((band(int(L)), band(int(x))) not in covered for L, x in zip(samples.prefix_len, samples.chunk_size))
     live = policy["provenance"]["live"]
     assert live["profile_rows"] == expected > 0
-    # the profile's rows at the live level: the median of the live forwards over the tiny policy's prediction
+    # the profile's rows at the live level: the median of the live forwards over the tiny policy's prediction (the
+    # forwards all in the profile's cells)
     model = load(POLICY).latency_model
     ratios = [
         truth_ms(0, x) / float(model.planning(load(POLICY).calibration, 0.0).chunk_latency_ms(0, x)) for x in (64, 256)
     ]
     assert min(ratios) * 0.95 <= live["profile_level"] <= max(ratios) * 1.05, f"{live['profile_level']=} {ratios=}"
+    assert live["profile_level_source"] == f"the {live['forwards_used']['single']} live forwards in the profile's cells"
     assert policy["domain"]["prefix_len"][1] == 1024  # the profile's prefixes came in
 
 
@@ -169,3 +171,28 @@ def test_a_policy_fitted_without_the_prefix_term_gets_it_and_its_workload_from_t
     assert max(after["workload"]["prompt_lens"]) > 2048, after["workload"]
     assert all(abs(r["calibrated_ratio"] - 1) < 0.05 for r in rows_ if r["stage"] == 0), rows_
     assert max(abs(r["profiled_ratio"] - 1) for r in rows_ if r["stage"] == 0) > 0.3, rows_
+
+
+def test_a_band_drifts_only_where_its_noise_cannot_explain_the_move():
+    """A band of a few scattered forwards whose median sits 25% above the level is noise (its 80% interval reaches
+    inside the tolerance); a band of many steady forwards 30% above is drift; the level is judged the same way."""
+    from ppprof.fit.live_forwards import LiveForwards, judge, predicted_ms
+
+    policy = json.loads(POLICY.read_text())
+    rng = np.random.default_rng(0)
+    pieces = [((0, 256),)] * 60 + [((512, 256),)] * 8 + [((1024, 256),)] * 40
+    live = LiveForwards(np.zeros(len(pieces), dtype=np.int64), pieces, np.ones(len(pieces)), np.arange(len(pieces)))
+    factor = np.concatenate(
+        [
+            np.exp(rng.normal(0, 0.02, 60)),
+            1.25 * np.array([0.55, 0.7, 0.8, 1.0, 1.0, 1.3, 1.5, 1.8]),  # median 1.25, scattered
+            1.3 * np.exp(rng.normal(0, 0.02, 40)),
+        ]
+    )
+    live.latency_ms = 1.5 * predicted_ms(policy, live) * factor  # a server 1.5x the policy's level
+    report = judge(policy, live, {"level": 0.2, "samples": 0.2})
+    bands = {r["band"]: r for r in report["bands"]}
+    assert not bands["0"]["drifted"] and not bands["512-1023"]["drifted"], bands["512-1023"]
+    assert bands["512-1023"]["vs_level"] > 0.2, "the scattered band's median is beyond the tolerance"
+    assert bands[">=1024"]["drifted"], bands
+    assert report["where"][0].startswith("every stage: live forwards at 1.") and len(report["where"]) == 2
