@@ -32,6 +32,13 @@ SIZER_KWARGS = (
     "device",
 )
 """The keyword-only arguments of SGLang 0.5.23's DynamicChunkSizer, which its scheduler passes."""
+PREFILL_METHOD = "get_new_batch_prefill"
+"""Scheduler.get_new_batch_prefill(self, running_batch): every loop's way to a new prefill batch, whose budget
+(_get_new_batch_prefill_raw) is `self.chunked_prefill_size` (B) unless a request is partly prefilled."""
+BUDGET_ATTR = "chunked_prefill_size"
+"""The scheduler's attribute SGLang reads as a prefill batch's token budget (PrefillAdder's rem_chunk_tokens)."""
+FIRST_CHUNK = "_ppprof_first_chunk"
+"""Marks get_new_batch_prefill as wrapped by first_chunked."""
 BUILT_FOR = "0.5.23"
 """The SGLang release whose scheduler and sizer the contract test reads (tests/sglang/test_contract.py)."""
 
@@ -227,10 +234,89 @@ def on_scheduler_module(module) -> None:
     from ppprof.sglang.sizer import PolicySizer
 
     setattr(module, SIZER_CLASS, PolicySizer)
+    install_first_chunk(module)
     say(
         f"SGLang's {SIZER_CLASS} is ppprof's policy sizer in this process (PPPROF_POLICY="
         f"{os.environ.get(POLICY_ENV)}; built for SGLang {BUILT_FOR}, found {sglang_version()})"
     )
+
+
+def install_first_chunk(module) -> bool:
+    """Wrap `module`.Scheduler.get_new_batch_prefill (first_chunked), where it is SGLang BUILT_FOR's method,
+    get_new_batch_prefill(self, running_batch); otherwise say why, once, and leave SGLang's first chunk of B."""
+    import inspect
+
+    cls = getattr(module, SCHEDULER_CLASS, None)
+    method = getattr(cls, PREFILL_METHOD, None)
+    if not callable(method):
+        say(f"first chunks stay SGLang's B: {module.__name__}.{SCHEDULER_CLASS} has no method {PREFILL_METHOD}")
+        return False
+    if getattr(method, FIRST_CHUNK, False):
+        return True
+    if list(inspect.signature(method).parameters) != ["self", "running_batch"]:
+        say(
+            f"first chunks stay SGLang's B: {SCHEDULER_CLASS}.{PREFILL_METHOD}{inspect.signature(method)} is not "
+            f"SGLang {BUILT_FOR}'s"
+        )
+        return False
+    setattr(cls, PREFILL_METHOD, first_chunked(method))
+    return True
+
+
+def first_chunked(method):
+    """get_new_batch_prefill with the policy's first chunk: where first_chunk_budget answers, SGLang's
+    chunked_prefill_size is that budget while the batch is formed (PrefillAdder's rem_chunk_tokens), SGLang's own
+    value back afterwards, whatever happens; otherwise SGLang's method as it is."""
+    import functools
+
+    @functools.wraps(method)
+    def get_new_batch_prefill(self, running_batch):
+        budget = first_chunk_budget(self)
+        if budget is None:
+            return method(self, running_batch)
+        own = getattr(self, BUDGET_ATTR)
+        setattr(self, BUDGET_ATTR, budget)
+        try:
+            return method(self, running_batch)
+        finally:
+            setattr(self, BUDGET_ATTR, own)
+
+    setattr(get_new_batch_prefill, FIRST_CHUNK, True)
+    return get_new_batch_prefill
+
+
+def first_chunk_budget(scheduler) -> int | None:
+    """The budget of a prefill batch formed with no chunked request, as ppprof's sizer sizes a request's first
+    chunk: the policy's chunk at prefix 0 for the waiting queue's head (its length: prompt and any output it prefills
+    again), the rest of the queue as the load (the sizer's reading of it, less the head) and the PP loop's slots.
+    None (SGLang's B) where the scheduler's sizer is not ppprof's with a policy loaded (refused: SGLang keeps static
+    chunks), a request is partly prefilled (SGLang asks predict), nothing waits, SGLang's schedule policy may reorder
+    the queue before it is admitted (anything but fcfs without priorities), or the policy cannot answer (said once)."""
+    from ppprof.sglang.sizer import CHUNKED_REQ, LOG_PREFIX, WAITING_QUEUE, PolicySizer, logger
+
+    sizer = getattr(scheduler, "dynamic_chunk_sizer", None)
+    if type(sizer) is not PolicySizer or sizer.policy is None or getattr(scheduler, CHUNKED_REQ, None) is not None:
+        return None
+    queue = getattr(scheduler, WAITING_QUEUE, None)
+    order = getattr(scheduler, "policy", None)
+    if not queue or getattr(getattr(order, "policy", None), "value", None) != "fcfs":
+        return None
+    if getattr(order, "enable_priority_scheduling", True):
+        return None
+    try:
+        head = queue[0]
+        prompt_len = len(head.origin_input_ids) + len(head.output_ids)
+        waiting, tokens = sizer.load()
+        if waiting:  # the sizer's load is the whole queue: the head is the prompt being sized
+            waiting, tokens = waiting - 1, tokens - prompt_len
+        return sizer.policy.next_chunk_size(
+            0, prompt_len, pending_requests=waiting, pending_tokens=tokens, slots=sizer.slots()
+        )
+    except Exception as e:  # noqa: BLE001 - SGLang keeps B for this batch
+        if not sizer.failed_predict:
+            sizer.failed_predict = True
+            logger.warning(f"{LOG_PREFIX} the first chunk failed ({e!r}): the static size this time")
+        return None
 
 
 def install_trace(module) -> bool:

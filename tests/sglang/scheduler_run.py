@@ -31,7 +31,8 @@ rule the policy-load arm loads), or trace=PATH (a closed loop of 4 with the poli
 each rank's prefill forwards traced into PATH as SGLang's process traces them with PPPROF_TRACE set).
 
 Writes {"runs": {run: {"batches": [[[rid, prefix, size], ...], ...], "prompts": {rid: length}, "slots": [each batch's
-micro-batch slot], "loop_size": pp_loop_size}}, "sizer": {run: the sizer's module}, "greedy_fit": SGLang's fitted
+micro-batch slot], "loop_size": pp_loop_size, "budget_after": the scheduler's chunked_prefill_size after the run}},
+"first_chunk_wrapped": whether the hook wrapped get_new_batch_prefill, "sizer": {run: the sizer's module}, "greedy_fit": SGLang's fitted
 [a, b, c], "log": [ppprof.sglang's lines], "failures": {case: a run, its sizer and its lines}, "traces": [the trace
 parts written]}: every batch SGLang formed, each piece's request, prefix and size, read from SGLang's ScheduleBatch
 (reqs, prefix_lens, extend_lens)."""
@@ -411,6 +412,12 @@ def main(site: str, out: str, *runs: str) -> None:
                 result["greedy_fit"] = sglang_greedy(s, policy.planning_model)
             result["sizer"][run] = None if s.dynamic_chunk_sizer is None else type(s.dynamic_chunk_sizer).__module__
             result["runs"][run] = run_loop(s, load, clock, load if load.startswith("rate-") else f"c{load}")
+            result["runs"][run]["budget_after"] = s.chunked_prefill_size  # SGLang's own B, back after each batch
+    from sglang.srt.managers.scheduler import Scheduler
+
+    from ppprof.sglang import hook
+
+    result["first_chunk_wrapped"] = getattr(Scheduler.get_new_batch_prefill, hook.FIRST_CHUNK, False)
     with published(**settings()):
         world_group()
         result["log"] = list(records)
