@@ -1,6 +1,8 @@
 """The start-up hook: where PPPROF_POLICY is set, SGLang's DynamicChunkSizer becomes ppprof's policy sizer
 (ppprof.sglang.sizer) as SGLang imports it, in every process of the server, if SGLang's names and signatures are
-those the sizer was built for; otherwise SGLang is left alone, with one line saying why. Where PPPROF_TRACE is set,
+those the sizer was built for; otherwise SGLang is left alone, with one line saying why. With ppprof's sizer in place,
+Scheduler.get_new_batch_prefill is wrapped so that a batch formed with no chunked request is budgeted at the policy's
+first chunk for the waiting queue's head, not at B (first_chunked). Where PPPROF_TRACE is set,
 Scheduler.run_batch is wrapped to trace each prefill forward (ppprof.sglang.trace), on the same terms.
 
 Installed at interpreter start by ppprof-sglang.pth (site-packages) or by `python -m ppprof.sglang` (PYTHONPATH);
