@@ -26,7 +26,8 @@ one's prefill ends; Poisson arrivals come at ppprof.serving's draw (seed 0). Req
 prefill (max_new_tokens 1).
 
 RUN is ARM:LOAD[:DEPTH] (ARM of ARMS; LOAD "4", a closed loop of 4, or "rate-10"; DEPTH the async batch depth, 0
-unless given), NAME=POLICY_PATH for a failure case (failing), policy-load=POLICY_PATH (the policy with an under-load
+unless given), NAME=POLICY_PATH for a failure case (failing; "lof": the good policy with SGLang's queue ordered
+longest output first), policy-load=POLICY_PATH (the policy with an under-load
 rule the policy-load arm loads), or trace=PATH (a closed loop of 4 with the policy on PP rank 0 and on PP rank 1,
 each rank's prefill forwards traced into PATH as SGLang's process traces them with PPPROF_TRACE set).
 
@@ -350,6 +351,10 @@ def failing(config, name: str, path: str, clock, records: list[str]) -> dict:
                 raise RuntimeError("a policy that raises")
 
         s.dynamic_chunk_sizer.policy = Raising()
+    if name == "lof":  # the good policy, SGLang's queue ordered longest output first: the hook leaves B first
+        from sglang.srt.managers.schedule_policy import SchedulePolicy
+
+        s.policy = SchedulePolicy("lof", s.tree_cache, False, False, False)
     run = run_loop(s, "1", clock, name, requests=2)
     run["sizer"] = None if s.dynamic_chunk_sizer is None else type(s.dynamic_chunk_sizer).__module__
     run["log"] = records[first:]
@@ -421,7 +426,7 @@ def main(site: str, out: str, *runs: str) -> None:
     with published(**settings()):
         world_group()
         result["log"] = list(records)
-        for name in ("other-model", "corrupt", "missing", "raises"):
+        for name in ("other-model", "corrupt", "missing", "raises", "lof"):
             if name in named:
                 result["failures"][name] = failing(config, name, named[name], clock, records)
     if "trace" in named:

@@ -58,7 +58,11 @@ def sglang_run(tmp_path_factory):
     corrupt = tmp / "corrupt.json"
     corrupt.write_text(policy.read_text()[: len(policy.read_text()) // 2])
     paths = {"other-model": other, "corrupt": corrupt, "missing": tmp / "absent.json", "raises": policy}
-    named = [f"{name}={paths[name]}" for name in FAILURES] + [f"policy-load={loaded}", f"trace={tmp / 'trace.jsonl'}"]
+    named = (
+        [f"{name}={paths[name]}" for name in FAILURES]
+        + [f"lof={policy}"]
+        + [f"policy-load={loaded}", f"trace={tmp / 'trace.jsonl'}"]
+    )
     env = {k: v for k, v in os.environ.items() if k not in (hook.POLICY_ENV, TRACE_ENV, "PYTHONPATH")}
     env[hook.POLICY_ENV] = str(policy)
     env[TRACE_ENV] = str(tmp / "trace.jsonl")  # set at start, so that the hook wraps run_batch
@@ -147,6 +151,17 @@ def test_a_bad_policy_leaves_sglang_on_static_chunks_with_one_line(sglang_run, c
     else:
         assert run["sizer"] is None and len(run["log"]) == 1, run["log"]
         assert f"refused, static chunks of {B}" in run["log"][0], run["log"]
+
+
+def test_a_queue_order_other_than_fcfs_keeps_sglangs_first_chunk(sglang_run):
+    """With SGLang's --schedule-policy lof (calc_priority may move another request to the head before it is
+    admitted) the hook leaves the first chunk at B; predict still sizes the later chunks by the policy."""
+    run = sglang_run[0]["failures"]["lof"]
+    policy = sglang_run[2]["policy"]
+    B = policy.settings.base_chunk_size
+    assert run["sizer"] == "ppprof.sglang.sizer" and len(run["log"]) == 1, run["log"]
+    first, second = run["batches"][:2]
+    assert first[0][1:] == [0, B] and second[0][1:] == [B, policy.next_chunk_size(B, PROMPTS[0])], run["batches"]
 
 
 def arm_policy(sglang_run, arm: str):
