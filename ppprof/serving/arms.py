@@ -17,24 +17,25 @@ policy's model; policy: the prompt-aware rule; policy-history: the history-only 
 rule while the request being sized is the only one with prefill work, B otherwise (AMD ATOM's guard); policy-load: the
 policy's rules fed the scheduler's load and its slots (the under-load rule past its handover, the prompt-aware rule
 below it)."""
-FIRST_CHUNK_B_ARMS = ("greedy", "policy", "policy-history", "policy-load")
-"""The arms a server answers through SGLang's sizer (its own equal-latency rule, or ppprof's policy through
-PPPROF_POLICY): SGLang 0.5.23 budgets a batch built with no partly prefilled request at B (--chunked-prefill-size)
-itself and asks the sizer only from a request's second chunk on (Scheduler.get_new_batch_prefill), so these arms'
-batches with no chunked request are budgeted at B, the under-load rule's too; SGLang's own batches match the
-simulation's so (tests/sglang/test_scheduler.py). fixed and fixed-best are B and the best chunk throughout; atom-guard
-is ATOM's, kept as it was."""
+FIRST_CHUNK_B_ARMS = ("greedy",)
+"""The arms whose first chunk is B whatever their rule: SGLang 0.5.23 budgets a batch built with no partly prefilled
+request at B (--chunked-prefill-size) itself and asks its sizer only from a request's second chunk on
+(Scheduler.get_new_batch_prefill), so SGLang's own equal-latency rule starts at B. ppprof's hook gives SGLang the
+policy's first chunk where ppprof's sizer is installed (ppprof.sglang.hook.first_chunked: the policy's chunk at prefix 0
+for the waiting queue's head, the rest of the queue as the load), so policy, policy-history and policy-load size every
+chunk, the first included, by their rules; SGLang's own batches match the simulation's so
+(tests/sglang/test_scheduler.py). fixed and fixed-best are B and the best chunk throughout; atom-guard is ATOM's."""
 
 
 def sizer(policy: Policy, arm: str) -> Sizer:
     """The sizer of `arm` (SERVING_ARMS) with `policy`'s rules and settings; B where an arm of FIRST_CHUNK_B_ARMS
-    sizes a batch with no chunked request (the scheduler asks at prefix 0 only then: a request's later chunks start
-    past 0)."""
+    (SGLang's greedy) sizes a batch with no chunked request (Load.chunked: a new head, cold or past a cached
+    prefix)."""
     rule = arm_rule(policy, arm)
     if arm not in FIRST_CHUNK_B_ARMS:
         return rule
     B = policy.base_chunk_size
-    return lambda prefix_len, prompt_len, load: B if prefix_len == 0 else rule(prefix_len, prompt_len, load)
+    return lambda prefix_len, prompt_len, load: rule(prefix_len, prompt_len, load) if load.chunked else B
 
 
 def arm_rule(policy: Policy, arm: str) -> Sizer:

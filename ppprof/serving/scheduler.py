@@ -33,6 +33,9 @@ class Load:
     slots: int | None = None
     """The scheduler's micro-batch slots (pp_size + async depth), as SGLang's sizer reads pp_loop_size; None: not
     known."""
+    chunked: bool = False
+    """The request being sized is the partly prefilled one (SGLang's chunked_req), not a new batch's head; a head may
+    start past 0 (a cached prefix), so this, not the prefix, tells the two apart."""
 
 
 Sizer = Callable[[int, int, Load], int]
@@ -159,7 +162,7 @@ class Scheduler:
         """No work anywhere: nothing waiting, nothing partly prefilled, no batch in the pipeline."""
         return not self.waiting and self.chunked is None and not self.in_flight
 
-    def load(self, slot: int, sizing: Request) -> Load:
+    def load(self, slot: int, sizing: Request, chunked: bool = False) -> Load:
         """The load seen when sizing `sizing`'s chunk for `slot`."""
         # `sizing` is the waiting queue's head or the request taken out of `chunked`: never deeper in the queue.
         count, tokens = len(self.waiting), self.waiting_tokens
@@ -167,10 +170,10 @@ class Scheduler:
             count, tokens = count - 1, tokens - sizing.rest
         if self.chunked is not None and self.chunked is not sizing:
             count, tokens = count + 1, tokens + self.chunked.rest
-        return Load(count, tokens, len(self.in_flight) - (slot in self.in_flight), self.slots)
+        return Load(count, tokens, len(self.in_flight) - (slot in self.in_flight), self.slots, chunked)
 
-    def size(self, slot: int, request: Request) -> int:
-        size = int(self.sizer(request.scheduled, request.prompt_len, self.load(slot, request)))
+    def size(self, slot: int, request: Request, chunked: bool = False) -> int:
+        size = int(self.sizer(request.scheduled, request.prompt_len, self.load(slot, request, chunked)))
         if size < 1:
             raise ValueError(f"the arm gave a chunk of {size} tokens at prefix {request.scheduled}")
         return size
@@ -183,7 +186,7 @@ class Scheduler:
         pieces: list[Piece] = []
         if self.chunked is not None:
             request, self.chunked = self.chunked, None
-            budget = self.size(slot, request)
+            budget = self.size(slot, request, chunked=True)
             pieces.append(self.take(request, min(budget, request.rest)))
             left = budget - pieces[0].size
         else:

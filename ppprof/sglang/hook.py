@@ -1,6 +1,8 @@
 """The start-up hook: where PPPROF_POLICY is set, SGLang's DynamicChunkSizer becomes ppprof's policy sizer
 (ppprof.sglang.sizer) as SGLang imports it, in every process of the server, if SGLang's names and signatures are
-those the sizer was built for; otherwise SGLang is left alone, with one line saying why. Where PPPROF_TRACE is set,
+those the sizer was built for; otherwise SGLang is left alone, with one line saying why. With ppprof's sizer in place,
+Scheduler.get_new_batch_prefill is wrapped so that a batch formed with no chunked request is budgeted at the policy's
+first chunk for the waiting queue's head, not at B (ppprof.sglang.first_chunk). Where PPPROF_TRACE is set,
 Scheduler.run_batch is wrapped to trace each prefill forward (ppprof.sglang.trace), on the same terms.
 
 Installed at interpreter start by ppprof-sglang.pth (site-packages) or by `python -m ppprof.sglang` (PYTHONPATH);
@@ -227,10 +229,35 @@ def on_scheduler_module(module) -> None:
     from ppprof.sglang.sizer import PolicySizer
 
     setattr(module, SIZER_CLASS, PolicySizer)
+    install_first_chunk(module)
     say(
         f"SGLang's {SIZER_CLASS} is ppprof's policy sizer in this process (PPPROF_POLICY="
         f"{os.environ.get(POLICY_ENV)}; built for SGLang {BUILT_FOR}, found {sglang_version()})"
     )
+
+
+def install_first_chunk(module) -> bool:
+    """Wrap `module`.Scheduler.get_new_batch_prefill (ppprof.sglang.first_chunk.first_chunked), where it is SGLang BUILT_FOR's method,
+    get_new_batch_prefill(self, running_batch); otherwise say why, once, and leave SGLang's first chunk of B."""
+    import inspect
+
+    from ppprof.sglang.first_chunk import FIRST_CHUNK, PREFILL_METHOD, first_chunked
+
+    cls = getattr(module, SCHEDULER_CLASS, None)
+    method = getattr(cls, PREFILL_METHOD, None)
+    if not callable(method):
+        say(f"first chunks stay SGLang's B: {module.__name__}.{SCHEDULER_CLASS} has no method {PREFILL_METHOD}")
+        return False
+    if getattr(method, FIRST_CHUNK, False):
+        return True
+    if list(inspect.signature(method).parameters) != ["self", "running_batch"]:
+        say(
+            f"first chunks stay SGLang's B: {SCHEDULER_CLASS}.{PREFILL_METHOD}{inspect.signature(method)} is not "
+            f"SGLang {BUILT_FOR}'s"
+        )
+        return False
+    setattr(cls, PREFILL_METHOD, first_chunked(method))
+    return True
 
 
 def install_trace(module) -> bool:

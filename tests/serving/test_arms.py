@@ -1,11 +1,10 @@
 """The serving bench's arms as sizers: alone in the pipeline each gives the chunks of its one-prompt plan (what
-`ppprof plan` and `ppprof bench` run), but that the arms SGLang's sizer answers take B as a prompt's first chunk, as
-SGLang does, then their rule's chunks from B on; atom-guard falls back to B when other requests wait, policy-load asks the
+`ppprof plan` and `ppprof bench` run; SGLang's own greedy rule starts at B, as SGLang does, and ppprof's policy arms
+at their rule's first chunk, as ppprof's hook makes SGLang take it); atom-guard falls back to B when other requests wait, policy-load asks the
 policy's under-load rule with the scheduler's load, and a packed forward pays one fixed cost (and the cost of each
 extra piece the profile's packed forwards measured)."""
 
 import dataclasses
-import functools
 import math
 from pathlib import Path
 
@@ -33,27 +32,15 @@ def test_alone_each_arm_runs_its_one_prompt_plan(policy, arm):
     served = serve(2, sizer(policy, arm), stage_ms, Capacity(100_000, 8), prompts, LoadLevel(concurrency=1))
     B = policy.base_chunk_size
     best = policy.data["predicted"]["fixed_best_chunk"]
-
-    def after_b(prompt_len, next_chunk):
-        """SGLang's chunks: B first, then the rule's from B on, the last cut to the rest."""
-        chunks = [min(B, prompt_len)]
-        while sum(chunks) < prompt_len:
-            chunks.append(min(next_chunk(sum(chunks)), prompt_len - sum(chunks)))
-        return chunks
-
-    def prompt_aware(done, n):
-        return policy.next_chunk_size(done, n)
-
-    assert policy.plan(700) == [700] != after_b(700, lambda done: policy.next_chunk_size(done, 700))  # not B first
     for r in served.requests:
         want = {
             "fixed": fixed_chunks(B, r.prompt_len),
             "fixed-best": fixed_chunks(best, r.prompt_len),
             "greedy": policy.sglang_plan(r.prompt_len),
-            "policy": after_b(r.prompt_len, functools.partial(prompt_aware, n=r.prompt_len)),
-            "policy-history": after_b(r.prompt_len, policy.next_chunk_size),
+            "policy": policy.plan(r.prompt_len),
+            "policy-history": policy.plan_history(r.prompt_len),
             "atom-guard": policy.plan(r.prompt_len),
-            "policy-load": after_b(r.prompt_len, functools.partial(prompt_aware, n=r.prompt_len)),
+            "policy-load": policy.plan(r.prompt_len),
         }[arm]
         assert r.chunks == want, (arm, r.prompt_len)
 

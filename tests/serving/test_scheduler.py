@@ -75,7 +75,7 @@ def test_the_load_seen_by_the_sizer():
     s.next_batch(0)
     s.next_batch(1)
     assert seen[0] == Load(pending_requests=1, pending_tokens=300, busy_slots=0, slots=2)
-    assert seen[1] == Load(pending_requests=1, pending_tokens=300, busy_slots=1, slots=2)
+    assert seen[1] == Load(pending_requests=1, pending_tokens=300, busy_slots=1, slots=2, chunked=True)
 
 
 def test_a_slot_holds_one_batch_and_a_request_releases_its_pools_when_its_last_chunk_leaves():

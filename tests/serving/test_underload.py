@@ -208,15 +208,11 @@ def test_the_rule_is_chosen_at_the_servers_async_depth():
 
 def test_issue_48_eight_stages_at_98304_tokens(eight_stage):
     """The issue's table: 98304-token prompts, 48 a level, closed loops of 1 to 16 and Poisson loads; the old rule
-    lost 35% of policy's throughput at concurrency 4. Since the simulation takes SGLang's first chunk of B (arms.
-    FIRST_CHUNK_B_ARMS), the rule chosen misses once, at concurrency 4: 3.1% below policy's throughput, 3.3% above
-    its mean TTFT (docs/results.md, robust-load)."""
+    lost 35% of policy's throughput at concurrency 4. With the policy's own first chunk (as ppprof's hook gives it to
+    SGLang) the rule chosen meets the goal at every level; with SGLang's first chunk of B it missed at concurrency 4
+    (3.1% below policy's throughput; docs/results.md, robust-load)."""
     prompts = [98304] * 48
-    misses = goal_misses(eight_stage, prompts, every_level(eight_stage, prompts))
-    assert [m.split(":")[0] for m in misses] in ([], ["concurrency-4"]), misses
-    level = LoadLevel(concurrency=4)
-    mine, idle = (served_at(eight_stage, arm, prompts, level) for arm in ("policy-load", "policy"))
-    assert mine["throughput_tokens_per_s"] >= 0.965 * idle["throughput_tokens_per_s"], misses
+    assert goal_misses(eight_stage, prompts, every_level(eight_stage, prompts)) == []
 
 
 def test_a_model_and_workload_the_fit_never_saw(tmp_path):

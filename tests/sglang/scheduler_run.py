@@ -26,12 +26,14 @@ one's prefill ends; Poisson arrivals come at ppprof.serving's draw (seed 0). Req
 prefill (max_new_tokens 1).
 
 RUN is ARM:LOAD[:DEPTH] (ARM of ARMS; LOAD "4", a closed loop of 4, or "rate-10"; DEPTH the async batch depth, 0
-unless given), NAME=POLICY_PATH for a failure case (failing), policy-load=POLICY_PATH (the policy with an under-load
+unless given), NAME=POLICY_PATH for a failure case (failing; "lof": the good policy with SGLang's queue ordered
+longest output first), policy-load=POLICY_PATH (the policy with an under-load
 rule the policy-load arm loads), or trace=PATH (a closed loop of 4 with the policy on PP rank 0 and on PP rank 1,
 each rank's prefill forwards traced into PATH as SGLang's process traces them with PPPROF_TRACE set).
 
 Writes {"runs": {run: {"batches": [[[rid, prefix, size], ...], ...], "prompts": {rid: length}, "slots": [each batch's
-micro-batch slot], "loop_size": pp_loop_size}}, "sizer": {run: the sizer's module}, "greedy_fit": SGLang's fitted
+micro-batch slot], "loop_size": pp_loop_size, "budget_after": the scheduler's chunked_prefill_size after the run}},
+"first_chunk_wrapped": whether the hook wrapped get_new_batch_prefill, "sizer": {run: the sizer's module}, "greedy_fit": SGLang's fitted
 [a, b, c], "log": [ppprof.sglang's lines], "failures": {case: a run, its sizer and its lines}, "traces": [the trace
 parts written]}: every batch SGLang formed, each piece's request, prefix and size, read from SGLang's ScheduleBatch
 (reqs, prefix_lens, extend_lens)."""
@@ -349,6 +351,10 @@ def failing(config, name: str, path: str, clock, records: list[str]) -> dict:
                 raise RuntimeError("a policy that raises")
 
         s.dynamic_chunk_sizer.policy = Raising()
+    if name == "lof":  # the good policy, SGLang's queue ordered longest output first: the hook leaves B first
+        from sglang.srt.managers.schedule_policy import SchedulePolicy
+
+        s.policy = SchedulePolicy("lof", s.tree_cache, False, False, False)
     run = run_loop(s, "1", clock, name, requests=2)
     run["sizer"] = None if s.dynamic_chunk_sizer is None else type(s.dynamic_chunk_sizer).__module__
     run["log"] = records[first:]
@@ -411,10 +417,16 @@ def main(site: str, out: str, *runs: str) -> None:
                 result["greedy_fit"] = sglang_greedy(s, policy.planning_model)
             result["sizer"][run] = None if s.dynamic_chunk_sizer is None else type(s.dynamic_chunk_sizer).__module__
             result["runs"][run] = run_loop(s, load, clock, load if load.startswith("rate-") else f"c{load}")
+            result["runs"][run]["budget_after"] = s.chunked_prefill_size  # SGLang's own B, back after each batch
+    from sglang.srt.managers.scheduler import Scheduler
+
+    from ppprof.sglang import first_chunk
+
+    result["first_chunk_wrapped"] = getattr(Scheduler.get_new_batch_prefill, first_chunk.FIRST_CHUNK, False)
     with published(**settings()):
         world_group()
         result["log"] = list(records)
-        for name in ("other-model", "corrupt", "missing", "raises"):
+        for name in ("other-model", "corrupt", "missing", "raises", "lof"):
             if name in named:
                 result["failures"][name] = failing(config, name, named[name], clock, records)
     if "trace" in named:

@@ -11,7 +11,7 @@ import zipfile
 
 import pytest
 
-from ppprof.sglang import hook
+from ppprof.sglang import first_chunk, hook
 from ppprof.sglang.match import MODEL_CONFIG_FIELDS
 from ppprof.sglang.sizer import CHUNKED_REQ, LOOP_SIZE, REQ_FIELDS, WAITING_QUEUE, PolicySizer
 from ppprof.sglang.trace import BATCH_FIELDS, PARALLEL_FIELDS, RUN_BATCH, SCHEDULER_FIELDS
@@ -200,6 +200,89 @@ def test_only_the_scheduler_uses_the_sizer_and_only_its_two_methods(version):
     assert [a.name for n in imports for a in n.names] == [hook.SIZER_CLASS], "bound by name from the sizer module"
 
 
+def self_calls(fn: ast.AST, name: str) -> list[ast.Call]:
+    """Every `self.name(...)` in `fn`."""
+    return [n for n in ast.walk(fn) if isinstance(n, ast.Call) and is_self_attr(n.func, name)]
+
+
+@versions
+def test_a_batch_with_no_chunked_request_is_budgeted_at_chunked_prefill_size(version):
+    """What the hook's first chunk rests on (first_chunk.first_chunked): Scheduler.get_new_batch_prefill(self, running_batch)
+    forms a prefill batch through _get_new_batch_prefill_raw (its only caller in the wheel), which reads
+    self.chunked_prefill_size once, after sorting the waiting queue (calc_priority), as the PrefillAdder's
+    rem_chunk_tokens, replaced only by predict's answer under `self.chunked_req is not None`; neither method assigns
+    it. calc_priority keeps the queue's order under fcfs without priority scheduling, the one order the hook sizes
+    the head of (SchedulePolicy.policy, .enable_priority_scheduling; Scheduler.policy)."""
+    src = sources(version)
+    scheduler = class_def(ast.parse(src["scheduler"]), hook.SCHEDULER_CLASS)
+    outer = method(scheduler, first_chunk.PREFILL_METHOD)
+    assert [a.arg for a in outer.args.args] == ["self", "running_batch"] and not outer.args.defaults
+    assert len(self_calls(outer, "_get_new_batch_prefill_raw")) == 1
+    raw = method(scheduler, "_get_new_batch_prefill_raw")
+    path, _ = wheel(version)
+    with zipfile.ZipFile(path) as z:
+        callers = {
+            n
+            for n in z.namelist()
+            if n.endswith(".py") and "_get_new_batch_prefill_raw" in z.read(n).decode(errors="replace")
+        }
+    assert callers == {FILES["scheduler"]}, callers
+    for fn in (outer, raw):
+        reads = [n for n in ast.walk(fn) if is_self_attr(n, first_chunk.BUDGET_ATTR)]
+        assert all(isinstance(n.ctx, ast.Load) for n in reads), f"{fn.name} assigns {first_chunk.BUDGET_ATTR}"
+    reads = [n for n in ast.walk(raw) if is_self_attr(n, first_chunk.BUDGET_ATTR)]
+    assert len(reads) == 1 and not [n for n in ast.walk(outer) if is_self_attr(n, first_chunk.BUDGET_ATTR)]
+    local = [a for a in ast.walk(raw) if isinstance(a, ast.Assign) and a.value is reads[0]]
+    assert len(local) == 1 and isinstance(local[0].targets[0], ast.Name)
+    name = local[0].targets[0].id
+    sort = [
+        n
+        for n in ast.walk(raw)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "calc_priority"
+    ]
+    assert len(sort) == 1 and is_self_attr(sort[0].func.value, "policy") and sort[0].lineno < local[0].lineno
+    assert is_self_attr(sort[0].args[0], WAITING_QUEUE)
+    rebound = [
+        a for a in ast.walk(raw) if isinstance(a, ast.Assign) and any(getattr(t, "id", None) == name for t in a.targets)
+    ]
+    guards = [
+        n
+        for n in ast.walk(raw)
+        if isinstance(n, ast.If) and any(is_self_attr(x, CHUNKED_REQ) for x in ast.walk(n.test))
+        if any(a in ast.walk(n) for a in rebound[1:])
+    ]
+    assert len(rebound) == 2 and len(guards) == 1, "B is replaced only where a request is chunked"
+    adders = [
+        n
+        for n in ast.walk(raw)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Call)
+        and is_self_attr(n.func.func, "get_prefill_adder_class")
+    ]
+    assert len(adders) == 1 and [getattr(a, "id", None) for a in adders[0].args].index(name) == 6
+    adder = method(class_def(ast.parse(src["schedule_policy"]), "PrefillAdder"), "__init__")
+    assert [a.arg for a in adder.args.args][7] == "rem_chunk_tokens"
+    # the order the hook sizes the head of: fcfs without priority scheduling leaves the queue as it is
+    policy_tree = ast.parse(src["schedule_policy"])
+    schedule = class_def(policy_tree, "SchedulePolicy")
+    assert {"policy", "enable_priority_scheduling"} <= assigned_self_attrs(schedule)
+    assert "policy" in assigned_self_attrs(scheduler)
+    fcfs = [
+        n
+        for n in class_def(policy_tree, "CacheAgnosticPolicy").body
+        if isinstance(n, ast.Assign) and n.targets[0].id == "FCFS"
+    ]
+    assert len(fcfs) == 1 and fcfs[0].value.value == "fcfs"
+    calc = method(schedule, "calc_priority")
+    branch = next(
+        n
+        for n in ast.walk(calc)
+        if isinstance(n, ast.If) and is_self_attr(n.test.left if isinstance(n.test, ast.Compare) else n.test, "policy")
+    )
+    assert ast.unparse(branch.test) == "self.policy == CacheAgnosticPolicy.FCFS"
+    assert len(branch.body) == 1 and ast.unparse(branch.body[0].test) == "self.enable_priority_scheduling"
+
+
 @versions
 def test_what_the_sizer_reads_of_sglang_is_there(version):
     src = sources(version)
@@ -254,11 +337,6 @@ def test_what_the_sizer_reads_of_sglang_is_there(version):
     assert any(
         isinstance(n, ast.FunctionDef) and n.name == "get_device_module" for n in ast.parse(src["utils_common"]).body
     )
-
-
-def self_calls(fn: ast.AST, name: str) -> list[ast.Call]:
-    """Every `self.name(...)` in `fn`."""
-    return [n for n in ast.walk(fn) if isinstance(n, ast.Call) and is_self_attr(n.func, name)]
 
 
 @versions

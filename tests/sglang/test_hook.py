@@ -76,6 +76,9 @@ def write_standin(root: Path, extra_kwarg: str = "") -> Path:
                     if sizer.profile_and_fit():
                         self.dynamic_chunk_sizer = sizer
 
+                def get_new_batch_prefill(self, running_batch):
+                    return self.chunked_prefill_size
+
                 def run_batch(self, batch, pp_proxy_tensors=None):
                     return len(batch.reqs)
         """,
@@ -109,6 +112,7 @@ batch = SimpleNamespace(reqs=[1, 2], prefix_lens=[512, 0], extend_lens=[256, 128
 decode = SimpleNamespace(reqs=[1], prefix_lens=[], extend_lens=[], forward_mode=SimpleNamespace(is_extend=lambda: False))
 out["ran"] = [s.run_batch(batch), s.run_batch(decode), s.run_batch(batch)]
 out["wrapped"] = hasattr(scheduler.Scheduler.run_batch, "__wrapped__")
+out["first_chunk"] = getattr(scheduler.Scheduler.get_new_batch_prefill, "_ppprof_first_chunk", False)
 from ppprof.sglang import trace
 trace.close(s)
 print(json.dumps(out))
@@ -151,6 +155,7 @@ def test_with_the_policy_named_sglangs_scheduler_builds_ppprofs_sizer(tmp_path):
     matched = [x for x in lines if "matches this server" in x]
     refused = [x for x in lines if "refused" in x]
     assert len(matched) == 1 and len(refused) == 1 and "chunked_prefill_size: server 8192" in refused[0], lines
+    assert out["first_chunk"] and not [x for x in lines if "first chunks stay" in x], lines  # get_new_batch_prefill
     print("\n".join(lines))  # the log of a matched and of a refused load (pytest -s shows them)
 
 
@@ -159,6 +164,7 @@ def test_without_the_policy_nothing_of_ppprof_is_imported_and_nothing_said(tmp_p
     assert not out["loaded_at_start"] and out["class"].startswith("sglang."), out
     assert out["512"] is None and out["8192"] is None and lines == [], lines
     assert not out["wrapped"] and out["ran"] == [2, 1, 2], out  # run_batch is SGLang's own: tracing costs nothing
+    assert not out["first_chunk"], out  # and so is get_new_batch_prefill
 
 
 def test_with_the_trace_named_each_prefill_forward_is_written_and_a_bad_path_is_one_line(tmp_path):

@@ -58,7 +58,11 @@ def sglang_run(tmp_path_factory):
     corrupt = tmp / "corrupt.json"
     corrupt.write_text(policy.read_text()[: len(policy.read_text()) // 2])
     paths = {"other-model": other, "corrupt": corrupt, "missing": tmp / "absent.json", "raises": policy}
-    named = [f"{name}={paths[name]}" for name in FAILURES] + [f"policy-load={loaded}", f"trace={tmp / 'trace.jsonl'}"]
+    named = (
+        [f"{name}={paths[name]}" for name in FAILURES]
+        + [f"lof={policy}"]
+        + [f"policy-load={loaded}", f"trace={tmp / 'trace.jsonl'}"]
+    )
     env = {k: v for k, v in os.environ.items() if k not in (hook.POLICY_ENV, TRACE_ENV, "PYTHONPATH")}
     env[hook.POLICY_ENV] = str(policy)
     env[TRACE_ENV] = str(tmp / "trace.jsonl")  # set at start, so that the hook wraps run_batch
@@ -83,6 +87,9 @@ def test_the_hook_puts_ppprofs_sizer_in_sglangs_own_scheduler(sglang_run):
     replaced = [x for x in stderr if "is ppprof's policy sizer in this process" in x]
     assert len(replaced) == 1 and f"found {hook.BUILT_FOR}" in replaced[0], stderr[-20:]
     assert len(result["log"]) == len(RUNS) and all("matches this server" in x for x in result["log"]), result["log"]
+    # get_new_batch_prefill wrapped (the policy's first chunk), SGLang's chunked_prefill_size (B) back after each batch
+    assert result["first_chunk_wrapped"] is True
+    assert {run: got["budget_after"] for run, got in result["runs"].items()} == {run: 512 for run in RUNS}
 
 
 @pytest.mark.parametrize("run", RUNS)
@@ -111,24 +118,23 @@ def test_the_pp_loop_serves_every_micro_batch_slot(sglang_run):
 @pytest.mark.parametrize("load", LOADS)
 def test_sglangs_batches_carry_the_chunks_ppprofs_sizer_answered(sglang_run, load):
     """A batch that continues the chunked request at prefix L > 0 has the policy's chunk for (L, N) as its budget
-    (SGLang's get_new_batch_prefill asks predict(L)); a batch with no chunked request has B, SGLang's own first chunk
-    (docs/sglang.md)."""
+    (SGLang's get_new_batch_prefill asks predict(L)); a batch with no chunked request has the policy's first chunk for
+    the waiting queue's head, (0, N), as its budget (ppprof's hook gives it to SGLang's PrefillAdder; docs/sglang.md),
+    not B."""
     policy = sglang_run[2]["policy"]
     run = sglang_run[0]["runs"][f"policy:{load}"]
     B = policy.settings.base_chunk_size
-    continued = 0
+    continued = above_b = 0
     for batch in run["batches"]:
         rid, prefix, size = batch[0]
         total = sum(n for _, _, n in batch)
         n = run["prompts"][rid]
-        if prefix > 0:  # the chunked request: only it is partly prefilled
-            budget = policy.next_chunk_size(prefix, n)
-            assert size == min(budget, n - prefix) and total <= budget, (batch, budget)
-            assert total == budget or all(p + s == run["prompts"][r] for r, p, s in batch[:-1]), (batch, budget)
-            continued += 1
-        else:
-            assert total <= B, (batch, B)
-    assert continued >= 3, run["batches"]
+        budget = policy.next_chunk_size(prefix, n)  # the baseline has no under-load rule: no load read
+        assert size == min(budget, n - prefix) and total <= budget, (batch, budget)
+        assert total == budget or all(p + s == run["prompts"][r] for r, p, s in batch[:-1]), (batch, budget)
+        continued += prefix > 0  # the chunked request: only it is partly prefilled
+        above_b += prefix == 0 and size > B
+    assert continued >= 3 and above_b >= 1, run["batches"]
 
 
 @pytest.mark.parametrize("case", FAILURES)
@@ -141,10 +147,21 @@ def test_a_bad_policy_leaves_sglang_on_static_chunks_with_one_line(sglang_run, c
     if case == "raises":  # the policy loaded; its answer failed, said once, and SGLang kept B for every chunk
         assert run["sizer"] == "ppprof.sglang.sizer" and len(run["log"]) == 2, run["log"]
         assert "matches this server" in run["log"][0], run["log"]
-        assert "predict(512) failed (RuntimeError('a policy that raises'))" in run["log"][1], run["log"]
+        assert "the first chunk failed (RuntimeError('a policy that raises'))" in run["log"][1], run["log"]
     else:
         assert run["sizer"] is None and len(run["log"]) == 1, run["log"]
         assert f"refused, static chunks of {B}" in run["log"][0], run["log"]
+
+
+def test_a_queue_order_other_than_fcfs_keeps_sglangs_first_chunk(sglang_run):
+    """With SGLang's --schedule-policy lof (calc_priority may move another request to the head before it is
+    admitted) the hook leaves the first chunk at B; predict still sizes the later chunks by the policy."""
+    run = sglang_run[0]["failures"]["lof"]
+    policy = sglang_run[2]["policy"]
+    B = policy.settings.base_chunk_size
+    assert run["sizer"] == "ppprof.sglang.sizer" and len(run["log"]) == 1, run["log"]
+    first, second = run["batches"][:2]
+    assert first[0][1:] == [0, B] and second[0][1:] == [B, policy.next_chunk_size(B, PROMPTS[0])], run["batches"]
 
 
 def arm_policy(sglang_run, arm: str):
@@ -188,7 +205,8 @@ def simulated(sglang_run, run: str, sizer=None):
 @pytest.mark.parametrize("run", RUNS)
 def test_the_simulator_forms_sglangs_batches(sglang_run, run):
     """ppprof.serving's scheduler and pipeline, beside SGLang's PP loop: every batch equal, in order and slot, for
-    every arm and load (SGLang's first chunk of B held by arms.FIRST_CHUNK_B_ARMS)."""
+    every arm and load (SGLang's own greedy first chunk of B held by arms.FIRST_CHUNK_B_ARMS, the policy arms' first
+    chunk their rule's, as ppprof's hook makes SGLang take it)."""
     got = sglang_run[0]["runs"][run]
     batches, slots = simulated(sglang_run, run)
     first = next((i for i, (a, b) in enumerate(zip(got["batches"], batches)) if a != b), None)
@@ -196,15 +214,18 @@ def test_the_simulator_forms_sglangs_batches(sglang_run, run):
     assert slots == got["slots"], run
 
 
-def test_the_arms_differ_and_the_old_first_chunk_shows(sglang_run):
-    """The arms are not one: each forms other batches at concurrency 16. The simulator's rule before SGLang's
-    first chunk was held (every chunk the arm's own, arms.arm_rule) parts from SGLang at the first batch."""
+def test_the_arms_differ_and_the_policys_first_chunk_shows(sglang_run):
+    """The arms are not one: each forms other batches at concurrency 16. The simulator's rule while SGLang took B as
+    every first chunk (the hook did not give it the policy's) parts from SGLang at the first batch: SGLang's first
+    batch is the policy's first chunk of the 9000-token prompt, 1792 tokens, not B."""
     runs = sglang_run[0]["runs"]
     streams = {arm: json.dumps(runs[f"{arm}:16"]["batches"]) for arm in ARMS}
     assert len(set(streams.values())) == len(ARMS), "two arms formed the same batches"
     policy = sglang_run[2]["policy"]
-    old, _ = simulated(sglang_run, "policy:1", arms.arm_rule(policy, "policy"))
-    assert old[0] != runs["policy:1"]["batches"][0] and runs["policy:1"]["batches"][0][0][2] == policy.base_chunk_size
+    B, rule = policy.base_chunk_size, arms.arm_rule(policy, "policy")
+    old, _ = simulated(sglang_run, "policy:1", lambda prefix, n, load: B if prefix == 0 else rule(prefix, n, load))
+    first = runs["policy:1"]["batches"][0][0]
+    assert old[0] != runs["policy:1"]["batches"][0] and first[2] == policy.next_chunk_size(0, PROMPTS[0]) > B
 
 
 def test_each_pp_rank_traces_its_prefill_forwards(sglang_run, tmp_path):

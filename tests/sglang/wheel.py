@@ -16,6 +16,7 @@ CACHE = Path(os.environ.get("PPPROF_SGLANG_WHEELS", Path.home() / ".cache" / "pp
 FILES = {
     "scheduler": "sglang/srt/managers/scheduler.py",
     "pp_mixin": "sglang/srt/managers/scheduler_pp_mixin.py",
+    "schedule_policy": "sglang/srt/managers/schedule_policy.py",
     "sizer": "sglang/srt/managers/scheduler_components/dynamic_chunk_sizer.py",
     "batch": "sglang/srt/managers/schedule_batch.py",
     "model_config": "sglang/srt/configs/model_config.py",
