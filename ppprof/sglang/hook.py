@@ -237,48 +237,42 @@ def on_scheduler_module(module) -> None:
 
 
 def install_first_chunk(module) -> bool:
-    """Wrap `module`.Scheduler.get_new_batch_prefill (ppprof.sglang.first_chunk.first_chunked), where it is SGLang BUILT_FOR's method,
-    get_new_batch_prefill(self, running_batch); otherwise say why, once, and leave SGLang's first chunk of B."""
-    import inspect
-
+    """Wrap `module`.Scheduler.get_new_batch_prefill (ppprof.sglang.first_chunk.first_chunked), where it is SGLang
+    BUILT_FOR's method, get_new_batch_prefill(self, running_batch); otherwise say why, once, and leave SGLang's first
+    chunk of B."""
     from ppprof.sglang.first_chunk import FIRST_CHUNK, PREFILL_METHOD, first_chunked
 
-    cls = getattr(module, SCHEDULER_CLASS, None)
-    method = getattr(cls, PREFILL_METHOD, None)
-    if not callable(method):
-        say(f"first chunks stay SGLang's B: {module.__name__}.{SCHEDULER_CLASS} has no method {PREFILL_METHOD}")
-        return False
-    if getattr(method, FIRST_CHUNK, False):
-        return True
-    if list(inspect.signature(method).parameters) != ["self", "running_batch"]:
-        say(
-            f"first chunks stay SGLang's B: {SCHEDULER_CLASS}.{PREFILL_METHOD}{inspect.signature(method)} is not "
-            f"SGLang {BUILT_FOR}'s"
-        )
-        return False
-    setattr(cls, PREFILL_METHOD, first_chunked(method))
-    return True
+    same = lambda params: params == ["self", "running_batch"]  # noqa: E731
+    return wrap(module, PREFILL_METHOD, FIRST_CHUNK, same, first_chunked, "first chunks stay SGLang's B")
 
 
 def install_trace(module) -> bool:
     """Wrap `module`.Scheduler.run_batch (SGLang's scheduler module) to trace prefill forwards
     (ppprof.sglang.trace), where it is the method of SGLang BUILT_FOR, run_batch(self, batch, ...); otherwise say
     why, once, and leave it."""
-    import inspect
-
     from ppprof.sglang.trace import RUN_BATCH, WRAPPED, traced
 
+    same = lambda params: params[:2] == ["self", "batch"]  # noqa: E731
+    return wrap(module, RUN_BATCH, WRAPPED, same, traced, "no forward trace")
+
+
+def wrap(module, name: str, marker: str, same_params, wrapper, refusal: str) -> bool:
+    """Put `wrapper`(method) in the place of `module`.Scheduler.`name` (once: `marker` set on the wrapped method
+    says it is done) where the method exists and its parameter names pass `same_params`; otherwise say `refusal` and
+    why in one line, and leave SGLang's method."""
+    import inspect
+
     cls = getattr(module, SCHEDULER_CLASS, None)
-    method = getattr(cls, RUN_BATCH, None)
+    method = getattr(cls, name, None)
     if not callable(method):
-        say(f"no forward trace: {module.__name__}.{SCHEDULER_CLASS} has no method {RUN_BATCH}")
+        say(f"{refusal}: {module.__name__}.{SCHEDULER_CLASS} has no method {name}")
         return False
-    if getattr(method, WRAPPED, False):
+    if getattr(method, marker, False):
         return True
-    if list(inspect.signature(method).parameters)[:2] != ["self", "batch"]:
-        say(f"no forward trace: {SCHEDULER_CLASS}.{RUN_BATCH}{inspect.signature(method)} is not SGLang {BUILT_FOR}'s")
+    if not same_params(list(inspect.signature(method).parameters)):
+        say(f"{refusal}: {SCHEDULER_CLASS}.{name}{inspect.signature(method)} is not SGLang {BUILT_FOR}'s")
         return False
-    setattr(cls, RUN_BATCH, traced(method))
+    setattr(cls, name, wrapper(method))
     return True
 
 
