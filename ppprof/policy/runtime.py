@@ -216,8 +216,9 @@ class Policy:
 
 
 def largest_chunk(policy: Policy) -> int:
-    """The largest chunk either of the policy's rules gives (the prompt-aware rule's whole rest included): what a
-    server's chunk cap (SGLang's --max-prefill-tokens) must allow."""
+    """The largest chunk any of the policy's rules gives (the prompt-aware rule's whole rest included, and the
+    under-load rule's cap): what a server's chunk cap (SGLang's --max-prefill-tokens) must allow."""
     prompt_rule = policy.prompt_rule
     bands = (x for band in prompt_rule.chunk_size for x in band)
-    return max([prompt_rule.largest_chunk, *policy.history_table.chunk_size, *bands])
+    load = [policy.load_rule.chunk_cap] if policy.load_rule is not None else []
+    return max([prompt_rule.largest_chunk, *policy.history_table.chunk_size, *bands, *load])

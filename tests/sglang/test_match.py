@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import replace
 
 import pytest
@@ -13,6 +14,7 @@ import ppprof.policy
 from ppprof.bounds import POLICY_ENV
 from ppprof.fit.samples import model_shape
 from ppprof.policy.runtime import largest_chunk
+from ppprof.policy.tables import LoadRule
 from ppprof.sglang.match import ServerConfig, mismatch, model_shape_of
 from ppprof.sglang.sizer import PolicySizer, agreement
 
@@ -180,6 +182,8 @@ def test_the_checks_read_sglangs_model_config_fields(policy_path):
     )
     assert mismatch(policy, server) is None
     assert largest_chunk(policy) >= max(policy.data["table"]["chunk_size"])
+    wide = replace(policy, load_rule=LoadRule(2, 1.0, 64, math.inf, 4 * largest_chunk(policy)))
+    assert largest_chunk(wide) == wide.load_rule.chunk_cap  # the under-load rule's cap too
     unknown = ServerConfig(
         pp_size=None,
         tp_size=None,
