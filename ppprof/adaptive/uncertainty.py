@@ -23,15 +23,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ppprof.config import ChunkSettings
-from ppprof.fit.forms import Unfittable, design
-from ppprof.fit.least_squares import fit_model, pairs_hold
+from ppprof.fit.confidence import FORM_TERMS, as_fitted, model_terms, refit_all, regressors  # noqa: F401 (here before)
+from ppprof.fit.forms import Unfittable
 from ppprof.fit.regress import Fit
 from ppprof.policy.planners import chunk_latencies_ms, ttft_ms
-from ppprof.policy.rule import MODEL_COEFS, LatencyModel, build_table
+from ppprof.policy.rule import LatencyModel, build_table
 from ppprof.policy.tables import table_chunk_size, table_plan
 
-FORM_TERMS = ("c", "g", "b", "a", "h")
-"""The prefix form's coefficients, in the order of regressors' columns."""
 REPLICATES = 200
 CONFIDENCE = 0.95
 TABLE_TOLERANCE_UNITS = 1
@@ -72,58 +70,6 @@ def relative_residuals(model: LatencyModel, L, x, y, num_terms: int) -> np.ndarr
     r = r - r.mean()
     n = len(r)
     return r * math.sqrt(n / (n - num_terms)) if n > num_terms else r
-
-
-def model_terms(name: str) -> tuple[str, ...]:
-    """The coefficients of model `name` in FORM_TERMS order: quadratic (c, b, a), prefix (c, g, b, a), pairs (c, g,
-    b, a, h)."""
-    return tuple(t for t in FORM_TERMS if t in MODEL_COEFS[name])
-
-
-def regressors(name: str, prefix_len, chunk_size) -> np.ndarray:
-    """(n, terms) regressors z of chunk_latency_ms in model_terms(name) order: t(L, x) = z . theta on every row."""
-    return design("prefix", prefix_len, chunk_size, model_terms(name))
-
-
-def plan_gradient(name: str, chunks: list[int], latencies_ms, pp_size: int, factor=1.0) -> np.ndarray:
-    """d(TTFT of the plan `chunks`)/d(theta) of model `name`, the plan and its slowest chunk (by `latencies_ms`)
-    held: the chunks' regressors summed, the slowest's P - 1 times more; `factor` multiplies each column (a
-    calibration's linear scale on c and b)."""
-    pos = np.concatenate([[0], np.cumsum(chunks)[:-1]])
-    Z = regressors(name, pos, chunks) * factor
-    return Z.sum(axis=0) + (pp_size - 1) * Z[int(np.argmax(latencies_ms))]
-
-
-def as_fitted(name: str, coefs: np.ndarray, chunk_size) -> bool:
-    """Whether least-squares coefficients are what fit_model would return on the same rows (`chunk_size`: theirs):
-    non-negative (prefix: no term to drop; pairs: the bounded solution, its h of either sign where pairs_hold), or
-    for the quadratic a > 0 and b >= 0 (c may take any sign)."""
-    terms = dict(zip(model_terms(name), coefs))
-    if name == "quadratic":
-        return terms["a"] > 0.0 and terms["b"] >= 0.0
-    if name == "pairs":
-        return all(terms[t] >= 0.0 for t in terms if t != "h") and pairs_hold(terms["a"], terms["h"], chunk_size)
-    return bool(np.all(coefs >= 0.0))
-
-
-def refit_all(name: str, L, x, Y: np.ndarray) -> list[LatencyModel | None]:
-    """Model `name` fitted to each row of Y (replicates, rows) on the rows L, x (all admissible): one least-squares
-    solve for all, the replicates whose solution fit_model would not return refitted one by one with fit_model;
-    None where a replicate cannot be fitted."""
-    X = regressors(name, L, x)
-    norms = np.linalg.norm(X, axis=0)
-    norms[norms == 0] = 1.0
-    coefs = np.linalg.lstsq(X / norms, Y.T, rcond=None)[0] / norms[:, None]  # (terms, replicates)
-    out: list[LatencyModel | None] = []
-    for b in range(Y.shape[0]):
-        if as_fitted(name, coefs[:, b], x):
-            out.append(LatencyModel(name, **dict(zip(model_terms(name), (float(v) for v in coefs[:, b])))))
-            continue
-        try:
-            out.append(fit_model(name, L, x, Y[b]))
-        except (Unfittable, ValueError):
-            out.append(None)
-    return out
 
 
 @dataclass(slots=True)

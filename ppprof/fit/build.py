@@ -14,12 +14,12 @@ from ppprof.config import ChunkSettings, PolicyOptions
 from ppprof.config.workload import Workload
 from ppprof.fit.calibrate import calibration_of
 from ppprof.fit.calibrate import none as no_calibration
-from ppprof.fit.confidence import RESAMPLES, SEED, gain_interval, refits
+from ppprof.fit.confidence import RESAMPLES, SEED, gain_interval, rechosen_refits
 from ppprof.fit.packed import PackedRows, packed_forwards, read_packed
 from ppprof.fit.parity import sglang_fit
 from ppprof.fit.plots import write_plots
 from ppprof.fit.samples import Samples, provenance, read_run, read_samples
-from ppprof.fit.selection import candidate_table, fit_used_rows, select_and_gate, without_warmup
+from ppprof.fit.selection import candidate_table, choice_set, fit_used_rows, select_and_gate, without_warmup
 from ppprof.fit.settings import LATENCY_MODEL_CHOICES, resolve_policy_options, resolve_settings
 from ppprof.io import finite
 from ppprof.policy.choice import choose, default_workload, rule_domain
@@ -77,14 +77,15 @@ def carried(
     options: PolicyOptions,
     parity: bool,
     calibration: dict | None = None,
-    resampled: list | None = None,
+    resampled: tuple[list, list[str]] | None = None,
 ) -> dict:
     """The policy's fields beyond the fit: overhead, calibration, stages, workload, the history-only table, the
     prompt-aware rule, what they are predicted to give, and the status and reason that follow. `measured`: the
     profiled domain (`domain`), None for none (chunks up to B, prompts up to the context). The rules are chosen on
-    the planning model (LatencyModel.planning: the calibration, then the overhead); `resampled`: the model refitted
-    to resampled samples (ppprof.fit.confidence.refits), whose gains give the interval the status reads (None: the
-    point gain alone decides, as for a policy rechosen without its samples)."""
+    the planning model (LatencyModel.planning: the calibration, then the overhead); `resampled`: (models, chosen),
+    the models each resample of the samples chose again and refitted (ppprof.fit.confidence.rechosen_refits), whose
+    gains give the interval the status reads (None: the point gain alone decides, as for a policy rechosen without
+    its samples)."""
     overhead = overhead_of(run, options.overhead_ms)
     calibration = calibration or no_calibration("not measured")
     stages = options.pp_size or profiled_stages(run)
@@ -108,7 +109,8 @@ def carried(
 
     def interval(rule: PromptRule) -> dict:  # the gain of the rule's plans over resampled fits
         plans = [rule.plan(int(n)) for n in lengths]
-        return gain_interval(resampled, planning, plans, dom.sizes(), lengths, weights, stages, options.min_gain)
+        models, chosen = resampled
+        return gain_interval(models, planning, plans, dom.sizes(), lengths, weights, stages, options.min_gain, chosen)
 
     judge = interval if resampled else None
     choice = choose(planning(model), settings, dom, stages, lengths, weights, options.min_gain, judge)
@@ -173,7 +175,10 @@ def fit_samples(
         "stage_totals_ms": samples.stage_totals_ms,
     }
     model, target, status, reason = select_and_gate(fitted, failed, per_model, diag, settings, latency_model, used)
-    resampled = refits(model, used, fitted[model.name].fit_rows, RESAMPLES, SEED) if status == "dynamic" else None
+    resampled = None
+    if status == "dynamic":  # the interval over resamples that each choose their model again (auto), or refit it
+        names = choice_set(fitted, used)[0] if latency_model == "auto" else [model.name]
+        resampled = rechosen_refits(fitted, names, used, RESAMPLES, SEED)
     calibration = calibration_of(run, model, samples.bottleneck_stage)
     rules = carried(model, status, reason, settings, domain(samples), run, options, False, calibration, resampled)
     return assemble(samples, run, settings, model, target, diag, rules | {"parity": None})

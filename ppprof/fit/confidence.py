@@ -16,6 +16,15 @@ gives every probe a level drawn whole from the probes' (centred) and every row a
 (MIN_CELL_ROWS or more rows) or else its probe's, and refits the model. Each refit prices the policy's own plans of
 the workload and every fixed chunk of the domain on its planning model: the gain of the plans over the refit's best
 fixed chunk (at least -1, 100% slower). A replicate that cannot be fitted counts as -1.
+
+The model choice is part of the interval (rechosen_refits): where the choice ranges over several models, the
+replicates are drawn about the richest of them (a bootstrap from the full model, then the choice made again in each
+replicate, as Buckland, Burnham and Augustin, Biometrics 1997, put the selection into the interval), each replicate
+chooses by the policy's own rule (ppprof.fit.crossval.CHOICE_RULE) on its held-out folds, and the model it chose is
+refitted to it. So a status that depends on which model wins is not sure until the samples settle the choice. The
+replicates' folds are scored with plain least squares on the rows the richest model kept (no trimming, no sign
+constraints: one solve for all replicates a fold), the equivalent of the point choice's trimmed fits at a
+hundredth of their cost.
 """
 
 from __future__ import annotations
@@ -25,11 +34,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ppprof.fit.forms import Unfittable
-from ppprof.fit.least_squares import fit_model
+from ppprof.fit.crossval import CV_FOLDS, choose_model, cv_splits, held_out_splits, long_prefix_rows
+from ppprof.fit.forms import Unfittable, admissible, design, ineligible
+from ppprof.fit.least_squares import fit_model, pairs_hold
+from ppprof.fit.regress import Fit
 from ppprof.fit.samples import Samples
 from ppprof.policy.planners import fixed_chunks
-from ppprof.policy.rule import LatencyModel
+from ppprof.policy.rule import MODEL_COEFS, MODEL_NAMES, LatencyModel
 
 RESAMPLES = 200
 """Replicates of the gain: its 10th percentile rests on the 20 lowest, and 200 refits cost well under a second."""
@@ -161,18 +172,113 @@ def resampled_latencies(model: LatencyModel, used: Samples, rows: np.ndarray, re
     return fitted[None, :] * np.exp(drawn)
 
 
-def refits(model: LatencyModel, used: Samples, fit_rows: np.ndarray, resamples: int, seed: int) -> list:
-    """The model refitted (fit_model, on the rows it was fitted to) to each replicate; None where one cannot be."""
-    rows = np.flatnonzero(fit_rows)
-    Y = resampled_latencies(model, used, rows, resamples, seed)
-    L, x = used.prefix_len[rows], used.chunk_size[rows]
-    out = []
-    for b in range(resamples):
+FORM_TERMS = ("c", "g", "b", "a", "h")
+"""The prefix form's coefficients, in the order of regressors' columns."""
+
+
+def model_terms(name: str) -> tuple[str, ...]:
+    """The coefficients of model `name` in FORM_TERMS order: quadratic (c, b, a), prefix (c, g, b, a), pairs (c, g,
+    b, a, h)."""
+    return tuple(t for t in FORM_TERMS if t in MODEL_COEFS[name])
+
+
+def regressors(name: str, prefix_len, chunk_size) -> np.ndarray:
+    """(n, terms) regressors z of chunk_latency_ms in model_terms(name) order: t(L, x) = z . theta on every row."""
+    return design("prefix", prefix_len, chunk_size, model_terms(name))
+
+
+def as_fitted(name: str, coefs: np.ndarray, chunk_size) -> bool:
+    """Whether least-squares coefficients are what fit_model would return on the same rows (`chunk_size`: theirs):
+    non-negative (prefix: no term to drop; pairs: the bounded solution, its h of either sign where pairs_hold), or
+    for the quadratic a > 0 and b >= 0 (c may take any sign)."""
+    terms = dict(zip(model_terms(name), coefs))
+    if name == "quadratic":
+        return terms["a"] > 0.0 and terms["b"] >= 0.0
+    if name == "pairs":
+        return all(terms[t] >= 0.0 for t in terms if t != "h") and pairs_hold(terms["a"], terms["h"], chunk_size)
+    return bool(np.all(coefs >= 0.0))
+
+
+def least_squares(Z: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """(terms, replicates) least-squares coefficients of every row of Y (replicates, rows) on the regressors Z
+    (rows, terms), the columns scaled to unit length: one solve for all replicates."""
+    norms = np.linalg.norm(Z, axis=0)
+    norms[norms == 0] = 1.0
+    return np.linalg.lstsq(Z / norms, Y.T, rcond=None)[0] / norms[:, None]
+
+
+def refit_all(name: str, L, x, Y: np.ndarray) -> list[LatencyModel | None]:
+    """Model `name` fitted to each row of Y (replicates, rows) on its admissible rows of L, x: one least-squares
+    solve for all, the replicates whose solution fit_model would not return refitted one by one with fit_model;
+    None where a replicate cannot be fitted."""
+    rows = admissible(name, L)
+    L, x, Y = np.asarray(L)[rows], np.asarray(x)[rows], np.asarray(Y)[:, rows]
+    coefs = least_squares(regressors(name, L, x), Y) if ineligible(name, L, x) is None else None
+    out: list[LatencyModel | None] = []
+    for b in range(Y.shape[0]):
+        if coefs is not None and as_fitted(name, coefs[:, b], x):
+            out.append(LatencyModel(name, **dict(zip(model_terms(name), (float(v) for v in coefs[:, b])))))
+            continue
         try:
-            out.append(fit_model(model.name, L, x, Y[b]))
+            out.append(fit_model(name, L, x, Y[b]))
         except (Unfittable, ValueError):
             out.append(None)
     return out
+
+
+def refits(model: LatencyModel, used: Samples, fit_rows: np.ndarray, resamples: int, seed: int) -> list:
+    """The model refitted (on the rows it was fitted to) to each replicate; None where one cannot be."""
+    rows = np.flatnonzero(fit_rows)
+    Y = resampled_latencies(model, used, rows, resamples, seed)
+    return refit_all(model.name, used.prefix_len[rows], used.chunk_size[rows], Y)
+
+
+def replicate_fold_errors(names, L, x, Y: np.ndarray, splits) -> tuple[np.ndarray, np.ndarray]:
+    """(errors, long_errors), each (models, replicates, folds): every replicate's held-out MAPE in each fold, on all
+    its rows and at long prefixes (nan where a fold holds none), of each model fitted by plain least squares to its
+    admissible training rows; inf where the training rows cannot support the model (ppprof.fit.forms.ineligible)."""
+    long = long_prefix_rows(L)
+    shape = (len(names), Y.shape[0], len(splits))
+    errors, long_errors = np.full(shape, np.inf), np.full(shape, np.inf)
+    for m, name in enumerate(names):
+        Z, ok = regressors(name, L, x), admissible(name, L)
+        for f, (train, test) in enumerate(splits):
+            train = train[ok[train]]
+            if ineligible(name, L[train], x[train]) is not None:
+                continue
+            pred = Z[test] @ least_squares(Z[train], Y[:, train])  # (held-out rows, replicates)
+            e = np.abs(Y[:, test] - pred.T) / Y[:, test]
+            errors[m, :, f] = e.mean(axis=1)
+            long_errors[m, :, f] = e[:, long[test]].mean(axis=1) if long[test].any() else np.nan
+    return errors, long_errors
+
+
+def rechosen_refits(fitted: dict[str, Fit], names, used: Samples, resamples: int, seed: int) -> tuple[list, list[str]]:
+    """(models, chosen): the replicates drawn about the richest of the models `names` (those the choice ranges
+    over) on the rows it was fitted to, each replicate's model chosen again by CHOICE_RULE on its folds (the point
+    choice's: held-out, or k-fold where there are none) and refitted to it (module doc); a model None where the
+    replicate cannot be fitted. With one model, its refits (as `refits`)."""
+    names = [n for n in MODEL_NAMES if n in names]
+    base = fitted[names[-1]]
+    if len(names) == 1:
+        return refits(base.model, used, base.fit_rows, resamples, seed), names * resamples
+    rows = np.flatnonzero(base.fit_rows)
+    Y = resampled_latencies(base.model, used, rows, resamples, seed)
+    L, x = used.prefix_len[rows], used.chunk_size[rows]
+    k_folds = list(cv_splits(L, min(CV_FOLDS, len(rows))))
+    k_errors, long_errors = replicate_fold_errors(names, L, x, Y, k_folds)
+    splits = held_out_splits(L, x)
+    errors = replicate_fold_errors(names, L, x, Y, splits)[0] if splits else k_errors
+    if np.isinf(errors).any():  # as select_model: the k folds where a model has no held-out score
+        errors = k_errors
+    picked = choose_model(errors, long_errors)
+    models: list = [None] * resamples
+    for m, name in enumerate(names):
+        reps = np.flatnonzero(picked == m)
+        if len(reps):
+            for b, model in zip(reps, refit_all(name, L, x, Y[reps])):
+                models[b] = model
+    return models, [names[m] for m in picked]
 
 
 class Pricer:
@@ -207,10 +313,12 @@ def gain_interval(
     weights,
     pp_size: int,
     min_gain: float,
+    chosen: list[str] | None = None,
 ) -> dict:
     """The gain of `plans` (the policy's, one a workload prompt) over the best fixed chunk of `sizes`, on each
     resampled model's planning model (`planning`): its LOWER_QUANTILE quantile (the lower bound the status reads),
-    median and 1 - LOWER_QUANTILE quantile, and the share of replicates at `min_gain` or more."""
+    median and 1 - LOWER_QUANTILE quantile, the share of replicates at `min_gain` or more, and (`chosen`: the model
+    each replicate chose, rechosen_refits) each model's share of the replicates."""
     pricer = Pricer([plans] + [[fixed_chunks(int(s), int(n)) for n in lengths] for s in sizes], weights, pp_size)
     gains = np.full(len(models), -1.0)  # a replicate that could not be fitted: the least gain there is
     for b, m in enumerate(models):
@@ -227,9 +335,15 @@ def gain_interval(
         "resamples": len(models),
         "failed": failed,
         "seed": SEED,
+        **({} if chosen is None else {"models": model_shares(chosen)}),
         "method": (
             f"{len(models)} refits on the samples resampled by probe (a probe's shared slowness drawn whole) and "
-            f"cell, seed {SEED}; each prices the policy's plans of the workload against its best fixed chunk; "
+            f"cell, seed {SEED}{'' if chosen is None else ', each choosing its model again'}; each prices the policy's plans of the workload against its best fixed chunk; "
             f"{failed} could not be fitted (counted as -1)"
         ),
     }
+
+
+def model_shares(chosen: list[str]) -> dict[str, float]:
+    """{model: share of the replicates that chose it}, in MODEL_NAMES order."""
+    return {n: chosen.count(n) / len(chosen) for n in MODEL_NAMES if n in chosen}
