@@ -37,6 +37,8 @@ TABLE_TOLERANCE_UNITS = 1
 TTFT_TOLERANCE = 0.02
 """Predicted TTFT is stable when the half-width of its CONFIDENCE interval is at most this fraction of it."""
 BOOTSTRAP_SEED = 0
+FULL_FORM = "pairs"
+"""The richest candidate model: every model is its form with the terms it lacks at 0 (FORM_TERMS)."""
 STABLE = "stable"
 MAX_REQUESTS = "max-requests"
 MAX_SECONDS = "max-seconds"
@@ -72,6 +74,15 @@ def relative_residuals(model: LatencyModel, L, x, y, num_terms: int) -> np.ndarr
     return r * math.sqrt(n / (n - num_terms)) if n > num_terms else r
 
 
+def plan_gradient(name: str, chunks: list[int], latencies_ms, pp_size: int, factor=1.0) -> np.ndarray:
+    """d(TTFT of the plan `chunks`)/d(theta) of model `name`, the plan and its slowest chunk (by `latencies_ms`)
+    held: the chunks' regressors summed, the slowest's P - 1 times more; `factor` multiplies each column (a
+    calibration's linear scale on c and b)."""
+    pos = np.concatenate([[0], np.cumsum(chunks)[:-1]])
+    Z = regressors(name, pos, chunks) * factor
+    return Z.sum(axis=0) + (pp_size - 1) * Z[int(np.argmax(latencies_ms))]
+
+
 @dataclass(slots=True)
 class Uncertainty:
     """The point fit, its table, and how far the bootstrap replicates move them."""
@@ -91,6 +102,11 @@ class Uncertainty:
     replicates: int
     failed_replicates: int
     residual_rel_std: float
+    full: LatencyModel | None = None
+    """The richest candidate fitted to the same rows (FULL_FORM, else the prefix model; design_fit sets it): the form
+    whose terms the design must identify to tell the models apart; None where none fitted."""
+    full_rel_std: float = math.nan
+    """The relative residual std of `full` on the rows it was fitted to."""
 
     @property
     def table_stable(self) -> bool:
@@ -134,10 +150,19 @@ class Uncertainty:
 
 
 def bootstrap(
-    fit: Fit, L, x, y, settings: ChunkSettings, pp_size: int, replicates: int = REPLICATES, seed: int = BOOTSTRAP_SEED
+    fit: Fit,
+    L,
+    x,
+    y,
+    settings: ChunkSettings,
+    pp_size: int,
+    replicates: int = REPLICATES,
+    seed: int = BOOTSTRAP_SEED,
+    full: Fit | None = None,
 ) -> Uncertainty:
     """Bootstrap `fit`, a model fitted with the policy's trimming to the rows L, x, y (ppprof.fit.regress's
-    fit_candidates); raises Unfittable where its rule has no positive target latency."""
+    fit_candidates); `full`: the richest candidate fitted to them (Uncertainty.full; `fit` itself where None and it
+    has a prefix term). Raises Unfittable where its rule has no positive target latency."""
     L, x, y = (np.asarray(v) for v in (L, x, y))
     model, fit_rows = fit.model, fit.fit_rows
     terms = model_terms(model.name)
@@ -170,7 +195,18 @@ def bootstrap(
         replicates=replicates,
         failed_replicates=int((~np.isfinite(dev[:, 0])).sum()),
         residual_rel_std=float(r.std()),
+        **full_form(full or (fit if model.name != "quadratic" else None), L, x, y),
     )
+
+
+def full_form(fit: Fit | None, L, x, y) -> dict:
+    """Uncertainty's `full` and `full_rel_std` of the richest candidate's fit (none: {})."""
+    if fit is None:
+        return {}
+    rows = fit.fit_rows
+    r = np.asarray(y)[rows] / fit.model.chunk_latency_ms(np.asarray(L)[rows], np.asarray(x)[rows]) - 1.0
+    terms = sum(getattr(fit.model, t) != 0.0 for t in model_terms(fit.model.name))
+    return {"full": fit.model, "full_rel_std": float(np.sqrt(np.sum(r**2) / max(len(r) - terms, 1)))}
 
 
 def replicate_spread(

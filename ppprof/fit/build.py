@@ -22,6 +22,7 @@ from ppprof.fit.samples import Samples, provenance, read_run, read_samples
 from ppprof.fit.selection import candidate_table, choice_set, fit_used_rows, select_and_gate, without_warmup
 from ppprof.fit.settings import LATENCY_MODEL_CHOICES, resolve_policy_options, resolve_settings
 from ppprof.io import finite
+from ppprof.policy.builders import build_prompt_rule
 from ppprof.policy.choice import choose, default_workload, rule_domain
 from ppprof.policy.policy_file import save
 from ppprof.policy.rule import LatencyModel, build_table
@@ -77,15 +78,17 @@ def carried(
     options: PolicyOptions,
     parity: bool,
     calibration: dict | None = None,
-    resampled: tuple[list, list[str]] | None = None,
+    resampled: tuple[list, list[str], dict[str, LatencyModel]] | None = None,
 ) -> dict:
     """The policy's fields beyond the fit: overhead, calibration, stages, workload, the history-only table, the
     prompt-aware rule, what they are predicted to give, and the status and reason that follow. `measured`: the
     profiled domain (`domain`), None for none (chunks up to B, prompts up to the context). The rules are chosen on
-    the planning model (LatencyModel.planning: the calibration, then the overhead); `resampled`: (models, chosen),
-    the models each resample of the samples chose again and refitted (ppprof.fit.confidence.rechosen_refits), whose
-    gains give the interval the status reads (None: the point gain alone decides, as for a policy rechosen without
-    its samples)."""
+    the planning model (LatencyModel.planning: the calibration, then the overhead); `resampled`: (models, chosen,
+    point fits), the models each resample of the samples chose again and refitted
+    (ppprof.fit.confidence.rechosen_refits) and the point fit of each model they chose, whose gains give the
+    interval the status reads: a replicate that chose another model than `model` prices the plans of the
+    prompt-aware rule that model's point fit gives (None: the point gain alone decides, as for a policy rechosen
+    without its samples)."""
     overhead = overhead_of(run, options.overhead_ms)
     calibration = calibration or no_calibration("not measured")
     stages = options.pp_size or profiled_stages(run)
@@ -109,8 +112,14 @@ def carried(
 
     def interval(rule: PromptRule) -> dict:  # the gain of the rule's plans over resampled fits
         plans = [rule.plan(int(n)) for n in lengths]
-        models, chosen = resampled
-        return gain_interval(models, planning, plans, dom.sizes(), lengths, weights, stages, options.min_gain, chosen)
+        models, chosen, point = resampled
+        plans_of = {model.name: plans}
+        for name in sorted(set(chosen) - {model.name}, key=chosen.index):  # the rule that model would write
+            other, _ = build_prompt_rule(planning(point[name]), dom, stages)
+            plans_of[name] = [other.plan(int(n)) for n in lengths]
+        return gain_interval(
+            models, planning, plans_of, dom.sizes(), lengths, weights, stages, options.min_gain, chosen
+        )
 
     judge = interval if resampled else None
     choice = choose(planning(model), settings, dom, stages, lengths, weights, options.min_gain, judge)
@@ -178,7 +187,7 @@ def fit_samples(
     resampled = None
     if status == "dynamic":  # the interval over resamples that each choose their model again (auto), or refit it
         names = choice_set(fitted, used)[0] if latency_model == "auto" else [model.name]
-        resampled = rechosen_refits(fitted, names, used, RESAMPLES, SEED)
+        resampled = (*rechosen_refits(fitted, names, used, RESAMPLES, SEED), {n: fitted[n].model for n in names})
     calibration = calibration_of(run, model, samples.bottleneck_stage)
     rules = carried(model, status, reason, settings, domain(samples), run, options, False, calibration, resampled)
     return assemble(samples, run, settings, model, target, diag, rules | {"parity": None})

@@ -307,7 +307,7 @@ class Pricer:
 def gain_interval(
     models: list,
     planning: Callable[[LatencyModel], LatencyModel],
-    plans: list[list[int]],
+    plans: list[list[int]] | dict[str, list[list[int]]],
     sizes,
     lengths,
     weights,
@@ -315,16 +315,21 @@ def gain_interval(
     min_gain: float,
     chosen: list[str] | None = None,
 ) -> dict:
-    """The gain of `plans` (the policy's, one a workload prompt) over the best fixed chunk of `sizes`, on each
-    resampled model's planning model (`planning`): its LOWER_QUANTILE quantile (the lower bound the status reads),
-    median and 1 - LOWER_QUANTILE quantile, the share of replicates at `min_gain` or more, and (`chosen`: the model
-    each replicate chose, rechosen_refits) each model's share of the replicates."""
-    pricer = Pricer([plans] + [[fixed_chunks(int(s), int(n)) for n in lengths] for s in sizes], weights, pp_size)
+    """The gain of `plans` (the policy's, one a workload prompt; or {model: the plans of the policy that model's
+    point fit writes}, each replicate pricing those of the model it chose, `chosen`) over the best fixed chunk of
+    `sizes`, on each resampled model's planning model (`planning`): its LOWER_QUANTILE quantile (the lower bound the
+    status reads), median and 1 - LOWER_QUANTILE quantile, the share of replicates at `min_gain` or more, and
+    (`chosen`: the model each replicate chose, rechosen_refits) each model's share of the replicates."""
+    names = list(plans) if isinstance(plans, dict) else [None]
+    sets = [plans[n] for n in names] if isinstance(plans, dict) else [plans]
+    fixed = [[fixed_chunks(int(s), int(n)) for n in lengths] for s in sizes]
+    pricer = Pricer(sets + fixed, weights, pp_size)
     gains = np.full(len(models), -1.0)  # a replicate that could not be fitted: the least gain there is
     for b, m in enumerate(models):
         if m is not None:
             mean = pricer.mean_ttft(planning(m))
-            gains[b] = max(-1.0, 1.0 - mean[0] / mean[1:].min())
+            k = names.index(chosen[b]) if names[0] is not None else 0
+            gains[b] = max(-1.0, 1.0 - mean[k] / mean[len(sets) :].min())
     failed = int(sum(m is None for m in models))
     return {
         "lower": float(np.quantile(gains, LOWER_QUANTILE, method="lower")),

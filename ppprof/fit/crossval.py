@@ -128,6 +128,9 @@ NOISE_SES = 1.0
 """Two models are within noise of each other on held-out rows when the mean over folds of their difference in
 held-out MAPE is at most this many of its standard errors (the one-standard-error rule of Hastie, Tibshirani and
 Friedman, ESL 7.10, the folds paired)."""
+ERROR_RESOLUTION = 1e-4
+"""Held-out MAPEs closer than this (0.01%) are equal: no timing resolves them (exact samples score every model that
+contains the surface at rounding error)."""
 CHOICE_RULE = (
     "the least held-out MAPE (mean over folds); among the models within one standard error of it (the folds "
     "paired), the least cross-validated MAPE at long prefixes (5 folds; the prefixed rows at or above the median "
@@ -154,7 +157,7 @@ def within_noise(errors: np.ndarray, best: np.ndarray) -> np.ndarray:
     sq = np.where(finite, (d - np.nan_to_num(mean)[..., None]) ** 2, 0.0).sum(axis=-1)
     se = np.sqrt(sq / np.maximum(n - 1, 1) / np.maximum(n, 1))
     fitted = ~np.isinf(errors).any(axis=2)
-    near = fitted & (n >= 1) & (np.nan_to_num(mean, nan=np.inf) <= NOISE_SES * se)
+    near = fitted & (n >= 1) & (np.nan_to_num(mean, nan=np.inf) <= NOISE_SES * se + ERROR_RESOLUTION)
     near[best, np.arange(errors.shape[1])] = True
     return near
 
