@@ -46,7 +46,9 @@ STOPPING_REASONS = {
     STABLE: (
         "after 3 probes at least, the status sure (its gain's 10% quantile over resampled fits at --min-gain or "
         "more, or at most 10% of them there) and, for a dynamic status, every table entry stable to one alignment "
-        "unit and predicted TTFT to 2%, at 95% confidence"
+        "unit and predicted TTFT to 2%, at 95% confidence; and the model choice settled (80% of the resampled fits "
+        "choose the fit's model, or the prefix terms g and h are identified to 2% of a chunk's latency at the "
+        "longest prefix)"
     ),
     MAX_REQUESTS: "the request budget is spent (--max-requests; default: the grid design's number of requests)",
     MAX_SECONDS: "the --max-seconds budget is spent",

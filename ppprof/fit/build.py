@@ -33,6 +33,11 @@ from ppprof.runfiles import RunFolder
 from ppprof.servers.sglang import PARITY
 from ppprof.serving.underload import choose_load
 
+MIN_PLAN_SHARE = 0.05
+"""The model other than the policy's that most resampled fits choose, where at least this share of them do, has its
+own prompt-aware rule built, whose plans its replicates price; the replicates of any other model price the policy's
+plans (a rule build costs 0.3-0.7 s on 2 cores, about what the rest of the fit costs; a model's own rule gains
+more on its own surface than another's, so this errs towards "not sure")."""
 PROFILE_LATENCY_MODEL = "auto"
 """The latency model a profile's own fit (fit_run) asks for, and so the one its adaptive design judges."""
 
@@ -86,9 +91,9 @@ def carried(
     the planning model (LatencyModel.planning: the calibration, then the overhead); `resampled`: (models, chosen,
     point fits), the models each resample of the samples chose again and refitted
     (ppprof.fit.confidence.rechosen_refits) and the point fit of each model they chose, whose gains give the
-    interval the status reads: a replicate that chose another model than `model` prices the plans of the
-    prompt-aware rule that model's point fit gives (None: the point gain alone decides, as for a policy rechosen
-    without its samples)."""
+    interval the status reads: a replicate that chose the most chosen other model than `model` prices the plans
+    of the prompt-aware rule that model's point fit gives (MIN_PLAN_SHARE), any other the policy's plans (None: the
+    point gain alone decides, as for a policy rechosen without its samples)."""
     overhead = overhead_of(run, options.overhead_ms)
     calibration = calibration or no_calibration("not measured")
     stages = options.pp_size or profiled_stages(run)
@@ -114,9 +119,13 @@ def carried(
         plans = [rule.plan(int(n)) for n in lengths]
         models, chosen, point = resampled
         plans_of = {model.name: plans}
-        for name in sorted(set(chosen) - {model.name}, key=chosen.index):  # the rule that model would write
-            other, _ = build_prompt_rule(planning(point[name]), dom, stages)
-            plans_of[name] = [other.plan(int(n)) for n in lengths]
+        others = sorted(set(chosen) - {model.name}, key=lambda n: -chosen.count(n))
+        for k, name in enumerate(others):  # the rule that model would write: for the most chosen other model
+            if k == 0 and chosen.count(name) >= MIN_PLAN_SHARE * len(chosen):
+                other, _ = build_prompt_rule(planning(point[name]), dom, stages)
+                plans_of[name] = [other.plan(int(n)) for n in lengths]
+            else:
+                plans_of[name] = plans
         return gain_interval(
             models, planning, plans_of, dom.sizes(), lengths, weights, stages, options.min_gain, chosen
         )
