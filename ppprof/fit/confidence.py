@@ -204,7 +204,9 @@ def least_squares(Z: np.ndarray, Y: np.ndarray) -> np.ndarray:
     (rows, terms), the columns scaled to unit length: one solve for all replicates."""
     norms = np.linalg.norm(Z, axis=0)
     norms[norms == 0] = 1.0
-    return np.linalg.lstsq(Z / norms, Y.T, rcond=None)[0] / norms[:, None]
+    # the pseudo-inverse of the small design once, then one product for all replicates (lstsq's LAPACK solve with
+    # 200 right-hand sides took 25 ms on the shared 2-core host, this a tenth of that)
+    return (np.linalg.pinv(Z / norms) @ Y.T) / norms[:, None]
 
 
 def refit_all(name: str, L, x, Y: np.ndarray) -> list[LatencyModel | None]:
