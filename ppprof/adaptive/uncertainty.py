@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ppprof.config import ChunkSettings
-from ppprof.fit.confidence import FORM_TERMS, as_fitted, model_terms, refit_all, regressors  # noqa: F401 (here before)
 from ppprof.fit.forms import Unfittable
 from ppprof.fit.regress import Fit
+from ppprof.fit.replicates import FORM_TERMS, as_fitted, model_terms, refit_all, regressors  # noqa: F401 (here before)
 from ppprof.policy.planners import chunk_latencies_ms, ttft_ms
 from ppprof.policy.rule import LatencyModel, build_table
 from ppprof.policy.tables import table_chunk_size, table_plan

@@ -14,7 +14,7 @@ from ppprof.config import ChunkSettings, PolicyOptions
 from ppprof.config.workload import Workload
 from ppprof.fit.calibrate import calibration_of
 from ppprof.fit.calibrate import none as no_calibration
-from ppprof.fit.confidence import RESAMPLES, SEED, gain_interval, rechosen_refits
+from ppprof.fit.confidence import RESAMPLES, SEED, gain_interval, plans_by_model, rechosen_refits
 from ppprof.fit.packed import PackedRows, packed_forwards, read_packed
 from ppprof.fit.parity import sglang_fit
 from ppprof.fit.plots import write_plots
@@ -33,11 +33,6 @@ from ppprof.runfiles import RunFolder
 from ppprof.servers.sglang import PARITY
 from ppprof.serving.underload import choose_load
 
-MIN_PLAN_SHARE = 0.05
-"""The model other than the policy's that most resampled fits choose, where at least this share of them do, has its
-own prompt-aware rule built, whose plans its replicates price; the replicates of any other model price the policy's
-plans (a rule build costs 0.3-0.7 s on 2 cores, about what the rest of the fit costs; a model's own rule gains
-more on its own surface than another's, so this errs towards "not sure")."""
 PROFILE_LATENCY_MODEL = "auto"
 """The latency model a profile's own fit (fit_run) asks for, and so the one its adaptive design judges."""
 
@@ -87,13 +82,9 @@ def carried(
 ) -> dict:
     """The policy's fields beyond the fit: overhead, calibration, stages, workload, the history-only table, the
     prompt-aware rule, what they are predicted to give, and the status and reason that follow. `measured`: the
-    profiled domain (`domain`), None for none (chunks up to B, prompts up to the context). The rules are chosen on
-    the planning model (LatencyModel.planning: the calibration, then the overhead); `resampled`: (models, chosen,
-    point fits), the models each resample of the samples chose again and refitted
-    (ppprof.fit.confidence.rechosen_refits) and the point fit of each model they chose, whose gains give the
-    interval the status reads: a replicate that chose the most chosen other model than `model` prices the plans
-    of the prompt-aware rule that model's point fit gives (MIN_PLAN_SHARE), any other the policy's plans (None: the
-    point gain alone decides, as for a policy rechosen without its samples)."""
+    profiled domain, None for none (chunks up to B, prompts up to the context). The rules are chosen on the planning
+    model (LatencyModel.planning); `resampled`: (models, chosen, point fits) of confidence.rechosen_refits, whose
+    gains give the interval the status reads (None: the point gain alone decides, as for a rechosen policy)."""
     overhead = overhead_of(run, options.overhead_ms)
     calibration = calibration or no_calibration("not measured")
     stages = options.pp_size or profiled_stages(run)
@@ -115,20 +106,14 @@ def carried(
     def planning(m: LatencyModel) -> LatencyModel:
         return m.planning(calibration, overhead["ms_per_chunk"])
 
-    def interval(rule: PromptRule) -> dict:  # the gain of the rule's plans over resampled fits
-        plans = [rule.plan(int(n)) for n in lengths]
+    def interval(rule: PromptRule) -> dict:  # the gain over resampled fits, each pricing its model's plans
         models, chosen, point = resampled
-        plans_of = {model.name: plans}
-        others = sorted(set(chosen) - {model.name}, key=lambda n: -chosen.count(n))
-        for k, name in enumerate(others):  # the rule that model would write: for the most chosen other model
-            if k == 0 and chosen.count(name) >= MIN_PLAN_SHARE * len(chosen):
-                other, _ = build_prompt_rule(planning(point[name]), dom, stages)
-                plans_of[name] = [other.plan(int(n)) for n in lengths]
-            else:
-                plans_of[name] = plans
-        return gain_interval(
-            models, planning, plans_of, dom.sizes(), lengths, weights, stages, options.min_gain, chosen
-        )
+
+        def own(name: str) -> list[list[int]]:  # the plans of the rule that model's point fit gives
+            return [r.plan(int(n)) for r in [build_prompt_rule(planning(point[name]), dom, stages)[0]] for n in lengths]
+
+        plans = plans_by_model([rule.plan(int(n)) for n in lengths], model.name, chosen, own)
+        return gain_interval(models, planning, plans, dom.sizes(), lengths, weights, stages, options.min_gain, chosen)
 
     judge = interval if resampled else None
     choice = choose(planning(model), settings, dom, stages, lengths, weights, options.min_gain, judge)

@@ -35,12 +35,12 @@ from collections.abc import Callable
 import numpy as np
 
 from ppprof.fit.crossval import CV_FOLDS, choose_model, cv_splits, held_out_splits, long_prefix_rows
-from ppprof.fit.forms import Unfittable, admissible, design, ineligible
-from ppprof.fit.least_squares import fit_model, pairs_hold
+from ppprof.fit.forms import admissible, ineligible
 from ppprof.fit.regress import Fit
+from ppprof.fit.replicates import least_squares, refit_all, regressors
 from ppprof.fit.samples import Samples
 from ppprof.policy.planners import fixed_chunks
-from ppprof.policy.rule import MODEL_COEFS, MODEL_NAMES, LatencyModel
+from ppprof.policy.rule import MODEL_NAMES, LatencyModel
 
 RESAMPLES = 200
 """Replicates of the gain: its 10th percentile rests on the 20 lowest, and 200 refits cost well under a second."""
@@ -172,62 +172,6 @@ def resampled_latencies(model: LatencyModel, used: Samples, rows: np.ndarray, re
     return fitted[None, :] * np.exp(drawn)
 
 
-FORM_TERMS = ("c", "g", "b", "a", "h")
-"""The prefix form's coefficients, in the order of regressors' columns."""
-
-
-def model_terms(name: str) -> tuple[str, ...]:
-    """The coefficients of model `name` in FORM_TERMS order: quadratic (c, b, a), prefix (c, g, b, a), pairs (c, g,
-    b, a, h)."""
-    return tuple(t for t in FORM_TERMS if t in MODEL_COEFS[name])
-
-
-def regressors(name: str, prefix_len, chunk_size) -> np.ndarray:
-    """(n, terms) regressors z of chunk_latency_ms in model_terms(name) order: t(L, x) = z . theta on every row."""
-    return design("prefix", prefix_len, chunk_size, model_terms(name))
-
-
-def as_fitted(name: str, coefs: np.ndarray, chunk_size) -> bool:
-    """Whether least-squares coefficients are what fit_model would return on the same rows (`chunk_size`: theirs):
-    non-negative (prefix: no term to drop; pairs: the bounded solution, its h of either sign where pairs_hold), or
-    for the quadratic a > 0 and b >= 0 (c may take any sign)."""
-    terms = dict(zip(model_terms(name), coefs))
-    if name == "quadratic":
-        return terms["a"] > 0.0 and terms["b"] >= 0.0
-    if name == "pairs":
-        return all(terms[t] >= 0.0 for t in terms if t != "h") and pairs_hold(terms["a"], terms["h"], chunk_size)
-    return bool(np.all(coefs >= 0.0))
-
-
-def least_squares(Z: np.ndarray, Y: np.ndarray) -> np.ndarray:
-    """(terms, replicates) least-squares coefficients of every row of Y (replicates, rows) on the regressors Z
-    (rows, terms), the columns scaled to unit length: one solve for all replicates."""
-    norms = np.linalg.norm(Z, axis=0)
-    norms[norms == 0] = 1.0
-    # the pseudo-inverse of the small design once, then one product for all replicates (lstsq's LAPACK solve with
-    # 200 right-hand sides took 25 ms on the shared 2-core host, this a tenth of that)
-    return (np.linalg.pinv(Z / norms) @ Y.T) / norms[:, None]
-
-
-def refit_all(name: str, L, x, Y: np.ndarray) -> list[LatencyModel | None]:
-    """Model `name` fitted to each row of Y (replicates, rows) on its admissible rows of L, x: one least-squares
-    solve for all, the replicates whose solution fit_model would not return refitted one by one with fit_model;
-    None where a replicate cannot be fitted."""
-    rows = admissible(name, L)
-    L, x, Y = np.asarray(L)[rows], np.asarray(x)[rows], np.asarray(Y)[:, rows]
-    coefs = least_squares(regressors(name, L, x), Y) if ineligible(name, L, x) is None else None
-    out: list[LatencyModel | None] = []
-    for b in range(Y.shape[0]):
-        if coefs is not None and as_fitted(name, coefs[:, b], x):
-            out.append(LatencyModel(name, **dict(zip(model_terms(name), (float(v) for v in coefs[:, b])))))
-            continue
-        try:
-            out.append(fit_model(name, L, x, Y[b]))
-        except (Unfittable, ValueError):
-            out.append(None)
-    return out
-
-
 def refits(model: LatencyModel, used: Samples, fit_rows: np.ndarray, resamples: int, seed: int) -> list:
     """The model refitted (on the rows it was fitted to) to each replicate; None where one cannot be."""
     rows = np.flatnonzero(fit_rows)
@@ -349,6 +293,24 @@ def gain_interval(
             f"{failed} could not be fitted (counted as -1)"
         ),
     }
+
+
+MIN_PLAN_SHARE = 0.05
+"""The model other than the policy's that most resampled fits choose, where at least this share of them do, has its
+own prompt-aware rule built, whose plans its replicates price; the replicates of any other model price the policy's
+plans (a rule build costs 0.3-0.7 s on 2 cores, about what the rest of the fit costs; a model's own rule gains
+more on its own surface than another's, so this errs towards "not sure")."""
+
+
+def plans_by_model(plans: list[list[int]], name: str, chosen: list[str], own: Callable[[str], list]) -> dict:
+    """{model: the plans its replicates price}: `plans` (the policy's, of model `name`) for its own and for any
+    model but the most chosen other one (MIN_PLAN_SHARE of the replicates at least), whose plans are `own(model)`:
+    the plans of the rule that model's point fit gives."""
+    out = {name: plans}
+    others = sorted(set(chosen) - {name}, key=lambda n: -chosen.count(n))
+    for k, other in enumerate(others):
+        out[other] = own(other) if k == 0 and chosen.count(other) >= MIN_PLAN_SHARE * len(chosen) else plans
+    return out
 
 
 def model_shares(chosen: list[str]) -> dict[str, float]:
