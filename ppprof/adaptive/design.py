@@ -17,8 +17,11 @@ status's gain, the chunk-size table and the predicted TTFT per second they cost.
    at z lowers sum Var(q) / tol_q^2 by w (g^T M^-1 z)^2 / (1 + w z^T M^-1 z) (Sherman-Morrison); candidates are
    taken greedily by that gain per predicted second, until every such variance has shrunk by the factor the
    resampled spread asks for (NEED_MARGIN of it) and the batch costs MIN_BATCH_GROWTH x the probing time so far,
-   or it costs BATCH_GROWTH x that time. Only a candidate the model is fitted to carries information (a
-   quadratic's prefix-free ones); every quantity's gradient is taken in that model's coefficients.
+   or it costs BATCH_GROWTH x that time. M and every gradient are the richest model's (FULL_FORM: c, g, b, a, h),
+   whichever model the fit chose, so every candidate informs it (a quadratic's fit would weigh its prefix-free
+   rows only and leave the prefix terms unprobed); until the terms that tell the models apart (g, h) are
+   identified (term_errors), they are quantities too, each to TERM_TOLERANCE of a chunk's latency at the longest
+   candidate prefix.
 """
 
 from __future__ import annotations
