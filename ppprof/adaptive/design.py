@@ -17,8 +17,11 @@ status's gain, the chunk-size table and the predicted TTFT per second they cost.
    at z lowers sum Var(q) / tol_q^2 by w (g^T M^-1 z)^2 / (1 + w z^T M^-1 z) (Sherman-Morrison); candidates are
    taken greedily by that gain per predicted second, until every such variance has shrunk by the factor the
    resampled spread asks for (NEED_MARGIN of it) and the batch costs MIN_BATCH_GROWTH x the probing time so far,
-   or it costs BATCH_GROWTH x that time. Only a candidate the model is fitted to carries information (a
-   quadratic's prefix-free ones); every quantity's gradient is taken in that model's coefficients.
+   or it costs BATCH_GROWTH x that time. M and every gradient are the richest model's (FULL_FORM: c, g, b, a, h),
+   whichever model the fit chose, so every candidate informs it (a quadratic's fit would weigh its prefix-free
+   rows only and leave the prefix terms unprobed); until the terms that tell the models apart (g, h) are
+   identified (term_errors), they are quantities too, each to TERM_TOLERANCE of a chunk's latency at the longest
+   candidate prefix.
 """
 
 from __future__ import annotations
@@ -28,9 +31,16 @@ import math
 import numpy as np
 
 from ppprof.adaptive.status import StatusCheck, gain_need
-from ppprof.adaptive.uncertainty import CONFIDENCE, TTFT_TOLERANCE, Uncertainty, plan_gradient, regressors
+from ppprof.adaptive.uncertainty import (
+    CONFIDENCE,
+    FORM_TERMS,
+    FULL_FORM,
+    TTFT_TOLERANCE,
+    Uncertainty,
+    plan_gradient,
+    regressors,
+)
 from ppprof.config import ChunkSettings
-from ppprof.fit.forms import admissible
 from ppprof.policy.planners import chunk_latencies_ms
 from ppprof.policy.rule import LatencyModel
 from ppprof.policy.tables import table_plan
@@ -61,6 +71,12 @@ MAX_REPEATS_PER_BATCH = 8
 """A candidate appears at most this often in one batch: the greedy gain would otherwise pile a batch onto one point,
 and a design that leans on one point is at the mercy of the model's misfit there."""
 MIN_BATCH_SECONDS = 0.05
+MODEL_TERMS_APART = ("g", "h")
+"""The terms that tell the candidate models apart: the prefix term g (the quadratic has none) and the pairs model's
+prefix-by-chunk term h (the prefix model has none)."""
+TERM_TOLERANCE = TTFT_TOLERANCE
+"""Such a term is identified when its standard error moves the latency of a chunk of B at the longest candidate
+prefix by at most this fraction: then the models it tells apart differ by less there than a plan's TTFT may."""
 
 
 def prior_cost(prefix_len, chunk_size, base_chunk_size: int) -> np.ndarray:
@@ -158,9 +174,9 @@ def initial_design(
 def chunk_size_gradient(
     model: LatencyModel, settings: ChunkSettings, target_ms: float, prefix_len: int
 ) -> np.ndarray | None:
-    """d(smoothed chunk size)/d(theta) (model_terms order) at `prefix_len`, by implicit differentiation of the
-    equal-latency equation F = t(L, x) - t(0, B) = z(L, x) . theta - z(0, B) . theta = 0 (the fixed cost c drops
-    out); None where the rule has no root there."""
+    """d(smoothed chunk size)/d(theta) (FORM_TERMS order: every model is the full form with the terms it lacks at
+    0) at `prefix_len`, by implicit differentiation of the equal-latency equation F = t(L, x) - t(0, B) = z(L, x) .
+    theta - z(0, B) . theta = 0 (the fixed cost c drops out); None where the rule has no root there."""
     x = model.equal_latency_chunk(prefix_len, target_ms)
     if not x:
         return None
@@ -168,31 +184,75 @@ def chunk_size_gradient(
     dF_dx = model.b + 2 * model.a * (L + x) + 2 * model.h * L * x
     if dF_dx <= 0:
         return None
-    dF = regressors(model.name, [L], [x])[0] - regressors(model.name, [0.0], [B])[0]
+    dF = regressors(FULL_FORM, [L], [x])[0] - regressors(FULL_FORM, [0.0], [B])[0]
     return -settings.smooth_factor * dF / dF_dx
 
 
 def ttft_gradient(
     model: LatencyModel, starts: list[int], sizes: list[int], prompt_len: int, pp_size: int
 ) -> np.ndarray:
-    """d(predicted TTFT)/d(theta) with the plan held: the chunks' regressors summed, the slowest's P - 1 times
-    more."""
+    """d(predicted TTFT)/d(theta) (FORM_TERMS order) with the plan held: the chunks' regressors summed, the
+    slowest's P - 1 times more."""
     chunks = table_plan(starts, sizes, prompt_len)
-    return plan_gradient(model.name, chunks, chunk_latencies_ms(model, chunks), pp_size)
+    return plan_gradient(FULL_FORM, chunks, chunk_latencies_ms(model, chunks), pp_size)
+
+
+def information(model: LatencyModel, rows_L, rows_x) -> tuple[np.ndarray, np.ndarray]:
+    """(M, scale): the full form's information matrix sum w z z^T over the rows (z: regressors scaled by `scale`,
+    the largest of each column; w = 1 / y_hat^2, timing noise being relative), a tiny ridge added."""
+    L, x = np.asarray(rows_L), np.asarray(rows_x)
+    Z = regressors(FULL_FORM, L, x)
+    scale = np.maximum(np.abs(Z).max(axis=0), 1e-300)
+    Z = Z / scale
+    M = (Z / model.chunk_latency_ms(L, x)[:, None] ** 2).T @ Z
+    return M + 1e-12 * np.trace(M) * np.eye(len(scale)), scale
+
+
+def term_tolerances(model: LatencyModel, settings: ChunkSettings, longest_prefix: int) -> dict[str, float]:
+    """{term: the standard error at which it counts as identified} for MODEL_TERMS_APART: TERM_TOLERANCE of a
+    chunk of B's latency at the longest candidate prefix, over what the term multiplies there (L; L B^2)."""
+    L, B = float(max(longest_prefix, 1)), float(settings.base_chunk_size)
+    t = float(model.chunk_latency_ms(L, B))
+    return {"g": TERM_TOLERANCE * t / L, "h": TERM_TOLERANCE * t / (L * B * B)}
+
+
+def term_errors(u: Uncertainty, rows_L, rows_x, tolerances: dict[str, float]) -> dict[str, float]:
+    """{term: its standard error over its tolerance} for MODEL_TERMS_APART, under the full form fitted to the
+    rows (the linearized sigma^2 (M^-1)_kk, sigma the full form's relative residual std); inf where no full form
+    was fitted."""
+    if u.full is None or not np.isfinite(u.full_rel_std):
+        return {t: np.inf for t in MODEL_TERMS_APART}
+    M, scale = information(u.full, rows_L, rows_x)
+    cov = np.linalg.inv(M)
+    out = {}
+    for t in MODEL_TERMS_APART:
+        k = FORM_TERMS.index(t)
+        out[t] = float(u.full_rel_std * np.sqrt(max(cov[k, k], 0.0)) / scale[k] / tolerances[t])
+    return out
 
 
 def unstable_gradients(
-    u: Uncertainty, settings: ChunkSettings, pp_size: int, check: StatusCheck | None = None
+    u: Uncertainty,
+    settings: ChunkSettings,
+    pp_size: int,
+    check: StatusCheck | None = None,
+    term_error: dict[str, float] | None = None,
+    tolerances: dict[str, float] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Gradients of the quantities the stopping rule waits on (the status's gain while it is not sure, the table
-    entries and predicted TTFTs not yet stable), each divided by its tolerance (all quantities when none is waited
-    on), and for each the factor by which its variance must shrink (from the resampled spread, with a margin: the
-    gain's standard deviation must come down to its distance from --min-gain over Z_LOWER, a table entry's
-    95th-percentile deviation to one unit, a TTFT's half-width to 2%)."""
+    """Gradients (FORM_TERMS order) of the quantities the stopping rule waits on (the status's gain while it is not
+    sure; the terms that tell the models apart while not identified, `term_error` > 1; the table entries and
+    predicted TTFTs not yet stable), each divided by its tolerance (all quantities when none is waited on), and for
+    each the factor by which its variance must shrink (from the resampled spread, with a margin: the gain's
+    standard deviation must come down to its distance from --min-gain over Z_LOWER, a term's standard error to its
+    tolerance, a table entry's 95th-percentile deviation to one unit, a TTFT's half-width to 2%)."""
     grads, need = [], []
     if check is not None and (want := gain_need(check, NEED_MARGIN)) is not None:
         grads.append(check.gradient / check.tolerance())
         need.append(want)
+    for t, ratio in (term_error or {}).items():
+        if ratio > 1.0 and np.isfinite(ratio):
+            grads.append(np.eye(len(FORM_TERMS))[FORM_TERMS.index(t)] / tolerances[t])
+            need.append(NEED_MARGIN / ratio**2)
     ends = u.starts[1:] + [u.starts[-1] + 1]
     for want_unstable in (True, False):
         for i, f in enumerate(u.within_one_unit):
@@ -228,20 +288,15 @@ def next_batch(
 ) -> list[tuple[int, int]]:
     """Greedy batch of candidates (repeats allowed) by uncertainty reduction per second (module docstring, step 2),
     until the linearized variances have shrunk as much as the bootstrap says they must (at least MIN_BATCH
-    requests and `min_s` seconds), or the batch is predicted to cost `budget_s`, or holds `max_count`."""
+    requests and `min_s` seconds), or the batch is predicted to cost `budget_s`, or holds `max_count`. The
+    information is the full form's, whichever model the fit chose: every candidate, prefixed or not, informs it."""
     cand_L, cand_x = np.asarray(cand_L), np.asarray(cand_x)
-    rows_L, rows_x = np.asarray(rows_L)[u.fit_rows], np.asarray(rows_x)[u.fit_rows]
-    name = u.model.name
-    Zc = regressors(name, cand_L, cand_x)
-    scale = np.abs(Zc).max(axis=0)
-    Zc = Zc / scale
-    Zr = regressors(name, rows_L, rows_x) / scale
-    w_rows = 1.0 / u.model.chunk_latency_ms(rows_L, rows_x) ** 2
-    # A candidate the model is not fitted to (a quadratic's prefixed one) adds nothing to M.
-    w_cand = admissible(name, cand_L) / u.model.chunk_latency_ms(cand_L, cand_x) ** 2
-    M = (Zr * w_rows[:, None]).T @ Zr
-    M += 1e-12 * np.trace(M) * np.eye(len(scale))
-    G, need = unstable_gradients(u, settings, pp_size, check)
+    rows_L, rows_x = np.asarray(rows_L), np.asarray(rows_x)
+    M, scale = information(u.model, rows_L, rows_x)
+    Zc = regressors(FULL_FORM, cand_L, cand_x) / scale
+    w_cand = 1.0 / u.model.chunk_latency_ms(cand_L, cand_x) ** 2
+    tolerances = term_tolerances(u.model, settings, int(cand_L.max()))
+    G, need = unstable_gradients(u, settings, pp_size, check, term_errors(u, rows_L, rows_x, tolerances), tolerances)
     G = G / scale  # d q / d(theta * scale)
 
     def variances(Minv: np.ndarray) -> np.ndarray:

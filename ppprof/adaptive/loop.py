@@ -103,13 +103,16 @@ def record_step(design: DesignState, probes: list[Probe], decision, seconds: flo
 
 
 def status_words(status: dict | None) -> str:
-    """A design step's status check in words: "static (not sure; gain 1.2%, 80% interval -0.3% to 2.2%)"."""
+    """A design step's status check in words: "static (not sure; gain 1.2%, 80% interval -0.3% to 2.2%; models
+    prefix 60%, pairs 40%)" (the models the resampled fits chose, where they chose more than one)."""
     if status is None:
         return "no status judged"
     sure = "sure" if status["sure"] else "not sure"
     if status["gain_lower"] is None:
         return f"{status['status']} ({sure}: a check failed)"
+    models = status.get("models") or {}
+    chosen = f"; models {', '.join(f'{n} {v:.0%}' for n, v in models.items())}" if len(models) > 1 else ""
     return (
         f"{status['status']} ({sure}; gain {status['gain']:.1%}, 80% interval {status['gain_lower']:.1%} to "
-        f"{status['gain_upper']:.1%})"
+        f"{status['gain_upper']:.1%}{chosen})"
     )

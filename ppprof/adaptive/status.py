@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ppprof.adaptive.uncertainty import model_terms, plan_gradient
+from ppprof.adaptive.uncertainty import FORM_TERMS, FULL_FORM, plan_gradient
 from ppprof.config import PolicyOptions, ProfileConfig
 from ppprof.config.workload import parse_prompt_spec
 from ppprof.fit.build import PROFILE_LATENCY_MODEL, fit_samples
@@ -43,14 +43,16 @@ class StatusCheck:
     status: str
     reason: str
     min_gain: float
+    model: str | None = None
+    """The model the fit chose; None where none fitted."""
     gain: float | None = None
     """The prompt-aware rule's predicted gain over the best fixed chunk; None where a check failed first."""
     interval: dict | None = None
     """predicted.gain_interval (ppprof.fit.confidence.gain_interval); None where a check failed first."""
     gradient: np.ndarray | None = None
-    """d(gain)/d(coefficients), in model_terms order, the prompt-aware rule's plans and the best fixed chunk held
-    (a static policy's prompt-aware rule built again, as its fit built it); None for a sure status or without an
-    interval."""
+    """d(gain)/d(coefficients), in FORM_TERMS order (every model is the full form with the terms it lacks at 0), the
+    prompt-aware rule's plans and the best fixed chunk held (a static policy's prompt-aware rule built again, as its
+    fit built it); None for a sure status or without an interval."""
 
     @property
     def sure(self) -> bool:
@@ -64,6 +66,11 @@ class StatusCheck:
         """The standard deviation of the gain at which the status would be sure: its distance from --min-gain
         (GAIN_FLOOR at least) over Z_LOWER."""
         return max(abs(self.gain - self.min_gain), GAIN_FLOOR) / Z_LOWER
+
+    @property
+    def model_shares(self) -> dict[str, float]:
+        """{model: share of the resampled fits that chose it} (their choice made again in each); {} without."""
+        return dict((self.interval or {}).get("models") or {})
 
     def spread(self) -> float:
         """The gain's standard deviation over the resampled fits, read from its interval."""
@@ -79,6 +86,7 @@ class StatusCheck:
             "gain_lower": i.get("lower"),
             "gain_upper": i.get("upper"),
             "share_above_threshold": i.get("share_above_threshold"),
+            "models": i.get("models"),
         }
 
 
@@ -91,7 +99,8 @@ def status_check(cfg: ProfileConfig, pp_size: int, samples: Samples, pipeline_ov
     measured = {"world_size": pp_size, "pipeline_overhead": pipeline_overhead}  # what run.json will say of them
     policy = fit_samples(samples, measured, settings, PROFILE_LATENCY_MODEL, None, options)
     predicted = policy.get("predicted") or {}
-    check = StatusCheck(policy["status"], policy["reason"], options.min_gain)
+    chosen = (policy.get("latency_model") or {}).get("name")
+    check = StatusCheck(policy["status"], policy["reason"], options.min_gain, chosen)
     if "gain_interval" not in predicted or policy.get("latency_model") is None:
         return check
     check.gain = float(predicted["gain_vs_fixed_best"])
@@ -119,14 +128,15 @@ def status_check(cfg: ProfileConfig, pp_size: int, samples: Samples, pipeline_ov
 def mean_ttft_gradient(
     model: LatencyModel, planning: LatencyModel, plans: list[list[int]], weights, pp_size: int, scale: float
 ) -> tuple[float, np.ndarray]:
-    """The weighted mean TTFT of `plans` on the planning model and its gradient in `model`'s coefficients
-    (model_terms order; the calibration's linear_scale multiplies c and b), each plan's slowest chunk held."""
-    factor = np.array([scale if t in ("c", "b") else 1.0 for t in model_terms(model.name)])
+    """The weighted mean TTFT of `plans` on the planning model and its gradient in the full form's coefficients
+    (FORM_TERMS order, whichever model `model` is; the calibration's linear_scale multiplies c and b), each plan's
+    slowest chunk held."""
+    factor = np.array([scale if t in ("c", "b") else 1.0 for t in FORM_TERMS])
     total, grad = 0.0, np.zeros(len(factor))
     for chunks, w in zip(plans, weights):
         t = chunk_latencies_ms(planning, chunks)
         total += w * ttft_ms(t, pp_size)
-        grad += w * plan_gradient(model.name, chunks, t, pp_size, factor)
+        grad += w * plan_gradient(FULL_FORM, chunks, t, pp_size, factor)
     return total, grad
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from ppprof.adaptive.probes import candidate_grid
 from ppprof.adaptive.status import status_check
 from ppprof.adaptive.stop import Decision, decide
-from ppprof.adaptive.uncertainty import MAX_REQUESTS, MAX_SECONDS, STOPPING_REASONS, Uncertainty, bootstrap
+from ppprof.adaptive.uncertainty import FULL_FORM, MAX_REQUESTS, MAX_SECONDS, STOPPING_REASONS, Uncertainty, bootstrap
 from ppprof.config import ProfileConfig
 from ppprof.fit.build import PROFILE_LATENCY_MODEL
 from ppprof.fit.forms import Unfittable
@@ -65,8 +65,9 @@ def design_fit(cfg: ProfileConfig, pp_size: int, samples: Samples) -> DesignFit:
     picked = pick(fitted, used) if fitted else None
     if picked is None:
         return DesignFit(used, None, "; ".join(failed.values()) or "no samples left after the warm-up rows")
+    full = fitted.get(FULL_FORM) or fitted.get("prefix")  # the richest candidate: the terms the design identifies
     try:
-        return DesignFit(used, bootstrap(fitted[picked[0]], L, x, y, cfg.chunk_settings(), pp_size), None)
+        return DesignFit(used, bootstrap(fitted[picked[0]], L, x, y, cfg.chunk_settings(), pp_size, full=full), None)
     except (Unfittable, ValueError) as e:
         return DesignFit(used, None, str(e))
 

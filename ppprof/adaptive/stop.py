@@ -7,7 +7,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ppprof.adaptive.design import BATCH_GROWTH, MIN_BATCH_GROWTH, MIN_BATCH_SECONDS, next_batch
+from ppprof.adaptive.design import (
+    BATCH_GROWTH,
+    MIN_BATCH_GROWTH,
+    MIN_BATCH_SECONDS,
+    next_batch,
+    term_errors,
+    term_tolerances,
+)
 from ppprof.adaptive.status import StatusCheck
 from ppprof.adaptive.uncertainty import MAX_REQUESTS, MAX_SECONDS, STABLE, Uncertainty
 from ppprof.config import ChunkSettings
@@ -15,6 +22,10 @@ from ppprof.config import ChunkSettings
 MIN_STEPS = 3
 """The design stops after this many probes at the earliest: the status's resampling draws a probe's level whole, and
 two probes' levels say little of a third's."""
+CHOICE_CONFIDENCE = 0.8
+"""The model choice is settled when at least this share of the resampled fits, each choosing its model again,
+choose the fit's model; or when the terms that tell the models apart are identified (design.term_errors), so that
+the models still in play differ by less than the tolerance where the policy's chunks shrink."""
 
 
 @dataclass(slots=True)
@@ -44,11 +55,18 @@ def decide(
     max_requests: int | None,
     max_seconds: float | None,
 ) -> Decision:
-    """Stop when the decision is sure (sure_enough) or a budget is spent; else the next batch, sized to BATCH_GROWTH x
+    """Stop when the decision is sure (sure_enough) and the model choice settled (choice_settled), or a budget is
+    spent; else the next batch, sized to BATCH_GROWTH x
     the time spent and to what the budgets leave, aimed at what the stop waits on. `check`: the status the fit would
     write on the samples so far (None: judge the table and predicted TTFT alone, as before a status is judged)."""
-    record = u.to_dict() | ({} if check is None else {"status": check.to_dict()})
-    if steps >= MIN_STEPS and sure_enough(u, check):
+    errors = term_errors(u, rows_L, rows_x, term_tolerances(u.model, settings, int(np.max(cand_L))))
+    settled = choice_settled(check, errors)
+    record = (
+        u.to_dict()
+        | ({} if check is None else {"status": check.to_dict()})
+        | {"model_choice": {"settled": settled, "term_error_over_tolerance": errors}}
+    )
+    if steps >= MIN_STEPS and sure_enough(u, check) and settled:
         return Decision(stop_reason=STABLE, uncertainty=record)
     left_requests = requests_per_probe if max_requests is None else min(requests_per_probe, max_requests - requests_run)
     if left_requests <= 0:
@@ -73,3 +91,11 @@ def sure_enough(u: Uncertainty, check: StatusCheck | None) -> bool:
     if check is None:
         return u.stable
     return check.sure and (check.status == "static" or u.stable)
+
+
+def choice_settled(check: StatusCheck | None, term_error: dict[str, float]) -> bool:
+    """CHOICE_CONFIDENCE of the resampled fits choose the fit's model (the status's interval, where it has one), or
+    every term that tells the models apart is identified (its standard error at most its tolerance)."""
+    identified = all(r <= 1.0 for r in term_error.values())
+    shares = {} if check is None else check.model_shares
+    return identified or (bool(shares) and shares.get(check.model, 0.0) >= CHOICE_CONFIDENCE)

@@ -23,15 +23,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ppprof.config import ChunkSettings
-from ppprof.fit.forms import Unfittable, design
-from ppprof.fit.least_squares import fit_model, pairs_hold
+from ppprof.fit.forms import Unfittable
 from ppprof.fit.regress import Fit
+from ppprof.fit.replicates import FORM_TERMS, as_fitted, model_terms, refit_all, regressors  # noqa: F401 (here before)
 from ppprof.policy.planners import chunk_latencies_ms, ttft_ms
-from ppprof.policy.rule import MODEL_COEFS, LatencyModel, build_table
+from ppprof.policy.rule import LatencyModel, build_table
 from ppprof.policy.tables import table_chunk_size, table_plan
 
-FORM_TERMS = ("c", "g", "b", "a", "h")
-"""The prefix form's coefficients, in the order of regressors' columns."""
 REPLICATES = 200
 CONFIDENCE = 0.95
 TABLE_TOLERANCE_UNITS = 1
@@ -39,6 +37,8 @@ TABLE_TOLERANCE_UNITS = 1
 TTFT_TOLERANCE = 0.02
 """Predicted TTFT is stable when the half-width of its CONFIDENCE interval is at most this fraction of it."""
 BOOTSTRAP_SEED = 0
+FULL_FORM = "pairs"
+"""The richest candidate model: every model is its form with the terms it lacks at 0 (FORM_TERMS)."""
 STABLE = "stable"
 MAX_REQUESTS = "max-requests"
 MAX_SECONDS = "max-seconds"
@@ -46,7 +46,9 @@ STOPPING_REASONS = {
     STABLE: (
         "after 3 probes at least, the status sure (its gain's 10% quantile over resampled fits at --min-gain or "
         "more, or at most 10% of them there) and, for a dynamic status, every table entry stable to one alignment "
-        "unit and predicted TTFT to 2%, at 95% confidence"
+        "unit and predicted TTFT to 2%, at 95% confidence; and the model choice settled (80% of the resampled fits "
+        "choose the fit's model, or the prefix terms g and h are identified to 2% of a chunk's latency at the "
+        "longest prefix)"
     ),
     MAX_REQUESTS: "the request budget is spent (--max-requests; default: the grid design's number of requests)",
     MAX_SECONDS: "the --max-seconds budget is spent",
@@ -74,17 +76,6 @@ def relative_residuals(model: LatencyModel, L, x, y, num_terms: int) -> np.ndarr
     return r * math.sqrt(n / (n - num_terms)) if n > num_terms else r
 
 
-def model_terms(name: str) -> tuple[str, ...]:
-    """The coefficients of model `name` in FORM_TERMS order: quadratic (c, b, a), prefix (c, g, b, a), pairs (c, g,
-    b, a, h)."""
-    return tuple(t for t in FORM_TERMS if t in MODEL_COEFS[name])
-
-
-def regressors(name: str, prefix_len, chunk_size) -> np.ndarray:
-    """(n, terms) regressors z of chunk_latency_ms in model_terms(name) order: t(L, x) = z . theta on every row."""
-    return design("prefix", prefix_len, chunk_size, model_terms(name))
-
-
 def plan_gradient(name: str, chunks: list[int], latencies_ms, pp_size: int, factor=1.0) -> np.ndarray:
     """d(TTFT of the plan `chunks`)/d(theta) of model `name`, the plan and its slowest chunk (by `latencies_ms`)
     held: the chunks' regressors summed, the slowest's P - 1 times more; `factor` multiplies each column (a
@@ -92,38 +83,6 @@ def plan_gradient(name: str, chunks: list[int], latencies_ms, pp_size: int, fact
     pos = np.concatenate([[0], np.cumsum(chunks)[:-1]])
     Z = regressors(name, pos, chunks) * factor
     return Z.sum(axis=0) + (pp_size - 1) * Z[int(np.argmax(latencies_ms))]
-
-
-def as_fitted(name: str, coefs: np.ndarray, chunk_size) -> bool:
-    """Whether least-squares coefficients are what fit_model would return on the same rows (`chunk_size`: theirs):
-    non-negative (prefix: no term to drop; pairs: the bounded solution, its h of either sign where pairs_hold), or
-    for the quadratic a > 0 and b >= 0 (c may take any sign)."""
-    terms = dict(zip(model_terms(name), coefs))
-    if name == "quadratic":
-        return terms["a"] > 0.0 and terms["b"] >= 0.0
-    if name == "pairs":
-        return all(terms[t] >= 0.0 for t in terms if t != "h") and pairs_hold(terms["a"], terms["h"], chunk_size)
-    return bool(np.all(coefs >= 0.0))
-
-
-def refit_all(name: str, L, x, Y: np.ndarray) -> list[LatencyModel | None]:
-    """Model `name` fitted to each row of Y (replicates, rows) on the rows L, x (all admissible): one least-squares
-    solve for all, the replicates whose solution fit_model would not return refitted one by one with fit_model;
-    None where a replicate cannot be fitted."""
-    X = regressors(name, L, x)
-    norms = np.linalg.norm(X, axis=0)
-    norms[norms == 0] = 1.0
-    coefs = np.linalg.lstsq(X / norms, Y.T, rcond=None)[0] / norms[:, None]  # (terms, replicates)
-    out: list[LatencyModel | None] = []
-    for b in range(Y.shape[0]):
-        if as_fitted(name, coefs[:, b], x):
-            out.append(LatencyModel(name, **dict(zip(model_terms(name), (float(v) for v in coefs[:, b])))))
-            continue
-        try:
-            out.append(fit_model(name, L, x, Y[b]))
-        except (Unfittable, ValueError):
-            out.append(None)
-    return out
 
 
 @dataclass(slots=True)
@@ -145,6 +104,11 @@ class Uncertainty:
     replicates: int
     failed_replicates: int
     residual_rel_std: float
+    full: LatencyModel | None = None
+    """The richest candidate fitted to the same rows (FULL_FORM, else the prefix model; design_fit sets it): the form
+    whose terms the design must identify to tell the models apart; None where none fitted."""
+    full_rel_std: float = math.nan
+    """The relative residual std of `full` on the rows it was fitted to."""
 
     @property
     def table_stable(self) -> bool:
@@ -188,10 +152,19 @@ class Uncertainty:
 
 
 def bootstrap(
-    fit: Fit, L, x, y, settings: ChunkSettings, pp_size: int, replicates: int = REPLICATES, seed: int = BOOTSTRAP_SEED
+    fit: Fit,
+    L,
+    x,
+    y,
+    settings: ChunkSettings,
+    pp_size: int,
+    replicates: int = REPLICATES,
+    seed: int = BOOTSTRAP_SEED,
+    full: Fit | None = None,
 ) -> Uncertainty:
     """Bootstrap `fit`, a model fitted with the policy's trimming to the rows L, x, y (ppprof.fit.regress's
-    fit_candidates); raises Unfittable where its rule has no positive target latency."""
+    fit_candidates); `full`: the richest candidate fitted to them (Uncertainty.full; `fit` itself where None and it
+    has a prefix term). Raises Unfittable where its rule has no positive target latency."""
     L, x, y = (np.asarray(v) for v in (L, x, y))
     model, fit_rows = fit.model, fit.fit_rows
     terms = model_terms(model.name)
@@ -224,7 +197,18 @@ def bootstrap(
         replicates=replicates,
         failed_replicates=int((~np.isfinite(dev[:, 0])).sum()),
         residual_rel_std=float(r.std()),
+        **full_form(full or (fit if model.name != "quadratic" else None), L, x, y),
     )
+
+
+def full_form(fit: Fit | None, L, x, y) -> dict:
+    """Uncertainty's `full` and `full_rel_std` of the richest candidate's fit (none: {})."""
+    if fit is None:
+        return {}
+    rows = fit.fit_rows
+    r = np.asarray(y)[rows] / fit.model.chunk_latency_ms(np.asarray(L)[rows], np.asarray(x)[rows]) - 1.0
+    terms = sum(getattr(fit.model, t) != 0.0 for t in model_terms(fit.model.name))
+    return {"full": fit.model, "full_rel_std": float(np.sqrt(np.sum(r**2) / max(len(r) - terms, 1)))}
 
 
 def replicate_spread(

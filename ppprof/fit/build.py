@@ -14,14 +14,15 @@ from ppprof.config import ChunkSettings, PolicyOptions
 from ppprof.config.workload import Workload
 from ppprof.fit.calibrate import calibration_of
 from ppprof.fit.calibrate import none as no_calibration
-from ppprof.fit.confidence import RESAMPLES, SEED, gain_interval, refits
+from ppprof.fit.confidence import RESAMPLES, SEED, gain_interval, plans_by_model, rechosen_refits
 from ppprof.fit.packed import PackedRows, packed_forwards, read_packed
 from ppprof.fit.parity import sglang_fit
 from ppprof.fit.plots import write_plots
 from ppprof.fit.samples import Samples, provenance, read_run, read_samples
-from ppprof.fit.selection import candidate_table, fit_used_rows, select_and_gate, without_warmup
+from ppprof.fit.selection import candidate_table, choice_set, fit_used_rows, select_and_gate, without_warmup
 from ppprof.fit.settings import LATENCY_MODEL_CHOICES, resolve_policy_options, resolve_settings
 from ppprof.io import finite
+from ppprof.policy.builders import build_prompt_rule
 from ppprof.policy.choice import choose, default_workload, rule_domain
 from ppprof.policy.policy_file import save
 from ppprof.policy.rule import LatencyModel, build_table
@@ -77,14 +78,13 @@ def carried(
     options: PolicyOptions,
     parity: bool,
     calibration: dict | None = None,
-    resampled: list | None = None,
+    resampled: tuple[list, list[str], dict[str, LatencyModel]] | None = None,
 ) -> dict:
     """The policy's fields beyond the fit: overhead, calibration, stages, workload, the history-only table, the
     prompt-aware rule, what they are predicted to give, and the status and reason that follow. `measured`: the
-    profiled domain (`domain`), None for none (chunks up to B, prompts up to the context). The rules are chosen on
-    the planning model (LatencyModel.planning: the calibration, then the overhead); `resampled`: the model refitted
-    to resampled samples (ppprof.fit.confidence.refits), whose gains give the interval the status reads (None: the
-    point gain alone decides, as for a policy rechosen without its samples)."""
+    profiled domain, None for none (chunks up to B, prompts up to the context). The rules are chosen on the planning
+    model (LatencyModel.planning); `resampled`: (models, chosen, point fits) of confidence.rechosen_refits, whose
+    gains give the interval the status reads (None: the point gain alone decides, as for a rechosen policy)."""
     overhead = overhead_of(run, options.overhead_ms)
     calibration = calibration or no_calibration("not measured")
     stages = options.pp_size or profiled_stages(run)
@@ -106,9 +106,14 @@ def carried(
     def planning(m: LatencyModel) -> LatencyModel:
         return m.planning(calibration, overhead["ms_per_chunk"])
 
-    def interval(rule: PromptRule) -> dict:  # the gain of the rule's plans over resampled fits
-        plans = [rule.plan(int(n)) for n in lengths]
-        return gain_interval(resampled, planning, plans, dom.sizes(), lengths, weights, stages, options.min_gain)
+    def interval(rule: PromptRule) -> dict:  # the gain over resampled fits, each pricing its model's plans
+        models, chosen, point = resampled
+
+        def own(name: str) -> list[list[int]]:  # the plans of the rule that model's point fit gives
+            return [r.plan(int(n)) for r in [build_prompt_rule(planning(point[name]), dom, stages)[0]] for n in lengths]
+
+        plans = plans_by_model([rule.plan(int(n)) for n in lengths], model.name, chosen, own)
+        return gain_interval(models, planning, plans, dom.sizes(), lengths, weights, stages, options.min_gain, chosen)
 
     judge = interval if resampled else None
     choice = choose(planning(model), settings, dom, stages, lengths, weights, options.min_gain, judge)
@@ -173,7 +178,10 @@ def fit_samples(
         "stage_totals_ms": samples.stage_totals_ms,
     }
     model, target, status, reason = select_and_gate(fitted, failed, per_model, diag, settings, latency_model, used)
-    resampled = refits(model, used, fitted[model.name].fit_rows, RESAMPLES, SEED) if status == "dynamic" else None
+    resampled = None
+    if status == "dynamic":  # the interval over resamples that each choose their model again (auto), or refit it
+        names = choice_set(fitted, used)[0] if latency_model == "auto" else [model.name]
+        resampled = (*rechosen_refits(fitted, names, used, RESAMPLES, SEED), {n: fitted[n].model for n in names})
     calibration = calibration_of(run, model, samples.bottleneck_stage)
     rules = carried(model, status, reason, settings, domain(samples), run, options, False, calibration, resampled)
     return assemble(samples, run, settings, model, target, diag, rules | {"parity": None})

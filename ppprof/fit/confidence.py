@@ -16,6 +16,15 @@ gives every probe a level drawn whole from the probes' (centred) and every row a
 (MIN_CELL_ROWS or more rows) or else its probe's, and refits the model. Each refit prices the policy's own plans of
 the workload and every fixed chunk of the domain on its planning model: the gain of the plans over the refit's best
 fixed chunk (at least -1, 100% slower). A replicate that cannot be fitted counts as -1.
+
+The model choice is part of the interval (rechosen_refits): where the choice ranges over several models, the
+replicates are drawn about the richest of them (a bootstrap from the full model, then the choice made again in each
+replicate, as Buckland, Burnham and Augustin, Biometrics 1997, put the selection into the interval), each replicate
+chooses by the policy's own rule (ppprof.fit.crossval.CHOICE_RULE) on its held-out folds, and the model it chose is
+refitted to it. So a status that depends on which model wins is not sure until the samples settle the choice. The
+replicates' folds are scored with plain least squares on the rows the richest model kept (no trimming, no sign
+constraints: one solve for all replicates a fold), the equivalent of the point choice's trimmed fits at a
+hundredth of their cost.
 """
 
 from __future__ import annotations
@@ -25,11 +34,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ppprof.fit.forms import Unfittable
-from ppprof.fit.least_squares import fit_model
+from ppprof.fit.crossval import CV_FOLDS, choose_model, cv_splits, held_out_splits, long_prefix_rows
+from ppprof.fit.forms import admissible, ineligible
+from ppprof.fit.regress import Fit
+from ppprof.fit.replicates import least_squares, refit_all, regressors
 from ppprof.fit.samples import Samples
 from ppprof.policy.planners import fixed_chunks
-from ppprof.policy.rule import LatencyModel
+from ppprof.policy.rule import MODEL_NAMES, LatencyModel
 
 RESAMPLES = 200
 """Replicates of the gain: its 10th percentile rests on the 20 lowest, and 200 refits cost well under a second."""
@@ -162,17 +173,58 @@ def resampled_latencies(model: LatencyModel, used: Samples, rows: np.ndarray, re
 
 
 def refits(model: LatencyModel, used: Samples, fit_rows: np.ndarray, resamples: int, seed: int) -> list:
-    """The model refitted (fit_model, on the rows it was fitted to) to each replicate; None where one cannot be."""
+    """The model refitted (on the rows it was fitted to) to each replicate; None where one cannot be."""
     rows = np.flatnonzero(fit_rows)
     Y = resampled_latencies(model, used, rows, resamples, seed)
+    return refit_all(model.name, used.prefix_len[rows], used.chunk_size[rows], Y)
+
+
+def replicate_fold_errors(names, L, x, Y: np.ndarray, splits) -> tuple[np.ndarray, np.ndarray]:
+    """(errors, long_errors), each (models, replicates, folds): every replicate's held-out MAPE in each fold, on all
+    its rows and at long prefixes (nan where a fold holds none), of each model fitted by plain least squares to its
+    admissible training rows; inf where the training rows cannot support the model (ppprof.fit.forms.ineligible)."""
+    long = long_prefix_rows(L)
+    shape = (len(names), Y.shape[0], len(splits))
+    errors, long_errors = np.full(shape, np.inf), np.full(shape, np.inf)
+    for m, name in enumerate(names):
+        Z, ok = regressors(name, L, x), admissible(name, L)
+        for f, (train, test) in enumerate(splits):
+            train = train[ok[train]]
+            if ineligible(name, L[train], x[train]) is not None:
+                continue
+            pred = Z[test] @ least_squares(Z[train], Y[:, train])  # (held-out rows, replicates)
+            e = np.abs(Y[:, test] - pred.T) / Y[:, test]
+            errors[m, :, f] = e.mean(axis=1)
+            long_errors[m, :, f] = e[:, long[test]].mean(axis=1) if long[test].any() else np.nan
+    return errors, long_errors
+
+
+def rechosen_refits(fitted: dict[str, Fit], names, used: Samples, resamples: int, seed: int) -> tuple[list, list[str]]:
+    """(models, chosen): the replicates drawn about the richest of the models `names` (those the choice ranges
+    over) on the rows it was fitted to, each replicate's model chosen again by CHOICE_RULE on its folds (the point
+    choice's: held-out, or k-fold where there are none) and refitted to it (module doc); a model None where the
+    replicate cannot be fitted. With one model, its refits (as `refits`)."""
+    names = [n for n in MODEL_NAMES if n in names]
+    base = fitted[names[-1]]
+    if len(names) == 1:
+        return refits(base.model, used, base.fit_rows, resamples, seed), names * resamples
+    rows = np.flatnonzero(base.fit_rows)
+    Y = resampled_latencies(base.model, used, rows, resamples, seed)
     L, x = used.prefix_len[rows], used.chunk_size[rows]
-    out = []
-    for b in range(resamples):
-        try:
-            out.append(fit_model(model.name, L, x, Y[b]))
-        except (Unfittable, ValueError):
-            out.append(None)
-    return out
+    k_folds = list(cv_splits(L, min(CV_FOLDS, len(rows))))
+    k_errors, long_errors = replicate_fold_errors(names, L, x, Y, k_folds)
+    splits = held_out_splits(L, x)
+    errors = replicate_fold_errors(names, L, x, Y, splits)[0] if splits else k_errors
+    if np.isinf(errors).any():  # as select_model: the k folds where a model has no held-out score
+        errors = k_errors
+    picked = choose_model(errors, long_errors)
+    models: list = [None] * resamples
+    for m, name in enumerate(names):
+        reps = np.flatnonzero(picked == m)
+        if len(reps):
+            for b, model in zip(reps, refit_all(name, L, x, Y[reps])):
+                models[b] = model
+    return models, [names[m] for m in picked]
 
 
 class Pricer:
@@ -201,22 +253,29 @@ class Pricer:
 def gain_interval(
     models: list,
     planning: Callable[[LatencyModel], LatencyModel],
-    plans: list[list[int]],
+    plans: list[list[int]] | dict[str, list[list[int]]],
     sizes,
     lengths,
     weights,
     pp_size: int,
     min_gain: float,
+    chosen: list[str] | None = None,
 ) -> dict:
-    """The gain of `plans` (the policy's, one a workload prompt) over the best fixed chunk of `sizes`, on each
-    resampled model's planning model (`planning`): its LOWER_QUANTILE quantile (the lower bound the status reads),
-    median and 1 - LOWER_QUANTILE quantile, and the share of replicates at `min_gain` or more."""
-    pricer = Pricer([plans] + [[fixed_chunks(int(s), int(n)) for n in lengths] for s in sizes], weights, pp_size)
+    """The gain of `plans` (the policy's, one a workload prompt; or {model: the plans of the policy that model's
+    point fit writes}, each replicate pricing those of the model it chose, `chosen`) over the best fixed chunk of
+    `sizes`, on each resampled model's planning model (`planning`): its LOWER_QUANTILE quantile (the lower bound the
+    status reads), median and 1 - LOWER_QUANTILE quantile, the share of replicates at `min_gain` or more, and
+    (`chosen`: the model each replicate chose, rechosen_refits) each model's share of the replicates."""
+    names = list(plans) if isinstance(plans, dict) else [None]
+    sets = [plans[n] for n in names] if isinstance(plans, dict) else [plans]
+    fixed = [[fixed_chunks(int(s), int(n)) for n in lengths] for s in sizes]
+    pricer = Pricer(sets + fixed, weights, pp_size)
     gains = np.full(len(models), -1.0)  # a replicate that could not be fitted: the least gain there is
     for b, m in enumerate(models):
         if m is not None:
             mean = pricer.mean_ttft(planning(m))
-            gains[b] = max(-1.0, 1.0 - mean[0] / mean[1:].min())
+            k = names.index(chosen[b]) if names[0] is not None else 0
+            gains[b] = max(-1.0, 1.0 - mean[k] / mean[len(sets) :].min())
     failed = int(sum(m is None for m in models))
     return {
         "lower": float(np.quantile(gains, LOWER_QUANTILE, method="lower")),
@@ -227,9 +286,33 @@ def gain_interval(
         "resamples": len(models),
         "failed": failed,
         "seed": SEED,
+        **({} if chosen is None else {"models": model_shares(chosen)}),
         "method": (
             f"{len(models)} refits on the samples resampled by probe (a probe's shared slowness drawn whole) and "
-            f"cell, seed {SEED}; each prices the policy's plans of the workload against its best fixed chunk; "
+            f"cell, seed {SEED}{'' if chosen is None else ', each choosing its model again'}; each prices the policy's plans of the workload against its best fixed chunk; "
             f"{failed} could not be fitted (counted as -1)"
         ),
     }
+
+
+MIN_PLAN_SHARE = 0.05
+"""The model other than the policy's that most resampled fits choose, where at least this share of them do, has its
+own prompt-aware rule built, whose plans its replicates price; the replicates of any other model price the policy's
+plans (a rule build costs 0.3-0.7 s on 2 cores, about what the rest of the fit costs; a model's own rule gains
+more on its own surface than another's, so this errs towards "not sure")."""
+
+
+def plans_by_model(plans: list[list[int]], name: str, chosen: list[str], own: Callable[[str], list]) -> dict:
+    """{model: the plans its replicates price}: `plans` (the policy's, of model `name`) for its own and for any
+    model but the most chosen other one (MIN_PLAN_SHARE of the replicates at least), whose plans are `own(model)`:
+    the plans of the rule that model's point fit gives."""
+    out = {name: plans}
+    others = sorted(set(chosen) - {name}, key=lambda n: -chosen.count(n))
+    for k, other in enumerate(others):
+        out[other] = own(other) if k == 0 and chosen.count(other) >= MIN_PLAN_SHARE * len(chosen) else plans
+    return out
+
+
+def model_shares(chosen: list[str]) -> dict[str, float]:
+    """{model: share of the replicates that chose it}, in MODEL_NAMES order."""
+    return {n: chosen.count(n) / len(chosen) for n in MODEL_NAMES if n in chosen}

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ppprof.fit.crossval import CV_FOLDS, cross_validate, held_out_splits
+from ppprof.fit.crossval import CV_FOLDS, cv_splits, fold_errors, held_out_splits
 from ppprof.fit.forms import ADMISSIBLE_ROWS, Unfittable, admissible, design
 from ppprof.fit.least_squares import OUTLIER_RULE, fit_trimmed, outlier_mask
 from ppprof.policy.rule import MODEL_NAMES, LatencyModel
@@ -95,6 +95,13 @@ class Fit:
     cv_mape: float
     held_out_mape: float = float("nan")
     """MAPE on prefix bands and chunk ranges held out (held_out_splits): what predicts work the fit never saw."""
+    folds: np.ndarray | None = None
+    """(folds,): each held-out fold's MAPE (the k folds' where a model has no held-out score), which the model
+    choice compares first (ppprof.fit.crossval.choose_model); None where the model could not be fitted in some
+    fold."""
+    long_folds: np.ndarray | None = None
+    """(k folds,): each k fold's MAPE on its rows at a long prefix (nan where it holds none), which the model choice
+    compares next; None where the model could not be fitted in some fold."""
 
 
 def fit_candidates(prefix_len, chunk_size, latency_ms, requested: str) -> tuple[dict[str, Fit], dict[str, str]]:
@@ -109,10 +116,23 @@ def fit_candidates(prefix_len, chunk_size, latency_ms, requested: str) -> tuple[
             fitted[name] = Fit(*fit_trimmed(name, prefix_len, chunk_size, latency_ms), float("nan"))
         except Unfittable as e:
             failed[name] = str(e)
-    cv = cross_validate(tuple(fitted), prefix_len, chunk_size, latency_ms)
+    names, n = tuple(fitted), len(latency_ms)
+    # k folds (every row held out once): cv_mape, the mean over rows, and the long-prefix fold errors
+    cv = (
+        fold_errors(names, prefix_len, chunk_size, latency_ms, cv_splits(prefix_len, min(CV_FOLDS, n)))
+        if n >= 2
+        else {}
+    )
     splits = held_out_splits(prefix_len, chunk_size)
-    held = cross_validate(tuple(fitted), prefix_len, chunk_size, latency_ms, splits=splits) if splits else {}
-    for name, value in cv.items():
-        fitted[name].cv_mape = value
-        fitted[name].held_out_mape = held.get(name, float("nan"))
+    held = fold_errors(names, prefix_len, chunk_size, latency_ms, splits) if splits else {}
+    every_held = bool(held) and all(f is not None for f in held.values())
+    for name, f in fitted.items():
+        k = cv.get(name)
+        f.cv_mape = float("inf") if k is None else float(k[:, 0] @ k[:, 2] / k[:, 2].sum())
+        if splits:
+            f.held_out_mape = float("inf") if held[name] is None else float(held[name][:, 0].mean())
+        # the choice compares the folds of the score select_model reads: held-out where every model has them
+        first = held[name] if every_held else k
+        f.folds = None if first is None else first[:, 0]
+        f.long_folds = None if k is None else k[:, 1]
     return fitted, failed

@@ -7,6 +7,7 @@ import numpy as np
 
 from ppprof.config import ChunkSettings
 from ppprof.fit.confidence import form_check
+from ppprof.fit.crossval import CHOICE_RULE, choose_model
 from ppprof.fit.gates import adequacy, failure_reason, predicted_shrink, row_gates
 from ppprof.fit.regress import Fit, diagnostics, fit_candidates
 from ppprof.fit.samples import Samples
@@ -32,22 +33,40 @@ def without_warmup(samples: Samples) -> tuple[Samples, list[int]]:
 
 
 def select_model(fitted: dict[str, Fit]) -> tuple[str, str] | None:
-    """(name, score) of the fitted model that best predicts work it never saw (held_out_mape: prefix bands and chunk
-    ranges held out; the row-wise cv_mape where there are fewer than two prefix bands; ties: MODEL_NAMES order);
-    None where none fitted; `pick` asks it among the models whose form passed."""
+    """(name, score) of the fitted model that best predicts work it never saw, by CHOICE_RULE on each model's fold
+    errors (held_out_mape's folds: prefix bands and chunk ranges held out; the row-wise cv_mape's k folds where there
+    are fewer than two prefix bands or a model cannot be fitted in one of them): the least held-out error; where
+    models are within noise of it, the least error at long prefixes, where the policy's chunks shrink; where they
+    are within noise there too, the fewest coefficients (MODEL_NAMES order). None where none fitted; `pick` asks it
+    among the models whose form passed."""
     if not fitted:
         return None
     key = "held_out_mape" if all(np.isfinite(f.held_out_mape) for f in fitted.values()) else "cv_mape"
-    return min(fitted, key=lambda k: (getattr(fitted[k], key), MODEL_NAMES.index(k))), key
+    names = [n for n in MODEL_NAMES if n in fitted]
+    first, long = ([getattr(fitted[n], k) for n in names] for k in ("folds", "long_folds"))
+    if all(f is None for f in first) or all(f is None for f in long):  # a single row: the score alone
+        return min(names, key=lambda k: (getattr(fitted[k], key), MODEL_NAMES.index(k))), key
+
+    def stacked(arrays: list) -> np.ndarray:  # (models, 1, folds); inf for a model not fitted in some fold
+        shape = next(a.shape for a in arrays if a is not None)
+        return np.stack([np.full(shape, np.inf) if a is None else a for a in arrays])[:, None, :]
+
+    return names[int(choose_model(stacked(first), stacked(long))[0])], key
+
+
+def choice_set(fitted: dict[str, Fit], used: Samples) -> tuple[list[str], dict[str, dict]]:
+    """(the fitted models the choice ranges over, {name: form check}): those whose form the cell medians of `used`
+    bear out (ppprof.fit.confidence.form_check), all of them where none does."""
+    forms = {n: form_check(f.model, used) for n, f in fitted.items()}
+    adequate = [n for n in fitted if forms[n]["passed"]]
+    return adequate or list(fitted), forms
 
 
 def pick(fitted: dict[str, Fit], used: Samples) -> tuple[str, str, dict[str, dict]]:
-    """(name, score, {name: form check}): select_model among the fitted models whose form the cell medians of `used`
-    bear out (ppprof.fit.confidence.form_check), all of them where none does; `fitted` must not be empty. The
+    """(name, score, {name: form check}): select_model among choice_set's models; `fitted` must not be empty. The
     policy's choice, and the model the adaptive design bootstraps."""
-    forms = {n: form_check(f.model, used) for n, f in fitted.items()}
-    adequate = {n: f for n, f in fitted.items() if forms[n]["passed"]}
-    name, key = select_model(adequate or fitted)
+    names, forms = choice_set(fitted, used)
+    name, key = select_model({n: fitted[n] for n in names})
     return name, key, forms
 
 
@@ -97,6 +116,8 @@ def select_and_gate(
     diag["selected_by"] = (
         (key if adequate else f"{key} (no model's form passed)") if latency_model == "auto" else "requested"
     )
+    if latency_model == "auto":
+        diag["selection_rule"] = CHOICE_RULE
     diag.update(per_model[name])
     target = model.target_ms(settings.base_chunk_size)
     shrink, shrink_at = predicted_shrink(model, settings, target)  # SGLang's rule's, a diagnostic
