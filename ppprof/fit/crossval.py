@@ -151,7 +151,8 @@ def within_noise(errors: np.ndarray, best: np.ndarray) -> np.ndarray:
     """(models, replicates) True where a model's fold errors (models, replicates, folds; nan where a fold has no
     rows to score, inf where the model could not be fitted) are within NOISE_SES standard errors of the `best`
     model's (replicates,), the folds paired; the best model always is."""
-    d = errors - np.take_along_axis(errors, best[None, :, None], axis=0)
+    with np.errstate(invalid="ignore"):  # inf - inf (two models that could not be fitted): nan, not a fold
+        d = errors - np.take_along_axis(errors, best[None, :, None], axis=0)
     mean, n = fold_mean(d)
     finite = np.isfinite(d)
     sq = np.where(finite, (d - np.nan_to_num(mean)[..., None]) ** 2, 0.0).sum(axis=-1)
