@@ -15,27 +15,28 @@ Usage: python scripts/experiments/robust_load.py [-o OUT.json] [--quick]
 from __future__ import annotations
 
 import json
-import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from ppprof.config import ChunkSettings, PolicyOptions
-from ppprof.fit import fit
-from ppprof.fit.build import carried, with_load
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from under_load_sim import ATOM_MODEL, default_policy, gpu_sized_policy  # noqa: E402
+
+from ppprof.fit import fit  # noqa: E402
 from ppprof.fit.synthetic import make_samples, write_run_dir
 from ppprof.manifest import script_parser, write_result
 from ppprof.policy import from_dict
 from ppprof.policy.rule import LatencyModel
-from ppprof.policy.schema import SCHEMA_VERSION
 from ppprof.serving.arms import SERVING_ARMS, packed_stage_ms, sizer
 from ppprof.serving.scheduler import Capacity
 from ppprof.serving.simulate import LoadLevel, serve
+from ppprof.traces import read_trace
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = REPO / "results/bench-reference/profile"
-TRACE = Path("/work/shared/data/mooncake/conversation_trace.jsonl")
-ATOM_MODEL = LatencyModel("prefix", a=3.25e-7, b=6.03e-3, c=26.1, g=5.39e-4)
+TRACE = REPO.parent / "shared" / "data" / "mooncake" / "conversation_trace.jsonl"
 ISSUE_MODEL = LatencyModel("prefix", a=1.1e-7, b=2.4e-3, c=9.0, g=3.1e-4)
 RATE_FRACTIONS = (0.5, 0.8, 0.95)
 NUM_PROMPTS = 48
@@ -59,47 +60,14 @@ def issue_policy():
         return from_dict(fit(samples, policy_options={"pp_size": 8})[1])
 
 
-def default_policy():
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in ("samples.csv", "run.json"):
-            shutil.copy(PROFILE / name, Path(tmp) / name)
-        return from_dict(fit(Path(tmp) / "samples.csv", policy_options={"min_gain": 0.01})[1])
-
-
-def gpu_sized_policy(model=ATOM_MODEL, pp_size=4):
-    """ATOM's model at `pp_size` stages, its rules chosen as `ppprof fit` chooses them, then its under-load rule."""
-    settings = ChunkSettings(base_chunk_size=8192, context_len=131072, page_size=64)
-    measured = {"prefix_len": [0, settings.context_len], "chunk_size": [1, 32768]}
-    options = PolicyOptions(min_gain=0.0, overhead_ms=20.0, pp_size=pp_size)
-    rules = carried(model, "dynamic", "a published model", settings, measured, None, options, False)
-    data = {
-        "schema_version": SCHEMA_VERSION,
-        "latency_model": model.to_dict(),
-        "settings": settings.to_dict(),
-        "target_latency_ms": model.target_ms(settings.base_chunk_size),
-        "provenance": {"world_size": pp_size},
-        "parity": None,
-        "diagnostics": {},
-        **rules,
-    }
-    return from_dict(with_load(data))
-
-
 def sixteen_stage_policy():
     quarter = LatencyModel("prefix", a=ATOM_MODEL.a / 4, b=ATOM_MODEL.b / 4, c=ATOM_MODEL.c, g=ATOM_MODEL.g / 4)
     return gpu_sized_policy(quarter, pp_size=16)
 
 
 def trace_lengths(longest: int, count: int) -> list[int]:
-    out = []
-    with TRACE.open() as f:
-        for line in f:
-            n = int(json.loads(line)["input_length"])
-            if 0 < n <= longest:
-                out.append(n)
-            if len(out) == count:
-                break
-    return out
+    """The first `count` input lengths of Mooncake's conversation trace up to `longest`."""
+    return [r.prompt_len for r in read_trace(TRACE).requests if r.prompt_len <= longest][:count]
 
 
 def workloads(policy, count: int) -> dict[str, list[int]]:
