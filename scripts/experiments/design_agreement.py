@@ -10,8 +10,13 @@ planning model, the mean TTFT of its plans of that grid run's workload over the 
 themselves, the same way, for the noise between two runs of one design); and the adaptive design's probing time over
 the grid's median.
 
+With --bench, each profile is followed by `ppprof bench POLICY --prompt-len 8192 --repeats 3` on the same pipeline
+(only bench.json kept): each run's median and worst prediction error over the bench's arms (|predicted / measured - 1|),
+the figure issue 49 judges the designs by; and the same at the arms' median level (the shape alone).
+
 Usage:
     python scripts/experiments/design_agreement.py OUT [--rounds 5] [--loaded 2]   # profiles, ~2 min a round
+    python scripts/experiments/design_agreement.py OUT --rounds 4 --loaded 2 --bench  # and a bench each, ~4 min a round
     python scripts/experiments/design_agreement.py OUT --flags '--pp-size 1'       # another setup
     python scripts/experiments/design_agreement.py OUT --summary-only              # re-read OUT's runs
 The summary goes to OUT/summary.json (-o to put it elsewhere).
@@ -69,7 +74,48 @@ def profile(out: Path, design: str, flags: list[str]) -> None:
     (out / "wall_s").write_text(f"{wall:.2f}\n")
 
 
-def run_rounds(folder: Path, rounds: int, loaded: int, flags: list[str]) -> None:
+def bench(out: Path) -> None:
+    """`ppprof bench` of out/policy.json at one 8192-token prompt, 3 repeats; only bench.json kept in out/bench."""
+    where = out / "bench"
+    cmd = [sys.executable, "-m", "ppprof", "bench", str(out / "policy.json"), "--prompt-len", "8192"]
+    r = subprocess.run([*cmd, "--repeats", "3", "--out", str(where)], capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{r.stderr[-3000:]}")
+    for f in where.iterdir():
+        if f.name != "bench.json":
+            shutil.rmtree(f) if f.is_dir() else f.unlink()
+
+
+BENCH_FIGURES = (
+    "bench_error_median",
+    "bench_error_worst",
+    "bench_level",
+    "bench_shape_error_median",
+    "bench_shape_error_worst",
+)
+
+
+def bench_errors(folder: Path) -> dict:
+    """Median and worst |prediction error| over the bench's arms at its one prompt length; the level (the arms' median
+    predicted / measured: how far the host moved between the profile and the bench, or the model's level is off), and
+    the errors at that level (each arm's ratio over the median: the shape alone, what decides which chunks win). None
+    without a bench."""
+    path = folder / "bench" / "bench.json"
+    if not path.is_file():
+        return dict.fromkeys(BENCH_FIGURES)
+    lengths = json.loads(path.read_text())["prompt_lens"]
+    ratios = np.array([1 + s["prediction_error"] for one in lengths.values() for s in one["strategies"].values()])
+    errors, shape = np.abs(ratios - 1), np.abs(ratios / np.median(ratios) - 1)
+    return {
+        "bench_error_median": float(np.median(errors)),
+        "bench_error_worst": float(errors.max()),
+        "bench_level": float(np.median(ratios)),
+        "bench_shape_error_median": float(np.median(shape)),
+        "bench_shape_error_worst": float(shape.max()),
+    }
+
+
+def run_rounds(folder: Path, rounds: int, loaded: int, flags: list[str], with_bench: bool) -> None:
     for i in range(rounds + loaded):
         kind = "quiet" if i < rounds else "loaded"
         order = DESIGNS if i % 2 == 0 else DESIGNS[::-1]
@@ -77,6 +123,8 @@ def run_rounds(folder: Path, rounds: int, loaded: int, flags: list[str]) -> None
             for design in order:
                 name = f"{kind}-{i + 1}-{design}"
                 profile(folder / name, design, flags)
+                if with_bench:
+                    bench(folder / name)
                 print(f"{name}: {row(folder / name)['status']}", file=sys.stderr)
 
 
@@ -100,6 +148,7 @@ def row(folder: Path) -> dict:
         "gain": predicted.get("gain_vs_fixed_best"),
         "gain_lower": interval.get("lower"),
         "gain_upper": interval.get("upper"),
+        **bench_errors(folder),
     }
 
 
@@ -156,6 +205,7 @@ def summary(folder: Path) -> dict:
             "gain": spread([r["gain"] for r in members if r["gain"] is not None]),
             "worst_ttft_on_grid_models": spread(worst),
             "plans_within_1pct_of_every_grid_run": sum(v <= 1.01 for v in worst),
+            **{k: spread([r[k] for r in members if r[k] is not None]) for k in BENCH_FIGURES},
         }
 
     return {
@@ -166,6 +216,7 @@ def summary(folder: Path) -> dict:
         "grid_decision": decision,
         "grid_probe_wall_s_median": grid_s,
         "grid": group(grid),
+        "grid_quiet": group([r for r in grid if not r["loaded"]]),
         "adaptive": group(adaptive),
         "adaptive_quiet": group([r for r in adaptive if not r["loaded"]]),
         "adaptive_loaded": group([r for r in adaptive if r["loaded"]]),
@@ -179,11 +230,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="quiet rounds (a grid and an adaptive profile each)")
     parser.add_argument("--loaded", type=int, default=2, help="rounds beside one Python busy loop")
     parser.add_argument("--summary-only", action="store_true", help="re-read the runs FOLDER holds; profile none")
+    parser.add_argument("--bench", action="store_true", help="a `ppprof bench` after each profile (its errors)")
     parser.add_argument("--flags", default="", help="more `ppprof profile` flags, e.g. '--pp-size 1'")
     args = parser.parse_args()
     if not args.summary_only:
         args.folder.mkdir(parents=True, exist_ok=True)
-        run_rounds(args.folder, args.rounds, args.loaded, shlex.split(args.flags))
+        run_rounds(args.folder, args.rounds, args.loaded, shlex.split(args.flags), args.bench)
     result = summary(args.folder)
     command = "python scripts/experiments/design_agreement.py " + " ".join(sys.argv[1:])
     out = write_result(args.out or args.folder / "summary.json", result, command)
