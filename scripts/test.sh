@@ -18,7 +18,7 @@ workers=${PPPROF_TEST_WORKERS:-2}
 serial=${PPPROF_TEST_SERIAL:-0}
 [[ "$serial" =~ ^[01]$ ]] || { echo "test.sh: PPPROF_TEST_SERIAL $serial is invalid: use 0 or 1" >&2; exit 2; }
 parallel=()
-[ "$workers" = 1 ] || parallel=(-n "$workers")
+[ "$workers" = 1 ] || parallel=(-n "$workers" --dist loadgroup)
 took() { printf '%d min %02d s' $(($1 / 60)) $(($1 % 60)); }
 start=$SECONDS
 multirank_phase() {
