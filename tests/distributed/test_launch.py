@@ -194,3 +194,23 @@ def test_a_rank_that_crashed_has_its_logs_last_lines_printed(tmp_path, capsys):
     os.utime(tmp_path / "rank0.log", (1000.0, 1000.0))  # a resumed run's log, last written by an earlier launch
     record_outcome(str(tmp_path), Outcome(1, failure), since=2000.0)
     assert capsys.readouterr().err == ""
+
+
+def test_the_rendezvous_events_keep_torchs_names_found_without_reading_source():
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    from ppprof.distributed.launch import cheap_event_names
+
+    class Handler:  # as torch's handlers call it: from _record, named after _record's caller
+        def _record(self):
+            return dynamic_rendezvous.get_method_name()
+
+        def next_rendezvous(self):
+            return self._record()
+
+    torchs = dynamic_rendezvous.get_method_name
+    with cheap_event_names():
+        assert dynamic_rendezvous.get_method_name is not torchs
+        assert Handler().next_rendezvous() == "next_rendezvous"
+        assert dynamic_rendezvous.get_method_name(depth=10_000) == "no_method_name"
+    assert dynamic_rendezvous.get_method_name is torchs and Handler().next_rendezvous() == "next_rendezvous"
