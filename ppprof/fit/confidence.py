@@ -1,8 +1,8 @@
 """How sure the samples make the policy's decision: the model's form judged on cell medians, where row noise averages
 out, and the predicted gain over the best fixed chunk resampled. Pure numpy; no torch.
 
-Cells: the rows of one (prefix_len, chunk_size); where a prefix length's cells hold fewer than MIN_CELL_ROWS rows
-(the sweep's one request a chunk size), neighbouring chunk sizes are pooled into cells of MIN_CELL_ROWS rows. In logs
+Cells: the rows of one (prefix_len, chunk_size); the chunk sizes of a prefix length that hold fewer than MIN_CELL_ROWS
+rows (the sweep's one request a chunk size) are pooled with their neighbours into cells of MIN_CELL_ROWS rows. In logs
 (timing noise is multiplicative, so symmetric there), a cell's deviation is the median of its rows' log(latency /
 model) less the level, the cells' mean of those medians weighted by their latency (a least-squares fit runs through
 the mean of skewed timing noise, above its median by a common factor: a level, not a form). The form error is the RMS
@@ -64,20 +64,25 @@ MEDIAN_SE = math.sqrt(math.pi / 2)
 
 
 def cells(prefix_len: np.ndarray, chunk_size: np.ndarray) -> np.ndarray:
-    """(n,) cell index of each row: its (prefix_len, chunk_size) where every chunk size of that prefix length has
-    MIN_CELL_ROWS rows or more, else runs of MIN_CELL_ROWS rows of neighbouring chunk sizes (a short last run joins the
-    one before)."""
+    """(n,) cell index of each row: its (prefix_len, chunk_size) where that chunk size has MIN_CELL_ROWS rows or more;
+    the rows of the sizes with fewer pooled with their neighbouring such sizes' in runs of MIN_CELL_ROWS (a short last
+    run joins the one before). A well-filled size stays one cell even where others of its prefix length are pooled: cut
+    into runs of rows in the order they ran, a burst on the host over a few consecutive requests took a whole run's
+    median (two adaptive profiles of 2026-12-05 failed the form check on one such 3-row run at 2.5-2.7x the model)."""
     out = np.empty(len(prefix_len), dtype=np.int64)
     next_id = 0
     for L in np.unique(prefix_len):
         rows = np.flatnonzero(prefix_len == L)
         _, same, counts = np.unique(chunk_size[rows], return_inverse=True, return_counts=True)
-        if counts.min() >= MIN_CELL_ROWS:
-            bins = same
-        else:
-            rank = np.empty(len(rows), dtype=np.int64)
-            rank[np.argsort(chunk_size[rows], kind="stable")] = np.arange(len(rows))
-            bins = np.minimum(rank // MIN_CELL_ROWS, max(0, len(rows) // MIN_CELL_ROWS - 1))
+        full = counts[same] >= MIN_CELL_ROWS
+        bins = np.empty(len(rows), dtype=np.int64)
+        bins[full] = np.unique(same[full], return_inverse=True)[1]
+        taken = int(bins[full].max()) + 1 if full.any() else 0
+        sparse = np.flatnonzero(~full)
+        if sparse.size:
+            rank = np.empty(sparse.size, dtype=np.int64)
+            rank[np.argsort(chunk_size[rows[sparse]], kind="stable")] = np.arange(sparse.size)
+            bins[sparse] = taken + np.minimum(rank // MIN_CELL_ROWS, max(0, sparse.size // MIN_CELL_ROWS - 1))
         out[rows] = next_id + bins
         next_id += int(bins.max()) + 1
     return out
