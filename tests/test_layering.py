@@ -9,7 +9,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "ppprof"
 
 LAYERS = (
-    ("ppprof", "ppprof.bounds", "ppprof.checks", "ppprof.chunks", "ppprof.io"),
+    ("ppprof", "ppprof.bounds", "ppprof.checks", "ppprof.io"),
+    ("ppprof.chunks",),
     ("ppprof.mem",),
     ("ppprof.distributed",),
     ("ppprof.plotting", "ppprof.specs"),

@@ -7,13 +7,10 @@ import json
 from pathlib import Path
 
 from ppprof.checks import is_int, short
+from ppprof.policy.contract import READ_VERSIONS, SCHEMA_VERSION
 
-SCHEMA_VERSION = (
-    5  # 5: the full-pipeline under-load rule; 4: a pending-count one; 3: the prompt-aware rule, the overhead
-)
-READ_VERSIONS = (3, 4, SCHEMA_VERSION)
-"""The versions read: a policy of schema 3 has no under-load rule, and one of schema 4 a rule keyed by the count of
-pending requests that is not read (ppprof.policy.tables.LOAD_RULE_VERSION); both answer at every load as with none."""
+__all__ = ["READ_VERSIONS", "SCHEMA_FILE", "SCHEMA_VERSION", "policy_schema", "schema_error", "schema_validator"]
+
 SCHEMA_FILE = Path(__file__).with_name("policy.schema.json")
 """The policy contract: a JSON Schema (draft 2020-12) of policy.json, shipped with the package; `ppprof validate
 --schema` prints it. Servers in other languages validate against it."""
