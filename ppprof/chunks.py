@@ -68,6 +68,7 @@ def positive_root(qa: float, qb: float, qc: float) -> float | None:
     x = (-qb + math.sqrt(disc)) / (2.0 * qa)
     return x if math.isfinite(x) and x > 0 else None
 
+
 DEFAULT_SMOOTH_FACTOR = 0.75
 """ppprof's default s (SGLang's too): the next chunk is B + s (x - B)."""
 DEFAULT_CONTEXT_LEN = 32768

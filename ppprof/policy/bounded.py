@@ -6,15 +6,23 @@ one rule's breakpoint table. Pure numpy; no torch.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from ppprof.policy.optimum import Domain, latency_range, ttft
 from ppprof.policy.contract import LatencyModel, bounded_chunk
+from ppprof.policy.optimum import Domain, latency_range, ttft
 
-__all__ = ["Walks", "bounded_chunk", "bounded_sizes", "rule_bounds", "rule_table", "rule_ttft", "rule_ttfts", "walk_rules"]
+__all__ = [
+    "Walks",
+    "bounded_chunk",
+    "bounded_sizes",
+    "rule_bounds",
+    "rule_table",
+    "rule_ttft",
+    "rule_ttfts",
+    "walk_rules",
+]
 
 
 def bounded_sizes(

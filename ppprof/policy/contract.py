@@ -240,8 +240,10 @@ class Overhead:
     stages' timed forwards, added to every chunk's predicted latency; measured, given or none (0)."""
 
     ms_per_chunk: float
-    stderr_ms: float | None = None
-    source: str = "none"
+    stderr_ms: float | None
+    """Its uncertainty (None where not measured)."""
+    source: str
+    """measured, given or none."""
 
     def __post_init__(self) -> None:
         LATENCY.check("$.overhead.ms_per_chunk", self.ms_per_chunk)
@@ -249,7 +251,7 @@ class Overhead:
 
     @classmethod
     def from_dict(cls, d: dict) -> Overhead:
-        return cls(d["ms_per_chunk"], d.get("stderr_ms"), d.get("source", "none"))
+        return cls(d["ms_per_chunk"], d["stderr_ms"], d["source"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,9 +259,10 @@ class Calibration:
     """The pipelined level (the file's `calibration`): the fitted latency mapped onto the bottleneck stage's forwards
     in the profile's pipelined runs, linear_scale (c + b x) + the attention terms + shift_ms; 1 and 0 where none."""
 
-    linear_scale: float = 1.0
-    shift_ms: float = 0.0
-    source: str = "none"
+    linear_scale: float
+    shift_ms: float
+    source: str
+    """measured or none."""
 
     def __post_init__(self) -> None:
         SCALE.check("$.calibration.linear_scale", self.linear_scale)
@@ -271,7 +274,7 @@ class Calibration:
     @classmethod
     def from_dict(cls, d: dict | None) -> Calibration:
         d = d or NO_CALIBRATION
-        return cls(d["linear_scale"], d["shift_ms"], d.get("source", "none"))
+        return cls(d["linear_scale"], d["shift_ms"], d["source"])
 
 
 def check_breakpoints(where: str, starts: list[int], sizes: list[int]) -> None:
@@ -354,7 +357,9 @@ class PromptRule:
         columns = {k: getattr(self, k) for k in ("bound_ms", "merge_len", "prefix_len", "chunk_size")}
         one_a_row(where, columns, len(self.prompt_len), "band")
         if self.prompt_len[0] != 1:
-            raise ValueError(f"{where}.prompt_len[0]: {self.prompt_len[0]}: the first band starts at prompts of 1 token")
+            raise ValueError(
+                f"{where}.prompt_len[0]: {self.prompt_len[0]}: the first band starts at prompts of 1 token"
+            )
         increasing(f"{where}.prompt_len", self.prompt_len, "band starts")
         for i, (starts, sizes) in enumerate(zip(self.prefix_len, self.chunk_size)):
             check_breakpoints(f"{where}.band[{i}]", starts, sizes)

@@ -26,15 +26,7 @@ from __future__ import annotations
 import math
 
 from ppprof.chunks import ChunkSettings
-from ppprof.policy.contract import (
-    COEF_UNITS,
-    FORMS,
-    MODEL_COEFS,
-    MODEL_NAMES,
-    NO_CALIBRATION,
-    LatencyModel,
-    sglang_f,
-)
+from ppprof.policy.contract import COEF_UNITS, FORMS, MODEL_COEFS, MODEL_NAMES, NO_CALIBRATION, LatencyModel, sglang_f
 
 __all__ = [
     "COEF_UNITS",
@@ -50,6 +42,7 @@ __all__ = [
     "next_chunk_size",
     "sglang_f",
 ]
+
 
 def next_chunk_size(model: LatencyModel, settings: ChunkSettings, target_ms: float, prefix_len: int) -> int:
     """The rule in the module docstring, evaluated directly (the table is built from this)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ppprof.bounds import MAX_LAYERS  # the bound lives on the ground floor, where the policy reads it too
+from ppprof.bounds import MAX_LAYERS as MAX_LAYERS  # the bound lives on the ground floor, where the policy reads it too
 
 ATTENTION = "attention"
 MLA = "mla"

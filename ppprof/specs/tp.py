@@ -21,9 +21,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ppprof.bounds import MAX_TP_SIZE  # the bound lives on the ground floor, where the policy reads it too
+from ppprof.bounds import (
+    MAX_TP_SIZE as MAX_TP_SIZE,  # the bound lives on the ground floor, where the policy reads it too
+)
 from ppprof.specs.spec import MLP, MOE, ModelSpec
-
 
 
 @dataclass(frozen=True, slots=True)
