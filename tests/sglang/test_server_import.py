@@ -1,5 +1,5 @@
 """What a server imports is the policy contract alone (issue 47): `import ppprof.sglang.sizer` loads at most 12 of
-ppprof's modules and none of numpy, PyYAML, pandas, torch or ppprof.specs (48 modules, numpy and PyYAML before, when
+ppprof's modules and none of numpy, PyYAML, pandas, torch or ppprof.specs (46 modules, numpy and PyYAML before, when
 ppprof.policy pulled in the settings tree and the model specs); and the per-chunk answer allocates nothing but
 transient scalars, keeping nothing."""
 
