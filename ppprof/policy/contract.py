@@ -111,6 +111,7 @@ FORMS = {
     "a + h*x/2, changes with the chunk size (h < 0: larger chunks reuse each key over more queries)",
 }
 NO_CALIBRATION = {"linear_scale": 1.0, "shift_ms": 0.0, "source": "none"}
+CALIBRATION_KEYS = tuple(NO_CALIBRATION)
 """The policy's calibration where none was measured (LatencyModel.planning leaves the model as fitted)."""
 
 
@@ -268,8 +269,17 @@ class Calibration:
         SCALE.check("$.calibration.linear_scale", self.linear_scale)
         SIGNED_LATENCY.check("$.calibration.shift_ms", self.shift_ms)
 
+    def __getitem__(self, key: str):
+        """calibration["linear_scale"], as readers of the file's dict ask it (LatencyModel.planning too)."""
+        if key not in CALIBRATION_KEYS:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def get(self, key: str, default=None):
+        return self[key] if key in CALIBRATION_KEYS else default
+
     def to_dict(self) -> dict:
-        return {"linear_scale": self.linear_scale, "shift_ms": self.shift_ms, "source": self.source}
+        return {key: self[key] for key in CALIBRATION_KEYS}
 
     @classmethod
     def from_dict(cls, d: dict | None) -> Calibration:

@@ -15,7 +15,6 @@ from ppprof.io import TooDeep, parse_json, read_small_text
 from ppprof.policy.contract import (
     FIX,
     LATENCY,
-    NO_CALIBRATION,
     SETTINGS_TOKENS,
     STAGES,
     TOKENS,
@@ -54,7 +53,7 @@ class Policy:
     reason: str
     target_ms: float | None
     overhead: Overhead
-    pipelined: Calibration
+    calibration: Calibration
     pp_size: int
     fixed_best_chunk: int | None = None
     """The best fixed chunk on the policy's workload, where its rules were chosen (None for a static policy)."""
@@ -80,13 +79,13 @@ class Policy:
             settings = ChunkSettings(**data["settings"])
         except ValueError as e:
             raise ValueError(f"$.settings: {e}") from None
-        overhead, pipelined = Overhead.from_dict(data["overhead"]), Calibration.from_dict(data.get("calibration"))
-        planning = None if model is None else model.planning(pipelined.to_dict(), overhead.ms_per_chunk)
+        overhead, calibration = Overhead.from_dict(data["overhead"]), Calibration.from_dict(data.get("calibration"))
+        planning = None if model is None else model.planning(calibration, overhead.ms_per_chunk)
         table, rule = HistoryTable.from_dict(data["table"]), PromptRule.from_dict(data["prompt_table"])
         load = LoadRule.from_dict(data.get("load"), data["schema_version"])
         fixed_best = (data.get("predicted") or {}).get("fixed_best_chunk")
         pp_size = data.get("num_stages") or 1
-        parts = (data["status"], data["reason"], data["target_latency_ms"], overhead, pipelined, pp_size, fixed_best)
+        parts = (data["status"], data["reason"], data["target_latency_ms"], overhead, calibration, pp_size, fixed_best)
         return cls(data, model, settings, planning, table, rule, load, *parts)
 
     @property
@@ -98,11 +97,6 @@ class Policy:
         """d: what a packed forward of n pieces costs beyond the additive form, d (n - 1), as the profile's packed
         forwards measured it (0, the additive form, where it timed none or the form held)."""
         return float((self.data.get("packed_forwards") or {}).get("extra_piece_ms", 0.0))
-
-    @property
-    def calibration(self) -> dict:
-        """The file's calibration as written (the typed pipelined level is `pipelined`)."""
-        return self.data.get("calibration") or NO_CALIBRATION
 
     @property
     def provenance(self) -> dict:
