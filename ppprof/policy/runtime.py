@@ -72,7 +72,7 @@ class Policy:
         try:
             model = None if data["latency_model"] is None else LatencyModel.from_dict(data["latency_model"])
         except ValueError as e:
-            raise ValueError(e if str(e).startswith("$.") else f"$.latency_model: {e}") from None
+            raise ValueError(str(e) if str(e).startswith("$.") else f"$.latency_model: {e}") from None
         for key in (*SETTINGS_TOKENS, "context_margin"):
             check_optional(f"$.settings.{key}", data["settings"].get(key), TOKENS)
         try:
