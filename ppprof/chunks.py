@@ -1,7 +1,7 @@
 """Chunk arithmetic every layer shares: aligning a token count to a unit, the default floor of a chunk, walking a
 prompt chunk by chunk under a rule, and the settings of the next-chunk rule (ChunkSettings: a profile's run checks them
 before any rank starts, `ppprof fit` builds them, the policy file carries them and a server reads them). Pure Python;
-imports only ppprof.checks."""
+imports only the ground floor (ppprof.bounds, ppprof.checks)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable
 from dataclasses import InitVar, asdict, dataclass, field
 
+from ppprof.bounds import MAX_TOKENS
 from ppprof.checks import is_number, require_int
 
 MIN_ALIGNMENT = 64
@@ -118,8 +119,8 @@ class ChunkSettings(ChunkSizes):
             ("max_chunk_size", 0),
             ("context_len", 1),
         ):
-            require_int("--" + name.replace("_", "-"), getattr(self, name), low)
-        require_int("context_margin", self.context_margin, 0)
+            require_int("--" + name.replace("_", "-"), getattr(self, name), low, MAX_TOKENS)
+        require_int("context_margin", self.context_margin, 0, MAX_TOKENS)
         s = self.smooth_factor
         if not is_number(s) or not (0.0 < s <= 1.0):
             raise ValueError(f"--smooth-factor {s!r} is out of range: use a value in (0, 1]")
