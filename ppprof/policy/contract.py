@@ -20,6 +20,8 @@ SCHEMA_VERSION = 5
 READ_VERSIONS = (3, 4, SCHEMA_VERSION)
 """The versions read: a policy of schema 3 has no under-load rule, and one of schema 4 a rule keyed by the count of
 pending requests that is not read (LOAD_RULE_VERSION); both answer at every load as with none."""
+STATUSES = ("dynamic", "static")
+"""A policy's status: its tables follow the rules (dynamic), or every chunk is the best fixed one (static)."""
 FIX = "fix that field or regenerate the policy with `ppprof fit`"
 MAX_LATENCY_MS = 1e7
 """The largest latency a policy holds, ms (about 2.8 hours a chunk): a target, a bound, the overhead, the

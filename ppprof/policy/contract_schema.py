@@ -16,13 +16,13 @@ from ppprof.policy.contract import (
     MODEL_NAMES,
     READ_VERSIONS,
     SCHEMA_VERSION,
+    STATUSES,
     Calibration,
     HistoryTable,
     LoadRule,
     Overhead,
     PromptRule,
 )
-from ppprof.policy.runtime import STATUSES
 from ppprof.policy.schema_fields import (
     COEFFICIENT,
     COEFFICIENTS,

@@ -17,6 +17,7 @@ from ppprof.policy.contract import (
     LATENCY,
     SETTINGS_TOKENS,
     STAGES,
+    STATUSES,
     TOKENS,
     Calibration,
     HistoryTable,
@@ -30,7 +31,6 @@ from ppprof.policy.contract import (
 
 MAX_PLAN_CHUNKS = 1_000_000
 """The most chunks a plan holds (Policy.plan, `ppprof plan`): its lists stay a few MB whatever the prompt."""
-STATUSES = ("dynamic", "static")
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,8 @@ import pytest
 
 import ppprof.policy.contract_schema as contract_schema
 from ppprof.chunks import SETTINGS_ORDER
-from ppprof.policy.contract import COEF_UNITS, MODEL_NAMES, READ_VERSIONS
-from ppprof.policy.runtime import STATUSES, load
+from ppprof.policy.contract import COEF_UNITS, MODEL_NAMES, READ_VERSIONS, STATUSES
+from ppprof.policy.runtime import load
 from ppprof.policy.schema import SCHEMA_FILE, policy_schema, schema_text
 
 REPO = Path(__file__).resolve().parents[2]
