@@ -1,11 +1,9 @@
 """ppprof.policy.contract: the parts a server reads, each checked and bounded in its own __post_init__ (the bounds
-ppprof.policy.numbers held for them, with the same one-line refusal), the contract standard library and the ground
-floors only, and its one-prefix bounded rule the same as the bulk one the fit builds tables with."""
+ppprof.policy.numbers held for them, with the same one-line refusal), and its one-prefix bounded rule the same as the
+bulk one the fit builds tables with (tests/test_layering.py checks what the contract imports)."""
 
-import ast
 import copy
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +20,6 @@ from .test_numbers import steps
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=2e-4)
-GROUND = {"ppprof.bounds", "ppprof.checks", "ppprof.chunks", "ppprof.io", "ppprof.policy.contract"}
-LOADED_LATER = {"ppprof.policy.rebuilt", "ppprof.policy.structure", "ppprof.policy.rule"}
-"""What runtime imports inside functions: the checks of a load, and SGLang's rule for a parity policy."""
 
 
 def full_policy() -> dict:
@@ -32,29 +27,6 @@ def full_policy() -> dict:
     data = policy_dict(MODEL) | {"load": LoadRule(4, 2.0, 64, 12.0, 1024, 256).to_dict()}
     data["overhead"]["stderr_ms"] = 0.1
     return data
-
-
-def module_imports(path: Path) -> tuple[set[str], set[str]]:
-    """(modules imported at module level, those imported inside functions) by the file at `path`."""
-    tree = ast.parse(path.read_text())
-    top = {n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))}
-    at_top, inside = set(), set()
-    for node in ast.walk(tree):
-        names = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            names = [node.module]
-        (at_top if node in top else inside).update(names)
-    return at_top, inside
-
-
-@pytest.mark.parametrize("module", ["contract", "runtime"])
-def test_the_contract_imports_the_standard_library_and_the_ground_floors_only(module):
-    at_top, inside = module_imports(REPO / "ppprof" / "policy" / f"{module}.py")
-    foreign = {m for m in at_top if m.split(".")[0] not in sys.stdlib_module_names and m not in GROUND}
-    assert foreign == set(), foreign
-    assert inside <= LOADED_LATER, inside
 
 
 @pytest.mark.parametrize("path, bound", CONTRACT_FIELDS, ids=[p for p, _ in CONTRACT_FIELDS])
