@@ -1,8 +1,7 @@
-"""The policy contract: what a server reads of policy.json, as frozen values, each checked and bounded in its own
-__post_init__ (ValueError, one line naming the field by its JSON path, the value and the fix): the latency model, the
-pipelined level (`Calibration`), the per-chunk overhead, the history-only table, the prompt-aware rule and the
-under-load rule. `ppprof.policy.runtime.Policy` holds them with the settings (ppprof.chunks.ChunkSettings) and the
-status. Standard library and the ground floors only: a server imports this and Policy, nothing heavier (no numpy)."""
+"""The policy contract: what a server reads of policy.json as frozen values, each checked and bounded in its own
+__post_init__ (ValueError: one line naming the JSON field, the value, the fix): the latency model, the pipelined level
+(`Calibration`), the per-chunk overhead, the two tables and the under-load rule; `ppprof.policy.runtime.Policy` holds
+them with the settings and the status. Standard library and the ground floors only (no numpy)."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ calibration's shift; and the largest coefficient in its unit (ms per token^k: a 
 MAX_LINEAR_SCALE = 1e3
 """The largest calibration linear_scale read (a fit applies one in 0.5..2 only)."""
 MAX_COUNT = 2**53
-"""The largest count summed over a whole profile (requests, forward tokens): exact in a double, as JSON readers in
-other languages hold numbers."""
+"""The largest count summed over a whole profile: exact in a double, as JSON readers in other languages hold it."""
 MAX_FILL = 1e3
 """The largest `fill` of an under-load rule read (a fit tries a few, about 1)."""
 
@@ -93,8 +91,10 @@ CONTRACT_FIELDS = (
     ("load.full.bound_ms", LATENCY),
     ("load.full.chunk_cap", TOKENS),
 )
-"""The bound of every number of the contract (a path's `[]` is each item of a list, `*` each value of an object),
-as its parts check them in their __post_init__ (ppprof.policy.numbers adds the report's)."""
+"""The bound of every number of the contract (a path's `[]` is each item of a list, `*` each value of an object), as
+its parts check them: in __post_init__, or in from_dict for what the file keeps beside a class's fields (a table's
+bound and cap, the coefficients' values; the settings, which Policy.of checks before ChunkSettings so that the line
+names the JSON field). ppprof.policy.numbers adds the report's."""
 
 
 def check_optional(where: str, value, bound: Bound) -> None:
