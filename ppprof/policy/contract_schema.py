@@ -36,8 +36,6 @@ from ppprof.policy.schema_fields import (
     TOP_DESCRIPTIONS,
 )
 
-PARITIES = ["sglang", None]
-"""`parity`: SGLang's own fit and rule, or none."""
 FULL_KEYS = ("bound_ms", "chunk_cap")
 """LoadRule's fields the file nests under load.full."""
 FILE_KEYS = {
@@ -141,7 +139,6 @@ def contract_schema() -> dict:
         "target_latency_ms": TOP["target_latency_ms"],
         **{part: part_schema(part, *parts[part], closed=False) for part in ("overhead", "calibration")},
         "num_stages": TOP["num_stages"],
-        "parity": TOP["parity"] | {"enum": PARITIES},
         "load": {
             "description": TOP_DESCRIPTIONS["load"],
             "oneOf": [{"$ref": "#/$defs/load"}, {"$ref": "#/$defs/load_schema4"}],

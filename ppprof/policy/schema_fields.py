@@ -286,10 +286,6 @@ TOP = {
         "type": "integer",
         "minimum": 1,
     },
-    "parity": {
-        "description": "sglang: SGLang's own fit and rule (`ppprof fit --parity sglang`): table and "
-        "prompt_table hold SGLang's rule; null otherwise."
-    },
 }
 TOP_DESCRIPTIONS = {
     "latency_model": "The fitted chunk latency t(prefix_len, chunk_size) in ms; null where no model could be fitted "
