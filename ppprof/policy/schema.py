@@ -17,7 +17,8 @@ SCHEMA_FILE = Path(__file__).with_name("policy.schema.json")
 servers in other languages, which validate against it; tests/policy/test_schema.py keeps it equal to the generated."""
 REPORT_FILE = Path(__file__).with_name("report.schema.json")
 """The report's part of the schema (diagnostics, provenance, predictions, design, domain, whether the tables are
-SGLang's own rule (`parity`); a schema 4 under-load rule): its properties and $defs, which no server reads."""
+SGLang's own rule (`parity`); a schema 4 under-load rule): its properties and $defs. No server sizes a chunk from
+it (ppprof's SGLang sizer checks the profiled setup in its provenance against its own)."""
 ORDER = (
     *("schema_version", "status", "reason", "latency_model", "settings", "target_latency_ms"),
     *("target_chunk_latency_ms", "rule", "diagnostics", "provenance", "domain", "design", "table", "overhead"),
