@@ -50,21 +50,25 @@ def test_loading_a_policy_and_answering_imports_nothing_heavy():
 
 def allocated(call, n: int = 2000, tries: int = 5) -> tuple[int, int]:
     """(bytes still held after `n` calls, the peak above the start) as tracemalloc counts them, the least of `tries`
-    runs: tracemalloc counts every thread's allocations (pytest-xdist's worker talks to its controller on one), and
-    one run without theirs shows the call's own."""
+    runs. tracemalloc counts every thread's allocations (the sizers' policy watches other tests started, pytest-xdist's
+    channel), so the runs hold the GIL throughout: no other thread runs until the switch interval they ask for, 100 s."""
     call()
-    runs = []
-    for _ in range(tries):
-        tracemalloc.start()
-        try:
-            start, _ = tracemalloc.get_traced_memory()
-            tracemalloc.reset_peak()
-            for _ in range(n):
-                call()
-            held, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
-        runs.append((held - start, peak - start))
+    runs, interval = [], sys.getswitchinterval()
+    sys.setswitchinterval(100.0)
+    try:
+        for _ in range(tries):
+            tracemalloc.start()
+            try:
+                start, _ = tracemalloc.get_traced_memory()
+                tracemalloc.reset_peak()
+                for _ in range(n):
+                    call()
+                held, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+            runs.append((held - start, peak - start))
+    finally:
+        sys.setswitchinterval(interval)
     return min(h for h, _ in runs), min(p for _, p in runs)
 
 
