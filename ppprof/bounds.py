@@ -22,3 +22,7 @@ MLA_PREFIX_SPAN_TOKENS = 8192
 """The most cached tokens an MLA layer decompresses at once (ppprof.model.mla): a longer prefix is decompressed span
 by span and the spans' attention merged by log-sum-exp, as servers bound their MLA prefill workspace, so the
 transient stays at a chunk-sized span whatever the prefix (ppprof.specs.activation counts the span)."""
+MAX_LAYERS = 4096
+"""The most decoder layers a model spec holds (a pattern, repeat or num_hidden_layers beyond it is refused)."""
+MAX_TP_SIZE = 64
+"""The largest --tp-size taken (SGLang's largest published deployments run TP8-16 a stage)."""

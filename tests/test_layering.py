@@ -9,7 +9,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "ppprof"
 
 LAYERS = (
-    ("ppprof", "ppprof.bounds", "ppprof.checks", "ppprof.chunks", "ppprof.io"),
+    ("ppprof", "ppprof.bounds", "ppprof.checks", "ppprof.io"),
+    ("ppprof.chunks",),
     ("ppprof.mem",),
     ("ppprof.distributed",),
     ("ppprof.plotting", "ppprof.specs"),
@@ -242,3 +243,35 @@ def test_the_servers_import_no_click_sklearn_or_pandas():
     """ppprof.servers is pure: the commands that use it (click) and the fits below it (sklearn, pandas) stay out."""
     for forbidden in ("click", "sklearn", "pandas"):
         assert external_imports(("ppprof.servers",), forbidden) == [], forbidden
+
+
+SERVER_CONTRACT = {
+    "ppprof.policy.contract": (),
+    "ppprof.policy.runtime": ("ppprof.policy.rebuilt", "ppprof.policy.structure", "ppprof.policy.rule"),
+}
+"""The policy contract a server imports (issue 47), and what each may import inside a function (runtime: the checks of
+a load, SGLang's rule for a parity policy): at module level the standard library and ppprof's floors below
+ppprof.policy that import nothing heavy (the ground, ppprof.chunks), and the contract itself."""
+CONTRACT_MAY_IMPORT = ("ppprof.bounds", "ppprof.checks", "ppprof.chunks", "ppprof.io", "ppprof.policy.contract")
+
+
+def top_and_inner_imports(path: Path) -> tuple[set[str], set[str]]:
+    """(modules `path` imports at module level, modules it imports inside functions)."""
+    tree = ast.parse(path.read_text())
+    top = {id(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))}
+    at_top, inner = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+            (at_top if id(node) in top else inner).update(names)
+    return at_top, inner
+
+
+@pytest.mark.parametrize("module", SERVER_CONTRACT)
+def test_the_policy_contract_imports_the_standard_library_and_the_ground_only(module):
+    import sys
+
+    at_top, inner = top_and_inner_imports(PACKAGE.parent / (module.replace(".", "/") + ".py"))
+    foreign = {m for m in at_top if m.split(".")[0] not in sys.stdlib_module_names and m not in CONTRACT_MAY_IMPORT}
+    assert foreign == set(), f"{module}: {foreign=}"
+    assert inner <= set(SERVER_CONTRACT[module]), f"{module}: {inner=}"

@@ -8,6 +8,10 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "ppprof"
 MAX_FUNCTION_LINES = 60
 MAX_MODULE_LINES = 330
+LONGER = {"ppprof/policy/contract.py": 500}
+"""Modules allowed past MAX_MODULE_LINES, each with its own most lines, and why: the policy contract a server imports
+is one module (its parts, their checks and bounds), so that `import ppprof.sglang.sizer` loads at most 12 of ppprof's
+modules (issue 47); cut in two, it would cost a thirteenth."""
 COMMAND_LAYER = ("ppprof/cli.py", "ppprof/commands/")
 
 
@@ -43,7 +47,7 @@ def long_modules(files) -> list[str]:
     out = []
     for name, text in files:
         lines = len(text.splitlines())
-        if lines > MAX_MODULE_LINES:
+        if lines > LONGER.get(name, MAX_MODULE_LINES):
             out.append(f"{name} ({lines} lines)")
     return out
 

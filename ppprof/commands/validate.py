@@ -7,7 +7,7 @@ import json
 import click
 
 from ppprof.policy.policy_file import load
-from ppprof.policy.schema import SCHEMA_FILE
+from ppprof.policy.schema import schema_text
 from ppprof.policy.summary import next_commands, summary_block, summary_line, typical_prompt_len, verbose_lines
 
 
@@ -33,7 +33,7 @@ def validate_command(policy_path, show_schema, verbose, as_json) -> None:
     if show_schema:
         if policy_path is not None:
             raise click.UsageError("--schema prints the schema and takes no POLICY: give one or the other")
-        click.echo(SCHEMA_FILE.read_text(), nl=False)
+        click.echo(schema_text(), nl=False)  # generated from the contract (ppprof.policy.contract_schema)
         return
     if policy_path is None:
         raise click.UsageError("Missing argument 'POLICY': give a policy.json, or --schema to print the schema")

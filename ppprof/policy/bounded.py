@@ -6,13 +6,23 @@ one rule's breakpoint table. Pure numpy; no torch.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from ppprof.policy.contract import LatencyModel, bounded_chunk
 from ppprof.policy.optimum import Domain, latency_range, ttft
-from ppprof.policy.rule import LatencyModel
+
+__all__ = [
+    "Walks",
+    "bounded_chunk",
+    "bounded_sizes",
+    "rule_bounds",
+    "rule_table",
+    "rule_ttft",
+    "rule_ttfts",
+    "walk_rules",
+]
 
 
 def bounded_sizes(
@@ -41,22 +51,6 @@ def bounded_sizes(
     # Float rounding at the boundary: one unit down where the aligned root still costs more than the bound.
     over = (x > unit) & (model.chunk_latency_ms(L, x) > bounds)
     return np.where(over, x - unit, x)
-
-
-def bounded_chunk(model: LatencyModel, bound_ms: float, cap: int, prefix_len: int, unit: int) -> int:
-    """One bounded rule's chunk after `prefix_len` in plain floats (bounded_sizes at one prefix, as a server's sizer
-    asks it): the root of the same quadratic, aligned down, one unit down where rounding left it over the bound."""
-    L = float(prefix_len)
-    qa, qb, qc = model.a + model.h * L, 2.0 * model.a * L + model.b, model.c + model.g * L - bound_ms
-    if not math.isfinite(bound_ms):
-        root = math.inf
-    elif qa != 0:
-        disc = qb * qb - 4.0 * qa * qc
-        root = math.inf if qa < 0 and disc < 0 else (-qb + math.sqrt(max(disc, 0.0))) / (2.0 * qa)
-    else:
-        root = -qc / qb if qb > 0 else math.inf
-    x = max(unit, min(int(min(root, cap) // unit) * unit, cap))
-    return x - unit if x > unit and model.one_chunk_ms(prefix_len, x) > bound_ms else x
 
 
 @dataclass(slots=True)

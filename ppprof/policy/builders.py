@@ -111,7 +111,7 @@ def build_prompt_rule(
     rule and how close it came: {"max_ratio": the worst ratio on the pieces' ends, "bands": how many}."""
     cand, first = score_candidates(model, dom, pp_size)
     bands = cover(cand.ratio, tolerance)
-    prompt_rule = PromptRule([], [], [], [], [], dom.largest_chunk)
+    columns = [], [], [], [], []  # prompt_len, bound_ms, merge_len, prefix_len, chunk_size: one entry a band
     worst, tables = 0.0, {}  # a rule's table once, however many bands it serves
     for n, (k, g, r) in enumerate(bands):
         end = bands[n + 1][0] if n + 1 < len(bands) else len(first)
@@ -119,12 +119,10 @@ def build_prompt_rule(
         if r not in tables:
             tables[r] = rule_table(model, float(cand.bounds[r]), dom.largest_chunk, dom.unit, dom.max_prompt_len)
         starts, sizes = tables[r]
-        prompt_rule.prompt_len.append(int(first[k]))
-        prompt_rule.bound_ms.append(float(cand.bounds[r]))
-        prompt_rule.merge_len.append(cand.merges[g])
-        prompt_rule.prefix_len.append(list(starts))
-        prompt_rule.chunk_size.append(list(sizes))
-    return prompt_rule, {"max_ratio": worst, "bands": len(bands)}
+        band = int(first[k]), float(cand.bounds[r]), cand.merges[g], list(starts), list(sizes)
+        for column, value in zip(columns, band):
+            column.append(value)
+    return PromptRule(*columns, dom.largest_chunk), {"max_ratio": worst, "bands": len(bands)}
 
 
 # -- the history-only rule and the fixed chunks ----------------------------------------------------------------------

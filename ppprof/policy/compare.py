@@ -12,7 +12,7 @@ import math
 
 from ppprof.io import finite
 from ppprof.policy.planners import STRATEGIES, chunk_latencies_ms, default_pp_size, plan_prompt, ttft_ms
-from ppprof.policy.rule import COEF_UNITS, MODEL_COEFS
+from ppprof.policy.rule import COEF_UNITS, MODEL_COEFS, NO_CALIBRATION
 from ppprof.policy.runtime import Policy
 from ppprof.policy.verdict import checks, level_of
 
@@ -58,7 +58,7 @@ def side(policy: Policy, label: str) -> dict:
         "gain_interval": (policy.data.get("predicted") or {}).get("gain_interval"),
         "gates_passed": gates_passed(policy),
         "overhead": policy.data["overhead"],
-        "calibration": policy.calibration,
+        "calibration": policy.data.get("calibration") or NO_CALIBRATION,  # as written, its why too
     }
 
 

@@ -1,28 +1,26 @@
-"""The check that a policy's tables are its rules rebuilt: the model predicts a positive latency, a static policy's
-tables are one fixed chunk, a parity policy's are SGLang's rule, a dynamic one's are the bounded rules their bounds
-give on the planning model."""
+"""The checks across the contract's parts: the model predicts a positive latency, a static policy's tables are one
+fixed chunk, a parity policy's are SGLang's rule, a dynamic one's are the bounded rules their bounds give on the
+planning model, and the under-load rule reads the rules' unit within their domain. Pure Python, as a server runs
+them at load (ppprof.policy.contract.bounded_chunk, the sizer's own arithmetic); `policy` is a
+ppprof.policy.runtime.Policy, which imports this module when it reads one."""
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
-
-from ppprof.policy.bounded import bounded_sizes
-from ppprof.policy.rule import LatencyModel, build_table
-from ppprof.policy.runtime import Policy
+from ppprof.policy.contract import LatencyModel, bounded_chunk
 
 
-def check_positive(policy: Policy) -> None:
+def check_positive(policy) -> None:
     """The fitted and the calibrated model predict a positive latency for the smallest chunk."""
     smallest = policy.settings.alignment
-    t = float(policy.latency_model.chunk_latency_ms(0, smallest))
+    t = float(policy.latency_model.one_chunk_ms(0, smallest))
     if not t > 0:
         raise ValueError(
             f"$.latency_model: predicts {t:.4g} ms for a {smallest}-token chunk: a latency must be "
             "positive; refit the samples"
         )
-    t = float(policy.planning_model.chunk_latency_ms(0, smallest))
+    t = float(policy.planning_model.one_chunk_ms(0, smallest))
     if not t > 0:
         raise ValueError(
             f"$.calibration: the calibrated model predicts {t:.4g} ms for a {smallest}-token chunk: "
@@ -30,8 +28,8 @@ def check_positive(policy: Policy) -> None:
         )
 
 
-def check_rules(policy: Policy) -> None:
-    """What `ppprof validate` checks beyond the structure, ValueError (one line) on the first problem: the model
+def check_rules(policy) -> None:
+    """What `ppprof validate` checks beyond the parts, ValueError (one line) on the first problem: the model
     predicts a positive latency for the smallest chunk; a static policy's tables are one fixed chunk; a dynamic one's
     tables are the bounded rules their bounds give on the planning model (checked at every breakpoint, both sides)."""
     if policy.latency_model is not None:
@@ -47,6 +45,8 @@ def check_rules(policy: Policy) -> None:
             raise ValueError("$.table: a static policy's table and prompt_table must be the one fixed chunk: refit")
         return
     if policy.data.get("parity") is not None:  # SGLang's own rule on SGLang's fit
+        from ppprof.policy.rule import build_table  # only a parity policy's check reads SGLang's rule
+
         starts, sizes = build_table(policy.latency_model, policy.settings, policy.target_ms)
         if (
             (starts, sizes) != (history.prefix_len, history.chunk_size)
@@ -63,7 +63,7 @@ def check_rules(policy: Policy) -> None:
         check_bounded(f"$.prompt_table.band[{i}]", model, bound, prompt_rule.largest_chunk, unit, starts, sizes)
 
 
-def check_load_tables(policy: Policy) -> None:
+def check_load_tables(policy) -> None:
     """The under-load rule's cap within the rules' unit and the largest chunk the prompt-aware rule gives (the domain
     the model was profiled on), its unit the prompt-aware rule's, and the planning model it reads there."""
     rule, top = policy.load_rule, policy.prompt_rule.largest_chunk
@@ -85,17 +85,14 @@ def check_load_tables(policy: Policy) -> None:
 def check_bounded(
     where: str, model: LatencyModel, bound: float | None, cap: int, unit: int, starts: list[int], sizes: list[int]
 ) -> None:
-    """The table is the bounded rule (bound, cap) on the model: its size at each breakpoint and just before the next.
-    ValueError naming the entry otherwise."""
-    bound = math.inf if bound is None else bound
-    ends = [s - 1 for s in starts[1:]]
-    at = np.array(starts + ends, dtype=np.int64)
-    want = np.array(sizes + sizes[:-1], dtype=np.int64)
-    got = bounded_sizes(model, np.full(len(at), bound), np.full(len(at), cap), at, unit)
-    bad = np.flatnonzero(got != want)
-    if bad.size:
-        k = int(bad[0])
-        raise ValueError(
-            f"{where}: chunk {int(want[k])} at prefix_len {int(at[k])} is not the rule's {int(got[k])} "
-            "from the coefficients, overhead and bound: refit"
-        )
+    """The table is the bounded rule (bound, cap) on the model: its size at each breakpoint, then just before each
+    next one. ValueError naming the first entry that differs."""
+    bound = math.inf if bound is None else float(bound)
+    at = starts + [s - 1 for s in starts[1:]]
+    for L, want in zip(at, sizes + sizes[:-1]):
+        got = bounded_chunk(model, bound, cap, L, unit)
+        if got != want:
+            raise ValueError(
+                f"{where}: chunk {want} at prefix_len {L} is not the rule's {got} "
+                "from the coefficients, overhead and bound: refit"
+            )

@@ -18,144 +18,30 @@ Rule for a prompt whose first `L` tokens are already prefilled (B = base chunk s
   5. capped at min(context_len - L - CONTEXT_MARGIN, max_chunk_size), aligned down again; 0 means "use B".
 The cap applies from the second chunk on: max_chunk_size (SGLang's max_prefill_tokens) may be below B, and the
 first chunk is B all the same, as in SGLang.
-Pure Python and numpy; no torch.
+The models themselves (LatencyModel) are the contract's (ppprof.policy.contract). Pure Python; no torch.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
 
-import numpy as np
+from ppprof.chunks import ChunkSettings
+from ppprof.policy.contract import COEF_UNITS, FORMS, MODEL_COEFS, MODEL_NAMES, NO_CALIBRATION, LatencyModel, sglang_f
 
-from ppprof.chunks import positive_root
-from ppprof.config.chunk import ChunkSettings
-
-MODEL_NAMES = ("quadratic", "prefix", "pairs")
-NO_CALIBRATION = {"linear_scale": 1.0, "shift_ms": 0.0, "source": "none"}
-"""The policy's calibration where none was measured (LatencyModel.planning leaves the model as fitted)."""
-COEF_UNITS = {"a": "ms/token^2", "b": "ms/token", "c": "ms", "g": "ms/token", "h": "ms/token^3"}
-MODEL_COEFS = {"quadratic": ("a", "b", "c"), "prefix": ("a", "b", "c", "g"), "pairs": ("a", "b", "c", "g", "h")}
-FORMS = {
-    "quadratic": "f(l) = a*l^2 + b*l + c, fitted on prefix-free samples (l = chunk_size); chunk c + f(L+x) - f(L)",
-    "prefix": "t(L, x) = c + g*L + b*x + a*(2*L*x + x^2), L = prefix_len, x = chunk_size",
-    "pairs": "t(L, x) = c + g*L + b*x + a*(2*L*x + x^2) + h*L*x^2: the cost of a query-key pair across the prefix, "
-    "a + h*x/2, changes with the chunk size (h < 0: larger chunks reuse each key over more queries)",
-}
-
-
-@dataclass(frozen=True, slots=True)
-class LatencyModel:
-    """Fitted coefficients (COEF_UNITS) of one of MODEL_NAMES; those the model lacks (MODEL_COEFS) are 0."""
-
-    name: str
-    a: float
-    b: float
-    c: float
-    g: float = 0.0
-    h: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.name not in MODEL_NAMES:
-            raise ValueError(f"latency model {self.name!r} is unknown: use one of {', '.join(MODEL_NAMES)}")
-        for key in COEF_UNITS:
-            value = getattr(self, key)
-            if not math.isfinite(value):
-                raise ValueError(f"latency model coefficient {key}={value} is not finite: refit the samples")
-            if key not in MODEL_COEFS[self.name] and value != 0.0:
-                raise ValueError(
-                    f"{self.name} latency model has {key}={value}: {key} must be 0 (use a model with that term)"
-                )
-
-    def chunk_latency_ms(self, prefix_len, chunk_size):
-        """Latency of a chunk of `chunk_size` new tokens after `prefix_len` cached tokens (works on arrays).
-
-        This is what the planner sums, what each model's fit is scored with, and (for a prefix-free sample,
-        prefix_len = 0) the quadratic's f(chunk_size).
-        """
-        L = np.asarray(prefix_len, dtype=float)
-        x = np.asarray(chunk_size, dtype=float)
-        t = self.c + self.g * L + self.b * x + self.a * (2.0 * L * x + x * x)
-        return t + self.h * L * x * x if self.h else t
-
-    def one_chunk_ms(self, prefix_len: int, chunk_size: int) -> float:
-        """chunk_latency_ms of one chunk in plain floats: what a simulation or a server's sizer asks per chunk, where
-        numpy's per-call cost is most of the time."""
-        L, x = float(prefix_len), float(chunk_size)
-        return self.c + self.g * L + self.b * x + self.a * (2.0 * L * x + x * x) + self.h * L * x * x
-
-    def with_overhead(self, ms_per_chunk: float) -> LatencyModel:
-        """This model with the per-chunk pipeline overhead added to every chunk's fixed cost."""
-        return replace(self, c=self.c + ms_per_chunk) if ms_per_chunk else self
-
-    def planning(self, calibration: dict | None, ms_per_chunk: float) -> LatencyModel:
-        """The planning model: the policy's calibration onto the pipelined level, linear_scale * (c + b x) + the
-        attention terms + shift_ms (none: 1 and 0), plus the per-chunk pipeline overhead."""
-        calibration = calibration or NO_CALIBRATION
-        scale, shift = float(calibration["linear_scale"]), float(calibration["shift_ms"])
-        model = self if scale == 1.0 else replace(self, b=self.b * scale, c=self.c * scale)
-        return model.with_overhead(shift + ms_per_chunk)
-
-    @staticmethod
-    def calibration_words(calibration: dict) -> str:
-        """A calibration in words: "linear_scale (c + b x) +shift ms"."""
-        return f"{calibration['linear_scale']:.3f} (c + b x) {calibration['shift_ms']:+.3g} ms"
-
-    def target_ms(self, base_chunk_size: int) -> float:
-        """Target T of the equal-latency rule: the variable latency of a B-token first chunk.
-
-        quadratic: T = f(B) - f(0), computed literally as SGLang does (so floats round the same way).
-        prefix, pairs: T = t(0, B) - c = b B + a B^2 (the fixed cost c is paid by every chunk and drops out).
-        """
-        B = base_chunk_size
-        if self.name == "quadratic":
-            return sglang_f(self, B) - sglang_f(self, 0)
-        B = float(B)
-        return self.b * B + self.a * B * B
-
-    def equal_latency_chunk(self, prefix_len: int, target_ms: float) -> float | None:
-        """Chunk size x whose variable latency after `prefix_len` tokens equals the target.
-
-        Solves (a + h L) x^2 + (2 a L + b) x + (g L - T) = 0, i.e. t(L, x) - c = T (for quadratic, g = h = 0 and
-        this is f(L + x) - f(L) = T, SGLang's equation). Returns the positive root; 0.0 when the prefix cost g L alone
-        already reaches T (then the shortest chunk is best, and the caller's floor applies); None when there is
-        no root (the caller then uses the base chunk size, as SGLang does).
-        """
-        L = float(prefix_len)
-        qa = self.a + self.h * L if self.h else self.a
-        qb = 2.0 * self.a * L + self.b
-        qc = self.g * L - target_ms
-        if qc >= 0.0:
-            return 0.0 if self.g > 0.0 else None
-        if qa == 0.0:
-            return -qc / qb if qb > 0.0 else None
-        return positive_root(qa, qb, qc)
-
-    def to_dict(self) -> dict:
-        coefs = {k: {"value": getattr(self, k), "unit": COEF_UNITS[k]} for k in MODEL_COEFS[self.name]}
-        return {"name": self.name, "form": FORMS[self.name], "coefficients": coefs}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> LatencyModel:
-        if not isinstance(d, dict) or "name" not in d or not isinstance(d.get("coefficients"), dict):
-            raise ValueError("latency_model must be an object with 'name' and 'coefficients': refit the samples")
-        coefs = d["coefficients"]
-        values = {}
-        for key in COEF_UNITS:
-            entry = coefs.get(key, {"value": 0.0} if key in ("g", "h") else None)
-            if not isinstance(entry, dict) or not isinstance(entry.get("value"), (int, float)):
-                raise ValueError(f"latency_model.coefficients.{key} must be {{'value': number, 'unit': str}}")
-            if key in coefs and entry.get("unit") != COEF_UNITS[key]:
-                raise ValueError(
-                    f"latency_model.coefficients.{key} has unit {entry.get('unit')!r}: expected {COEF_UNITS[key]!r}"
-                )
-            values[key] = float(entry["value"])
-        return cls(name=d["name"], **values)
-
-
-def sglang_f(model: LatencyModel, l):
-    """SGLang's f(l) = a*l*l + b*l + c, evaluated in its order ((a*l)*l, not a*l**2) so floats round the same way."""
-    return model.a * l * l + model.b * l + model.c
+__all__ = [
+    "COEF_UNITS",
+    "FORMS",
+    "MODEL_COEFS",
+    "MODEL_NAMES",
+    "NO_CALIBRATION",
+    "LatencyModel",
+    "build_table",
+    "check_rule",
+    "chunk_cap",
+    "monotone_end",
+    "next_chunk_size",
+    "sglang_f",
+]
 
 
 def next_chunk_size(model: LatencyModel, settings: ChunkSettings, target_ms: float, prefix_len: int) -> int:

@@ -1,26 +1,46 @@
-"""The loaded policy a server asks (`Policy`): a frozen value of the document read and its typed parts, with the
-next-chunk lookup and the plans of a prompt."""
+"""The policy a server reads (`Policy`): the contract's typed parts (ppprof.policy.contract) with the settings and
+the status, read from policy.json's text and checked across its parts as `ppprof validate` checks it; and its
+answers, the next chunk and the plans of a prompt. Standard library and the ground floors only, as the contract."""
 
 from __future__ import annotations
 
+import json
+import numbers
 from dataclasses import dataclass
+from pathlib import Path
 
-from ppprof.chunks import walk
-from ppprof.config import ChunkSettings
-from ppprof.policy.arguments import check_prompt_len, checked_prompt_len, token_count
-from ppprof.policy.bounded import bounded_chunk
-from ppprof.policy.rule import NO_CALIBRATION, LatencyModel, build_table
-from ppprof.policy.tables import HistoryTable, LoadRule, PromptRule, table_plan
+from ppprof.checks import short
+from ppprof.chunks import ChunkSettings, walk
+from ppprof.io import TooDeep, parse_json, read_small_text
+from ppprof.policy.contract import (
+    FIX,
+    LATENCY,
+    SETTINGS_TOKENS,
+    STAGES,
+    STATUSES,
+    TOKENS,
+    Calibration,
+    HistoryTable,
+    LatencyModel,
+    LoadRule,
+    Overhead,
+    PromptRule,
+    bounded_chunk,
+    check_optional,
+)
+
+MAX_PLAN_CHUNKS = 1_000_000
+"""The most chunks a plan holds (Policy.plan, `ppprof plan`): its lists stay a few MB whatever the prompt."""
 
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """A loaded policy: `data`, the document as read (every field; the parts below are typed from it once), the
-    latency model as fitted and as planned with (the calibration and the per-chunk overhead applied), the settings,
-    the two tables and the under-load rule (None where the file has none). `next_chunk_size(prefix_len, prompt_len)`
-    is two bisects in the prompt-aware rule's tables; without the prompt length, one bisect in the history-only table;
-    with others waiting, one bisect more in the under-load rule. Built by Policy.of from a checked document
-    (ppprof.policy.policy_file)."""
+    """A loaded policy: `data`, the document as read (every field: the report beside the contract is read from it),
+    and the contract's parts typed from it once: the latency model as fitted and as planned with (the pipelined
+    level and the per-chunk overhead applied), the settings, the two tables, the under-load rule (None where the file
+    has none or one of schema 4), the status and its best fixed chunk. `next_chunk_size(prefix_len, prompt_len)` is
+    two bisects in the prompt-aware rule's tables; without the prompt length, one bisect in the history-only table;
+    with others waiting, the under-load rule's bounded chunk. Built by Policy.of (from_dict checks it whole)."""
 
     data: dict
     latency_model: LatencyModel | None
@@ -28,61 +48,55 @@ class Policy:
     planning_model: LatencyModel | None
     history_table: HistoryTable
     prompt_rule: PromptRule
-    load_rule: LoadRule | None = None
+    load_rule: LoadRule | None
+    status: str
+    reason: str
+    target_ms: float | None
+    overhead: Overhead
+    calibration: Calibration
+    pp_size: int
+    fixed_best_chunk: int | None = None
+    """The best fixed chunk on the policy's workload, where its rules were chosen (None for a static policy)."""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"$.status: {short(self.status)} is not dynamic or static; {FIX}")
+        check_optional("$.target_latency_ms", self.target_ms, LATENCY)
+        STAGES.check("$.num_stages", self.pp_size)
+        check_optional("$.predicted.fixed_best_chunk", self.fixed_best_chunk, TOKENS)
 
     @classmethod
     def of(cls, data: dict) -> Policy:
-        """The Policy of a document whose structure is checked (ppprof.policy.structure); ValueError naming the
-        latency model or the settings where they are not sound."""
+        """The Policy of a document the schema takes (ppprof.policy.schema); ValueError (one line naming the field)
+        where a part is not sound."""
         try:
             model = None if data["latency_model"] is None else LatencyModel.from_dict(data["latency_model"])
         except ValueError as e:
-            raise ValueError(f"$.latency_model: {e}") from None
+            raise ValueError(str(e) if str(e).startswith("$.") else f"$.latency_model: {e}") from None
+        for key in (*SETTINGS_TOKENS, "context_margin"):
+            check_optional(f"$.settings.{key}", data["settings"].get(key), TOKENS)
         try:
             settings = ChunkSettings(**data["settings"])
         except ValueError as e:
             raise ValueError(f"$.settings: {e}") from None
-        overhead_ms = float(data["overhead"]["ms_per_chunk"])
-        planning = None if model is None else model.planning(data.get("calibration") or NO_CALIBRATION, overhead_ms)
-        tables = HistoryTable.from_dict(data["table"]), PromptRule.from_dict(data["prompt_table"])
-        return cls(
-            data, model, settings, planning, *tables, LoadRule.from_dict(data.get("load"), data["schema_version"])
-        )
-
-    @property
-    def status(self) -> str:
-        return self.data["status"]
-
-    @property
-    def reason(self) -> str:
-        return self.data["reason"]
-
-    @property
-    def target_ms(self) -> float | None:
-        return self.data["target_latency_ms"]
+        overhead, calibration = Overhead.from_dict(data["overhead"]), Calibration.from_dict(data.get("calibration"))
+        planning = None if model is None else model.planning(calibration, overhead.ms_per_chunk)
+        table, rule = HistoryTable.from_dict(data["table"]), PromptRule.from_dict(data["prompt_table"])
+        load = LoadRule.from_dict(data.get("load"), data["schema_version"])
+        fixed_best = (data.get("predicted") or {}).get("fixed_best_chunk")
+        pp_size = data.get("num_stages") or 1
+        parts = (data["status"], data["reason"], data["target_latency_ms"], overhead, calibration, pp_size, fixed_best)
+        return cls(data, model, settings, planning, table, rule, load, *parts)
 
     @property
     def overhead_ms(self) -> float:
-        return float(self.data["overhead"]["ms_per_chunk"])
+        return float(self.overhead.ms_per_chunk)
 
     @property
     def extra_piece_ms(self) -> float:
         """d: what a packed forward of n pieces costs beyond the additive form, d (n - 1), as the profile's packed
         forwards measured it (0, the additive form, where it timed none or the form held)."""
         return float((self.data.get("packed_forwards") or {}).get("extra_piece_ms", 0.0))
-
-    @property
-    def calibration(self) -> dict:
-        return self.data.get("calibration") or NO_CALIBRATION
-
-    @property
-    def fixed_best_chunk(self) -> int | None:
-        """The best fixed chunk on the policy's workload, where its rules were chosen (None for a static policy)."""
-        return (self.data.get("predicted") or {}).get("fixed_best_chunk")
-
-    @property
-    def pp_size(self) -> int:
-        return self.data.get("num_stages") or 1
 
     @property
     def provenance(self) -> dict:
@@ -120,6 +134,7 @@ class Policy:
         above raised to the work's share of the pipeline's slots where the pipeline is full (LoadRule); without an
         under-load rule, or with nothing else waiting, the answer above, as with no load.
         slots: the server's micro-batch slots (pp_size plus its async depth) where they differ from the rule's.
+        Allocates nothing but its answer on plain ints (the per-chunk path of a server).
         """
         if history_len is not None:
             if prefix_len is not None:
@@ -199,20 +214,49 @@ class Policy:
     def sglang_plan(self, prompt_len: int) -> list[int]:
         """The chunks of SGLang's equal-latency rule (target, smoothing, B // 4 floor, first chunk B) on the policy's
         fitted model and settings; fixed chunks of B without a model."""
+        from ppprof.policy.rule import build_table  # SGLang's rule: not a server's per-chunk path
+
         prompt_len = self.checked_prompt_len(prompt_len)
         if self.latency_model is None or not self.target_ms:
             return walk(lambda _: self.base_chunk_size, prompt_len)
         starts, sizes = build_table(self.latency_model, self.settings, self.target_ms)
-        return table_plan(starts, sizes, prompt_len)
+        return walk(HistoryTable(starts, sizes).next_chunk_size, prompt_len)
 
     def checked_prompt_len(self, prompt_len) -> int:
-        """`prompt_len` as an int, positive, within the context length and a bounded plan (ppprof.policy.arguments);
-        TypeError or ValueError (one line) otherwise."""
-        return checked_prompt_len(prompt_len, self.settings.context_len, min(self.history_table.chunk_size))
+        """`prompt_len` as an int (token_count), positive, within the context length and a bounded plan
+        (check_prompt_len); TypeError or ValueError (one line) otherwise."""
+        prompt_len = token_count("prompt_len", prompt_len)
+        if prompt_len < 1:
+            raise ValueError(f"--prompt-len {prompt_len} is invalid: use a positive number of tokens")
+        self.check_prompt_len(prompt_len)
+        return prompt_len
 
     def check_prompt_len(self, prompt_len: int) -> None:
-        """ValueError when an integer prompt length is beyond the context length or a bounded plan."""
-        check_prompt_len(prompt_len, self.settings.context_len, min(self.history_table.chunk_size))
+        """ValueError when a prompt is longer than the policy's context length (its tables end there), or could take
+        more than MAX_PLAN_CHUNKS chunks of its smallest."""
+        context_len, smallest = self.settings.context_len, min(self.history_table.chunk_size)
+        if prompt_len > context_len:
+            raise ValueError(
+                f"--prompt-len {prompt_len} exceeds the policy's context_len {context_len}: no prompt is "
+                f"longer than the model's context; use a prompt of at most {context_len} tokens or a policy "
+                "profiled with a larger --context-len"
+            )
+        if prompt_len > smallest * MAX_PLAN_CHUNKS:
+            raise ValueError(
+                f"--prompt-len {prompt_len} could take {-(-prompt_len // smallest)} chunks of the policy's "
+                f"smallest, {smallest} tokens: a plan holds at most {MAX_PLAN_CHUNKS}; use a prompt of at "
+                f"most {smallest * MAX_PLAN_CHUNKS} tokens"
+            )
+
+
+def token_count(name: str, value) -> int:
+    """`value` as a Python int if it is an integer (a Python or numpy int); TypeError for anything else (a float, NaN
+    and inf too, a bool, a string, None): a token count is never fractional, and a silent int() would hide a bug."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    raise TypeError(
+        f"{name} must be an integer (a Python or numpy int) number of tokens, got {type(value).__name__} {short(value)}"
+    )
 
 
 def largest_chunk(policy: Policy) -> int:
@@ -222,3 +266,54 @@ def largest_chunk(policy: Policy) -> int:
     bands = (x for band in prompt_rule.chunk_size for x in band)
     load = [policy.load_rule.chunk_cap] if policy.load_rule is not None else []
     return max([prompt_rule.largest_chunk, *policy.history_table.chunk_size, *bands, *load])
+
+
+def from_dict(data) -> Policy:
+    """A Policy from a parsed policy file, checked whole as `ppprof validate` checks it: its version and the JSON
+    Schema generated from the contract, the contract's parts (each checked in its own __post_init__), the report's
+    numbers and structure, and the tables against the rules rebuilt; ValueError (one line naming the field)."""
+    from ppprof.policy.rebuilt import check_rules  # the checks of a load, imported when a policy is read
+    from ppprof.policy.structure import check_report, check_version_and_schema
+
+    check_version_and_schema(data)
+    policy = Policy.of(data)
+    check_report(data)
+    check_rules(policy)
+    return policy
+
+
+def from_text(text: str, label: str) -> Policy:
+    """The Policy of a policy file's text, checked as from_dict checks it, after a strict JSON parse (no NaN or
+    Infinity, bounded nesting); ValueError with one line starting with `label` otherwise. Both load and save call it."""
+    try:
+        data = parse_json(text, label, parse_constant=_no_constant)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{label} is not readable JSON ({e})") from None
+    except TooDeep:
+        raise
+    except ValueError as e:
+        raise ValueError(f"{label} is not strict JSON: {e}; regenerate it with `ppprof fit`") from None
+    try:
+        return from_dict(data)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{label}: {e}") from None
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def load(path: str | Path) -> Policy:
+    """Read a policy file and check it as `ppprof validate` does; ValueError with one line naming the file and the
+    field if it is missing, not strict JSON or not a valid policy. Every command that reads a policy calls this, and
+    servers call it as `ppprof.policy.load(path)`."""
+    path = Path(path)
+    try:
+        text = read_small_text(path, "policy file", "give a policy.json written by `ppprof fit`")
+    except FileNotFoundError:
+        raise ValueError(f"policy file {path} does not exist: run `ppprof fit` first") from None
+    except IsADirectoryError:
+        raise ValueError(f"policy file {path} is a folder: give the policy.json in it") from None
+    except OSError as e:
+        raise ValueError(f"policy file {path} is not readable ({e.strerror})") from None
+    return from_text(text, f"policy file {path}")

@@ -9,8 +9,8 @@ from ppprof.policy.rule import LatencyModel
 from ppprof.policy.runtime import Policy
 
 
-def calibration_text(calibration: dict) -> str:
-    """The calibration onto the pipelined level in words ("" where none)."""
+def calibration_text(calibration) -> str:
+    """The calibration onto the pipelined level (a Calibration, or the file's dict) in words ("" where none)."""
     if calibration.get("source") != "measured":
         return ""
     return f", pipelined level {LatencyModel.calibration_words(calibration)}"

@@ -13,9 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ppprof.bounds import POLICY_ENV
-from ppprof.policy.policy_file import from_text, load
 from ppprof.policy.reload import PolicyWatch, check_interval_s
-from ppprof.policy.runtime import Policy
+from ppprof.policy.runtime import Policy, from_text, load
 from ppprof.sglang.match import ServerConfig, matched_line, mismatch, model_shape_of
 
 logger = logging.getLogger("ppprof.sglang")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ppprof.bounds import MAX_LAYERS as MAX_LAYERS  # the bound lives on the ground floor, where the policy reads it too
+
 ATTENTION = "attention"
 MLA = "mla"
 """Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2): the KV pool holds one latent a token a layer."""
@@ -34,8 +36,6 @@ MIXER_CHARS = {"*": ATTENTION, "L": MLA, "M": MAMBA, "D": DELTANET}
 FFN_CHARS = {"-": MLP, "E": MOE}
 """The layer notation's characters (Nemotron-H's, and two of ppprof's): M mamba, * attention, - MLP, E MoE; L latent
 attention (MLA), D Gated DeltaNet."""
-MAX_LAYERS = 4096
-"""The most decoder layers a model spec holds (a pattern, repeat or num_hidden_layers beyond it is refused)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,10 +21,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ppprof.bounds import (
+    MAX_TP_SIZE as MAX_TP_SIZE,  # the bound lives on the ground floor, where the policy reads it too
+)
 from ppprof.specs.spec import MLP, MOE, ModelSpec
-
-MAX_TP_SIZE = 64
-"""The largest --tp-size taken (SGLang's largest published deployments run TP8-16 a stage)."""
 
 
 @dataclass(frozen=True, slots=True)

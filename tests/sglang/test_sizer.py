@@ -145,3 +145,20 @@ def test_every_committed_policy_answers_as_its_rule_whatever_waits(loaded):
     assert sizer.predict(1024) == busy
     if policy.load_rule is None:
         assert busy == idle
+
+
+def test_predict_keeps_nothing_and_allocates_no_more_than_its_answer(loaded):
+    """The per-chunk path in the scheduler (predict, then Policy.next_chunk_size) builds no list, tuple or dict: a
+    call's peak is a few transient numbers above an empty call's, and nothing is kept but the call counter (one int,
+    replaced each call: what tracemalloc sees of it is the last one)."""
+    from .test_server_import import allocated
+
+    scheduler, sizer, policy = loaded
+    sizer.agree_every = 10**9  # no agreement between the ranks inside the measurement
+    prompt_len = min(policy.settings.context_len, 20000)
+    scheduler.chunked_req = chunked(4096, prompt_len)
+    for prefix_len in (4096, 2048):  # the prompt-aware rule, then the history-only table (another request)
+        held, peak = allocated(lambda p=prefix_len: sizer.predict(p))
+        empty_held, empty_peak = allocated(lambda: None)
+        counter = 32  # sizer.calls, an int past the small ones Python keeps
+        assert held - empty_held <= counter and peak - empty_peak <= 128, f"{prefix_len=} {held=} {peak=} {empty_peak=}"
