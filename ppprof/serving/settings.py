@@ -35,11 +35,14 @@ class TraceReplay:
     output_file: str | None = None
     output_details: bool = False
 
+    def __post_init__(self) -> None:
+        if self.window_s is not None:  # a JSON list on the ranks
+            self.window_s = (float(self.window_s[0]), float(self.window_s[1]))
+
     def read(self) -> Trace:
-        window = None if self.window_s is None else tuple(self.window_s)
         return read_trace(
             self.path,
-            window_s=window,
+            window_s=self.window_s,
             num_prompts=self.num_prompts,
             time_scale=self.time_scale,
             length_scale=self.length_scale,
