@@ -1,6 +1,6 @@
 """`ppprof serve-bench --trace` through real gloo ranks (no --simulate), one launch: a window of Mooncake's trace head
-(tests/data/mooncake-head.jsonl, lengths x 0.04 for the tiny policy's context, time x 0.1) replayed under two arms;
-requests 10-13 arrive 300 ms after the first ten and find the shared first block cached. Checked: hits occur, every
+(tests/data/mooncake-head.jsonl, lengths x 0.04 for the tiny policy's context, time x 0.2) replayed under two arms;
+requests 10-13 arrive 600 ms after the first ten and find the shared first block cached. Checked: hits occur, every
 hit's prefill starts at its cached prefix on every stage (serving.csv's pieces), the pools are back to full capacity
 after every run, and the bench_serving lines carry the measured figures. Timings are never asserted. The input checks,
 which start no rank, are in tests/corpus/cases.txt."""
@@ -33,7 +33,7 @@ def test_serve_bench_replays_a_trace_window_with_cached_prefixes_through_the_rea
     out, lines = tmp_path / "serve" / "serving.json", tmp_path / "runs.jsonl"
     r = run_cli(
         "serve-bench", str(TINY_RUN / "policy.json"), "--trace", str(TRACE), "--num-prompts", "14",
-        "--length-scale", "0.04", "--time-scale", "0.1", "--strategies", ",".join(ARMS), "--repeats", "1",
+        "--length-scale", "0.04", "--time-scale", "0.2", "--strategies", ",".join(ARMS), "--repeats", "1",
         "--out", str(out), "--output-file", str(lines), "--output-details", "--verbose",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
