@@ -137,8 +137,8 @@ SERVE_BENCH_ADVANCED = TORCHRUN_PARAMS | {
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False), required=False)
 @with_options(*SERVE_BENCH_OPTIONS)
 def serve_bench_command(policy_path, simulate, resolved_config, **flags) -> None:
-    """Serve arriving requests (closed-loop concurrency or Poisson rates) under each arm, as SGLang's PP scheduler
-    batches them: through the pipeline's ranks, each batch one packed forward, with the simulation of the same
+    """Serve arriving requests (closed-loop concurrency, Poisson rates, or a request trace's with --trace) under each
+    arm, as SGLang's PP scheduler batches them: through the pipeline's ranks, each batch one packed forward, with the simulation of the same
     prompts on the policy's model beside it, or with --simulate the simulation alone. Reports per level and arm the
     input throughput, TTFT mean / p50 / p90 / p99, the stages' idle fraction, chunks per request and requests per
     batch. Writes serving.json (through the ranks also serving.csv, every batch on every stage) and beside it
@@ -152,16 +152,12 @@ def serve_bench_command(policy_path, simulate, resolved_config, **flags) -> None
     if policy_path is None:
         raise click.UsageError("Missing argument 'POLICY': give the policy.json of a profile")
     trace_flags = {k: flags.pop(k) for k in TRACE_FLAGS}
-    if trace_flags["trace"] is not None:
+    trace = trace_flags if trace_flags["trace"] is not None else None
+    if trace is not None:
         if flags["concurrency"] is not None or flags["request_rate"] is not None:
             raise ValueError("--trace sets the arrivals: drop --concurrency and --request-rate")
         if flags["spec"] is not None:
             raise ValueError("--trace sets the prompt lengths: drop --prompt-lens")
-        if simulate:
-            if flags["forward_trace"] is not None:
-                raise ValueError("--forward-trace with --simulate: the simulation runs no forwards; drop one of them")
-            trace_command(policy_path, **flags, **trace_flags)
-            return
     else:
         for name, value in trace_flags.items():
             if value not in (None, False, 1.0):
@@ -170,10 +166,12 @@ def serve_bench_command(policy_path, simulate, resolved_config, **flags) -> None
     if simulate:
         if flags["forward_trace"] is not None:
             raise ValueError("--forward-trace with --simulate: the simulation runs no forwards; drop one of them")
-        simulate_command(policy_path, **flags)
+        if trace is not None:
+            trace_command(policy_path, **flags, **trace_flags)
+        else:
+            simulate_command(policy_path, **flags)
         return
     profile = {k: flags.pop(k) for k in ("nproc_per_node", "device", "torch_threads", "timeout")}
-    trace = trace_flags if trace_flags["trace"] is not None else None
     serve, policy = resolve_serve(policy_path, {**flags, "profile": profile}, trace)
     rank = serve_rank if trace is None else trace_rank
     sys.exit(start("serve-bench", functools.partial(rank, policy=policy), serve, serve.profile, torchrun, False, None))

@@ -116,14 +116,12 @@ def write_trace_results(run: RankRun[ServeState]) -> None:
     write_result(out, result)
     write_rows(out.with_name(SERVING_CSV), run.state.rows)
     lines = [cells[(TRACE_LEVEL, arm)][r] for r in range(serve.repeats) for arm in serve.strategies]
+    appended = ""
     if serve.trace.output_file:
         append_lines(serve.trace.output_file, lines)
+        appended = f"; {serve.trace.output_file}: {len(lines)} lines appended"
     print(trace_measured_text(result), file=sys.stderr)
-    log.info(
-        "wrote %s" + ("; %s: %d lines appended" if serve.trace.output_file else ""),
-        out,
-        *((serve.trace.output_file, len(lines)) if serve.trace.output_file else ()),
-    )
+    log.info("wrote %s%s", out, appended)
 
 
 TRACE_PHASES: tuple[Phase, ...] = (
