@@ -46,6 +46,7 @@ HELP_ONLY = {
     "experiments/bench_reference.sh": "profiles and benches for half an hour (ranks)",
     "experiments/bench_tune.sh": "profiles, tunes and benches for minutes (ranks)",
     "experiments/serving_real.sh": "profiles and serves for a quarter of an hour (ranks)",
+    "experiments/trace_real.sh": "profiles and replays a trace window for about 20 minutes (ranks)",
     "experiments/confidence_host.sh": "profiles nine times, about 25 minutes (ranks)",
     "experiments/tp_compare.sh": "profiles at TP1 and TP2 (ranks)",
     "experiments/loop_closed.py": "serves, calibrates and serves again for minutes (ranks)",

@@ -1,7 +1,9 @@
 """One rank's part of a serving bench level through the ranks (`ppprof serve-bench` without --simulate). Rank 0 (the
 first stage) runs the scheduler of ppprof.serving.scheduler on the wall clock, as ppprof.serving.simulate runs it on
 model time: the micro-batch slots round robin, a slot's next batch built once its previous one has left the last
-stage, arrivals from the closed loop or the Poisson times. Each batch is one packed forward on every stage
+stage, arrivals from the closed loop, the Poisson times or a request trace's (whose prefills start past the prefix
+its block cache holds: that prefix written into the request's KV slots and Mamba slot on every stage, as the probes
+write theirs, so its chunks attend over it as a server's do). Each batch is one packed forward on every stage
 (Stage.forward_packed), sent on without waiting; the last stage tells rank 0 when each batch left. A request holds its
 KV slots, Mamba slot and request entry on every stage from its first chunk until its last chunk left that stage (on
 the first stage: left the last stage, when the scheduler retires it), and releases them in the one order (KV, Mamba,
@@ -24,7 +26,9 @@ from ppprof.mem import Request, StageCache
 from ppprof.mem.cache import describe_leaks
 from ppprof.model.layer import Piece
 from ppprof.model.stage import Stage
+from ppprof.probe.request import write_prefix
 from ppprof.probe.timer import Timer
+from ppprof.serving.prefix_cache import PrefixCache
 from ppprof.serving.scheduler import Batch, Capacity, Scheduler, Sizer
 from ppprof.serving.scheduler import Piece as Planned
 from ppprof.serving.scheduler import Request as Arrival
@@ -33,6 +37,16 @@ from ppprof.serving.simulate import LoadLevel, Served, arrival_times
 log = logging.getLogger("ppprof")
 SEND_DEPTH = 2
 """Batches a stage keeps in its sends beyond the micro-batch slots before it waits for the oldest to be received."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceArrivals:
+    """A request trace's part as rank 0 serves it: each request's arrival (ms into the level) and block ids, and the
+    prefix cache (ppprof.serving.prefix_cache, empty at the start) that its prefills start past; None: no cache."""
+
+    arrivals_ms: Sequence[float]
+    blocks: Sequence[tuple[int, ...]]
+    cache: PrefixCache | None
 
 
 @dataclass(slots=True)
@@ -57,16 +71,23 @@ class ServingRunner:
         part, ppprof.run.forward_trace), or None."""
 
     def run(
-        self, prompts: Sequence[int], level: LoadLevel, sizer: Sizer | None, capacity: Capacity | None, tag: dict
+        self,
+        prompts: Sequence[int],
+        level: LoadLevel | None,
+        sizer: Sizer | None,
+        capacity: Capacity | None,
+        tag: dict,
+        trace: TraceArrivals | None = None,
     ) -> LevelResult:
-        """Serve `prompts` at `level` (rank 0 sizes with `sizer` within `capacity`; the others take None); `tag` goes
-        into every row. Collective. Raises RunError on every rank when any rank failed or leaked."""
+        """Serve `prompts` at `level`, or (level None) at `trace`'s arrivals with its prefix cache (rank 0 sizes with
+        `sizer` within `capacity`; the others take None); `tag` goes into every row. Collective. Raises RunError on
+        every rank when any rank failed or leaked."""
         result, self.error, self.reqs = LevelResult(), None, {}
         self.pipe.barrier()  # every rank's level clock starts here
         self.t0 = time.perf_counter()
         try:
             if self.pipe.is_first:
-                result.served = self._drive(prompts, level, sizer, capacity, tag, result.rows)
+                result.served = self._drive(prompts, level, sizer, capacity, tag, result.rows, trace)
             else:
                 self._follow(tag, result.rows)
         finally:
@@ -85,13 +106,15 @@ class ServingRunner:
 
     # --- rank 0: the scheduler ---------------------------------------------------------------------------------
 
-    def _drive(self, prompts, level, sizer, capacity, tag, rows) -> Served:
-        pipe, scheduler = self.pipe, Scheduler(self.slots, sizer, capacity)
-        times = arrival_times(level, len(prompts), self.seed)
+    def _drive(self, prompts, level, sizer, capacity, tag, rows, trace) -> Served:
+        pipe = self.pipe
+        scheduler = Scheduler(self.slots, sizer, capacity, None if trace is None else trace.cache)
+        times = arrival_times(level, len(prompts), self.seed) if trace is None else list(trace.arrivals_ms)
+        self.blocks = [()] * len(prompts) if trace is None else list(trace.blocks)
         queue = deque() if times is None else deque(zip(times, range(len(prompts)), prompts))
-        issued = 0 if times is not None else min(level.concurrency, len(prompts))
-        for rid in range(issued):
-            scheduler.arrive(Arrival(rid, prompts[rid], 0.0))
+        self.issued = 0 if times is not None else min(level.concurrency, len(prompts))
+        for rid in range(self.issued):
+            scheduler.arrive(Arrival(rid, prompts[rid], 0.0, blocks=self.blocks[rid]))
         self.prompt_lens, self.tokens, self.left_at = list(prompts), {}, {}
         self.sends: deque[list] = deque()
         self.pending_left, self.received, self.sent = None, 0, 0  # "left" messages: their receive, counts
@@ -100,17 +123,10 @@ class ServingRunner:
         batches, done, slot, seq = [], [], 0, 0
         while len(done) < len(prompts) and self.error is None:
             if slot in in_flight:  # the loop waits for this slot's batch to leave the last stage
-                at = self._left(in_flight.pop(slot), left)
-                for request in scheduler.finish(slot, at):
-                    done.append(request)
-                    self.cache.release(self.reqs.pop(request.rid))
-                    self.tokens.pop(request.rid)
-                    if times is None and issued < len(prompts):  # closed loop: the next request arrives now
-                        scheduler.arrive(Arrival(issued, prompts[issued], at))
-                        issued += 1
+                done += self._retire(scheduler, slot, self._left(in_flight.pop(slot), left), times is None)
             while queue and queue[0][0] <= self._ms():
                 t, rid, n = queue.popleft()
-                scheduler.arrive(Arrival(rid, n, t))
+                scheduler.arrive(Arrival(rid, n, t, blocks=self.blocks[rid]))
             batch = scheduler.next_batch(slot) if self.error is None else None
             if batch is not None:
                 start, end = self._first_stage(batch, seq, tag, rows)
@@ -137,6 +153,19 @@ class ServingRunner:
             [],
         )
 
+    def _retire(self, scheduler: Scheduler, slot: int, at: float, closed_loop: bool) -> list[Arrival]:
+        """Slot `slot`'s batch left the last stage at `at` (ms): the requests it finished release what this stage
+        holds of them, and (a closed loop) as many new ones arrive."""
+        done = scheduler.finish(slot, at)
+        for request in done:
+            self.cache.release(self.reqs.pop(request.rid))
+            self.tokens.pop(request.rid)
+            if closed_loop and self.issued < len(self.prompt_lens):  # closed loop: the next request arrives now
+                rid = self.issued
+                scheduler.arrive(Arrival(rid, self.prompt_lens[rid], at, blocks=self.blocks[rid]))
+                self.issued += 1
+        return done
+
     def _left(self, seq: int, left: dict[int, float]) -> float:
         """When batch `seq` left the last stage (ms into the level): the last stage's messages come in batch order;
         the receive of the next is posted as soon as one comes, while batches are still out."""
@@ -156,7 +185,7 @@ class ServingRunner:
         taken, the packed forward, the send. Returns its (start, end) in ms."""
         x = []
         for p in batch.pieces:
-            if p.prefix_len == 0:
+            if p.rid not in self.tokens:  # its first chunk: at 0, or past the prefix the cache held
                 gen = torch.Generator().manual_seed(self.seed * 1_000_003 + p.rid)
                 self.tokens[p.rid] = torch.randint(self.vocab, (self.prompt_lens[p.rid],), generator=gen).to(
                     self.device
@@ -174,10 +203,8 @@ class ServingRunner:
         try:
             for p in pieces:
                 rid, prefix_len, size = p.rid, p.prefix_len, p.size
-                if prefix_len == 0:
-                    req = self.reqs[rid] = Request(rid)
-                    if not self.cache.admit(req):
-                        raise RuntimeError(f"cannot admit request {rid}: {self.cache.outstanding()}")
+                if rid not in self.reqs:
+                    self._admit(rid, prefix_len)
                 req = self.reqs[rid]
                 if self.cache.extend(req, size) is None:
                     raise RuntimeError(f"KV cache too small for request {rid} at {prefix_len} + {size} tokens")
@@ -223,6 +250,16 @@ class ServingRunner:
                 if p.last and p.rid in self.reqs:
                     self.cache.release(self.reqs.pop(p.rid))
         return start, end
+
+    def _admit(self, rid: int, prefix_len: int) -> None:
+        """Request `rid`'s first chunk on this stage: its request entry and Mamba slot, and where it starts past a
+        cached prefix, that prefix as a server holds it: `prefix_len` KV slots with K/V written and its Mamba state
+        (the probes' synthetic prefix, ppprof.probe.request.write_prefix), so that its chunks attend over them."""
+        req = self.reqs[rid] = Request(rid)
+        if not self.cache.admit(req):
+            raise RuntimeError(f"cannot admit request {rid}: {self.cache.outstanding()}")
+        if prefix_len and not write_prefix(self.cache, req, prefix_len, None):
+            raise RuntimeError(f"KV cache too small for the cached prefix of request {rid} ({prefix_len} tokens)")
 
     def _follow(self, tag: dict, rows: list[dict]) -> None:
         """A later stage: each batch as it comes, until the level's STOP."""

@@ -31,7 +31,8 @@ from ppprof.policy.planners import default_pp_size
 from ppprof.policy.policy_file import load
 from ppprof.run.job import start
 from ppprof.run.serve_job import serve_rank
-from ppprof.run.settings import resolve_serve
+from ppprof.run.serve_trace import trace_rank
+from ppprof.run.settings import check_output_file, resolve_serve
 from ppprof.serving.arms import SERVING_ARMS
 from ppprof.serving.levels import ServingPlan, parse_arms, parse_levels, simulate_levels
 from ppprof.serving.plots import write_plots
@@ -62,7 +63,8 @@ SERVE_BENCH_OPTIONS = (
     (
         ("--trace",),
         dict(type=click.Path(dir_okay=False)),
-        "Replay a Mooncake JSONL trace (arrivals, lengths, prefix reuse) instead of levels; with --simulate.",
+        "Replay a Mooncake JSONL trace (arrivals, lengths, prefix reuse) instead of levels: through the ranks (a "
+        "window of it: --trace-window, --num-prompts, --time-scale) or with --simulate.",
     ),
     (
         ("--length-scale",),
@@ -135,8 +137,8 @@ SERVE_BENCH_ADVANCED = TORCHRUN_PARAMS | {
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False), required=False)
 @with_options(*SERVE_BENCH_OPTIONS)
 def serve_bench_command(policy_path, simulate, resolved_config, **flags) -> None:
-    """Serve arriving requests (closed-loop concurrency or Poisson rates) under each arm, as SGLang's PP scheduler
-    batches them: through the pipeline's ranks, each batch one packed forward, with the simulation of the same
+    """Serve arriving requests (closed-loop concurrency, Poisson rates, or a request trace's with --trace) under each
+    arm, as SGLang's PP scheduler batches them: through the pipeline's ranks, each batch one packed forward, with the simulation of the same
     prompts on the policy's model beside it, or with --simulate the simulation alone. Reports per level and arm the
     input throughput, TTFT mean / p50 / p90 / p99, the stages' idle fraction, chunks per request and requests per
     batch. Writes serving.json (through the ranks also serving.csv, every batch on every stage) and beside it
@@ -145,34 +147,34 @@ def serve_bench_command(policy_path, simulate, resolved_config, **flags) -> None
     torchrun = {name: flags.pop(name) for name, _ in TORCHRUN_OPTIONS}
     if resolved_config is not None:  # a rank the launcher started
         serve = ServeBenchConfig.from_dict(json.loads(resolved_config))
-        sys.exit(start("serve-bench", serve_rank, serve, serve.profile, torchrun, True, None))
+        rank = serve_rank if serve.trace is None else trace_rank
+        sys.exit(start("serve-bench", rank, serve, serve.profile, torchrun, True, None))
     if policy_path is None:
         raise click.UsageError("Missing argument 'POLICY': give the policy.json of a profile")
     trace_flags = {k: flags.pop(k) for k in TRACE_FLAGS}
-    if trace_flags["trace"] is not None:
-        if not simulate:
-            raise ValueError(
-                "--trace replays on the simulation only (--simulate) in this version: the real pipeline does not "
-                "prefill cached prefixes yet; add --simulate"
-            )
+    trace = trace_flags if trace_flags["trace"] is not None else None
+    if trace is not None:
         if flags["concurrency"] is not None or flags["request_rate"] is not None:
             raise ValueError("--trace sets the arrivals: drop --concurrency and --request-rate")
-        trace_command(policy_path, **flags, **trace_flags)
-        return
-    for name, value in trace_flags.items():
-        if value not in (None, False, 1.0):
-            raise ValueError(f"--{name.replace('_', '-')} needs --trace FILE: give the trace it applies to")
-    flags["num_prompts"] = NUM_PROMPTS if flags["num_prompts"] is None else flags["num_prompts"]
+        if flags["spec"] is not None:
+            raise ValueError("--trace sets the prompt lengths: drop --prompt-lens")
+    else:
+        for name, value in trace_flags.items():
+            if value not in (None, False, 1.0):
+                raise ValueError(f"--{name.replace('_', '-')} needs --trace FILE: give the trace it applies to")
+        flags["num_prompts"] = NUM_PROMPTS if flags["num_prompts"] is None else flags["num_prompts"]
     if simulate:
         if flags["forward_trace"] is not None:
             raise ValueError("--forward-trace with --simulate: the simulation runs no forwards; drop one of them")
-        simulate_command(policy_path, **flags)
+        if trace is not None:
+            trace_command(policy_path, **flags, **trace_flags)
+        else:
+            simulate_command(policy_path, **flags)
         return
     profile = {k: flags.pop(k) for k in ("nproc_per_node", "device", "torch_threads", "timeout")}
-    serve, policy = resolve_serve(policy_path, {**flags, "profile": profile})
-    sys.exit(
-        start("serve-bench", functools.partial(serve_rank, policy=policy), serve, serve.profile, torchrun, False, None)
-    )
+    serve, policy = resolve_serve(policy_path, {**flags, "profile": profile}, trace)
+    rank = serve_rank if trace is None else trace_rank
+    sys.exit(start("serve-bench", functools.partial(rank, policy=policy), serve, serve.profile, torchrun, False, None))
 
 
 TRACE_FLAGS = ("trace", "length_scale", "time_scale", "output_file", "trace_window", "cache_tokens", "output_details")
@@ -190,6 +192,7 @@ def trace_command(
     require_int("--async-depth", flags["async_depth"], 0, MAX_ASYNC_DEPTH)
     if cache_tokens is not None:
         require_int("--cache-tokens", cache_tokens, 0, MAX_TOKENS)
+    check_output_file(output_file)
     part = read_trace(
         trace,
         window_s=parse_window(trace_window),

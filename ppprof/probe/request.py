@@ -34,13 +34,25 @@ def set_up_request(cache: StageCache, req: Request, pr: ProbeRequest, gen: torch
 def fill_request(cache: StageCache, req: Request, pr: ProbeRequest, gen: torch.Generator | None) -> None:
     """Give the admitted `req` its `pr.prefix_len` cached tokens (random K/V and Mamba state from `gen`, written, not
     computed) and KV slots for `pr.chunk_size` more; RunError when the KV cache cannot hold them."""
-    if pr.prefix_len:
-        slots = cache.extend(req, pr.prefix_len)
-        if slots is None:
-            raise RunError(f"KV cache too small for the prefix of request {pr.rid} ({pr.prefix_len} tokens)")
-        if cache.kv_pool is not None:
-            cache.kv_pool.fill_random(slots, gen)
-        if cache.mamba_pool is not None:
-            cache.mamba_pool.fill_random(cache.mamba_slot(req), gen)
+    if not write_prefix(cache, req, pr.prefix_len, gen):
+        raise RunError(f"KV cache too small for the prefix of request {pr.rid} ({pr.prefix_len} tokens)")
     if cache.extend(req, pr.chunk_size) is None:
         raise RunError(f"KV cache too small for request {pr.rid} ({pr.prefix_len} + {pr.chunk_size} tokens)")
+
+
+def write_prefix(cache: StageCache, req: Request, prefix_len: int, gen: torch.Generator | None) -> bool:
+    """A cached prefix of `prefix_len` tokens for the admitted `req`, as a server finds it: KV slots in its table with
+    K/V written (random, from `gen`: the values do not change what a forward costs) and, where the stage has Mamba
+    layers, a state in its Mamba slot; its chunks then attend over those slots. Used by the probes and by a replayed
+    trace's cache hits (ppprof.bench.serving). False (nothing more taken) when the KV cache is short; 0: nothing
+    written, the Mamba state as admission left it, as a fresh request's is."""
+    if not prefix_len:
+        return True
+    slots = cache.extend(req, prefix_len)
+    if slots is None:
+        return False
+    if cache.kv_pool is not None:
+        cache.kv_pool.fill_random(slots, gen)
+    if cache.mamba_pool is not None:
+        cache.mamba_pool.fill_random(cache.mamba_slot(req), gen)
+    return True

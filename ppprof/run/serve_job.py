@@ -59,6 +59,8 @@ class ServeState:
         self.reloads: list[dict] = []
         """Each decision on a new policy file (rank 0's): serving.json's `reloads`."""
         self.first_digest: str | None = None
+        self.part = None
+        """A trace replay's part (ppprof.traces.Trace), read by the first stage's ranks; None: levels."""
 
 
 def prepare(run: RankRun[ServeState]) -> None:
@@ -81,7 +83,7 @@ def build_stage(run: RankRun[ServeState]) -> None:
     """This rank's stage, with the pools the settings sized for the most requests a level holds at once, each at the
     longest prompt (ServeBenchConfig.with_pools)."""
     cfg, serve = run.cfg, run.state.serve
-    entries = max(serve.entries(level) for level in serve.levels)
+    entries = serve.max_entries(serve.prompts)
     stage = make_stage(run, run.layer_ids)
     pools = cfg.pools
     cache = build_stage_cache(

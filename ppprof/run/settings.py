@@ -9,7 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from ppprof.checks import is_int
+from ppprof.bounds import MAX_TOKENS
+from ppprof.checks import is_int, require_int
 from ppprof.config import DEFAULT_STRATEGIES, BenchConfig, ProfileConfig
 from ppprof.config import flag as config_flag
 from ppprof.config.sections import setting_fields
@@ -20,8 +21,9 @@ from ppprof.policy.runtime import Policy
 from ppprof.run.forward_trace import check_trace_path
 from ppprof.runfiles import COMPLETE, RunFolder, read_run_json
 from ppprof.serving.levels import parse_arms, parse_levels
-from ppprof.serving.settings import ServeBenchConfig
+from ppprof.serving.settings import ServeBenchConfig, TraceReplay
 from ppprof.specs import parse_partition
+from ppprof.traces.mooncake import parse_window
 
 CONFIG_FIELDS = {f.name for f in setting_fields()}
 
@@ -175,11 +177,12 @@ def read_plans(path: str) -> dict:
     return data.get("plans", data) if isinstance(data, dict) else data
 
 
-def resolve_serve(policy_path: str, flags: dict) -> tuple[ServeBenchConfig, Policy]:
+def resolve_serve(policy_path: str, flags: dict, trace: dict | None = None) -> tuple[ServeBenchConfig, Policy]:
     """A serving bench's settings through the ranks: the profile's (run.json beside the policy, `flags["profile"]`
     winning) with pools that hold the most requests a level has at once, each at the longest prompt; the levels,
-    arms and prompts checked in one line each, before any rank starts."""
-    levels = parse_levels(flags["concurrency"], flags["request_rate"])
+    arms and prompts checked in one line each, before any rank starts. With `trace` (the --trace flags), a request
+    trace's part replaces the levels: read and checked here too."""
+    levels = parse_levels(flags["concurrency"], flags["request_rate"]) if trace is None else []
     arms = parse_arms(flags["strategies"])
     profile, policy, run = profile_of_policy(policy_path, {"profile": flags["profile"]}, "serve-bench")
     if policy.planning_model is None:
@@ -187,10 +190,11 @@ def resolve_serve(policy_path: str, flags: dict) -> tuple[ServeBenchConfig, Poli
             f"policy {policy_path} has no latency model ({policy.status}: {policy.reason}): the simulation beside "
             "the run prices batches with it; profile again"
         )
-    if levels[0].rate is not None and profile.parallelism.tp_size > 1:
+    if (trace is not None or levels[0].rate is not None) and profile.parallelism.tp_size > 1:
+        what = "--trace" if trace is not None else "--request-rate"
         raise ValueError(
-            f"--request-rate with the profile's --tp-size {profile.parallelism.tp_size}: the TP ranks of the first "
-            "stage each run the scheduler, and Poisson arrivals by the wall clock could part them; use --concurrency "
+            f"{what} with the profile's --tp-size {profile.parallelism.tp_size}: the TP ranks of the first "
+            "stage each run the scheduler, and arrivals by the wall clock could part them; use --concurrency "
             "(closed loops schedule alike on every rank), or --simulate"
         )
     stages = len(run.get("layer_partition") or [None] * run.get("world_size", 1))
@@ -203,15 +207,46 @@ def resolve_serve(policy_path: str, flags: dict) -> tuple[ServeBenchConfig, Poli
     workload = (
         parse_prompt_spec(spec, profile.probes.context_len) if spec else Workload.from_dict(policy.data.get("workload"))
     )
+    given = ("async_depth", "seed", "repeats", "out") + (("num_prompts",) if trace is None else ())
     serve = ServeBenchConfig(
         policy=str(policy_path),
         profile=profile,
-        concurrency=tuple(lv.concurrency for lv in levels) if levels[0].concurrency is not None else None,
-        request_rates=tuple(lv.rate for lv in levels) if levels[0].rate is not None else None,
+        concurrency=tuple(lv.concurrency for lv in levels) if levels and levels[0].concurrency is not None else None,
+        request_rates=tuple(lv.rate for lv in levels) if levels and levels[0].rate is not None else None,
         strategies=arms,
         workload=workload.to_dict(),
-        **{k: flags[k] for k in ("num_prompts", "async_depth", "seed", "repeats", "out") if flags[k] is not None},
+        **{k: flags[k] for k in given if flags[k] is not None},
         forward_trace=flags.get("forward_trace"),
+        trace=None if trace is None else trace_replay(trace, flags["num_prompts"], policy),
     )
     check_trace_path(serve.forward_trace)
     return serve.with_pools(), policy
+
+
+def trace_replay(trace: dict, num_prompts: int | None, policy: Policy) -> TraceReplay:
+    """The --trace flags of a run through the ranks, checked (the part itself is read and checked by with_pools)."""
+    if trace["cache_tokens"] is not None:
+        require_int("--cache-tokens", trace["cache_tokens"], 0, MAX_TOKENS)
+    check_output_file(trace["output_file"])
+    return TraceReplay(
+        path=str(trace["trace"]),
+        window_s=parse_window(trace["trace_window"]),
+        num_prompts=num_prompts,
+        time_scale=trace["time_scale"],
+        length_scale=trace["length_scale"],
+        context_len=policy.settings.context_len,
+        cache_tokens=trace["cache_tokens"],
+        output_file=trace["output_file"],
+        output_details=trace["output_details"],
+    )
+
+
+def check_output_file(path: str | None) -> None:
+    """--output-file: a JSONL file to append to (or to create) in an existing folder; ValueError (one line)."""
+    if path is None:
+        return
+    p = Path(path)
+    if p.exists() and not p.is_file():
+        raise ValueError(f"--output-file {path} is not a file: give a JSONL file to append to")
+    if not p.parent.is_dir():
+        raise ValueError(f"--output-file {path}: its folder {p.parent} does not exist; create it or give another path")

@@ -25,15 +25,18 @@ def pool_tokens(trace: Trace, entries: int = REQUEST_ENTRIES) -> int:
     return max(r.prompt_len for r in trace.requests) * entries
 
 
-def metrics(served: Served, trace: Trace, arm: str, cache: PrefixCache | None) -> dict:
+def metrics(
+    served: Served, trace: Trace, arm: str, cache: PrefixCache | None, backend: str = "ppprof-simulated"
+) -> dict:
     """One run in bench_serving's names (duration in s, throughputs a second, TTFT in ms) and ppprof's additions
-    (the arm, the prefix-hit share of the input tokens, chunks a request)."""
+    (the arm, the prefix-hit share of the input tokens, chunks a request); `backend`: what served it (the
+    simulation, or "ppprof" for the real pipeline)."""
     ttft = np.array([r.ttft for r in served.requests])
     duration_s = served.span_ms / 1e3
     total = sum(r.prompt_len for r in served.requests)
     cached = sum(r.cached for r in served.requests)
     return {
-        "backend": "ppprof-simulated",
+        "backend": backend,
         "dataset_name": "mooncake-trace",
         "arm": arm,
         "completed": len(served.requests),

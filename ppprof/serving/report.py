@@ -144,3 +144,64 @@ def trace_text(result: dict) -> str:
             f"{run['p99_ttft_ms']:>10.1f} {run['prefix_hit_share']:>6.1%} {run['chunks_per_request']:>7.2f}"
         )
     return "\n".join(lines)
+
+
+TRACE_FIGURES = (
+    "request_throughput",
+    "input_throughput",
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "p90_ttft_ms",
+    "p99_ttft_ms",
+)
+"""The figures of a replayed trace's run compared with its simulation (bench_serving's names)."""
+
+
+def trace_cell(repeats: list[dict], simulated: dict) -> dict:
+    """One arm of a trace replayed through the ranks: the median of each figure over its repeats (each a metrics()
+    of ppprof.serving.replay, without details), the simulation's, and the measured over the simulated, less 1."""
+    measured = {k: _median([r[k] for r in repeats]) for k in TRACE_FIGURES}
+    measured |= {k: _median([r[k] for r in repeats]) for k in ("prefix_hit_share", "chunks_per_request", "duration")}
+    vs = {k: (measured[k] / simulated[k] - 1.0 if simulated[k] else None) for k in TRACE_FIGURES}
+    sim = {k: v for k, v in simulated.items() if k != "details"}
+    return {"arm": repeats[0]["arm"], "measured": measured, "simulated": sim, "vs_simulated": vs, "repeats": repeats}
+
+
+def trace_measured_text(result: dict) -> str:
+    """A trace replayed through the ranks, an arm three lines: measured (the median of the repeats), simulated, and
+    the measured over the simulated, less 1, in bench_serving's figures with the prefix-hit share and chunks."""
+    t = result["trace"]
+    lines = [
+        f"measured trace {t['path']}: {t['requests']} requests over {t['span_s']:.1f} s, {t['input_tokens']} input "
+        f"tokens, lengths x {t['length_scale']:g}, time x {t['time_scale']:g}; {result['pp_size']} stages, async "
+        f"depth {result['async_depth']}, median of {result['repeats']} repeats",
+        f"{'arm':<15} {'run':<9} {'req/s':>7} {'input tok/s':>11} {'mean ms':>10} {'median':>10} {'p90':>10} "
+        f"{'p99':>10} {'hit':>6} {'chunks':>7}",
+    ]
+    for cell in result["runs"]:
+        for name, figures in (("measured", cell["measured"]), ("simulated", cell["simulated"])):
+            lines.append(
+                f"{cell['arm'] if name == 'measured' else '':<15} {name:<9} {figures['request_throughput']:>7.3f} "
+                f"{figures['input_throughput']:>11.0f} {figures['mean_ttft_ms']:>10.1f} "
+                f"{figures['median_ttft_ms']:>10.1f} {figures['p90_ttft_ms']:>10.1f} {figures['p99_ttft_ms']:>10.1f} "
+                f"{figures['prefix_hit_share']:>6.1%} {figures['chunks_per_request']:>7.2f}"
+            )
+        vs = [cell["vs_simulated"][k] for k in TRACE_FIGURES]
+        widths = (7, 11, 10, 10, 10, 10)
+        lines.append(
+            f"{'':<15} {'vs sim':<9} "
+            + " ".join("-".rjust(w) if v is None else f"{v:+.1%}".rjust(w) for v, w in zip(vs, widths))
+        )
+    miss = result.get("largest_miss")
+    if miss:
+        lines.append(f"largest miss: {miss['fraction']:.1%} ({miss['where']})")
+    return "\n".join(lines)
+
+
+def trace_largest_miss(runs: list[dict]) -> dict | None:
+    """The largest |measured / simulated - 1| over every arm and figure of a replayed trace, and where."""
+    misses = [(abs(v), f"{c['arm']} {k}") for c in runs for k, v in c["vs_simulated"].items() if v is not None]
+    if not misses:
+        return None
+    fraction, where = max(misses)
+    return {"where": where, "fraction": fraction}

@@ -11,9 +11,43 @@ from ppprof.checks import require_int, require_str
 from ppprof.config.profile_config import ProfileConfig
 from ppprof.config.workload import Workload
 from ppprof.serving.levels import DEFAULT_REQUEST_ENTRIES, MAX_NUM_PROMPTS
+from ppprof.serving.replay import REQUEST_ENTRIES
 from ppprof.serving.simulate import LoadLevel, prompts_of
+from ppprof.traces import Trace, read_trace
 
 MAX_REPEATS = 100
+
+
+@dataclass(kw_only=True, slots=True)
+class TraceReplay:
+    """The part of a request trace a run through the ranks replays (`serve-bench --trace` without --simulate), read
+    again where it is needed (the command before the launch, checked there; each rank), and what is written of it."""
+
+    path: str
+    window_s: tuple[float, float] | None = None
+    num_prompts: int | None = None
+    time_scale: float = 1.0
+    length_scale: float = 1.0
+    context_len: int | None = None
+    """The policy's: a scaled prompt beyond it is refused."""
+    cache_tokens: int | None = None
+    """The prefix cache's bound; None: the simulated pool's (ppprof.serving.replay.pool_tokens), as --simulate."""
+    output_file: str | None = None
+    output_details: bool = False
+
+    def __post_init__(self) -> None:
+        if self.window_s is not None:  # a JSON list on the ranks
+            self.window_s = (float(self.window_s[0]), float(self.window_s[1]))
+
+    def read(self) -> Trace:
+        return read_trace(
+            self.path,
+            window_s=self.window_s,
+            num_prompts=self.num_prompts,
+            time_scale=self.time_scale,
+            length_scale=self.length_scale,
+            context_len=self.context_len,
+        )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -37,6 +71,8 @@ class ServeBenchConfig:
     """serving.json's path; None: results/<time>-serve-<model>/serving.json."""
     forward_trace: str | None = None
     """Where every rank's forwards go as one forward trace (docs/forwards.md); None: none."""
+    trace: TraceReplay | None = None
+    """A request trace replayed instead of the levels; None: the levels."""
 
     def __post_init__(self) -> None:
         require_int("--num-prompts", self.num_prompts, 1, MAX_NUM_PROMPTS)
@@ -56,7 +92,9 @@ class ServeBenchConfig:
 
     @property
     def prompts(self) -> list[int]:
-        """The prompt lengths every level serves, in arrival order."""
+        """The prompt lengths every level (or the trace's part) serves, in arrival order."""
+        if self.trace is not None:
+            return [r.prompt_len for r in self.trace.read().requests]
         w = Workload.from_dict(self.workload)
         return prompts_of(w.prompt_lens, w.weights, self.num_prompts, self.seed)
 
@@ -64,13 +102,21 @@ class ServeBenchConfig:
         """Requests a level holds at once: its concurrency, else (Poisson) a server's default, at most the prompts."""
         return min(level.concurrency or DEFAULT_REQUEST_ENTRIES, self.num_prompts)
 
+    def max_entries(self, prompts: list[int]) -> int:
+        """Requests the run holds at once at most: the levels' most, or (a trace) the simulated pools' entries, at
+        most the part's requests."""
+        if self.trace is not None:
+            return min(REQUEST_ENTRIES, len(prompts))
+        return max(self.entries(level) for level in self.levels)
+
     def with_pools(self) -> ServeBenchConfig:
         """These settings with each stage's pools sized for the most requests a level holds at once, each at the
         longest prompt (KV slots, Mamba slots, request entries, context; at least the profile's), so that the memory check before the launch
         judges what the run will hold. ValueError (one line) where that is beyond a pool's bound."""
-        entries = max(self.entries(level) for level in self.levels)
+        prompts = self.prompts
+        entries = self.max_entries(prompts)
         page = self.profile.pools.page_size
-        longest = -(-max(self.prompts) // page) * page
+        longest = -(-max(prompts) // page) * page
         recorded = self.profile.pools  # what the profile held (its probes' checks still hold): at least that much
         pools = {
             "max_total_tokens": max(entries * longest, recorded.max_total_tokens),
@@ -81,8 +127,9 @@ class ServeBenchConfig:
         try:
             profile = ProfileConfig(**{**self.profile.settings(), **pools})
         except ValueError as e:
+            what = "the trace's part" if self.trace is not None else f"--num-prompts {self.num_prompts}"
             raise ValueError(
-                f"--num-prompts {self.num_prompts}: {entries} requests at once at the longest prompt ({longest} "
+                f"{what}: {entries} requests at once at the longest prompt ({longest} "
                 f"tokens) need pools beyond their bounds ({e}); serve fewer or shorter prompts"
             ) from None
         return replace(self, profile=profile)
@@ -90,6 +137,8 @@ class ServeBenchConfig:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["profile"] = self.profile.to_dict()
+        if self.trace is not None:
+            d["trace"] = asdict(self.trace)
         for key in ("concurrency", "request_rates", "strategies"):
             d[key] = None if d[key] is None else list(d[key])
         return d
@@ -98,6 +147,8 @@ class ServeBenchConfig:
     def from_dict(cls, d: dict) -> ServeBenchConfig:
         d = dict(d)
         d["profile"] = ProfileConfig.from_dict(d["profile"], "--resolved-config")
+        if d.get("trace") is not None:
+            d["trace"] = TraceReplay(**d["trace"])
         for key in ("concurrency", "request_rates", "strategies"):
             d[key] = None if d.get(key) is None else tuple(d[key])
         return cls(**d)

@@ -13,6 +13,7 @@ from ppprof.cli import main
 from ppprof.policy import load
 from ppprof.serving.arms import sizer
 from ppprof.serving.prefix_cache import PrefixCache
+from ppprof.serving.report import TRACE_FIGURES, trace_cell, trace_largest_miss, trace_measured_text
 from ppprof.serving.scheduler import Capacity
 from ppprof.serving.simulate import serve
 from ppprof.traces import read_trace
@@ -110,3 +111,23 @@ def test_serve_bench_replays_a_trace_and_appends_bench_servings_metrics(tmp_path
     assert len(runs[3]["details"]["ttfts_ms"]) == 30 and runs[3]["details"]["cached_lens"] == [0] * 30
     doc = json.loads(out.read_text())
     assert doc["mode"] == "simulated trace" and doc["trace"]["requests"] == 30
+
+
+def test_a_replayed_arm_through_the_ranks_is_the_median_of_its_repeats_beside_its_simulation():
+    def run(scale, **extra):
+        figures = dict.fromkeys(TRACE_FIGURES, 100.0 * scale) | {"prefix_hit_share": 0.25, "chunks_per_request": 2.0}
+        return figures | {"arm": "fixed", "duration": 4.0 / scale, "completed": 3, **extra}
+
+    repeats = [run(1.0), run(0.8), run(1.3)]
+    cell = trace_cell(repeats, run(0.5, details={"ttfts_ms": [1.0]}))
+    assert cell["measured"]["mean_ttft_ms"] == 100.0 and cell["measured"]["duration"] == 4.0
+    assert cell["vs_simulated"]["p99_ttft_ms"] == pytest.approx(1.0) and "details" not in cell["simulated"]
+    runs = [cell]
+    text = trace_measured_text(
+        {"trace": read_trace(REPO / "tests" / "data" / "mooncake-head.jsonl", num_prompts=3).to_dict(), "pp_size": 2,
+         "async_depth": 0, "repeats": 3, "runs": runs, "largest_miss": trace_largest_miss(runs)}
+    )  # fmt: skip
+    lines = text.splitlines()
+    assert lines[0].startswith("measured trace") and "median of 3 repeats" in lines[0]
+    assert lines[2].split()[:2] == ["fixed", "measured"] and lines[3].split()[0] == "simulated"
+    assert lines[4].split()[:3] == ["vs", "sim", "+100.0%"] and lines[-1].startswith("largest miss: 100.0%")
