@@ -6,8 +6,9 @@
 #   more processes, and some judge a deadline; their ranks wait on one another and on their launcher so much that
 #   the phase alone kept 1.05 of 2 cores busy (283 s of CPU in 267 s, 2026-12-05). Their output is shown when they end.
 # - the tests that run in this process (most of them), beside them at nice 10, on $PPPROF_TEST_WORKERS pytest-xdist
-#   workers (default 2, one a core; 1 runs them in this process): they take the cores the ranks leave idle and give
-#   them back at once when a rank wants one.
+#   workers (default 2, one a core; 1 runs them in this process), a test file a worker at a time (--dist loadfile:
+#   a module's fixtures are made once, not on both workers; pytest-xdist's xdist_group marks do not group under
+#   pytest 9): they take the cores the ranks leave idle and give them back at once when a rank wants one.
 # PPPROF_TEST_SERIAL=1 runs the two phases one after the other, as before. Each phase prints its 25 slowest tests; the
 # last line gives each phase's time and the whole run's.
 set -uo pipefail
@@ -18,7 +19,7 @@ workers=${PPPROF_TEST_WORKERS:-2}
 serial=${PPPROF_TEST_SERIAL:-0}
 [[ "$serial" =~ ^[01]$ ]] || { echo "test.sh: PPPROF_TEST_SERIAL $serial is invalid: use 0 or 1" >&2; exit 2; }
 parallel=()
-[ "$workers" = 1 ] || parallel=(-n "$workers" --dist loadgroup)
+[ "$workers" = 1 ] || parallel=(-n "$workers" --dist loadfile)
 took() { printf '%d min %02d s' $(($1 / 60)) $(($1 % 60)); }
 start=$SECONDS
 multirank_phase() {

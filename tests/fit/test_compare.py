@@ -19,9 +19,6 @@ from ppprof.io import atomic_write_json
 from ppprof.policy import load
 from ppprof.policy.rule import LatencyModel
 
-pytestmark = pytest.mark.xdist_group("fit/test_compare")
-"""One pytest-xdist worker runs this module (scripts/test.sh: --dist loadgroup): its module fixtures once, not on both."""
-
 REPO = Path(__file__).resolve().parents[2]
 TRUE = LatencyModel("prefix", a=2e-6, b=0.008, c=1.5, g=8e-5)  # about what tiny-hybrid costs on 2 CPU cores, in ms
 B = 512

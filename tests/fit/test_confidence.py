@@ -19,9 +19,6 @@ from ppprof.policy.planners import chunk_latencies_ms, fixed_chunks, ttft_ms
 from ppprof.policy.rule import LatencyModel
 from ppprof.policy.runtime import Policy
 
-pytestmark = pytest.mark.xdist_group("fit/test_confidence")
-"""One pytest-xdist worker runs this module (scripts/test.sh: --dist loadgroup): its module fixtures once, not on both."""
-
 REPO = Path(__file__).resolve().parents[2]
 DYNAMIC = "results/bench_model_domain/grid-old/profile"  # dynamic, gain 4.0% (80% interval 3.9-4.0%)
 BASELINE = "results/baseline"  # dynamic, gain 3.0%: the rows the surfaces below are drawn on

@@ -12,9 +12,6 @@ from ppprof.specs import load_spec, split_layers
 from ppprof.specs.accounting import stage_params
 from tests.run.dry_runs import DATA, HEADLINE, PUBLISHED_PARAMS, published_dry_run
 
-pytestmark = pytest.mark.xdist_group("run/test_dry_run")
-"""One pytest-xdist worker runs this module (scripts/test.sh: --dist loadgroup): its module fixtures once, not on both."""
-
 DEPLOYMENTS = [
     *HEADLINE,
     ("deepseek_v3", 4, 1),  # the TP 1 layouts, which shard nothing, run whatever TP supports

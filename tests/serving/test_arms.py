@@ -17,9 +17,6 @@ from ppprof.serving.arms import SERVING_ARMS, packed_stage_ms, sizer
 from ppprof.serving.scheduler import Batch, Capacity, Load, Piece
 from ppprof.serving.simulate import LoadLevel, serve
 
-pytestmark = pytest.mark.xdist_group("serving/test_arms")
-"""One pytest-xdist worker runs this module (scripts/test.sh: --dist loadgroup): its module fixtures once, not on both."""
-
 POLICY = Path(__file__).resolve().parents[1] / "runs/tiny-hybrid/policy.json"
 
 

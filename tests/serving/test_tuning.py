@@ -21,9 +21,6 @@ from ppprof.serving.underload import LOAD_PROMPTS, LOAD_SEED
 
 from ..policy.policy_helpers import policy_dict
 
-pytestmark = pytest.mark.xdist_group("serving/test_tuning")
-"""One pytest-xdist worker runs this module (scripts/test.sh: --dist loadgroup): its module fixtures once, not on both."""
-
 MODEL = LatencyModel("prefix", a=1.5e-6, b=0.01, c=6.0, g=4e-4)
 """A fixed cost of 6 ms a forward: under load, batches of more tokens pay it less often."""
 LEVELS = (4,)

@@ -34,9 +34,6 @@ from ppprof.serving.underload import (
 
 from ..policy.policy_helpers import policy_dict
 
-pytestmark = pytest.mark.xdist_group("serving/test_underload")
-"""One pytest-xdist worker runs this module (scripts/test.sh: --dist loadgroup): its module fixtures once, not on both."""
-
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "tests/runs/tiny-hybrid"
 REFERENCE = REPO / "results/bench-reference/profile"

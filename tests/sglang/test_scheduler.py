@@ -30,9 +30,6 @@ from .cpu_install import installed
 from .scheduler_run import ARMS, PP_SIZE, PROMPTS, REQUESTS, stage_clock
 from .standin import REPO, shaped
 
-pytestmark = pytest.mark.xdist_group("sglang/test_scheduler")
-"""One pytest-xdist worker runs this module (scripts/test.sh: --dist loadgroup): its module fixtures once, not on both."""
-
 BASELINE = REPO / "results" / "baseline" / "policy.json"
 RUNNER = REPO / "tests" / "sglang" / "scheduler_run.py"
 ON_PYTHONPATH = REPO / "ppprof" / "sglang" / "on-pythonpath"
