@@ -273,11 +273,14 @@ PHASES: tuple[Phase, ...] = (
 )
 
 
-def serve_rank(serve: ServeBenchConfig, fault: str | None = None, policy: Policy | None = None) -> int:
-    """One rank of `ppprof serve-bench` through the ranks; returns its exit code."""
+def serve_rank(
+    serve: ServeBenchConfig, fault: str | None = None, policy: Policy | None = None, phases: tuple[Phase, ...] = PHASES
+) -> int:
+    """One rank of `ppprof serve-bench` through the ranks (`phases`: the levels', or a trace's); returns its exit
+    code."""
 
     def job(info) -> None:
-        run_phases(set_up(serve.profile, info, fault, state=ServeState(serve, policy)), PHASES)
+        run_phases(set_up(serve.profile, info, fault, state=ServeState(serve, policy)), phases)
 
     cfg = serve.profile
     return run_rank(job, cfg.job.device, cfg.job.torch_threads, cfg.job.timeout, cfg.parallelism.tp_size)

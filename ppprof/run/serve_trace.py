@@ -18,8 +18,17 @@ from ppprof.manifest import write_result
 from ppprof.policy.runtime import Policy
 from ppprof.run.forward_trace import join_parts
 from ppprof.run.progress import progress
-from ppprof.run.rank import Phase, RankRun, run_phases, run_rank, set_up
-from ppprof.run.serve_job import SERVING_CSV, ServeState, build_stage, prepare, reload, serve_one, write_rows
+from ppprof.run.rank import Phase, RankRun
+from ppprof.run.serve_job import (
+    SERVING_CSV,
+    ServeState,
+    build_stage,
+    prepare,
+    reload,
+    serve_one,
+    serve_rank,
+    write_rows,
+)
 from ppprof.serving.arms import sizer
 from ppprof.serving.prefix_cache import PrefixCache
 from ppprof.serving.replay import REQUEST_ENTRIES, details, metrics, pool_tokens, replay
@@ -134,9 +143,4 @@ TRACE_PHASES: tuple[Phase, ...] = (
 
 def trace_rank(serve: ServeBenchConfig, fault: str | None = None, policy: Policy | None = None) -> int:
     """One rank of `ppprof serve-bench --trace` through the ranks; returns its exit code."""
-
-    def job(info) -> None:
-        run_phases(set_up(serve.profile, info, fault, state=ServeState(serve, policy)), TRACE_PHASES)
-
-    cfg = serve.profile
-    return run_rank(job, cfg.job.device, cfg.job.torch_threads, cfg.job.timeout, cfg.parallelism.tp_size)
+    return serve_rank(serve, fault, policy, TRACE_PHASES)
