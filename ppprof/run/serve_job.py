@@ -212,15 +212,12 @@ def serve_levels(run: RankRun[ServeState]) -> None:
                     if bar is not None:
                         bar.set_postfix_str(f"{level.name}, {arm}, repeat {repeat}", refresh=False)
                         bar.update()
-    if serve.forward_trace is not None:
-        join_parts(run.pipe, run.rank, serve.forward_trace, run.state.runner.trace)
-    rows = [row for per_stage in run.pipe.all_gather(run.state.rows) for row in per_stage]
+    gather_rows(run, serve)
     if run.rank == 0:
-        run.state.rows = rows
         for key, results in run.state.cells.items():
             level, arm = key
             mine = [
-                [r for r in rows if (r["level"], r["arm"], r["repeat"]) == (level, arm, repeat)]
+                [r for r in run.state.rows if (r["level"], r["arm"], r["repeat"]) == (level, arm, repeat)]
                 for repeat in range(len(results))
             ]
             run.state.cells[key] = [cell_summary(res.served, rs, run.pp_size) for res, rs in zip(results, mine)]
@@ -259,6 +256,16 @@ def write_results(run: RankRun[ServeState]) -> None:
     write_plots(result, out.parent, f"{Path(serve.policy).name}: measured, {run.pp_size} stages")
     print(levels_text(result), file=sys.stderr)
     log.info("wrote %s", out)
+
+
+def gather_rows(run: RankRun[ServeState], serve: ServeBenchConfig) -> None:
+    """After the runs: every stage's forward-trace part joined (where --forward-trace names one), and every stage's
+    batch rows gathered into rank 0's state."""
+    if serve.forward_trace is not None:
+        join_parts(run.pipe, run.rank, serve.forward_trace, run.state.runner.trace)
+    rows = [row for per_stage in run.pipe.all_gather(run.state.rows) for row in per_stage]
+    if run.rank == 0:
+        run.state.rows = rows
 
 
 def write_rows(path: Path, rows: list[dict]) -> None:

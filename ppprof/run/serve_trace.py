@@ -16,13 +16,13 @@ from ppprof.bench.serving import TraceArrivals
 from ppprof.io import append_lines
 from ppprof.manifest import write_result
 from ppprof.policy.runtime import Policy
-from ppprof.run.forward_trace import join_parts
 from ppprof.run.progress import progress
 from ppprof.run.rank import Phase, RankRun
 from ppprof.run.serve_job import (
     SERVING_CSV,
     ServeState,
     build_stage,
+    gather_rows,
     prepare,
     reload,
     serve_one,
@@ -87,11 +87,7 @@ def serve_trace(run: RankRun[ServeState]) -> None:
                 if bar is not None:
                     bar.set_postfix_str(f"{arm}, repeat {repeat}", refresh=False)
                     bar.update()
-    if serve.forward_trace is not None:
-        join_parts(run.pipe, run.rank, serve.forward_trace, run.state.runner.trace)
-    rows = [row for per_stage in run.pipe.all_gather(run.state.rows) for row in per_stage]
-    if run.rank == 0:
-        run.state.rows = rows
+    gather_rows(run, serve)
 
 
 def write_trace_results(run: RankRun[ServeState]) -> None:
