@@ -43,6 +43,7 @@ RUNS = {
 HELP_ONLY = {
     "benchmarks/model_domain.py": "profiles and benches for minutes (ranks)",
     "benchmarks/profile_cost.py": "profiles for minutes (ranks)",
+    "benchmarks/forward_trace_serving.py": "serves twenty times, tracing on and off, for minutes (ranks)",
     "experiments/bench_reference.sh": "profiles and benches for half an hour (ranks)",
     "experiments/bench_tune.sh": "profiles, tunes and benches for minutes (ranks)",
     "experiments/serving_real.sh": "profiles and serves for a quarter of an hour (ranks)",
