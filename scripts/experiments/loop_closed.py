@@ -293,6 +293,9 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=98, help="cells of the rotation (serve-bench takes at most 100)")
     parser.add_argument("--prompt-lens", default="1000,2000,3000")
+    parser.add_argument(
+        "--host", default="not stated", help="what else ran on the host (a quiet host, shared with ...): recorded as is"
+    )
     args = parser.parse_args()
     folder = Path(args.out).parent
     policies = prepare(folder)
@@ -334,7 +337,11 @@ def main() -> None:
         "num_prompts": args.num_prompts,
         "prompt_lens": args.prompt_lens,
         "repeats": args.repeats,
-        "host": "2 cores shared with two other sessions' work: policies rotated cell by cell in one run, medians and ranges of ratios to the right policy's neighbouring cells",
+        "host": args.host,
+        "method": (
+            "policies rotated cell by cell in one run, medians and ranges of ratios to the right policy's "
+            "neighbouring cells"
+        ),
         "statuses": {
             n: [json.loads(p.read_text())["status"], json.loads(p.read_text())["reason"]] for n, p in policies.items()
         },  # fmt: skip
