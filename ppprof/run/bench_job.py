@@ -39,6 +39,7 @@ from ppprof.run.rank import (
     tp_shard,
 )
 from ppprof.runfiles import RunFolder
+from ppprof.specs.memory import CacheSizes
 
 log = logging.getLogger("ppprof")
 TRANSFER_REPEATS = 7
@@ -120,11 +121,13 @@ def build_stages(run: RankRun[BenchState]) -> None:
         cache = build_stage_cache(
             run.spec,
             layer_ids,
-            max_total_tokens=longest,
-            page_size=cfg.pools.page_size,
-            max_mamba_cache_size=1,
-            max_running_requests=1,
-            context_len=max(longest, cfg.probes.context_len),
+            CacheSizes(
+                max_total_tokens=longest,
+                page_size=cfg.pools.page_size,
+                max_mamba_cache_size=1,
+                max_running_requests=1,
+                context_len=max(longest, cfg.probes.context_len),
+            ),
             dtype=run.dtype,
             device=run.info.device,
             **tp_shard(run),
@@ -133,9 +136,7 @@ def build_stages(run: RankRun[BenchState]) -> None:
     run.state.runner = PromptRunner(stages=stages, pipe=run.pipe, seed=cfg.probes.seed)
     if bench.forward_trace is not None:
         context_len = max(longest, cfg.probes.context_len)
-        run.state.runner.trace = RankTrace(
-            bench.forward_trace, run.rank, run.pipe, run.spec, run.dtype, context_len, "ppprof bench", bench.pp_size
-        )
+        run.state.runner.trace = RankTrace(bench.forward_trace, run, context_len, "ppprof bench", bench.pp_size)
     log.info(
         "stages %s of %d (%s) on rank %d", [s.index for s in stages], bench.pp_size, run.spec.name, run.rank, extra=OWN
     )

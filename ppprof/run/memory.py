@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ppprof.config import ProfileConfig
 from ppprof.specs import ModelSpec, load_spec, split_layers
-from ppprof.specs.memory import StageMemory, format_bytes, stage_memory
+from ppprof.specs.memory import PeakRequest, StageMemory, format_bytes, stage_memory
 from ppprof.specs.tp import rank_spec
 
 MEMINFO = Path("/proc/meminfo")
@@ -33,19 +33,15 @@ def profile_memory(cfg: ProfileConfig, world_size: int, spec: ModelSpec | None =
     """What each stage of the profile needs (ppprof.specs.memory): pools as configured, activations of its largest
     probe request, the largest probe chunk after the longest prefix."""
     spec = spec or load_spec(cfg.model.model, num_layers=cfg.model.num_layers, dtype=cfg.model.dtype)
-    prefix_len = max(cfg.resolved_prefix_lens(), default=0)
+    request = PeakRequest(
+        chunk_size=cfg.max_probe_chunk_size,
+        prefix_len=max(cfg.resolved_prefix_lens(), default=0),
+        dtype=cfg.model.dtype,
+        attention_backend=cfg.job.attention_backend,
+        device=cfg.job.device,
+    )
     return [
-        stage_memory(
-            spec,
-            layers,
-            stage_idx=i,
-            dtype=cfg.model.dtype,
-            **cfg.cache_sizes,
-            chunk_size=cfg.max_probe_chunk_size,
-            prefix_len=prefix_len,
-            attention_backend=cfg.job.attention_backend,
-            device=cfg.job.device,
-        )
+        stage_memory(spec, layers, cfg.cache_sizes, request, i)
         for i, layers in enumerate(split_layers(spec.num_layers, world_size, cfg.parallelism.layer_partition))
     ]
 
