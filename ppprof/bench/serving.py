@@ -28,25 +28,14 @@ from ppprof.model.layer import Piece
 from ppprof.model.stage import Stage
 from ppprof.probe.request import write_prefix
 from ppprof.probe.timer import Timer
-from ppprof.serving.prefix_cache import PrefixCache
 from ppprof.serving.scheduler import Batch, Capacity, Scheduler, Sizer
 from ppprof.serving.scheduler import Piece as Planned
 from ppprof.serving.scheduler import Request as Arrival
-from ppprof.serving.simulate import LoadLevel, Served, arrival_times
+from ppprof.serving.simulate import LoadLevel, Served, TraceArrivals, arrival_times
 
 log = logging.getLogger("ppprof")
 SEND_DEPTH = 2
 """Batches a stage keeps in its sends beyond the micro-batch slots before it waits for the oldest to be received."""
-
-
-@dataclass(frozen=True, slots=True)
-class TraceArrivals:
-    """A request trace's part as rank 0 serves it: each request's arrival (ms into the level) and block ids, and the
-    prefix cache (ppprof.serving.prefix_cache, empty at the start) that its prefills start past; None: no cache."""
-
-    arrivals_ms: Sequence[float]
-    blocks: Sequence[tuple[int, ...]]
-    cache: PrefixCache | None
 
 
 @dataclass(slots=True)

@@ -31,7 +31,7 @@ from ppprof.policy import from_dict
 from ppprof.policy.rule import LatencyModel
 from ppprof.serving.arms import SERVING_ARMS, packed_stage_ms, sizer
 from ppprof.serving.scheduler import Capacity
-from ppprof.serving.simulate import LoadLevel, serve
+from ppprof.serving.simulate import Arrivals, LoadLevel, serve
 from ppprof.traces import read_trace
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,7 +87,11 @@ def run_arms(policy, prompts: list[int], level: LoadLevel) -> dict:
     rows = {}
     for arm in SERVING_ARMS:
         s = serve(
-            policy.pp_size, sizer(policy, arm), stage_ms, Capacity(max(prompts) * entries, entries), prompts, level
+            policy.pp_size,
+            sizer(policy, arm),
+            stage_ms,
+            Capacity(max(prompts) * entries, entries),
+            Arrivals(prompts, level),
         ).summary()
         rows[arm] = {"throughput_tokens_per_s": s["throughput_tokens_per_s"], "ttft_mean_ms": s["ttft_ms"]["mean"]}
     best_thr = max(r["throughput_tokens_per_s"] for r in rows.values())
@@ -116,7 +120,11 @@ def levels_of(policy, prompts: list[int], quick: bool) -> list[LoadLevel]:
     out = [LoadLevel(concurrency=c) for c in closed]
     stage_ms = packed_stage_ms(policy.planning_model, pp, policy.extra_piece_ms)
     top = serve(
-        pp, sizer(policy, "fixed-best"), stage_ms, Capacity(max(prompts) * pp, pp), prompts, LoadLevel(concurrency=pp)
+        pp,
+        sizer(policy, "fixed-best"),
+        stage_ms,
+        Capacity(max(prompts) * pp, pp),
+        Arrivals(prompts, LoadLevel(concurrency=pp)),
     )
     rate = top.summary()["throughput_tokens_per_s"] / (sum(prompts) / len(prompts))
     return out + [LoadLevel(rate=f * rate) for f in RATE_FRACTIONS]

@@ -14,6 +14,7 @@ from ppprof.fit.synthetic import make_samples, write_run_dir
 from ppprof.policy import LatencyModel, from_dict
 from ppprof.servers.sglang import SGLANG
 from ppprof.servers.tune import tune
+from ppprof.servers.tuner import Tuner
 
 PROMPT_LENS = (6000, 20000)
 TRUTH = LatencyModel("prefix", a=2e-7, b=0.01, c=2.0, g=3e-4)
@@ -44,12 +45,13 @@ def test_a_servers_arm_is_the_plan_tune_scores_for_the_policys_flags(tmp_path, s
     policy, csv = profile(tmp_path, TRUTH)
     assert policy.status == "dynamic", policy.reason
     bench = arms(policy, csv, PROMPT_LENS, (server,), 2)
-    scored = tune(policy, parse_prompt_spec(",".join(map(str, PROMPT_LENS))), 2, server, forwards=read_samples(csv))
+    workload = parse_prompt_spec(",".join(map(str, PROMPT_LENS)))
+    scored = tune(Tuner(policy, workload, 2, server, forwards=read_samples(csv)))
     assert scored["boot_fit"] == "samples"
     for n in PROMPT_LENS:
         assert by_name(bench, n)[server] == scored["plans"][str(n)]["policy"], f"{n=}"
     without = arms(policy, None, PROMPT_LENS, (server,), 2)
-    by_model = tune(policy, parse_prompt_spec(",".join(map(str, PROMPT_LENS))), 2, server)
+    by_model = tune(Tuner(policy, workload, 2, server))
     assert by_name(without, 20000)[server] == by_model["plans"]["20000"]["policy"]
 
 

@@ -12,7 +12,7 @@ import pytest
 from ppprof.fit.build import fit
 from ppprof.fit.synthetic import make_samples, write_run_dir
 from ppprof.policy import LatencyModel, load
-from ppprof.policy.optimum import Domain, all_min_sums, bound_grid, optimum_at
+from ppprof.policy.optimum import Domain, bound_grid, optimum_at
 from ppprof.policy.planners import chunk_latencies_ms, fixed_chunks, optimal_chunks, ttft_ms
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,10 +66,8 @@ def ratios_to_optimum(policy) -> np.ndarray:
     rule = policy.data["prompt_table"]
     dom = Domain(rule["unit"], rule["largest_chunk"], rule["max_prompt_len"])
     model, stages = policy.planning_model, policy.pp_size
-    bounds = bound_grid(model, dom)
-    pos, sums = all_min_sums(model, dom, bounds)
     lengths = dense_lengths(policy, np.random.default_rng(0))
-    lower, _ = optimum_at(model, dom, pos, sums, bounds, lengths, stages)
+    lower, _ = optimum_at(model, dom, bound_grid(model, dom), lengths, stages)
     ours = np.array([ttft_ms(chunk_latencies_ms(model, policy.plan(int(n))), stages) for n in lengths])
     return ours / lower
 

@@ -12,7 +12,7 @@ from ppprof.config.workload import parse_prompt_spec
 from ppprof.policy import LatencyModel, from_dict
 from ppprof.servers import SERVERS
 from ppprof.servers.tune import tune
-from ppprof.servers.tuner import cut
+from ppprof.servers.tuner import Tuner, cut
 
 from .helpers import policy_dict
 
@@ -36,7 +36,7 @@ def test_recommendation_beats_current_and_never_the_bound(server):
         "atom": "--max-num-batched-tokens 8192",
     }
     for current in (None, currents[server]):
-        r = tune(p, workload, 4, server, current)
+        r = tune(Tuner(p, workload, 4, server), current)
         settings = r["settings"]
         first = "current" if current else "server default"
         rec, cur, fixed = settings["recommended"], settings[first], settings["best fixed"]
@@ -52,7 +52,7 @@ def test_recommendation_beats_current_and_never_the_bound(server):
 
 def test_a_prefix_heavy_model_is_told_to_chunk_dynamically():
     """With a large attention term, equal-latency chunks beat every fixed chunk over long prompts."""
-    r = tune(policy(LatencyModel("prefix", a=2e-5, b=0.005, c=1.0, g=0.0)), parse_prompt_spec("60000"), 8)
+    r = tune(Tuner(policy(LatencyModel("prefix", a=2e-5, b=0.005, c=1.0, g=0.0)), parse_prompt_spec("60000"), 8))
     assert r["recommended"]["setting"]["dynamic"]
     assert r["settings"]["recommended"]["mean_ttft_ms"] < r["settings"]["best fixed"]["mean_ttft_ms"]
     assert "--enable-dynamic-chunking" in r["recommended"]["command"]
@@ -169,6 +169,6 @@ def test_when_the_users_own_flags_win_their_calibration_is_the_one_recommended(m
         f"--enable-dynamic-chunking --dynamic-chunking-base-size 4096 --max-num-batched-tokens 4096 "
         f"--dynamic-chunking-calibration {mine}"
     )
-    r = tune(policy(), parse_prompt_spec("8192,32768"), 4, "atom", current)
+    r = tune(Tuner(policy(), parse_prompt_spec("8192,32768"), 4, "atom"), current)
     assert r["recommended"]["setting"] == r["settings"]["current"]["setting"]
     assert f"--dynamic-chunking-calibration {mine}" in r["recommended"]["command"], r["recommended"]["command"]

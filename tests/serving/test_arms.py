@@ -15,7 +15,7 @@ from ppprof.policy.planners import fixed_chunks
 from ppprof.policy.tables import LoadRule
 from ppprof.serving.arms import SERVING_ARMS, packed_stage_ms, sizer
 from ppprof.serving.scheduler import Batch, Capacity, Load, Piece
-from ppprof.serving.simulate import LoadLevel, serve
+from ppprof.serving.simulate import Arrivals, LoadLevel, serve
 
 POLICY = Path(__file__).resolve().parents[1] / "runs/tiny-hybrid/policy.json"
 
@@ -29,7 +29,7 @@ def policy():
 def test_alone_each_arm_runs_its_one_prompt_plan(policy, arm):
     prompts = [700, 2000, 4000]
     stage_ms = packed_stage_ms(policy.planning_model, 2)
-    served = serve(2, sizer(policy, arm), stage_ms, Capacity(100_000, 8), prompts, LoadLevel(concurrency=1))
+    served = serve(2, sizer(policy, arm), stage_ms, Capacity(100_000, 8), Arrivals(prompts, LoadLevel(concurrency=1)))
     B = policy.base_chunk_size
     best = policy.data["predicted"]["fixed_best_chunk"]
     for r in served.requests:
