@@ -13,7 +13,7 @@ import numpy as np
 
 from ppprof.bench.executor import WARMUP_REPEAT, BenchPrompt, BenchStage, PromptRunner
 from ppprof.bench.plans import Arm, arms
-from ppprof.bench.report import write_report
+from ppprof.bench.report import Measured, write_report
 from ppprof.chunks import align_up
 from ppprof.config import BenchConfig
 from ppprof.distributed.agree import agreed
@@ -196,17 +196,9 @@ def write_results(run: RankRun[BenchState]) -> None:
         plans = [a.chunk_sizes for a in run.state.plans if a.prompt_len == n]
         # The deepest prefix and the largest chunk any plan of this prompt reaches.
         notes[n] = extrapolation(policy, n, [max(max(c) for c in plans), min(c[-1] for c in plans)])
-    summary = write_report(
-        run.folder.path,
-        bench=bench,
-        plans=run.state.plans,
-        rows=run.state.rows,
-        ttft=run.state.ttft,
-        transfer=run.state.transfer,
-        world_size=run.pp_size,
-        profile_run=run_json,
-        notes=notes,
-    )
+    state = run.state
+    measured = Measured(state.plans, state.rows, state.ttft, state.transfer, world_size=run.pp_size)
+    summary = write_report(run.folder.path, bench, measured, run_json, notes)
     print(summary, file=sys.stderr)
     log.info("wrote %s", run.folder.path)
 

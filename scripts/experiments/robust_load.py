@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from under_load_sim import ATOM_MODEL, default_policy, gpu_sized_policy  # noqa: E402
 
 from ppprof.fit import fit  # noqa: E402
-from ppprof.fit.synthetic import make_samples, write_run_dir
+from ppprof.fit.synthetic import SyntheticProbes, SyntheticRun, make_samples, write_run_dir
 from ppprof.manifest import script_parser, write_result
 from ppprof.policy import from_dict
 from ppprof.policy.rule import LatencyModel
@@ -49,14 +49,18 @@ def issue_policy():
     chunks 4096-65536), fitted with --pp-size 8."""
     frame = make_samples(
         ISSUE_MODEL,
-        base_chunk_size=16384,
-        prefixes=(0, 65536, 196608, 393216),
-        chunk_sizes=(4096, 16384, 32768, 65536),
-        noise=0.02,
-        pp_size=8,
+        SyntheticProbes(
+            base_chunk_size=16384,
+            prefixes=(0, 65536, 196608, 393216),
+            chunk_sizes=(4096, 16384, 32768, 65536),
+            noise=0.02,
+            pp_size=8,
+        ),
     )
     with tempfile.TemporaryDirectory() as tmp:
-        samples = write_run_dir(tmp, frame, base_chunk_size=16384, context_len=524288, num_layers=8, world_size=8)
+        samples = write_run_dir(
+            tmp, frame, SyntheticRun(base_chunk_size=16384, context_len=524288, num_layers=8, world_size=8)
+        )
         return from_dict(fit(samples, policy_options={"pp_size": 8})[1])
 
 

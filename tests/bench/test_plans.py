@@ -10,7 +10,7 @@ from ppprof.config import BENCH_STRATEGIES, DEFAULT_STRATEGIES
 from ppprof.config.workload import parse_prompt_spec
 from ppprof.fit.build import fit
 from ppprof.fit.samples import read_samples
-from ppprof.fit.synthetic import make_samples, write_run_dir
+from ppprof.fit.synthetic import SyntheticProbes, SyntheticRun, make_samples, write_run_dir
 from ppprof.policy import LatencyModel, from_dict
 from ppprof.servers.sglang import SGLANG
 from ppprof.servers.tune import tune
@@ -23,9 +23,10 @@ TRUTH = LatencyModel("prefix", a=2e-7, b=0.01, c=2.0, g=3e-4)
 def profile(tmp_path, truth):
     """A run folder of noise-free samples of `truth` and its policy (B = 2048)."""
     frame = make_samples(
-        truth, base_chunk_size=2048, prefixes=(2048, 8192, 16384), chunk_sizes=(256, 1024, 2048), noise=0.0
+        truth,
+        SyntheticProbes(base_chunk_size=2048, prefixes=(2048, 8192, 16384), chunk_sizes=(256, 1024, 2048), noise=0.0),
     )
-    csv = write_run_dir(tmp_path, frame, base_chunk_size=2048, context_len=32768)
+    csv = write_run_dir(tmp_path, frame, SyntheticRun(base_chunk_size=2048, context_len=32768))
     path, _ = fit(csv, latency_model="prefix")
     return from_dict(json.loads(path.read_text())), csv
 

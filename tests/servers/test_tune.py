@@ -119,13 +119,14 @@ def test_tune_command_text_json_plot_and_bad_input(tmp_path):
 
 def test_the_servers_boot_fit_comes_from_the_profiles_samples(tmp_path):
     """Beside samples.csv, SGLang's boot fit is SGLang's fit of them: a concave prefix-free curve turns it off."""
-    from ppprof.fit.synthetic import make_samples, write_run_dir
+    from ppprof.fit.synthetic import SyntheticProbes, SyntheticRun, make_samples, write_run_dir
 
     truth = LatencyModel("prefix", a=-2e-8, b=0.01, c=3.0, g=2e-4)
     frame = make_samples(
-        truth, base_chunk_size=2048, prefixes=(2048, 8192, 16384), chunk_sizes=(256, 1024, 2048), noise=0.0
+        truth,
+        SyntheticProbes(base_chunk_size=2048, prefixes=(2048, 8192, 16384), chunk_sizes=(256, 1024, 2048), noise=0.0),
     )
-    csv = write_run_dir(tmp_path, frame, base_chunk_size=2048)
+    csv = write_run_dir(tmp_path, frame, SyntheticRun(base_chunk_size=2048))
     r = CliRunner().invoke(main, ["fit", str(csv), "--latency-model", "quadratic", "-o", str(tmp_path / "q.json")])
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(main, ["fit", str(csv), "--latency-model", "prefix"])
