@@ -146,9 +146,9 @@ def attend_spans(
         out, lse = attention_lse(q4, k4, v4, causal, scale)  # (1, H, n, d), (1, H, n)
         return out[..., : v.shape[-1]].float(), lse  # (1, H, n, dv) fp32: the running output stays fp32
 
-    out, lse = attend_part(prefix_len, latent.shape[0], True)
+    out, lse = attend_part(prefix_len, latent.shape[0], causal=True)
     for start in range(0, prefix_len, span_len):
-        out, lse = merge_attention_lse(out, lse, *attend_part(start, min(prefix_len, start + span_len), False))
+        out, lse = merge_attention_lse(out, lse, *attend_part(start, min(prefix_len, start + span_len), causal=False))
     return out[0].transpose(0, 1).to(q.dtype)  # (n, H, dv)
 
 

@@ -165,27 +165,27 @@ def gpu_verdict(cfg: ProfileConfig, mine: list[StageMemory], local_ranks: int) -
     unknown; against GPUs alike where this machine has fewer than stages, as `ppprof model --memory` may)."""
     limits = gpu_total_bytes(local_ranks)
     if not limits:
-        return MemoryVerdict("no CUDA device visible here: each stage must fit in its GPU's memory", False)
+        return MemoryVerdict("no CUDA device visible here: each stage must fit in its GPU's memory", checked=False)
     limit_text = f"GPU memory {', '.join(format_bytes(b) for b in limits)} (cuda:0..{len(limits) - 1})"
     for j, m in enumerate(mine):
         limit = limits[min(j, len(limits) - 1)]
         if m.total > limit:
             return MemoryVerdict(
                 limit_text,
-                True,
-                (
+                checked=True,
+                problem=(
                     f"stage {m.stage_idx} needs ~{format_bytes(m.total)} ({stage_summary(m)}) but its GPU (cuda:{j}) "
                     f"has {format_bytes(limit)}: {memory_fixes(cfg, m)}"
                 ),
             )
-    return MemoryVerdict(limit_text, True)
+    return MemoryVerdict(limit_text, checked=True)
 
 
 def host_verdict(cfg: ProfileConfig, mine: list[StageMemory], largest: StageMemory, local_ranks: int) -> MemoryVerdict:
     """This node's stages together (the largest x local ranks where they are unknown) against MemAvailable."""
     available = host_available_bytes()
     if available is None:
-        return MemoryVerdict("host memory unknown here (no /proc/meminfo)", False)
+        return MemoryVerdict("host memory unknown here (no /proc/meminfo)", checked=False)
     limit_text = (
         f"{format_bytes(available)} available on this host (MemAvailable), shared by its {local_ranks} "
         f"stage{'s' * (local_ranks != 1)}"
@@ -201,11 +201,11 @@ def host_verdict(cfg: ProfileConfig, mine: list[StageMemory], largest: StageMemo
         )
         detail = f"the largest, stage {largest.stage_idx}: {stage_summary(largest)}"
     if need <= available:
-        return MemoryVerdict(limit_text, True)
+        return MemoryVerdict(limit_text, checked=True)
     return MemoryVerdict(
         limit_text,
-        True,
-        (
+        checked=True,
+        problem=(
             f"{who} ~{format_bytes(need)} ({detail}) but this host has {format_bytes(available)} available "
             f"(MemAvailable): {memory_fixes(cfg, largest)}"
         ),

@@ -178,7 +178,7 @@ class Tuner:
         extras = [self.score(st) for st in extra if st.dynamic is False or self.model is not None]
         best_fixed = min(fixed, key=lambda r: r.objective)
         best = min(fixed + dynamic + extras, key=lambda r: r.objective)  # fixed first: a tie goes to fixed chunks
-        best_fixed = self.refine(grid, best_fixed, True)
+        best_fixed = self.refine(grid, best_fixed, is_fixed=True)
         best = self.refine(grid, best, not best.setting.dynamic)
         best = min([best, best_fixed], key=lambda r: r.objective)
         return best, best_fixed

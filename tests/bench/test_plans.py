@@ -36,9 +36,9 @@ def by_name(plans, prompt_len):
 
 
 def test_fixed_sizes_are_b_or_the_aligned_sweep_around_it():
-    assert fixed_sizes(2048, 64, False) == [2048]
-    assert fixed_sizes(2048, 64, True) == [512, 1024, 2048, 4096]
-    assert fixed_sizes(96, 64, True) == [64, 192], "B/4 and B/2 align down to one unit, counted once"
+    assert fixed_sizes(2048, 64, sweep=False) == [2048]
+    assert fixed_sizes(2048, 64, sweep=True) == [512, 1024, 2048, 4096]
+    assert fixed_sizes(96, 64, sweep=True) == [64, 192], "B/4 and B/2 align down to one unit, counted once"
 
 
 @pytest.mark.parametrize("server", ["sglang", "vllm-ascend"])

@@ -135,7 +135,7 @@ def test_the_interval_at_the_point_fit_is_the_policy_gain_and_the_same_on_every_
     fitted, _, _ = fit_used_rows(used, "auto")
     point = Policy.of(policy)
     lengths, weights = policy["workload"]["prompt_lens"], policy["workload"]["weights"]
-    dom = rule_domain(point.settings, policy["domain"], False)
+    dom = rule_domain(point.settings, policy["domain"], extrapolate=False)
     plans = [point.plan(int(n)) for n in lengths]
     stages = policy["num_stages"]
     pricer = Pricer([plans] + [[fixed_chunks(int(s), n) for n in lengths] for s in dom.sizes()], weights, stages)

@@ -140,7 +140,7 @@ def test_fit_reads_the_packed_rows_beside_the_samples_validate_shows_them_and_th
     policy = load(out)
     assert policy.extra_piece_ms == pytest.approx(2.0, rel=1e-3)
     model = policy.planning_model
-    batch = Batch(0, (Piece(0, 0, 512, True), Piece(1, 4096, 64, True), Piece(2, 0, 8, True)))
+    batch = Batch(0, (Piece(0, 0, 512, last=True), Piece(1, 4096, 64, last=True), Piece(2, 0, 8, last=True)))
     alone = sum(float(model.chunk_latency_ms(p.prefix_len, p.size)) - model.c for p in batch.pieces) + model.c
     assert packed_stage_ms(model, 2, policy.extra_piece_ms)(batch) == pytest.approx([alone + 2 * 2.0] * 2, rel=1e-3)
     (tmp_path / "packed.csv").write_text("prefix_lens,chunk_sizes,stage0_latency_ms\n0,x,1.0\n")
