@@ -6,6 +6,7 @@ timeline PNG per prompt length."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -124,19 +125,26 @@ def paired_ratios(prompts: pd.DataFrame, names: dict[str, str], key: str) -> dic
     return out
 
 
-def write_report(
-    run_dir: Path,
-    *,
-    bench,
-    plans: list[Arm],
-    rows: list[dict],
-    ttft: dict,
-    transfer: dict,
-    world_size: int,
-    profile_run: dict,
-    notes: dict[int, str | None],
-) -> str:
-    """Write bench.csv, bench.json and the timelines into `run_dir`; return the summary table."""
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """What a bench measured (write_report): every strategy's plans, every stage's timed chunks, the TTFTs, the
+    transfers between ranks, on `world_size` ranks."""
+
+    plans: list[Arm]
+    rows: list[dict]
+    """Every strategy's chunks for every prompt length, and every stage's timed chunks of every prompt."""
+    ttft: dict
+    transfer: dict
+    """TTFT (ms) of each prompt by its index, and the fitted transfer time (a_ms, b_ms_per_token, the points)."""
+    world_size: int
+    """The ranks it ran on: the bench's stages are real where as many, else replayed."""
+
+
+def write_report(run_dir: Path, bench, measured: Measured, profile_run: dict, notes: dict[int, str | None]) -> str:
+    """Write bench.csv, bench.json and the timelines of `bench` (its BenchConfig) into `run_dir`; return the summary
+    table."""
+    plans, rows, ttft, transfer = measured.plans, measured.rows, measured.ttft, measured.transfer
+    world_size = measured.world_size
     pp_size = bench.pp_size
     real = pp_size == world_size
     key = "ttft_ms" if real else "replay_ttft_ms"

@@ -20,7 +20,16 @@ from dataclasses import dataclass, field
 import torch
 
 from ppprof.distributed.agree import RunError, stop_if_any_failed
-from ppprof.distributed.batches import STOP, BatchLimits, PendingBatch, PendingLeft, isend_batch, isend_left, wait_works
+from ppprof.distributed.batches import (
+    STOP,
+    BatchLimits,
+    BatchMessage,
+    PendingBatch,
+    PendingLeft,
+    isend_batch,
+    isend_left,
+    wait_works,
+)
 from ppprof.distributed.pipe import FAILED, OK, Pipe
 from ppprof.mem import Request, StageCache
 from ppprof.mem.cache import describe_leaks
@@ -28,25 +37,14 @@ from ppprof.model.layer import Piece
 from ppprof.model.stage import Stage
 from ppprof.probe.request import write_prefix
 from ppprof.probe.timer import Timer
-from ppprof.serving.prefix_cache import PrefixCache
 from ppprof.serving.scheduler import Batch, Capacity, Scheduler, Sizer
 from ppprof.serving.scheduler import Piece as Planned
 from ppprof.serving.scheduler import Request as Arrival
-from ppprof.serving.simulate import LoadLevel, Served, arrival_times
+from ppprof.serving.simulate import LoadLevel, Served, TraceArrivals, arrival_times
 
 log = logging.getLogger("ppprof")
 SEND_DEPTH = 2
 """Batches a stage keeps in its sends beyond the micro-batch slots before it waits for the oldest to be received."""
-
-
-@dataclass(frozen=True, slots=True)
-class TraceArrivals:
-    """A request trace's part as rank 0 serves it: each request's arrival (ms into the level) and block ids, and the
-    prefix cache (ppprof.serving.prefix_cache, empty at the start) that its prefills start past; None: no cache."""
-
-    arrivals_ms: Sequence[float]
-    blocks: Sequence[tuple[int, ...]]
-    cache: PrefixCache | None
 
 
 @dataclass(slots=True)
@@ -191,14 +189,17 @@ class ServingRunner:
                     self.device
                 )
             x.append(self.tokens[p.rid][p.prefix_len : p.prefix_len + p.size])
-        return self._stage(seq, batch.pieces, OK, torch.cat(x), None, tag, rows, slot=batch.slot)
+        table = [(p.rid, p.prefix_len, p.size, p.last) for p in batch.pieces]
+        return self._stage(BatchMessage(seq, OK, table, torch.cat(x)), batch.pieces, tag, rows, slot=batch.slot)
 
     # --- every stage ---------------------------------------------------------------------------------------------
 
-    def _stage(self, seq, pieces, status, x, residual, tag, rows, slot=-1) -> tuple[float, float]:
-        """This stage's part of batch `seq`: bookkeeping, the forward where the status is OK, the send on (or, on the
-        last stage, the word to rank 0), the release of the pieces that end their prompt here (not on the first
+    def _stage(self, message: BatchMessage, pieces, tag, rows, slot=-1) -> tuple[float, float]:
+        """This stage's part of the batch `message` (its number, status, table of pieces and activations; `pieces`
+        its table as the scheduler's pieces): bookkeeping, the forward where the status is OK, the send on (or, on
+        the last stage, the word to rank 0), the release of the pieces that end their prompt here (not on the first
         stage of a deeper pipeline: its requests end when the scheduler retires them). Returns (start, end) in ms."""
+        seq, status, x, residual = message.seq, message.status, message.hidden, message.residual
         pipe, held = self.pipe, []
         try:
             for p in pieces:
@@ -237,12 +238,11 @@ class ServingRunner:
                 "compute_ms": round(end - start, 4),
             }
         )
-        table = [(p.rid, p.prefix_len, p.size, p.last) for p in pieces]
         if pipe.is_last:
             if not pipe.is_first:
                 self.sends.append(isend_left(pipe, seq, status, int(self._ms() * 1e3)))
         else:
-            self.sends.append(isend_batch(pipe, self.limits, seq, status, table, x, residual))
+            self.sends.append(isend_batch(pipe, self.limits, seq, status, message.pieces, x, residual))
             if len(self.sends) > self.slots + SEND_DEPTH:
                 wait_works(pipe, self.sends.popleft(), pipe.rank + 1)
         if not pipe.is_first:
@@ -273,7 +273,7 @@ class ServingRunner:
                 break
             pending = PendingBatch(pipe, self.limits)  # the next header's receive, posted before this forward
             pieces = [Planned(r, p, n, last) for r, p, n, last in m.pieces]
-            self._stage(m.seq, pieces, m.status, m.hidden, m.residual, tag, rows)
+            self._stage(m, pieces, tag, rows)
         peer = 0 if pipe.is_last else pipe.rank + 1
         for works in self.sends:
             wait_works(pipe, works, peer)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from dataclasses import dataclass
 
 import click
 
@@ -16,6 +17,7 @@ from ppprof.commands.options import (
     forward_trace_option,
     resolved_config_option,
     shown,
+    taken,
     timeout_option,
     torchrun_options,
     verbose_option,
@@ -83,6 +85,38 @@ BENCH_ADVANCED = TORCHRUN_PARAMS | {
 """What --help-all alone lists: where and how the ranks run (the profile's by default) and torchrun's options."""
 
 
+@dataclass(frozen=True, slots=True)
+class BenchOptions:
+    """`ppprof bench`'s own options as click hands them, in one value; the profile's (where and how the ranks run)
+    and torchrun's stay flags."""
+
+    prompt_lens: tuple[int, ...]
+    strategies: str | None
+    plans: str | None
+    repeats: int | None
+    pp_size: int | None
+    """What is benched: the prompt lengths, the strategies, extra plans, the repeats, the stages."""
+    out: str | None
+    forward_trace: str | None
+    overwrite: bool
+    """Where it goes: the run folder, the forward trace, whether --out may hold files."""
+    resolved_config: str | None
+    """The settings the launcher hands a rank it started (RESOLVED_CONFIG); None in the command a user runs."""
+
+    def bench_flags(self, profile: dict) -> dict:
+        """What resolve_bench resolves BenchConfig from: these options and the profile's."""
+        return {
+            "profile": profile,
+            "strategies": self.strategies,
+            "out": self.out,
+            "pp_size": self.pp_size,
+            "repeats": self.repeats,
+            "prompt_lens": tuple(self.prompt_lens),
+            "plans": self.plans,
+            "forward_trace": self.forward_trace,
+        }
+
+
 @click.command(
     "bench",
     cls=TieredCommand,
@@ -91,19 +125,7 @@ BENCH_ADVANCED = TORCHRUN_PARAMS | {
 )
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False), required=False)
 @with_options(*BENCH_OPTIONS)
-def bench(
-    policy_path,
-    prompt_lens,
-    strategies,
-    plans,
-    repeats,
-    pp_size,
-    out,
-    forward_trace,
-    resolved_config,
-    overwrite,
-    **options,
-) -> None:
+def bench(policy_path, **options) -> None:
     """Run real chunked prefills of synthetic prompts through the pipeline under each strategy (fixed, fixed-best,
     sglang, greedy, optimal) and compare measured TTFT with the policy's prediction. Writes bench.csv, bench.json
     and a timeline PNG per prompt length.
@@ -111,25 +133,15 @@ def bench(
     Example: ppprof bench results/<run>/policy.json --prompt-len 8192 --prompt-len 32768 --pp 4
     """
     torchrun = {name: options.pop(name) for name, _ in TORCHRUN_OPTIONS}
+    opts = taken(BenchOptions, options)  # what is left: the profile's options
+    resolved_config, overwrite = opts.resolved_config, opts.overwrite
     policy = None  # loaded where this process resolves the settings; a rank the launcher started loads it itself
     if resolved_config is not None:
         cfg = BenchConfig.from_dict(json.loads(resolved_config))
     elif policy_path is None:
         raise click.UsageError("Missing argument 'POLICY': give the policy.json of a profile")
     else:
-        cfg, policy = resolve_bench(
-            policy_path,
-            {
-                "profile": options,
-                "strategies": strategies,
-                "out": out,
-                "pp_size": pp_size,
-                "repeats": repeats,
-                "prompt_lens": tuple(prompt_lens),
-                "plans": plans,
-                "forward_trace": forward_trace,
-            },
-        )
+        cfg, policy = resolve_bench(policy_path, opts.bench_flags(options))
     sys.exit(
         start(
             "bench",
@@ -137,9 +149,9 @@ def bench(
             cfg,
             cfg.profile,
             torchrun,
-            resolved_config is not None,
-            None,
-            bench_world_check(cfg),
+            resolved=resolved_config is not None,
+            fault=None,
+            world_check=bench_world_check(cfg),
             overwrite=overwrite,
         )
     )

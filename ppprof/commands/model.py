@@ -5,12 +5,13 @@ what each stage of a profile with the same sizing options as `ppprof profile` ne
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import click
 
 from ppprof.bounds import MAX_STAGES
 from ppprof.checks import require_int
-from ppprof.commands.options import SIZING_OPTIONS, option_name, sizing_options, with_options
+from ppprof.commands.options import SIZING_OPTIONS, option_name, sizing_options, taken, with_options
 from ppprof.config import ProfileConfig
 from ppprof.config.profile_config import DEFAULT_PP_SIZE
 from ppprof.run.memory import memory_report
@@ -54,27 +55,36 @@ MODEL_OPTIONS = (
 """The options of `ppprof model`, in the order --help shows them."""
 
 
+@dataclass(frozen=True, slots=True)
+class ModelOptions:
+    """`ppprof model`'s own options (MODEL_OPTIONS) as click hands them, in one value; the sizing options
+    (SIZING_OPTIONS) stay the flags of a profile's settings."""
+
+    num_layers: int | None
+    pp_size: int | None
+    tp_size: int | None
+    layer_partition: str | None
+    dtype: str | None
+    """The model's layers kept, its stages, each stage's TP ranks, the layers per stage and the dtype."""
+    as_json: bool
+    memory: bool
+    """One JSON object or the text tables, and each stage's memory beside them."""
+
+
 @click.command("model", epilog="Example: ppprof model nemotron-h-8b --pp 4 --memory --device cuda")
 @click.argument("model")
 @with_options(*MODEL_OPTIONS)
 @sizing_options
-def model(
-    model: str,
-    num_layers: int | None,
-    pp_size: int | None,
-    tp_size: int | None,
-    layer_partition: str | None,
-    dtype: str | None,
-    as_json: bool,
-    memory: bool,
-    **sizing,
-) -> None:
+def model(model: str, **options) -> None:
     """Show the resolved spec of MODEL (a preset name, a YAML file, a HF config.json or its folder) and what each
     pipeline stage holds: layers, parameters, KV bytes per token, Mamba bytes per slot."""
+    opts, sizing = taken(ModelOptions, options), options
+    num_layers, pp_size, tp_size, dtype, as_json = opts.num_layers, opts.pp_size, opts.tp_size, opts.dtype, opts.as_json
+    layer_partition = opts.layer_partition
     for flag, value, top in (("--pp-size", pp_size, MAX_STAGES), ("--tp-size", tp_size, MAX_TP_SIZE)):
         if value is not None:  # 0 is a value, and out of range: not "not given"
             require_int(flag, value, 1, top)
-    if memory:
+    if opts.memory:
         flags = {
             **{k: v for k, v in sizing.items() if k != "config_path"},
             "model": model,

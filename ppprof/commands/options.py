@@ -63,6 +63,12 @@ verbose_option = click.option(
 )
 
 
+def taken(cls, options: dict):
+    """A command's options value: dataclass `cls` made of its fields, taken out of click's keyword `options` (what
+    is left there is the options of another settings object, or of torchrun)."""
+    return cls(**{f.name: options.pop(f.name) for f in dataclasses.fields(cls)})
+
+
 Option = tuple[tuple[str, ...], dict, str]
 """One click option as data: (its declarations, click.option's other keywords, its help)."""
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import click
@@ -18,6 +19,7 @@ from ppprof.commands.options import (
     TieredCommand,
     forward_trace_option,
     resolved_config_option,
+    taken,
     timeout_option,
     torchrun_options,
     verbose_option,
@@ -148,7 +150,7 @@ def serve_bench_command(policy_path, simulate, resolved_config, **flags) -> None
     if resolved_config is not None:  # a rank the launcher started
         serve = ServeBenchConfig.from_dict(json.loads(resolved_config))
         rank = serve_rank if serve.trace is None else trace_rank
-        sys.exit(start("serve-bench", rank, serve, serve.profile, torchrun, True, None))
+        sys.exit(start("serve-bench", rank, serve, serve.profile, torchrun, resolved=True, fault=None))
     if policy_path is None:
         raise click.UsageError("Missing argument 'POLICY': give the policy.json of a profile")
     trace_flags = {k: flags.pop(k) for k in TRACE_FLAGS}
@@ -166,76 +168,110 @@ def serve_bench_command(policy_path, simulate, resolved_config, **flags) -> None
     if simulate:
         if flags["forward_trace"] is not None:
             raise ValueError("--forward-trace with --simulate: the simulation runs no forwards; drop one of them")
+        levels = taken(SimulateOptions, dict(flags))  # the rest: the ranks' options, which a simulation has none of
         if trace is not None:
-            trace_command(policy_path, **flags, **trace_flags)
+            trace_command(policy_path, TraceOptions(**trace_flags), levels)
         else:
-            simulate_command(policy_path, **flags)
+            simulate_command(policy_path, levels)
         return
     profile = {k: flags.pop(k) for k in ("nproc_per_node", "device", "torch_threads", "timeout")}
     serve, policy = resolve_serve(policy_path, {**flags, "profile": profile}, trace)
     rank = serve_rank if trace is None else trace_rank
-    sys.exit(start("serve-bench", functools.partial(rank, policy=policy), serve, serve.profile, torchrun, False, None))
+    rank = functools.partial(rank, policy=policy)
+    sys.exit(start("serve-bench", rank, serve, serve.profile, torchrun, resolved=False, fault=None))
 
 
-TRACE_FLAGS = ("trace", "length_scale", "time_scale", "output_file", "trace_window", "cache_tokens", "output_details")
+@dataclass(frozen=True, slots=True)
+class TraceOptions:
+    """`ppprof serve-bench`'s --trace options as click hands them, in one value (TRACE_FLAGS)."""
+
+    trace: str | None
+    length_scale: float
+    time_scale: float
+    """The Mooncake trace replayed, and its lengths' and arrival times' scales."""
+    output_file: str | None
+    """Where each arm's bench_serving-style line is appended."""
+    trace_window: str | None
+    cache_tokens: int | None
+    output_details: bool
+    """The window of the trace taken, the prefix cache's tokens, per-request arrays in the lines."""
 
 
-def trace_command(
-    policy_path, trace, length_scale, time_scale, output_file, trace_window, cache_tokens, output_details, **flags
-) -> None:
+TRACE_FLAGS = tuple(f.name for f in fields(TraceOptions))
+
+
+@dataclass(frozen=True, slots=True)
+class SimulateOptions:
+    """The options of `ppprof serve-bench --simulate` as click hands them, in one value (a simulation runs no ranks:
+    their options are not read)."""
+
+    concurrency: str | None
+    request_rate: str | None
+    num_prompts: int | None
+    spec: str | None
+    strategies: str | None
+    """The load levels (closed loops, Poisson rates), the prompts a level serves, their lengths, the arms."""
+    pp_size: int | None
+    async_depth: int
+    seed: int
+    """The pipeline's stages, its micro-batches in flight beyond them, the seed of the lengths and arrivals."""
+    out: str | None
+    """serving.json's path (None: beside the policy)."""
+
+
+def trace_command(policy_path, trace: TraceOptions, opts: SimulateOptions) -> None:
     """`ppprof serve-bench --simulate --trace FILE`: every arm replays the trace's part on the policy's planning
     model; serving.json and (--output-file) one bench_serving-style JSON line an arm."""
-    arms = parse_arms(flags["strategies"])
+    arms = parse_arms(opts.strategies)
     policy = load(policy_path)
-    pp_size = default_pp_size(policy) if flags["pp_size"] is None else flags["pp_size"]
+    pp_size = default_pp_size(policy) if opts.pp_size is None else opts.pp_size
     require_int("--pp-size", pp_size, 1, MAX_STAGES)
-    require_int("--async-depth", flags["async_depth"], 0, MAX_ASYNC_DEPTH)
+    require_int("--async-depth", opts.async_depth, 0, MAX_ASYNC_DEPTH)
+    cache_tokens, output_file = trace.cache_tokens, trace.output_file
     if cache_tokens is not None:
         require_int("--cache-tokens", cache_tokens, 0, MAX_TOKENS)
     check_output_file(output_file)
     part = read_trace(
-        trace,
-        window_s=parse_window(trace_window),
-        num_prompts=flags["num_prompts"],
-        time_scale=time_scale,
-        length_scale=length_scale,
+        trace.trace,
+        window_s=parse_window(trace.trace_window),
+        num_prompts=opts.num_prompts,
+        time_scale=trace.time_scale,
+        length_scale=trace.length_scale,
         context_len=policy.settings.context_len,
     )
-    runs = replay(policy, part, arms, pp_size, flags["async_depth"], cache_tokens, output_details)
+    runs = replay(policy, part, arms, pp_size, opts.async_depth, cache_tokens, trace.output_details)
     result = {
         "mode": "simulated trace",
         "pp_size": pp_size,
-        "async_depth": flags["async_depth"],
+        "async_depth": opts.async_depth,
         "trace": part.to_dict(),
         "runs": [{k: v for k, v in run.items() if k != "details"} for run in runs],
     }
-    out = flags["out"]
-    path = write_result(Path(out) if out else Path(policy_path).with_name("serving.json"), result)
+    path = write_result(Path(opts.out) if opts.out else Path(policy_path).with_name("serving.json"), result)
     if output_file:
         append_lines(Path(output_file), runs)
     click.echo(trace_text(result))
     click.echo(f"serving.json: {path}" + (f"; {output_file}: {len(runs)} lines appended" if output_file else ""))
 
 
-def simulate_command(
-    policy_path, concurrency, request_rate, num_prompts, spec, strategies, pp_size, async_depth, seed, out, **_
-) -> None:
+def simulate_command(policy_path, opts: SimulateOptions) -> None:
     """`ppprof serve-bench --simulate`: every arm at every level on the policy's planning model, no ranks."""
-    levels = parse_levels(concurrency, request_rate)
-    arms = parse_arms(strategies)
+    levels = parse_levels(opts.concurrency, opts.request_rate)
+    arms = parse_arms(opts.strategies)
     policy = load(policy_path)
     workload = policy.data.get("workload")
-    workload = parse_prompt_spec(spec, policy.settings.context_len) if spec else Workload.from_dict(workload)
+    workload = parse_prompt_spec(opts.spec, policy.settings.context_len) if opts.spec else Workload.from_dict(workload)
     plan = ServingPlan(
         tuple(levels),
         arms,
         workload,
-        num_prompts,
-        default_pp_size(policy) if pp_size is None else pp_size,
-        async_depth,
-        seed,
+        opts.num_prompts,
+        default_pp_size(policy) if opts.pp_size is None else opts.pp_size,
+        opts.async_depth,
+        opts.seed,
     )
     result = simulate_levels(policy, plan)
+    out = opts.out
     path = write_result(Path(out) if out else Path(policy_path).with_name("serving.json"), result)
     plots = write_plots(result, path.parent, f"{Path(policy_path).name}: simulated, {plan.pp_size} stages")
     click.echo(levels_text(result))

@@ -4,6 +4,7 @@ policy and, for the servers' boot fits, the profile's samples beside it."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -16,6 +17,7 @@ from ppprof.policy.policy_file import load
 from ppprof.runfiles import RunFolder
 from ppprof.servers import DEFAULT_SERVER, SERVERS, ServerSetting, get
 from ppprof.servers.tune import draw, tune
+from ppprof.servers.tuner import Tuner
 from ppprof.serving.levels import parse_levels
 from ppprof.serving.tuning import load_scorer, policy_load_figures
 
@@ -70,19 +72,39 @@ TUNE_OPTIONS = (
 """The options of `ppprof tune`, in the order --help shows them."""
 
 
+@dataclass(frozen=True, slots=True)
+class TuneOptions:
+    """`ppprof tune`'s options (TUNE_OPTIONS) as click hands them, in one value."""
+
+    spec: str
+    pp_size: int | None
+    server: str
+    current: str | None
+    """The prompt lengths (SPEC), the stages, the server tuned and the user's flags in its syntax."""
+    boot_fit: str | None
+    extrapolate: bool
+    concurrency: str | None
+    """What the server's boot fit is taken from, chunks beyond the profiled ones, the closed loops scored."""
+    as_json: bool
+    png: str | None
+    """JSON or the text table, and the plot's path."""
+
+
 @click.command(
     "tune",
     epilog="Example: ppprof tune results/my-run/policy.json --prompt-lens 8192,32768,131072 --pp 4 --server sglang",
 )
 @click.argument("policy_path", metavar="POLICY", type=click.Path(dir_okay=False))
 @with_options(*TUNE_OPTIONS)
-def tune_command(policy_path, spec, pp_size, server, current, boot_fit, extrapolate, concurrency, as_json, png) -> None:
+def tune_command(policy_path, **options) -> None:
     """Recommend server flags (base chunk, smoothing factor, floor or cap) that minimise the predicted TTFT of your
     prompt lengths, as that server would chunk them; compare with your current flags, the best fixed chunk and the
     DP-optimal bound."""
+    opts = TuneOptions(**options)
+    spec, server, boot_fit, concurrency = opts.spec, opts.server, opts.boot_fit, opts.concurrency
     policy = load(policy_path)
     workload = parse_prompt_spec(spec, policy.settings.context_len)
-    pp_size = default_pp_size(policy) if pp_size is None else pp_size
+    pp_size = default_pp_size(policy) if opts.pp_size is None else opts.pp_size
     samples = RunFolder.of(policy_path).samples
     if boot_fit == "samples" and not samples.is_file():
         raise ValueError(f"--boot-fit samples needs {samples}: give the policy of a run folder, or --boot-fit model")
@@ -93,14 +115,17 @@ def tune_command(policy_path, spec, pp_size, server, current, boot_fit, extrapol
     if concurrency is not None:
         levels = [level.concurrency for level in parse_levels(concurrency, None)]
         load_score = load_scorer(policy, workload, pp_size, levels)
-    result = tune(policy, workload, pp_size, server, current, extrapolate, forwards, load_score)
+    tuner = Tuner(
+        policy, workload, pp_size, server, extrapolate=opts.extrapolate, forwards=forwards, load_score=load_score
+    )
+    result = tune(tuner, opts.current)
     if concurrency is not None:
         result["policy_load"] = policy_load_figures(policy, workload, pp_size, levels)
     path = Path(policy_path)
-    png = Path(png) if png else path.with_name(f"{path.stem}.tune-{server}.png")
+    png = Path(opts.png) if opts.png else path.with_name(f"{path.stem}.tune-{server}.png")
     draw(result, png, f"{path.name}: {get(server).label}, {pp_size} stages, {len(workload.prompt_lens)} prompt lengths")
     result["png"] = str(png)
-    if as_json:
+    if opts.as_json:
         click.echo(json.dumps(result, indent=2))
         return
     for note in result["notes"]:

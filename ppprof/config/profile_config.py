@@ -29,6 +29,7 @@ from ppprof.config.sections import (
 )
 from ppprof.config.workload import check_prompt_spec
 from ppprof.specs.dtypes import normalize_dtype
+from ppprof.specs.memory import CacheSizes
 
 DEFAULT_PP_SIZE = 2
 """Stages of a one-node profile where neither --pp-size nor --nproc-per-node is given."""
@@ -183,16 +184,16 @@ class ProfileConfig:
         return chunk_unit(self.pools.page_size, self.parallelism.tp_size)
 
     @property
-    def cache_sizes(self) -> dict:
+    def cache_sizes(self) -> CacheSizes:
         """The sizes a stage's cache is built with (and its memory counted with): the pools and the context."""
         pools = self.pools
-        return {
-            "max_total_tokens": pools.max_total_tokens,
-            "page_size": pools.page_size,
-            "max_mamba_cache_size": pools.max_mamba_cache_size,
-            "max_running_requests": pools.max_running_requests,
-            "context_len": self.probes.context_len,
-        }
+        return CacheSizes(
+            max_total_tokens=pools.max_total_tokens,
+            page_size=pools.page_size,
+            max_mamba_cache_size=pools.max_mamba_cache_size,
+            max_running_requests=pools.max_running_requests,
+            context_len=self.probes.context_len,
+        )
 
     @property
     def max_probe_chunk_size(self) -> int:

@@ -14,7 +14,7 @@ from ppprof.config import ChunkSettings, PolicyOptions
 from ppprof.config.workload import Workload
 from ppprof.fit.calibrate import calibration_of
 from ppprof.fit.calibrate import none as no_calibration
-from ppprof.fit.confidence import RESAMPLES, SEED, gain_interval, plans_by_model, rechosen_refits
+from ppprof.fit.confidence import RESAMPLES, SEED, Pricing, gain_interval, plans_by_model, rechosen_refits
 from ppprof.fit.packed import PackedRows, packed_forwards, read_packed
 from ppprof.fit.parity import sglang_fit
 from ppprof.fit.plots import write_plots
@@ -90,7 +90,7 @@ def carried(
     stages = options.pp_size or profiled_stages(run)
     dom = rule_domain(settings, measured, options.extrapolate)
     workload = options.workload or Workload(*map(tuple, default_workload(settings, dom)))
-    lengths, weights = list(workload.prompt_lens), list(workload.weights)
+    lengths = list(workload.prompt_lens)
     out = {"overhead": overhead, "calibration": calibration, "num_stages": stages, "workload": workload.to_dict()}
     if model is None or status == "static" or parity:
         size = settings.base_chunk_size
@@ -113,10 +113,10 @@ def carried(
             return [r.plan(int(n)) for r in [build_prompt_rule(planning(point[name]), dom, stages)[0]] for n in lengths]
 
         plans = plans_by_model([rule.plan(int(n)) for n in lengths], model.name, chosen, own)
-        return gain_interval(models, planning, plans, dom.sizes(), lengths, weights, stages, options.min_gain, chosen)
+        return gain_interval(models, planning, plans, Pricing(workload, stages, dom.sizes()), options.min_gain, chosen)
 
     judge = interval if resampled else None
-    choice = choose(planning(model), settings, dom, stages, lengths, weights, options.min_gain, judge)
+    choice = choose(planning(model), settings, dom, stages, workload, options.min_gain, judge)
     table = choice.history_table | {
         "bound_ms": choice.history_bound_ms if math.isfinite(choice.history_bound_ms) else None,
         "chunk_cap": choice.history_chunk_cap,

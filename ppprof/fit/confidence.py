@@ -30,10 +30,12 @@ hundredth of their cost.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
+from ppprof.config.workload import Workload
 from ppprof.fit.crossval import CV_FOLDS, choose_model, cv_splits, held_out_splits, long_prefix_rows
 from ppprof.fit.forms import admissible, ineligible
 from ppprof.fit.regress import Fit
@@ -255,26 +257,31 @@ class Pricer:
         return ttft.reshape(self.shape) @ self.weights
 
 
+@dataclass(frozen=True, slots=True)
+class Pricing:
+    """What gain_interval prices plans on: the workload on `pp_size` stages, against the best fixed chunk of `sizes`."""
+
+    workload: Workload
+    pp_size: int
+    sizes: Sequence[int]
+    """The prompt lengths with their weights, the stages, and the fixed chunk sizes (Domain.sizes)."""
+
+
 def gain_interval(
     models: list,
     planning: Callable[[LatencyModel], LatencyModel],
     plans: list[list[int]] | dict[str, list[list[int]]],
-    sizes,
-    lengths,
-    weights,
-    pp_size: int,
+    pricing: Pricing,
     min_gain: float,
     chosen: list[str] | None = None,
 ) -> dict:
-    """The gain of `plans` (the policy's, one a workload prompt; or {model: the plans of the policy that model's
-    point fit writes}, each replicate pricing those of the model it chose, `chosen`) over the best fixed chunk of
-    `sizes`, on each resampled model's planning model (`planning`): its LOWER_QUANTILE quantile (the lower bound the
-    status reads), median and 1 - LOWER_QUANTILE quantile, the share of replicates at `min_gain` or more, and
-    (`chosen`: the model each replicate chose, rechosen_refits) each model's share of the replicates."""
-    names = list(plans) if isinstance(plans, dict) else [None]
-    sets = [plans[n] for n in names] if isinstance(plans, dict) else [plans]
-    fixed = [[fixed_chunks(int(s), int(n)) for n in lengths] for s in sizes]
-    pricer = Pricer(sets + fixed, weights, pp_size)
+    """The gain of `plans` (the policy's, one a workload prompt; or {model: the plans of that model's point fit}, each
+    replicate pricing its chosen model's, `chosen`) over `pricing`'s best fixed chunk, on each resampled model's planning
+    model (`planning`): its LOWER_QUANTILE quantile (the status's lower bound), median and 1 - LOWER_QUANTILE quantile,
+    the share at `min_gain` or more, and (`chosen`, rechosen_refits) each model's share of the replicates."""
+    names, sets = (list(plans), list(plans.values())) if isinstance(plans, dict) else ([None], [plans])
+    fixed = [[fixed_chunks(int(s), int(n)) for n in pricing.workload.prompt_lens] for s in pricing.sizes]
+    pricer = Pricer(sets + fixed, list(pricing.workload.weights), pricing.pp_size)
     gains = np.full(len(models), -1.0)  # a replicate that could not be fitted: the least gain there is
     for b, m in enumerate(models):
         if m is not None:

@@ -5,6 +5,7 @@ record, shared by the writer and the reader. Pure: no torch."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from ppprof.bounds import MAX_STAGES, MAX_TOKENS
 from ppprof.checks import is_int, is_number
@@ -24,33 +25,31 @@ MAX_FORWARD_MS = 3.6e6
 """One forward of an hour is no measurement of a prefill."""
 
 
-def header(
-    *,
-    model_shape: dict | None,
-    pp_size: int,
-    tp_size: int,
-    device: str,
-    dtype: str,
-    server: str,
-    server_version: str,
-    context_len: int,
-    clock: str,
-    max_records: int,
-    started_at: str,
-) -> dict:
+@dataclass(frozen=True, slots=True)
+class TraceIdentity:
+    """Which server and model wrote the forwards: the header's IDENTITY fields, which traces fitted together agree on."""
+
+    model_shape: dict | None
+    """The model's shape (provenance.model_shape), None where unknown."""
+    pp_size: int
+    tp_size: int
+    """The pipeline's stages and each stage's TP ranks."""
+    device: str
+    dtype: str
+    """Where the forwards ran, and in which dtype."""
+    server: str
+    server_version: str
+    context_len: int
+    """The server that wrote them, its version, and the context length it served."""
+
+
+def header(identity: TraceIdentity, *, clock: str, max_records: int, started_at: str) -> dict:
     """The header record: what wrote the forwards (IDENTITY), the clock and the writer's cap."""
     return {
         "kind": HEADER,
         "format": FORMAT,
         "version": VERSION,
-        "model_shape": model_shape,
-        "pp_size": pp_size,
-        "tp_size": tp_size,
-        "device": device,
-        "dtype": dtype,
-        "server": server,
-        "server_version": server_version,
-        "context_len": context_len,
+        **{name: getattr(identity, name) for name in IDENTITY},
         "clock": clock,
         "max_records": max_records,
         "started_at": started_at,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -78,34 +80,41 @@ class LatentPool:
         return sum(t.numel() * t.element_size() for t in self.latent.values())
 
 
+@dataclass(frozen=True, slots=True)
+class StateShape:
+    """The shape of one slot's state in one layer (MambaPool): its conv state and its SSM (or DeltaNet recurrent)
+    state."""
+
+    conv_dim: int
+    conv_kernel: int
+    """Conv channels, and the conv's kernel width (the state keeps conv_kernel - 1 positions)."""
+    num_heads: int
+    head_dim: int
+    state_size: int
+    """The SSM state's (heads, head dim, d_state); a Gated DeltaNet's (value heads, key head dim, value head dim)."""
+
+
 class MambaPool:
     """Conv state (total_slots, conv_dim, conv_kernel - 1) and SSM state (total_slots, num_heads, head_dim, d_state)
-    per Mamba layer. A Gated DeltaNet layer keeps its slot here too (as SGLang does): its conv state, and its
-    recurrent state (value heads, key head dim, value head dim) in the SSM buffer."""
+    per Mamba layer (`shape`). A Gated DeltaNet layer keeps its slot here too (as SGLang does): its conv state, and
+    its recurrent state (value heads, key head dim, value head dim) in the SSM buffer."""
 
     def __init__(
         self,
         total_slots: int,
         layer_ids: list[int],
-        conv_dim: int,
-        conv_kernel: int,
-        num_heads: int,
-        head_dim: int,
-        state_size: int,
+        shape: StateShape,
         dtype: torch.dtype,
         device: str | torch.device,
         ssm_dtype: torch.dtype = torch.float32,
     ) -> None:
         self.total_slots = total_slots
         self.layer_ids = list(layer_ids)
-        self.conv = {
-            i: torch.zeros((total_slots, conv_dim, conv_kernel - 1), dtype=dtype, device=device) for i in self.layer_ids
-        }
+        conv_shape = (total_slots, shape.conv_dim, shape.conv_kernel - 1)
+        self.conv = {i: torch.zeros(conv_shape, dtype=dtype, device=device) for i in self.layer_ids}
         # The SSM state is kept in fp32, as serving engines do, since it accumulates over the whole prompt.
-        self.ssm = {
-            i: torch.zeros((total_slots, num_heads, head_dim, state_size), dtype=ssm_dtype, device=device)
-            for i in self.layer_ids
-        }
+        ssm_shape = (total_slots, shape.num_heads, shape.head_dim, shape.state_size)
+        self.ssm = {i: torch.zeros(ssm_shape, dtype=ssm_dtype, device=device) for i in self.layer_ids}
         self._noise: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def reset(self, slot: int) -> None:

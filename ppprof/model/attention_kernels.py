@@ -97,10 +97,12 @@ def cpu_prefix_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int, scale: float | None = None
 ) -> torch.Tensor:
     """q: (1, heads, n, d); k, v: (1, kv_heads, L + n, d) -> (1, heads, n, d), with CPU flash calls only."""
-    out, lse = attention_lse(q, k[:, :, prefix_len:], v[:, :, prefix_len:], True, scale)  # chunk: causal, square
+    out, lse = attention_lse(
+        q, k[:, :, prefix_len:], v[:, :, prefix_len:], causal=True, scale=scale
+    )  # chunk: causal, square
     if prefix_len == 0:
         return out
-    out_prefix, lse_prefix = attention_lse(q, k[:, :, :prefix_len], v[:, :, :prefix_len], False, scale)
+    out_prefix, lse_prefix = attention_lse(q, k[:, :, :prefix_len], v[:, :, :prefix_len], causal=False, scale=scale)
     return merge_attention(out_prefix, lse_prefix, out, lse)
 
 

@@ -14,7 +14,7 @@ from ppprof.model.attention import Attention
 from ppprof.model.attention_kernels import AttentionKernel
 from ppprof.model.deltanet import DeltaNetKernel, GatedDeltaNet
 from ppprof.model.mamba import Mamba2, MambaKernel
-from ppprof.model.mla import MLAttention
+from ppprof.model.mla import MLAForm, MLAttention
 from ppprof.model.mlp import MLP, MoE
 from ppprof.model.tp import NO_TP, TPComm, assign, full_shape
 from ppprof.specs.spec import MOE, ModelSpec
@@ -36,6 +36,16 @@ class RMSNorm(nn.Module):
         return h.to(x.dtype) * self.weight, residual
 
 
+@dataclass(frozen=True, slots=True)
+class Kernels:
+    """The kernels a stage's layers run, chosen once for the stage (Stage): attention's, Mamba2's, the Gated
+    DeltaNet's."""
+
+    attention: AttentionKernel
+    mamba: MambaKernel
+    deltanet: DeltaNetKernel | None = None
+
+
 class Layer(nn.Module):
     """norm -> mixers in parallel, summed (if any) -> norm -> FFN (if any); each norm adds the pending output into the
     residual stream first."""
@@ -47,18 +57,18 @@ class Layer(nn.Module):
         *,
         dtype: torch.dtype,
         device: str | torch.device,
-        attention_kernel: AttentionKernel,
-        mamba_kernel: MambaKernel,
-        deltanet_kernel: DeltaNetKernel | None = None,
+        kernels: Kernels,
         tp: TPComm = NO_TP,
     ) -> None:
         super().__init__()
         layer = spec.layers[layer_id]
+        attention_kernel, mamba_kernel, deltanet_kernel = kernels.attention, kernels.mamba, kernels.deltanet
         kw = dict(dtype=dtype, device=device)
         self.layer_id = layer_id
         self.mixer_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, **kw) if layer.mixers else None
         if layer.has_mla:  # MLA takes the attention slot: a model has one KV mixer kind (ModelSpec checks it)
-            self.attention = MLAttention(spec, layer_id, reference=attention_kernel.backend == "reference", tp=tp, **kw)
+            form = MLAForm(reference=attention_kernel.backend == "reference")
+            self.attention = MLAttention(spec, layer_id, form=form, tp=tp, **kw)
         else:
             self.attention = (
                 Attention(spec, layer_id, kernel=attention_kernel, tp=tp, **kw) if layer.has_attention else None

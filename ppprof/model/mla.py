@@ -18,6 +18,7 @@ whole, so every rank writes and reads the whole latent row of a token.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +41,29 @@ KeysOf = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor
 """(latent (t, c), k_rope (t, dr)) of t positions -> their keys (t, Hk, dk) and values (t, Hk, dv)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Attend:
+    """How a chunk attends over its rows (mla_decompressed, mla_absorbed, attend_spans): causal after `prefix_len`
+    cached tokens, its scores scaled by `scale`."""
+
+    prefix_len: int
+    scale: float
+    """The cached tokens before the chunk, and the softmax scale."""
+    reference: bool = False
+    span_len: int = MLA_PREFIX_SPAN_TOKENS
+    """A dense mask over all rows (the oracle); else a prefix longer than `span_len` decompressed a span at a time."""
+
+
+@dataclass(frozen=True, slots=True)
+class MLAForm:
+    """Which form an MLA layer computes (MLAttention): absorbed (decode's form) or decompressed (prefill's), the
+    dense-mask reference or not, and the span a long prefix is decompressed in."""
+
+    absorb: bool = False
+    reference: bool = False
+    span_len: int = MLA_PREFIX_SPAN_TOKENS
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last axis, in fp32, back to x's dtype."""
     h = x.float()
@@ -52,17 +76,13 @@ def mla_decompressed(
     latent: torch.Tensor,
     k_rope: torch.Tensor,
     w_kv_b: torch.Tensor,
-    prefix_len: int,
-    scale: float,
-    *,
-    reference: bool = False,
-    span_len: int = MLA_PREFIX_SPAN_TOKENS,
+    attend: Attend,
 ) -> torch.Tensor:
     """The prefill form: keys and values rebuilt from the latents, then attention per head.
 
-    q_nope: (n, H, dn); q_rope: (n, H, dr); latent: (T, c) and k_rope: (T, dr) for the T = L + n positions;
-    w_kv_b: (H * (dn + dv), c), kv_b_proj's weight (this TP rank's H heads). Returns (n, H, dv). A prefix longer
-    than `span_len` is decompressed `span_len` tokens at a time (attend_spans).
+    q_nope: (n, H, dn); q_rope: (n, H, dr); latent: (T, c) and k_rope: (T, dr) for the T = L + attend.prefix_len
+    positions; w_kv_b: (H * (dn + dv), c), kv_b_proj's weight (this TP rank's H heads). Returns (n, H, dv). A prefix
+    longer than `attend.span_len` is decompressed that many tokens at a time (attend_spans).
     """
     n, heads, dn = q_nope.shape
 
@@ -73,7 +93,7 @@ def mla_decompressed(
         return k, kv[..., dn:]
 
     q = torch.cat([q_nope, q_rope], dim=-1)  # (n, H, dn + dr)
-    return attend_spans(q, keys, latent, k_rope, prefix_len, scale, reference, span_len)
+    return attend_spans(q, keys, latent, k_rope, attend)
 
 
 def mla_absorbed(
@@ -82,11 +102,7 @@ def mla_absorbed(
     latent: torch.Tensor,
     k_rope: torch.Tensor,
     w_kv_b: torch.Tensor,
-    prefix_len: int,
-    scale: float,
-    *,
-    reference: bool = False,
-    span_len: int = MLA_PREFIX_SPAN_TOKENS,
+    attend: Attend,
 ) -> torch.Tensor:
     """The absorbed form: q_nope . (W_uk c) = (W_uk^T q_nope) . c, so each head's query moves into the latent space,
     all heads attend over one shared key [c, k_r] with value c, and W_uv maps the result out. Same arguments and
@@ -101,19 +117,12 @@ def mla_absorbed(
     def keys(lat: torch.Tensor, kr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.cat([lat, kr], dim=-1)[:, None, :], lat[:, None, :]  # (t, 1, c + dr), (t, 1, c)
 
-    out_latent = attend_spans(q, keys, latent, k_rope, prefix_len, scale, reference, span_len)  # (n, H, c)
+    out_latent = attend_spans(q, keys, latent, k_rope, attend)  # (n, H, c)
     return torch.einsum("nhc,hvc->nhv", out_latent, w_uv)  # (n, H, dv)
 
 
 def attend_spans(
-    q: torch.Tensor,
-    keys: KeysOf,
-    latent: torch.Tensor,
-    k_rope: torch.Tensor,
-    prefix_len: int,
-    scale: float,
-    reference: bool,
-    span_len: int,
+    q: torch.Tensor, keys: KeysOf, latent: torch.Tensor, k_rope: torch.Tensor, attend: Attend
 ) -> torch.Tensor:
     """q: (n, H, d) over the T = L + n positions of latent: (T, c), k_rope: (T, dr), causal with prefix -> (n, H, dv).
 
@@ -122,6 +131,7 @@ def attend_spans(
     2. the prefix in spans of at most span_len positions, no mask, each merged into the running output by
        log-sum-exp (exact: softmax over a union of key sets), its keys freed before the next span is built.
     """
+    prefix_len, scale, reference, span_len = attend.prefix_len, attend.scale, attend.reference, attend.span_len
     if span_len < 1:
         raise ValueError(f"span_len {span_len} must be at least 1")
     if reference or prefix_len <= span_len:
@@ -130,15 +140,15 @@ def attend_spans(
     q4 = q.transpose(0, 1)[None]  # (1, H, n, d)
     d = q4.shape[-1]
 
-    def attend(start: int, stop: int, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def attend_part(start: int, stop: int, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
         k, v = keys(latent[start:stop], k_rope[start:stop])  # (t, Hk, d), (t, Hk, dv)
         k4, v4 = k.transpose(0, 1)[None], F.pad(v, (0, d - v.shape[-1])).transpose(0, 1)[None]  # V padded to d
         out, lse = attention_lse(q4, k4, v4, causal, scale)  # (1, H, n, d), (1, H, n)
         return out[..., : v.shape[-1]].float(), lse  # (1, H, n, dv) fp32: the running output stays fp32
 
-    out, lse = attend(prefix_len, latent.shape[0], True)
+    out, lse = attend_part(prefix_len, latent.shape[0], causal=True)
     for start in range(0, prefix_len, span_len):
-        out, lse = merge_attention_lse(out, lse, *attend(start, min(prefix_len, start + span_len), False))
+        out, lse = merge_attention_lse(out, lse, *attend_part(start, min(prefix_len, start + span_len), causal=False))
     return out[0].transpose(0, 1).to(q.dtype)  # (n, H, dv)
 
 
@@ -159,8 +169,8 @@ def _attend(
 class MLAttention(nn.Module):
     """q: q_a_proj -> norm -> q_b_proj (or one q_proj); kv_a_proj -> (latent, k_rope); the latent normed; RoPE on
     q's and k's rotary parts; the latent row written to the pool; attention over the request's rows (decompressed,
-    or absorbed with `absorb`), the prefix in spans of `prefix_span_len` tokens; o_proj. No biases. Under TP
-    (`tp`): this rank's query heads, then the all-reduce of o_proj's output (see the module docstring)."""
+    or absorbed: `form`), the prefix in spans of `form.span_len` tokens; o_proj. No biases. Under TP (`tp`): this
+    rank's query heads, then the all-reduce of o_proj's output (see the module docstring)."""
 
     def __init__(
         self,
@@ -169,15 +179,13 @@ class MLAttention(nn.Module):
         *,
         dtype: torch.dtype,
         device: str | torch.device,
-        absorb: bool = False,
-        reference: bool = False,
+        form: MLAForm = MLAForm(),
         tp: TPComm = NO_TP,
-        prefix_span_len: int = MLA_PREFIX_SPAN_TOKENS,
     ) -> None:
         super().__init__()
         self.layer_id = layer_id
-        self.absorb, self.reference, self.tp = absorb, reference, tp
-        self.prefix_span_len = prefix_span_len
+        self.absorb, self.reference, self.tp = form.absorb, form.reference, tp
+        self.prefix_span_len = form.span_len
         heads = rank_shapes(spec, tp.size, tp.rank).q_heads
         self.num_heads = heads.size
         self.nope, self.rope, self.v_dim = spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.v_head_dim
@@ -229,9 +237,6 @@ class MLAttention(nn.Module):
             rows[:, : self.kv_lora_rank],
             rows[:, self.kv_lora_rank :],
             self.kv_b_proj.weight,
-            prefix_len,
-            self.scale,
-            reference=self.reference,
-            span_len=self.prefix_span_len,
+            Attend(prefix_len, self.scale, self.reference, self.prefix_span_len),
         )  # (n, H, dv)
         return self.tp.all_reduce(self.o_proj(out.reshape(n, self.num_heads * self.v_dim)))  # summed over TP ranks

@@ -5,6 +5,7 @@ the routers of the MoE families (softmax or sigmoid scores, grouped selection) a
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -74,19 +75,27 @@ class MLP(nn.Module):
         return self.tp.all_reduce(self.down_proj(activate(self.in_proj(x), self.act)))
 
 
+@dataclass(frozen=True, slots=True)
+class Routing:
+    """A router's rule (route): how many experts a token takes and how they are scored, grouped and weighted; the
+    spec's (MoE)."""
+
+    top_k: int
+    scoring: str
+    """Experts a token takes, and their scores: SIGMOID (each its own) or softmax (over the experts)."""
+    num_groups: int = 1
+    topk_groups: int = 1
+    """The experts' groups, and the best groups whose experts stay eligible (1, 1: no groups)."""
+    norm_topk_prob: bool = True
+    scaling: float = 1.0
+    """The chosen weights renormalised to sum 1 or not, then times `scaling` (routed_scaling_factor)."""
+
+
 def route(
-    logits: torch.Tensor,
-    *,
-    top_k: int,
-    scoring: str,
-    bias: torch.Tensor | None = None,
-    num_groups: int = 1,
-    topk_groups: int = 1,
-    norm_topk_prob: bool = True,
-    scaling: float = 1.0,
+    logits: torch.Tensor, routing: Routing, bias: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each token's experts and their weights. logits: (n, experts) fp32 -> weights (n, top_k) fp32, experts
-    (n, top_k) int64.
+    """Each token's experts and their weights by `routing`. logits: (n, experts) fp32 -> weights (n, top_k) fp32,
+    experts (n, top_k) int64.
 
     1. Scores: softmax over the experts, or an independent sigmoid each (DeepSeek-V3).
     2. Choice scores: the scores plus `bias` (DeepSeek-V3's e_score_correction_bias: it moves the choice, never the
@@ -96,7 +105,8 @@ def route(
     4. The top_k eligible experts; their weights are their scores, renormalised to sum 1 with norm_topk_prob, times
        `scaling` (routed_scaling_factor).
     """
-    scores = torch.sigmoid(logits) if scoring == SIGMOID else torch.softmax(logits, dim=-1)
+    top_k, num_groups, topk_groups = routing.top_k, routing.num_groups, routing.topk_groups
+    scores = torch.sigmoid(logits) if routing.scoring == SIGMOID else torch.softmax(logits, dim=-1)
     choice = scores if bias is None else scores + bias.float()
     if num_groups > 1:
         n, experts = choice.shape
@@ -110,9 +120,9 @@ def route(
         choice = grouped.masked_fill(~keep[..., None], -math.inf).view(n, experts)
     experts = choice.topk(top_k, dim=-1).indices  # (n, top_k)
     weights = scores.gather(1, experts)
-    if norm_topk_prob:
+    if routing.norm_topk_prob:
         weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-    return weights * scaling, experts
+    return weights * routing.scaling, experts
 
 
 class MoE(nn.Module):
@@ -134,6 +144,9 @@ class MoE(nn.Module):
         self.scoring, self.norm_topk_prob = spec.moe_scoring, spec.norm_topk_prob
         self.scaling = spec.routed_scaling_factor
         self.num_groups, self.topk_groups = spec.moe_n_group, spec.moe_topk_group
+        self.routing = Routing(
+            self.top_k, self.scoring, self.num_groups, self.topk_groups, self.norm_topk_prob, self.scaling
+        )
         self.router = nn.Linear(hidden, self.num_experts, bias=False, dtype=dtype, device=device)
         # The selection bias of sigmoid routers, fp32 as DeepSeek-V3 keeps it.
         self.score_bias = (
@@ -156,16 +169,7 @@ class MoE(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (n, hidden) -> weights (n, top_k) fp32, experts (n, top_k)."""
-        return route(
-            self.router(x).float(),
-            top_k=self.top_k,
-            scoring=self.scoring,
-            bias=self.score_bias,
-            num_groups=self.num_groups,
-            topk_groups=self.topk_groups,
-            norm_topk_prob=self.norm_topk_prob,
-            scaling=self.scaling,
-        )
+        return route(self.router(x).float(), self.routing, self.score_bias)
 
     def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert e on x: (m, hidden) -> (m, hidden) (this TP rank's part of it under TP)."""

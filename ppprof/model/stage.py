@@ -12,14 +12,15 @@ from torch import nn
 from ppprof.mem.cache import Request, StageCache
 from ppprof.mem.kv import KVAllocator
 from ppprof.mem.mamba import MambaAllocator
-from ppprof.mem.pools import KVPool, LatentPool, MambaPool
+from ppprof.mem.pools import KVPool, LatentPool, MambaPool, StateShape
 from ppprof.mem.req import ReqToTokenPool
 from ppprof.model.attention_kernels import AttentionKernel
 from ppprof.model.deltanet import DeltaNetKernel
-from ppprof.model.layer import Layer, Piece, RMSNorm
+from ppprof.model.layer import Kernels, Layer, Piece, RMSNorm
 from ppprof.model.mamba import MambaKernel
 from ppprof.model.tp import NO_TP, TPComm, assign, full_shape, mark_sharded, take_padded_rows, vocab_embed
 from ppprof.specs.accounting import deltanet_state_shapes
+from ppprof.specs.memory import CacheSizes
 from ppprof.specs.spec import ModelSpec
 from ppprof.specs.tp import rank_shapes, rank_spec
 
@@ -70,22 +71,10 @@ class Stage(nn.Module):
         self.tp = tp
         self.vocab = rank_shapes(spec, tp.size, tp.rank).vocab
         kw = dict(dtype=dtype, device=device)
+        kernels = Kernels(self.attention_kernel, self.mamba_kernel, self.deltanet_kernel)
         self.embed = nn.Embedding(self.vocab.size, spec.hidden_size, **kw) if self.is_first else None
         # Keyed by global layer id, so a stage's state_dict names match the unsplit model's.
-        self.layers = nn.ModuleDict(
-            {
-                str(i): Layer(
-                    spec,
-                    i,
-                    attention_kernel=self.attention_kernel,
-                    mamba_kernel=self.mamba_kernel,
-                    deltanet_kernel=self.deltanet_kernel,
-                    tp=tp,
-                    **kw,
-                )
-                for i in layer_ids
-            }
-        )
+        self.layers = nn.ModuleDict({str(i): Layer(spec, i, kernels=kernels, tp=tp, **kw) for i in layer_ids})
         self.final_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, **kw) if self.is_last else None
         self.lm_head = nn.Linear(spec.hidden_size, self.vocab.size, bias=False, **kw) if self.is_last else None
         if tp.size > 1:
@@ -170,18 +159,14 @@ class Stage(nn.Module):
 def build_stage_cache(
     spec: ModelSpec,
     layer_ids: range,
+    sizes: CacheSizes,
     *,
-    max_total_tokens: int,
-    page_size: int,
-    max_mamba_cache_size: int,
-    max_running_requests: int,
-    context_len: int,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     tp_size: int = 1,
     tp_rank: int = 0,
 ) -> StageCache:
-    """StageCache with pools for the stage's own layers only: the KV pool of its attention layers (or the latent pool
+    """StageCache of `sizes` with pools for the stage's own layers only: the KV pool of its attention layers (or the latent pool
     of its MLA layers), the Mamba pool of its Mamba2 (or Gated DeltaNet) layers; under TP, those of TP rank
     `tp_rank`: KV for its KV heads (MLA's latent whole), Mamba state for its Mamba2 heads and groups or its Gated
     DeltaNet heads (the allocators the same on every rank).
@@ -193,8 +178,8 @@ def build_stage_cache(
     kv_ids = [i for i in layer_ids if spec.layers[i].has_kv]
     state_ids = [i for i in layer_ids if spec.layers[i].has_state]
     shapes = rank_shapes(spec, tp_size, tp_rank)
-    req_pool = ReqToTokenPool(max_running_requests, context_len, device)
-    kv_alloc = KVAllocator(max_total_tokens, page_size)
+    req_pool = ReqToTokenPool(sizes.max_running_requests, sizes.context_len, device)
+    kv_alloc = KVAllocator(sizes.max_total_tokens, sizes.page_size)
     kv_pool = None
     if kv_ids and spec.layers[kv_ids[0]].has_mla:
         kv_pool = LatentPool(kv_alloc.total_slots, kv_ids, spec.mla_latent_dim, dtype, device)
@@ -202,26 +187,15 @@ def build_stage_cache(
         kv_pool = KVPool(kv_alloc.total_slots, kv_ids, shapes.kv_heads.size, spec.head_dim, dtype, device)
     mamba_alloc = mamba_pool = None
     if state_ids:
-        mamba_alloc = MambaAllocator(max_mamba_cache_size)
+        mamba_alloc = MambaAllocator(sizes.max_mamba_cache_size)
         if spec.layers[state_ids[0]].has_deltanet:
             (conv_dim, conv_width), state_shape = deltanet_state_shapes(rank_spec(spec, tp_size, tp_rank))
-            mamba_pool = MambaPool(
-                mamba_alloc.total_slots, state_ids, conv_dim, conv_width + 1, *state_shape, dtype, device
-            )
+            shape = StateShape(conv_dim, conv_width + 1, *state_shape)
         else:
             heads, groups = shapes.mamba_heads.size, shapes.mamba_groups.size
             conv_dim = heads * spec.mamba_head_dim + 2 * groups * spec.ssm_state_size
-            mamba_pool = MambaPool(
-                mamba_alloc.total_slots,
-                state_ids,
-                conv_dim,
-                spec.conv_kernel,
-                heads,
-                spec.mamba_head_dim,
-                spec.ssm_state_size,
-                dtype,
-                device,
-            )
+            shape = StateShape(conv_dim, spec.conv_kernel, heads, spec.mamba_head_dim, spec.ssm_state_size)
+        mamba_pool = MambaPool(mamba_alloc.total_slots, state_ids, shape, dtype, device)
     return StageCache(
         req_pool=req_pool, kv_alloc=kv_alloc, mamba_alloc=mamba_alloc, kv_pool=kv_pool, mamba_pool=mamba_pool
     )

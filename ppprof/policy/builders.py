@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ppprof.policy.bounded import Walks, rule_bounds, rule_table, rule_ttft, rule_ttfts, walk_rules
-from ppprof.policy.optimum import Domain, all_min_sums, bound_grid, optimum_at
+from ppprof.policy.optimum import Domain, bound_grid, optimum_at
 from ppprof.policy.rule import LatencyModel
 from ppprof.policy.tables import PromptRule
 
@@ -72,9 +72,7 @@ def score_candidates(model: LatencyModel, dom: Domain, pp_size: int) -> tuple[Ca
     """Every candidate's ratio on every piece, and the pieces' first lengths."""
     first, last = pieces(dom)
     lengths = np.concatenate([first, last])
-    grid = bound_grid(model, dom)
-    pos, sums = all_min_sums(model, dom, grid)
-    lower, _ = optimum_at(model, dom, pos, sums, grid, lengths, pp_size)
+    lower, _ = optimum_at(model, dom, bound_grid(model, dom), lengths, pp_size)
     bounds = rule_bounds(model, dom, RULE_BOUNDS)
     walks = walk_rules(
         model, bounds, np.full(len(bounds), dom.largest_chunk, dtype=np.int64), dom.unit, dom.max_prompt_len

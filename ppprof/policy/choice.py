@@ -12,6 +12,7 @@ import numpy as np
 
 from ppprof.config import ChunkSettings
 from ppprof.config.policy import DEFAULT_MIN_GAIN
+from ppprof.config.workload import Workload
 from ppprof.policy.bounded import rule_table
 from ppprof.policy.builders import build_history_rule, build_prompt_rule
 from ppprof.policy.optimum import EXTRAPOLATED_CHUNKS, Domain, make_domain
@@ -70,15 +71,15 @@ def choose(
     settings: ChunkSettings,
     dom: Domain,
     pp_size: int,
-    lengths,
-    weights,
+    workload: Workload,
     min_gain: float = DEFAULT_MIN_GAIN,
     confidence: Callable[[PromptRule], dict] | None = None,
 ) -> Choice:
     """Build the prompt-aware rule and the history-only table on the planning `model`, score them and the fixed
-    chunks on the workload, and set the status: dynamic when the prompt-aware rule's gain over the best fixed chunk
+    chunks on the `workload` (its prompt lengths and weights), and set the status: dynamic when the prompt-aware rule's gain over the best fixed chunk
     is at least `min_gain` and so is its lower bound (`confidence(rule)`: the gain's interval over resampled fits,
     ppprof.fit.confidence; none: the gain itself), else static at the best fixed chunk."""
+    lengths, weights = list(workload.prompt_lens), list(workload.weights)
     prompt_rule, quality = build_prompt_rule(model, dom, pp_size)
     history = build_history_rule(model, dom, pp_size, lengths, weights)
     starts, sizes = rule_table(model, history.bound_ms, history.chunk_cap, dom.unit, dom.max_prompt_len)

@@ -111,23 +111,17 @@ def optimum_table(model: LatencyModel, dom: Domain, pp_size: int) -> tuple[np.nd
 
 
 def optimum_at(
-    model: LatencyModel,
-    dom: Domain,
-    pos: np.ndarray,
-    sums: np.ndarray,
-    bounds: np.ndarray,
-    lengths: np.ndarray,
-    pp_size: int,
-    block: int = 4096,
+    model: LatencyModel, dom: Domain, bounds: np.ndarray, lengths: np.ndarray, pp_size: int, block: int = 4096
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(lower, upper) bounds of the least TTFT at any prompt lengths (aligned or not) from all_min_sums: the last
-    chunk runs from an aligned position below the length, at most largest_chunk before it. `block` lengths at a
-    time keep the arrays small.
+    """(lower, upper) bounds of the least TTFT at any prompt lengths (aligned or not) from all_min_sums under
+    `bounds`: the last chunk runs from an aligned position below the length, at most largest_chunk before it.
+    `block` lengths at a time keep the arrays small.
 
     The bounds of optimum_bounds, taken over the last chunk's start k and the bound m in the other order: a last chunk
     of cost c from pos[i] fits the bounds from f = the first bound >= c on, so the upper bound is the least over k of
     c + min over m >= f of (S[i, m] + (P - 1) M_m), a suffix minimum of each row of S computed once; the lower bound
     likewise. Each start costs a gather per length, not a pass over every bound."""
+    pos, sums = all_min_sums(model, dom, bounds)
     window = dom.largest_chunk // dom.unit
     P1 = pp_size - 1
     never = np.full((len(pos), 1), np.inf)  # the suffix past the last bound: a chunk dearer than every bound

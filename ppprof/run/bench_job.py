@@ -13,7 +13,7 @@ import numpy as np
 
 from ppprof.bench.executor import WARMUP_REPEAT, BenchPrompt, BenchStage, PromptRunner
 from ppprof.bench.plans import Arm, arms
-from ppprof.bench.report import write_report
+from ppprof.bench.report import Measured, write_report
 from ppprof.chunks import align_up
 from ppprof.config import BenchConfig
 from ppprof.distributed.agree import agreed
@@ -39,6 +39,7 @@ from ppprof.run.rank import (
     tp_shard,
 )
 from ppprof.runfiles import RunFolder
+from ppprof.specs.memory import CacheSizes
 
 log = logging.getLogger("ppprof")
 TRANSFER_REPEATS = 7
@@ -120,11 +121,13 @@ def build_stages(run: RankRun[BenchState]) -> None:
         cache = build_stage_cache(
             run.spec,
             layer_ids,
-            max_total_tokens=longest,
-            page_size=cfg.pools.page_size,
-            max_mamba_cache_size=1,
-            max_running_requests=1,
-            context_len=max(longest, cfg.probes.context_len),
+            CacheSizes(
+                max_total_tokens=longest,
+                page_size=cfg.pools.page_size,
+                max_mamba_cache_size=1,
+                max_running_requests=1,
+                context_len=max(longest, cfg.probes.context_len),
+            ),
             dtype=run.dtype,
             device=run.info.device,
             **tp_shard(run),
@@ -133,9 +136,7 @@ def build_stages(run: RankRun[BenchState]) -> None:
     run.state.runner = PromptRunner(stages=stages, pipe=run.pipe, seed=cfg.probes.seed)
     if bench.forward_trace is not None:
         context_len = max(longest, cfg.probes.context_len)
-        run.state.runner.trace = RankTrace(
-            bench.forward_trace, run.rank, run.pipe, run.spec, run.dtype, context_len, "ppprof bench", bench.pp_size
-        )
+        run.state.runner.trace = RankTrace(bench.forward_trace, run, context_len, "ppprof bench", bench.pp_size)
     log.info(
         "stages %s of %d (%s) on rank %d", [s.index for s in stages], bench.pp_size, run.spec.name, run.rank, extra=OWN
     )
@@ -195,17 +196,9 @@ def write_results(run: RankRun[BenchState]) -> None:
         plans = [a.chunk_sizes for a in run.state.plans if a.prompt_len == n]
         # The deepest prefix and the largest chunk any plan of this prompt reaches.
         notes[n] = extrapolation(policy, n, [max(max(c) for c in plans), min(c[-1] for c in plans)])
-    summary = write_report(
-        run.folder.path,
-        bench=bench,
-        plans=run.state.plans,
-        rows=run.state.rows,
-        ttft=run.state.ttft,
-        transfer=run.state.transfer,
-        world_size=run.pp_size,
-        profile_run=run_json,
-        notes=notes,
-    )
+    state = run.state
+    measured = Measured(state.plans, state.rows, state.ttft, state.transfer, world_size=run.pp_size)
+    summary = write_report(run.folder.path, bench, measured, run_json, notes)
     print(summary, file=sys.stderr)
     log.info("wrote %s", run.folder.path)
 

@@ -20,7 +20,7 @@ from ppprof.run.meta_forward import LiveBytes, RecordingTP, record_receive, reco
 from ppprof.specs import ModelSpec, load_spec, split_layers
 from ppprof.specs.accounting import stage_params
 from ppprof.specs.dtypes import AUTO_DTYPE_CPU, AUTO_DTYPE_GPU, normalize_dtype
-from ppprof.specs.memory import StageMemory, stage_memory
+from ppprof.specs.memory import PeakRequest, StageMemory, stage_memory
 from ppprof.specs.tp import Shard, check_tp, rank_shapes, rank_spec
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -165,17 +165,14 @@ def _as_rank(run: RankRun, rank: int, tp_rank: int) -> RankRun:
 def stage_estimate(cfg: ProfileConfig, spec: ModelSpec, layers: range, stage_idx: int) -> StageMemory:
     """The analytic counts of the stage as one TP rank holds it (`spec` its rank_spec), with the kernels the meta
     forward runs (the host's: torch picks the kernels by the tensors' device, and meta is not CUDA)."""
-    return stage_memory(
-        spec,
-        layers,
-        stage_idx=stage_idx,
-        dtype=dry_run_dtype(cfg, spec),
-        **cfg.cache_sizes,
+    request = PeakRequest(
         chunk_size=cfg.max_probe_chunk_size,
         prefix_len=max(cfg.resolved_prefix_lens(), default=0),
+        dtype=dry_run_dtype(cfg, spec),
         attention_backend=meta_backend(cfg),
         device="cpu",
     )
+    return stage_memory(spec, layers, cfg.cache_sizes, request, stage_idx)
 
 
 def meta_backend(cfg: ProfileConfig) -> str:
@@ -193,9 +190,7 @@ def run_rank(
     dtype = TORCH_DTYPES[dry_run_dtype(cfg, spec)]
     tp = RecordingTP(cfg.parallelism.tp_size, tp_rank)
     stage = Stage(spec, layers, dtype=dtype, device=META, attention_backend=meta_backend(cfg), tp=tp)
-    cache = build_stage_cache(
-        spec, layers, **cfg.cache_sizes, dtype=dtype, device=META, tp_size=tp.size, tp_rank=tp_rank
-    )
+    cache = build_stage_cache(spec, layers, cfg.cache_sizes, dtype=dtype, device=META, tp_size=tp.size, tp_rank=tp_rank)
     n, prefix_len = estimate.chunk_size, estimate.prefix_len
     req = Request(rid=0)
     if not cache.admit(req) or cache.extend(req, prefix_len + n) is None:

@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING
 
 from ppprof import __version__
 from ppprof.fit.samples import model_shape
-from ppprof.forwards import ForwardTraceWriter, header
+from ppprof.forwards import ForwardTraceWriter, TraceIdentity, header
 from ppprof.io import atomic_write
 
 if TYPE_CHECKING:
     from ppprof.distributed.pipe import Pipe
+    from ppprof.run.rank import RankRun
 
 
 def check_trace_path(path: str | None) -> None:
@@ -44,30 +45,28 @@ class RankTrace:
     """One rank's part of the trace: `record` after each forward of its stage (the forward's perf_counter start and
     its time in ms), `close` at the end."""
 
-    def __init__(
-        self, path: str, rank: int, pipe: Pipe, spec, dtype, context_len: int, server: str, pp_size: int | None = None
-    ) -> None:
-        """`pp_size`: the pipeline's stages where a rank runs several (a bench's replayed pipeline); None: the
-        ranks'."""
+    def __init__(self, path: str, run: RankRun, context_len: int, server: str, pp_size: int | None = None) -> None:
+        """`run`: this rank's (its rank, pipe, model spec and dtype); `pp_size`: the pipeline's stages where a rank
+        runs several (a bench's replayed pipeline); None: the ranks'."""
         Path(path).parent.mkdir(parents=True, exist_ok=True)
+        pipe = run.pipe
         self.stage = pipe.rank
         self.tp_rank = 0 if pipe.mesh is None else pipe.mesh.coords.tp_rank
         # the host clock's start of a forward as Unix seconds: perf_counter is monotonic, time.time the wall
         self.wall_offset_s = time.time() - time.perf_counter()
-        head = header(
-            model_shape=model_shape(spec.to_dict()),
+        identity = TraceIdentity(
+            model_shape=model_shape(run.spec.to_dict()),
             pp_size=pp_size or pipe.world_size,
             tp_size=pipe.tp_size,
             device=pipe.device.type,
-            dtype=str(dtype).removeprefix("torch."),
+            dtype=str(run.dtype).removeprefix("torch."),
             server=server,
             server_version=__version__,
             context_len=context_len,
-            clock="perf_counter",
-            max_records=0,
-            started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         )
-        self.writer = ForwardTraceWriter(part_path(path, rank), head)
+        started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        head = header(identity, clock="perf_counter", max_records=0, started_at=started_at)
+        self.writer = ForwardTraceWriter(part_path(path, run.rank), head)
 
     def record(self, pieces, start_perf_s: float, latency_ms: float, stage: int | None = None) -> None:
         """One forward of this rank's stage (or of `stage`, where a rank runs several one after the other)."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ppprof.config import ProfileConfig
 from ppprof.specs import ModelSpec, load_spec, split_layers
-from ppprof.specs.memory import StageMemory, format_bytes, stage_memory
+from ppprof.specs.memory import PeakRequest, StageMemory, format_bytes, stage_memory
 from ppprof.specs.tp import rank_spec
 
 MEMINFO = Path("/proc/meminfo")
@@ -33,19 +33,15 @@ def profile_memory(cfg: ProfileConfig, world_size: int, spec: ModelSpec | None =
     """What each stage of the profile needs (ppprof.specs.memory): pools as configured, activations of its largest
     probe request, the largest probe chunk after the longest prefix."""
     spec = spec or load_spec(cfg.model.model, num_layers=cfg.model.num_layers, dtype=cfg.model.dtype)
-    prefix_len = max(cfg.resolved_prefix_lens(), default=0)
+    request = PeakRequest(
+        chunk_size=cfg.max_probe_chunk_size,
+        prefix_len=max(cfg.resolved_prefix_lens(), default=0),
+        dtype=cfg.model.dtype,
+        attention_backend=cfg.job.attention_backend,
+        device=cfg.job.device,
+    )
     return [
-        stage_memory(
-            spec,
-            layers,
-            stage_idx=i,
-            dtype=cfg.model.dtype,
-            **cfg.cache_sizes,
-            chunk_size=cfg.max_probe_chunk_size,
-            prefix_len=prefix_len,
-            attention_backend=cfg.job.attention_backend,
-            device=cfg.job.device,
-        )
+        stage_memory(spec, layers, cfg.cache_sizes, request, i)
         for i, layers in enumerate(split_layers(spec.num_layers, world_size, cfg.parallelism.layer_partition))
     ]
 
@@ -169,27 +165,27 @@ def gpu_verdict(cfg: ProfileConfig, mine: list[StageMemory], local_ranks: int) -
     unknown; against GPUs alike where this machine has fewer than stages, as `ppprof model --memory` may)."""
     limits = gpu_total_bytes(local_ranks)
     if not limits:
-        return MemoryVerdict("no CUDA device visible here: each stage must fit in its GPU's memory", False)
+        return MemoryVerdict("no CUDA device visible here: each stage must fit in its GPU's memory", checked=False)
     limit_text = f"GPU memory {', '.join(format_bytes(b) for b in limits)} (cuda:0..{len(limits) - 1})"
     for j, m in enumerate(mine):
         limit = limits[min(j, len(limits) - 1)]
         if m.total > limit:
             return MemoryVerdict(
                 limit_text,
-                True,
-                (
+                checked=True,
+                problem=(
                     f"stage {m.stage_idx} needs ~{format_bytes(m.total)} ({stage_summary(m)}) but its GPU (cuda:{j}) "
                     f"has {format_bytes(limit)}: {memory_fixes(cfg, m)}"
                 ),
             )
-    return MemoryVerdict(limit_text, True)
+    return MemoryVerdict(limit_text, checked=True)
 
 
 def host_verdict(cfg: ProfileConfig, mine: list[StageMemory], largest: StageMemory, local_ranks: int) -> MemoryVerdict:
     """This node's stages together (the largest x local ranks where they are unknown) against MemAvailable."""
     available = host_available_bytes()
     if available is None:
-        return MemoryVerdict("host memory unknown here (no /proc/meminfo)", False)
+        return MemoryVerdict("host memory unknown here (no /proc/meminfo)", checked=False)
     limit_text = (
         f"{format_bytes(available)} available on this host (MemAvailable), shared by its {local_ranks} "
         f"stage{'s' * (local_ranks != 1)}"
@@ -205,11 +201,11 @@ def host_verdict(cfg: ProfileConfig, mine: list[StageMemory], largest: StageMemo
         )
         detail = f"the largest, stage {largest.stage_idx}: {stage_summary(largest)}"
     if need <= available:
-        return MemoryVerdict(limit_text, True)
+        return MemoryVerdict(limit_text, checked=True)
     return MemoryVerdict(
         limit_text,
-        True,
-        (
+        checked=True,
+        problem=(
             f"{who} ~{format_bytes(need)} ({detail}) but this host has {format_bytes(available)} available "
             f"(MemAvailable): {memory_fixes(cfg, largest)}"
         ),

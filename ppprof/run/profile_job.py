@@ -143,7 +143,7 @@ def build_stage(run: RankRun[ProfileState]) -> None:
     )
     run.stage = make_stage(run, layer_ids)
     run.cache = build_stage_cache(
-        spec, layer_ids, **cfg.cache_sizes, dtype=run.dtype, device=run.info.device, **tp_shard(run)
+        spec, layer_ids, cfg.cache_sizes, dtype=run.dtype, device=run.info.device, **tp_shard(run)
     )
     cache = run.cache
     pool_mib = [0.0 if p is None else p.nbytes() / 2**20 for p in (cache.kv_pool, cache.mamba_pool)]

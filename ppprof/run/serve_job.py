@@ -85,18 +85,8 @@ def build_stage(run: RankRun[ServeState]) -> None:
     cfg, serve = run.cfg, run.state.serve
     entries = serve.max_entries(serve.prompts)
     stage = make_stage(run, run.layer_ids)
-    pools = cfg.pools
     cache = build_stage_cache(
-        run.spec,
-        run.layer_ids,
-        max_total_tokens=pools.max_total_tokens,
-        page_size=pools.page_size,
-        max_mamba_cache_size=pools.max_mamba_cache_size,
-        max_running_requests=pools.max_running_requests,
-        context_len=cfg.probes.context_len,
-        dtype=run.dtype,
-        device=run.info.device,
-        **tp_shard(run),
+        run.spec, run.layer_ids, cfg.cache_sizes, dtype=run.dtype, device=run.info.device, **tp_shard(run)
     )
     slots = run.pp_size + serve.async_depth
     limits = BatchLimits(max_pieces=entries, max_tokens=cfg.max_probe_chunk_size)
@@ -105,9 +95,7 @@ def build_stage(run: RankRun[ServeState]) -> None:
     run.state.first_digest = run.state.watch.digest
     if serve.forward_trace is not None:
         context_len = cfg.probes.context_len
-        run.state.runner.trace = RankTrace(
-            serve.forward_trace, run.rank, run.pipe, run.spec, run.dtype, context_len, "ppprof serve-bench"
-        )
+        run.state.runner.trace = RankTrace(serve.forward_trace, run, context_len, "ppprof serve-bench")
 
 
 def watch_policy(run: RankRun[ServeState], limits: BatchLimits) -> PolicyWatch:

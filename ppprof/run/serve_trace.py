@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import sys
 
-from ppprof.bench.serving import TraceArrivals
 from ppprof.io import append_lines
 from ppprof.manifest import write_result
 from ppprof.policy.runtime import Policy
@@ -35,7 +34,7 @@ from ppprof.serving.replay import REQUEST_ENTRIES, details, metrics, pool_tokens
 from ppprof.serving.report import trace_cell, trace_largest_miss, trace_measured_text
 from ppprof.serving.scheduler import Capacity
 from ppprof.serving.settings import ServeBenchConfig
-from ppprof.serving.simulate import LoadLevel
+from ppprof.serving.simulate import LoadLevel, TraceArrivals
 
 log = logging.getLogger("ppprof")
 TRACE_LEVEL = "trace"

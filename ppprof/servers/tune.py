@@ -12,7 +12,6 @@ no torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,29 +19,18 @@ import numpy as np
 
 from ppprof.config.workload import Workload
 from ppprof.policy.rule import LatencyModel
-from ppprof.policy.runtime import Policy
 from ppprof.policy.summary import extrapolation
 from ppprof.servers.base import PP_SIZE, TP_SIZE
-from ppprof.servers.boot import Forwards
 from ppprof.servers.flags import command_line, split_command
-from ppprof.servers.registry import DEFAULT_SERVER
 from ppprof.servers.tuner import SMOOTH_FACTORS, Scored, Tuner, weighted_p90
 
 
-def tune(
-    policy: Policy,
-    workload: Workload,
-    pp_size: int,
-    server: str = DEFAULT_SERVER,
-    current: str | None = None,
-    extrapolate: bool = False,
-    forwards: Forwards | None = None,
-    load_score: Callable[[np.ndarray], dict] | None = None,
-) -> dict:
-    """The recommendation and its comparison (what `ppprof tune --json` prints, less the plot path). `forwards`: the
-    profile's samples, which a server that fits at boot fits its model to (else its model comes from the policy's).
-    `load_score`: each setting's figures under load, which then join what is minimised (Scored.objective)."""
-    tuner = Tuner(policy, workload, pp_size, server, extrapolate=extrapolate, forwards=forwards, load_score=load_score)
+def tune(tuner: Tuner, current: str | None = None) -> dict:
+    """The recommendation and its comparison (what `ppprof tune --json` prints, less the plot path): the settings of
+    `tuner`'s server scored on its workload (Tuner: the policy, the stages, the profile's samples a server that fits
+    at boot fits its model to, the figures under load that join what is minimised), against `current` (the user's
+    flags; None: the server's defaults)."""
+    policy, workload = tuner.policy, tuner.workload
     scored_current, current_calibration, ignored = score_current(tuner, current)
     own = tuner.server.setting_of(policy)
     if tuner.model is None:

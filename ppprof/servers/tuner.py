@@ -20,7 +20,7 @@ from ppprof.policy.rule import LatencyModel
 from ppprof.policy.runtime import Policy
 from ppprof.servers.base import ServerSetting
 from ppprof.servers.boot import Forwards
-from ppprof.servers.registry import get
+from ppprof.servers.registry import DEFAULT_SERVER, get
 
 SMOOTH_FACTORS = tuple(round(0.5 + 0.05 * i, 2) for i in range(11))
 B_STEPS_PER_OCTAVE = 4
@@ -86,7 +86,7 @@ class Tuner:
         policy: Policy,
         workload: Workload,
         pp_size: int,
-        server: str,
+        server: str = DEFAULT_SERVER,
         extrapolate: bool = False,
         forwards: Forwards | None = None,
         load_score: Callable[[np.ndarray], dict] | None = None,
@@ -99,7 +99,7 @@ class Tuner:
             raise ValueError(f"--pp {pp_size!r} is invalid: use a number of pipeline stages in 1..{MAX_STAGES}")
         if policy.latency_model is None:
             raise ValueError(f"policy has no latency model ({policy.status}: {policy.reason}): refit with more samples")
-        self.policy, self.pp_size = policy, pp_size
+        self.policy, self.pp_size, self.workload = policy, pp_size, workload
         self.truth = policy.latency_model
         self.context = policy.settings.context_len
         self.lengths = np.asarray(workload.prompt_lens, dtype=np.int64)
@@ -178,7 +178,7 @@ class Tuner:
         extras = [self.score(st) for st in extra if st.dynamic is False or self.model is not None]
         best_fixed = min(fixed, key=lambda r: r.objective)
         best = min(fixed + dynamic + extras, key=lambda r: r.objective)  # fixed first: a tie goes to fixed chunks
-        best_fixed = self.refine(grid, best_fixed, True)
+        best_fixed = self.refine(grid, best_fixed, is_fixed=True)
         best = self.refine(grid, best, not best.setting.dynamic)
         best = min([best, best_fixed], key=lambda r: r.objective)
         return best, best_fixed

@@ -14,7 +14,7 @@ from ppprof.config.workload import Workload
 from ppprof.policy.runtime import Policy
 from ppprof.serving.arms import SERVING_ARMS, packed_stage_ms, sizer
 from ppprof.serving.scheduler import Capacity
-from ppprof.serving.simulate import LoadLevel, prompts_of, serve
+from ppprof.serving.simulate import Arrivals, LoadLevel, prompts_of, serve
 
 MAX_CONCURRENCY = 4096
 MAX_RATE = 1e6
@@ -99,9 +99,7 @@ def simulate_levels(policy: Policy, plan: ServingPlan) -> dict:
                 sizer(policy, arm),
                 stage_ms,
                 Capacity(capacity, entries),
-                prompts,
-                level,
-                plan.seed,
+                Arrivals(prompts, level, plan.seed),
                 plan.async_depth,
             ).summary()
             for arm in plan.arms

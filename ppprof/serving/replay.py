@@ -12,7 +12,7 @@ from ppprof.policy.runtime import Policy
 from ppprof.serving.arms import packed_stage_ms, sizer
 from ppprof.serving.prefix_cache import PrefixCache
 from ppprof.serving.scheduler import Capacity
-from ppprof.serving.simulate import Served, serve
+from ppprof.serving.simulate import Arrivals, Served, TraceArrivals, serve
 from ppprof.traces import Trace
 
 REQUEST_ENTRIES = 128
@@ -97,13 +97,8 @@ def replay(
             sizer(policy, arm),
             stage_ms,
             Capacity(kv, REQUEST_ENTRIES),
-            prompts,
-            None,
-            0,
+            Arrivals(prompts, trace=TraceArrivals(arrivals, blocks, cache)),
             async_depth,
-            arrivals=arrivals,
-            blocks=blocks,
-            cache=cache,
         )
         run = metrics(served, trace, arm, cache)
         out.append(run | {"details": details(served)} if with_details else run)

@@ -33,6 +33,30 @@ class LoadLevel:
         return f"concurrency-{self.concurrency}" if self.concurrency is not None else f"rate-{self.rate:g}"
 
 
+@dataclass(frozen=True, slots=True)
+class TraceArrivals:
+    """A request trace's part as a level serves it: each request's arrival (ms into the level) and block ids, and the
+    prefix cache (ppprof.serving.prefix_cache, empty at the start) that its prefills start past; None: no cache."""
+
+    arrivals_ms: Sequence[float]
+    blocks: Sequence[tuple[int, ...]]
+    cache: PrefixCache | None
+
+
+@dataclass(frozen=True, slots=True)
+class Arrivals:
+    """The requests a level serves (serve), in arrival order, and when they arrive: at a load `level`, or (level None)
+    at a request trace's times."""
+
+    prompts: Sequence[int]
+    """Each request's prompt length."""
+    level: LoadLevel | None = None
+    seed: int = 0
+    """The load level, and the seed of its Poisson arrival times."""
+    trace: TraceArrivals | None = None
+    """A trace's arrival times, each prompt's block ids and the prefix cache its prefills start past."""
+
+
 @dataclass(slots=True)
 class Served:
     """What one level did: each request (its arrival, chunks and finish), each batch with its slot and times, and the
@@ -90,23 +114,18 @@ def serve(
     sizer: Sizer,
     stage_ms: Callable[[Batch], Sequence[float]],
     capacity: Capacity,
-    prompts: Sequence[int],
-    level: LoadLevel | None,
-    seed: int = 0,
+    arrivals: Arrivals,
     async_depth: int = 0,
-    *,
-    arrivals: Sequence[float] | None = None,
-    blocks: Sequence[tuple[int, ...]] | None = None,
-    cache: PrefixCache | None = None,
 ) -> Served:
-    """Serve `prompts` (in arrival order) at `level`, or (level None) at the times `arrivals` gives (ms, a trace's);
+    """Serve `arrivals`' prompts (in arrival order) at its level, or (level None) at its trace's times (ms);
     `stage_ms(batch)` is each stage's time for a batch (pp_size of them). The scheduler serves pp_size + `async_depth`
-    micro-batch slots (SGLang's pp_async_batch_depth, 0 by default). With `blocks` (each prompt's block ids) and a
-    `cache`, a prompt's prefill starts after its cached prefix."""
+    micro-batch slots (SGLang's pp_async_batch_depth, 0 by default). With a trace's block ids and cache, a prompt's
+    prefill starts after its cached prefix."""
+    prompts, level, trace = arrivals.prompts, arrivals.level, arrivals.trace
     slots = pp_size + async_depth
-    scheduler = Scheduler(slots, sizer, capacity, cache)
-    times = list(arrivals) if arrivals is not None else arrival_times(level, len(prompts), seed)
-    ids = list(blocks) if blocks is not None else [()] * len(prompts)
+    scheduler = Scheduler(slots, sizer, capacity, None if trace is None else trace.cache)
+    times = list(trace.arrivals_ms) if trace is not None else arrival_times(level, len(prompts), arrivals.seed)
+    ids = list(trace.blocks) if trace is not None else [()] * len(prompts)
     queue = deque() if times is None else deque(zip(times, range(len(prompts)), prompts))
     issued = 0 if times is not None else min(level.concurrency, len(prompts))
     for rid in range(issued):

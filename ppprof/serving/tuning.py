@@ -14,7 +14,7 @@ from ppprof.policy.runtime import Policy
 from ppprof.policy.tables import table_chunk_size
 from ppprof.serving.arms import packed_stage_ms, sizer
 from ppprof.serving.scheduler import Capacity
-from ppprof.serving.simulate import LoadLevel, prompts_of, serve
+from ppprof.serving.simulate import Arrivals, LoadLevel, prompts_of, serve
 from ppprof.serving.underload import LOAD_PROMPTS, LOAD_SEED
 
 LoadScore = Callable[[np.ndarray], dict]
@@ -39,7 +39,7 @@ def policy_load_figures(policy: Policy, workload: Workload, pp_size: int, concur
     for level in concurrency:
         capacity = Capacity(max(prompts) * level, level)
         summary = serve(
-            pp_size, sizer(policy, "policy-load"), stage_ms, capacity, prompts, LoadLevel(concurrency=level)
+            pp_size, sizer(policy, "policy-load"), stage_ms, capacity, Arrivals(prompts, LoadLevel(concurrency=level))
         ).summary()
         out[f"concurrency-{level}"] = {
             "throughput_tokens_per_s": summary["throughput_tokens_per_s"],
@@ -76,7 +76,9 @@ def load_scorer(policy: Policy, workload: Workload, pp_size: int, concurrency: S
         out = {}
         for level in concurrency:
             capacity = Capacity(max(prompts) * level, level)
-            summary = serve(pp_size, sizer, stage_ms, capacity, prompts, LoadLevel(concurrency=level)).summary()
+            summary = serve(
+                pp_size, sizer, stage_ms, capacity, Arrivals(prompts, LoadLevel(concurrency=level))
+            ).summary()
             out[f"concurrency-{level}"] = {
                 "throughput_tokens_per_s": summary["throughput_tokens_per_s"],
                 "ttft_mean_ms": summary["ttft_ms"]["mean"],

@@ -17,7 +17,7 @@ from ppprof.policy.runtime import Policy
 from ppprof.policy.tables import LoadRule
 from ppprof.serving.arms import packed_stage_ms, sizer
 from ppprof.serving.scheduler import Capacity
-from ppprof.serving.simulate import LoadLevel, prompts_of, serve
+from ppprof.serving.simulate import Arrivals, LoadLevel, prompts_of, serve
 
 LOAD_PROMPTS = 24
 """The fewest prompts a level serves (twice the concurrency where that is more): enough for the closed loop to
@@ -127,7 +127,7 @@ def served(
     entries = cell.level.concurrency or POISSON_ENTRIES
     capacity = Capacity(max(cell.prompts) * entries, entries)
     summary = serve(
-        policy.pp_size, arm, stage_ms, capacity, list(cell.prompts), cell.level, LOAD_SEED, async_depth
+        policy.pp_size, arm, stage_ms, capacity, Arrivals(list(cell.prompts), cell.level, LOAD_SEED), async_depth
     ).summary()
     return summary["throughput_tokens_per_s"], summary["ttft_ms"]["mean"]
 

@@ -16,7 +16,7 @@ import os
 import time
 
 from ppprof.bounds import TRACE_ENV
-from ppprof.forwards import ForwardTraceWriter, header
+from ppprof.forwards import ForwardTraceWriter, TraceIdentity, header
 
 logger = logging.getLogger("ppprof.sglang")
 RUN_BATCH = "run_batch"
@@ -109,7 +109,7 @@ def start(scheduler) -> Tracer | bool:
         config, device = scheduler.model_config, str(scheduler.device)
         events = getattr(scheduler, "device_module", None) if device.startswith("cuda") else None
         dtype = getattr(config, "dtype", None)
-        head = header(
+        identity = TraceIdentity(
             model_shape=model_shape_of(config),
             pp_size=pp_size,
             tp_size=tp_size,
@@ -118,6 +118,9 @@ def start(scheduler) -> Tracer | bool:
             server=SGLANG.name,
             server_version=installed_version(SGLANG.name),
             context_len=int(config.context_len),
+        )
+        head = header(
+            identity,
             clock="perf_counter" if events is None else "cuda_events",
             max_records=0,
             started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

@@ -5,6 +5,8 @@ probe holds beyond the layers (activation_peak says how each term is counted). N
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ppprof.bounds import MLA_PREFIX_SPAN_TOKENS
 from ppprof.chunks import align_up
 from ppprof.specs.accounting import FP32_BYTES, deltanet_state_shapes
@@ -115,10 +117,24 @@ def ffn_bytes(spec: ModelSpec, layer: LayerSpec, n: int, b: int) -> int:
     return routing + max(n * (3 * h * b + inner * spec.moe_intermediate_size * b), shared)
 
 
-def layer_terms(
-    spec: ModelSpec, layer: LayerSpec, *, n: int, prefix_len: int, b: int, backend: str, device: str, kernel: str
-) -> dict[str, int]:
+@dataclass(frozen=True, slots=True)
+class ChunkRun:
+    """A chunk of `n` tokens after `prefix_len` cached ones, as a stage runs it (activation_peak)."""
+
+    n: int
+    prefix_len: int
+    """The chunk's tokens, and the cached tokens before it."""
+    b: int
+    """The pipeline dtype's bytes."""
+    backend: str
+    device: str
+    kernel: str
+    """The attention backend (resolved), the device, and the Mamba kernel (MAMBA_TORCH or MAMBA_FUSED)."""
+
+
+def layer_terms(spec: ModelSpec, layer: LayerSpec, chunk: ChunkRun) -> dict[str, int]:
     """The transient of each part of `layer` that it has: norm, attention, mamba, mlp or moe."""
+    n, prefix_len, b, backend, device = chunk.n, chunk.prefix_len, chunk.b, chunk.backend, chunk.device
     out = {"norm": 2 * n * spec.hidden_size * FP32_BYTES}
     if layer.has_attention:
         out["attention"] = attention_bytes(spec, n, prefix_len + n, b, backend, device)
@@ -127,7 +143,7 @@ def layer_terms(
     if layer.has_deltanet:
         out["deltanet"] = deltanet_bytes(spec, n, b)
     if layer.has_mamba:
-        out["mamba"] = mamba_bytes(spec, n, b, kernel)
+        out["mamba"] = mamba_bytes(spec, n, b, chunk.kernel)
     if layer.ffn:
         out[layer.ffn] = ffn_bytes(spec, layer, n, b)
     return out
@@ -154,10 +170,8 @@ def prefix_noise_bytes(spec: ModelSpec, layers: range, prefix_len: int, b: int) 
     return out
 
 
-def activation_peak(
-    spec: ModelSpec, layers: range, *, n: int, prefix_len: int, b: int, backend: str, device: str, kernel: str
-) -> tuple[int, int, dict[str, int]]:
-    """(peak bytes, the layer whose peak wins, its named terms) of a chunk of n tokens after L = prefix_len cached
+def activation_peak(spec: ModelSpec, layers: range, chunk: ChunkRun) -> tuple[int, int, dict[str, int]]:
+    """(peak bytes, the layer whose peak wins, its named terms) of `chunk`: n tokens after L = prefix_len cached
     ones (T = L + n), hidden h, the pipeline dtype b bytes, fp32 4 bytes.
 
     Every layer's peak is `held` plus the largest transient of one of its parts; the largest layer's peak wins.
@@ -202,28 +216,22 @@ def activation_peak(
     backends, scripts/benchmarks/memory.py) the estimate is 1.00-1.06 of the measured peak of the live tensors, 0.76-1.00
     of the RSS peak under glibc's default malloc (freed heap memory stays resident); CPU bf16 takes more (matmuls
     upcast internally)."""
-    held = 5 * n * spec.hidden_size * b
-    best_layer, best = largest_layer_part(
-        spec, layers, n=n, prefix_len=prefix_len, b=b, backend=backend, device=device, kernel=kernel
-    )
+    held = 5 * chunk.n * spec.hidden_size * chunk.b
+    best_layer, best = largest_layer_part(spec, layers, chunk)
     terms = {"held": held, **best}
-    noise = prefix_noise_bytes(spec, layers, prefix_len, b)
+    noise = prefix_noise_bytes(spec, layers, chunk.prefix_len, chunk.b)
     if noise:
         terms["prefix_noise"] = noise
-    if backend == "flashinfer":
+    if chunk.backend == "flashinfer":
         terms["flashinfer_workspace"] = FLASHINFER_WORKSPACE_BYTES
     return sum(terms.values()), best_layer, terms
 
 
-def largest_layer_part(
-    spec: ModelSpec, layers: range, *, n: int, prefix_len: int, b: int, backend: str, device: str, kernel: str
-) -> tuple[int, dict[str, int]]:
+def largest_layer_part(spec: ModelSpec, layers: range, chunk: ChunkRun) -> tuple[int, dict[str, int]]:
     """The layer whose largest part's transient is the largest of the stage (the first such), and {that part: bytes}."""
     best_layer, best = layers.start, {}
     for i in layers:
-        parts = layer_terms(
-            spec, spec.layers[i], n=n, prefix_len=prefix_len, b=b, backend=backend, device=device, kernel=kernel
-        )
+        parts = layer_terms(spec, spec.layers[i], chunk)
         part = max(parts, key=parts.get)
         if not best or parts[part] > max(best.values()):
             best_layer, best = i, {part: parts[part]}

@@ -256,7 +256,7 @@ def _qwen3_next(cfg: dict, family: str) -> tuple[tuple[LayerSpec, ...], dict]:
     fields.update(
         _qwen_moe_fields(cfg, d),
         qk_norm=True,
-        attn_output_gate=_bool(cfg, "attn_output_gate", True),
+        attn_output_gate=_bool(cfg, "attn_output_gate", default=True),
         shared_expert_gate=True,
         num_mtp_layers=read_int(cfg, "mtp_num_hidden_layers", "num_nextn_predict_layers", default=0),
     )

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from ppprof.bounds import DEVICES
 from ppprof.checks import require_int
 from ppprof.specs.accounting import FP32_BYTES, kv_bytes_per_token, mamba_bytes_per_slot, stage_weight_bytes
-from ppprof.specs.activation import activation_peak
+from ppprof.specs.activation import ChunkRun, activation_peak
 from ppprof.specs.backends import MAMBA_FUSED, MAMBA_TORCH, mamba_kernel, resolve_backend
 from ppprof.specs.dtypes import AUTO_DTYPE_CPU, AUTO_DTYPE_GPU, INDEX_BYTES, dtype_bytes, normalize_dtype
 from ppprof.specs.layer import MOE
@@ -21,6 +21,8 @@ __all__ = [
     "MAMBA_FUSED",
     "MAMBA_TORCH",
     "PARTS",
+    "CacheSizes",
+    "PeakRequest",
     "StageMemory",
     "check_stage_request",
     "format_bytes",
@@ -34,6 +36,35 @@ __all__ = [
 PARTS = ("weights", "kv_pool", "mamba_pool", "request_table", "activation_peak")
 INIT_DRAW_BYTES = 2 * FP32_BYTES
 """Stage._init_weights draws each parameter as (torch.randn(shape) * std): two fp32 tensors of its size at once."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CacheSizes:
+    """The sizes a stage's cache is built with (ppprof.model.stage.build_stage_cache) and its memory counted with
+    (stage_memory): its pools and the context (ProfileConfig.cache_sizes)."""
+
+    max_total_tokens: int
+    page_size: int
+    """KV cache slots per stage, and the page they come in."""
+    max_mamba_cache_size: int
+    max_running_requests: int
+    context_len: int
+    """Mamba state slots, request entries, and each entry's context (its row of the request table)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeakRequest:
+    """The largest probe request a stage runs (a `chunk_size` chunk after `prefix_len` cached tokens) and how it runs:
+    `dtype` None means the spec's, else bf16 on CUDA and fp32 on CPU (as ppprof.run.rank.resolve_dtype resolves
+    it)."""
+
+    chunk_size: int
+    prefix_len: int
+    """The chunk, and the cached tokens before it (ProfileConfig.max_probe_chunk_size, max(resolved_prefix_lens()))."""
+    dtype: str | None = None
+    attention_backend: str = "auto"
+    device: str = "cpu"
+    """The pipeline dtype, the attention backend (`auto` resolved on `device`) and the device."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -150,24 +181,12 @@ def mamba_pool_bytes(spec: ModelSpec, layers: range, *, dtype: str, max_mamba_ca
 
 
 def stage_memory(
-    spec: ModelSpec,
-    layer_ids: range,
-    *,
-    dtype: str | None,
-    max_total_tokens: int,
-    page_size: int,
-    max_mamba_cache_size: int,
-    max_running_requests: int,
-    context_len: int,
-    chunk_size: int,
-    prefix_len: int,
-    attention_backend: str = "auto",
-    device: str = "cpu",
-    stage_idx: int = 0,
+    spec: ModelSpec, layer_ids: range, sizes: CacheSizes, request: PeakRequest, stage_idx: int = 0
 ) -> StageMemory:
-    """What the stage holding `layer_ids` needs for a profile whose largest probe request is a `chunk_size` chunk
-    after `prefix_len` cached tokens (ProfileConfig.max_probe_chunk_size, max(resolved_prefix_lens())). `dtype` None
-    means the spec's, else bf16 on CUDA and fp32 on CPU (as ppprof.run.rank.resolve_dtype resolves it)."""
+    """What the stage holding `layer_ids` needs, its pools of `sizes`, for a profile whose largest probe request is
+    `request`."""
+    max_total_tokens, page_size = sizes.max_total_tokens, sizes.page_size
+    chunk_size, prefix_len, device = request.chunk_size, request.prefix_len, request.device
     check_stage_request(
         spec,
         layer_ids,
@@ -175,28 +194,26 @@ def stage_memory(
         (
             ("--max-total-tokens", max_total_tokens, 1),
             ("--page-size", page_size, 1),
-            ("--max-mamba-cache-size", max_mamba_cache_size, 1),
-            ("--max-running-requests", max_running_requests, 1),
-            ("--context-len", context_len, 1),
+            ("--max-mamba-cache-size", sizes.max_mamba_cache_size, 1),
+            ("--max-running-requests", sizes.max_running_requests, 1),
+            ("--context-len", sizes.context_len, 1),
             ("chunk_size", chunk_size, 1),
             ("prefix_len", prefix_len, 0),
         ),
     )
-    dtype = normalize_dtype(dtype) or spec.dtype or (AUTO_DTYPE_GPU if device == "cuda" else AUTO_DTYPE_CPU)
+    dtype = normalize_dtype(request.dtype) or spec.dtype or (AUTO_DTYPE_GPU if device == "cuda" else AUTO_DTYPE_CPU)
     b = dtype_bytes(dtype)
-    backend = resolve_backend(attention_backend, device)
+    backend = resolve_backend(request.attention_backend, device)
     has_mamba = any(spec.layers[i].has_mamba for i in layer_ids)
     kernel = mamba_kernel(device)
-    peak, layer, terms = activation_peak(
-        spec, layer_ids, n=chunk_size, prefix_len=prefix_len, b=b, backend=backend, device=device, kernel=kernel
-    )
+    peak, layer, terms = activation_peak(spec, layer_ids, ChunkRun(chunk_size, prefix_len, b, backend, device, kernel))
     return StageMemory(
         stage_idx=stage_idx,
         layers=layer_ids,
         weights=stage_weight_bytes(spec, layer_ids, dtype=dtype),
         kv_pool=kv_pool_bytes(spec, layer_ids, dtype=dtype, max_total_tokens=max_total_tokens, page_size=page_size),
-        mamba_pool=mamba_pool_bytes(spec, layer_ids, dtype=dtype, max_mamba_cache_size=max_mamba_cache_size),
-        request_table=max_running_requests * context_len * INDEX_BYTES,
+        mamba_pool=mamba_pool_bytes(spec, layer_ids, dtype=dtype, max_mamba_cache_size=sizes.max_mamba_cache_size),
+        request_table=sizes.max_running_requests * sizes.context_len * INDEX_BYTES,
         activation_peak=peak,
         weights_init=INIT_DRAW_BYTES * largest_parameter(spec, layer_ids) if device == "cpu" else 0,
         chunk_size=chunk_size,

@@ -29,7 +29,7 @@ from pathlib import Path
 import ppprof
 assert Path(ppprof.__file__).resolve().parents[1] == Path.cwd().resolve(), ppprof.__file__  # the tree measured
 from ppprof.fit import fit
-from ppprof.fit.synthetic import make_samples, write_run_dir
+from ppprof.fit.synthetic import SyntheticProbes, SyntheticRun, make_samples, write_run_dir
 from ppprof.policy import LatencyModel
 import sklearn, jsonschema  # imported before the clock, as in a profile's process
 case, repo = sys.argv[1], Path(sys.argv[2])
@@ -41,8 +41,9 @@ if case == "default-profile":
     samples, options = tmp / "samples.csv", {}
 else:
     model = LatencyModel("prefix", a=2e-6, b=0.05, c=3.0, g=1e-4)
-    frame = make_samples(model, base_chunk_size=8192, prefixes=[0, 16384, 65536], chunk_sizes=[2048, 8192], noise=0.0)
-    samples = write_run_dir(tmp, frame, base_chunk_size=8192, context_len=131072)
+    probes = SyntheticProbes(base_chunk_size=8192, prefixes=[0, 16384, 65536], chunk_sizes=[2048, 8192], noise=0.0)
+    frame = make_samples(model, probes)
+    samples = write_run_dir(tmp, frame, SyntheticRun(base_chunk_size=8192, context_len=131072))
     options = {"policy_options": {"min_gain": 0.0, "pp_size": 4}}
 cpu, wall = time.process_time(), time.perf_counter()
 path, data = fit(samples, **options)

@@ -18,6 +18,7 @@ from ppprof.probe.request import set_up_request
 from ppprof.probe.synth import ProbeRequest
 from ppprof.probe.timer import Timer
 from ppprof.specs import load_spec
+from ppprof.specs.memory import CacheSizes
 
 CHUNK_SIZES = (64, 128, 256, 512)
 PREFIX_LENS = (0, 512, 1024, 2048)
@@ -64,11 +65,13 @@ def main() -> None:
     cache = build_stage_cache(
         spec,
         layer_ids,
-        max_total_tokens=context_len + 64,
-        page_size=1,
-        max_mamba_cache_size=1,
-        max_running_requests=1,
-        context_len=context_len,
+        CacheSizes(
+            max_total_tokens=context_len + 64,
+            page_size=1,
+            max_mamba_cache_size=1,
+            max_running_requests=1,
+            context_len=context_len,
+        ),
         dtype=dtype,
         device=device,
     )

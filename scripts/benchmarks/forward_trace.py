@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ppprof.forwards import ForwardTraceWriter, header, read_forwards
+from ppprof.forwards import ForwardTraceWriter, TraceIdentity, header, read_forwards
 from ppprof.manifest import script_parser, write_result
 
 PIECES = [(1024, 256), (0, 128), (512, 64)]
@@ -25,10 +25,11 @@ PIECES = [(1024, 256), (0, 128), (512, 64)]
 def one_repeat(folder: Path, forwards: int, k: int) -> dict:
     """`forwards` records through a fresh writer: the loop's microseconds per record() (each call timed), and the
     whole per forward (from the first record to the file closed, over the forwards: the thread's JSON and write)."""
-    head = header(
-        model_shape=None, pp_size=2, tp_size=1, device="cpu", dtype="float32", server="bench",
-        server_version="0", context_len=4096, clock="perf_counter", max_records=0, started_at="",
+    identity = TraceIdentity(
+        model_shape=None, pp_size=2, tp_size=1, device="cpu", dtype="float32", server="bench", server_version="0",
+        context_len=4096,
     )  # fmt: skip
+    head = header(identity, clock="perf_counter", max_records=0, started_at="")
     writer = ForwardTraceWriter(folder / f"t{k}.jsonl", head, forwards)
     start, loop_s = time.perf_counter(), 0.0
     for i in range(forwards):

@@ -60,17 +60,20 @@ def forward(cfg, spec, backend: str, chunk_size: int, prefix_len: int, max_total
     from ppprof.model.stage import Stage, build_stage_cache
     from ppprof.probe.request import set_up_request
     from ppprof.probe.synth import ProbeRequest
+    from ppprof.specs.memory import CacheSizes
 
     layers = range(spec.num_layers)
     stage = Stage(spec, layers, dtype=torch.float32, attention_backend=backend)
     cache = build_stage_cache(
         spec,
         layers,
-        max_total_tokens=max_total_tokens,
-        page_size=cfg.pools.page_size,
-        max_mamba_cache_size=cfg.pools.max_mamba_cache_size,
-        max_running_requests=cfg.pools.max_running_requests,
-        context_len=cfg.probes.context_len,
+        CacheSizes(
+            max_total_tokens=max_total_tokens,
+            page_size=cfg.pools.page_size,
+            max_mamba_cache_size=cfg.pools.max_mamba_cache_size,
+            max_running_requests=cfg.pools.max_running_requests,
+            context_len=cfg.probes.context_len,
+        ),
         dtype=torch.float32,
     )
     gen = torch.Generator().manual_seed(0)

@@ -15,7 +15,7 @@ import timeit
 from pathlib import Path
 
 from ppprof.fit import fit
-from ppprof.fit.synthetic import make_samples, write_run_dir
+from ppprof.fit.synthetic import SyntheticProbes, SyntheticRun, make_samples, write_run_dir
 from ppprof.manifest import script_parser, write_result
 from ppprof.policy import LatencyModel, load
 
@@ -29,12 +29,14 @@ def synthetic_policy(tmp: Path, context_len: int = 1 << 20) -> Path:
     model = LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=2e-4)
     frame = make_samples(
         model,
-        base_chunk_size=8192,
-        prefixes=[0, context_len // 32, context_len // 8, context_len // 2],
-        chunk_sizes=[1024, 2048, 4096, 8192],
-        noise=0.01,
+        SyntheticProbes(
+            base_chunk_size=8192,
+            prefixes=[0, context_len // 32, context_len // 8, context_len // 2],
+            chunk_sizes=[1024, 2048, 4096, 8192],
+            noise=0.01,
+        ),
     )
-    samples = write_run_dir(tmp, frame, base_chunk_size=8192, context_len=context_len)
+    samples = write_run_dir(tmp, frame, SyntheticRun(base_chunk_size=8192, context_len=context_len))
     path, _ = fit(samples, policy_options={"min_gain": 0.0})  # dynamic whatever its rules gain
     return path
 

@@ -19,7 +19,7 @@ from ppprof.servers.atom import ATOM
 from ppprof.servers.base import ServerSetting
 from ppprof.serving.arms import packed_stage_ms
 from ppprof.serving.scheduler import Capacity
-from ppprof.serving.simulate import LoadLevel, serve
+from ppprof.serving.simulate import Arrivals, LoadLevel, serve
 
 MODEL = LatencyModel("prefix", a=3.25e-7, b=6.03e-3, c=26.1, g=5.39e-4)
 PP_SIZE, PROMPT_LEN, B, CONTEXT_LEN = 4, 131072, 32768, 262144
@@ -54,9 +54,8 @@ def level(concurrency: int, overhead_ms: float, async_depth: int) -> dict:
             sizer,
             packed_stage_ms(MODEL.with_overhead(overhead_ms), PP_SIZE),
             Capacity(PROMPT_LEN * concurrency, concurrency),
-            prompts,
-            LoadLevel(concurrency=concurrency),
-            async_depth=async_depth,
+            Arrivals(prompts, LoadLevel(concurrency=concurrency)),
+            async_depth,
         )
         out[arm] = served.summary()
     fixed, dyn = out["fixed-32768"], out["atom-dynamic"]

@@ -25,13 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from under_load_sim import ATOM_MODEL, default_policy, gpu_sized_policy  # noqa: E402
 
 from ppprof.fit import fit  # noqa: E402
-from ppprof.fit.synthetic import make_samples, write_run_dir
+from ppprof.fit.synthetic import SyntheticProbes, SyntheticRun, make_samples, write_run_dir
 from ppprof.manifest import script_parser, write_result
 from ppprof.policy import from_dict
 from ppprof.policy.rule import LatencyModel
 from ppprof.serving.arms import SERVING_ARMS, packed_stage_ms, sizer
 from ppprof.serving.scheduler import Capacity
-from ppprof.serving.simulate import LoadLevel, serve
+from ppprof.serving.simulate import Arrivals, LoadLevel, serve
 from ppprof.traces import read_trace
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,14 +49,18 @@ def issue_policy():
     chunks 4096-65536), fitted with --pp-size 8."""
     frame = make_samples(
         ISSUE_MODEL,
-        base_chunk_size=16384,
-        prefixes=(0, 65536, 196608, 393216),
-        chunk_sizes=(4096, 16384, 32768, 65536),
-        noise=0.02,
-        pp_size=8,
+        SyntheticProbes(
+            base_chunk_size=16384,
+            prefixes=(0, 65536, 196608, 393216),
+            chunk_sizes=(4096, 16384, 32768, 65536),
+            noise=0.02,
+            pp_size=8,
+        ),
     )
     with tempfile.TemporaryDirectory() as tmp:
-        samples = write_run_dir(tmp, frame, base_chunk_size=16384, context_len=524288, num_layers=8, world_size=8)
+        samples = write_run_dir(
+            tmp, frame, SyntheticRun(base_chunk_size=16384, context_len=524288, num_layers=8, world_size=8)
+        )
         return from_dict(fit(samples, policy_options={"pp_size": 8})[1])
 
 
@@ -87,7 +91,11 @@ def run_arms(policy, prompts: list[int], level: LoadLevel) -> dict:
     rows = {}
     for arm in SERVING_ARMS:
         s = serve(
-            policy.pp_size, sizer(policy, arm), stage_ms, Capacity(max(prompts) * entries, entries), prompts, level
+            policy.pp_size,
+            sizer(policy, arm),
+            stage_ms,
+            Capacity(max(prompts) * entries, entries),
+            Arrivals(prompts, level),
         ).summary()
         rows[arm] = {"throughput_tokens_per_s": s["throughput_tokens_per_s"], "ttft_mean_ms": s["ttft_ms"]["mean"]}
     best_thr = max(r["throughput_tokens_per_s"] for r in rows.values())
@@ -116,7 +124,11 @@ def levels_of(policy, prompts: list[int], quick: bool) -> list[LoadLevel]:
     out = [LoadLevel(concurrency=c) for c in closed]
     stage_ms = packed_stage_ms(policy.planning_model, pp, policy.extra_piece_ms)
     top = serve(
-        pp, sizer(policy, "fixed-best"), stage_ms, Capacity(max(prompts) * pp, pp), prompts, LoadLevel(concurrency=pp)
+        pp,
+        sizer(policy, "fixed-best"),
+        stage_ms,
+        Capacity(max(prompts) * pp, pp),
+        Arrivals(prompts, LoadLevel(concurrency=pp)),
     )
     rate = top.summary()["throughput_tokens_per_s"] / (sum(prompts) / len(prompts))
     return out + [LoadLevel(rate=f * rate) for f in RATE_FRACTIONS]

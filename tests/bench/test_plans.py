@@ -10,10 +10,11 @@ from ppprof.config import BENCH_STRATEGIES, DEFAULT_STRATEGIES
 from ppprof.config.workload import parse_prompt_spec
 from ppprof.fit.build import fit
 from ppprof.fit.samples import read_samples
-from ppprof.fit.synthetic import make_samples, write_run_dir
+from ppprof.fit.synthetic import SyntheticProbes, SyntheticRun, make_samples, write_run_dir
 from ppprof.policy import LatencyModel, from_dict
 from ppprof.servers.sglang import SGLANG
 from ppprof.servers.tune import tune
+from ppprof.servers.tuner import Tuner
 
 PROMPT_LENS = (6000, 20000)
 TRUTH = LatencyModel("prefix", a=2e-7, b=0.01, c=2.0, g=3e-4)
@@ -22,9 +23,10 @@ TRUTH = LatencyModel("prefix", a=2e-7, b=0.01, c=2.0, g=3e-4)
 def profile(tmp_path, truth):
     """A run folder of noise-free samples of `truth` and its policy (B = 2048)."""
     frame = make_samples(
-        truth, base_chunk_size=2048, prefixes=(2048, 8192, 16384), chunk_sizes=(256, 1024, 2048), noise=0.0
+        truth,
+        SyntheticProbes(base_chunk_size=2048, prefixes=(2048, 8192, 16384), chunk_sizes=(256, 1024, 2048), noise=0.0),
     )
-    csv = write_run_dir(tmp_path, frame, base_chunk_size=2048, context_len=32768)
+    csv = write_run_dir(tmp_path, frame, SyntheticRun(base_chunk_size=2048, context_len=32768))
     path, _ = fit(csv, latency_model="prefix")
     return from_dict(json.loads(path.read_text())), csv
 
@@ -34,9 +36,9 @@ def by_name(plans, prompt_len):
 
 
 def test_fixed_sizes_are_b_or_the_aligned_sweep_around_it():
-    assert fixed_sizes(2048, 64, False) == [2048]
-    assert fixed_sizes(2048, 64, True) == [512, 1024, 2048, 4096]
-    assert fixed_sizes(96, 64, True) == [64, 192], "B/4 and B/2 align down to one unit, counted once"
+    assert fixed_sizes(2048, 64, sweep=False) == [2048]
+    assert fixed_sizes(2048, 64, sweep=True) == [512, 1024, 2048, 4096]
+    assert fixed_sizes(96, 64, sweep=True) == [64, 192], "B/4 and B/2 align down to one unit, counted once"
 
 
 @pytest.mark.parametrize("server", ["sglang", "vllm-ascend"])
@@ -44,12 +46,13 @@ def test_a_servers_arm_is_the_plan_tune_scores_for_the_policys_flags(tmp_path, s
     policy, csv = profile(tmp_path, TRUTH)
     assert policy.status == "dynamic", policy.reason
     bench = arms(policy, csv, PROMPT_LENS, (server,), 2)
-    scored = tune(policy, parse_prompt_spec(",".join(map(str, PROMPT_LENS))), 2, server, forwards=read_samples(csv))
+    workload = parse_prompt_spec(",".join(map(str, PROMPT_LENS)))
+    scored = tune(Tuner(policy, workload, 2, server, forwards=read_samples(csv)))
     assert scored["boot_fit"] == "samples"
     for n in PROMPT_LENS:
         assert by_name(bench, n)[server] == scored["plans"][str(n)]["policy"], f"{n=}"
     without = arms(policy, None, PROMPT_LENS, (server,), 2)
-    by_model = tune(policy, parse_prompt_spec(",".join(map(str, PROMPT_LENS))), 2, server)
+    by_model = tune(Tuner(policy, workload, 2, server))
     assert by_name(without, 20000)[server] == by_model["plans"]["20000"]["policy"]
 
 

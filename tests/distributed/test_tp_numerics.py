@@ -18,6 +18,7 @@ from ppprof.model.deltanet import GatedDeltaNet, recurrent_gated_delta_rule
 from ppprof.model.mla import MLAttention
 from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.specs import LayerSpec, load_spec
+from ppprof.specs.memory import CacheSizes
 from tests.model.helpers import prefill
 from tests.multirank import free_port
 
@@ -78,11 +79,9 @@ def run_stages(spec, tp, tp_rank: int, variant=None):
         build_stage_cache(
             spec,
             r,
-            max_total_tokens=128,
-            page_size=1,
-            max_mamba_cache_size=2,
-            max_running_requests=2,
-            context_len=128,
+            CacheSizes(
+                max_total_tokens=128, page_size=1, max_mamba_cache_size=2, max_running_requests=2, context_len=128
+            ),
             tp_size=TP if tp else 1,
             tp_rank=tp_rank,
         )

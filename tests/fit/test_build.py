@@ -7,7 +7,7 @@ import pytest
 from ppprof.fit import fit, fit_run
 from ppprof.fit.build import rechoose
 from ppprof.fit.selection import warmup_rows
-from ppprof.fit.synthetic import make_samples, write_run_dir
+from ppprof.fit.synthetic import SyntheticProbes, SyntheticRun, make_samples, write_run_dir
 from ppprof.policy import SCHEMA_VERSION, load, save, validate
 from ppprof.policy.rule import LatencyModel
 
@@ -23,14 +23,16 @@ def run_dir(tmp_path, model=PREFIX_TRUE, noise=0.01, min_gain=0.0, **kw):
     """A synthetic run; min_gain 0 by default, so that a model that passes the gates gives a dynamic policy."""
     frame = make_samples(
         model,
-        base_chunk_size=4096,
-        prefixes=[0, 8192, 32768, 65536],
-        chunk_sizes=[512, 1024, 2048, 4096],
-        noise=noise,
-        bottleneck_stage=1,
+        SyntheticProbes(
+            base_chunk_size=4096,
+            prefixes=[0, 8192, 32768, 65536],
+            chunk_sizes=[512, 1024, 2048, 4096],
+            noise=noise,
+            bottleneck_stage=1,
+        ),
         **kw,
     )
-    write_run_dir(tmp_path, frame, base_chunk_size=4096, context_len=131072, min_gain=min_gain)
+    write_run_dir(tmp_path, frame, SyntheticRun(base_chunk_size=4096, context_len=131072, min_gain=min_gain))
     return tmp_path
 
 
@@ -81,7 +83,9 @@ def test_gate_failures_give_static_with_reason(tmp_path):
 
 
 def test_plain_csv_needs_base_chunk_size(tmp_path):
-    frame = make_samples(PREFIX_TRUE, base_chunk_size=4096, prefixes=[0, 8192, 32768], chunk_sizes=[1024, 4096])
+    frame = make_samples(
+        PREFIX_TRUE, SyntheticProbes(base_chunk_size=4096, prefixes=[0, 8192, 32768], chunk_sizes=[1024, 4096])
+    )
     csv = tmp_path / "mine.csv"
     frame[["prefix_len", "chunk_size", "latency_ms"]].to_csv(csv, index=False)
     with pytest.raises(ValueError, match="--base-chunk-size is required"):
@@ -121,7 +125,8 @@ def test_quadratic_is_fitted_on_prefix_free_rows_and_scored_on_all(tmp_path):
 
 def test_quadratic_without_enough_prefix_free_rows_is_static(tmp_path):
     frame = make_samples(
-        PREFIX_TRUE, base_chunk_size=4096, prefixes=[8192, 32768, 65536], chunk_sizes=[512, 1024, 2048, 4096]
+        PREFIX_TRUE,
+        SyntheticProbes(base_chunk_size=4096, prefixes=[8192, 32768, 65536], chunk_sizes=[512, 1024, 2048, 4096]),
     )
     frame = frame[(frame.prefix_len > 0) | (frame.index < 8)]  # the first 8 sweep rows; 7 are left after warm-up
     csv = tmp_path / "samples.csv"
@@ -142,11 +147,9 @@ def test_the_policy_carries_the_design_run_json_records(tmp_path):
 
     frame = make_samples(
         LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=4e-4),
-        base_chunk_size=4096,
-        prefixes=[8192, 32768, 65536],
-        chunk_sizes=[512, 2048, 4096],
+        SyntheticProbes(base_chunk_size=4096, prefixes=[8192, 32768, 65536], chunk_sizes=[512, 2048, 4096]),
     )
-    samples = write_run_dir(tmp_path, frame, base_chunk_size=4096)
+    samples = write_run_dir(tmp_path, frame, SyntheticRun(base_chunk_size=4096))
     _, policy = fit(samples, policy_options=IDLE)
     assert "design" not in policy  # a run.json without one: nothing invented
     run = json.loads((tmp_path / RUN_FILE).read_text())
@@ -163,7 +166,8 @@ def test_without_run_json_the_rules_are_chosen_for_the_samples_stage_columns(tmp
     from ppprof.cli import main
 
     frame = make_samples(
-        PREFIX_TRUE, base_chunk_size=4096, prefixes=[0, 8192, 32768], chunk_sizes=[1024, 4096], pp_size=4
+        PREFIX_TRUE,
+        SyntheticProbes(base_chunk_size=4096, prefixes=[0, 8192, 32768], chunk_sizes=[1024, 4096], pp_size=4),
     )
     csv = tmp_path / "four.csv"
     frame.to_csv(csv, index=False)

@@ -9,7 +9,7 @@ import pytest
 from ppprof.bench.overhead import overhead_plans, overhead_run, summarize
 from ppprof.fit import fit
 from ppprof.fit.calibrate import calibration_of
-from ppprof.fit.synthetic import make_samples, write_run_dir
+from ppprof.fit.synthetic import SyntheticProbes, SyntheticRun, make_samples, write_run_dir
 from ppprof.policy import load, validate
 from ppprof.policy.planners import plan_prompt
 from ppprof.policy.rule import LatencyModel
@@ -94,15 +94,19 @@ def test_runs_without_stage_times_one_size_or_a_wild_level_give_none_and_say_why
 def fitted(tmp_path, scale, shift):
     frame = make_samples(
         MODEL,
-        base_chunk_size=4096,
-        prefixes=[0, 8192, 16384, 32768],
-        chunk_sizes=[512, 1024, 2048, 4096, 8192],
-        noise=0.0,
-        bottleneck_stage=1,
+        SyntheticProbes(
+            base_chunk_size=4096,
+            prefixes=[0, 8192, 16384, 32768],
+            chunk_sizes=[512, 1024, 2048, 4096, 8192],
+            noise=0.0,
+            bottleneck_stage=1,
+        ),
     )
     po = make_pipeline_overhead(MODEL, linear_scale=scale, shift_ms=shift, overhead_ms=0.5, bottleneck_stage=1)
     # a 65536-token context: the calibration's point needs no more, and the rules' tables cost 4x less to build
-    write_run_dir(tmp_path, frame, base_chunk_size=4096, context_len=65536, min_gain=0.0, pipeline_overhead=po)
+    write_run_dir(
+        tmp_path, frame, SyntheticRun(base_chunk_size=4096, context_len=65536, min_gain=0.0, pipeline_overhead=po)
+    )
     path, data = fit(tmp_path / "samples.csv", latency_model="pairs", policy_options={"load_rule": False})
     return load(path), data
 

@@ -14,7 +14,7 @@ from ppprof.cli import main
 from ppprof.fit.build import fit_run, rechoose
 from ppprof.fit.drift import samples_drift
 from ppprof.fit.samples import read_samples
-from ppprof.fit.synthetic import make_samples, write_run_dir
+from ppprof.fit.synthetic import SyntheticProbes, SyntheticRun, make_samples, write_run_dir
 from ppprof.io import atomic_write_json
 from ppprof.policy import load
 from ppprof.policy.rule import LatencyModel
@@ -31,10 +31,13 @@ def profile(run_dir: Path, seed: int, model: LatencyModel = TRUE) -> Path:
     gain's lower bound is above 0: about 3%, where at PP2 it is 0.3-0.6% and the samples cannot always tell it from
     none), from samples with 5% noise drawn with `seed`."""
     frame = make_samples(
-        model, base_chunk_size=B, prefixes=PREFIXES, chunk_sizes=CHUNKS, noise=0.05, seed=seed, pp_size=4
+        model,
+        SyntheticProbes(base_chunk_size=B, prefixes=PREFIXES, chunk_sizes=CHUNKS, noise=0.05, seed=seed, pp_size=4),
     )
     write_run_dir(
-        run_dir, frame, base_chunk_size=B, page_size=1, context_len=32768, min_gain=0.0, world_size=4, num_layers=8
+        run_dir,
+        frame,
+        SyntheticRun(base_chunk_size=B, page_size=1, context_len=32768, min_gain=0.0, world_size=4, num_layers=8),
     )
     fit_run(run_dir, load_rule=False)  # compare judges no under-load rule
     return run_dir
@@ -175,12 +178,12 @@ def test_a_committed_profile_against_itself_and_against_its_samples_slowed(tmp_p
 
 
 def test_samples_drift_exact(tmp_path):
-    frame = make_samples(TRUE, base_chunk_size=B, prefixes=[1024], chunk_sizes=[128, 256], noise=0.0)
-    write_run_dir(tmp_path / "a", frame, base_chunk_size=B)
+    frame = make_samples(TRUE, SyntheticProbes(base_chunk_size=B, prefixes=[1024], chunk_sizes=[128, 256], noise=0.0))
+    write_run_dir(tmp_path / "a", frame, SyntheticRun(base_chunk_size=B))
     slower = frame.copy()
     slower.loc[slower.prefix_len > 0, ["stage0_latency_ms", "stage1_latency_ms", "latency_ms"]] *= 1.5
     slower = slower[slower.chunk_size != 640]  # one sweep cell only in the baseline
-    write_run_dir(tmp_path / "b", slower, base_chunk_size=B)
+    write_run_dir(tmp_path / "b", slower, SyntheticRun(base_chunk_size=B))
     drift = samples_drift(read_samples(tmp_path / "a/samples.csv"), read_samples(tmp_path / "b/samples.csv"))
     num_sweep = int((frame.kind == "sweep").sum())
     assert drift["num_cells_baseline"] == num_sweep + 2 and drift["num_cells"] == num_sweep + 1
@@ -190,12 +193,14 @@ def test_samples_drift_exact(tmp_path):
     assert [r["median_ratio"] for r in drift["by_prefix"]] == pytest.approx([1.0, 1.5])
     assert drift["worst_prefix"]["prefix_len"] == 1024  # the sweep's many cells do not hide it
     assert drift["level"] is None  # two prefix lengths: a drift at one would be half taken for the machine's
-    three = make_samples(TRUE, base_chunk_size=B, prefixes=[1024, 4096], chunk_sizes=[128, 256], noise=0.0)
-    write_run_dir(tmp_path / "c", three, base_chunk_size=B)
+    three = make_samples(
+        TRUE, SyntheticProbes(base_chunk_size=B, prefixes=[1024, 4096], chunk_sizes=[128, 256], noise=0.0)
+    )
+    write_run_dir(tmp_path / "c", three, SyntheticRun(base_chunk_size=B))
     slow = three.copy()
     columns = ["stage0_latency_ms", "stage1_latency_ms", "latency_ms"]
     slow[columns] = slow[columns].mul(slow.prefix_len.map({0: 1.3, 1024: 1.3, 4096: 2.0}), axis=0)
-    write_run_dir(tmp_path / "d", slow, base_chunk_size=B)
+    write_run_dir(tmp_path / "d", slow, SyntheticRun(base_chunk_size=B))
     drift = samples_drift(read_samples(tmp_path / "c/samples.csv"), read_samples(tmp_path / "d/samples.csv"))
     assert drift["level"] == pytest.approx(1.3)  # the median of the prefix lengths' ratios, one vote each
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ppprof.config.workload import Workload
 from ppprof.fit.build import fit_samples, rechoose
-from ppprof.fit.confidence import LOWER_QUANTILE, RESAMPLES, Pricer, cells, gain_interval, refits
+from ppprof.fit.confidence import LOWER_QUANTILE, RESAMPLES, Pricer, Pricing, cells, gain_interval, refits
 from ppprof.fit.samples import read_run, read_samples
 from ppprof.fit.selection import fit_used_rows, select_model, without_warmup
 from ppprof.fit.settings import resolve_policy_options, resolve_settings
@@ -134,7 +135,7 @@ def test_the_interval_at_the_point_fit_is_the_policy_gain_and_the_same_on_every_
     fitted, _, _ = fit_used_rows(used, "auto")
     point = Policy.of(policy)
     lengths, weights = policy["workload"]["prompt_lens"], policy["workload"]["weights"]
-    dom = rule_domain(point.settings, policy["domain"], False)
+    dom = rule_domain(point.settings, policy["domain"], extrapolate=False)
     plans = [point.plan(int(n)) for n in lengths]
     stages = policy["num_stages"]
     pricer = Pricer([plans] + [[fixed_chunks(int(s), n) for n in lengths] for s in dom.sizes()], weights, stages)
@@ -145,8 +146,9 @@ def test_the_interval_at_the_point_fit_is_the_policy_gain_and_the_same_on_every_
     name = select_model(fitted)[0]
     models = refits(fitted[name].model, used, fitted[name].fit_rows, 20, 0)
     planning = lambda m: m.planning(policy["calibration"], policy["overhead"]["ms_per_chunk"])  # noqa: E731
-    full = gain_interval(models, planning, plans, dom.sizes(), lengths, weights, stages, 0.02)
-    half = gain_interval(models[:10] + [None] * 10, planning, plans, dom.sizes(), lengths, weights, stages, 0.02)
+    pricing = Pricing(Workload(tuple(lengths), tuple(weights)), stages, dom.sizes())
+    full = gain_interval(models, planning, plans, pricing, 0.02)
+    half = gain_interval(models[:10] + [None] * 10, planning, plans, pricing, 0.02)
     assert full["lower"] > 0.02 and half["lower"] == -1.0 and half["failed"] == 10, (full, half)
 
 

@@ -3,7 +3,7 @@ import json
 from click.testing import CliRunner
 
 from ppprof.cli import main
-from ppprof.fit.synthetic import make_samples, write_run_dir
+from ppprof.fit.synthetic import SyntheticProbes, SyntheticRun, make_samples, write_run_dir
 from ppprof.policy import SCHEMA_VERSION
 from ppprof.policy.rule import LatencyModel
 
@@ -11,8 +11,10 @@ MODEL = LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=4e-4)
 
 
 def samples(tmp_path):
-    frame = make_samples(MODEL, base_chunk_size=4096, prefixes=[0, 8192, 32768], chunk_sizes=[1024, 4096])
-    return write_run_dir(tmp_path, frame, base_chunk_size=4096, min_gain=0.0)
+    frame = make_samples(
+        MODEL, SyntheticProbes(base_chunk_size=4096, prefixes=[0, 8192, 32768], chunk_sizes=[1024, 4096])
+    )
+    return write_run_dir(tmp_path, frame, SyntheticRun(base_chunk_size=4096, min_gain=0.0))
 
 
 def test_fit_writes_policy_and_summary(tmp_path):

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from ppprof.cli import main
 from ppprof.fit.packed import PackedRows, additive_ms, packed_forwards, read_packed
-from ppprof.fit.synthetic import make_samples, write_run_dir
+from ppprof.fit.synthetic import SyntheticProbes, SyntheticRun, make_samples, write_run_dir
 from ppprof.policy import load
 from ppprof.policy.rule import LatencyModel
 from ppprof.serving.arms import packed_stage_ms
@@ -122,9 +122,9 @@ def write_packed_csv(path: Path, extra_piece_ms: float) -> None:
 
 def test_fit_reads_the_packed_rows_beside_the_samples_validate_shows_them_and_the_simulation_prices_with_d(tmp_path):
     frame = make_samples(
-        MODEL, base_chunk_size=4096, prefixes=[0, 8192, 32768], chunk_sizes=[64, 1024, 4096], noise=0.0
+        MODEL, SyntheticProbes(base_chunk_size=4096, prefixes=[0, 8192, 32768], chunk_sizes=[64, 1024, 4096], noise=0.0)
     )
-    samples = write_run_dir(tmp_path, frame, base_chunk_size=4096, min_gain=0.0)
+    samples = write_run_dir(tmp_path, frame, SyntheticRun(base_chunk_size=4096, min_gain=0.0))
     write_packed_csv(tmp_path / "packed.csv", extra_piece_ms=2.0)
     out = tmp_path / "policy.json"
     result = CliRunner().invoke(main, ["fit", str(samples), "-o", str(out)])
@@ -140,7 +140,7 @@ def test_fit_reads_the_packed_rows_beside_the_samples_validate_shows_them_and_th
     policy = load(out)
     assert policy.extra_piece_ms == pytest.approx(2.0, rel=1e-3)
     model = policy.planning_model
-    batch = Batch(0, (Piece(0, 0, 512, True), Piece(1, 4096, 64, True), Piece(2, 0, 8, True)))
+    batch = Batch(0, (Piece(0, 0, 512, last=True), Piece(1, 4096, 64, last=True), Piece(2, 0, 8, last=True)))
     alone = sum(float(model.chunk_latency_ms(p.prefix_len, p.size)) - model.c for p in batch.pieces) + model.c
     assert packed_stage_ms(model, 2, policy.extra_piece_ms)(batch) == pytest.approx([alone + 2 * 2.0] * 2, rel=1e-3)
     (tmp_path / "packed.csv").write_text("prefix_lens,chunk_sizes,stage0_latency_ms\n0,x,1.0\n")

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from ppprof.cli import main
-from ppprof.fit.synthetic import make_samples, write_run_dir
+from ppprof.fit.synthetic import SyntheticProbes, SyntheticRun, make_samples, write_run_dir
 from ppprof.policy import LatencyModel, load
 
 TRUE = LatencyModel("quadratic", a=3e-7, b=0.02, c=4.0)
@@ -34,14 +34,16 @@ def sglang_rederived(csv) -> tuple[float, float, float] | None:
 def test_parity_fit_equals_the_rederivation_exactly(tmp_path, noise, num_outliers, seed):
     frame = make_samples(
         TRUE,
-        base_chunk_size=4096,
-        prefixes=(4096, 8192),
-        chunk_sizes=(512, 2048),
-        noise=noise,
-        num_outliers=num_outliers,
-        seed=seed,
+        SyntheticProbes(
+            base_chunk_size=4096,
+            prefixes=(4096, 8192),
+            chunk_sizes=(512, 2048),
+            noise=noise,
+            num_outliers=num_outliers,
+            seed=seed,
+        ),
     )
-    csv = write_run_dir(tmp_path, frame, base_chunk_size=4096)
+    csv = write_run_dir(tmp_path, frame, SyntheticRun(base_chunk_size=4096))
     r = CliRunner().invoke(
         main, ["fit", str(csv), "--latency-model", "quadratic", "--parity", "sglang", "-o", str(tmp_path / "p.json")]
     )
@@ -60,15 +62,17 @@ def test_parity_fit_equals_the_rederivation_exactly(tmp_path, noise, num_outlier
 
 def test_parity_with_a_non_positive_a_is_static_with_sglangs_reason(tmp_path):
     concave = LatencyModel("quadratic", a=-1e-7, b=0.05, c=4.0)
-    frame = make_samples(concave, base_chunk_size=4096, noise=0.0)
-    csv = write_run_dir(tmp_path, frame, base_chunk_size=4096)
+    frame = make_samples(concave, SyntheticProbes(base_chunk_size=4096, noise=0.0))
+    csv = write_run_dir(tmp_path, frame, SyntheticRun(base_chunk_size=4096))
     assert sglang_rederived(csv) is None
     r = CliRunner().invoke(main, ["fit", str(csv), "--latency-model", "quadratic", "--parity", "sglang"])
     assert r.exit_code == 0 and "static" in r.output and "SGLang turns dynamic chunking off" in r.output
 
 
 def test_parity_needs_the_quadratic_model(tmp_path):
-    csv = write_run_dir(tmp_path, make_samples(TRUE, base_chunk_size=4096), base_chunk_size=4096)
+    csv = write_run_dir(
+        tmp_path, make_samples(TRUE, SyntheticProbes(base_chunk_size=4096)), SyntheticRun(base_chunk_size=4096)
+    )
     r = CliRunner().invoke(main, ["fit", str(csv), "--parity", "sglang"])
     assert r.exit_code == 2 and "needs --latency-model quadratic" in r.stderr
 
@@ -78,7 +82,9 @@ def test_the_parity_fit_is_the_sglang_modules_boot_fit(tmp_path):
     from ppprof.fit.samples import read_samples
     from ppprof.servers.sglang import SGLANG
 
-    frame = make_samples(TRUE, base_chunk_size=4096, prefixes=(4096,), chunk_sizes=(512, 2048), noise=0.05, seed=5)
-    samples = read_samples(write_run_dir(tmp_path, frame, base_chunk_size=4096))
+    frame = make_samples(
+        TRUE, SyntheticProbes(base_chunk_size=4096, prefixes=(4096,), chunk_sizes=(512, 2048), noise=0.05, seed=5)
+    )
+    samples = read_samples(write_run_dir(tmp_path, frame, SyntheticRun(base_chunk_size=4096)))
     model, reason, diag = sglang_fit(samples)
     assert model == SGLANG.boot_fit(samples) and reason == "SGLang parity fit" and diag["dropped_rows"] == [1]

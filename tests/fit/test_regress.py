@@ -6,7 +6,7 @@ from ppprof.fit.crossval import cross_validate, cv_splits
 from ppprof.fit.forms import Unfittable, ineligible
 from ppprof.fit.least_squares import fit_model, fit_trimmed
 from ppprof.fit.regress import condition_number, fit_candidates
-from ppprof.fit.synthetic import make_samples
+from ppprof.fit.synthetic import SyntheticProbes, make_samples
 from ppprof.policy.rule import LatencyModel
 
 PREFIX_TRUE = LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=4e-4)
@@ -20,11 +20,13 @@ def arrays(frame):
 def prefix_frame(model=PREFIX_TRUE, noise=0.01, **kw):
     return make_samples(
         model,
-        base_chunk_size=4096,
-        prefixes=[0, 8192, 32768, 65536],
-        chunk_sizes=[512, 1024, 2048, 4096],
-        noise=noise,
-        **kw,
+        SyntheticProbes(
+            base_chunk_size=4096,
+            prefixes=[0, 8192, 32768, 65536],
+            chunk_sizes=[512, 1024, 2048, 4096],
+            noise=noise,
+            **kw,
+        ),
     )
 
 
@@ -36,7 +38,7 @@ def test_prefix_fit_recovers_coefficients():
 
 
 def test_quadratic_fit_recovers_coefficients():
-    L, x, y = arrays(make_samples(QUAD_TRUE, base_chunk_size=8192, noise=0.005))
+    L, x, y = arrays(make_samples(QUAD_TRUE, SyntheticProbes(base_chunk_size=8192, noise=0.005)))
     got = fit_model("quadratic", L[1:], x[1:], y[1:])
     assert abs(got.a - QUAD_TRUE.a) <= 0.05 * QUAD_TRUE.a, f"{got=}"
     assert abs(got.b - QUAD_TRUE.b) <= 0.05 * QUAD_TRUE.b, f"{got=}"
@@ -67,7 +69,8 @@ def test_prefix_negative_term_is_dropped_and_refitted_not_clamped():
 
 def test_quadratic_fits_only_prefix_free_rows():
     frame = make_samples(
-        QUAD_TRUE, base_chunk_size=8192, prefixes=[4096, 16384, 65536], chunk_sizes=[1024, 8192], noise=0.005
+        QUAD_TRUE,
+        SyntheticProbes(base_chunk_size=8192, prefixes=[4096, 16384, 65536], chunk_sizes=[1024, 8192], noise=0.005),
     )
     L, x, y = arrays(frame)
     got = fit_model("quadratic", L[1:], x[1:], y[1:])
@@ -120,13 +123,14 @@ def test_auto_prefers_the_prefix_model_when_prefix_work_is_real():
 
 def test_auto_on_quadratic_samples():
     frame = make_samples(
-        QUAD_TRUE, base_chunk_size=8192, prefixes=[4096, 16384, 65536], chunk_sizes=[1024, 8192], noise=0.01
+        QUAD_TRUE,
+        SyntheticProbes(base_chunk_size=8192, prefixes=[4096, 16384, 65536], chunk_sizes=[1024, 8192], noise=0.01),
     )
     L, x, y = arrays(frame)
     fitted, failed = fit_candidates(L[1:], x[1:], y[1:], "auto")
     # c + f(L+x) - f(L) is the prefix form with g = 0: both models describe these samples, on the same rows.
     assert fitted["quadratic"].cv_mape < 0.015 and fitted["prefix"].cv_mape < 0.015, f"{fitted=}"
-    L, x, y = arrays(make_samples(QUAD_TRUE, base_chunk_size=8192))
+    L, x, y = arrays(make_samples(QUAD_TRUE, SyntheticProbes(base_chunk_size=8192)))
     fitted, failed = fit_candidates(L[1:], x[1:], y[1:], "auto")
     assert set(fitted) == {"quadratic"} and "prefix" in failed
 

@@ -3,7 +3,7 @@ import pandas as pd
 import pytest
 
 from ppprof.fit import fit, read_samples
-from ppprof.fit.synthetic import make_samples
+from ppprof.fit.synthetic import SyntheticProbes, make_samples
 from ppprof.policy.rule import LatencyModel
 
 MODEL = LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=4e-4)
@@ -11,7 +11,8 @@ MODEL = LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=4e-4)
 
 def frame():
     return make_samples(
-        MODEL, base_chunk_size=4096, prefixes=[0, 8192, 32768], chunk_sizes=[1024, 4096], bottleneck_stage=1
+        MODEL,
+        SyntheticProbes(base_chunk_size=4096, prefixes=[0, 8192, 32768], chunk_sizes=[1024, 4096], bottleneck_stage=1),
     )
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ppprof.forwards import ForwardTraceWriter, header
+from ppprof.forwards import ForwardTraceWriter, TraceIdentity, header
+from ppprof.forwards.format import IDENTITY
 
 TINY_HYBRID_SHAPE = {
     "model_type": "nemotron_h",
@@ -18,22 +19,21 @@ TINY_HYBRID_SHAPE = {
 
 
 def trace_header(**changes) -> dict:
-    return header(
-        **{
-            "model_shape": TINY_HYBRID_SHAPE,
-            "pp_size": 2,
-            "tp_size": 1,
-            "device": "cpu",
-            "dtype": "float32",
-            "server": "ppprof serve-bench",
-            "server_version": "0.1.0",
-            "context_len": 4096,
-            "clock": "perf_counter",
-            "max_records": 0,
-            "started_at": "2026-12-05T08:00:00+00:00",
-        }
-        | changes
-    )
+    fields = {
+        "model_shape": TINY_HYBRID_SHAPE,
+        "pp_size": 2,
+        "tp_size": 1,
+        "device": "cpu",
+        "dtype": "float32",
+        "server": "ppprof serve-bench",
+        "server_version": "0.1.0",
+        "context_len": 4096,
+        "clock": "perf_counter",
+        "max_records": 0,
+        "started_at": "2026-12-05T08:00:00+00:00",
+    } | changes
+    identity = TraceIdentity(**{k: fields.pop(k) for k in IDENTITY})
+    return header(identity, **fields)
 
 
 def write_trace(path: Path, forwards, max_records: int = 1000, **changes) -> ForwardTraceWriter:

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from ppprof.mem import KVAllocator, LeakError, MambaAllocator, ReqToTokenPool, Request, StageCache
-from ppprof.mem.pools import KVPool, MambaPool
+from ppprof.mem.pools import KVPool, MambaPool, StateShape
 from ppprof.mem.req import NO_MAMBA_SLOT
 
 
@@ -14,7 +14,7 @@ def make_cache(max_total_tokens=64, page_size=4, mamba_slots=2, requests=4):
         kv_alloc=kv,
         kv_pool=KVPool(kv.total_slots, [0], 2, 4, torch.float32, "cpu"),
         mamba_alloc=mamba,
-        mamba_pool=MambaPool(mamba.total_slots, [1], 8, 4, 2, 4, 4, torch.float32, "cpu"),
+        mamba_pool=MambaPool(mamba.total_slots, [1], StateShape(8, 4, 2, 4, 4), torch.float32, "cpu"),
     )
 
 

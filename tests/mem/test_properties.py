@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from ppprof.mem import KVAllocator, MambaAllocator, ReqToTokenPool, Request, StageCache
-from ppprof.mem.pools import MambaPool
+from ppprof.mem.pools import MambaPool, StateShape
 
 MAMBA_SIZE = 6
 
@@ -70,7 +70,7 @@ class CacheMachine(RuleBasedStateMachine):
             req_pool=ReqToTokenPool(4, 64),
             kv_alloc=kv,
             mamba_alloc=mamba,
-            mamba_pool=MambaPool(mamba.total_slots, [0], 4, 2, 1, 2, 2, torch.float32, "cpu"),
+            mamba_pool=MambaPool(mamba.total_slots, [0], StateShape(4, 2, 1, 2, 2), torch.float32, "cpu"),
         )
         self.live: list[Request] = []
         self.next_rid = 0

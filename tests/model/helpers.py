@@ -6,6 +6,7 @@ import torch
 
 from ppprof.mem.cache import Request, StageCache
 from ppprof.model.stage import Stage, build_stage_cache
+from ppprof.specs.memory import CacheSizes
 from ppprof.specs.spec import LayerSpec, ModelSpec
 
 HIDDEN = 64
@@ -62,11 +63,9 @@ def make_cache(spec: ModelSpec, layer_ids: range, page_size: int = 1) -> StageCa
     return build_stage_cache(
         spec,
         layer_ids,
-        max_total_tokens=256,
-        page_size=page_size,
-        max_mamba_cache_size=4,
-        max_running_requests=4,
-        context_len=128,
+        CacheSizes(
+            max_total_tokens=256, page_size=page_size, max_mamba_cache_size=4, max_running_requests=4, context_len=128
+        ),
         dtype=torch.float32,
         device="cpu",
     )
@@ -107,11 +106,9 @@ def chunked_logits(
     cache = build_stage_cache(
         spec,
         layers,
-        max_total_tokens=256,
-        page_size=page_size,
-        max_mamba_cache_size=4,
-        max_running_requests=4,
-        context_len=256,
+        CacheSizes(
+            max_total_tokens=256, page_size=page_size, max_mamba_cache_size=4, max_running_requests=4, context_len=256
+        ),
         dtype=dtype,
         device="cpu",
     )

@@ -91,6 +91,7 @@ def test_fused_mamba_kernels_equal_the_torch_path(seq_len):
 def test_a_stage_on_cuda_prefilled_in_chunks_equals_one_shot():
     from ppprof.mem.cache import Request
     from ppprof.model.stage import Stage, build_stage_cache
+    from ppprof.specs.memory import CacheSizes
     from tests.model.helpers import tiny_hybrid
 
     spec = tiny_hybrid()
@@ -102,11 +103,9 @@ def test_a_stage_on_cuda_prefilled_in_chunks_equals_one_shot():
         cache = build_stage_cache(
             spec,
             layers,
-            max_total_tokens=256,
-            page_size=16,
-            max_mamba_cache_size=2,
-            max_running_requests=2,
-            context_len=256,
+            CacheSizes(
+                max_total_tokens=256, page_size=16, max_mamba_cache_size=2, max_running_requests=2, context_len=256
+            ),
             dtype=torch.float32,
             device=CUDA,
         )
@@ -147,6 +146,7 @@ def test_the_new_presets_on_cuda_prefilled_in_chunks_equal_one_shot(preset):
     from ppprof.mem.cache import Request
     from ppprof.model.stage import Stage, build_stage_cache
     from ppprof.specs import load_spec
+    from ppprof.specs.memory import CacheSizes
 
     spec = load_spec(preset)
     layers = range(spec.num_layers)
@@ -157,11 +157,9 @@ def test_the_new_presets_on_cuda_prefilled_in_chunks_equal_one_shot(preset):
         cache = build_stage_cache(
             spec,
             layers,
-            max_total_tokens=256,
-            page_size=16,
-            max_mamba_cache_size=2,
-            max_running_requests=2,
-            context_len=256,
+            CacheSizes(
+                max_total_tokens=256, page_size=16, max_mamba_cache_size=2, max_running_requests=2, context_len=256
+            ),
             dtype=torch.float32,
             device=CUDA,
         )
@@ -180,14 +178,15 @@ def test_the_new_presets_on_cuda_prefilled_in_chunks_equal_one_shot(preset):
 def test_mla_prefix_spans_on_cuda_equal_the_dense_mask_reference(dtype, absorb):
     """DeepSeek-V3's head shapes (8 heads of a TP rank): a 3000-token prefix in spans of 1024 through the
     memory-efficient kernel's log-sum-exp, against the whole prefix under a dense mask."""
-    from ppprof.model.mla import mla_absorbed, mla_decompressed
+    from ppprof.model.mla import Attend, mla_absorbed, mla_decompressed
 
     gen = torch.Generator().manual_seed(0)
     n, prefix_len, heads, dn, dr, dv, c = 256, 3000, 8, 128, 64, 128, 512
     q_nope, q_rope = torch.randn(n, heads, dn, generator=gen), torch.randn(n, heads, dr, generator=gen)
     latent, k_rope = torch.randn(prefix_len + n, c, generator=gen), torch.randn(prefix_len + n, dr, generator=gen)
     w = torch.randn(heads * (dn + dv), c, generator=gen) * c**-0.5
-    args = [t.to(CUDA, dtype) for t in (q_nope, q_rope, latent, k_rope, w)] + [prefix_len, (dn + dr) ** -0.5]
-    form = mla_absorbed if absorb else mla_decompressed
-    spans = form(*args, span_len=1024)
-    torch.testing.assert_close(spans.float(), form(*args, reference=True).float(), **TOL[dtype])
+    args = [t.to(CUDA, dtype) for t in (q_nope, q_rope, latent, k_rope, w)]
+    form, scale = (mla_absorbed if absorb else mla_decompressed), (dn + dr) ** -0.5
+    spans = form(*args, Attend(prefix_len, scale, span_len=1024))
+    reference = form(*args, Attend(prefix_len, scale, reference=True))
+    torch.testing.assert_close(spans.float(), reference.float(), **TOL[dtype])

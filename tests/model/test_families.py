@@ -9,6 +9,7 @@ import torch
 
 from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.specs import load_spec
+from ppprof.specs.memory import CacheSizes
 
 from .helpers import prefill
 
@@ -24,11 +25,9 @@ def two_stage_logits(name: str, chunk_sizes: list[int]) -> torch.Tensor:
         build_stage_cache(
             spec,
             layers,
-            max_total_tokens=256,
-            page_size=4,
-            max_mamba_cache_size=2,
-            max_running_requests=2,
-            context_len=256,
+            CacheSizes(
+                max_total_tokens=256, page_size=4, max_mamba_cache_size=2, max_running_requests=2, context_len=256
+            ),
             dtype=torch.float32,
             device="cpu",
         )

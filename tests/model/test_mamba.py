@@ -11,6 +11,7 @@ from ppprof.mem.cache import Request
 from ppprof.mem.req import NO_MAMBA_SLOT
 from ppprof.model.mamba import Mamba2, causal_conv, segsum, ssd_chunked
 from ppprof.model.stage import build_stage_cache
+from ppprof.specs.memory import CacheSizes
 from ppprof.specs.spec import LayerSpec, ModelSpec
 
 
@@ -148,7 +149,9 @@ def mamba_layer_setup(num_groups=2, chunk_size=8, seed=0):
         for p in (m.conv_bias, m.norm_weight, m.d_skip, m.dt_bias):
             p.copy_(torch.randn(p.shape, generator=gen) * 0.5 + (1.0 if p is m.norm_weight else 0.0))
     cache = build_stage_cache(
-        spec, range(1), max_total_tokens=64, page_size=1, max_mamba_cache_size=3, max_running_requests=3, context_len=64
+        spec,
+        range(1),
+        CacheSizes(max_total_tokens=64, page_size=1, max_mamba_cache_size=3, max_running_requests=3, context_len=64),
     )
     req = Request(7)
     assert cache.admit(req)

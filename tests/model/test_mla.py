@@ -8,7 +8,7 @@ import torch
 
 from ppprof.mem.cache import Request
 from ppprof.mem.pools import LatentPool
-from ppprof.model.mla import MLAttention, mla_absorbed, mla_decompressed
+from ppprof.model.mla import Attend, MLAForm, MLAttention, mla_absorbed, mla_decompressed
 from ppprof.specs import load_spec
 
 from .helpers import chunked_logits, make_cache
@@ -33,8 +33,8 @@ def _inputs(n=5, prefix_len=7, heads=4, dn=16, dr=8, dv=12, c=24, seed=0):
 def test_decompressed_and_absorbed_agree(prefix_len, reference):
     q_nope, q_rope, latent, k_rope, w = _inputs(prefix_len=prefix_len)
     scale = (16 + 8) ** -0.5
-    a = mla_decompressed(q_nope, q_rope, latent, k_rope, w, prefix_len, scale, reference=reference)
-    b = mla_absorbed(q_nope, q_rope, latent, k_rope, w, prefix_len, scale, reference=reference)
+    a = mla_decompressed(q_nope, q_rope, latent, k_rope, w, Attend(prefix_len, scale, reference=reference))
+    b = mla_absorbed(q_nope, q_rope, latent, k_rope, w, Attend(prefix_len, scale, reference=reference))
     assert a.shape == (5, 4, 12)
     torch.testing.assert_close(a, b, **TOL)
 
@@ -44,19 +44,19 @@ def test_decompressed_and_absorbed_agree(prefix_len, reference):
 def test_a_prefix_decompressed_in_spans_equals_it_whole(form, span_len):
     """40 cached tokens in spans of span_len (the last one shorter), merged by log-sum-exp into the chunk's part:
     the same as the whole prefix at once and as the dense-mask oracle."""
-    args = (*_inputs(prefix_len=40), 40, 0.2)
-    whole = form(*args, span_len=40)
-    spanned = form(*args, span_len=span_len)
+    args = _inputs(prefix_len=40)
+    whole = form(*args, Attend(40, 0.2, span_len=40))
+    spanned = form(*args, Attend(40, 0.2, span_len=span_len))
     torch.testing.assert_close(spanned, whole, **TOL)
-    torch.testing.assert_close(spanned, form(*args, reference=True), **TOL)
+    torch.testing.assert_close(spanned, form(*args, Attend(40, 0.2, reference=True)), **TOL)
     with pytest.raises(ValueError, match="span_len 0 must be at least 1"):
-        form(*args, span_len=0)
+        form(*args, Attend(40, 0.2, span_len=0))
 
 
 def test_fast_path_equals_dense_mask_reference():
     q_nope, q_rope, latent, k_rope, w = _inputs(prefix_len=9)
-    fast = mla_decompressed(q_nope, q_rope, latent, k_rope, w, 9, 0.2)
-    ref = mla_decompressed(q_nope, q_rope, latent, k_rope, w, 9, 0.2, reference=True)
+    fast = mla_decompressed(q_nope, q_rope, latent, k_rope, w, Attend(9, 0.2))
+    ref = mla_decompressed(q_nope, q_rope, latent, k_rope, w, Attend(9, 0.2, reference=True))
     torch.testing.assert_close(fast, ref, **TOL)
 
 
@@ -72,7 +72,9 @@ def test_layer_forms_agree_through_the_pool():
     """The same MLA layer, its rows read back from the paged pool, in both forms."""
     spec = load_spec("tiny-mla")
     torch.manual_seed(0)
-    layers = [MLAttention(spec, 0, dtype=torch.float32, device="cpu", absorb=absorb) for absorb in (False, True)]
+    layers = [
+        MLAttention(spec, 0, dtype=torch.float32, device="cpu", form=MLAForm(absorb=absorb)) for absorb in (False, True)
+    ]
     layers[1].load_state_dict(layers[0].state_dict())
     x = torch.randn(20, spec.hidden_size)
     outs = []

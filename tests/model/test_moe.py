@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from ppprof.model.mlp import MoE, activate, route
+from ppprof.model.mlp import MoE, Routing, activate, route
 from ppprof.specs import load_spec
 
 TOL = dict(rtol=1e-5, atol=1e-6)
@@ -77,7 +77,7 @@ def test_routing_is_deterministic_from_the_seed(router):
 
 def test_grouped_selection_stays_in_the_best_groups():
     logits = torch.randn(200, 8, generator=torch.Generator().manual_seed(0))
-    _, experts = route(logits, top_k=2, scoring="sigmoid", bias=torch.zeros(8), num_groups=4, topk_groups=2)
+    _, experts = route(logits, Routing(top_k=2, scoring="sigmoid", num_groups=4, topk_groups=2), torch.zeros(8))
     groups = experts // 2  # (n, 2): the group of each chosen expert
     scores = torch.sigmoid(logits).view(200, 4, 2).sum(-1)  # two experts a group: the sum of both is its score
     best = scores.topk(2, dim=-1).indices
@@ -89,12 +89,12 @@ def test_bias_moves_the_choice_not_the_weights():
     logits = torch.zeros(1, 4)
     logits[0, 0] = 3.0
     bias = torch.tensor([-10.0, 0.0, 0.0, 10.0])
-    weights, experts = route(logits, top_k=2, scoring="sigmoid", bias=bias, norm_topk_prob=False)
+    weights, experts = route(logits, Routing(top_k=2, scoring="sigmoid", norm_topk_prob=False), bias)
     assert experts.tolist() == [[3, 1]] or experts.tolist() == [[3, 2]]
     torch.testing.assert_close(weights, torch.full((1, 2), 0.5))
 
 
 def test_norm_and_scaling():
     logits = torch.randn(5, 8, generator=torch.Generator().manual_seed(0))
-    weights, _ = route(logits, top_k=3, scoring="softmax", norm_topk_prob=True, scaling=2.5)
+    weights, _ = route(logits, Routing(top_k=3, scoring="softmax", norm_topk_prob=True, scaling=2.5))
     torch.testing.assert_close(weights.sum(-1), torch.full((5,), 2.5))

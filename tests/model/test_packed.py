@@ -53,8 +53,8 @@ def run(spec, packed: bool, page_size: int = 4):
 @pytest.mark.parametrize("make", [tiny_dense, tiny_hybrid], ids=["dense", "hybrid"])
 def test_a_packed_forward_equals_each_chunk_alone(make):
     spec = make()
-    packed, caches_p, reqs_p = run(spec, True)
-    alone, caches_a, reqs_a = run(spec, False)
+    packed, caches_p, reqs_p = run(spec, packed=True)
+    alone, caches_a, reqs_a = run(spec, packed=False)
     assert packed.shape == (len(PROMPTS), VOCAB)
     torch.testing.assert_close(packed, alone, **TOL)
     for cp, ca in zip(caches_p, caches_a):  # the state each request leaves behind

@@ -7,6 +7,7 @@ import torch
 
 from ppprof.mem.cache import Request, StageCache
 from ppprof.model import Stage, build_stage_cache, split_layers
+from ppprof.specs.memory import CacheSizes
 
 from .helpers import VOCAB, make_cache, prefill, tiny_dense, tiny_hybrid
 
@@ -121,12 +122,12 @@ def test_stage_rejects_bad_inputs():
 
 def test_build_stage_cache_pools_only_own_layers():
     spec = tiny_hybrid()  # m A - E P
-    kw = dict(max_total_tokens=64, page_size=4, max_mamba_cache_size=2, max_running_requests=2, context_len=32)
-    head = build_stage_cache(spec, range(0, 1), **kw)
+    kw = CacheSizes(max_total_tokens=64, page_size=4, max_mamba_cache_size=2, max_running_requests=2, context_len=32)
+    head = build_stage_cache(spec, range(0, 1), kw)
     assert head.kv_pool is None and head.kv_alloc is not None and head.mamba_pool.layer_ids == [0]
-    mid = build_stage_cache(spec, range(1, 3), **kw)
+    mid = build_stage_cache(spec, range(1, 3), kw)
     assert mid.kv_pool.layer_ids == [1] and mid.mamba_alloc is None and mid.mamba_pool is None
-    tail = build_stage_cache(spec, range(3, 5), **kw)
+    tail = build_stage_cache(spec, range(3, 5), kw)
     assert tail.kv_pool.layer_ids == [4] and tail.mamba_pool.layer_ids == [3, 4]
     assert tail.kv_pool.total_slots == 68 and tail.mamba_pool.total_slots == 3
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from ppprof.fit.build import fit
-from ppprof.fit.synthetic import make_samples, write_run_dir
+from ppprof.fit.synthetic import SyntheticProbes, SyntheticRun, make_samples, write_run_dir
 from ppprof.policy import LatencyModel, load
-from ppprof.policy.optimum import Domain, all_min_sums, bound_grid, optimum_at
+from ppprof.policy.optimum import Domain, bound_grid, optimum_at
 from ppprof.policy.planners import chunk_latencies_ms, fixed_chunks, optimal_chunks, ttft_ms
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,12 +42,18 @@ def gpu_policy(pp_size: int, tmp: str):
     out = Path(tmp) / f"gpu-pp{pp_size}"
     frame = make_samples(
         GPU,
-        base_chunk_size=8192,
-        prefixes=[0, 8192, 32768, 65536, 98304, 131072],
-        chunk_sizes=[1024, 4096, 8192, 16384, 32768],
-        noise=0.01,
+        SyntheticProbes(
+            base_chunk_size=8192,
+            prefixes=[0, 8192, 32768, 65536, 98304, 131072],
+            chunk_sizes=[1024, 4096, 8192, 16384, 32768],
+            noise=0.01,
+        ),
     )
-    write_run_dir(out, frame, base_chunk_size=8192, context_len=131072, world_size=pp_size, num_layers=32, min_gain=0.0)
+    write_run_dir(
+        out,
+        frame,
+        SyntheticRun(base_chunk_size=8192, context_len=131072, world_size=pp_size, num_layers=32, min_gain=0.0),
+    )
     path, _ = fit(out / "samples.csv", policy_options={"pp_size": pp_size, **IDLE})
     return load(path)
 
@@ -66,10 +72,8 @@ def ratios_to_optimum(policy) -> np.ndarray:
     rule = policy.data["prompt_table"]
     dom = Domain(rule["unit"], rule["largest_chunk"], rule["max_prompt_len"])
     model, stages = policy.planning_model, policy.pp_size
-    bounds = bound_grid(model, dom)
-    pos, sums = all_min_sums(model, dom, bounds)
     lengths = dense_lengths(policy, np.random.default_rng(0))
-    lower, _ = optimum_at(model, dom, pos, sums, bounds, lengths, stages)
+    lower, _ = optimum_at(model, dom, bound_grid(model, dom), lengths, stages)
     ours = np.array([ttft_ms(chunk_latencies_ms(model, policy.plan(int(n))), stages) for n in lengths])
     return ours / lower
 
@@ -124,9 +128,12 @@ def test_history_only_table_is_never_above_the_best_fixed_chunk_on_its_workload(
 
 def test_status_is_static_exactly_when_the_gain_or_its_lower_bound_is_below_the_threshold(tmp_path):
     frame = make_samples(
-        GPU, base_chunk_size=2048, prefixes=[0, 4096, 16384, 32768], chunk_sizes=[512, 2048, 8192], noise=0.01
+        GPU,
+        SyntheticProbes(
+            base_chunk_size=2048, prefixes=[0, 4096, 16384, 32768], chunk_sizes=[512, 2048, 8192], noise=0.01
+        ),
     )
-    write_run_dir(tmp_path, frame, base_chunk_size=2048, context_len=32768, world_size=4)
+    write_run_dir(tmp_path, frame, SyntheticRun(base_chunk_size=2048, context_len=32768, world_size=4))
     samples = tmp_path / "samples.csv"
     _, data = fit(samples, tmp_path / "any.json", policy_options={"min_gain": 0.0, **IDLE})
     gain, lower = data["predicted"]["gain_vs_fixed_best"], data["predicted"]["gain_interval"]["lower"]

@@ -12,6 +12,7 @@ from ppprof.probe.loop import SKIP_MAMBA_RELEASE, ProbeRunner
 from ppprof.probe.synth import Probe, ProbeRequest, make_probes
 from ppprof.probe.timer import Timer
 from ppprof.specs import load_spec
+from ppprof.specs.memory import CacheSizes
 
 
 def make_runner(max_mamba_cache_size=8, fault=None):
@@ -21,11 +22,13 @@ def make_runner(max_mamba_cache_size=8, fault=None):
     cache = build_stage_cache(
         spec,
         layers,
-        max_total_tokens=512,
-        page_size=4,
-        max_mamba_cache_size=max_mamba_cache_size,
-        max_running_requests=4,
-        context_len=512,
+        CacheSizes(
+            max_total_tokens=512,
+            page_size=4,
+            max_mamba_cache_size=max_mamba_cache_size,
+            max_running_requests=4,
+            context_len=512,
+        ),
     )
     pipe = Pipe(rank=0, world_size=1, device=torch.device("cpu"), hidden_size=spec.hidden_size, dtype=torch.float32)
     return ProbeRunner(stage=stage, cache=cache, pipe=pipe, seed=0, fault=fault)

@@ -12,7 +12,7 @@ from ppprof.config.workload import parse_prompt_spec
 from ppprof.policy import LatencyModel, from_dict
 from ppprof.servers import SERVERS
 from ppprof.servers.tune import tune
-from ppprof.servers.tuner import cut
+from ppprof.servers.tuner import Tuner, cut
 
 from .helpers import policy_dict
 
@@ -36,7 +36,7 @@ def test_recommendation_beats_current_and_never_the_bound(server):
         "atom": "--max-num-batched-tokens 8192",
     }
     for current in (None, currents[server]):
-        r = tune(p, workload, 4, server, current)
+        r = tune(Tuner(p, workload, 4, server), current)
         settings = r["settings"]
         first = "current" if current else "server default"
         rec, cur, fixed = settings["recommended"], settings[first], settings["best fixed"]
@@ -52,7 +52,7 @@ def test_recommendation_beats_current_and_never_the_bound(server):
 
 def test_a_prefix_heavy_model_is_told_to_chunk_dynamically():
     """With a large attention term, equal-latency chunks beat every fixed chunk over long prompts."""
-    r = tune(policy(LatencyModel("prefix", a=2e-5, b=0.005, c=1.0, g=0.0)), parse_prompt_spec("60000"), 8)
+    r = tune(Tuner(policy(LatencyModel("prefix", a=2e-5, b=0.005, c=1.0, g=0.0)), parse_prompt_spec("60000"), 8))
     assert r["recommended"]["setting"]["dynamic"]
     assert r["settings"]["recommended"]["mean_ttft_ms"] < r["settings"]["best fixed"]["mean_ttft_ms"]
     assert "--enable-dynamic-chunking" in r["recommended"]["command"]
@@ -119,13 +119,14 @@ def test_tune_command_text_json_plot_and_bad_input(tmp_path):
 
 def test_the_servers_boot_fit_comes_from_the_profiles_samples(tmp_path):
     """Beside samples.csv, SGLang's boot fit is SGLang's fit of them: a concave prefix-free curve turns it off."""
-    from ppprof.fit.synthetic import make_samples, write_run_dir
+    from ppprof.fit.synthetic import SyntheticProbes, SyntheticRun, make_samples, write_run_dir
 
     truth = LatencyModel("prefix", a=-2e-8, b=0.01, c=3.0, g=2e-4)
     frame = make_samples(
-        truth, base_chunk_size=2048, prefixes=(2048, 8192, 16384), chunk_sizes=(256, 1024, 2048), noise=0.0
+        truth,
+        SyntheticProbes(base_chunk_size=2048, prefixes=(2048, 8192, 16384), chunk_sizes=(256, 1024, 2048), noise=0.0),
     )
-    csv = write_run_dir(tmp_path, frame, base_chunk_size=2048)
+    csv = write_run_dir(tmp_path, frame, SyntheticRun(base_chunk_size=2048))
     r = CliRunner().invoke(main, ["fit", str(csv), "--latency-model", "quadratic", "-o", str(tmp_path / "q.json")])
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(main, ["fit", str(csv), "--latency-model", "prefix"])
@@ -169,6 +170,6 @@ def test_when_the_users_own_flags_win_their_calibration_is_the_one_recommended(m
         f"--enable-dynamic-chunking --dynamic-chunking-base-size 4096 --max-num-batched-tokens 4096 "
         f"--dynamic-chunking-calibration {mine}"
     )
-    r = tune(policy(), parse_prompt_spec("8192,32768"), 4, "atom", current)
+    r = tune(Tuner(policy(), parse_prompt_spec("8192,32768"), 4, "atom"), current)
     assert r["recommended"]["setting"] == r["settings"]["current"]["setting"]
     assert f"--dynamic-chunking-calibration {mine}" in r["recommended"]["command"], r["recommended"]["command"]

@@ -15,7 +15,7 @@ from ppprof.policy.planners import fixed_chunks
 from ppprof.policy.tables import LoadRule
 from ppprof.serving.arms import SERVING_ARMS, packed_stage_ms, sizer
 from ppprof.serving.scheduler import Batch, Capacity, Load, Piece
-from ppprof.serving.simulate import LoadLevel, serve
+from ppprof.serving.simulate import Arrivals, LoadLevel, serve
 
 POLICY = Path(__file__).resolve().parents[1] / "runs/tiny-hybrid/policy.json"
 
@@ -29,7 +29,7 @@ def policy():
 def test_alone_each_arm_runs_its_one_prompt_plan(policy, arm):
     prompts = [700, 2000, 4000]
     stage_ms = packed_stage_ms(policy.planning_model, 2)
-    served = serve(2, sizer(policy, arm), stage_ms, Capacity(100_000, 8), prompts, LoadLevel(concurrency=1))
+    served = serve(2, sizer(policy, arm), stage_ms, Capacity(100_000, 8), Arrivals(prompts, LoadLevel(concurrency=1)))
     B = policy.base_chunk_size
     best = policy.data["predicted"]["fixed_best_chunk"]
     for r in served.requests:
@@ -67,17 +67,17 @@ def test_policy_load_feeds_the_scheduler_load_to_the_under_load_rule(policy):
 def test_a_packed_forward_pays_one_fixed_cost(policy):
     model = policy.planning_model
     one = [float(model.chunk_latency_ms(L, x)) for L, x in ((0, 256), (1024, 128))]
-    batch = Batch(0, (Piece(0, 0, 256, False), Piece(1, 1024, 128, True)))
+    batch = Batch(0, (Piece(0, 0, 256, last=False), Piece(1, 1024, 128, last=True)))
     assert packed_stage_ms(model, 3)(batch) == pytest.approx([sum(one) - model.c] * 3)
 
 
 def test_a_packed_forward_pays_the_cost_of_each_extra_piece_its_policy_measured(policy):
     model = policy.planning_model
     variable = [float(model.chunk_latency_ms(L, x)) - model.c for L, x in ((0, 256), (1024, 128), (0, 64))]
-    batch = Batch(0, (Piece(0, 0, 256, False), Piece(1, 1024, 128, True), Piece(2, 0, 64, True)))
+    batch = Batch(0, (Piece(0, 0, 256, last=False), Piece(1, 1024, 128, last=True), Piece(2, 0, 64, last=True)))
     assert policy.extra_piece_ms == 0.0  # the committed run timed no packed forwards: the additive form
     assert packed_stage_ms(model, 2, 1.5)(batch) == pytest.approx([model.c + sum(variable) + 2 * 1.5] * 2)
-    one = Batch(1, (Piece(3, 0, 256, True),))
+    one = Batch(1, (Piece(3, 0, 256, last=True),))
     assert packed_stage_ms(model, 2, 1.5)(one) == pytest.approx([float(model.chunk_latency_ms(0, 256))] * 2)
 
 

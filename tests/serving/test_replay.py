@@ -15,7 +15,7 @@ from ppprof.serving.arms import sizer
 from ppprof.serving.prefix_cache import PrefixCache
 from ppprof.serving.report import TRACE_FIGURES, trace_cell, trace_largest_miss, trace_measured_text
 from ppprof.serving.scheduler import Capacity
-from ppprof.serving.simulate import serve
+from ppprof.serving.simulate import Arrivals, TraceArrivals, serve
 from ppprof.traces import read_trace
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,10 +79,8 @@ def test_a_replayed_prefill_starts_at_its_cached_prefix_at_its_arrival_on_the_si
     prompts, arrivals, blocks = [2048, 3072], [0.0, 60_000.0], [(1, 2, 3, 4), (1, 2, 3, 4, 5, 6)]
     runs = {}
     for name, cache in (("cache", PrefixCache(10**6, 512)), ("cold", None)):
-        runs[name] = serve(
-            1, sizer(policy, "fixed"), stage_ms, Capacity(8192, 4), prompts, None, arrivals=arrivals, blocks=blocks,
-            cache=cache,
-        )  # fmt: skip
+        trace = TraceArrivals(arrivals, blocks, cache)
+        runs[name] = serve(1, sizer(policy, "fixed"), stage_ms, Capacity(8192, 4), Arrivals(prompts, trace=trace))
     warm, cold = runs["cache"], runs["cold"]
     assert [r.cached for r in warm.requests] == [0, 2048] and [r.cached for r in cold.requests] == [0, 0]
     second = [b for b, _, _ in warm.batches if b.pieces[0].rid == 1]

@@ -5,7 +5,7 @@ full, closed-loop and Poisson arrivals."""
 import pytest
 
 from ppprof.serving.scheduler import Capacity, Load, Request, Scheduler
-from ppprof.serving.simulate import LoadLevel, arrival_times, prompts_of, serve
+from ppprof.serving.simulate import Arrivals, LoadLevel, arrival_times, prompts_of, serve
 
 
 def fixed(size):
@@ -109,7 +109,7 @@ def one_ms_a_token(pp_size):
 
 def test_one_request_alone_runs_its_chunks_pipelined():
     """PP2, chunks of 1000 tokens at 1 ms each a stage: the last of 4 chunks leaves at (4 + 2 - 1) ms."""
-    served = serve(2, fixed(1000), one_ms_a_token(2), Capacity(10_000, 4), [4000], LoadLevel(concurrency=1))
+    served = serve(2, fixed(1000), one_ms_a_token(2), Capacity(10_000, 4), Arrivals([4000], LoadLevel(concurrency=1)))
     (request,) = served.requests
     assert request.chunks == [1000] * 4 and request.ttft == pytest.approx(5.0)
     assert [b.slot for b, _, _ in served.batches] == [0, 1, 0, 1]  # round robin
@@ -117,7 +117,7 @@ def test_one_request_alone_runs_its_chunks_pipelined():
 
 def test_a_closed_loop_keeps_its_concurrency_and_every_prompt_is_served_whole():
     prompts = prompts_of([1000, 3000, 5000], [1, 1, 1], 30, seed=3)
-    served = serve(4, fixed(512), one_ms_a_token(4), Capacity(100_000, 64), prompts, LoadLevel(concurrency=4))
+    served = serve(4, fixed(512), one_ms_a_token(4), Capacity(100_000, 64), Arrivals(prompts, LoadLevel(concurrency=4)))
     assert [r.prompt_len for r in served.requests] == prompts
     assert all(sum(r.chunks) == r.prompt_len for r in served.requests)
     for i, r in enumerate(served.requests):  # a new request arrives when one finishes: at most 4 in the system
@@ -135,7 +135,7 @@ def test_poisson_arrivals_are_seeded_and_at_the_rate():
 
 
 def test_at_a_low_rate_each_request_is_alone():
-    served = serve(2, fixed(1000), one_ms_a_token(2), Capacity(10_000, 4), [2000] * 5, LoadLevel(rate=10.0))
+    served = serve(2, fixed(1000), one_ms_a_token(2), Capacity(10_000, 4), Arrivals([2000] * 5, LoadLevel(rate=10.0)))
     assert all(r.ttft == pytest.approx(3.0) for r in served.requests)  # (2 chunks + 2 stages - 1) ms each
 
 

@@ -13,9 +13,10 @@ from ppprof.commands.tune import echo_tune
 from ppprof.config.workload import parse_prompt_spec
 from ppprof.policy import LatencyModel, from_dict
 from ppprof.servers.tune import tune
+from ppprof.servers.tuner import Tuner
 from ppprof.serving.arms import packed_stage_ms
 from ppprof.serving.scheduler import Capacity
-from ppprof.serving.simulate import LoadLevel, prompts_of, serve
+from ppprof.serving.simulate import Arrivals, LoadLevel, prompts_of, serve
 from ppprof.serving.tuning import load_scorer, policy_load_figures
 from ppprof.serving.underload import LOAD_PROMPTS, LOAD_SEED
 
@@ -41,7 +42,7 @@ def workload(policy):
 
 @pytest.fixture(scope="module")
 def busy(policy, workload):
-    return tune(policy, workload, PP, "sglang", load_score=load_scorer(policy, workload, PP, LEVELS))
+    return tune(Tuner(policy, workload, PP, "sglang", load_score=load_scorer(policy, workload, PP, LEVELS)))
 
 
 def test_a_fixed_setting_under_load_is_its_fixed_chunks_served(policy, workload, busy):
@@ -51,14 +52,14 @@ def test_a_fixed_setting_under_load_is_its_fixed_chunks_served(policy, workload,
     stage_ms = packed_stage_ms(policy.planning_model, PP, policy.extra_piece_ms)
     for level in LEVELS:
         capacity = Capacity(max(prompts) * level, level)
-        want = serve(PP, lambda *_: size, stage_ms, capacity, prompts, LoadLevel(concurrency=level)).summary()
+        want = serve(PP, lambda *_: size, stage_ms, capacity, Arrivals(prompts, LoadLevel(concurrency=level))).summary()
         got = fixed["load"][f"concurrency-{level}"]
         assert got["throughput_tokens_per_s"] == want["throughput_tokens_per_s"]
         assert got["ttft_mean_ms"] == want["ttft_ms"]["mean"] and got["ttft_p90_ms"] == want["ttft_ms"]["p90"]
 
 
 def test_the_recommendation_weighs_the_load_and_beats_every_row_on_it(policy, workload, busy):
-    alone = tune(policy, workload, PP, "sglang")
+    alone = tune(Tuner(policy, workload, PP, "sglang"))
     assert "load" not in alone["settings"]["recommended"] and "objective_gain" not in alone
     rows = busy["settings"]
     objective = {k: float(np.exp(np.mean(np.log(objectives(r))))) for k, r in rows.items()}

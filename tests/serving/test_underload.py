@@ -20,7 +20,7 @@ from ppprof.policy.rule import LatencyModel
 from ppprof.policy.tables import LoadRule
 from ppprof.serving.arms import SERVING_ARMS, packed_stage_ms, sizer
 from ppprof.serving.scheduler import Capacity
-from ppprof.serving.simulate import LoadLevel, prompts_of, serve
+from ppprof.serving.simulate import Arrivals, LoadLevel, prompts_of, serve
 from ppprof.serving.underload import (
     NOISE,
     candidates,
@@ -83,7 +83,7 @@ def served_at(policy, arm: str, prompts: list[int], level: LoadLevel):
     stage_ms = packed_stage_ms(policy.planning_model, policy.pp_size, policy.extra_piece_ms)
     entries = level.concurrency or 128
     capacity = Capacity(max(prompts) * entries, entries)
-    return serve(policy.pp_size, sizer(policy, arm), stage_ms, capacity, prompts, level).summary()
+    return serve(policy.pp_size, sizer(policy, arm), stage_ms, capacity, Arrivals(prompts, level)).summary()
 
 
 def goal_misses(policy, prompts: list[int], levels: list[LoadLevel]) -> list[str]:

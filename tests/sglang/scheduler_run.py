@@ -263,7 +263,7 @@ def stage_clock(policy):
     from ppprof.serving.scheduler import Batch, Piece
 
     stage_ms = packed_stage_ms(policy.planning_model, PP_SIZE, policy.extra_piece_ms)
-    return lambda pieces: stage_ms(Batch(0, tuple(Piece(0, p, n, False) for _, p, n in pieces)))
+    return lambda pieces: stage_ms(Batch(0, tuple(Piece(0, p, n, last=False) for _, p, n in pieces)))
 
 
 def run_loop(s, load: str, clock, name: str, requests: int = REQUESTS) -> dict:

@@ -23,7 +23,7 @@ from ppprof.policy import load
 from ppprof.policy.rule import LatencyModel
 from ppprof.serving import arms
 from ppprof.serving.scheduler import Capacity
-from ppprof.serving.simulate import LoadLevel, serve
+from ppprof.serving.simulate import Arrivals, LoadLevel, serve
 from ppprof.sglang import hook
 
 from .cpu_install import installed
@@ -193,10 +193,8 @@ def simulated(sglang_run, run: str, sizer=None):
         sizer or arms.sizer(policy, arm),
         lambda batch: stage_ms([[p.rid, p.prefix_len, p.size] for p in batch.pieces]),
         Capacity(10**9, 10**6),
-        prompts,
-        level,
-        seed=0,
-        async_depth=int(depth[0]) if depth else 0,
+        Arrivals(prompts, level),
+        int(depth[0]) if depth else 0,
     )
     batches = [[[f"{name}-r{p.rid}", p.prefix_len, p.size] for p in b.pieces] for b, _, _ in served.batches]
     return batches, [b.slot for b, _, _ in served.batches]

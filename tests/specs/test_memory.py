@@ -13,8 +13,9 @@ from ppprof.model.stage import Stage, build_stage_cache
 from ppprof.specs import load_spec, split_layers
 from ppprof.specs.activation import FLASHINFER_WORKSPACE_BYTES, attention_bytes, mamba_bytes, mla_bytes
 from ppprof.specs.backends import MAMBA_FUSED, MAMBA_TORCH, resolve_backend
-from ppprof.specs.memory import format_bytes, stage_memory
+from ppprof.specs.memory import CacheSizes, format_bytes
 from ppprof.specs.spec import LayerSpec, ModelSpec
+from tests.specs.helpers import memory_of
 
 BENCH = Path(__file__).resolve().parents[2] / "scripts" / "benchmarks" / "memory.py"
 TOLERANCE = 0.25
@@ -63,9 +64,9 @@ def test_pools_and_weights_match_the_real_tensors_exactly(spec, dtype, page_size
         max_total_tokens=4 * 64, page_size=page_size, max_mamba_cache_size=5, max_running_requests=3, context_len=96
     )
     for layers in split_layers(spec.num_layers, 2) + [range(spec.num_layers)]:
-        m = stage_memory(spec, layers, dtype=dtype, chunk_size=32, prefix_len=64, **sizes)
+        m = memory_of(spec, layers, dtype=dtype, chunk_size=32, prefix_len=64, **sizes)
         stage = Stage(spec, layers, dtype=getattr(torch, dtype))
-        cache = build_stage_cache(spec, layers, dtype=getattr(torch, dtype), **sizes)
+        cache = build_stage_cache(spec, layers, CacheSizes(**sizes), dtype=getattr(torch, dtype))
         assert m.weights == nbytes(stage.parameters()), layers
         kv, mamba = cache.kv_pool, cache.mamba_pool
         assert m.kv_pool == (0 if kv is None else nbytes([*kv.k.values(), *kv.v.values()])), layers
@@ -78,7 +79,7 @@ def test_pools_and_weights_match_the_real_tensors_exactly(spec, dtype, page_size
 
 def test_to_dict_holds_every_part_and_the_total():
     spec = load_spec("tiny-hybrid")
-    m = stage_memory(
+    m = memory_of(
         spec,
         range(4, 8),
         dtype=None,
@@ -143,13 +144,13 @@ def test_the_largest_layer_wins_and_flashinfer_adds_its_workspace():
         prefix_len=65536,
         device="cuda",
     )
-    sdpa = stage_memory(spec, range(13), attention_backend="sdpa", **sizes)
-    reference = stage_memory(spec, range(13), attention_backend="reference", **sizes)
+    sdpa = memory_of(spec, range(13), attention_backend="sdpa", **sizes)
+    reference = memory_of(spec, range(13), attention_backend="reference", **sizes)
     assert spec.layers[sdpa.activation_layer].has_mamba and "mamba" in sdpa.activation_terms
     assert spec.layers[reference.activation_layer].has_attention and "attention" in reference.activation_terms
     assert reference.activation_peak > 100 * 2**30, "dense fp32 scores of 32 heads x 10240 x 75776"
     assert sdpa.weights == reference.weights and sdpa.kv_pool == reference.kv_pool
-    mamba_only = stage_memory(spec, range(2), attention_backend="sdpa", **sizes)
+    mamba_only = memory_of(spec, range(2), attention_backend="sdpa", **sizes)
     assert mamba_only.kv_pool == 0 and "attention" not in mamba_only.activation_terms
     assert mamba_only.activation_terms["prefix_noise"] > 0, "one Mamba slot of random state"
 
@@ -183,11 +184,11 @@ def test_bad_sizes_name_the_setting():
         prefix_len=0,
     )
     with pytest.raises(ValueError, match="--max-total-tokens 100 must be a positive multiple of --page-size 16"):
-        stage_memory(spec, range(4), max_total_tokens=100, **sizes)
+        memory_of(spec, range(4), max_total_tokens=100, **sizes)
     with pytest.raises(ValueError, match="--max-running-requests 0 must be an integer >= 1"):
-        stage_memory(spec, range(4), max_total_tokens=64, **{**sizes, "max_running_requests": 0})
+        memory_of(spec, range(4), max_total_tokens=64, **{**sizes, "max_running_requests": 0})
     with pytest.raises(ValueError, match="layer_ids range"):
-        stage_memory(spec, range(2, 9), max_total_tokens=64, **sizes)
+        memory_of(spec, range(2, 9), max_total_tokens=64, **sizes)
 
 
 def test_format_bytes():
@@ -236,7 +237,7 @@ def test_the_estimate_is_within_25_percent_of_the_measured_peak(model, backend, 
 
 def test_the_flashinfer_workspace_is_counted_on_every_stage():
     spec = load_spec("tiny-dense")
-    m = stage_memory(
+    m = memory_of(
         spec,
         range(4),
         dtype=None,

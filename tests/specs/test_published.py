@@ -9,6 +9,7 @@ import pytest
 
 from ppprof.specs import load_spec, stage_accounts
 from ppprof.specs.accounting import kv_bytes_per_token, mamba_bytes_per_slot, mtp_params
+from tests.specs.helpers import memory_of
 
 DATA = Path(__file__).parent / "data"
 BF16 = 2
@@ -115,7 +116,6 @@ def test_model_command_json_across_dense_and_moe_layers():
 
 
 def test_memory_check_holds_the_experts_and_grows_with_the_prefix():
-    from ppprof.specs import stage_memory
     from ppprof.specs.accounting import stage_weight_bytes
     from ppprof.specs.activation import mla_bytes
 
@@ -132,7 +132,7 @@ def test_memory_check_holds_the_experts_and_grows_with_the_prefix():
         device="cuda",
     )
     layers = range(46, 61)
-    m = stage_memory(spec, layers, prefix_len=30720, **kw)
+    m = memory_of(spec, layers, prefix_len=30720, **kw)
     assert m.weights == stage_weight_bytes(spec, layers, dtype="bfloat16") > 15 * 256 * 3 * 7168 * 2048 * BF16
     assert m.kv_pool == (65536 // 64 + 1) * 64 * 15 * 576 * BF16
     # MLA's decompression of the prefix: up to one prefix span (8192 tokens) every cached token costs its latent row,
@@ -146,7 +146,7 @@ def test_memory_check_holds_the_experts_and_grows_with_the_prefix():
     assert mla(30720) - mla(16384) == (30720 - 16384) * (512 + 64) * BF16
     assert m.activation_terms["attention"] == mla_bytes(spec, 2048, 2048 + 30720, BF16, "sdpa", "cuda")
     qwen = load_spec(DATA / "qwen3_next" / "config.json")
-    q = stage_memory(qwen, range(12), prefix_len=0, **{**kw, "max_mamba_cache_size": 64})
+    q = memory_of(qwen, range(12), prefix_len=0, **{**kw, "max_mamba_cache_size": 64})
     assert q.mamba_pool == 65 * mamba_bytes_per_slot(qwen, range(12), dtype="bfloat16")
     # The MoE peak of a Qwen3-Next layer: routing over 512 experts, then the larger of one expert on every token and
     # the shared expert (here the same width, plus its output).
