@@ -222,7 +222,7 @@ def test_two_launches_with_nnodes_2_form_one_two_stage_pipeline(tmp_path):
     assert samples["stage1_latency_ms"].gt(0).all()
 
 
-READS_LOGGED = """
+READS_LOGGED = r"""
 import os
 import sys
 
