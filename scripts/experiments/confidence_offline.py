@@ -56,15 +56,19 @@ def profiles(quick: bool) -> list[str]:
 def fitter(folder: str):
     """(samples, fit(samples) -> policy dict) of a profile, as `ppprof fit` fits it, on the ppprof imported."""
     from ppprof.fit.build import fit_samples
-    from ppprof.fit.fitted import RunSamples
     from ppprof.fit.samples import read_run, read_samples
     from ppprof.fit.settings import resolve_policy_options, resolve_settings
 
     path = REPO / folder / "samples.csv"
     samples, run = read_samples(path), read_run(path)
     settings = resolve_settings(run, path)
-    options = resolve_policy_options(run, path, settings.context_len, load_rule=False)
-    return samples, lambda s: fit_samples(RunSamples(s, run), settings, options)[0].data
+    options = resolve_policy_options(run, path, settings.context_len)
+    try:  # the one fit over RunSamples (2026-12-05 on); --before may name code from before it
+        from ppprof.fit.fitted import RunSamples
+    except ImportError:
+        return samples, lambda s: fit_samples(s, run, settings, "auto", None, options)
+    idle = dataclasses.replace(options, load_rule=False)  # the status and rules only, as the older fit_samples gave
+    return samples, lambda s: fit_samples(RunSamples(s, run), settings, idle)[0].data
 
 
 def noisy(samples, sigma: float, seed: int):
