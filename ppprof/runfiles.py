@@ -92,6 +92,11 @@ def write_run_json(path: str | Path, *, config: dict, **fields) -> Path:
     """run.json: the schema version, the creation time, the resolved `config`, the status (COMPLETE unless given)
     and whatever else the run records (model, hardware, torch_version, dist_backend, world_size, layer_partition, git_revision, the kernels that ran,
     wall times, token counts)."""
+    return atomic_write_json(path, run_document(config, **fields))
+
+
+def run_document(config: dict, **fields) -> dict:
+    """run.json's document (write_run_json)."""
     doc = {
         "schema_version": RUN_SCHEMA_VERSION,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -99,7 +104,7 @@ def write_run_json(path: str | Path, *, config: dict, **fields) -> Path:
         "status": COMPLETE,
     }
     doc.update(fields)
-    return atomic_write_json(path, doc)
+    return doc
 
 
 def read_run_json(path: str | Path) -> dict:
@@ -155,6 +160,12 @@ class RunRecord:
         with self.lock:
             self.fields.update(fields)
             return write_run_json(self.path, config=self.config, **self.fields)
+
+    def document(self) -> dict:
+        """run.json's document as last written, as the JSON values read_run gives back, without reading the file:
+        the profile's fit reads the record it wrote from here."""
+        with self.lock:
+            return json.loads(json.dumps(run_document(self.config, **self.fields)))
 
 
 def lock_owner(folder: str | Path) -> str | None:

@@ -21,11 +21,12 @@ def free_port() -> int:
 
 
 def run_cli(
-    *args: str, timeout: float = TIMEOUT_S, cwd: Path | None = None, launcher=None
+    *args: str, timeout: float = TIMEOUT_S, cwd: Path | None = None, launcher=None, env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    """Run `python -m ppprof ...` (or `launcher ...`) in a subprocess with a timeout, so a hang fails the test."""
+    """Run `python -m ppprof ...` (or `launcher ...`) in a subprocess with a timeout, so a hang fails the test; `env`:
+    variables added to this process's environment."""
     cmd = (launcher or [sys.executable, "-m", "ppprof"]) + list(args)
-    env = {**os.environ, "PPPROF_DIST_TIMEOUT": "120", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PPPROF_DIST_TIMEOUT": "120", "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO, env=env)
 
 

@@ -27,6 +27,7 @@ status's gain, the chunk-size table and the predicted TTFT per second they cost.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -272,24 +273,28 @@ def unstable_gradients(
     return np.array(grads), np.array(need)
 
 
-def next_batch(
-    u: Uncertainty,
-    settings: ChunkSettings,
-    pp_size: int,
-    rows_L,
-    rows_x,
-    cand_L,
-    cand_x,
-    cost_s: np.ndarray,
-    budget_s: float,
-    max_count: int,
-    check: StatusCheck | None = None,
-    min_s: float = 0.0,
-) -> list[tuple[int, int]]:
+@dataclass(frozen=True, slots=True)
+class DesignStep:
+    """What a design step is judged on: the bootstrap of the model so far (`u`), the rule's settings and the stages,
+    the rows fitted (prefix lengths and chunk sizes), the candidate grid (the same) with each candidate's predicted
+    cost in seconds, and the status the fit would write on the rows (None: the table and predicted TTFT alone)."""
+
+    u: Uncertainty
+    settings: ChunkSettings
+    pp_size: int
+    rows: tuple[np.ndarray, np.ndarray]
+    candidates: tuple[np.ndarray, np.ndarray]
+    cost_s: np.ndarray
+    check: StatusCheck | None = None
+
+
+def next_batch(step: DesignStep, budget_s: float, max_count: int, min_s: float = 0.0) -> list[tuple[int, int]]:
     """Greedy batch of candidates (repeats allowed) by uncertainty reduction per second (module docstring, step 2),
     until the linearized variances have shrunk as much as the bootstrap says they must (at least MIN_BATCH
     requests and `min_s` seconds), or the batch is predicted to cost `budget_s`, or holds `max_count`. The
     information is the full form's, whichever model the fit chose: every candidate, prefixed or not, informs it."""
+    u, settings, pp_size, check, cost_s = step.u, step.settings, step.pp_size, step.check, step.cost_s
+    (cand_L, cand_x), (rows_L, rows_x) = step.candidates, step.rows
     cand_L, cand_x = np.asarray(cand_L), np.asarray(cand_x)
     rows_L, rows_x = np.asarray(rows_L), np.asarray(rows_x)
     M, scale = information(u.model, rows_L, rows_x)

@@ -1,43 +1,49 @@
 """The probe design's part of the profile job, every rank's view: the sequence of probes (the grid's, fixed; or the
-adaptive design's, where after each probe rank 0 reads samples.csv back and chooses the next probe or stops, and
-every rank gets that decision)."""
+adaptive design's, where after each probe rank 0 chooses the next probe or stops from the rows it holds in memory,
+and every rank gets that decision)."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
+from typing import Protocol
 
 from ppprof.adaptive.probes import design_probe
-from ppprof.adaptive.step import GRID_DONE, DesignState, choose
+from ppprof.adaptive.step import GRID_DONE, DesignState, Seconds, choose
 from ppprof.config import ProfileConfig
 from ppprof.distributed.agree import agreed
 from ppprof.distributed.pipe import Pipe
-from ppprof.fit.samples import read_samples
+from ppprof.fit.samples import Samples
 from ppprof.probe.synth import Probe
 
 log = logging.getLogger("ppprof")
 
 
+class ProbingState(Protocol):
+    """What the sequence of probes reads of the profile's state (ppprof.run.profile_state.ProfileState) and extends."""
+
+    probes: list[Probe]
+    """Every probe of the run, in order: the adaptive design appends each one it chooses."""
+    design: DesignState
+    t_probes: float
+    """When this run's probing began (time.perf_counter())."""
+    first_probe: int
+    """A resumed run's first probe not yet complete (0 otherwise)."""
+    overhead: dict | None
+    """Rank 0's pipeline overhead, measured before the probes, which the status checks plan with."""
+
+
 def probe_sequence(
-    pipe: Pipe,
-    cfg: ProfileConfig,
-    probes: list[Probe],
-    design: DesignState,
-    samples_path: Path,
-    e2e_ms: list,
-    t_probes: float,
-    first: int = 0,
-    pipeline_overhead: dict | None = None,
+    pipe: Pipe, cfg: ProfileConfig, state: ProbingState, rows: Callable[[], Samples], e2e_ms: list
 ) -> Iterator[Probe]:
-    """The probes to run, in order, from `first` (a resumed run's first probe not yet complete). Grid: `probes`.
-    Adaptive: the initial design, then after each probe (once the caller has appended its rows to `samples_path`
-    and its end-to-end latencies to `e2e_ms`) the next one rank 0 chooses, appended to `probes`, until it stops;
-    every rank gets the same probe or the stop. A run resumed after its last whole probe (`first` = len(probes);
-    rank 0's `e2e_ms` holds the probes that ran) chooses first. `t_probes`: when this run's probing began; the
-    probes before a resume count as their end-to-end latencies. `pipeline_overhead`: rank 0's, measured before the
-    probes, which the status checks plan with."""
+    """The probes to run, in order, from state.first_probe. Grid: state.probes. Adaptive: the initial design, then
+    after each probe (once the caller has kept its rows, which `rows` gives rank 0 in memory, and appended its
+    end-to-end latencies to `e2e_ms`) the next one rank 0 chooses, appended to state.probes, until it stops; every
+    rank gets the same probe or the stop. A run resumed after its last whole probe (first_probe = len(probes); rank
+    0's `e2e_ms` holds the probes that ran) chooses first; the probes before a resume count as their end-to-end
+    latencies."""
+    probes, design, first = state.probes, state.design, state.first_probe
     if cfg.probes.design != "adaptive":
         yield from probes[first:]
         design.stopping_reason = GRID_DONE
@@ -57,18 +63,10 @@ def probe_sequence(
         decision = None
         with agreed(pipe, "choose the next probe"):
             if pipe.global_rank == 0:  # under TP, stage 0's other ranks have pipe.rank 0 too
-                decision = choose(
-                    cfg,
-                    pipe.world_size,
-                    probes,
-                    read_samples(samples_path),
-                    e2e_ms,
-                    last_s,
-                    time.perf_counter() - t_probes + spent_before,
-                    pipeline_overhead,
-                )
+                seconds = Seconds(last_s, time.perf_counter() - state.t_probes + spent_before)
+                decision = choose(cfg, pipe.world_size, probes, rows(), e2e_ms, seconds, state.overhead)
         decision = pipe.broadcast(decision)
-        record_step(design, probes, decision, time.perf_counter() - t_probes + spent_before)
+        record_step(design, probes, decision, time.perf_counter() - state.t_probes + spent_before)
         if decision.stop_reason:
             design.stopping_reason, design.uncertainty = decision.stop_reason, decision.uncertainty
             return

@@ -68,12 +68,12 @@ def resumed_probes(cfg: ProfileConfig, samples_path: Path) -> list[Probe]:
     return probes
 
 
-def resumed_latencies(samples_path: Path, probes: list[Probe]) -> list[list[float]]:
-    """The end-to-end latencies (latency_ms) of the whole probes samples.csv holds, a list a probe: what the adaptive
-    design costs its next batch from (the probes it ran before the interruption included)."""
+def resumed_latencies(frame: pd.DataFrame, probes: list[Probe]) -> list[list[float]]:
+    """The end-to-end latencies (latency_ms) of the whole probes samples.csv holds (`frame`, its rows as the resumed
+    run read them once), a list a probe: what the adaptive design costs its next batch from (the probes it ran before
+    the interruption included)."""
     if not probes:
         return []
-    frame = pd.read_csv(samples_path)
     return [frame.loc[frame["probe"] == p.index, "latency_ms"].astype(float).tolist() for p in probes]
 
 

@@ -21,6 +21,7 @@ from ppprof.config import PolicyOptions, ProfileConfig
 from ppprof.config.workload import parse_prompt_spec
 from ppprof.fit.build import PROFILE_LATENCY_MODEL, fit_samples
 from ppprof.fit.confidence import LOWER_QUANTILE
+from ppprof.fit.fitted import RunSamples
 from ppprof.fit.samples import Samples
 from ppprof.policy.builders import build_prompt_rule
 from ppprof.policy.choice import rule_domain
@@ -95,9 +96,10 @@ def status_check(cfg: ProfileConfig, pp_size: int, samples: Samples, pipeline_ov
     probes (None: not measured) standing in for run.json's."""
     settings = cfg.chunk_settings()
     workload = None if cfg.fit.prompt_lens is None else parse_prompt_spec(cfg.fit.prompt_lens, settings.context_len)
-    options = PolicyOptions(workload=workload, min_gain=cfg.fit.min_gain, pp_size=pp_size)
-    measured = {"world_size": pp_size, "pipeline_overhead": pipeline_overhead}  # what run.json will say of them
-    policy = fit_samples(samples, measured, settings, PROFILE_LATENCY_MODEL, None, options)
+    # The status and the rules only: the under-load rule (seconds of simulation) changes neither.
+    options = PolicyOptions(workload=workload, min_gain=cfg.fit.min_gain, pp_size=pp_size, load_rule=False)
+    run = {"world_size": pp_size, "pipeline_overhead": pipeline_overhead}  # what run.json will say of them
+    policy = fit_samples(RunSamples(samples, run), settings, options, PROFILE_LATENCY_MODEL)[0].data
     predicted = policy.get("predicted") or {}
     chosen = (policy.get("latency_model") or {}).get("name")
     check = StatusCheck(policy["status"], policy["reason"], options.min_gain, chosen)

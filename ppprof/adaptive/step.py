@@ -1,25 +1,26 @@
 """Rank 0's side of the adaptive design, and the design record of run.json. Each step reads the rows as the policy's
-fit reads them (samples.csv through ppprof.fit.samples, so the same bottleneck stage; less the warm-up rows
+fit reads them (the rows rank 0 holds, checked by ppprof.fit.samples, so the same bottleneck stage; less the warm-up rows
 ppprof.fit.build drops), bootstraps the model the policy's fit picks on them, and stops or chooses the next batch.
 Pure (numpy, scikit-learn); no torch."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
+from ppprof.adaptive.design import DesignStep
 from ppprof.adaptive.probes import candidate_grid
 from ppprof.adaptive.status import status_check
-from ppprof.adaptive.stop import Decision, decide
+from ppprof.adaptive.stop import Budget, Decision, decide
 from ppprof.adaptive.uncertainty import FULL_FORM, MAX_REQUESTS, MAX_SECONDS, STOPPING_REASONS, Uncertainty, bootstrap
 from ppprof.config import ProfileConfig
 from ppprof.fit.build import PROFILE_LATENCY_MODEL
 from ppprof.fit.forms import Unfittable
 from ppprof.fit.regress import fit_candidates
-from ppprof.fit.samples import Samples, read_samples
+from ppprof.fit.samples import Samples
 from ppprof.fit.selection import pick, without_warmup
 from ppprof.io import finite
 from ppprof.probe.synth import Probe
@@ -67,9 +68,17 @@ def design_fit(cfg: ProfileConfig, pp_size: int, samples: Samples) -> DesignFit:
         return DesignFit(used, None, "; ".join(failed.values()) or "no samples left after the warm-up rows")
     full = fitted.get(FULL_FORM) or fitted.get("prefix")  # the richest candidate: the terms the design identifies
     try:
-        return DesignFit(used, bootstrap(fitted[picked[0]], L, x, y, cfg.chunk_settings(), pp_size, full=full), None)
+        return DesignFit(used, bootstrap(fitted[picked[0]], (L, x, y), cfg.chunk_settings(), pp_size, full=full), None)
     except (Unfittable, ValueError) as e:
         return DesignFit(used, None, str(e))
+
+
+@dataclass(frozen=True, slots=True)
+class Seconds:
+    """The time a design step is costed from: the last probe's wall time, and the probing's so far."""
+
+    last_probe: float
+    spent: float
 
 
 def choose(
@@ -78,11 +87,10 @@ def choose(
     probes: list[Probe],
     samples: Samples,
     e2e_ms: list[list[float]],
-    last_probe_s: float,
-    seconds_spent: float,
+    seconds: Seconds,
     pipeline_overhead: dict | None = None,
 ) -> Decision:
-    """Rank 0, after every probe in `probes` ran (`samples`: samples.csv read back; e2e_ms[probe][request]): fit,
+    """Rank 0, after every probe in `probes` ran (`samples`: their rows, held in memory; e2e_ms[probe][request]): fit,
     bootstrap, judge the status as the profile's fit would (with `pipeline_overhead`, measured before the probes),
     and stop or choose the next batch (costed from what the probes so far took)."""
     requests_run = len(samples)
@@ -92,44 +100,31 @@ def choose(
         log.warning(
             "the samples so far do not determine the latency model (%s): the initial design runs again", step.error
         )
-        if cfg.probes.max_seconds is not None and seconds_spent >= cfg.probes.max_seconds:
+        if cfg.probes.max_seconds is not None and seconds.spent >= cfg.probes.max_seconds:
             return Decision(stop_reason=MAX_SECONDS)
         left = min(cfg.request_budget - requests_run, cfg.probes.requests_per_probe)
         if left <= 0:
             return Decision(stop_reason=MAX_REQUESTS)
         return Decision(points=[(r.prefix_len, r.chunk_size) for r in probes[0].requests][:left])
     cand_L, cand_x = (np.array(v) for v in candidate_grid(cfg))
-    overhead_ms = max(0.0, (last_probe_s * 1e3 - float(np.sum(e2e_ms[-1]))) / len(probes[-1].requests))
+    overhead_ms = max(0.0, (seconds.last_probe * 1e3 - float(np.sum(e2e_ms[-1]))) / len(probes[-1].requests))
     # samples.csv holds the requests of every probe that ran, in order (a resumed run's earlier ones too), and
     # e2e_ms theirs.
     e2e_per_stage_ms = float(np.median(np.concatenate(e2e_ms) / samples.chunk_latency_ms))
     cost_s = (e2e_per_stage_ms * u.model.chunk_latency_ms(cand_L, cand_x) + overhead_ms) / 1e3
-    return decide(
-        u,
-        cfg.chunk_settings(),
-        pp_size,
-        step.used.prefix_len,
-        step.used.chunk_size,
-        cand_L,
-        cand_x,
-        check=status_check(cfg, pp_size, samples, pipeline_overhead),
-        steps=len(probes),
-        cost_s=cost_s,
-        requests_run=requests_run,
-        seconds_spent=seconds_spent,
-        requests_per_probe=cfg.probes.requests_per_probe,
-        max_requests=cfg.request_budget,
-        max_seconds=cfg.probes.max_seconds,
+    rows = (step.used.prefix_len, step.used.chunk_size)
+    check = status_check(cfg, pp_size, samples, pipeline_overhead)
+    design = DesignStep(u, cfg.chunk_settings(), pp_size, rows, (cand_L, cand_x), cost_s, check)
+    budget = Budget(
+        requests_run, seconds.spent, cfg.probes.requests_per_probe, cfg.request_budget, cfg.probes.max_seconds
     )
+    return decide(design, budget, steps=len(probes))
 
 
-def final_uncertainty(cfg: ProfileConfig, pp_size: int, samples_path: Path) -> tuple[dict | None, str | None]:
-    """(Uncertainty.to_dict(), None) of the whole samples.csv, or (None, why not): what a run records where no design
-    step bootstrapped its last rows (the grid design; an adaptive one stopped by a budget)."""
-    try:
-        step = design_fit(cfg, pp_size, read_samples(samples_path))
-    except ValueError as e:  # samples.csv as the fit would refuse it; the fit names the row
-        return None, str(e)
+def final_uncertainty(cfg: ProfileConfig, pp_size: int, samples: Samples) -> tuple[dict | None, str | None]:
+    """(Uncertainty.to_dict(), None) of the whole run's samples, or (None, why not): what a run records where no
+    design step bootstrapped its last rows (the grid design; an adaptive one stopped by a budget)."""
+    step = design_fit(cfg, pp_size, samples)
     return (None, step.error) if step.uncertainty is None else (step.uncertainty.to_dict(), None)
 
 
@@ -137,18 +132,22 @@ def design_record(
     cfg: ProfileConfig,
     design: DesignState,
     probes: list[Probe],
-    samples_path: Path,
+    rows: Callable[[], Samples],
     pp_size: int,
-    probe_wall_s: float,
-    forward_tokens: int,
+    spent: tuple[float, int],
 ) -> dict:
-    """run.json's `design` (policy.json copies it): what the probing of `probes` cost, why it stopped, and the
-    uncertainty of the table, the predicted TTFT and the coefficients of the policy fit's model on the whole
-    samples.csv (for the grid too, from the same bootstrap)."""
+    """run.json's `design` (policy.json copies it): what the probing of `probes` cost (`spent`: its wall seconds and
+    forward tokens a stage), why it stopped, and the uncertainty of the table, the predicted TTFT and the
+    coefficients of the policy fit's model on the whole run's samples (`rows`, held in memory; called only where no
+    step judged the last ones: for the grid too, from the same bootstrap)."""
+    probe_wall_s, forward_tokens = spent
     reason = design.stopping_reason or GRID_DONE
     u, error = design.uncertainty, None
     if u is None:
-        u, error = final_uncertainty(cfg, pp_size, samples_path)
+        try:
+            u, error = final_uncertainty(cfg, pp_size, rows())
+        except ValueError as e:  # the rows as the fit would refuse them; the fit names the row
+            u, error = None, str(e)
     return finite(
         {
             "design": cfg.probes.design,

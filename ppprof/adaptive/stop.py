@@ -11,13 +11,13 @@ from ppprof.adaptive.design import (
     BATCH_GROWTH,
     MIN_BATCH_GROWTH,
     MIN_BATCH_SECONDS,
+    DesignStep,
     next_batch,
     term_errors,
     term_tolerances,
 )
 from ppprof.adaptive.status import StatusCheck
 from ppprof.adaptive.uncertainty import MAX_REQUESTS, MAX_SECONDS, STABLE, Uncertainty
-from ppprof.config import ChunkSettings
 
 MIN_STEPS = 3
 """The design stops after this many probes at the earliest: the status's resampling draws a probe's level whole, and
@@ -37,29 +37,26 @@ class Decision:
     uncertainty: dict | None = None
 
 
-def decide(
-    u: Uncertainty,
-    settings: ChunkSettings,
-    pp_size: int,
-    rows_L,
-    rows_x,
-    cand_L,
-    cand_x,
-    *,
-    check: StatusCheck | None,
-    steps: int = MIN_STEPS,
-    cost_s: np.ndarray,
-    requests_run: int,
-    seconds_spent: float,
-    requests_per_probe: int,
-    max_requests: int | None,
-    max_seconds: float | None,
-) -> Decision:
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """What the probing has spent (requests, seconds) and may spend: requests a probe, and the most requests and
+    seconds in all (None: no bound)."""
+
+    requests_run: int
+    seconds_spent: float
+    requests_per_probe: int
+    max_requests: int | None = None
+    max_seconds: float | None = None
+
+
+def decide(step: DesignStep, budget: Budget, steps: int = MIN_STEPS) -> Decision:
     """Stop when the decision is sure (sure_enough) and the model choice settled (choice_settled), or a budget is
-    spent; else the next batch, sized to BATCH_GROWTH x
-    the time spent and to what the budgets leave, aimed at what the stop waits on. `check`: the status the fit would
-    write on the samples so far (None: judge the table and predicted TTFT alone, as before a status is judged)."""
-    errors = term_errors(u, rows_L, rows_x, term_tolerances(u.model, settings, int(np.max(cand_L))))
+    spent; else the next batch, sized to BATCH_GROWTH x the time spent and to what the budgets leave, aimed at what
+    the stop waits on. step.check: the status the fit would write on the samples so far (None: judge the table and
+    predicted TTFT alone, as before a status is judged). `steps`: the probes run so far."""
+    u, check, (rows_L, rows_x) = step.u, step.check, step.rows
+    tolerances = term_tolerances(u.model, step.settings, int(np.max(step.candidates[0])))
+    errors = term_errors(u, rows_L, rows_x, tolerances)
     settled = choice_settled(check, errors)
     record = (
         u.to_dict()
@@ -68,19 +65,19 @@ def decide(
     )
     if steps >= MIN_STEPS and sure_enough(u, check) and settled:
         return Decision(stop_reason=STABLE, uncertainty=record)
-    left_requests = requests_per_probe if max_requests is None else min(requests_per_probe, max_requests - requests_run)
+    per_probe, spent = budget.requests_per_probe, budget.seconds_spent
+    left_requests = (
+        per_probe if budget.max_requests is None else min(per_probe, budget.max_requests - budget.requests_run)
+    )
     if left_requests <= 0:
         return Decision(stop_reason=MAX_REQUESTS, uncertainty=record)
-    budget = max(BATCH_GROWTH * seconds_spent, MIN_BATCH_SECONDS)
-    if max_seconds is not None:
-        if seconds_spent >= max_seconds:
+    seconds = max(BATCH_GROWTH * spent, MIN_BATCH_SECONDS)
+    if budget.max_seconds is not None:
+        if spent >= budget.max_seconds:
             return Decision(stop_reason=MAX_SECONDS, uncertainty=record)
-        budget = min(budget, max_seconds - seconds_spent)
-    least = min(MIN_BATCH_GROWTH * seconds_spent, budget)
-    points = next_batch(
-        u, settings, pp_size, rows_L, rows_x, cand_L, cand_x, cost_s, budget, left_requests, check, least
-    )
-    return Decision(points=points, uncertainty=record)
+        seconds = min(seconds, budget.max_seconds - spent)
+    least = min(MIN_BATCH_GROWTH * spent, seconds)
+    return Decision(points=next_batch(step, seconds, left_requests, least), uncertainty=record)
 
 
 def sure_enough(u: Uncertainty, check: StatusCheck | None) -> bool:

@@ -153,19 +153,19 @@ class Uncertainty:
 
 def bootstrap(
     fit: Fit,
-    L,
-    x,
-    y,
+    rows: tuple,
     settings: ChunkSettings,
     pp_size: int,
+    *,
+    full: Fit | None = None,
     replicates: int = REPLICATES,
     seed: int = BOOTSTRAP_SEED,
-    full: Fit | None = None,
 ) -> Uncertainty:
-    """Bootstrap `fit`, a model fitted with the policy's trimming to the rows L, x, y (ppprof.fit.regress's
-    fit_candidates); `full`: the richest candidate fitted to them (Uncertainty.full; `fit` itself where None and it
-    has a prefix term). Raises Unfittable where its rule has no positive target latency."""
-    L, x, y = (np.asarray(v) for v in (L, x, y))
+    """Bootstrap `fit`, a model fitted with the policy's trimming to `rows`, (L, x, y): prefix lengths, chunk sizes
+    and latencies (ppprof.fit.regress's fit_candidates); `full`: the richest candidate fitted to them
+    (Uncertainty.full; `fit` itself where None and it has a prefix term). Raises Unfittable where its rule has no
+    positive target latency."""
+    L, x, y = (np.asarray(v) for v in rows)
     model, fit_rows = fit.model, fit.fit_rows
     terms = model_terms(model.name)
     target = model.target_ms(settings.base_chunk_size)

@@ -27,7 +27,7 @@ from ppprof.config import BENCH_STRATEGIES, DEFAULT_STRATEGIES, BenchConfig
 from ppprof.distributed.launch import TORCHRUN_OPTIONS
 from ppprof.run.bench_job import bench_rank
 from ppprof.run.checks import bench_world_check
-from ppprof.run.job import start
+from ppprof.run.job import JobFlags, start
 from ppprof.run.settings import resolve_bench
 
 PROFILES = "[the profile's]"
@@ -147,11 +147,7 @@ def bench(policy_path, **options) -> None:
             "bench",
             functools.partial(bench_rank, overwrite=overwrite, policy=policy),
             cfg,
-            cfg.profile,
             torchrun,
-            resolved=resolved_config is not None,
-            fault=None,
-            world_check=bench_world_check(cfg),
-            overwrite=overwrite,
+            JobFlags(resolved=resolved_config is not None, overwrite=overwrite, world_check=bench_world_check(cfg)),
         )
     )

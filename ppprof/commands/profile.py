@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -24,7 +25,7 @@ from ppprof.commands.options import (
 from ppprof.config import DESIGNS
 from ppprof.distributed.launch import TORCHRUN_OPTIONS
 from ppprof.probe.loop import FAULTS
-from ppprof.run.job import start
+from ppprof.run.job import JobFlags, start
 from ppprof.run.profile_job import profile_rank
 from ppprof.run.settings import resolve_config, resume_config
 
@@ -157,49 +158,78 @@ PROFILE_ADVANCED = TORCHRUN_PARAMS | {
     "Example: ppprof profile --dry-run --model config.json --pp-size 4 --tp-size 8 --device-memory 80GiB",
 )
 @with_options(*PROFILE_OPTIONS)
-def profile(
-    config_path, resolved_config, inject_fault, overwrite, resume_dir, dry_run, device_memory, as_json, **options
-) -> None:
+def profile(**options) -> None:
     """Profile prefill chunks on every stage of a pipeline and write samples.csv, run.json and policy.json.
 
     Without torchrun it starts its own ranks (--nproc-per-node per node, by default --pp-size x --tp-size;
     torchrun's multi-node options work too). Started by torchrun (`torchrun --nproc-per-node 2 -m ppprof profile
     ...`) it runs as one rank. The ranks form a (pp, tp) mesh: rank = stage x tp-size + TP rank.
     """
-    torchrun = {name: options.pop(name) for name, _ in TORCHRUN_OPTIONS}
-    if dry_run or device_memory is not None or as_json:
-        check_dry_run_flags(dry_run, device_memory, as_json, resume_dir)
-        return show_dry_run(resolve_config(config_path, options), device_memory, as_json, torchrun.get("nnodes"))
-    if resolved_config is not None:
-        cfg = resolve_config(None, json.loads(resolved_config))
-    elif resume_dir is not None:
-        check_resume_flags(resume_dir, options.get("out"), overwrite)
-        cfg = resume_config(resume_dir, config_path, options)
+    given = ProfileFlags.of(options)
+    if given.dry_run or given.device_memory is not None or given.as_json:
+        check_dry_run_flags(given)
+        cfg = resolve_config(given.config_path, given.settings)
+        return show_dry_run(cfg, given.device_memory, given.as_json, given.torchrun.get("nnodes"))
+    resume = given.resume_dir is not None
+    if given.resolved_config is not None:
+        cfg = resolve_config(None, json.loads(given.resolved_config))
+    elif resume:
+        check_resume_flags(given.resume_dir, given.settings.get("out"), given.overwrite)
+        cfg = resume_config(given.resume_dir, given.config_path, given.settings)
     else:
-        cfg = resolve_config(config_path, options)
-    rank_main = functools.partial(profile_rank, resume=resume_dir is not None, overwrite=overwrite)
-    sys.exit(
-        start(
-            "profile",
-            rank_main,
-            cfg,
-            cfg,
-            torchrun,
-            resolved_config is not None,
-            inject_fault,
-            overwrite=overwrite,
-            resume=resume_dir is not None,
-        )
+        cfg = resolve_config(given.config_path, given.settings)
+    rank_main = functools.partial(profile_rank, resume=resume, overwrite=given.overwrite)
+    flags = JobFlags(
+        resolved=given.resolved_config is not None, fault=given.inject_fault, overwrite=given.overwrite, resume=resume
     )
+    sys.exit(start("profile", rank_main, cfg, given.torchrun, flags))
 
 
-def check_dry_run_flags(dry_run: bool, device_memory: str | None, as_json: bool, resume_dir: str | None) -> None:
+@dataclass(frozen=True, slots=True)
+class ProfileFlags:
+    """`ppprof profile`'s options, split once: what selects the run (--config, --resolved-config, --inject-fault,
+    --overwrite, --resume, the dry run's --dry-run, --device-memory and --json), torchrun's options, and the
+    settings (`settings`: the flags ppprof.run.settings resolves, as given)."""
+
+    config_path: str | None
+    resolved_config: str | None
+    inject_fault: str | None
+    overwrite: bool
+    resume_dir: str | None
+    dry_run: bool
+    device_memory: str | None
+    as_json: bool
+    torchrun: dict
+    settings: dict
+
+    @classmethod
+    def of(cls, options: dict) -> ProfileFlags:
+        settings = dict(options)
+        torchrun = {name: settings.pop(name) for name, _ in TORCHRUN_OPTIONS}
+        own = {name: settings.pop(name) for name in RUN_FLAGS}
+        return cls(**own, torchrun=torchrun, settings=settings)
+
+
+RUN_FLAGS = (
+    "config_path",
+    "resolved_config",
+    "inject_fault",
+    "overwrite",
+    "resume_dir",
+    "dry_run",
+    "device_memory",
+    "as_json",
+)
+"""ProfileFlags' own fields: the options that are not settings."""
+
+
+def check_dry_run_flags(given: ProfileFlags) -> None:
     """--device-memory and --json go with --dry-run, which resumes nothing."""
-    if not dry_run:
-        flag = "--device-memory" if device_memory is not None else "--json"
+    if not given.dry_run:
+        flag = "--device-memory" if given.device_memory is not None else "--json"
         raise ValueError(f"{flag} is a setting of the dry run: add --dry-run")
-    if resume_dir is not None:
-        raise ValueError(f"--dry-run with --resume {resume_dir}: a dry run starts no rank; drop --resume")
+    if given.resume_dir is not None:
+        raise ValueError(f"--dry-run with --resume {given.resume_dir}: a dry run starts no rank; drop --resume")
 
 
 def check_resume_flags(resume_dir: str, out: str | None, overwrite: bool) -> None:

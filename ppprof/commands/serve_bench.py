@@ -31,7 +31,7 @@ from ppprof.io import append_lines
 from ppprof.manifest import write_result
 from ppprof.policy.planners import default_pp_size
 from ppprof.policy.policy_file import load
-from ppprof.run.job import start
+from ppprof.run.job import JobFlags, start
 from ppprof.run.serve_job import serve_rank
 from ppprof.run.serve_trace import trace_rank
 from ppprof.run.settings import check_output_file, resolve_serve
@@ -150,7 +150,7 @@ def serve_bench_command(policy_path, simulate, resolved_config, **flags) -> None
     if resolved_config is not None:  # a rank the launcher started
         serve = ServeBenchConfig.from_dict(json.loads(resolved_config))
         rank = serve_rank if serve.trace is None else trace_rank
-        sys.exit(start("serve-bench", rank, serve, serve.profile, torchrun, resolved=True, fault=None))
+        sys.exit(start("serve-bench", rank, serve, torchrun, JobFlags(resolved=True)))
     if policy_path is None:
         raise click.UsageError("Missing argument 'POLICY': give the policy.json of a profile")
     trace_flags = {k: flags.pop(k) for k in TRACE_FLAGS}
@@ -177,8 +177,7 @@ def serve_bench_command(policy_path, simulate, resolved_config, **flags) -> None
     profile = {k: flags.pop(k) for k in ("nproc_per_node", "device", "torch_threads", "timeout")}
     serve, policy = resolve_serve(policy_path, {**flags, "profile": profile}, trace)
     rank = serve_rank if trace is None else trace_rank
-    rank = functools.partial(rank, policy=policy)
-    sys.exit(start("serve-bench", rank, serve, serve.profile, torchrun, resolved=False, fault=None))
+    sys.exit(start("serve-bench", functools.partial(rank, policy=policy), serve, torchrun))
 
 
 @dataclass(frozen=True, slots=True)

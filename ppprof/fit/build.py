@@ -1,11 +1,13 @@
-"""From samples to a policy: drop the warm-up rows, fit the candidate models, select and gate one, assemble the
-policy dict and write it (with the plots where asked)."""
+"""From samples to a policy, in one pass over samples held in memory (`fit_samples`: RunSamples in, the contract
+and the report out): drop the warm-up rows, fit the candidate models, select and gate one, choose the rules, score the
+packed forwards, choose the under-load rule. `fit_and_save` writes what it returns (with the plots where asked);
+`fit` (`ppprof fit`) first reads the checkpoint files."""
 
 from __future__ import annotations
 
 import datetime as dt
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ppprof import __version__
@@ -15,10 +17,11 @@ from ppprof.config.workload import Workload
 from ppprof.fit.calibrate import calibration_of
 from ppprof.fit.calibrate import none as no_calibration
 from ppprof.fit.confidence import RESAMPLES, SEED, Pricing, gain_interval, plans_by_model, rechosen_refits
-from ppprof.fit.packed import PackedRows, packed_forwards, read_packed
+from ppprof.fit.fitted import Report, RunSamples, document
+from ppprof.fit.packed import packed_forwards
 from ppprof.fit.parity import sglang_fit
 from ppprof.fit.plots import write_plots
-from ppprof.fit.samples import Samples, provenance, read_run, read_samples
+from ppprof.fit.samples import Samples, provenance
 from ppprof.fit.selection import candidate_table, choice_set, fit_used_rows, select_and_gate, without_warmup
 from ppprof.fit.settings import LATENCY_MODEL_CHOICES, resolve_policy_options, resolve_settings
 from ppprof.io import finite
@@ -34,7 +37,7 @@ from ppprof.servers.sglang import PARITY
 from ppprof.serving.underload import choose_load
 
 PROFILE_LATENCY_MODEL = "auto"
-"""The latency model a profile's own fit (fit_run) asks for, and so the one its adaptive design judges."""
+"""The latency model a profile's own fit asks for, and so the one its adaptive design judges."""
 
 
 def overhead_of(run: dict | None, given: float | None) -> dict:
@@ -68,35 +71,41 @@ def profiled_stages(run: dict | None, samples: Samples | None = None) -> int:
     return len(samples.stage_totals_ms) if samples is not None and samples.stage_totals_ms else 1
 
 
+@dataclass(frozen=True, slots=True)
+class Gated:
+    """The fit's outcome before the rules: the model (None: none passed), the status its gates give and why, the
+    profile's calibration of it (None: not measured), the resampled fits whose gains give the interval the status
+    reads ((models, chosen, point fits) of confidence.rechosen_refits; None: the point gain alone decides), and
+    whether it is SGLang's own fit (`parity`: its own rule, as its server would run it)."""
+
+    model: LatencyModel | None
+    status: str
+    reason: str
+    calibration: dict | None = None
+    resampled: tuple[list, list[str], dict[str, LatencyModel]] | None = None
+    parity: bool = False
+
+
 def carried(
-    model: LatencyModel | None,
-    status: str,
-    reason: str,
-    settings: ChunkSettings,
-    measured: dict | None,
-    run: dict | None,
-    options: PolicyOptions,
-    parity: bool,
-    calibration: dict | None = None,
-    resampled: tuple[list, list[str], dict[str, LatencyModel]] | None = None,
+    gated: Gated, settings: ChunkSettings, measured: dict | None, run: dict | None, options: PolicyOptions
 ) -> dict:
     """The policy's fields beyond the fit: overhead, calibration, stages, workload, the history-only table, the
     prompt-aware rule, what they are predicted to give, and the status and reason that follow. `measured`: the
     profiled domain, None for none (chunks up to B, prompts up to the context). The rules are chosen on the planning
-    model (LatencyModel.planning); `resampled`: (models, chosen, point fits) of confidence.rechosen_refits, whose
-    gains give the interval the status reads (None: the point gain alone decides, as for a rechosen policy)."""
+    model (LatencyModel.planning)."""
+    model, status, reason, resampled = gated.model, gated.status, gated.reason, gated.resampled
     overhead = overhead_of(run, options.overhead_ms)
-    calibration = calibration or no_calibration("not measured")
+    calibration = gated.calibration or no_calibration("not measured")
     stages = options.pp_size or profiled_stages(run)
     dom = rule_domain(settings, measured, options.extrapolate)
     workload = options.workload or Workload(*map(tuple, default_workload(settings, dom)))
     lengths = list(workload.prompt_lens)
     out = {"overhead": overhead, "calibration": calibration, "num_stages": stages, "workload": workload.to_dict()}
-    if model is None or status == "static" or parity:
+    if model is None or status == "static" or gated.parity:
         size = settings.base_chunk_size
         table = {"prefix_len": [0], "chunk_size": [size]}
         rule = PromptRule.fixed(size)
-        if parity and model is not None and status == "dynamic":  # SGLang's own rule, as its server would run it
+        if gated.parity and model is not None and status == "dynamic":  # SGLang's own rule, as its server runs it
             starts, sizes = build_table(model, settings, model.target_ms(size))
             table = {"prefix_len": starts, "chunk_size": sizes}
             rule = PromptRule([1], [math.inf], [0], [starts], [sizes], max(sizes))
@@ -131,18 +140,37 @@ def carried(
 
 
 def fit_samples(
-    samples: Samples,
-    run: dict | None,
+    measured: RunSamples,
     settings: ChunkSettings,
+    options: PolicyOptions | None = None,
     latency_model: str = "auto",
     parity: str | None = None,
-    options: PolicyOptions | None = None,
-) -> dict:
-    """Fit and gate, then choose the rules (ppprof.policy.choice); return the policy dict (nothing is written).
-    parity PARITY: SGLang's own fit and rule instead (ppprof.fit.parity), for the quadratic model only."""
+) -> tuple[Policy, Report]:
+    """The fit, in one pass over samples held in memory: fit and gate the latency model (parity PARITY: SGLang's own
+    fit and rule instead, ppprof.fit.parity, for the quadratic model only), choose the rules (ppprof.policy.choice),
+    score the model on the packed forwards where there are any (ppprof.fit.packed), and choose the under-load rule
+    (ppprof.serving.underload; options.load_rule False: none). Returns the contract a server reads and the report
+    beside it (ppprof.fit.fitted.document joins them into policy.json's document); nothing is read or written."""
+    samples, run = measured.samples, measured.run
     options = options or PolicyOptions()
     if options.pp_size is None:  # the profile's stages, or the samples' where no run.json says
         options = replace(options, pp_size=profiled_stages(run, samples))
+    gated, target, diag = gate(samples, latency_model, parity, settings)
+    gated = replace(gated, calibration=calibration_of(run, gated.model, samples.bottleneck_stage))
+    rules = carried(gated, settings, domain(samples), run, options) | {"parity": PARITY if parity else None}
+    data = assemble(measured, settings, gated.model, target, diag)
+    data = finite(data | {"status": rules.pop("status"), "reason": rules.pop("reason")} | rules | design_of(run))
+    if gated.model is not None and measured.packed is not None:  # scored, never fitted
+        score = packed_forwards(gated.model, measured.packed, samples.bottleneck_stage, samples)
+        data["packed_forwards"] = finite(score)
+    data = with_load(data, options)
+    return Policy.of(data), Report.of(data)
+
+
+def gate(
+    samples: Samples, latency_model: str, parity: str | None, settings: ChunkSettings
+) -> tuple[Gated, float | None, dict]:
+    """(the model and its status, its target latency, the diagnostics) of the fit asked for, before the rules."""
     if latency_model not in LATENCY_MODEL_CHOICES:
         raise ValueError(f"--latency-model {latency_model} is unknown: use one of {', '.join(LATENCY_MODEL_CHOICES)}")
     if parity is not None:
@@ -154,18 +182,7 @@ def fit_samples(
         model, reason, diag = sglang_fit(samples)
         diag.update({"requested_model": latency_model, "bottleneck_stage": samples.bottleneck_stage})
         target = None if model is None else model.target_ms(settings.base_chunk_size)
-        rules = carried(
-            model,
-            "dynamic" if model else "static",
-            reason,
-            settings,
-            domain(samples),
-            run,
-            options,
-            True,
-            calibration_of(run, model, samples.bottleneck_stage),
-        )
-        return assemble(samples, run, settings, model, target, diag, rules | {"parity": PARITY})
+        return Gated(model, "dynamic" if model else "static", reason, parity=True), target, diag
     # The first timed request ran cold (no warm-up), and SGLang drops the first of its prefix-free probes: both go
     # (one row when the file starts with a prefix-free request, as `ppprof profile` writes it).
     used, dropped = without_warmup(samples)
@@ -182,72 +199,51 @@ def fit_samples(
     if status == "dynamic":  # the interval over resamples that each choose their model again (auto), or refit it
         names = choice_set(fitted, used)[0] if latency_model == "auto" else [model.name]
         resampled = (*rechosen_refits(fitted, names, used, RESAMPLES, SEED), {n: fitted[n].model for n in names})
-    calibration = calibration_of(run, model, samples.bottleneck_stage)
-    rules = carried(model, status, reason, settings, domain(samples), run, options, False, calibration, resampled)
-    return assemble(samples, run, settings, model, target, diag, rules | {"parity": None})
+    return Gated(model, status, reason, resampled=resampled), target, diag
 
 
-def with_packed(policy: dict, packed: PackedRows | None, samples: Samples) -> dict:
-    """The policy with its packed_forwards (ppprof.fit.packed: the packed forwards' rows of the samples' bottleneck
-    stage, scored on its latency model and on the samples' own latencies, never fitted) where it has a model and
-    there are rows."""
-    if policy["latency_model"] is None or packed is None:
-        return policy
-    model = LatencyModel.from_dict(policy["latency_model"])
-    return policy | {"packed_forwards": finite(packed_forwards(model, packed, samples.bottleneck_stage, samples))}
-
-
-def with_load(policy: dict, async_depth: int = 0) -> dict:
+def with_load(policy: dict, options: PolicyOptions) -> dict:
     """The policy with its under-load rule (ppprof.serving.underload: chosen by simulating the serving scheduler on
-    its planning model at closed-loop levels, `async_depth` slots beyond the stages) where one beats its idle rules
-    under load, and what it was chosen on in its diagnostics (`under_load`); a parity policy (SGLang's own rule) is
-    left as SGLang runs it."""
+    its planning model at closed-loop levels, options.async_depth slots beyond the stages) where one beats its idle
+    rules under load, and what it was chosen on in its diagnostics (`under_load`); a parity policy (SGLang's own
+    rule) is left as SGLang runs it. options.load_rule False (--no-load-rule): no under-load rule, and the
+    diagnostics say it was not chosen."""
+    if not options.load_rule:
+        return policy | {"diagnostics": policy["diagnostics"] | {"under_load": {"skipped": "--no-load-rule"}}}
     if policy["latency_model"] is None or policy.get("parity") is not None:
         return policy
-    load, evidence = choose_load(Policy.of(policy), async_depth)
+    load, evidence = choose_load(Policy.of(policy), options.async_depth)
     diagnostics = policy["diagnostics"] | {"under_load": evidence}
     return finite(policy | {"diagnostics": diagnostics} | ({"load": load} if load else {}))
 
 
-def without_load(policy: dict) -> dict:
-    """The policy as --no-load-rule leaves it: no under-load rule, and its diagnostics saying it was not chosen."""
-    return policy | {"diagnostics": policy["diagnostics"] | {"under_load": {"skipped": "--no-load-rule"}}}
+def design_of(run: dict | None) -> dict:
+    """How the samples were collected, as run.json records it ({} for a plain CSV or an older run)."""
+    return {"design": (run or {})["design"]} if isinstance((run or {}).get("design"), dict) else {}
 
 
 def assemble(
-    samples: Samples,
-    run: dict | None,
-    settings: ChunkSettings,
-    model: LatencyModel | None,
-    target: float | None,
-    diag: dict,
-    rules: dict,
+    measured: RunSamples, settings: ChunkSettings, model: LatencyModel | None, target: float | None, diag: dict
 ) -> dict:
-    """The policy dict: the model, the rule's settings, diagnostics, provenance, domain and the rules (`carried`:
-    status, reason, overhead, stages, workload, tables, predictions, parity)."""
-    prov = provenance(run, samples)
+    """The policy's fields of the fit: the model, the rule's settings, diagnostics, provenance and domain (the
+    status, the reason and the rules follow, carried)."""
+    prov = provenance(measured.run, measured.samples)
     prov.update(
         {"created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "ppprof_version": __version__}
     )
-    # How the samples were collected, as run.json records it (absent for a plain CSV or an older run).
-    design = {"design": (run or {})["design"]} if isinstance((run or {}).get("design"), dict) else {}
-    return finite(
-        {
-            "schema_version": SCHEMA_VERSION,
-            "status": rules.pop("status"),
-            "reason": rules.pop("reason"),
-            "latency_model": None if model is None else model.to_dict(),
-            "settings": settings.to_dict(),
-            "target_latency_ms": target,
-            "target_chunk_latency_ms": None if model is None else model.c + target,
-            "rule": RULE_TEXT,
-            "diagnostics": diag,
-            "provenance": prov,
-            "domain": domain(samples),
-            **rules,
-            **design,
-        }
-    )
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "status": None,
+        "reason": None,
+        "latency_model": None if model is None else model.to_dict(),
+        "settings": settings.to_dict(),
+        "target_latency_ms": target,
+        "target_chunk_latency_ms": None if model is None else model.c + target,
+        "rule": RULE_TEXT,
+        "diagnostics": diag,
+        "provenance": prov,
+        "domain": domain(measured.samples),
+    }
 
 
 def domain(samples: Samples) -> dict:
@@ -269,29 +265,42 @@ def fit(
     policy_options: dict | None = None,
     **options,
 ) -> tuple[Path, dict]:
-    """Read, fit, gate and write the policy (default: policy.json beside the samples), scoring it on the packed
-    forwards of packed.csv where that lies beside the samples; with `plots`, also fit.png and chunks.png beside the
-    policy. Returns (path, policy)."""
-    samples_path = Path(samples_path)
-    samples = read_samples(samples_path)
-    run = read_run(samples_path)
-    settings = resolve_settings(run, samples_path, **options)
-    chosen = resolve_policy_options(run, samples_path, settings.context_len, **(policy_options or {}))
-    packed_path = RunFolder.of(samples_path).packed
-    packed = read_packed(packed_path) if packed_path.is_file() else None
-    policy = with_packed(fit_samples(samples, run, settings, latency_model, parity, chosen), packed, samples)
-    policy = with_load(policy, chosen.async_depth) if chosen.load_rule else without_load(policy)
-    out = Path(out) if out is not None else RunFolder.of(samples_path).policy
-    path = save(out, policy)
+    """`ppprof fit`: read the checkpoint files (the samples, and the run.json and packed.csv beside them where they
+    exist), fit, gate and write the policy (default: policy.json beside the samples); with `plots`, also fit.png and
+    chunks.png beside the policy. Returns (path, policy document)."""
+    measured = RunSamples.read(samples_path)
+    return fit_and_save(
+        measured, out, latency_model, plots=plots, parity=parity, policy_options=policy_options, **options
+    )
+
+
+def fit_and_save(
+    measured: RunSamples,
+    out: str | Path | None = None,
+    latency_model: str = "auto",
+    *,
+    plots: bool = False,
+    parity: str | None = None,
+    policy_options: dict | None = None,
+    **options,
+) -> tuple[Path, dict]:
+    """Fit `measured` (fit_samples) with the rule's settings and policy options of its run.json, the options given
+    winning, and write the policy (default: policy.json beside the samples) and, with `plots`, its plots. Returns
+    (path, policy document). The profile calls it on the samples it holds; nothing is read back."""
+    where = measured.samples.path
+    settings = resolve_settings(measured.run, where, **options)
+    chosen = resolve_policy_options(measured.run, where, settings.context_len, **(policy_options or {}))
+    policy = document(*fit_samples(measured, settings, chosen, latency_model, parity))
+    path = save(Path(out) if out is not None else RunFolder.of(where).policy, policy)
     if plots:
-        write_plots(samples, policy, path.parent)
+        write_plots(measured.samples, policy, path.parent)
     return path, policy
 
 
 def fit_run(run_dir: str | Path, *, load_rule: bool = True) -> Path:
     """Fit `run_dir/samples.csv` with the defaults of `run_dir/run.json` (scoring the model on `run_dir/packed.csv`
-    where it exists); write `run_dir/policy.json`, `fit.png` (measured latency vs chunk_size with the fitted curve
-    per prefix) and `chunks.png` (chunk size vs prefix_len).
+    where it exists), as the profile fits it; write `run_dir/policy.json`, `fit.png` (measured latency vs
+    chunk_size with the fitted curve per prefix) and `chunks.png` (chunk size vs prefix_len).
 
     Signature: fit_run(run_dir: str | Path, *, load_rule: bool = True) -> Path of the policy written (load_rule
     False: no under-load rule, as `ppprof fit --no-load-rule`). Raises ValueError on unreadable input, before
@@ -311,7 +320,7 @@ def rechoose(data: dict, model: LatencyModel, status: str = "dynamic", reason: s
         pp_size=data.get("num_stages"),
         workload=Workload.from_dict(workload) if workload else None,
     )
-    rules = carried(model, status, reason, settings, data.get("domain"), None, options, False, data.get("calibration"))
+    rules = carried(Gated(model, status, reason, data.get("calibration")), settings, data.get("domain"), None, options)
     target = None if model is None else model.target_ms(settings.base_chunk_size)
     # packed_forwards was scored, and load chosen, on the model this one replaces
     data = {k: v for k, v in data.items() if k not in ("packed_forwards", "load")}

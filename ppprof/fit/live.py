@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from ppprof.config import ChunkSettings, PolicyOptions
 from ppprof.config.workload import Workload
-from ppprof.fit.build import fit_samples, with_load, with_packed
+from ppprof.fit.build import fit_samples
+from ppprof.fit.fitted import RunSamples, document
 from ppprof.fit.live_forwards import LiveForwards, band, drift_rows, judge, live_forwards
 from ppprof.fit.packed import PackedRows
 from ppprof.fit.samples import Samples, read_samples
@@ -186,8 +188,9 @@ def refit(policy: dict, policy_path, forwards: Forwards, trace_paths, latency_mo
         workload=Workload.from_dict(workload) if workload and workload.get("source") != "default" else None,
     )
     requested = latency_model or (policy.get("diagnostics") or {}).get("requested_model") or "auto"
-    new = fit_samples(samples, None, settings, requested, None, options)
-    new = with_load(with_packed(new, packed_rows(live, stage, traces), samples))
+    contract, report = fit_samples(
+        RunSamples(samples, None, packed_rows(live, stage, traces)), settings, options, requested
+    )
     live_words = {
         "n_profile": n_profile,
         "level": level,
@@ -195,13 +198,13 @@ def refit(policy: dict, policy_path, forwards: Forwards, trace_paths, latency_mo
         "profile": profile_words,
         "stage": stage,
     }
-    new["provenance"] = (policy.get("provenance") or {}) | {
-        "created_at": new["provenance"]["created_at"],
-        "ppprof_version": new["provenance"]["ppprof_version"],
+    provenance = (policy.get("provenance") or {}) | {
+        "created_at": report.provenance["created_at"],
+        "ppprof_version": report.provenance["ppprof_version"],
         "bottleneck_stage": stage,
         "live": live_provenance(forwards, live, len(samples) - n_profile, live_words, policy_path),
     }
-    return finite(new)
+    return finite(document(contract, replace(report, provenance=provenance)))
 
 
 def iso(t: float) -> str:

@@ -61,6 +61,12 @@ def read_packed(path: str | Path) -> PackedRows:
         frame = pd.read_csv(io.BytesIO(path.read_bytes()), dtype={c: str for c in LIST_COLUMNS})
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as e:
         raise ValueError(f"packed file {path} is not a readable CSV ({str(e).splitlines()[0]})") from None
+    return checked_packed(frame, path)
+
+
+def checked_packed(frame: pd.DataFrame, path: Path) -> PackedRows:
+    """The PackedRows of packed.csv's rows (`frame`, its list columns as text), checked as read_packed checks the
+    file: ValueError naming `path`, the column and the row. A profile hands the rows it writes to its fit."""
     stages = sorted((int(m.group(1)), c) for c in frame.columns if (m := STAGE_COLUMN.match(str(c))))
     missing = [c for c in LIST_COLUMNS if c not in frame.columns] + ([] if stages else ["stage0_latency_ms"])
     if missing or frame.empty:

@@ -23,9 +23,9 @@ REQUIRED_COLUMNS = ("prefix_len", "chunk_size", "latency_ms")
 COLUMN_ALIASES = {"chunk_len": "chunk_size"}  # the name in samples written by ppprof 0.1 and other tools
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Samples:
-    """One row per timed request, in file order."""
+    """One row per timed request, in file order (read from a file, or held by the profile that appends it)."""
 
     prefix_len: np.ndarray  # (n,) int64
     chunk_size: np.ndarray  # (n,) int64
@@ -65,6 +65,13 @@ def read_samples(path: str | Path) -> Samples:
     """
     path = Path(path)
     raw, frame = read_frame(path)
+    return checked_samples(frame, path, hashlib.sha256(raw).hexdigest())
+
+
+def checked_samples(frame: pd.DataFrame, path: Path, sha256: str) -> Samples:
+    """The Samples of `frame`'s rows (samples.csv's columns, every required one present), checked as read_samples
+    checks a file: ValueError naming `path`, the column and the row. `sha256`: the digest of the file's bytes (a
+    profile's rank 0 hashes what it appends, and hands the rows it holds to the fit: no file read back)."""
     stage_cols = sorted((int(m.group(1)), c) for c in frame.columns if (m := STAGE_COLUMN.match(str(c))))
     numeric = numeric_columns(path, frame, list(REQUIRED_COLUMNS) + [c for _, c in stage_cols])
     for col, low in (("prefix_len", 0), ("chunk_size", 1)):
@@ -99,7 +106,7 @@ def read_samples(path: str | Path) -> Samples:
         bottleneck_stage,
         totals,
         path,
-        hashlib.sha256(raw).hexdigest(),
+        sha256,
         probe,
     )
 

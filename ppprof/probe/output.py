@@ -1,15 +1,20 @@
 """samples.csv of a profile run: one row per timed request, every stage's latency and the bottleneck stage; appended
-and flushed to disk as each probe completes, so that an interrupted or failed run keeps what it measured."""
+and flushed to disk as each probe completes, so that an interrupted or failed run keeps what it measured. The file is a
+checkpoint: rank 0 holds the rows it appends (`SamplesLog`) and hands them to the adaptive design and the fit; only
+`--resume`, `ppprof fit` and `ppprof calibrate` read it back."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
+from ppprof.fit.samples import Samples, checked_samples
 from ppprof.io import atomic_write, open_append
 from ppprof.probe.synth import Probe
 from ppprof.runfiles import stage_column
@@ -41,9 +46,9 @@ def write_samples(path: Path, frame: pd.DataFrame) -> Path:
     return atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
 
 
-def append_samples(path: Path, frame: pd.DataFrame) -> None:
-    """Append one probe's rows to samples.csv (the header with the first) in one write, flushed to the disk; an
-    OSError names the file and the cause (disk full, permission)."""
+def append_samples(path: Path, frame: pd.DataFrame) -> str:
+    """Append one probe's rows to samples.csv (the header with the first) in one write, flushed to the disk, and
+    return the text written; an OSError names the file and the cause (disk full, permission)."""
     text = frame.to_csv(index=False, header=not path.exists() or path.stat().st_size == 0)
     try:
         with open_append(path) as f:
@@ -52,6 +57,41 @@ def append_samples(path: Path, frame: pd.DataFrame) -> None:
             os.fsync(f.fileno())
     except OSError as e:
         raise OSError(e.errno, e.strerror or str(e), str(path)) from None
+    return text
+
+
+@dataclass(slots=True)
+class SamplesLog:
+    """Rank 0's samples.csv of a run, written probe by probe and held in memory: the rows appended (`frames`, a
+    resumed run's earlier rows first) and the digest of every byte the file holds, so that the adaptive design and
+    the fit read the rows from here and the file is never read back within the run."""
+
+    path: Path
+    frames: list[pd.DataFrame] = field(default_factory=list)
+    digest: hashlib._Hash = field(default_factory=hashlib.sha256)
+
+    @classmethod
+    def resumed(cls, path: Path) -> SamplesLog:
+        """The log of a resumed run: samples.csv's whole probes (complete_probes has cut it to them), read once."""
+        log = cls(path)
+        raw = path.read_bytes() if path.is_file() else b""
+        if raw.strip():
+            log.frames.append(pd.read_csv(io.BytesIO(raw)))
+        log.digest.update(raw)
+        return log
+
+    def append(self, frame: pd.DataFrame) -> None:
+        """One probe's rows: appended to the file (append_samples) and kept."""
+        self.digest.update(append_samples(self.path, frame).encode())
+        self.frames.append(frame)
+
+    def frame(self) -> pd.DataFrame:
+        """Every row so far, in file order."""
+        return pd.concat(self.frames, ignore_index=True) if self.frames else pd.DataFrame()
+
+    def samples(self) -> Samples:
+        """The rows as the fit reads them (the checks and the digest of read_samples, on the rows held)."""
+        return checked_samples(self.frame(), self.path, self.digest.hexdigest())
 
 
 log = logging.getLogger("ppprof")

@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
@@ -25,41 +26,44 @@ RESOLVED_CONFIG = "--resolved-config"
 """The hidden flag by which the launcher hands each rank the resolved settings (ppprof.commands.options)."""
 
 
-def start(
-    command: str,
-    rank_main: Callable,
-    settings,
-    profile: ProfileConfig,
-    torchrun: dict,
-    resolved: bool,
-    fault: str | None,
-    world_check: Callable[[int], None] | None = None,
-    *,
-    overwrite: bool = False,
-    resume: bool = False,
-    warn: bool = True,
-) -> int:
+@dataclass(frozen=True, slots=True)
+class JobFlags:
+    """What a command's line says of its job beyond the settings: `resolved`, this process is a rank the launcher
+    started with the settings resolved (--resolved-config); `fault`, a deliberate fault (--inject-fault, testing
+    only); `overwrite`, --out may hold files; `resume`, finish the run there (--resume); `world_check(world_size)`,
+    what depends on the ranks."""
+
+    resolved: bool = False
+    fault: str | None = None
+    overwrite: bool = False
+    resume: bool = False
+    world_check: Callable[[int], None] | None = None
+
+
+def start(command: str, rank_main: Callable, settings, torchrun: dict, flags: JobFlags = JobFlags()) -> int:
     """Run `ppprof COMMAND` as a job: under torchrun this process is one rank (each rank checks the input before it
-    joins the group, so each exits 2 alike and none waits); otherwise check once, take the run folder's lock and
-    launch this node's ranks, each running `ppprof COMMAND --resolved-config JSON`. `settings` is the job's config
-    (ProfileConfig or BenchConfig), `profile` the profile settings in it; `world_check(world_size)` checks what
-    depends on the ranks; `overwrite` lets --out hold files, `resume` finishes the run there; `warn` prints the
-    profile settings' warnings (of the probes: not for a serving bench). Returns the exit code."""
+    joins the group, so each exits 2 alike and none waits); otherwise check once, print the profile settings'
+    warnings, take the run folder's lock and launch this node's ranks, each running `ppprof COMMAND
+    --resolved-config JSON`. `settings` is the job's config: a ProfileConfig, or a config with its profile settings
+    in `profile` (BenchConfig, ServeBenchConfig). Returns the exit code."""
+    profile = settings if isinstance(settings, ProfileConfig) else settings.profile
+    fault, overwrite, resume = flags.fault, flags.overwrite, flags.resume
+    world_check = flags.world_check or (lambda n: None)
     if in_worker():
-        if not resolved:
+        if not flags.resolved:
             world_size = int(os.environ["WORLD_SIZE"])
-            (world_check or (lambda n: None))(world_size)
+            world_check(world_size)
             local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
             # Across nodes a rank may start after rank 0 wrote into --out: rank 0 checks it (ppprof.run.profile_job).
             check_before_launch(profile, world_size, local, torchrun, overwrite, resume, folder=world_size == local)
         leave(rank_main(settings, fault))
     world_size = num_nodes(torchrun.get("nnodes")) * profile.parallelism.nproc_per_node
     one_node = world_size == profile.parallelism.nproc_per_node
-    (world_check or (lambda n: None))(world_size)
+    world_check(world_size)
     check_before_launch(
         profile, world_size, profile.parallelism.nproc_per_node, torchrun, overwrite, resume, folder=one_node
     )
-    print("".join(f"warning: {line}\n" for line in warnings(profile)) if warn else "", end="", file=sys.stderr)
+    print("".join(f"warning: {line}\n" for line in warnings(profile)), end="", file=sys.stderr)
     worker_args = (
         [command, RESOLVED_CONFIG, json.dumps(settings.to_dict())]
         + (["--inject-fault", fault] if fault else [])

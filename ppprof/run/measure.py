@@ -1,7 +1,8 @@
 """The profile's measuring phases: first the per-chunk pipeline overhead, pipelined through the profile's own stages
 by the bench executor (ppprof.bench.overhead); once the stage is warm, the probes in lockstep (rank 0 appends each
-probe's rows to samples.csv as it completes; the adaptive design chooses each next probe from them, judging the
-status with that overhead), then the packed forwards in lockstep (ppprof.probe.packed; rank 0 writes packed.csv)."""
+probe's rows to samples.csv as it completes and keeps them in memory; the adaptive design chooses each next probe
+from them, judging the status with that overhead), then the packed forwards in lockstep (ppprof.probe.packed; rank 0
+writes packed.csv and keeps its rows)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from ppprof.adaptive.loop import probe_sequence, status_words
 from ppprof.adaptive.probes import resumed_latencies
 from ppprof.bench.executor import WARMUP_REPEAT, BenchPrompt, BenchStage, PromptRunner
 from ppprof.bench.overhead import overhead_chunk_sizes, overhead_plans, pipeline_overhead
-from ppprof.probe.output import append_samples, samples_frame
-from ppprof.probe.packed import PackedRunner, PackLimits, pack_design, write_packed
+from ppprof.fit.packed import checked_packed
+from ppprof.probe.output import samples_frame
+from ppprof.probe.packed import PackedRunner, PackLimits, pack_design, packed_frame, write_packed
 from ppprof.run.profile_state import ProfileState
 from ppprof.run.progress import progress
 from ppprof.run.provenance import peak_memory_bytes
@@ -26,8 +28,8 @@ log = logging.getLogger("ppprof")
 
 def run_probes(run: RankRun[ProfileState]) -> None:
     """Every probe in lockstep (from the first not yet complete, for --resume); after each, every stage's latencies
-    are gathered (stage_ms[probe][stage][request]) and rank 0 appends the probe's rows to samples.csv. The adaptive
-    design chooses each next probe from the rows samples.csv holds so far (probe_sequence)."""
+    are gathered (stage_ms[probe][stage][request]) and rank 0 appends the probe's rows to samples.csv and keeps them.
+    The adaptive design chooses each next probe from the rows kept so far (probe_sequence)."""
     first, runner = run.state.first_probe, run.state.runner
     total = (
         sum(len(p.requests) for p in run.state.probes[first:])
@@ -61,10 +63,9 @@ def probe_all(run: RankRun[ProfileState], bar) -> None:
     adaptive design's decision so far."""
     state, first, runner = run.state, run.state.first_probe, run.state.runner
     # A resumed adaptive design costs its next batch from every probe that ran, those before the interruption too.
-    e2e_ms = resumed_latencies(run.folder.samples, state.probes[:first]) if run.rank == 0 else []
-    for probe in probe_sequence(
-        run.pipe, run.cfg, state.probes, state.design, run.folder.samples, e2e_ms, state.t_probes, first, state.overhead
-    ):
+    e2e_ms = resumed_latencies(state.samples_log.frame(), state.probes[:first]) if run.rank == 0 else []
+    rows = state.samples_log.samples if run.rank == 0 else None
+    for probe in probe_sequence(run.pipe, run.cfg, state, rows, e2e_ms):
         timings = runner.run_probe(probe, on_request=bar.update if bar is not None else None)
         stage_ms = run.pipe.all_gather(timings.stage_ms)
         e2e_ms.append(timings.e2e_ms)
@@ -108,6 +109,7 @@ def time_packed_forwards(run: RankRun[ProfileState]) -> None:
     if run.rank == 0:
         with run.state.record.lock:
             write_packed(run.folder.packed, packs, stage_ms)
+        run.state.packed = checked_packed(packed_frame(packs, stage_ms), run.folder.packed)  # the rows written
         log.info(
             "%d packed forwards of %d-%d pieces timed in %.1f s; every pool full again after them",
             len(packs),
@@ -156,8 +158,9 @@ def measure_overhead(run: RankRun[ProfileState]) -> None:
 
 
 def keep_samples(run: RankRun[ProfileState], probe, stage_ms: list[list[float]], e2e_ms: list[float]) -> None:
-    """Rank 0: one probe's rows (stage_ms[stage][request]) appended to samples.csv and flushed to the disk."""
+    """Rank 0: one probe's rows (stage_ms[stage][request]) appended to samples.csv, flushed to the disk, and kept in
+    memory for the design and the fit."""
     record = run.state.record
     with record.lock:
-        append_samples(run.folder.samples, samples_frame([probe], [stage_ms], [e2e_ms]))
+        run.state.samples_log.append(samples_frame([probe], [stage_ms], [e2e_ms]))
         run.state.probes_done += 1

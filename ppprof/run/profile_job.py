@@ -1,8 +1,8 @@
 """The profile job, one rank's view: prepare the run folder and the probes, build the stage, measure the per-chunk
 pipeline overhead (first, so that the adaptive design judges the status on the planning model the fit will use), warm
-up, run the probes in lockstep, time the packed forwards (ppprof.run.measure), then (rank 0) write samples.csv and
-run.json and fit the policy (ppprof.run.profile_results). The phases hand on a ProfileState
-(ppprof.run.profile_state)."""
+up, run the probes in lockstep, time the packed forwards (ppprof.run.measure), then (rank 0) write run.json and fit the
+policy (ppprof.run.profile_results). The phases hand on a ProfileState (ppprof.run.profile_state), the samples in
+memory among it: samples.csv, packed.csv and run.json are checkpoints, never read back within the run."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from ppprof.fit.plots import CHUNKS_PLOT, FIT_PLOT
 from ppprof.manifest import git_revision, write_manifest
 from ppprof.model.stage import build_stage_cache
 from ppprof.probe.loop import ProbeRunner
-from ppprof.probe.output import complete_probes
+from ppprof.probe.output import SamplesLog, complete_probes
 from ppprof.probe.synth import warmup_requests
 from ppprof.run.measure import measure_overhead, run_probes, time_packed_forwards
 from ppprof.run.profile_results import fit_policy, write_results
@@ -79,6 +79,10 @@ def prepare_run_folder(run: RankRun[ProfileState]) -> None:
             else:
                 for path in run_outputs(folder):  # --overwrite: none of an older run's results stays beside this one's
                     path.unlink(missing_ok=True)
+            # samples.csv is a checkpoint: its rows are kept in memory as they are appended (a resumed run's, read once)
+            run.state.samples_log = (
+                SamplesLog.resumed(folder.samples) if run.state.resume else SamplesLog(folder.samples)
+            )
             start_record(run, folder, probes, first)
     run_dir, run.state.probes, run.state.first_probe = run.pipe.broadcast((str(run_dir), probes, first))
     enter_folder(run, run_dir)
@@ -185,12 +189,12 @@ PHASES: tuple[Phase, ...] = (
     ("warm up", warm_up),
     ("run the probes", run_probes),
     ("time the packed forwards", time_packed_forwards),
-    ("write samples.csv and run.json", write_results),
+    ("write run.json", write_results),
     ("fit the policy", fit_policy),
 )
 
 
-def profile_rank(cfg: ProfileConfig, fault: str | None = None, resume: bool = False, overwrite: bool = False) -> int:
+def profile_rank(cfg: ProfileConfig, fault: str | None = None, *, resume: bool = False, overwrite: bool = False) -> int:
     """One rank of `ppprof profile` (`resume`: finish the interrupted run in cfg.job.out; `overwrite`: it may hold
     files); returns its exit code. A run that fails records it in run.json (status "failed: <reason>")."""
 

@@ -1,5 +1,6 @@
 """The profile's last phases, on rank 0: run.json's closing record (status complete, what ran, the design, the
-overhead) with the summary in the log, and the fit of the policy beside the samples."""
+overhead) with the summary in the log, and the fit of the policy beside the samples, on the rows and the record held
+in memory."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import pandas as pd
 import torch
 
 from ppprof.adaptive.step import design_record
@@ -22,12 +22,12 @@ log = logging.getLogger("ppprof")
 
 
 def write_results(run: RankRun[ProfileState]) -> None:
-    """Rank 0: samples.csv and run.json."""
+    """Rank 0: run.json's closing record (samples.csv holds every probe's rows already)."""
     if run.rank != 0:
         return
     probes, warmup, forward_tokens = run.state.probes, run.state.warmup, run.state.forward_tokens
     probes = probes[run.state.first_probe :]
-    frame = pd.read_csv(run.folder.samples)  # every probe's rows, appended as each completed
+    frame = run.state.samples_log.frame()  # every probe's rows, kept as each was appended
     wall_s = time.perf_counter() - run.t_start
     run.state.record.write(
         status=COMPLETE,
@@ -57,10 +57,9 @@ def write_results(run: RankRun[ProfileState]) -> None:
             run.cfg,
             run.state.design,
             probes,
-            run.folder.samples,
+            run.state.samples_log.samples,
             run.pp_size,
-            run.state.probe_wall_s,
-            int(forward_tokens[0]),
+            (run.state.probe_wall_s, int(forward_tokens[0])),
         ),
     )
     log_summary(frame, run.pp_size, wall_s, forward_tokens[0], run.folder.path)
@@ -83,23 +82,27 @@ def log_summary(frame, world_size: int, wall_s: float, forward_tokens: int, run_
 
 
 def fit_policy(run: RankRun[ProfileState]) -> None:
-    """Rank 0, unless --no-fit: policy.json and the plots beside the samples."""
+    """Rank 0, unless --no-fit: policy.json and the plots beside the samples, fitted on the rows and the run record
+    held in memory (ppprof.fit.build.fit_and_save; nothing read back)."""
     if run.rank != 0 or not run.cfg.fit.fit:
         return
-    from ppprof.fit import fit_run
+    from ppprof.fit.build import PROFILE_LATENCY_MODEL, fit_and_save
+    from ppprof.fit.fitted import RunSamples
 
-    path = fit_run(run.folder.path)
+    state = run.state
+    measured = RunSamples(state.samples_log.samples(), state.record.document(), state.packed)
+    path, policy = fit_and_save(measured, None, PROFILE_LATENCY_MODEL, plots=True)
     log.info("policy: %s", path)
-    print_summary(path)
+    print_summary(path, policy)
 
 
-def print_summary(policy_path: Path) -> None:
+def print_summary(policy_path: Path, document: dict) -> None:
     """The run's last lines, on stdout: the decision and what it means for a typical prompt of the workload, the files
     written and the next commands with the real path."""
-    from ppprof.policy.policy_file import load
+    from ppprof.policy.policy_file import from_dict
     from ppprof.policy.summary import next_commands, summary_block, typical_prompt_len
 
-    policy = load(policy_path)
+    policy = from_dict(document)
     folder = policy_path.parent
     files = sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
     lines = ["", f"profile done: {folder}"]

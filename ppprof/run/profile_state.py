@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ppprof.adaptive.step import DesignState
+from ppprof.fit.packed import PackedRows
 from ppprof.probe.loop import ProbeRunner
+from ppprof.probe.output import SamplesLog
 from ppprof.probe.synth import Probe, ProbeRequest
 from ppprof.runfiles import RunRecord
 
@@ -26,6 +28,8 @@ class ProfileState:
     """Rank 0: run.json, written with status running before the first probe."""
     probes_done: int = 0
     """Rank 0: probes whose rows samples.csv holds (named when the run is interrupted)."""
+    samples_log: SamplesLog | None = None
+    """Rank 0: samples.csv, appended probe by probe, and its rows held in memory for the design and the fit."""
     runner: ProbeRunner | None = None
     """This rank's probe loop, built at the warm-up."""
     warmup: list[ProbeRequest] = field(default_factory=list)
@@ -42,6 +46,8 @@ class ProfileState:
     """Per stage: peak device memory in bytes (None where the device does not tell)."""
     design: DesignState = field(default_factory=DesignState)
     """The probe design's stopping reason, last uncertainty and history."""
+    packed: PackedRows | None = None
+    """Rank 0: the packed forwards' rows, as packed.csv holds them (None: none timed)."""
     packed_wall_s: float = 0.0
     """The packed forwards, the untimed first included, in seconds (0: none timed)."""
     overhead: dict | None = None

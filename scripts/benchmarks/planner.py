@@ -17,7 +17,7 @@ import sys
 import time
 
 from ppprof.config import PolicyOptions
-from ppprof.fit.build import carried
+from ppprof.fit.build import Gated, carried
 from ppprof.manifest import script_parser, write_result
 from ppprof.policy import ChunkSettings, LatencyModel, from_dict, load
 from ppprof.policy.planners import STRATEGIES, plan_prompt
@@ -33,7 +33,7 @@ def synthetic_policy(context_len: int, pp_size: int, base_chunk_size: int = 8192
     settings = ChunkSettings(base_chunk_size=base_chunk_size, page_size=64, context_len=context_len)
     measured = {"prefix_len": [0, context_len], "chunk_size": [1, 4 * base_chunk_size]}
     options = PolicyOptions(min_gain=0.0, pp_size=pp_size)
-    rules = carried(model, "dynamic", "synthetic", settings, measured, None, options, False)
+    rules = carried(Gated(model, "dynamic", "synthetic"), settings, measured, None, options)
     return from_dict(
         {
             "schema_version": SCHEMA_VERSION,

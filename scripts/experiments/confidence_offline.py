@@ -63,7 +63,12 @@ def fitter(folder: str):
     samples, run = read_samples(path), read_run(path)
     settings = resolve_settings(run, path)
     options = resolve_policy_options(run, path, settings.context_len)
-    return samples, lambda s: fit_samples(s, run, settings, "auto", None, options)
+    try:  # the one fit over RunSamples (2026-12-05 on); --before may name code from before it
+        from ppprof.fit.fitted import RunSamples
+    except ImportError:
+        return samples, lambda s: fit_samples(s, run, settings, "auto", None, options)
+    idle = dataclasses.replace(options, load_rule=False)  # the status and rules only, as the older fit_samples gave
+    return samples, lambda s: fit_samples(RunSamples(s, run), settings, idle)[0].data
 
 
 def noisy(samples, sigma: float, seed: int):

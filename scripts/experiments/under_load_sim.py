@@ -20,7 +20,7 @@ import numpy as np
 from ppprof.config import ChunkSettings, PolicyOptions
 from ppprof.config.workload import Workload
 from ppprof.fit import fit
-from ppprof.fit.build import carried, with_load
+from ppprof.fit.build import Gated, carried, with_load
 from ppprof.manifest import script_parser, write_result
 from ppprof.policy import from_dict
 from ppprof.policy.rule import LatencyModel
@@ -51,8 +51,8 @@ def gpu_sized_policy(model=ATOM_MODEL, pp_size=4, base=8192, context=131072, wor
     chosen as `ppprof fit` chooses them, then its under-load rule."""
     settings = ChunkSettings(base_chunk_size=base, context_len=context, page_size=64)
     measured = {"prefix_len": [0, settings.context_len], "chunk_size": [1, 32768]}
-    options = PolicyOptions(min_gain=0.0, overhead_ms=20.0, pp_size=pp_size, workload=workload)
-    rules = carried(model, "dynamic", "a published model", settings, measured, None, options, False)
+    options = PolicyOptions(min_gain=0.0, overhead_ms=20.0, pp_size=pp_size, workload=workload, async_depth=async_depth)
+    rules = carried(Gated(model, "dynamic", "a published model"), settings, measured, None, options)
     data = {
         "schema_version": SCHEMA_VERSION,
         "latency_model": model.to_dict(),
@@ -63,7 +63,7 @@ def gpu_sized_policy(model=ATOM_MODEL, pp_size=4, base=8192, context=131072, wor
         "diagnostics": {},
         **rules,
     }
-    return from_dict(with_load(data, async_depth))
+    return from_dict(with_load(data, options))
 
 
 def atom_published_policy(async_depth=0):

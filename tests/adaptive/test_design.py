@@ -8,6 +8,7 @@ import pytest
 from ppprof.adaptive.design import (
     INITIAL_REQUESTS,
     MAX_REPEATS_PER_BATCH,
+    DesignStep,
     check_identifiable,
     d_optimal,
     feasible,
@@ -16,7 +17,7 @@ from ppprof.adaptive.design import (
     prior_cost,
     regressors,
 )
-from ppprof.adaptive.stop import decide
+from ppprof.adaptive.stop import MIN_STEPS, Budget, decide
 from ppprof.adaptive.uncertainty import MAX_REQUESTS, MAX_SECONDS, STABLE, bootstrap, table_differences
 from ppprof.config import ChunkSettings
 from ppprof.fit.least_squares import fit_model
@@ -38,21 +39,13 @@ def measure(points, noise, seed=0):
     return L, x, y
 
 
-def decide_on(L, x, y, **kw):
-    u = bootstrap(fit_candidates(L, x, y, "prefix")[0]["prefix"], L, x, y, SETTINGS, 2)
-    args = (
-        dict(
-            check=None,  # the table and predicted TTFT alone: the status checks are tested in test_step
-            cost_s=2 * TRUTH.chunk_latency_ms(CAND_L, CAND_X) / 1e3,
-            requests_run=len(L),
-            seconds_spent=1.0,
-            requests_per_probe=128,
-            max_requests=None,
-            max_seconds=None,
-        )
-        | kw
-    )
-    return u, decide(u, SETTINGS, 2, L, x, CAND_L, CAND_X, **args)
+def decide_on(L, x, y, steps=MIN_STEPS, **kw):
+    u = bootstrap(fit_candidates(L, x, y, "prefix")[0]["prefix"], (L, x, y), SETTINGS, 2)
+    cost_s = 2 * TRUTH.chunk_latency_ms(CAND_L, CAND_X) / 1e3
+    # check None: the table and predicted TTFT alone (the status checks are tested in test_step)
+    step = DesignStep(u, SETTINGS, 2, (L, x), (CAND_L, CAND_X), cost_s, check=None)
+    budget = Budget(**(dict(requests_run=len(L), seconds_spent=1.0, requests_per_probe=128) | kw))
+    return u, decide(step, budget, steps)
 
 
 def test_initial_design_determines_the_four_coefficients():

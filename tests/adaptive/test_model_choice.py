@@ -6,10 +6,11 @@ choice is not sure until the samples settle it."""
 import numpy as np
 import pytest
 
+from ppprof.adaptive.design import DesignStep
 from ppprof.adaptive.probes import candidate_grid, design_probe, initial_probes
 from ppprof.adaptive.status import status_check
 from ppprof.adaptive.step import design_fit
-from ppprof.adaptive.stop import decide
+from ppprof.adaptive.stop import Budget, decide
 from ppprof.config import ProfileConfig, sweep_chunk_sizes
 from ppprof.fit import read_samples
 from ppprof.fit.crossval import choose_model
@@ -57,23 +58,11 @@ def run_design(tmp_path, truth, sigma, max_steps=8):
         samples, e2e_ms = write(tmp_path, probes, latency)
         step = design_fit(cfg, 2, samples)
         u = step.uncertainty
-        decision = decide(
-            u,
-            cfg.chunk_settings(),
-            2,
-            step.used.prefix_len,
-            step.used.chunk_size,
-            cand_L,
-            cand_x,
-            check=None,
-            steps=len(probes),
-            cost_s=2.1 * u.model.chunk_latency_ms(cand_L, cand_x) / 1e3,
-            requests_run=len(samples),
-            seconds_spent=sum(map(sum, e2e_ms)) / 1e3,
-            requests_per_probe=128,
-            max_requests=cfg.request_budget,
-            max_seconds=None,
-        )
+        cost_s = 2.1 * u.model.chunk_latency_ms(cand_L, cand_x) / 1e3
+        rows = (step.used.prefix_len, step.used.chunk_size)
+        design = DesignStep(u, cfg.chunk_settings(), 2, rows, (cand_L, cand_x), cost_s, check=None)
+        spent = sum(map(sum, e2e_ms)) / 1e3
+        decision = decide(design, Budget(len(samples), spent, 128, cfg.request_budget), steps=len(probes))
         if decision.stop_reason:
             break
         first_rid = 1 + max(r.rid for p in probes for r in p.requests)

@@ -7,7 +7,7 @@ from ppprof.adaptive import check, initial_probes
 from ppprof.adaptive.design import INITIAL_REQUESTS
 from ppprof.adaptive.probes import candidate_grid, design_probe, resumed_latencies, resumed_probes
 from ppprof.config import ProfileConfig
-from ppprof.probe.output import samples_frame, write_samples
+from ppprof.probe.output import SamplesLog, samples_frame, write_samples
 from ppprof.probe.synth import DESIGN, make_probes, warmup_requests
 
 
@@ -65,7 +65,7 @@ def test_a_resumed_adaptive_run_takes_back_the_probes_its_design_ran(tmp_path):
     stage_ms = [[lat, lat] for lat in latencies]
     write_samples(path, samples_frame(probes, stage_ms, latencies))
     assert resumed_probes(cfg, path) == probes  # indices, steps, requests in the order they ran
-    assert resumed_latencies(path, probes[:2]) == latencies[:2]
+    assert resumed_latencies(SamplesLog.resumed(path).frame(), probes[:2]) == latencies[:2]
     # a probe missing from the middle ends what can be resumed
     write_samples(path, samples_frame([probes[0], probes[2]], [stage_ms[0], stage_ms[2]], [latencies[0], latencies[2]]))
     assert resumed_probes(cfg, path) == probes[:1]

@@ -9,7 +9,7 @@ import pytest
 from ppprof.adaptive.design import unstable_gradients
 from ppprof.adaptive.probes import candidate_grid, design_probe, initial_probes
 from ppprof.adaptive.status import StatusCheck, mean_ttft_gradient, status_check
-from ppprof.adaptive.step import choose, design_fit
+from ppprof.adaptive.step import Seconds, choose, design_fit
 from ppprof.adaptive.stop import MIN_STEPS
 from ppprof.adaptive.uncertainty import MAX_REQUESTS, STABLE, model_terms
 from ppprof.config import ProfileConfig
@@ -37,11 +37,11 @@ def test_samples_that_do_not_determine_the_model_run_the_initial_design_again_wi
     cfg = ProfileConfig(design="adaptive")
     probes = initial_probes(cfg)
     path, e2e_ms = write_run(tmp_path, probes, lambda L, x: 200.0 - 0.02 * x - 1e-3 * L)  # faster with more work
-    decision = choose(cfg, 2, probes, read_samples(path), e2e_ms, 0.5, 0.5)
+    decision = choose(cfg, 2, probes, read_samples(path), e2e_ms, Seconds(0.5, 0.5))
     assert decision.stop_reason is None and decision.uncertainty is None
     assert decision.points == [(r.prefix_len, r.chunk_size) for r in probes[0].requests]
     cfg = ProfileConfig(design="adaptive", max_requests=len(probes[0].requests))
-    assert choose(cfg, 2, probes, read_samples(path), e2e_ms, 0.5, 0.5).stop_reason == MAX_REQUESTS
+    assert choose(cfg, 2, probes, read_samples(path), e2e_ms, Seconds(0.5, 0.5)).stop_reason == MAX_REQUESTS
 
 
 def test_a_model_is_fitted_and_the_next_batch_comes_from_the_candidate_grid(tmp_path):
@@ -53,7 +53,7 @@ def test_a_model_is_fitted_and_the_next_batch_comes_from_the_candidate_grid(tmp_
         probes,
         lambda L, x: (2.0 + 7e-3 * x + 2e-6 * (2 * L * x + x * x) + 7e-5 * L) * (1 + 0.3 * ((next(rng) % 3) - 1)),
     )  # +-30%: not certain yet
-    decision = choose(cfg, 2, probes, read_samples(path), e2e_ms, 0.5, 0.5)
+    decision = choose(cfg, 2, probes, read_samples(path), e2e_ms, Seconds(0.5, 0.5))
     assert decision.stop_reason is None and decision.points
     assert set(decision.points) <= set(zip(*candidate_grid(cfg)))
     assert not decision.uncertainty["stable"]
@@ -121,7 +121,7 @@ def run_design(tmp_path, truth, num_probes, sigma=0.01):
 @pytest.mark.parametrize("truth,status", [(CLEAR, "dynamic"), (NO_GAIN, "static")])
 def test_the_design_stops_once_the_status_the_fit_writes_is_sure(tmp_path, truth, status):
     cfg, probes, path, e2e_ms = run_design(tmp_path, truth, MIN_STEPS)
-    decision = choose(cfg, 2, probes, read_samples(path), e2e_ms, 0.5, 5.0)
+    decision = choose(cfg, 2, probes, read_samples(path), e2e_ms, Seconds(0.5, 5.0))
     assert decision.stop_reason == STABLE and decision.points == []
     judged = decision.uncertainty["status"]
     assert judged["status"] == status and judged["sure"], judged
@@ -136,7 +136,7 @@ def test_the_design_stops_once_the_status_the_fit_writes_is_sure(tmp_path, truth
 
 def test_a_sure_status_does_not_stop_the_design_before_its_third_probe(tmp_path):
     cfg, probes, path, e2e_ms = run_design(tmp_path, CLEAR, MIN_STEPS - 1)
-    decision = choose(cfg, 2, probes, read_samples(path), e2e_ms, 0.5, 5.0)
+    decision = choose(cfg, 2, probes, read_samples(path), e2e_ms, Seconds(0.5, 5.0))
     assert decision.uncertainty["status"]["sure"]
     assert decision.stop_reason is None and decision.points
 
@@ -148,7 +148,7 @@ def test_a_status_the_samples_cannot_tell_asks_for_a_batch_aimed_at_its_gain(tmp
     assert check.interval is not None and not check.sure, check.to_dict()
     # A static policy carries the best fixed chunk; the gain, and so its gradient, is the prompt-aware rule's.
     assert check.status == "static" and np.linalg.norm(check.gradient) > 0
-    decision = choose(cfg, 2, probes, samples, e2e_ms, 0.5, 5.0)
+    decision = choose(cfg, 2, probes, samples, e2e_ms, Seconds(0.5, 5.0))
     assert decision.stop_reason is None and decision.points
     u = design_fit(cfg, 2, samples).uncertainty
     G, need = unstable_gradients(u, cfg.chunk_settings(), 2, check)

@@ -5,11 +5,14 @@ import pandas as pd
 import pytest
 
 from ppprof.fit import fit, fit_run
-from ppprof.fit.build import rechoose
+from ppprof.fit.build import fit_samples, rechoose
+from ppprof.fit.fitted import CONTRACT_FIELDS, DOCUMENT_ORDER, Report, RunSamples, document
 from ppprof.fit.selection import warmup_rows
+from ppprof.fit.settings import resolve_policy_options, resolve_settings
 from ppprof.fit.synthetic import SyntheticProbes, SyntheticRun, make_samples, write_run_dir
 from ppprof.policy import SCHEMA_VERSION, load, save, validate
 from ppprof.policy.rule import LatencyModel
+from ppprof.policy.runtime import Policy
 
 PREFIX_TRUE = LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=4e-4)
 
@@ -191,3 +194,22 @@ def test_a_static_policy_may_carry_a_target_that_is_not_positive(tmp_path):
     assert validate(load(save(tmp_path / "static.json", static))).startswith("static")
     with pytest.raises(ValueError, match=r"\$.target_latency_ms: 0.0 is less than or equal to the minimum of 0"):
         save(tmp_path / "dynamic.json", static | {"status": "dynamic"})
+
+
+def test_the_fit_returns_the_contract_and_the_report_that_make_up_the_file_written(tmp_path):
+    """fit_samples, on samples held in memory, returns the contract a server reads and the report beside it; joined,
+    they are the policy `ppprof fit` writes from the same rows read from the files (but for its creation time)."""
+    folder = run_dir(tmp_path)
+    measured = RunSamples.read(folder / "samples.csv")
+    settings = resolve_settings(measured.run, measured.samples.path)
+    options = resolve_policy_options(measured.run, measured.samples.path, settings.context_len, **IDLE)
+    contract, report = fit_samples(measured, settings, options)
+    assert isinstance(contract, Policy) and isinstance(report, Report)
+    assert contract.status == "dynamic" and report.predicted["fixed_best_chunk"] == contract.fixed_best_chunk
+    assert not set(report.to_dict()) & set(CONTRACT_FIELDS), "each field is the contract's or the report's"
+    ours = document(contract, report)
+    assert list(ours) == [k for k in DOCUMENT_ORDER if k in ours]
+    written = fit(folder / "samples.csv", tmp_path / "written.json", policy_options=IDLE)[1]
+    assert list(written) == list(ours)
+    assert ours | {"provenance": None} == written | {"provenance": None}
+    assert {**ours["provenance"], "created_at": None} == {**written["provenance"], "created_at": None}

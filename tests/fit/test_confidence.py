@@ -12,6 +12,7 @@ import pytest
 from ppprof.config.workload import Workload
 from ppprof.fit.build import fit_samples, rechoose
 from ppprof.fit.confidence import LOWER_QUANTILE, RESAMPLES, Pricer, Pricing, cells, gain_interval, refits
+from ppprof.fit.fitted import RunSamples
 from ppprof.fit.samples import read_run, read_samples
 from ppprof.fit.selection import fit_used_rows, select_model, without_warmup
 from ppprof.fit.settings import resolve_policy_options, resolve_settings
@@ -30,12 +31,13 @@ WRONG_FORM = 0.25
 
 
 def fitter(folder: str):
-    """(samples, fit) of a committed profile: fit(samples) is `ppprof fit`'s policy dict with its run.json's settings."""
+    """(samples, fit) of a committed profile: fit(samples) is `ppprof fit`'s policy dict with its run.json's settings
+    (less the under-load rule, which these tests do not read)."""
     path = REPO / folder / "samples.csv"
     samples, run = read_samples(path), read_run(path)
     settings = resolve_settings(run, path)
-    options = resolve_policy_options(run, path, settings.context_len)
-    return samples, lambda s: fit_samples(s, run, settings, "auto", None, options)
+    options = resolve_policy_options(run, path, settings.context_len, load_rule=False)
+    return samples, lambda s: fit_samples(RunSamples(s, run), settings, options)[0].data
 
 
 def scaled(samples, factor):

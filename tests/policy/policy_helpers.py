@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ppprof.config import ChunkSettings, PolicyOptions
-from ppprof.fit.build import carried
+from ppprof.fit.build import Gated, carried
 from ppprof.fit.packed import PackedRows, additive_ms, packed_forwards
 from ppprof.fit.samples import Samples
 from ppprof.policy.rule import LatencyModel
@@ -31,7 +31,7 @@ def _policy_dict(key) -> dict:
     target = model.target_ms(s.base_chunk_size)
     measured = {"prefix_len": [0, s.context_len], "chunk_size": [1, largest or 4 * s.base_chunk_size]}
     options = PolicyOptions(min_gain=min_gain, overhead_ms=overhead_ms, pp_size=pp_size)
-    rules = carried(model, status, "test", s, measured, None, options, False)
+    rules = carried(Gated(model, status, "test"), s, measured, None, options)
     return {
         "schema_version": SCHEMA_VERSION,
         "latency_model": model.to_dict(),

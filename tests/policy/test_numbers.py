@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from ppprof.bounds import MAX_TOKENS
 from ppprof.cli import main
+from ppprof.config import PolicyOptions
 from ppprof.fit.build import with_load
 from ppprof.policy import LatencyModel, from_dict, load
 from ppprof.policy.numbers import FIELDS, number_error, values_at
@@ -64,7 +65,9 @@ def test_every_number_the_schema_allows_has_an_upper_bound():
 def test_every_field_bounded_is_a_field_ppprof_writes():
     # The committed policies predate packed_forwards and load: their fields come from what `ppprof fit` writes.
     docs = [json.loads(p.read_text()) for p in FULL] + [with_packed_forwards(policy_dict(MODEL), MODEL)]
-    docs.append(with_load(policy_dict(MODEL) | {"diagnostics": {}}))  # the under-load rule fit chooses, or none
+    docs.append(
+        with_load(policy_dict(MODEL) | {"diagnostics": {}}, PolicyOptions())
+    )  # the under-load rule fit chooses, or none
     # a schema 5 rule with a floor and a bound as choose_load writes it, and a schema 4 one as fit wrote it
     chosen = {"num_prompts": 24, "seed": 0, "async_depth": 0, "worst_loss": 0.01, "idle_worst_loss": 0.2}
     docs.append(policy_dict(MODEL) | {"load": LoadRule(4, 2.0, 64, 12.0, 1024, 256).to_dict() | chosen})

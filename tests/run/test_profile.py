@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from ppprof.fit.build import PROFILE_LATENCY_MODEL, fit
 from ppprof.policy.timeline import replay
 from tests.multirank import REPO, TIMEOUT_S, TINY, free_port, run_cli
 
@@ -221,8 +222,50 @@ def test_two_launches_with_nnodes_2_form_one_two_stage_pipeline(tmp_path):
     assert samples["stage1_latency_ms"].gt(0).all()
 
 
+READS_LOGGED = r"""
+import os
+import sys
+
+_names = ("samples.csv", "run.json", "packed.csv")
+_log = os.open(os.environ["PPPROF_TEST_READS"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+
+def _hook(event, args):
+    if event != "open" or not args or not isinstance(args[0], (str, bytes, os.PathLike)):
+        return
+    path = os.fsdecode(args[0])
+    if os.path.basename(path) not in _names:
+        return
+    mode, flags = args[1], args[2]
+    if mode is None:  # os.open: its flags say
+        read = flags & os.O_ACCMODE != os.O_WRONLY
+    else:
+        read = "r" in mode or "+" in mode
+    if read:
+        os.write(_log, f"{os.getpid()} {path} {mode} {flags}\n".encode())
+
+
+sys.addaudithook(_hook)
+"""
+"""A sitecustomize.py that logs every opening of samples.csv, run.json or packed.csv for reading (an `open` audit
+event, PEP 578: the builtin open, io.open, Path.read_bytes and os.open all raise it) to the file
+$PPPROF_TEST_READS, one line a read: pid, path, mode, flags."""
+
+
 def test_adaptive_design_chooses_probes_on_rank_0_and_every_rank_runs_them_without_a_leak(tmp_path):
+    """... and hands the samples to the design and the fit in memory: no process of the run (the launcher, either
+    rank) opens samples.csv, run.json or packed.csv for reading, though rank 0 appends samples.csv after every probe,
+    the design chooses after every probe, and the fit reads all three. Counted from outside the code under test: a
+    sitecustomize.py on the PYTHONPATH of the run (the launcher passes its environment to the ranks, and Python
+    imports sitecustomize at start-up in every process) installs an audit hook (sys.addaudithook) that logs each
+    `open` event of those names in a read mode to a file this test reads afterwards. The policy fitted in memory is
+    the one `ppprof fit` writes from the files (but for its creation time)."""
     out = tmp_path / "run"
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(READS_LOGGED)
+    reads = tmp_path / "reads.log"
+    path = os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))
     r = run_cli(
         "profile",
         "--out",
@@ -245,8 +288,11 @@ def test_adaptive_design_chooses_probes_on_rank_0_and_every_rank_runs_them_witho
         "16",
         "--max-mamba-cache-size",
         "8",
+        env={"PYTHONPATH": path, "PPPROF_TEST_READS": str(reads)},
     )
     assert r.returncode == 0, r.stderr[-3000:]
+    assert reads.is_file(), "the hook ran in no process"
+    assert reads.read_text() == "", f"files read back within the run (pid, path, mode, flags):\n{reads.read_text()}"
     samples, run = read_run(out)
     design = run["design"]
     assert design["design"] == "adaptive"
@@ -275,6 +321,10 @@ def test_adaptive_design_chooses_probes_on_rank_0_and_every_rank_runs_them_witho
         k: c["value"] for k, c in model["coefficients"].items()
     }
     assert_one_voice_and_a_summary(r, out)
+    assert (out / "packed.csv").is_file()  # the fit scored its packed forwards, held in memory too
+    refit = fit(out / "samples.csv", tmp_path / "refit.json", PROFILE_LATENCY_MODEL)[1]
+    created = {"provenance": policy["provenance"] | {"created_at": None}}
+    assert policy | created == refit | {"provenance": refit["provenance"] | {"created_at": None}}
 
 
 LOG_LINE = re.compile(r"^\[rank (\d+)\] \d\d:\d\d:\d\d (\w+) (.*)$")

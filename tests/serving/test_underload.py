@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ppprof.config import PolicyOptions
 from ppprof.fit import fit
 from ppprof.fit.build import with_load
 from ppprof.policy import SCHEMA_VERSION, from_dict, load, validate
@@ -66,7 +67,7 @@ def chosen_for(model: LatencyModel, pp_size: int, **settings):
     """A policy of `model` at `pp_size` stages, its rules chosen as `ppprof fit` chooses them, then its under-load
     rule."""
     data = policy_dict(model, pp_size=pp_size, **settings) | {"diagnostics": {}}
-    return from_dict(with_load(data))
+    return from_dict(with_load(data, PolicyOptions()))
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +199,7 @@ def test_without_a_model_there_is_nothing_to_simulate(tiny):
 def test_the_rule_is_chosen_at_the_servers_async_depth():
     """`ppprof fit --async-depth 3`: the levels are served with 3 slots beyond the stages, the rule's slots say so."""
     data = load(TINY / "policy.json").data | {"diagnostics": {}, "schema_version": SCHEMA_VERSION}
-    deep = from_dict(with_load(data, async_depth=3))
+    deep = from_dict(with_load(data, PolicyOptions(async_depth=3)))
     evidence = deep.data["diagnostics"]["under_load"]
     assert evidence["async_depth"] == 3 and evidence["slots"] == deep.pp_size + 3
     assert deep.load_rule is None or deep.load_rule.slots == deep.pp_size + 3
