@@ -28,7 +28,7 @@ from ppprof.config import ChunkSettings, PolicyOptions
 from ppprof.config.workload import Workload
 from ppprof.fit.build import fit_samples
 from ppprof.fit.fitted import RunSamples, document
-from ppprof.fit.live_forwards import LiveForwards, band, drift_rows, judge, live_forwards
+from ppprof.fit.live_forwards import LiveForwards, band, drift_rows, live_forwards
 from ppprof.fit.packed import PackedRows
 from ppprof.fit.samples import Samples, read_samples
 from ppprof.forwards import Forwards, read_forwards
@@ -235,27 +235,6 @@ def calibrate(policy_path, trace_paths, out=None, latency_model: str | None = No
     both = {"profiled": policy} | ({"calibrated": new} if new.get("latency_model") else {})
     rows = drift_rows(both, live, int(policy["settings"]["base_chunk_size"]))
     return save(out, new), new, rows
-
-
-def check_trace(policy_path, trace_path, tolerances: dict) -> dict:
-    """`ppprof compare POLICY TRACE`: the trace's live forwards judged against the policy's predictions
-    (ppprof.fit.live_forwards.judge), with the figures a report names. Bad input: one-line ValueError."""
-    policy = read_policy(policy_path)
-    if policy.get("latency_model") is None:
-        raise ValueError(f"policy {policy_path} has no latency model ({policy.get('reason')}): nothing to judge")
-    forwards = read_forwards([trace_path])
-    check_match(policy, forwards, policy_path, trace_path)
-    live = live_forwards(forwards, int(policy["settings"]["context_len"]))
-    if not len(live):
-        raise ValueError(f"forward trace {trace_path} leaves no forward to judge ({live.skipped}): serve more")
-    return {
-        "policy": str(policy_path),
-        "trace": str(trace_path),
-        "trace_sha256": forwards.files[0]["sha256"],
-        "forwards": len(live),
-        "skipped": live.skipped,
-        **judge(policy, live, tolerances),
-    }
 
 
 def live_provenance(forwards: Forwards, live: LiveForwards, single: int, words: dict, policy_path) -> dict:

@@ -3,8 +3,8 @@ side by side, predicted TTFT, the samples, then one line per check and the verdi
 
 from __future__ import annotations
 
+from ppprof.compare.verdict import pct
 from ppprof.policy.rule import LatencyModel
-from ppprof.policy.verdict import pct
 
 
 def render(report: dict) -> str:

@@ -1,8 +1,8 @@
 """Two policies side by side (`ppprof compare`), measured: coefficients, target, the history-only table at every
-prefix length, predicted TTFT of each planner; judged by ppprof.policy.verdict, put in words by
-ppprof.policy.compare_text.
+prefix length, predicted TTFT of each planner; judged by ppprof.compare.verdict, put in words by
+ppprof.compare.text.
 
-Samples-level drift is computed in ppprof.fit.drift (it reads samples.csv) and judged with the rest.
+Samples-level drift is computed in ppprof.compare.samples (it reads samples.csv) and judged with the rest.
 Pure Python and numpy; no torch, pandas or matplotlib.
 """
 
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import math
 
+from ppprof.compare.verdict import checks, level_of
 from ppprof.io import finite
 from ppprof.policy.planners import STRATEGIES, chunk_latencies_ms, default_pp_size, plan_prompt, ttft_ms
 from ppprof.policy.rule import COEF_UNITS, MODEL_COEFS, NO_CALIBRATION
 from ppprof.policy.runtime import Policy
-from ppprof.policy.verdict import checks, level_of
 
 REGRET_STRATEGIES = ("policy", "policy-history")
 """The strategies whose tables the candidate carries: their plans are also costed on the baseline's model."""
@@ -184,7 +184,7 @@ def compare_policies(
     labels: tuple[str, str] = ("baseline", "candidate"),
 ) -> dict:
     """The whole comparison as a JSON-ready dict; `drifted` is True when any check failed. `samples`: the
-    samples-level drift (ppprof.fit.drift), judged with the rest."""
+    samples-level drift (ppprof.compare.samples), judged with the rest."""
     pp_size = default_pp_size(base) if pp_size is None else pp_size
     prompt_lens = prompt_lens or default_prompt_lens(base, cand)
     level = level_of(samples)

@@ -1,5 +1,5 @@
 """The verdict of a comparison of two policies (`ppprof compare`): the tolerances, and one check per figure they
-cover (status, level, target, table, overhead, ttft, samples, coef) on the measured report (ppprof.policy.compare).
+cover (status, level, target, table, overhead, ttft, samples, coef) on the measured report (ppprof.compare.policies).
 Pure Python; no numpy."""
 
 from __future__ import annotations
@@ -13,17 +13,16 @@ DEFAULT_TOLERANCES = {
     "gain": 0.02,  # a status change passes where both gains over the best fixed chunk are this close to each other
     "overhead": 0.5,  # relative change of the per-chunk overhead (or 3 standard errors, whichever allows more)
     "target": 0.25,  # relative change of the target latency T
-    "samples": 0.20,  # |median of the cells' latency ratios / level - 1| at each prefix length (fit.drift)
+    "samples": 0.20,  # |median of the cells' latency ratios / level - 1| at each prefix length (compare.samples)
     "level": 0.20,  # |level - 1|: the candidate's machine as a whole slower or faster than the baseline's
     "coef": math.inf,  # relative change of each coefficient: off, since b, c and g trade off between fits
 }
 """Sized for a shared CPU, where a whole profile can run 10-15% slower than the last and a different seed moves b and
 c by 20%: two profiles of the same config pass, a doubled quadratic coefficient a fails (on ttft). Where both sides
 have samples, the latency figures (ttft, target, overhead, samples) are judged at the baseline's level, the
-candidate's divided by the level (fit.drift), and the level on its own: a machine k times slower than the baseline's
-fails on `level` alone, and a job on another kind of machine widens `level` and still judges the shape of the
-latency curve at the defaults. On a dedicated GPU
-runner, tighter limits suit (e.g. --tolerance ttft=0.1,samples=0.1). The rules' optimum is flat (many tables plan
+candidate's divided by the level (ppprof.compare.samples), and the level on its own: a machine k times slower than
+the baseline's fails on `level` alone, and a job on another kind of machine widens `level` and still judges the shape
+of the latency curve at the defaults. On a dedicated GPU runner, tighter limits suit (e.g. --tolerance ttft=0.1,samples=0.1). The rules' optimum is flat (many tables plan
 within 1% of each other), so a table is judged by what it costs, not by its sizes."""
 
 
@@ -157,7 +156,7 @@ def coef_check(report: dict, tol: dict[str, float]) -> list[dict]:
 
 
 def level_of(drift: dict | None) -> dict:
-    """The level the latency figures are judged at: fit.drift's, where both sides have samples at enough prefix
+    """The level the latency figures are judged at: ppprof.compare.samples', where both sides have samples at enough prefix
     lengths; else none (ratio None: every figure as measured)."""
     ratio = (drift or {}).get("level")
     return {
