@@ -1,4 +1,4 @@
-"""`ppprof compare`: two run folders or policies side by side (ppprof.compare.report), or a forward trace against a
+"""`ppprof compare`: two run folders or policies side by side (ppprof.compare.runs), or a forward trace against a
 policy (ppprof.compare.forwards); exit 0 within tolerance, 1 on drift."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import click
 
 from ppprof.checks import require_int
 from ppprof.compare.forwards import check_trace, judge_text
-from ppprof.compare.report import compare
-from ppprof.compare.text import render
+from ppprof.compare.render import render
+from ppprof.compare.runs import compare
 from ppprof.compare.verdict import DEFAULT_TOLERANCES
 from ppprof.forwards.reader import is_trace
 from ppprof.io import atomic_write_json
@@ -116,7 +116,7 @@ class CompareOptions:
 
 
 def compare_runs(baseline, candidate, opts: CompareOptions) -> int:
-    """`ppprof compare BASELINE CANDIDATE` (ppprof.compare.report.compare): the report, and 1 on drift, else 0."""
+    """`ppprof compare BASELINE CANDIDATE` (ppprof.compare.runs.compare): the report, and 1 on drift, else 0."""
     for n in opts.prompt_lens:
         require_int("--prompt-len", n, 1)
     report = compare(

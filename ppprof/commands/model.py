@@ -14,8 +14,8 @@ from ppprof.checks import require_int
 from ppprof.commands.options import SIZING_OPTIONS, option_name, sizing_options, taken, with_options
 from ppprof.config import ProfileConfig
 from ppprof.config.profile_config import DEFAULT_PP_SIZE
-from ppprof.run.memory import memory_report
-from ppprof.run.settings import resolve_config
+from ppprof.run.memory_check import memory_report
+from ppprof.run.resolve import resolve_config
 from ppprof.specs import load_spec, parse_partition
 from ppprof.specs.accounting import accounting_dtype, describe, stage_accounts
 from ppprof.specs.dtypes import DTYPE_BYTES

@@ -1,8 +1,8 @@
 """Two policies side by side (`ppprof compare`), measured: coefficients, target, the history-only table at every
 prefix length, predicted TTFT of each planner; judged by ppprof.compare.verdict, put in words by
-ppprof.compare.text.
+ppprof.compare.render.
 
-Samples-level drift is computed in ppprof.compare.samples (it reads samples.csv) and judged with the rest.
+Samples-level drift is computed in ppprof.compare.cells (it reads samples.csv) and judged with the rest.
 Pure Python and numpy; no torch, pandas or matplotlib.
 """
 
@@ -184,7 +184,7 @@ def compare_policies(
     labels: tuple[str, str] = ("baseline", "candidate"),
 ) -> dict:
     """The whole comparison as a JSON-ready dict; `drifted` is True when any check failed. `samples`: the
-    samples-level drift (ppprof.compare.samples), judged with the rest."""
+    samples-level drift (ppprof.compare.cells), judged with the rest."""
     pp_size = default_pp_size(base) if pp_size is None else pp_size
     prompt_lens = prompt_lens or default_prompt_lens(base, cand)
     level = level_of(samples)

@@ -20,7 +20,7 @@ DEFAULT_TOLERANCES = {
 """Sized for a shared CPU, where a whole profile can run 10-15% slower than the last and a different seed moves b and
 c by 20%: two profiles of the same config pass, a doubled quadratic coefficient a fails (on ttft). Where both sides
 have samples, the latency figures (ttft, target, overhead, samples) are judged at the baseline's level, the
-candidate's divided by the level (ppprof.compare.samples), and the level on its own: a machine k times slower than
+candidate's divided by the level (ppprof.compare.cells), and the level on its own: a machine k times slower than
 the baseline's fails on `level` alone, and a job on another kind of machine widens `level` and still judges the shape
 of the latency curve at the defaults. On a dedicated GPU runner, tighter limits suit (e.g. --tolerance ttft=0.1,samples=0.1). The rules' optimum is flat (many tables plan
 within 1% of each other), so a table is judged by what it costs, not by its sizes."""
@@ -156,7 +156,7 @@ def coef_check(report: dict, tol: dict[str, float]) -> list[dict]:
 
 
 def level_of(drift: dict | None) -> dict:
-    """The level the latency figures are judged at: ppprof.compare.samples', where both sides have samples at enough prefix
+    """The level the latency figures are judged at: ppprof.compare.cells', where both sides have samples at enough prefix
     lengths; else none (ratio None: every figure as measured)."""
     ratio = (drift or {}).get("level")
     return {

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from ppprof.adaptive.step import design_record
-from ppprof.run.memory import profile_memory
+from ppprof.run.memory_check import profile_memory
 from ppprof.run.profile_state import ProfileState
 from ppprof.run.rank import RankRun
 from ppprof.runfiles import COMPLETE, stage_column

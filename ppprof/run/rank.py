@@ -25,7 +25,7 @@ from ppprof.io import atomic_write_text, open_append
 from ppprof.mem import StageCache
 from ppprof.model.stage import Stage
 from ppprof.probe.malloc import steady_malloc
-from ppprof.run.checks import check_output_folder
+from ppprof.run.prelaunch import check_output_folder
 from ppprof.runfiles import FAILED, INTERRUPTED, LOCK_HELD_ENV, RUN_DIR_NOTE_ENV, RunFolder, release_lock, take_lock
 from ppprof.specs import ModelSpec, load_spec, split_layers
 from ppprof.specs.dtypes import AUTO_DTYPE_CPU, AUTO_DTYPE_GPU

@@ -4,7 +4,7 @@
 import dataclasses
 
 from ppprof.compare.policies import compare_policies, compare_tables
-from ppprof.compare.text import render
+from ppprof.compare.render import render
 from ppprof.compare.verdict import DEFAULT_TOLERANCES
 from ppprof.policy import from_dict
 from ppprof.policy.rule import LatencyModel

@@ -1,14 +1,14 @@
 """`ppprof compare` behind its click command: resolve two run folders or policy files, compare the policies
-(ppprof.compare.policies) and, where both have samples, their cells (ppprof.compare.samples); draw the comparison
+(ppprof.compare.policies) and, where both have samples, their cells (ppprof.compare.cells); draw the comparison
 (ppprof.compare.plot)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from ppprof.compare.cells import samples_drift
 from ppprof.compare.plot import write_compare_plot
 from ppprof.compare.policies import compare_policies
-from ppprof.compare.samples import samples_drift
 from ppprof.fit.samples import read_samples
 from ppprof.policy.policy_file import load
 from ppprof.runfiles import POLICY_FILE, RunFolder

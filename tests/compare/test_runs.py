@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from ppprof.cli import main
-from ppprof.compare.samples import samples_drift
+from ppprof.compare.cells import samples_drift
 from ppprof.fit.build import fit_run, rechoose
 from ppprof.fit.samples import read_samples
 from ppprof.fit.synthetic import SyntheticProbes, SyntheticRun, make_samples, write_run_dir
