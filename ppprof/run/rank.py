@@ -67,7 +67,7 @@ class RankRun(Generic[S]):
     @property
     def pp_size(self) -> int:
         """The pipeline's stages (pp_size): the ranks of the job over its TP degree."""
-        return self.pipe.world_size
+        return self.pipe.pp_size
 
     @property
     def tp_size(self) -> int:
@@ -109,11 +109,11 @@ def set_up(
         base = partition or [len(r) for r in split_layers(spec.num_layers // repeat, (pp_size or 1) // repeat)]
         partition = tuple(base) * repeat
     mesh = info.mesh
-    stage, ranks = (info.rank, info.world_size) if mesh is None else (mesh.coords.stage, mesh.coords.pp_size)
-    ranges = split_layers(spec.num_layers, pp_size or ranks, partition)
+    stage, stages = (info.rank, info.world_size) if mesh is None else (mesh.coords.stage, mesh.coords.pp_size)
+    ranges = split_layers(spec.num_layers, pp_size or stages, partition)
     pipe = Pipe(
         rank=stage,
-        world_size=ranks,
+        pp_size=stages,
         device=info.device,
         hidden_size=spec.hidden_size,
         dtype=dtype,
