@@ -1,6 +1,6 @@
 """`ppprof compare POLICY TRACE`: a server's own forwards (a forward trace) judged against a policy's predictions per
-stage and prefix band (the rows of ppprof.fit.live_forwards), as compare judges samples: the level, the median of
-every forward's live / predicted, within the `level` tolerance; each band's median ratio over the level within the
+stage and prefix band (the rows of ppprof.fit.live_forwards), as compare judges samples: the pace, the median of
+every forward's live / predicted, within the `level` tolerance; each band's median ratio over the pace within the
 `samples` tolerance (bands of MIN_FORWARDS or more); and, since a band holds a few live forwards of a busy server where
 a profile's cell held the median of many probes, a figure drifts only where its NOISE_COVERAGE interval (a seeded
 bootstrap of the median) lies wholly outside the tolerance: a band of 10 forwards whose times scatter by 30% moves its
@@ -17,7 +17,7 @@ from ppprof.forwards import read_forwards
 MIN_FORWARDS = 3
 """Forwards a band needs to be judged; fewer are reported, not judged."""
 NOISE_COVERAGE = 0.8
-"""The interval of a band's (and the level's) median that must lie wholly outside the tolerance for a drift: the
+"""The interval of a band's (and the pace's) median that must lie wholly outside the tolerance for a drift: the
 10% and 90% quantiles of the median over NOISE_RESAMPLES resamples of the forwards."""
 NOISE_RESAMPLES = 400
 
@@ -39,10 +39,10 @@ def outside(interval: tuple[float, float], tolerance: float) -> bool:
 
 
 def judge(policy: dict, live: LiveForwards, tolerances: dict) -> dict:
-    """compare's verdict on live forwards: the level and every judged band (module doc); `drifted` and `where`."""
+    """compare's verdict on live forwards: the pace and every judged band (module doc); `drifted` and `where`."""
     ratio = live.latency_ms / predicted_ms(policy, live)
-    level = float(np.median(ratio))
-    level_interval = median_interval(ratio)
+    pace = float(np.median(ratio))
+    pace_interval = median_interval(ratio)
     rows = drift_rows({"policy": policy}, live, int(policy["settings"]["base_chunk_size"]))
     longest = np.array([max(L for L, _ in p) for p in live.pieces])
     edges = band_edges(int(policy["settings"]["base_chunk_size"]), int(longest.max()))
@@ -51,37 +51,37 @@ def judge(policy: dict, live: LiveForwards, tolerances: dict) -> dict:
     moved = []
     for row in rows:
         m = (live.stage == row["stage"]) & (of == names.index(row["band"]))
-        lo, hi = median_interval(ratio[m] / level, seed=1 + len(moved) + row["stage"])
-        row["vs_level"] = row["policy_ratio"] / level - 1.0
+        lo, hi = median_interval(ratio[m] / pace, seed=1 + len(moved) + row["stage"])
+        row["vs_level"] = row["policy_ratio"] / pace - 1.0
         row["vs_level_interval"] = [lo - 1.0, hi - 1.0]
         row["judged"] = row["forwards"] >= MIN_FORWARDS
         row["drifted"] = row["judged"] and outside((lo, hi), tolerances["samples"])
         if row["drifted"]:
             moved.append(row)
-    level_drift = outside(level_interval, tolerances["level"])
-    where = [f"stage {r['stage']} prefix {r['band']}: {r['vs_level']:+.1%} against the level" for r in moved]
-    if level_drift:
-        where.insert(0, f"every stage: live forwards at {level:.3f}x the policy's prediction")
+    pace_drift = outside(pace_interval, tolerances["level"])
+    where = [f"stage {r['stage']} prefix {r['band']}: {r['vs_level']:+.1%} against the pace" for r in moved]
+    if pace_drift:
+        where.insert(0, f"every stage: live forwards at {pace:.3f}x the policy's prediction")
     return {
-        "level": level,
-        "level_interval": list(level_interval),
+        "level": pace,
+        "level_interval": list(pace_interval),
         "noise_coverage": NOISE_COVERAGE,
         "tolerances": {"level": tolerances["level"], "samples": tolerances["samples"]},
         "bands": rows,
-        "drifted": bool(level_drift or moved),
+        "drifted": bool(pace_drift or moved),
         "where": where,
     }
 
 
 def judge_text(report: dict) -> list[str]:
-    """`ppprof compare POLICY TRACE` for people: the level, the bands against it, the verdict naming where."""
+    """`ppprof compare POLICY TRACE` for people: the pace, the bands against it, the verdict naming where."""
     tol, cover = report["tolerances"], report["noise_coverage"]
     lo, hi = report["level_interval"]
     lines = [
         f"policy {report['policy']} against forward trace {report['trace']}: {report['forwards']} live forwards",
-        f"level: live forwards at {report['level']:.3f}x the policy's prediction ({cover:.0%} interval "
+        f"pace: live forwards at {report['level']:.3f}x the policy's prediction ({cover:.0%} interval "
         f"{lo:.3f}-{hi:.3f}; tolerance {tol['level']:.0%})",
-        f"{'stage':>5} {'prefix band':>13} {'forwards':>8} {'live ms':>9} {'predicted ms':>12} {'vs level':>9} "
+        f"{'stage':>5} {'prefix band':>13} {'forwards':>8} {'live ms':>9} {'predicted ms':>12} {'vs pace':>9} "
         f"{f'{cover:.0%} interval':>17}",
     ]
     for r in report["bands"]:
@@ -97,9 +97,7 @@ def judge_text(report: dict) -> list[str]:
             f"{cover:.0%} interval outside it)"
         )
     else:
-        lines.append(
-            f"within tolerance: no band's {cover:.0%} interval wholly beyond {tol['samples']:.0%} of the level"
-        )
+        lines.append(f"within tolerance: no band's {cover:.0%} interval wholly beyond {tol['samples']:.0%} of the pace")
     return lines
 
 

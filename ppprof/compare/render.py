@@ -69,17 +69,17 @@ def table_lines(table: dict) -> list[str]:
 
 
 def ttft_lines(report: dict) -> list[str]:
-    """Predicted TTFT of each planner at each prompt length, with the change (and at the level)."""
+    """Predicted TTFT of each planner at each prompt length, with the change (and at the pace)."""
     ttft = report["ttft"]
     if not ttft["rows"]:
         return [f"predicted TTFT: not compared ({ttft['note']})"]
-    leveled = report["level"]["ratio"] is not None
+    paced = report["level"]["ratio"] is not None
     lines = [f"predicted TTFT, {ttft['num_stages']} stages (ms):"]
-    lines.append("  prompt_len  strategy         baseline  candidate  change" + ("  at level" if leveled else ""))
+    lines.append("  prompt_len  strategy         baseline  candidate  change" + ("  at pace" if paced else ""))
     for r in ttft["rows"]:
         lines.append(
             f"  {r['prompt_len']:>10}  {r['strategy']:<14} {r['baseline_ms']:>9.1f}  "
-            f"{r['candidate_ms']:>9.1f}  {pct(r['change'])}" + (f"  {pct(r['change_at_level']):>8}" if leveled else "")
+            f"{r['candidate_ms']:>9.1f}  {pct(r['change'])}" + (f"  {pct(r['change_at_level']):>8}" if paced else "")
         )
     return lines
 

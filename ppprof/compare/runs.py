@@ -41,7 +41,7 @@ def compare(
     plot: str | Path | None = None,
 ) -> dict:
     """The comparison report (ppprof.compare.policies.compare_policies) of two run folders or policy files, with
-    samples-level drift where both are run folders with samples; the PNG `plot` is written last, only when every
+    the samples' drift where both are run folders with samples; the PNG `plot` is written last, only when every
     input was good."""
     (bp, bs), (cp, cs) = resolve(baseline, "baseline"), resolve(candidate, "candidate")
     base, cand = load(bp), load(cp)
