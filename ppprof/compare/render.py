@@ -21,7 +21,7 @@ def render(report: dict) -> str:
 
 
 def header_lines(report: dict) -> list[str]:
-    """Both sides, their coefficients, target, overhead and pipelined level."""
+    """Both sides, their coefficients, target, overhead and calibration."""
     b, c = report["baseline"], report["candidate"]
     lines = [
         f"baseline  {b['label']}: {b['status']} ({b['latency_model']}, B {b['base_chunk_size']}): {b['reason']}",
@@ -47,7 +47,7 @@ def header_lines(report: dict) -> list[str]:
         f"{fmt(c['overhead']['ms_per_chunk'])} ({c['overhead']['source']}) ms a chunk"
     )
     lines.append(
-        f"pipelined level: {LatencyModel.calibration_words(b['calibration'])} ({b['calibration']['source']}) -> "
+        f"calibration: {LatencyModel.calibration_words(b['calibration'])} ({b['calibration']['source']}) -> "
         f"{LatencyModel.calibration_words(c['calibration'])} ({c['calibration']['source']})"
     )
     return lines

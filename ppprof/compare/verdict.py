@@ -167,7 +167,7 @@ def pace_of(drift: dict | None) -> dict:
 
 
 def pace_words(pace: dict) -> str:
-    """The measured pace in words (not the policy's pipelined level, LatencyModel.calibration_words)."""
+    """The measured pace in words (not the policy's calibration, LatencyModel.calibration_words)."""
     ratio = pace["ratio"]
     speed = f"{ratio:.3f} x the baseline's" if ratio >= 1 else f"{1 / ratio:.3f} x faster than the baseline's"
     return (

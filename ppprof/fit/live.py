@@ -89,7 +89,7 @@ def profile_pace(
     policy: dict, prefix: np.ndarray, size: np.ndarray, ms: np.ndarray, profile: Samples | None = None
 ) -> tuple[float, str]:
     """The live pace of the profile, and which forwards gave it: the median of the live single-request forwards'
-    time over the policy's prediction of them (its model at the pipelined level, no per-chunk overhead), over those
+    time over the policy's prediction of them (its model under its calibration, no per-chunk overhead), over those
     in the cells (power-of-two bands of prefix and chunk size) the profile's samples hold, where the model was
     fitted: a model wrong in shape (no prefix term) extrapolates its error into every other cell. Over all the live
     forwards where none falls in a profiled cell; 1 without a forward."""

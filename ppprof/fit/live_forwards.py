@@ -3,7 +3,7 @@ as it ran cold; those past the policy's context and the absurd ones skipped, all
 policy's predictions per stage and prefix band: the drift report `ppprof calibrate` prints, and the rows the check
 `ppprof compare POLICY TRACE` judges (ppprof.compare.forwards).
 
-A forward's prediction is the policy's latency model at the pipelined level (its calibration, no per-chunk overhead:
+A forward's prediction is the policy's latency model under its calibration (no per-chunk overhead:
 a trace times the stage's forward alone), scaled to the forward's stage by the profile's stage totals (the model is
 the bottleneck stage's); a packed batch's is the additive form with the policy's per-piece term (ppprof.fit.packed).
 A forward's band is that of its longest prefix: 0, then [0, B), [B, 2B), [2B, 4B), ... Pure numpy: no torch."""
