@@ -46,7 +46,7 @@ WEIGHING = (
 )
 LIVE_PROBE = 1_000_000
 """Live rows' probe ids start here (one per prefix band), apart from the profile's probes: the confidence's resampling
-draws a probe's shared level whole."""
+draws a probe's offset whole."""
 
 
 def bottleneck(live: LiveForwards) -> int:
