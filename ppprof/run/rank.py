@@ -241,10 +241,10 @@ class OneVoice(logging.Filter):
         return record.levelno >= logging.ERROR or getattr(record, "own", False)
 
 
-def setup_logging(rank: int, level: int = logging.INFO) -> None:
+def setup_logging(rank: int, log_level: int = logging.INFO) -> None:
     fmt = logging.Formatter(f"[rank {rank}] %(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
     root = logging.getLogger("ppprof")
-    root.setLevel(level)
+    root.setLevel(log_level)
     root.handlers.clear()
     h = logging.StreamHandler(sys.stderr)
     h.setFormatter(fmt)
