@@ -2,7 +2,8 @@
 prefix length, predicted TTFT of each planner; judged by ppprof.compare.verdict, put in words by
 ppprof.compare.render.
 
-The samples' drift is computed in ppprof.compare.cells (it reads samples.csv) and judged with the rest.
+The samples' drift is computed in ppprof.compare.cells (ppprof.compare.runs reads samples.csv) and judged with the
+rest.
 Pure Python and numpy; no torch, pandas or matplotlib.
 """
 
