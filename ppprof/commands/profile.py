@@ -189,7 +189,7 @@ def profile(**options) -> None:
 class ProfileFlags:
     """`ppprof profile`'s options, split once: what selects the run (--config, --resolved-config, --inject-fault,
     --overwrite, --resume, the dry run's --dry-run, --device-memory and --json), torchrun's options, and the
-    settings (`settings`: the flags ppprof.run.settings resolves, as given)."""
+    settings (`settings`: the flags ppprof.run.resolve resolves, as given)."""
 
     config_path: str | None
     resolved_config: str | None
