@@ -6,7 +6,7 @@ ATTENTION_BACKENDS = ("auto", "sdpa", "flashinfer", "reference")
 """What --attention-backend takes (ppprof.model.attention_kernels implements them, ppprof.specs.memory sizes them)."""
 MAX_TOKENS = 2**31 - 1
 """The largest token count a setting takes (context, chunk, prefix, KV slots): servers index tokens with int32. What
-a machine holds is checked before launch too (ppprof.run.memory)."""
+a machine holds is checked before launch too (ppprof.run.memory_check)."""
 MAX_STAGES = 1024
 """The most pipeline stages a command takes (ranks a node starts, --pp of plan, tune and bench)."""
 

@@ -1,7 +1,7 @@
 """Where a result came from: the manifest every result carries (the command line, the git revision, the CPU, the
 date), written by ppprof's commands into their run folder and by scripts/ into their result. Pure: no torch.
 
-A folder's manifest is its `manifest.json`; a result that is one JSON file carries it as its top-level "manifest"
+A folder's manifest is its `manifest.json`; a result that is one JSON file carries it as its outermost "manifest"
 key. `python -m ppprof.manifest PATH --command "..."` writes it for a shell script's result."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from ppprof.cli import main
 from ppprof.policy import load
-from ppprof.run.memory import host_available_bytes
+from ppprof.run.memory_check import host_available_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "tests" / "corpus"

@@ -64,7 +64,7 @@ def probe_sequence(
         with agreed(pipe, "choose the next probe"):
             if pipe.global_rank == 0:  # under TP, stage 0's other ranks have pipe.rank 0 too
                 seconds = Seconds(last_s, time.perf_counter() - state.t_probes + spent_before)
-                decision = choose(cfg, pipe.world_size, probes, rows(), e2e_ms, seconds, state.overhead)
+                decision = choose(cfg, pipe.pp_size, probes, rows(), e2e_ms, seconds, state.overhead)
         decision = pipe.broadcast(decision)
         record_step(design, probes, decision, time.perf_counter() - state.t_probes + spent_before)
         if decision.stop_reason:

@@ -20,8 +20,8 @@ from ppprof.adaptive.status import StatusCheck
 from ppprof.adaptive.uncertainty import MAX_REQUESTS, MAX_SECONDS, STABLE, Uncertainty
 
 MIN_STEPS = 3
-"""The design stops after this many probes at the earliest: the status's resampling draws a probe's level whole, and
-two probes' levels say little of a third's."""
+"""The design stops after this many probes at the earliest: the status's resampling draws a probe's offset whole, and
+two probes' offsets say little of a third's."""
 CHOICE_CONFIDENCE = 0.8
 """The model choice is settled when at least this share of the resampled fits, each choosing its model again,
 choose the fit's model; or when the terms that tell the models apart are identified (design.term_errors), so that

@@ -78,7 +78,7 @@ def chunk_overhead_ms(stage_ms, measured_ms: float) -> float:
 
 def overhead_run(chunk_sizes, stage_ms, measured_ms: float, repeat: int) -> dict:
     """One run's record in run.json's pipeline_overhead.runs: its plan's size (its last chunk's) and chunks, and every
-    stage's forward of every chunk (stage_ms, (P, n): what the fit's calibration onto the pipelined level reads,
+    stage's forward of every chunk (stage_ms, (P, n): what the fit's calibration onto the pipelined runs reads,
     ppprof.fit.calibrate)."""
     t = np.asarray(stage_ms, dtype=float)
     return {

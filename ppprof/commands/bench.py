@@ -1,4 +1,4 @@
-"""`ppprof bench`: parse, resolve the bench's settings from the profile's run.json (ppprof.run.settings), then start
+"""`ppprof bench`: parse, resolve the bench's settings from the profile's run.json (ppprof.run.resolve), then start
 the job (ppprof.run.job)."""
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from ppprof.commands.options import (
 from ppprof.config import BENCH_STRATEGIES, DEFAULT_STRATEGIES, BenchConfig
 from ppprof.distributed.launch import TORCHRUN_OPTIONS
 from ppprof.run.bench_job import bench_rank
-from ppprof.run.checks import bench_world_check
 from ppprof.run.job import JobFlags, start
-from ppprof.run.settings import resolve_bench
+from ppprof.run.prelaunch import bench_world_check
+from ppprof.run.resolve import resolve_bench
 
 PROFILES = "[the profile's]"
 

@@ -44,7 +44,7 @@ def calibrate_command(policy, traces, out, latency_model, as_json) -> None:
     dropped = ", ".join(f"{n} {why}" for why, n in live["forwards_dropped"].items()) or "none"
     click.echo(
         f"live forwards of stage {live['stage']}: {used['single']} single-request, {used['packed']} packed, over "
-        f"{live['time_span_s']:.1f} s; {live['profile_rows']} profile rows fill the uncovered cells, at the live level "
+        f"{live['time_span_s']:.1f} s; {live['profile_rows']} profile rows fill the uncovered cells, at the live pace "
         f"{live['profile_level']:.3f}; dropped: {dropped}"
     )
     names = {"profiled": "profiled"} | ({"calibrated": "calibrated"} if "calibrated_ms" in rows[0] else {})

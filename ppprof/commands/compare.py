@@ -1,22 +1,22 @@
-"""`ppprof compare`: two run folders or policies side by side (ppprof.fit.compare); exit 0 within tolerance, 1 on
-drift."""
+"""`ppprof compare`: two run folders or policies side by side (ppprof.compare.runs), or a forward trace against a
+policy (ppprof.compare.forwards); exit 0 within tolerance, 1 on drift."""
 
 from __future__ import annotations
 
 import json
 import math
 import sys
+from dataclasses import dataclass
 
 import click
 
 from ppprof.checks import require_int
-from ppprof.fit.compare import compare
-from ppprof.fit.live import check_trace
-from ppprof.fit.live_forwards import judge_text
+from ppprof.compare.forwards import check_trace, judge_text
+from ppprof.compare.render import render
+from ppprof.compare.runs import compare
+from ppprof.compare.verdict import DEFAULT_TOLERANCES
 from ppprof.forwards.reader import is_trace
 from ppprof.io import atomic_write_json
-from ppprof.policy.compare_text import render
-from ppprof.policy.verdict import DEFAULT_TOLERANCES
 
 
 def parse_tolerances(specs) -> dict[str, float]:
@@ -89,32 +89,54 @@ def parse_tolerances(specs) -> dict[str, float]:
     default=None,
     help="Also write the JSON comparison to this file (written even when the policy drifted).",
 )
-def compare_command(baseline, candidate, as_json, tolerances, prompt_lens, pp_size, plot, out) -> None:
+def compare_command(baseline, candidate, **options) -> None:
     """Compare CANDIDATE with BASELINE (run folders or policy files): coefficients, target, chunk-size table,
     predicted TTFT, status and, for run folders, the samples; or a forward trace (*.jsonl) against POLICY per stage
     and prefix band. Exit 0 within tolerance, 1 on drift, 2 on bad input."""
+    opts = CompareOptions.from_cli(**options)
     if is_trace(candidate):  # POLICY TRACE: the server's own forwards against the policy's predictions
-        sys.exit(compare_trace(baseline, candidate, tolerances, as_json, out))
-    for n in prompt_lens:
+        sys.exit(compare_trace(baseline, candidate, opts))
+    sys.exit(compare_runs(baseline, candidate, opts))
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    """The options of `ppprof compare`, the tolerances parsed (parse_tolerances)."""
+
+    tolerances: dict[str, float]
+    prompt_lens: tuple[int, ...]
+    pp_size: int | None
+    plot: str | None
+    out: str | None
+    as_json: bool
+
+    @classmethod
+    def from_cli(cls, tolerances, prompt_lens, **rest) -> CompareOptions:
+        return cls(parse_tolerances(tolerances), tuple(prompt_lens), **rest)
+
+
+def compare_runs(baseline, candidate, opts: CompareOptions) -> int:
+    """`ppprof compare BASELINE CANDIDATE` (ppprof.compare.runs.compare): the report, and 1 on drift, else 0."""
+    for n in opts.prompt_lens:
         require_int("--prompt-len", n, 1)
     report = compare(
         baseline,
         candidate,
-        parse_tolerances(tolerances),
-        prompt_lens=sorted(set(prompt_lens)) or None,
-        pp_size=pp_size,
-        plot=plot,
+        opts.tolerances,
+        prompt_lens=sorted(set(opts.prompt_lens)) or None,
+        pp_size=opts.pp_size,
+        plot=opts.plot,
     )
-    if out:
-        atomic_write_json(out, report)
-    click.echo(json.dumps(report, indent=2) if as_json else render(report))
-    sys.exit(1 if report["drifted"] else 0)
+    if opts.out:
+        atomic_write_json(opts.out, report)
+    click.echo(json.dumps(report, indent=2) if opts.as_json else render(report))
+    return 1 if report["drifted"] else 0
 
 
-def compare_trace(policy, trace, tolerances, as_json: bool, out) -> int:
-    """`ppprof compare POLICY TRACE` (ppprof.fit.live.check_trace): the report, and 1 on drift, else 0."""
-    report = check_trace(policy, trace, parse_tolerances(tolerances))
-    if out:
-        atomic_write_json(out, report)
-    click.echo(json.dumps(report, indent=2) if as_json else "\n".join(judge_text(report)))
+def compare_trace(policy, trace, opts: CompareOptions) -> int:
+    """`ppprof compare POLICY TRACE` (ppprof.compare.forwards.check_trace): the report, and 1 on drift, else 0."""
+    report = check_trace(policy, trace, opts.tolerances)
+    if opts.out:
+        atomic_write_json(opts.out, report)
+    click.echo(json.dumps(report, indent=2) if opts.as_json else "\n".join(judge_text(report)))
     return 1 if report["drifted"] else 0

@@ -14,8 +14,8 @@ from ppprof.checks import require_int
 from ppprof.commands.options import SIZING_OPTIONS, option_name, sizing_options, taken, with_options
 from ppprof.config import ProfileConfig
 from ppprof.config.profile_config import DEFAULT_PP_SIZE
-from ppprof.run.memory import memory_report
-from ppprof.run.settings import resolve_config
+from ppprof.run.memory_check import memory_report
+from ppprof.run.resolve import resolve_config
 from ppprof.specs import load_spec, parse_partition
 from ppprof.specs.accounting import accounting_dtype, describe, stage_accounts
 from ppprof.specs.dtypes import DTYPE_BYTES
@@ -126,7 +126,7 @@ def tp_line(tp_size: int) -> str:
 def show_memory(cfg: ProfileConfig, as_json: bool) -> None:
     """Print the model, then each stage's memory (or one JSON object with both)."""
     spec, stages, verdict = memory_report(cfg)
-    world_size, dtype = len(stages), stages[0].dtype
+    pp_size, dtype = len(stages), stages[0].dtype
     spec = rank_spec(spec, cfg.parallelism.tp_size)
     if as_json:
         memory = {
@@ -136,13 +136,13 @@ def show_memory(cfg: ProfileConfig, as_json: bool) -> None:
             "checked": verdict.checked,
             "problem": verdict.problem,
         }
-        click.echo(json.dumps({**describe(spec, world_size, cfg.parallelism.layer_partition, dtype), "memory": memory}))
+        click.echo(json.dumps({**describe(spec, pp_size, cfg.parallelism.layer_partition, dtype), "memory": memory}))
         return
     settings = (
         f"pools: KV {cfg.pools.max_total_tokens} slots (page {cfg.pools.page_size}), {cfg.pools.max_mamba_cache_size} Mamba "
-        f"slots, {cfg.pools.max_running_requests} requests x context {cfg.probes.context_len}; {world_size} stages"
+        f"slots, {cfg.pools.max_running_requests} requests x context {cfg.probes.context_len}; {pp_size} stages"
     )
-    text = format_text(spec, stage_accounts(spec, world_size, cfg.parallelism.layer_partition, dtype=dtype), dtype)
+    text = format_text(spec, stage_accounts(spec, pp_size, cfg.parallelism.layer_partition, dtype=dtype), dtype)
     click.echo(
         text
         if cfg.parallelism.tp_size == 1

@@ -1,4 +1,4 @@
-"""`ppprof profile`: parse, resolve the settings once (ppprof.run.settings), then start the job (ppprof.run.job)."""
+"""`ppprof profile`: parse, resolve the settings once (ppprof.run.resolve), then start the job (ppprof.run.job)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from ppprof.distributed.launch import TORCHRUN_OPTIONS
 from ppprof.probe.loop import FAULTS
 from ppprof.run.job import JobFlags, start
 from ppprof.run.profile_job import profile_rank
-from ppprof.run.settings import resolve_config, resume_config
+from ppprof.run.resolve import resolve_config, resume_config
 
 PROFILE_OPTIONS = (
     (("--model",), dict(), f"Preset name, YAML spec, or HuggingFace config.json / folder. {shown('model')}"),
@@ -189,7 +189,7 @@ def profile(**options) -> None:
 class ProfileFlags:
     """`ppprof profile`'s options, split once: what selects the run (--config, --resolved-config, --inject-fault,
     --overwrite, --resume, the dry run's --dry-run, --device-memory and --json), torchrun's options, and the
-    settings (`settings`: the flags ppprof.run.settings resolves, as given)."""
+    settings (`settings`: the flags ppprof.run.resolve resolves, as given)."""
 
     config_path: str | None
     resolved_config: str | None

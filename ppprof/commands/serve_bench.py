@@ -32,15 +32,15 @@ from ppprof.manifest import write_result
 from ppprof.policy.planners import default_pp_size
 from ppprof.policy.policy_file import load
 from ppprof.run.job import JobFlags, start
+from ppprof.run.resolve import check_output_file, resolve_serve
 from ppprof.run.serve_job import serve_rank
 from ppprof.run.serve_trace import trace_rank
-from ppprof.run.settings import check_output_file, resolve_serve
 from ppprof.serving.arms import SERVING_ARMS
 from ppprof.serving.levels import ServingPlan, parse_arms, parse_levels, simulate_levels
 from ppprof.serving.plots import write_plots
 from ppprof.serving.replay import replay
 from ppprof.serving.report import levels_text, trace_text
-from ppprof.serving.settings import ServeBenchConfig
+from ppprof.serving.serve_config import ServeBenchConfig
 from ppprof.traces.mooncake import parse_window, read_trace
 
 PROFILES = "[the profile's]"

@@ -93,7 +93,7 @@ class ProfileConfig:
             )
         self.check_design_bounds()
         if self.fit.prompt_lens is not None:
-            check_prompt_spec(self.fit.prompt_lens)  # read where the fit runs (run/checks.py reads it before any rank)
+            check_prompt_spec(self.fit.prompt_lens)  # read where the fit runs (run/prelaunch reads it before any rank)
         PolicyOptions(min_gain=self.fit.min_gain)  # the fit's checks, before any rank
         if not is_number(self.job.timeout) or not MIN_TIMEOUT_S <= self.job.timeout <= MAX_TIMEOUT_S:
             raise ValueError(

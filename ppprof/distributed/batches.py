@@ -126,7 +126,7 @@ class PendingLeft:
     """The first stage's receive of the next "left" message, posted ahead; wait() gives (seq, status, left_us)."""
 
     def __init__(self, pipe: Pipe) -> None:
-        self.pipe, self.last = pipe, pipe.peer(pipe.world_size - 1)
+        self.pipe, self.last = pipe, pipe.peer(pipe.pp_size - 1)
         self.t = torch.zeros(3, dtype=torch.int64, device=pipe.device)
         self.work = dist.irecv(self.t, self.last, group=pipe.group)
 

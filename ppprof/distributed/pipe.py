@@ -53,19 +53,20 @@ class Pipe:
     collectives of a run (agreement, gather, broadcast). With a watchdog, every wait on another rank has a deadline
     (ppprof.distributed.watchdog).
 
-    `rank` is this rank's stage and `world_size` the number of stages. With a (pp, tp) mesh, as servers send it
-    (vLLM's and SGLang's send_tensor_dict with an all-gather group): after the row-parallel all-reduce every TP rank
-    holds the whole (replicated) hidden and residual, so TP rank t of a stage sends only its 1/tp slice of each
-    (flattened) to TP rank t of the next over the mesh's pp group, and the receiving stage's TP ranks all-gather the
-    slices; a chunk whose n x hidden values tp does not divide crosses whole. The agreement, gathers, broadcasts and barriers span every rank
-    of the mesh; `all_gather` gives one entry a stage (its TP rank 0's: the TP ranks of a stage agree on what they
-    gather, their latencies being the slowest's), `all_gather_ranks` one a rank."""
+    `rank` is this rank's stage and `pp_size` the number of stages (the job's world_size counts its ranks, pp_size x
+    tp_size). With a (pp, tp) mesh, as servers send it (vLLM's and SGLang's send_tensor_dict with an all-gather
+    group): after the row-parallel all-reduce every TP rank holds the whole (replicated) hidden and residual, so TP
+    rank t of a stage sends only its 1/tp slice of each (flattened) to TP rank t of the next over the mesh's pp
+    group, and the receiving stage's TP ranks all-gather the slices; a chunk whose n x hidden values tp does not
+    divide crosses whole. The agreement, gathers, broadcasts and barriers span every rank of the mesh; `all_gather`
+    gives one entry a stage (its TP rank 0's: the TP ranks of a stage agree on what they gather, their latencies
+    being the slowest's), `all_gather_ranks` one a rank."""
 
     def __init__(
         self,
         *,
         rank: int,
-        world_size: int,
+        pp_size: int,
         device: torch.device,
         hidden_size: int,
         dtype: torch.dtype,
@@ -73,14 +74,14 @@ class Pipe:
         mesh: Mesh | None = None,
     ) -> None:
         self.rank = rank
-        self.world_size = world_size
+        self.pp_size = pp_size
         self.device = device
         self.hidden_size = hidden_size
         self.dtype = dtype
         self.watchdog = watchdog
         self.mesh = mesh
         self.tp_size = 1 if mesh is None else mesh.coords.tp_size
-        self.num_ranks = world_size * self.tp_size
+        self.num_ranks = pp_size * self.tp_size
         self._group = None if mesh is None else mesh.pp_group
 
     @property
@@ -140,7 +141,7 @@ class Pipe:
 
     @property
     def is_last(self) -> bool:
-        return self.rank == self.world_size - 1
+        return self.rank == self.pp_size - 1
 
     def _header(self, status: int, chunk_size: int) -> torch.Tensor:
         return torch.tensor([status, chunk_size], dtype=torch.int64, device=self.device)
@@ -268,7 +269,7 @@ class Pipe:
 
     def recv_done(self) -> int:
         header = self._header(OK, 0)
-        last = self.peer(self.world_size - 1)
+        last = self.peer(self.pp_size - 1)
         with self.waiting(last):
             dist.recv(header, last, group=self._group)
             return int(header[0].item())

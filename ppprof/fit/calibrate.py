@@ -1,9 +1,9 @@
-"""The pipelined level: how the bottleneck stage's forwards in the profile's own pipelined runs (run.json
+"""The calibration: how the bottleneck stage's forwards in the profile's own pipelined runs (run.json
 pipeline_overhead.runs[].stage_ms) compare with the latency model fitted on its lockstep probes.
 
 A lockstep probe times each stage after it has waited through the others' forwards; in a running pipeline the
 bottleneck stage's chunks follow each other. On CPU the probes run colder, and the gap moves from one run to the next
-(the level 0 to -4% on one day, -8 to -15% on another), which the fit's c and b carry into every prediction. What
+(the gap 0 to -4% on one day, -8 to -15% on another), which the fit's c and b carry into every prediction. What
 goes cold is the work on the stage's weights, the linear part c + b x; the attention over the prefix (g L and the a,
 h terms) reads K/V that the probe's set-up has just written. The calibration maps the fitted latency onto the
 pipelined one,
@@ -30,7 +30,7 @@ METHOD = (
     "(chunk size, prefix) over the repeats, each run's first chunk left out"
 )
 SCALE_RANGE = (0.5, 2.0)
-"""A linear scale outside this range is not a level shift but a broken run or a model that does not hold: not
+"""A linear scale outside this range is not a shift of the whole stage but a broken run or a model that does not hold: not
 applied."""
 MIN_CHUNK_SIZES = 2
 """Distinct chunk sizes the cells need for the scale and the shift to be told apart."""
@@ -44,7 +44,7 @@ def none(why: str) -> dict:
 def cells(runs: list[dict], stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(prefix_len, chunk_size, median ms) of each (chunk size, prefix) cell of `stage` over the runs that recorded
     their stage times (a run's chunks: chunk_sizes, else num_chunks of chunk_size); a run's first chunk is left out
-    (it starts cold after the barrier, once a prompt: not the level of the chunks that follow)."""
+    (it starts cold after the barrier, once a prompt: not as the chunks that follow run)."""
     by_cell: dict[tuple[int, int], list[float]] = {}
     for r in runs:
         times = r.get("stage_ms") if isinstance(r, dict) else None

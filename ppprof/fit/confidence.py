@@ -4,17 +4,17 @@ out, and the predicted gain over the best fixed chunk resampled. Pure numpy; no 
 Cells: the rows of one (prefix_len, chunk_size); the chunk sizes of a prefix length that hold fewer than MIN_CELL_ROWS
 rows (the sweep's one request a chunk size) are pooled with their neighbours into cells of MIN_CELL_ROWS rows. In logs
 (timing noise is multiplicative, so symmetric there), a cell's deviation is the median of its rows' log(latency /
-model) less the level, the cells' mean of those medians weighted by their latency (a least-squares fit runs through
-the mean of skewed timing noise, above its median by a common factor: a level, not a form). The form error is the RMS
+model) less the offset, the cells' mean of those medians weighted by their latency (a least-squares fit runs through
+the mean of skewed timing noise, above its median by a common factor: an offset, not a form). The form error is the RMS
 of the deviations, each cell weighted by its median latency (the share of a prompt's time it stands for), less the
 noise each median carries (1.2533 x sigma / sqrt(n), sigma from the pairs of rows of one cell, pooled over the cells
 of its prefix length), at its lower bound (FORM_ERROR_SES standard errors below); a log deviation of 0.1 is 10.5%.
 
 Resampling (RESAMPLES replicates, seed SEED): the rows the model was fitted to, as run; each row's log residual is
-its probe's level (the median of the probe's log residuals: the shared slowness of the probe) plus its own. A replicate
-gives every probe a level drawn whole from the probes' (centred) and every row a residual drawn from its cell's
-(MIN_CELL_ROWS or more rows) or else its probe's, and refits the model. Each refit prices the policy's own plans of
-the workload and every fixed chunk of the domain on its planning model: the gain of the plans over the refit's best
+its probe's offset (the median of the probe's log residuals: the shared slowness of the probe) plus its own. A
+replicate gives every probe an offset drawn whole from the probes' (centred) and every row a residual drawn from its
+cell's (MIN_CELL_ROWS or more rows) or else its probe's, and refits the model. Each refit prices the policy's own plans
+of the workload and every fixed chunk of the domain on its planning model: the gain of the plans over the refit's best
 fixed chunk (at least -1, 100% slower). A replicate that cannot be fitted counts as -1.
 
 The model choice is part of the interval (rechosen_refits): where the choice ranges over several models, the
@@ -100,8 +100,8 @@ def form_check(model: LatencyModel, used: Samples) -> dict:
     med = np.array([np.median(ratio[cell == c]) for c in ids])
     n = np.array([(cell == c).sum() for c in ids])
     weight = np.array([np.median(y[cell == c]) for c in ids])
-    level = float(np.sum(weight * med) / weight.sum())
-    dev = med - level
+    offset = float(np.sum(weight * med) / weight.sum())
+    dev = med - offset
     noise = MEDIAN_SE * np.sqrt(pooled_variance(ratio, cell, L, ids) / n)
     share = weight / weight.sum()
     excess = float(np.sum(share * (dev**2 - noise**2)))  # the squared form error, noise removed
@@ -117,7 +117,7 @@ def form_check(model: LatencyModel, used: Samples) -> dict:
         "limit": MAX_FORM_ERROR,
         "passed": bool(error <= MAX_FORM_ERROR),
         "num_cells": int(len(ids)),
-        "level": math.exp(level),
+        "level": math.exp(offset),  # the file's key for the offset
         "worst_cell": {
             "prefix_len": int(L[first[worst]]),
             "chunk_size": int(x[first[worst]]),
@@ -160,17 +160,17 @@ def probe_ids(used: Samples) -> np.ndarray:
 
 
 def resampled_latencies(model: LatencyModel, used: Samples, rows: np.ndarray, resamples: int, seed: int) -> np.ndarray:
-    """(resamples, rows) latencies of the rows `rows` of `used` (module doc: probe levels drawn whole, each row's own
+    """(resamples, rows) latencies of the rows `rows` of `used` (module doc: probe offsets drawn whole, each row's own
     residual from its cell's or its probe's)."""
     L, x, y = used.prefix_len[rows], used.chunk_size[rows], used.chunk_latency_ms[rows]
     fitted = model.chunk_latency_ms(L, x)
     e = np.log(y / fitted)
     probe = probe_ids(used)[rows]
     probes, of_row = np.unique(probe, return_inverse=True)
-    level = np.array([np.median(e[of_row == p]) for p in range(len(probes))])
-    own = e - level[of_row]
+    offset = np.array([np.median(e[of_row == p]) for p in range(len(probes))])
+    own = e - offset[of_row]
     rng = np.random.default_rng(seed)
-    drawn = (level - level.mean())[rng.integers(len(probes), size=(resamples, len(probes)))][:, of_row]
+    drawn = (offset - offset.mean())[rng.integers(len(probes), size=(resamples, len(probes)))][:, of_row]
     cell = cells(L, x)
     for c in np.unique(cell):
         members = np.flatnonzero(cell == c)

@@ -10,9 +10,9 @@ profile's fit (ppprof.fit.build), and the profile's samples only where the live 
    prices (ppprof.fit.packed: the additive form and its per-piece term d, fitted on them, never in the model's fit).
 4. The profile's samples (the policy's provenance.samples, where its sha256 still matches and the device is the
    trace's) fill the cells (power-of-two bands of prefix and chunk size) no live single-request forward falls in,
-   their latencies times the live level (the median of the live forwards' time over the policy's prediction of them,
+   their latencies times the live pace (the median of the live forwards' time over the policy's prediction of them,
    those in the profile's cells, where the model was fitted: the profile gives the shape there, the server the
-   level), a row weighing as much as a live forward; in a cell the live forwards cover, they alone count.
+   pace), a row weighing as much as a live forward; in a cell the live forwards cover, they alone count.
 Pure numpy: no torch."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ppprof.config import ChunkSettings, PolicyOptions
 from ppprof.config.workload import Workload
 from ppprof.fit.build import fit_samples
 from ppprof.fit.fitted import RunSamples, document
-from ppprof.fit.live_forwards import LiveForwards, band, drift_rows, judge, live_forwards
+from ppprof.fit.live_forwards import LiveForwards, band, drift_rows, live_forwards
 from ppprof.fit.packed import PackedRows
 from ppprof.fit.samples import Samples, read_samples
 from ppprof.forwards import Forwards, read_forwards
@@ -38,7 +38,7 @@ from ppprof.policy.rule import LatencyModel
 
 WEIGHING = (
     "live single-request forwards as rows of the fit; the profile's samples only in the cells (power-of-two bands of "
-    "prefix_len and chunk_size) no live single-request forward falls in, times the live level (profile_level: the "
+    "prefix_len and chunk_size) no live single-request forward falls in, times the live pace (profile_level: the "
     "median of live / the policy's prediction over the live forwards in the profile's cells), a row weighing as "
     "much as a live forward; "
     "packed batches priced by the additive form with its per-piece term fitted on them (packed_forwards), never in "
@@ -46,7 +46,7 @@ WEIGHING = (
 )
 LIVE_PROBE = 1_000_000
 """Live rows' probe ids start here (one per prefix band), apart from the profile's probes: the confidence's resampling
-draws a probe's shared level whole."""
+draws a probe's offset whole."""
 
 
 def bottleneck(live: LiveForwards) -> int:
@@ -85,11 +85,11 @@ def profile_samples(policy: dict, policy_path, device: str) -> tuple[Samples | N
     return None, f"{name} is not there with the sha256 the policy recorded"
 
 
-def profile_level(
+def profile_pace(
     policy: dict, prefix: np.ndarray, size: np.ndarray, ms: np.ndarray, profile: Samples | None = None
 ) -> tuple[float, str]:
-    """The live level of the profile, and which forwards gave it: the median of the live single-request forwards'
-    time over the policy's prediction of them (its model at the pipelined level, no per-chunk overhead), over those
+    """The live pace of the profile, and which forwards gave it: the median of the live single-request forwards'
+    time over the policy's prediction of them (its model under its calibration, no per-chunk overhead), over those
     in the cells (power-of-two bands of prefix and chunk size) the profile's samples hold, where the model was
     fitted: a model wrong in shape (no prefix term) extrapolates its error into every other cell. Over all the live
     forwards where none falls in a profiled cell; 1 without a forward."""
@@ -111,9 +111,9 @@ def profile_level(
 
 
 def rows_of(
-    live: LiveForwards, stage: int, profile: Samples | None, traces: str, level: float = 1.0
+    live: LiveForwards, stage: int, profile: Samples | None, traces: str, pace: float = 1.0
 ) -> tuple[Samples, int]:
-    """Step 3 and 4: the fit's rows (the profile's filling cells first, their latencies times the live `level`,
+    """Step 3 and 4: the fit's rows (the profile's filling cells first, their latencies times the live `pace`,
     then the live single-request forwards in time order) as Samples of `stage`; and how many rows came from the
     profile."""
     idx = [i for i in live.of_stage(stage) if len(live.pieces[i]) == 1]
@@ -130,7 +130,7 @@ def rows_of(
         p = profile.subset(fill)
         ids = p.probe if p.probe is not None and np.all(np.isfinite(p.probe)) else p.prefix_len
         prefix, size = np.concatenate([p.prefix_len, prefix]), np.concatenate([p.chunk_size, size])
-        ms, kind = np.concatenate([p.chunk_latency_ms * level, ms]), ["profile"] * len(p) + kind
+        ms, kind = np.concatenate([p.chunk_latency_ms * pace, ms]), ["profile"] * len(p) + kind
         probe = np.concatenate([np.asarray(ids, dtype=float), probe])
     n_profile = len(kind) - len(idx)
     digest = hashlib.sha256(traces.encode()).hexdigest()
@@ -166,14 +166,14 @@ def refit(policy: dict, policy_path, forwards: Forwards, trace_paths, latency_mo
     traces = " ".join(f["path"] for f in forwards.files)
     profile, profile_words = profile_samples(policy, policy_path, forwards.header["device"])
     single = [i for i in live.of_stage(stage) if len(live.pieces[i]) == 1]
-    level, level_source = profile_level(
+    pace, pace_source = profile_pace(
         policy,
         np.array([live.pieces[i][0][0] for i in single], dtype=np.int64),
         np.array([live.pieces[i][0][1] for i in single], dtype=np.int64),
         live.latency_ms[single],
         profile,
     )
-    samples, n_profile = rows_of(live, stage, profile, traces, level)
+    samples, n_profile = rows_of(live, stage, profile, traces, pace)
     if len(samples) - n_profile < 3:
         raise ValueError(
             f"forward trace {trace_paths[0]} holds {len(samples) - n_profile} single-request forwards of stage "
@@ -193,8 +193,8 @@ def refit(policy: dict, policy_path, forwards: Forwards, trace_paths, latency_mo
     )
     live_words = {
         "n_profile": n_profile,
-        "level": level,
-        "level_source": level_source,
+        "pace": pace,
+        "pace_source": pace_source,
         "profile": profile_words,
         "stage": stage,
     }
@@ -237,30 +237,9 @@ def calibrate(policy_path, trace_paths, out=None, latency_model: str | None = No
     return save(out, new), new, rows
 
 
-def check_trace(policy_path, trace_path, tolerances: dict) -> dict:
-    """`ppprof compare POLICY TRACE`: the trace's live forwards judged against the policy's predictions
-    (ppprof.fit.live_forwards.judge), with the figures a report names. Bad input: one-line ValueError."""
-    policy = read_policy(policy_path)
-    if policy.get("latency_model") is None:
-        raise ValueError(f"policy {policy_path} has no latency model ({policy.get('reason')}): nothing to judge")
-    forwards = read_forwards([trace_path])
-    check_match(policy, forwards, policy_path, trace_path)
-    live = live_forwards(forwards, int(policy["settings"]["context_len"]))
-    if not len(live):
-        raise ValueError(f"forward trace {trace_path} leaves no forward to judge ({live.skipped}): serve more")
-    return {
-        "policy": str(policy_path),
-        "trace": str(trace_path),
-        "trace_sha256": forwards.files[0]["sha256"],
-        "forwards": len(live),
-        "skipped": live.skipped,
-        **judge(policy, live, tolerances),
-    }
-
-
 def live_provenance(forwards: Forwards, live: LiveForwards, single: int, words: dict, policy_path) -> dict:
     """provenance.live: the traces, the forwards read, used and dropped, their time span, the profile's rows and
-    their level, how the two are weighed, the source policy."""
+    their pace, how the two are weighed, the source policy."""
     stage = words["stage"]
     start, end = live.time_s.min(), live.time_s.max()
     return {
@@ -275,8 +254,8 @@ def live_provenance(forwards: Forwards, live: LiveForwards, single: int, words: 
         "time_span": [iso(start), iso(end)],
         "time_span_s": float(end - start),
         "profile_rows": words["n_profile"],
-        "profile_level": words["level"],
-        "profile_level_source": words["level_source"],
+        "profile_level": words["pace"],
+        "profile_level_source": words["pace_source"],
         "profile_samples": words["profile"],
         "weighing": WEIGHING,
         "policy": str(policy_path),

@@ -1,17 +1,12 @@
 """Live forwards: those a refit or a drift check takes (`live_forwards`: each (stage, TP rank)'s first forward dropped,
 as it ran cold; those past the policy's context and the absurd ones skipped, all counted by reason), and against a
-policy's predictions per stage and prefix band: the drift report `ppprof calibrate` prints and the check `ppprof
-compare POLICY TRACE` judges with compare's tolerances.
+policy's predictions per stage and prefix band: the drift report `ppprof calibrate` prints, and the rows the check
+`ppprof compare POLICY TRACE` judges (ppprof.compare.forwards).
 
-A forward's prediction is the policy's latency model at the pipelined level (its calibration, no per-chunk overhead:
+A forward's prediction is the policy's latency model under its calibration (no per-chunk overhead:
 a trace times the stage's forward alone), scaled to the forward's stage by the profile's stage totals (the model is
 the bottleneck stage's); a packed batch's is the additive form with the policy's per-piece term (ppprof.fit.packed).
-A forward's band is that of its longest prefix: 0, then [0, B), [B, 2B), [2B, 4B), ... Judged as compare judges
-samples: the level, the median of every forward's live / predicted, within the `level` tolerance; each band's median
-ratio over the level within the `samples` tolerance (bands of MIN_FORWARDS or more); and, since a band holds a few
-live forwards of a busy server where a profile's cell held the median of many probes, a figure drifts only where its
-NOISE_COVERAGE interval (a seeded bootstrap of the median) lies wholly outside the tolerance: a band of 10 forwards
-whose times scatter by 30% moves its median by 20% from one serve to the next. Pure numpy: no torch."""
+A forward's band is that of its longest prefix: 0, then [0, B), [B, 2B), [2B, 4B), ... Pure numpy: no torch."""
 
 from __future__ import annotations
 
@@ -22,13 +17,6 @@ import numpy as np
 from ppprof.fit.samples import ABSURD_RATIO
 from ppprof.forwards import Forwards
 from ppprof.policy.rule import LatencyModel
-
-MIN_FORWARDS = 3
-"""Forwards a band needs to be judged; fewer are reported, not judged."""
-NOISE_COVERAGE = 0.8
-"""The interval of a band's (and the level's) median that must lie wholly outside the tolerance for a drift: the
-10% and 90% quantiles of the median over NOISE_RESAMPLES resamples of the forwards."""
-NOISE_RESAMPLES = 400
 
 
 @dataclass(slots=True)
@@ -150,57 +138,6 @@ def drift_rows(policies: dict[str, dict], live: LiveForwards, base_chunk_size: i
     return rows
 
 
-def median_interval(values: np.ndarray, seed: int = 0) -> tuple[float, float]:
-    """The NOISE_COVERAGE interval of the median of `values` over NOISE_RESAMPLES seeded bootstrap resamples."""
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, len(values), size=(NOISE_RESAMPLES, len(values)))
-    medians = np.median(values[draws], axis=1)
-    tail = (1.0 - NOISE_COVERAGE) / 2
-    lo, hi = np.quantile(medians, [tail, 1.0 - tail])
-    return float(lo), float(hi)
-
-
-def outside(interval: tuple[float, float], tolerance: float) -> bool:
-    """The interval of a ratio less 1 lies wholly outside [-tolerance, tolerance]."""
-    lo, hi = interval
-    return lo - 1.0 > tolerance or hi - 1.0 < -tolerance
-
-
-def judge(policy: dict, live: LiveForwards, tolerances: dict) -> dict:
-    """compare's verdict on live forwards: the level and every judged band (module doc); `drifted` and `where`."""
-    ratio = live.latency_ms / predicted_ms(policy, live)
-    level = float(np.median(ratio))
-    level_interval = median_interval(ratio)
-    rows = drift_rows({"policy": policy}, live, int(policy["settings"]["base_chunk_size"]))
-    longest = np.array([max(L for L, _ in p) for p in live.pieces])
-    edges = band_edges(int(policy["settings"]["base_chunk_size"]), int(longest.max()))
-    of = np.searchsorted(edges, longest, side="right") - 1
-    names = [band_name(edges, k) for k in range(len(edges))]
-    moved = []
-    for row in rows:
-        m = (live.stage == row["stage"]) & (of == names.index(row["band"]))
-        lo, hi = median_interval(ratio[m] / level, seed=1 + len(moved) + row["stage"])
-        row["vs_level"] = row["policy_ratio"] / level - 1.0
-        row["vs_level_interval"] = [lo - 1.0, hi - 1.0]
-        row["judged"] = row["forwards"] >= MIN_FORWARDS
-        row["drifted"] = row["judged"] and outside((lo, hi), tolerances["samples"])
-        if row["drifted"]:
-            moved.append(row)
-    level_drift = outside(level_interval, tolerances["level"])
-    where = [f"stage {r['stage']} prefix {r['band']}: {r['vs_level']:+.1%} against the level" for r in moved]
-    if level_drift:
-        where.insert(0, f"every stage: live forwards at {level:.3f}x the policy's prediction")
-    return {
-        "level": level,
-        "level_interval": list(level_interval),
-        "noise_coverage": NOISE_COVERAGE,
-        "tolerances": {"level": tolerances["level"], "samples": tolerances["samples"]},
-        "bands": rows,
-        "drifted": bool(level_drift or moved),
-        "where": where,
-    }
-
-
 def drift_text(rows: list[dict], names: dict[str, str]) -> list[str]:
     """The drift report's lines: per stage and prefix band the live median and each policy's median prediction
     (`names`: its key in the rows -> its column title) with the median of live / predicted."""
@@ -212,34 +149,4 @@ def drift_text(rows: list[dict], names: dict[str, str]) -> list[str]:
         line = f"{r['stage']:>5} {r['band']:>13} {r['forwards']:>8} {r['live_ms']:>9.3f}"
         line += "".join(f" {r[f'{k}_ms']:>15.3f} {r[f'{k}_ratio']:>9.3f}" for k in names)
         lines.append(line)
-    return lines
-
-
-def judge_text(report: dict) -> list[str]:
-    """`ppprof compare POLICY TRACE` for people: the level, the bands against it, the verdict naming where."""
-    tol, cover = report["tolerances"], report["noise_coverage"]
-    lo, hi = report["level_interval"]
-    lines = [
-        f"policy {report['policy']} against forward trace {report['trace']}: {report['forwards']} live forwards",
-        f"level: live forwards at {report['level']:.3f}x the policy's prediction ({cover:.0%} interval "
-        f"{lo:.3f}-{hi:.3f}; tolerance {tol['level']:.0%})",
-        f"{'stage':>5} {'prefix band':>13} {'forwards':>8} {'live ms':>9} {'predicted ms':>12} {'vs level':>9} "
-        f"{f'{cover:.0%} interval':>17}",
-    ]
-    for r in report["bands"]:
-        mark = "  DRIFT" if r["drifted"] else ("" if r["judged"] else "  (too few to judge)")
-        a, b = r["vs_level_interval"]
-        lines.append(
-            f"{r['stage']:>5} {r['band']:>13} {r['forwards']:>8} {r['live_ms']:>9.3f} {r['policy_ms']:>12.3f} "
-            f"{r['vs_level']:>+9.1%} {f'{a:+.1%} to {b:+.1%}':>17}{mark}"
-        )
-    if report["drifted"]:
-        lines.append(
-            "drift: " + "; ".join(report["where"]) + f" (tolerance {tol['samples']:.0%} a band, the whole "
-            f"{cover:.0%} interval outside it)"
-        )
-    else:
-        lines.append(
-            f"within tolerance: no band's {cover:.0%} interval wholly beyond {tol['samples']:.0%} of the level"
-        )
     return lines

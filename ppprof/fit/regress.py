@@ -51,7 +51,7 @@ def fit_stats(model: LatencyModel, prefix_len, chunk_size, latency_ms) -> dict:
 def diagnostics(model: LatencyModel, fit_rows: np.ndarray, prefix_len, chunk_size, latency_ms, cv_mape: float) -> dict:
     """Diagnostics of `model` on the evaluation rows (all rows given), with the planner's chunk_latency_ms.
 
-    Top level: every evaluation row, prefix-free and prefixed, less the outliers the outlier rule finds among them
+    The outer keys: every evaluation row, prefix-free and prefixed, less the outliers the outlier rule finds among them
     under this model (the gates read these). `fit`: the rows the model was fitted to. `cv_mape`: every row, held out.
     """
     L, x, y = prefix_len, chunk_size, latency_ms

@@ -6,7 +6,7 @@ cache.py ties them together and owns the one release path (KV slots -> Mamba slo
 
 from ppprof.mem.cache import LeakError, Request, StageCache
 from ppprof.mem.kv import KVAllocator
-from ppprof.mem.mamba import MambaAllocator
+from ppprof.mem.mamba_slots import MambaAllocator
 from ppprof.mem.req import ReqToTokenPool
 
 __all__ = ["KVAllocator", "LeakError", "MambaAllocator", "ReqToTokenPool", "Request", "StageCache"]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from ppprof.mem.kv import KVAllocator
-from ppprof.mem.mamba import MambaAllocator
+from ppprof.mem.mamba_slots import MambaAllocator
 from ppprof.mem.pools import KVPool, LatentPool, MambaPool
 from ppprof.mem.req import NO_MAMBA_SLOT, ReqToTokenPool
 

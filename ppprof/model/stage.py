@@ -11,7 +11,7 @@ from torch import nn
 
 from ppprof.mem.cache import Request, StageCache
 from ppprof.mem.kv import KVAllocator
-from ppprof.mem.mamba import MambaAllocator
+from ppprof.mem.mamba_slots import MambaAllocator
 from ppprof.mem.pools import KVPool, LatentPool, MambaPool, StateShape
 from ppprof.mem.req import ReqToTokenPool
 from ppprof.model.attention_kernels import AttentionKernel

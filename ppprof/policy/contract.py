@@ -1,5 +1,5 @@
 """The policy contract: what a server reads of policy.json as frozen values, each checked and bounded in its own
-__post_init__ (ValueError: one line naming the JSON field, the value, the fix): the latency model, the pipelined level
+__post_init__ (ValueError: one line naming the JSON field, the value, the fix): the latency model, the calibration
 (`Calibration`), the per-chunk overhead, the two tables and the under-load rule; `ppprof.policy.runtime.Policy` holds
 them with the settings and the status. Standard library and the ground floors only (no numpy)."""
 
@@ -165,7 +165,7 @@ class LatencyModel:
         return replace(self, c=self.c + ms_per_chunk) if ms_per_chunk else self
 
     def planning(self, calibration: dict | None, ms_per_chunk: float) -> LatencyModel:
-        """The planning model: the policy's calibration onto the pipelined level, linear_scale * (c + b x) + the
+        """The planning model: the policy's calibration onto the pipelined runs, linear_scale * (c + b x) + the
         attention terms + shift_ms (none: 1 and 0), plus the per-chunk pipeline overhead."""
         calibration = calibration or NO_CALIBRATION
         scale, shift = float(calibration["linear_scale"]), float(calibration["shift_ms"])
@@ -259,7 +259,7 @@ class Overhead:
 
 @dataclass(frozen=True, slots=True)
 class Calibration:
-    """The pipelined level (the file's `calibration`): the fitted latency mapped onto the bottleneck stage's forwards
+    """The calibration (the file's `calibration`): the fitted latency mapped onto the bottleneck stage's forwards
     in the profile's pipelined runs, linear_scale (c + b x) + the attention terms + shift_ms; 1 and 0 where none."""
 
     linear_scale: float

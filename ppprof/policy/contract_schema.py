@@ -116,7 +116,7 @@ def latency_model_schema() -> dict:
 
 
 def contract_schema() -> dict:
-    """The contract's part of the policy schema: its top-level properties, required keys and conditions, and the
+    """The contract's part of the policy schema: its outermost properties, required keys and conditions, and the
     $defs they refer to."""
     parts = {part: layout(part, cls) for part, cls in CLASSES.items()}
     full = part_schema("full", list(FULL_KEYS), list(FULL_KEYS), closed=False)

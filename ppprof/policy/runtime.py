@@ -36,8 +36,8 @@ MAX_PLAN_CHUNKS = 1_000_000
 @dataclass(frozen=True, slots=True)
 class Policy:
     """A loaded policy: `data`, the document as read (every field: the report beside the contract is read from it),
-    and the contract's parts typed from it once: the latency model as fitted and as planned with (the pipelined
-    level and the per-chunk overhead applied), the settings, the two tables, the under-load rule (None where the file
+    and the contract's parts typed from it once: the latency model as fitted and as planned with (the
+    calibration and the per-chunk overhead applied), the settings, the two tables, the under-load rule (None where the file
     has none or one of schema 4), the status and its best fixed chunk. `next_chunk_size(prefix_len, prompt_len)` is
     two bisects in the prompt-aware rule's tables; without the prompt length, one bisect in the history-only table;
     with others waiting, the under-load rule's bounded chunk. Built by Policy.of (from_dict checks it whole)."""

@@ -26,7 +26,7 @@ ORDER = (
 )
 DEFS_ORDER = ("count", "coefficient", "latency_model", "settings", "provenance", "domain", "range", "table")
 DEFS_ORDER += ("prompt_table", "load_schema4", "load")
-"""The top-level properties and the $defs in the order the schema has always listed them (a validator meets them in
+"""The outermost properties and the $defs in the order the schema has always listed them (a validator meets them in
 it, and the shipped file reads the same)."""
 _validator = None
 

@@ -27,7 +27,7 @@ DESCRIPTIONS = {
     "share's latency, at most bound_ms and chunk_cap.",
     "overhead": "The per-chunk pipeline overhead: what a chunk costs on the real pipeline beyond its stages' timed "
     "forwards, added to every chunk's predicted latency wherever a TTFT is predicted or a chunk chosen.",
-    "calibration": "The fitted latency's map onto the pipelined level: linear_scale * (c + b x) + (the attention "
+    "calibration": "The fitted latency's map onto the pipelined runs: linear_scale * (c + b x) + (the attention "
     "terms g L, a (2 L x + x^2), h L x^2 as fitted) + shift_ms is what the bottleneck stage's forwards "
     "took in the profile's own pipelined runs (lockstep probes run colder than a running pipeline, in "
     "the work on the weights). Wherever a TTFT is predicted or a chunk chosen, a chunk costs that plus "

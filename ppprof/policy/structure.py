@@ -42,13 +42,11 @@ def check_load(load: dict, version: int) -> None:
         )
     if new_form:
         return
-    levels = load["pending_requests"]
-    one_a_row(
-        "$.load", {k: load[k] for k in ("bound_ms", "chunk_cap", "prefix_len", "chunk_size")}, len(levels), "level"
-    )
-    increasing("$.load.pending_requests", levels, "it")
+    steps = load["pending_requests"]  # schema 4's rule: a step a count of pending requests
+    one_a_row("$.load", {k: load[k] for k in ("bound_ms", "chunk_cap", "prefix_len", "chunk_size")}, len(steps), "step")
+    increasing("$.load.pending_requests", steps, "it")
     for i, (starts, sizes) in enumerate(zip(load["prefix_len"], load["chunk_size"])):
-        check_breakpoints(f"$.load.level[{i}]", starts, sizes)
+        check_breakpoints(f"$.load.step[{i}]", starts, sizes)
 
 
 def check_report(data: dict) -> None:

@@ -1,4 +1,4 @@
-"""A policy in words: the one-line summary `ppprof validate` prints, the pipelined level, and the note where a
+"""A policy in words: the one-line summary `ppprof validate` prints, the calibration, and the note where a
 prompt's plan leaves what the profile measured."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from ppprof.policy.runtime import Policy
 
 
 def calibration_text(calibration) -> str:
-    """The calibration onto the pipelined level (a Calibration, or the file's dict) in words ("" where none)."""
+    """The calibration onto the pipelined runs (a Calibration, or the file's dict) in words ("" where none)."""
     if calibration.get("source") != "measured":
         return ""
-    return f", pipelined level {LatencyModel.calibration_words(calibration)}"
+    return f", pipelined level {LatencyModel.calibration_words(calibration)}"  # validate's printed words, kept
 
 
 def summary_line(policy: Policy) -> str:

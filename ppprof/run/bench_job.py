@@ -54,7 +54,7 @@ class BenchState:
     overwrite: bool = False
     """--overwrite: bench.out may hold files."""
     policy: Policy | None = None
-    """The policy benched: loaded and checked where this process resolved the settings (run.settings.resolve_bench),
+    """The policy benched: loaded and checked where this process resolved the settings (run.resolve.resolve_bench),
     else by rank 0 in prepare; read once in a process."""
     plans: list[Arm] = field(default_factory=list)
     """Every strategy's chunks for every prompt length."""

@@ -7,7 +7,7 @@ import re
 
 from ppprof.config import ProfileConfig
 from ppprof.run.dry_run import DryRun, RankRun, dry_run_dtype, meta_backend, stage_estimate
-from ppprof.run.memory import gpu_total_bytes
+from ppprof.run.memory_check import gpu_total_bytes
 from ppprof.specs import ModelSpec, split_layers
 from ppprof.specs.memory import format_bytes
 from ppprof.specs.tp import rank_spec, tp_problem

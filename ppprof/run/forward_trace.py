@@ -56,7 +56,7 @@ class RankTrace:
         self.wall_offset_s = time.time() - time.perf_counter()
         identity = TraceIdentity(
             model_shape=model_shape(run.spec.to_dict()),
-            pp_size=pp_size or pipe.world_size,
+            pp_size=pp_size or pipe.pp_size,
             tp_size=pipe.tp_size,
             device=pipe.device.type,
             dtype=str(run.dtype).removeprefix("torch."),

@@ -19,7 +19,7 @@ from typing import NoReturn
 
 from ppprof.config import ProfileConfig
 from ppprof.distributed.launch import Outcome, in_worker, launch, num_nodes
-from ppprof.run.checks import check_before_launch, warnings
+from ppprof.run.prelaunch import check_before_launch, warnings
 from ppprof.runfiles import LOCK_HELD_ENV, RUN_DIR_NOTE_ENV, RunFolder, mark_failed, release_lock, take_lock
 
 RESOLVED_CONFIG = "--resolved-config"

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from ppprof.adaptive.step import design_record
-from ppprof.run.memory import profile_memory
+from ppprof.run.memory_check import profile_memory
 from ppprof.run.profile_state import ProfileState
 from ppprof.run.rank import RankRun
 from ppprof.runfiles import COMPLETE, stage_column
@@ -65,10 +65,10 @@ def write_results(run: RankRun[ProfileState]) -> None:
     log_summary(frame, run.pp_size, wall_s, forward_tokens[0], run.folder.path)
 
 
-def log_summary(frame, world_size: int, wall_s: float, forward_tokens: int, run_dir: Path) -> None:
+def log_summary(frame, pp_size: int, wall_s: float, forward_tokens: int, run_dir: Path) -> None:
     sweep = frame[frame["prefix_len"] == frame["prefix_len"].min()]
     big, small = sweep.loc[sweep["chunk_size"].idxmax()], sweep.loc[sweep["chunk_size"].idxmin()]
-    for s in range(world_size):
+    for s in range(pp_size):
         col = stage_column(s)
         log.info(
             "stage %d: chunk %d -> %.3f ms, chunk %d -> %.3f ms",

@@ -25,7 +25,7 @@ from ppprof.io import atomic_write_text, open_append
 from ppprof.mem import StageCache
 from ppprof.model.stage import Stage
 from ppprof.probe.malloc import steady_malloc
-from ppprof.run.checks import check_output_folder
+from ppprof.run.prelaunch import check_output_folder
 from ppprof.runfiles import FAILED, INTERRUPTED, LOCK_HELD_ENV, RUN_DIR_NOTE_ENV, RunFolder, release_lock, take_lock
 from ppprof.specs import ModelSpec, load_spec, split_layers
 from ppprof.specs.dtypes import AUTO_DTYPE_CPU, AUTO_DTYPE_GPU
@@ -67,7 +67,7 @@ class RankRun(Generic[S]):
     @property
     def pp_size(self) -> int:
         """The pipeline's stages (pp_size): the ranks of the job over its TP degree."""
-        return self.pipe.world_size
+        return self.pipe.pp_size
 
     @property
     def tp_size(self) -> int:
@@ -109,11 +109,11 @@ def set_up(
         base = partition or [len(r) for r in split_layers(spec.num_layers // repeat, (pp_size or 1) // repeat)]
         partition = tuple(base) * repeat
     mesh = info.mesh
-    stage, ranks = (info.rank, info.world_size) if mesh is None else (mesh.coords.stage, mesh.coords.pp_size)
-    ranges = split_layers(spec.num_layers, pp_size or ranks, partition)
+    stage, stages = (info.rank, info.world_size) if mesh is None else (mesh.coords.stage, mesh.coords.pp_size)
+    ranges = split_layers(spec.num_layers, pp_size or stages, partition)
     pipe = Pipe(
         rank=stage,
-        world_size=ranks,
+        pp_size=stages,
         device=info.device,
         hidden_size=spec.hidden_size,
         dtype=dtype,
@@ -241,10 +241,10 @@ class OneVoice(logging.Filter):
         return record.levelno >= logging.ERROR or getattr(record, "own", False)
 
 
-def setup_logging(rank: int, level: int = logging.INFO) -> None:
+def setup_logging(rank: int, log_level: int = logging.INFO) -> None:
     fmt = logging.Formatter(f"[rank {rank}] %(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
     root = logging.getLogger("ppprof")
-    root.setLevel(level)
+    root.setLevel(log_level)
     root.handlers.clear()
     h = logging.StreamHandler(sys.stderr)
     h.setFormatter(fmt)

@@ -34,7 +34,7 @@ from ppprof.serving.levels import ServingPlan, simulate_levels
 from ppprof.serving.plots import write_plots
 from ppprof.serving.report import cell_summary, largest_miss, levels_text, measured_levels, paired_ratios
 from ppprof.serving.scheduler import Capacity
-from ppprof.serving.settings import ServeBenchConfig
+from ppprof.serving.serve_config import ServeBenchConfig
 from ppprof.serving.simulate import LoadLevel
 
 log = logging.getLogger("ppprof")

@@ -33,7 +33,7 @@ from ppprof.serving.prefix_cache import PrefixCache
 from ppprof.serving.replay import REQUEST_ENTRIES, details, metrics, pool_tokens, replay
 from ppprof.serving.report import trace_cell, trace_largest_miss, trace_measured_text
 from ppprof.serving.scheduler import Capacity
-from ppprof.serving.settings import ServeBenchConfig
+from ppprof.serving.serve_config import ServeBenchConfig
 from ppprof.serving.simulate import LoadLevel, TraceArrivals
 
 log = logging.getLogger("ppprof")

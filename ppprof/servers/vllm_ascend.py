@@ -63,7 +63,7 @@ class VllmAscend(Server):
     label = "vllm-ascend"
     targets = (
         "vllm-ascend's latest docs (2026-11: --additional-config scheduler_config.profiling_chunk_config, "
-        "smooth_factor default 1.0, min_chunk 4096); the v0.20.2rc and v0.22.1rc guides show the top-level "
+        "smooth_factor default 1.0, min_chunk 4096); the v0.20.2rc and v0.22.1rc guides show the outermost "
         "profiling_chunk_config, which later releases still read (deprecated)"
     )
     form = "quadratic"

@@ -93,7 +93,7 @@ def measure(model: str, backend: str, base_chunk_size: int) -> dict:
 
     from ppprof.config import ProfileConfig
     from ppprof.config.sections import SGLANG_PROBE_MULTIPLE
-    from ppprof.run.memory import profile_memory
+    from ppprof.run.memory_check import profile_memory
     from ppprof.specs import load_spec
 
     torch.set_num_threads(1)

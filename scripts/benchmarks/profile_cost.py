@@ -57,7 +57,7 @@ def profile(out: Path, args: list[str]) -> dict:
 
 
 def validation_prefixes(common: list[str]) -> list[int]:
-    from ppprof.run.settings import resolve_config
+    from ppprof.run.resolve import resolve_config
 
     cfg = resolve_config(None, {k.lstrip("-").replace("-", "_"): int(v) for k, v in zip(common[::2], common[1::2])})
     top = cfg.probes.context_len - cfg.max_probe_chunk_size

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from ppprof.commands.compare import parse_tolerances
-from ppprof.policy.verdict import DEFAULT_TOLERANCES
+from ppprof.compare.verdict import DEFAULT_TOLERANCES
 
 
 def test_parse_tolerances():

@@ -8,7 +8,7 @@ from ppprof.distributed.pipe import Pipe
 
 
 def pipe():
-    return Pipe(rank=0, world_size=1, device=torch.device("cpu"), hidden_size=8, dtype=torch.float32)
+    return Pipe(rank=0, pp_size=1, device=torch.device("cpu"), hidden_size=8, dtype=torch.float32)
 
 
 def test_an_exception_in_the_body_becomes_one_agreed_error_naming_rank_and_phase(one_rank_group):

@@ -31,7 +31,7 @@ def worker(rank: int, port: int) -> None:
         mesh = build_mesh("cpu", 4, rank, 2)
         stage = mesh.coords.stage
         pipe = Pipe(
-            rank=stage, world_size=2, device=torch.device("cpu"), hidden_size=HIDDEN, dtype=torch.float32, mesh=mesh
+            rank=stage, pp_size=2, device=torch.device("cpu"), hidden_size=HIDDEN, dtype=torch.float32, mesh=mesh
         )
         assert pipe.sliced(4) and not pipe.sliced(3)
         for n in SIZES:

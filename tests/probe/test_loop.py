@@ -30,7 +30,7 @@ def make_runner(max_mamba_cache_size=8, fault=None):
             context_len=512,
         ),
     )
-    pipe = Pipe(rank=0, world_size=1, device=torch.device("cpu"), hidden_size=spec.hidden_size, dtype=torch.float32)
+    pipe = Pipe(rank=0, pp_size=1, device=torch.device("cpu"), hidden_size=spec.hidden_size, dtype=torch.float32)
     return ProbeRunner(stage=stage, cache=cache, pipe=pipe, seed=0, fault=fault)
 
 

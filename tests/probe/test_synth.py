@@ -80,7 +80,7 @@ def test_warmup_covers_the_sweep_and_every_prefix():
 
 
 def test_empty_prefix_lens_profile_the_sweep_only_as_sglang_does():
-    from ppprof.run.settings import resolve_config
+    from ppprof.run.resolve import resolve_config
 
     cfg = resolve_config(None, {"prefix_lens": "", "max_probe_chunk_multiple": 1.25, "design": "grid"})
     assert cfg.probes.prefix_lens == () and cfg.resolved_prefix_lens() == ()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ppprof.config import ProfileConfig
 from ppprof.run.dry_run import DryRun, dry_run
-from ppprof.run.settings import resolve_config
+from ppprof.run.resolve import resolve_config
 from ppprof.specs import load_spec
 from ppprof.specs.tp import tp_problem
 

@@ -4,7 +4,7 @@ import pytest
 from click.testing import CliRunner
 
 from ppprof.cli import main
-from ppprof.run.settings import resolve_config
+from ppprof.run.resolve import resolve_config
 
 
 @pytest.mark.parametrize(
@@ -119,20 +119,20 @@ def test_cli_turns_an_unwritable_output_into_one_line(tmp_path):
 
 def test_a_mamba_cache_below_the_probe_size_is_warned_about():
     from ppprof.config import ProfileConfig
-    from ppprof.run.checks import warnings
+    from ppprof.run.prelaunch import warnings
 
     assert warnings(ProfileConfig()) == []
     (line,) = warnings(ProfileConfig(max_mamba_cache_size=64))
     assert "--max-mamba-cache-size 64 is below --requests-per-probe 128" in line and "raise it to 128" in line
 
 
-# Memory checked before launch (ppprof.run.memory: profile_memory, memory_verdict, check_memory; `model --memory`).
+# Memory checked before launch (ppprof.run.memory_check: profile_memory, memory_verdict, check_memory; `model --memory`).
 
 
 def test_a_profile_too_big_for_this_host_is_refused_before_any_rank(tmp_path):
     """Llama-3-8B over 2 CPU ranks in fp32 with 8M KV slots a stage: about 1 TiB of KV a stage, refused on any host
     with less than 2 TiB available, in one line naming the stages, the estimate, the limit and the fix."""
-    from ppprof.run.memory import host_available_bytes
+    from ppprof.run.memory_check import host_available_bytes
 
     if host_available_bytes() is None:
         pytest.skip("no /proc/meminfo: the host check is skipped here, and the profile would start")
@@ -169,7 +169,7 @@ def test_a_profile_too_big_for_this_host_is_refused_before_any_rank(tmp_path):
 
 
 def fake_limits(monkeypatch, *, host=None, gpus=None):
-    import ppprof.run.memory as options
+    import ppprof.run.memory_check as options
 
     monkeypatch.setattr(options, "host_available_bytes", lambda: host)
     monkeypatch.setattr(options, "gpu_total_bytes", lambda count: gpus)
@@ -177,7 +177,7 @@ def fake_limits(monkeypatch, *, host=None, gpus=None):
 
 def test_cpu_stages_of_one_host_are_checked_together_against_its_available_memory(monkeypatch):
     from ppprof.config import ProfileConfig
-    from ppprof.run.memory import check_memory, memory_verdict, profile_memory
+    from ppprof.run.memory_check import check_memory, memory_verdict, profile_memory
 
     cfg = ProfileConfig(model="tiny-hybrid", nproc_per_node=2)
     stages = profile_memory(cfg, 4)
@@ -199,7 +199,7 @@ def test_cpu_stages_of_one_host_are_checked_together_against_its_available_memor
 def test_each_cuda_stage_is_checked_against_its_gpu(monkeypatch):
     import ppprof.specs.memory as memory
     from ppprof.config import ProfileConfig
-    from ppprof.run.memory import memory_verdict, profile_memory
+    from ppprof.run.memory_check import memory_verdict, profile_memory
 
     monkeypatch.setattr(memory, "mamba_kernel", lambda device: memory.MAMBA_TORCH)  # also where mamba_ssm is installed
     cfg = ProfileConfig(
@@ -229,7 +229,7 @@ def test_each_cuda_stage_is_checked_against_its_gpu(monkeypatch):
 
 
 def test_the_stages_of_this_node(monkeypatch):
-    from ppprof.run.memory import node_stages
+    from ppprof.run.memory_check import node_stages
 
     for key in ("RANK", "LOCAL_RANK"):
         monkeypatch.delenv(key, raising=False)
@@ -242,7 +242,7 @@ def test_the_stages_of_this_node(monkeypatch):
 
 
 def test_host_available_bytes_reads_meminfo(tmp_path):
-    from ppprof.run.memory import host_available_bytes
+    from ppprof.run.memory_check import host_available_bytes
 
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       24684092 kB\nMemFree:  100 kB\nMemAvailable:   23266540 kB\n")

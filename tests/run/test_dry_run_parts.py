@@ -24,7 +24,7 @@ from ppprof.run.meta_forward import (
     summarize,
     worst_bincount,
 )
-from ppprof.run.settings import resolve_config
+from ppprof.run.resolve import resolve_config
 from ppprof.specs import load_spec
 
 MIB = 2**20

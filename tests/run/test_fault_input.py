@@ -68,7 +68,7 @@ def test_bad_fault_flags_are_one_line_before_any_rank(tmp_path, args, message):
 
 
 def test_timeout_is_read_from_yaml(tmp_path):
-    from ppprof.run.settings import resolve_config
+    from ppprof.run.resolve import resolve_config
 
     cfg_file = tmp_path / "p.yaml"
     cfg_file.write_text("timeout: 12.5\n")

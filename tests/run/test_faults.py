@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from ppprof.adaptive.stop import MIN_STEPS
 from ppprof.cli import main
 from ppprof.probe.synth import make_probes
-from ppprof.run.settings import resolve_config
+from ppprof.run.resolve import resolve_config
 from ppprof.runfiles import LOCK_FILE
 from tests.multirank import REPO, TINY, run_cli
 
@@ -52,7 +52,7 @@ LONG_SETTINGS = {
     "design": "grid",
     "seed": 5,
 }
-"""LONG as the settings of a job (ppprof.run.settings.resolve_config)."""
+"""LONG as the settings of a job (ppprof.run.resolve.resolve_config)."""
 PROBE_COLUMNS = ["probe", "kind", "request", "prefix_len", "chunk_size"]
 
 

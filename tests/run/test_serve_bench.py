@@ -2,7 +2,7 @@
 request's chunks add up to its prompt on every stage, batches carry several requests, and the pools are back to full
 capacity after every level (the run checks after each and fails loudly). Timings are never asserted. The policy is
 the committed tiny run's (tests/runs/tiny-hybrid, B = 256); the input checks, which start no rank, are in
-tests/corpus/cases.txt and tests/serving/test_settings.py."""
+tests/corpus/cases.txt and tests/serving/test_serve_config.py."""
 
 import json
 from collections import defaultdict

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from ppprof.run.settings import resolve_serve
+from ppprof.run.resolve import resolve_serve
 from tests.multirank import TINY_RUN
 
 FLAGS = dict(

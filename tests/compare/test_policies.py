@@ -1,15 +1,14 @@
-"""ppprof.policy.compare (with its verdict and text) on policies built from coefficients: the exact table comparison
+"""ppprof.compare.policies (with its verdict and text) on policies built from coefficients: the exact table comparison
 (against a naive walk over every prefix length), TTFT rows and the verdict."""
 
 import dataclasses
 
+from ppprof.compare.policies import compare_policies, compare_tables
+from ppprof.compare.render import render
+from ppprof.compare.verdict import DEFAULT_TOLERANCES
 from ppprof.policy import from_dict
-from ppprof.policy.compare import compare_policies, compare_tables
-from ppprof.policy.compare_text import render
 from ppprof.policy.rule import LatencyModel
-from ppprof.policy.verdict import DEFAULT_TOLERANCES
-
-from .policy_helpers import policy_dict
+from tests.policy.policy_helpers import policy_dict
 
 MODEL = LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=2e-4)
 SMALL = {"base_chunk_size": 512, "page_size": 1, "context_len": 32768}
@@ -51,6 +50,6 @@ def test_identical_policies_do_not_drift_and_status_change_does():
 
 
 def test_compare_imports_no_heavy_module():
-    from .test_imports import loaded_after
+    from tests.policy.test_imports import loaded_after
 
-    assert loaded_after("import ppprof.policy.compare") == []
+    assert loaded_after("import ppprof.compare.policies") == []

@@ -1,6 +1,6 @@
-"""Samples-level drift between two profiles: per (prefix_len, chunk_size) cell measured in both, the ratio of the
+"""The samples' drift between two profiles: per (prefix_len, chunk_size) cell measured in both, the ratio of the
 candidate's median latency to the baseline's (bottleneck stage of each), summarised per prefix length for
-`ppprof compare`, and the level: how much slower (or faster) the candidate's machine ran as a whole."""
+`ppprof compare`, and the pace: how much slower (or faster) the candidate's machine ran as a whole."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 from ppprof.fit.samples import Samples
 
 MAX_CELLS_KEPT = 400  # cells listed in the report (the summary covers all of them)
-MIN_LEVEL_PREFIXES = 3
-"""Prefix lengths measured in both profiles that a level needs: with two, their median is their mean, and a drift at
+MIN_PACE_PREFIXES = 3
+"""Prefix lengths measured in both profiles that a pace needs: with two, their median is their mean, and a drift at
 one would be half taken for the machine's."""
 
 
@@ -25,13 +25,13 @@ def cell_medians(samples: Samples) -> dict[tuple[int, int], float]:
 
 
 def samples_drift(base: Samples, cand: Samples) -> dict:
-    """Median latency ratio (candidate / baseline) of every cell both profiles measured; their median over all cells
-    and over the cells of each prefix length (`by_prefix`; the one furthest from the level, else from 1,
-    `worst_prefix`, is what a tolerance judges: the prefix-free sweep has most of the cells, and a drift at long
-    prefixes would hide in an overall median), the cell that moved most, and the `level`: the median of the prefix lengths' median ratios, each prefix
-    length one vote. A machine that runs every forward k times slower moves every prefix length by k, so the level is
-    k; a drift at a few prefix lengths (or in the sweep's many cells) moves those and leaves the level. None with fewer
-    than MIN_LEVEL_PREFIXES common prefix lengths."""
+    """Median latency ratio (candidate / baseline) of every cell both profiles measured; their median over all cells and
+    over the cells of each prefix length (`by_prefix`; the one furthest from the pace, else from 1, `worst_prefix`, is
+    what a tolerance judges: the prefix-free sweep has most of the cells, and a drift at long prefixes would hide in an
+    overall median), the cell that moved most, and the pace (key `level`): the median of the prefix lengths' median
+    ratios, each prefix length one vote. A machine that runs every forward k times slower moves every prefix length by
+    k, so the pace is k; a drift at a few prefix lengths (or in the sweep's many cells) moves those and leaves the pace.
+    None with fewer than MIN_PACE_PREFIXES common prefix lengths."""
     b, c = cell_medians(base), cell_medians(cand)
     common = sorted(set(b) & set(c))
     out = {
@@ -70,10 +70,10 @@ def samples_drift(base: Samples, cand: Samples) -> dict:
         }
         for L in np.unique(prefixes)
     ]
-    if len(out["by_prefix"]) >= MIN_LEVEL_PREFIXES:
+    if len(out["by_prefix"]) >= MIN_PACE_PREFIXES:
         out["level"] = float(np.median([r["median_ratio"] for r in out["by_prefix"]]))
-    level = out["level"] or 1.0
-    out["worst_prefix"] = max(out["by_prefix"], key=lambda r: abs(np.log(r["median_ratio"] / level)))
+    pace = out["level"] or 1.0
+    out["worst_prefix"] = max(out["by_prefix"], key=lambda r: abs(np.log(r["median_ratio"] / pace)))
     out["cells"] = [
         {"prefix_len": k[0], "chunk_size": k[1], "baseline_ms": b[k], "candidate_ms": c[k], "ratio": float(r)}
         for k, r in list(zip(common, ratios))[:MAX_CELLS_KEPT]

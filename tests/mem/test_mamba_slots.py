@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from ppprof.mem.mamba import MambaAllocator
+from ppprof.mem.mamba_slots import MambaAllocator
 
 
 def test_per_call_alloc_in_order_and_none_when_empty():

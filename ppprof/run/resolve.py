@@ -21,7 +21,7 @@ from ppprof.policy.runtime import Policy
 from ppprof.run.forward_trace import check_trace_path
 from ppprof.runfiles import COMPLETE, RunFolder, read_run_json
 from ppprof.serving.levels import parse_arms, parse_levels
-from ppprof.serving.settings import ServeBenchConfig, TraceReplay
+from ppprof.serving.serve_config import ServeBenchConfig, TraceReplay
 from ppprof.specs import parse_partition
 from ppprof.traces.mooncake import parse_window
 

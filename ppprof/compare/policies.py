@@ -1,8 +1,9 @@
 """Two policies side by side (`ppprof compare`), measured: coefficients, target, the history-only table at every
-prefix length, predicted TTFT of each planner; judged by ppprof.policy.verdict, put in words by
-ppprof.policy.compare_text.
+prefix length, predicted TTFT of each planner; judged by ppprof.compare.verdict, put in words by
+ppprof.compare.render.
 
-Samples-level drift is computed in ppprof.fit.drift (it reads samples.csv) and judged with the rest.
+The samples' drift is computed in ppprof.compare.cells (ppprof.compare.runs reads samples.csv) and judged with the
+rest.
 Pure Python and numpy; no torch, pandas or matplotlib.
 """
 
@@ -10,11 +11,11 @@ from __future__ import annotations
 
 import math
 
+from ppprof.compare.verdict import checks, pace_of
 from ppprof.io import finite
 from ppprof.policy.planners import STRATEGIES, chunk_latencies_ms, default_pp_size, plan_prompt, ttft_ms
 from ppprof.policy.rule import COEF_UNITS, MODEL_COEFS, NO_CALIBRATION
 from ppprof.policy.runtime import Policy
-from ppprof.policy.verdict import checks, level_of
 
 REGRET_STRATEGIES = ("policy", "policy-history")
 """The strategies whose tables the candidate carries: their plans are also costed on the baseline's model."""
@@ -31,7 +32,7 @@ def relative(base: float | None, cand: float | None) -> float | None:
 
 
 def target_change(base: float | None, cand: float | None, factor: float) -> dict:
-    """The targets T and their change (at the candidate's level: over `factor`); no change where either is missing or
+    """The targets T and their change (at the candidate's pace: over `factor`); no change where either is missing or
     not positive (a static policy whose model does not grow with the chunk: a ratio of such targets means nothing)."""
     judged = base is not None and cand is not None and base > 0 and cand > 0
     return {
@@ -142,9 +143,9 @@ def default_prompt_lens(base: Policy, cand: Policy) -> list[int]:
     return sorted({min(k * base.base_chunk_size, cap) for k in PROMPT_LEN_MULTIPLES})
 
 
-def compare_ttft(base: Policy, cand: Policy, prompt_lens: list[int], pp_size: int, level: float = 1.0) -> dict:
+def compare_ttft(base: Policy, cand: Policy, prompt_lens: list[int], pp_size: int, pace: float = 1.0) -> dict:
     """Predicted TTFT of each planner at each prompt length under each policy's own model, the change, and the change
-    at the baseline's level (the candidate's TTFT divided by `level`)."""
+    at the baseline's pace (the candidate's TTFT divided by `pace`)."""
     missing = [lab for lab, p in (("baseline", base), ("candidate", cand)) if p.latency_model is None]
     if missing:
         return {"num_stages": pp_size, "rows": [], "note": f"{' and '.join(missing)} has no latency model"}
@@ -162,7 +163,7 @@ def compare_ttft(base: Policy, cand: Policy, prompt_lens: list[int], pp_size: in
                 "baseline_ms": b.ttft_ms,
                 "candidate_ms": c.ttft_ms,
                 "change": relative(b.ttft_ms, c.ttft_ms),
-                "change_at_level": relative(b.ttft_ms, c.ttft_ms / level),
+                "change_at_level": relative(b.ttft_ms, c.ttft_ms / pace),
                 "baseline_chunks": len(b.chunk_sizes),
                 "candidate_chunks": len(c.chunk_sizes),
             }
@@ -184,11 +185,11 @@ def compare_policies(
     labels: tuple[str, str] = ("baseline", "candidate"),
 ) -> dict:
     """The whole comparison as a JSON-ready dict; `drifted` is True when any check failed. `samples`: the
-    samples-level drift (ppprof.fit.drift), judged with the rest."""
+    the samples' drift (ppprof.compare.cells), judged with the rest."""
     pp_size = default_pp_size(base) if pp_size is None else pp_size
     prompt_lens = prompt_lens or default_prompt_lens(base, cand)
-    level = level_of(samples)
-    factor = level["ratio"] or 1.0
+    pace = pace_of(samples)
+    factor = pace["ratio"] or 1.0
     report = {
         "baseline": side(base, labels[0]),
         "candidate": side(cand, labels[1]),
@@ -198,7 +199,7 @@ def compare_policies(
         "table": compare_tables(base, cand, tol),
         "ttft": compare_ttft(base, cand, prompt_lens, pp_size, factor),
         "samples": samples,
-        "level": level,
+        "level": pace,
     }
     report["checks"] = checks(report, tol)
     report["drifted"] = not all(c["passed"] for c in report["checks"])

@@ -1,6 +1,6 @@
 """What is checked before any rank starts, beyond the settings' own checks (ppprof.config): the output folder, the
 master port, the adaptive design, the model and its split over the stages, the device and the start method, and
-whether this node's stages fit in its memory (ppprof.run.memory)."""
+whether this node's stages fit in its memory (ppprof.run.memory_check)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ppprof.config.workload import parse_prompt_spec
 from ppprof.distributed.coords import mesh_problem
 from ppprof.distributed.launch import in_worker
 from ppprof.model.attention_kernels import resolve_attention_backend
-from ppprof.run.memory import check_memory
+from ppprof.run.memory_check import check_memory
 from ppprof.runfiles import RunFolder, check_lock
 from ppprof.specs import load_spec, split_layers
 from ppprof.specs.tp import check_tp

@@ -1,6 +1,6 @@
 """The verdict of a comparison of two policies (`ppprof compare`): the tolerances, and one check per figure they
-cover (status, level, target, table, overhead, ttft, samples, coef) on the measured report (ppprof.policy.compare).
-Pure Python; no numpy."""
+cover (status, level (the pace: the name the tolerance and the check keep), target, table, overhead, ttft, samples,
+coef) on the measured report (ppprof.compare.policies). Pure Python; no numpy."""
 
 from __future__ import annotations
 
@@ -13,18 +13,17 @@ DEFAULT_TOLERANCES = {
     "gain": 0.02,  # a status change passes where both gains over the best fixed chunk are this close to each other
     "overhead": 0.5,  # relative change of the per-chunk overhead (or 3 standard errors, whichever allows more)
     "target": 0.25,  # relative change of the target latency T
-    "samples": 0.20,  # |median of the cells' latency ratios / level - 1| at each prefix length (fit.drift)
-    "level": 0.20,  # |level - 1|: the candidate's machine as a whole slower or faster than the baseline's
+    "samples": 0.20,  # |median of the cells' latency ratios / pace - 1| at each prefix length (compare.cells)
+    "level": 0.20,  # |pace - 1|: the candidate's machine as a whole slower or faster than the baseline's
     "coef": math.inf,  # relative change of each coefficient: off, since b, c and g trade off between fits
 }
-"""Sized for a shared CPU, where a whole profile can run 10-15% slower than the last and a different seed moves b and
-c by 20%: two profiles of the same config pass, a doubled quadratic coefficient a fails (on ttft). Where both sides
-have samples, the latency figures (ttft, target, overhead, samples) are judged at the baseline's level, the
-candidate's divided by the level (fit.drift), and the level on its own: a machine k times slower than the baseline's
-fails on `level` alone, and a job on another kind of machine widens `level` and still judges the shape of the
-latency curve at the defaults. On a dedicated GPU
-runner, tighter limits suit (e.g. --tolerance ttft=0.1,samples=0.1). The rules' optimum is flat (many tables plan
-within 1% of each other), so a table is judged by what it costs, not by its sizes."""
+"""Sized for a shared CPU, where a whole profile can run 10-15% slower than the last and a different seed moves b and c
+by 20%: two profiles of the same config pass, a doubled quadratic coefficient a fails (on ttft). Where both sides have
+samples, the latency figures (ttft, target, overhead, samples) are judged at the baseline's pace, the candidate's
+divided by the pace (ppprof.compare.cells), and the pace on its own: a machine k times slower than the baseline's fails
+on `level` alone, and a job on another kind of machine widens `level` and still judges the shape of the latency curve at
+the defaults. On a dedicated GPU runner, tighter limits suit (e.g. --tolerance ttft=0.1,samples=0.1). The rules' optimum
+is flat (many tables plan within 1% of each other), so a table is judged by what it costs, not by its sizes."""
 
 
 def check(figure: str, value: float | None, limit: float, detail: str) -> dict:
@@ -44,28 +43,28 @@ def pct(value: float | None) -> str:
 
 
 def checks(report: dict, tol: dict[str, float]) -> list[dict]:
-    """One check per figure the tolerances cover: status, level, target, table, overhead, ttft, samples, coef
-    (each at its largest deviation)."""
-    level = report["level"]["ratio"] or 1.0
-    status = judged_status(report, tol, level)
+    """One check per figure the tolerances cover: status, level (the pace), target, table, overhead, ttft, samples,
+    coef (each at its largest deviation)."""
+    pace = report["level"]["ratio"] or 1.0
+    status = judged_status(report, tol, pace)
     out = [status]
     if report["level"]["ratio"] is not None:
-        out.append(check("level", abs(level - 1.0), tol["level"], machine_level_words(report["level"])))
-    out += target_check(report, tol, level)
+        out.append(check("level", abs(pace - 1.0), tol["level"], pace_words(report["level"])))
+    out += target_check(report, tol, pace)
     out += table_check(report, tol, bool(status["passed"] and status.get("intervals")))
-    out.append(overhead_check(report["baseline"]["overhead"], report["candidate"]["overhead"], tol["overhead"], level))
-    out += ttft_check(report, tol, level)
-    out += samples_check(report, tol, level)
+    out.append(overhead_check(report["baseline"]["overhead"], report["candidate"]["overhead"], tol["overhead"], pace))
+    out += ttft_check(report, tol, pace)
+    out += samples_check(report, tol, pace)
     out += coef_check(report, tol)
     return out
 
 
-def judged_status(report: dict, tol: dict[str, float], level: float) -> dict:
+def judged_status(report: dict, tol: dict[str, float], pace: float) -> dict:
     """The status check (status_check); where it fails while the samples agree and a side has no gain interval, why:
     a policy of older code (refit both, so that their intervals judge them) or a model refused."""
     out = status_check(report["baseline"], report["candidate"], tol)
-    worst = (report.get("samples") or {}).get("worst_prefix")  # the prefix length furthest from the level
-    agree = worst is not None and abs(worst["median_ratio"] / level - 1.0) <= tol["samples"]
+    worst = (report.get("samples") or {}).get("worst_prefix")  # the prefix length furthest from the pace
+    agree = worst is not None and abs(worst["median_ratio"] / pace - 1.0) <= tol["samples"]
     if not out["passed"] and agree and not out["intervals"]:
         sides = (report["baseline"], report["candidate"])
         older = any(s["gain_vs_fixed_best"] is not None and s.get("gain_interval") is None for s in sides)
@@ -77,14 +76,14 @@ def judged_status(report: dict, tol: dict[str, float], level: float) -> dict:
     return out
 
 
-def target_check(report: dict, tol: dict[str, float], level: float) -> list[dict]:
-    """The target latency T at the baseline's level; none where either side has none."""
+def target_check(report: dict, tol: dict[str, float], pace: float) -> list[dict]:
+    """The target latency T at the baseline's pace; none where either side has none."""
     tgt = report["target_latency_ms"]
     if tgt["change"] is None:
         return []
     detail = (
         f"{tgt['baseline']:.4g} -> {tgt['candidate']:.4g} ms ({pct(tgt['change'])}"
-        f"{at_level(tgt['change_at_level'], level)})"
+        f"{at_pace(tgt['change_at_level'], pace)})"
     )
     return [check("target", abs(tgt["change_at_level"]), tol["target"], detail)]
 
@@ -116,31 +115,31 @@ def table_check(report: dict, tol: dict[str, float], status_split: bool) -> list
     return [table]
 
 
-def ttft_check(report: dict, tol: dict[str, float], level: float) -> list[dict]:
-    """The predicted TTFT row furthest from the baseline's, at the baseline's level."""
+def ttft_check(report: dict, tol: dict[str, float], pace: float) -> list[dict]:
+    """The predicted TTFT row furthest from the baseline's, at the baseline's pace."""
     rows = report["ttft"]["rows"]
     if not rows:
         return []
     r = max(rows, key=lambda r: abs(r["change_at_level"]))
     detail = (
         f"{r['strategy']} at {r['prompt_len']} tokens: {r['baseline_ms']:.1f} -> "
-        f"{r['candidate_ms']:.1f} ms ({pct(r['change'])}{at_level(r['change_at_level'], level)})"
+        f"{r['candidate_ms']:.1f} ms ({pct(r['change'])}{at_pace(r['change_at_level'], pace)})"
     )
     return [check("ttft", abs(r["change_at_level"]), tol["ttft"], detail)]
 
 
-def samples_check(report: dict, tol: dict[str, float], level: float) -> list[dict]:
-    """The samples' median latency ratio at the prefix length furthest from the level; none without samples."""
+def samples_check(report: dict, tol: dict[str, float], pace: float) -> list[dict]:
+    """The samples' median latency ratio at the prefix length furthest from the pace; none without samples."""
     drift = report.get("samples")
     worst = (drift or {}).get("worst_prefix")
     if worst is None:
         return []
-    ratio = worst["median_ratio"] / level
+    ratio = worst["median_ratio"] / pace
     detail = (
         f"median latency ratio {worst['median_ratio']:.3f}"
-        f"{f' ({ratio:.3f} at the level)' if level != 1.0 else ''} over the {worst['num_cells']} "
+        f"{f' ({ratio:.3f} at the pace)' if pace != 1.0 else ''} over the {worst['num_cells']} "
         f"common cells at prefix_len {worst['prefix_len']} (the prefix length furthest from "
-        f"{'the level' if level != 1.0 else '1'}; {drift['median_ratio']:.3f} over all "
+        f"{'the pace' if pace != 1.0 else '1'}; {drift['median_ratio']:.3f} over all "
         f"{drift['num_cells']} cells)"
     )
     return [check("samples", abs(ratio - 1.0), tol["samples"], detail)]
@@ -156,8 +155,8 @@ def coef_check(report: dict, tol: dict[str, float]) -> list[dict]:
     return [check("coef", abs(r["change"]), tol["coef"], detail)]
 
 
-def level_of(drift: dict | None) -> dict:
-    """The level the latency figures are judged at: fit.drift's, where both sides have samples at enough prefix
+def pace_of(drift: dict | None) -> dict:
+    """The pace the latency figures are judged at: ppprof.compare.cells', where both sides have samples at enough prefix
     lengths; else none (ratio None: every figure as measured)."""
     ratio = (drift or {}).get("level")
     return {
@@ -167,18 +166,18 @@ def level_of(drift: dict | None) -> dict:
     }
 
 
-def machine_level_words(level: dict) -> str:
-    """The measured level in words (not the policy's pipelined level, LatencyModel.calibration_words)."""
-    ratio = level["ratio"]
-    pace = f"{ratio:.3f} x the baseline's" if ratio >= 1 else f"{1 / ratio:.3f} x faster than the baseline's"
+def pace_words(pace: dict) -> str:
+    """The measured pace in words (not the policy's calibration, LatencyModel.calibration_words)."""
+    ratio = pace["ratio"]
+    speed = f"{ratio:.3f} x the baseline's" if ratio >= 1 else f"{1 / ratio:.3f} x faster than the baseline's"
     return (
-        f"the candidate's latencies ran {pace} (the median of {level['num_prefix_lens']} prefix lengths' median "
-        f"latency ratios); ttft, target, overhead and samples are judged at the baseline's level"
+        f"the candidate's latencies ran {speed} (the median of {pace['num_prefix_lens']} prefix lengths' median "
+        f"latency ratios); ttft, target, overhead and samples are judged at the baseline's pace"
     )
 
 
-def at_level(change: float | None, level: float) -> str:
-    return "" if level == 1.0 else f"; {pct(change)} at the level"
+def at_pace(change: float | None, pace: float) -> str:
+    return "" if pace == 1.0 else f"; {pct(change)} at the baseline's pace"
 
 
 def status_check(b: dict, c: dict, tol: dict[str, float]) -> dict:
@@ -217,8 +216,8 @@ def interval_words(interval: dict) -> str:
     return f"{interval['median']:.1%} ({share:.0%}: {interval['lower']:.1%} to {interval['upper']:.1%})"
 
 
-def overhead_check(b: dict, c: dict, limit: float, level: float = 1.0) -> dict:
-    """The per-chunk overhead, the candidate's at the baseline's level (divided by `level`): within limit x the
+def overhead_check(b: dict, c: dict, limit: float, pace: float = 1.0) -> dict:
+    """The per-chunk overhead, the candidate's at the baseline's pace (divided by `pace`): within limit x the
     baseline's, or 3 combined standard errors, whichever allows more; not judged unless both measured it."""
     if b["source"] != "measured" or c["source"] != "measured":
         return check(
@@ -228,15 +227,14 @@ def overhead_check(b: dict, c: dict, limit: float, level: float = 1.0) -> dict:
             f"{b['ms_per_chunk']:.3g} ({b['source']}) -> {c['ms_per_chunk']:.3g} "
             f"({c['source']}) ms a chunk: not compared unless both measured it",
         )
-    se = math.hypot(b["stderr_ms"] or 0.0, (c["stderr_ms"] or 0.0) / level)
+    se = math.hypot(b["stderr_ms"] or 0.0, (c["stderr_ms"] or 0.0) / pace)
     allowed = max(limit * b["ms_per_chunk"], 3.0 * se)
-    change = abs(c["ms_per_chunk"] / level - b["ms_per_chunk"])
-    leveled = "" if level == 1.0 else f" ({c['ms_per_chunk'] / level:.3g} at the level)"
+    change = abs(c["ms_per_chunk"] / pace - b["ms_per_chunk"])
+    paced = "" if pace == 1.0 else f" ({c['ms_per_chunk'] / pace:.3g} at the baseline's pace)"
     return {
         "figure": "overhead",
         "value": change,
         "limit": allowed,
         "passed": change <= allowed,
-        "detail": f"{b['ms_per_chunk']:.3g} -> {c['ms_per_chunk']:.3g}{leveled} ms a chunk "
-        f"(allowed +-{allowed:.3g} ms)",
+        "detail": f"{b['ms_per_chunk']:.3g} -> {c['ms_per_chunk']:.3g}{paced} ms a chunk (allowed +-{allowed:.3g} ms)",
     }

@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from ppprof.cli import main
+from ppprof.compare.cells import samples_drift
 from ppprof.fit.build import fit_run, rechoose
-from ppprof.fit.drift import samples_drift
 from ppprof.fit.samples import read_samples
 from ppprof.fit.synthetic import SyntheticProbes, SyntheticRun, make_samples, write_run_dir
 from ppprof.io import atomic_write_json
@@ -295,7 +295,7 @@ def test_a_slower_machine_drifts_on_the_level_alone(tmp_path):
 def test_a_target_that_is_not_positive_is_not_compared():
     """A static policy may carry a target of 0 or below (its model does not grow with the chunk): a ratio of such
     targets means nothing, so the target is not judged; positive targets are, at the candidate's level."""
-    from ppprof.policy.compare import target_change
+    from ppprof.compare.policies import target_change
 
     assert target_change(0.0, 5.0, 1.0)["change"] is None and target_change(4.0, -1.0, 1.0)["change_at_level"] is None
     assert target_change(4.0, 5.0, 1.25) == {"baseline": 4.0, "candidate": 5.0, "change": 0.25, "change_at_level": 0.0}

@@ -1,5 +1,5 @@
-"""`ppprof compare` behind its click command: resolve two run folders or policy files, compare the policies
-(ppprof.policy.compare) and, where both have samples, their cells (ppprof.fit.drift); draw the comparison."""
+"""The picture of a comparison (`ppprof compare --plot`): both chunk-size tables, and both latency models with the
+samples of each side where there are samples."""
 
 from __future__ import annotations
 
@@ -7,63 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ppprof.fit.drift import samples_drift
-from ppprof.fit.samples import Samples, read_samples
+from ppprof.compare.policies import table_end
+from ppprof.fit.samples import Samples
 from ppprof.plotting import pyplot, save_figure
-from ppprof.policy.compare import compare_policies, table_end
-from ppprof.policy.policy_file import load
 from ppprof.policy.runtime import Policy
-from ppprof.runfiles import POLICY_FILE, RunFolder
 
 NUM_FIT_PREFIXES = 3  # latency curves drawn per policy: prefix 0, the middle and the largest profiled prefix
-
-
-def resolve(path: str | Path, label: str) -> tuple[Path, Path | None]:
-    """(policy file, samples file or None) of a run folder (its policy.json and samples.csv) or a policy file."""
-    path = Path(path)
-    if path.is_dir():
-        folder = RunFolder(path)
-        if not folder.policy.is_file():
-            raise ValueError(
-                f"{label} run folder {path} has no {POLICY_FILE}: fit it first with `ppprof fit {folder.samples}`"
-            )
-        return folder.policy, folder.samples if folder.samples.is_file() else None
-    if not path.exists():
-        raise ValueError(
-            f"{label} {path} does not exist: pass a run folder (policy.json, samples.csv) or a policy file"
-        )
-    return path, None
-
-
-def compare(
-    baseline: str | Path,
-    candidate: str | Path,
-    tolerances: dict[str, float],
-    *,
-    prompt_lens: list[int] | None = None,
-    pp_size: int | None = None,
-    plot: str | Path | None = None,
-) -> dict:
-    """The comparison report (ppprof.policy.compare.compare_policies) of two run folders or policy files, with
-    samples-level drift where both are run folders with samples; the PNG `plot` is written last, only when every
-    input was good."""
-    (bp, bs), (cp, cs) = resolve(baseline, "baseline"), resolve(candidate, "candidate")
-    base, cand = load(bp), load(cp)
-    samples = (read_samples(bs), read_samples(cs)) if bs and cs else None
-    report = compare_policies(
-        base,
-        cand,
-        tolerances,
-        prompt_lens=prompt_lens,
-        pp_size=pp_size,
-        samples=samples_drift(*samples) if samples else None,
-        labels=(str(baseline), str(candidate)),
-    )
-    report["baseline"].update(policy=str(bp), samples=str(bs) if bs else None)
-    report["candidate"].update(policy=str(cp), samples=str(cs) if cs else None)
-    if plot:
-        report["plot"] = str(write_compare_plot(base, cand, samples, plot))
-    return report
 
 
 def fit_prefixes(base: Policy, cand: Policy) -> list[int]:

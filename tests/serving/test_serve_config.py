@@ -7,7 +7,7 @@ import pytest
 
 from ppprof.config import ProfileConfig
 from ppprof.config.workload import Workload
-from ppprof.serving.settings import ServeBenchConfig, TraceReplay
+from ppprof.serving.serve_config import ServeBenchConfig, TraceReplay
 
 
 def config(**given) -> ServeBenchConfig:

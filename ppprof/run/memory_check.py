@@ -29,7 +29,7 @@ MEMORY_PARTS = (
 MORE_STAGES = "use more stages (--nproc-per-node)"
 
 
-def profile_memory(cfg: ProfileConfig, world_size: int, spec: ModelSpec | None = None) -> list[StageMemory]:
+def profile_memory(cfg: ProfileConfig, pp_size: int, spec: ModelSpec | None = None) -> list[StageMemory]:
     """What each stage of the profile needs (ppprof.specs.memory): pools as configured, activations of its largest
     probe request, the largest probe chunk after the longest prefix."""
     spec = spec or load_spec(cfg.model.model, num_layers=cfg.model.num_layers, dtype=cfg.model.dtype)
@@ -42,7 +42,7 @@ def profile_memory(cfg: ProfileConfig, world_size: int, spec: ModelSpec | None =
     )
     return [
         stage_memory(spec, layers, cfg.cache_sizes, request, i)
-        for i, layers in enumerate(split_layers(spec.num_layers, world_size, cfg.parallelism.layer_partition))
+        for i, layers in enumerate(split_layers(spec.num_layers, pp_size, cfg.parallelism.layer_partition))
     ]
 
 

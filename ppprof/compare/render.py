@@ -3,8 +3,8 @@ side by side, predicted TTFT, the samples, then one line per check and the verdi
 
 from __future__ import annotations
 
+from ppprof.compare.verdict import pct
 from ppprof.policy.rule import LatencyModel
-from ppprof.policy.verdict import pct
 
 
 def render(report: dict) -> str:
@@ -21,7 +21,7 @@ def render(report: dict) -> str:
 
 
 def header_lines(report: dict) -> list[str]:
-    """Both sides, their coefficients, target, overhead and pipelined level."""
+    """Both sides, their coefficients, target, overhead and calibration."""
     b, c = report["baseline"], report["candidate"]
     lines = [
         f"baseline  {b['label']}: {b['status']} ({b['latency_model']}, B {b['base_chunk_size']}): {b['reason']}",
@@ -47,7 +47,7 @@ def header_lines(report: dict) -> list[str]:
         f"{fmt(c['overhead']['ms_per_chunk'])} ({c['overhead']['source']}) ms a chunk"
     )
     lines.append(
-        f"pipelined level: {LatencyModel.calibration_words(b['calibration'])} ({b['calibration']['source']}) -> "
+        f"calibration: {LatencyModel.calibration_words(b['calibration'])} ({b['calibration']['source']}) -> "
         f"{LatencyModel.calibration_words(c['calibration'])} ({c['calibration']['source']})"
     )
     return lines
@@ -69,17 +69,17 @@ def table_lines(table: dict) -> list[str]:
 
 
 def ttft_lines(report: dict) -> list[str]:
-    """Predicted TTFT of each planner at each prompt length, with the change (and at the level)."""
+    """Predicted TTFT of each planner at each prompt length, with the change (and at the pace)."""
     ttft = report["ttft"]
     if not ttft["rows"]:
         return [f"predicted TTFT: not compared ({ttft['note']})"]
-    leveled = report["level"]["ratio"] is not None
+    paced = report["level"]["ratio"] is not None
     lines = [f"predicted TTFT, {ttft['num_stages']} stages (ms):"]
-    lines.append("  prompt_len  strategy         baseline  candidate  change" + ("  at level" if leveled else ""))
+    lines.append("  prompt_len  strategy         baseline  candidate  change" + ("  at pace" if paced else ""))
     for r in ttft["rows"]:
         lines.append(
             f"  {r['prompt_len']:>10}  {r['strategy']:<14} {r['baseline_ms']:>9.1f}  "
-            f"{r['candidate_ms']:>9.1f}  {pct(r['change'])}" + (f"  {pct(r['change_at_level']):>8}" if leveled else "")
+            f"{r['candidate_ms']:>9.1f}  {pct(r['change'])}" + (f"  {pct(r['change_at_level']):>8}" if paced else "")
         )
     return lines
 
