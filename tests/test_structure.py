@@ -1,5 +1,7 @@
 """The shape the package keeps: short functions, click only in the command layer, settings never made from a
-hand-built run.json dict."""
+hand-built run.json dict. The lengths are guides, not walls: a function or module that is one concept past its guide
+stays whole, with its own most lines and the reason beside it (LONGER, LONGER_FUNCTIONS), rather than being cut in
+two to fit."""
 
 import ast
 import re
@@ -12,6 +14,10 @@ LONGER = {"ppprof/policy/contract.py": 500}
 """Modules allowed past MAX_MODULE_LINES, each with its own most lines, and why: the policy contract a server imports
 is one module (its parts, their checks and bounds), so that `import ppprof.sglang.sizer` loads at most 12 of ppprof's
 modules (issue 47); cut in two, it would cost a thirteenth."""
+LONGER_FUNCTIONS: dict[str, tuple[int, str]] = {}
+"""'path:name' -> (its most lines, why it is one concept past MAX_FUNCTION_LINES). None today: the functions the log
+says were cut to fit (ProfileConfig.check's base-chunk check, run/job.start's launch partial, 35a46c1) each read
+as a concept of their own, and were left."""
 COMMAND_LAYER = ("ppprof/cli.py", "ppprof/commands/")
 
 
@@ -20,16 +26,23 @@ def sources():
         yield path.relative_to(PACKAGE.parent).as_posix(), path.read_text()
 
 
-def long_functions(files) -> list[str]:
-    """'path:line name (N lines)' of every function (decorators included) longer than MAX_FUNCTION_LINES."""
+def functions(text: str):
+    """(node, lines) of every function of a module's text, its decorators counted."""
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+            yield node, node.end_lineno - first + 1
+
+
+def long_functions(files, longer: dict[str, tuple[int, str]] = LONGER_FUNCTIONS) -> list[str]:
+    """'path:line name (N lines)' of every function (decorators included) longer than MAX_FUNCTION_LINES, or than
+    its own most lines in `longer`."""
     out = []
     for name, text in files:
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
-                lines = node.end_lineno - first + 1
-                if lines > MAX_FUNCTION_LINES:
-                    out.append(f"{name}:{first} {node.name} ({lines} lines)")
+        for node, lines in functions(text):
+            first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+            if lines > longer.get(f"{name}:{node.name}", (MAX_FUNCTION_LINES, ""))[0]:
+                out.append(f"{name}:{first} {node.name} ({lines} lines)")
     return out
 
 
@@ -40,6 +53,26 @@ def test_no_function_is_over_60_lines():
 def test_the_length_check_catches_a_long_function():
     body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
     assert long_functions([("m.py", f"def f():\n{body}\n")]) == [f"m.py:1 f ({MAX_FUNCTION_LINES + 1} lines)"]
+
+
+def test_a_function_past_the_guide_with_its_reason_stays_whole_up_to_its_own_most_lines():
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES + 5))
+    files = [("m.py", f"def f():\n{body}\n")]
+    assert long_functions(files, {"m.py:f": (MAX_FUNCTION_LINES + 6, "one concept")}) == []
+    assert long_functions(files, {"m.py:f": (MAX_FUNCTION_LINES + 2, "one concept")}) == [
+        f"m.py:1 f ({MAX_FUNCTION_LINES + 6} lines)"
+    ]
+
+
+def test_every_allowance_has_its_reason_and_is_still_needed():
+    lengths: dict[str, int] = {}
+    for name, text in sources():
+        for node, lines in functions(text):
+            lengths[f"{name}:{node.name}"] = max(lengths.get(f"{name}:{node.name}", 0), lines)
+    for key, (_most, why) in LONGER_FUNCTIONS.items():
+        assert why.strip() and lengths.get(key, 0) > MAX_FUNCTION_LINES, f"{key}: no reason, or back under the guide"
+    for path, _most in LONGER.items():
+        assert len((PACKAGE.parent / path).read_text().splitlines()) > MAX_MODULE_LINES, f"{path}: back under 330"
 
 
 def long_modules(files) -> list[str]:
