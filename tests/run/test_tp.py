@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from tests.multirank import run_cli
-from tests.run.test_faults import LONG, alive, rank_pids, read_until, start, stop_rank
+from tests.run.test_faults import LONG, alive, deadline_line, rank_pids, read_until, start, stop_rank
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(300)]
 
@@ -167,10 +167,9 @@ def test_a_stopped_tp_rank_ends_the_run_within_the_deadline(tmp_path):
     finally:
         p.kill()
     assert p.returncode == 1, rest[-3000:]
-    line = f"rank 1 did not answer within {timeout_s} s during run the probes"
-    assert f"error: [rank 0] {line}" in rest, rest[-3000:]
+    line, within = deadline_line(rest, timeout_s)
     assert "Traceback" not in rest
-    assert took < timeout_s + 15, took
+    assert took < within + 15, took
     assert not any(alive(pid) for pid in ranks.values())
     assert json.loads((out / "run.json").read_text())["status"] == f"failed: {line}"
 
