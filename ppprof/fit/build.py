@@ -255,23 +255,11 @@ def domain(samples: Samples) -> dict:
     }
 
 
-def fit(
-    samples_path: str | Path,
-    out: str | Path | None = None,
-    latency_model: str = "auto",
-    *,
-    plots: bool = False,
-    parity: str | None = None,
-    policy_options: dict | None = None,
-    **options,
-) -> tuple[Path, dict]:
+def fit(samples_path: str | Path, out: str | Path | None = None, latency_model: str = "auto", **keywords):
     """`ppprof fit`: read the checkpoint files (the samples, and the run.json and packed.csv beside them where they
-    exist), fit, gate and write the policy (default: policy.json beside the samples); with `plots`, also fit.png and
-    chunks.png beside the policy. Returns (path, policy document)."""
-    measured = RunSamples.read(samples_path)
-    return fit_and_save(
-        measured, out, latency_model, plots=plots, parity=parity, policy_options=policy_options, **options
-    )
+    exist) and fit them as `fit_and_save` does, its keywords passed on (plots, parity, policy_options, the rule's
+    settings). Returns (path, policy document)."""
+    return fit_and_save(RunSamples.read(samples_path), out, latency_model, **keywords)
 
 
 def fit_and_save(

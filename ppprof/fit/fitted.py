@@ -60,21 +60,6 @@ DOCUMENT_ORDER = (
     "load",
 )
 """policy.json's fields in the order the fit writes them (absent ones skipped)."""
-CONTRACT_FIELDS = (
-    "schema_version",
-    "status",
-    "reason",
-    "latency_model",
-    "settings",
-    "target_latency_ms",
-    "overhead",
-    "calibration",
-    "num_stages",
-    "table",
-    "prompt_table",
-    "load",
-)
-"""The fields a server reads (ppprof.policy.contract, through Policy.of); the rest is the Report's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +91,12 @@ class Report:
         return cls(**{name: data.get(name) for name in cls.__slots__})
 
 
+CONTRACT_KEYS = tuple(k for k in DOCUMENT_ORDER if k not in Report.__slots__)
+"""policy.json's top-level fields a server reads (ppprof.policy.contract, through Policy.of): every field the Report
+does not hold."""
+
+
 def document(contract: Policy, report: Report) -> dict:
     """policy.json's document: the contract's fields and the report's, in DOCUMENT_ORDER."""
-    parts = {k: contract.data[k] for k in CONTRACT_FIELDS if k in contract.data} | report.to_dict()
+    parts = {k: contract.data[k] for k in CONTRACT_KEYS if k in contract.data} | report.to_dict()
     return {k: parts[k] for k in DOCUMENT_ORDER if k in parts}

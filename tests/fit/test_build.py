@@ -6,7 +6,7 @@ import pytest
 
 from ppprof.fit import fit, fit_run
 from ppprof.fit.build import fit_samples, rechoose
-from ppprof.fit.fitted import CONTRACT_FIELDS, DOCUMENT_ORDER, Report, RunSamples, document
+from ppprof.fit.fitted import CONTRACT_KEYS, DOCUMENT_ORDER, Report, RunSamples, document
 from ppprof.fit.selection import warmup_rows
 from ppprof.fit.settings import resolve_policy_options, resolve_settings
 from ppprof.fit.synthetic import SyntheticProbes, SyntheticRun, make_samples, write_run_dir
@@ -206,7 +206,7 @@ def test_the_fit_returns_the_contract_and_the_report_that_make_up_the_file_writt
     contract, report = fit_samples(measured, settings, options)
     assert isinstance(contract, Policy) and isinstance(report, Report)
     assert contract.status == "dynamic" and report.predicted["fixed_best_chunk"] == contract.fixed_best_chunk
-    assert not set(report.to_dict()) & set(CONTRACT_FIELDS), "each field is the contract's or the report's"
+    assert not set(report.to_dict()) & set(CONTRACT_KEYS), "each field is the contract's or the report's"
     ours = document(contract, report)
     assert list(ours) == [k for k in DOCUMENT_ORDER if k in ours]
     written = fit(folder / "samples.csv", tmp_path / "written.json", policy_options=IDLE)[1]
