@@ -99,8 +99,9 @@ def status_check(cfg: ProfileConfig, pp_size: int, samples: Samples, pipeline_ov
     # The status and the rules only: the under-load rule (seconds of simulation) changes neither.
     options = PolicyOptions(workload=workload, min_gain=cfg.fit.min_gain, pp_size=pp_size, load_rule=False)
     run = {"world_size": pp_size, "pipeline_overhead": pipeline_overhead}  # what run.json will say of them
-    policy = fit_samples(RunSamples(samples, run), settings, options, PROFILE_LATENCY_MODEL)[0].data
-    predicted = policy.get("predicted") or {}
+    fitted = fit_samples(RunSamples(samples, run), settings, options, PROFILE_LATENCY_MODEL)[0]
+    policy, report = fitted.data, fitted.report
+    predicted = report.predicted or {}
     chosen = (policy.get("latency_model") or {}).get("name")
     check = StatusCheck(policy["status"], policy["reason"], options.min_gain, chosen)
     if "gain_interval" not in predicted or policy.get("latency_model") is None:
@@ -114,10 +115,10 @@ def status_check(cfg: ProfileConfig, pp_size: int, samples: Samples, pipeline_ov
     planning = model.planning(calibration, overhead_ms)
     # A static policy carries the best fixed chunk: the gain is the prompt-aware rule's, built again.
     if policy["status"] == "static":
-        rule, _ = build_prompt_rule(planning, rule_domain(settings, policy["domain"], options.extrapolate), pp_size)
+        rule, _ = build_prompt_rule(planning, rule_domain(settings, report.domain, options.extrapolate), pp_size)
     else:
         rule = PromptRule.from_dict(policy["prompt_table"])
-    lengths, weights = policy["workload"]["prompt_lens"], policy["workload"]["weights"]
+    lengths, weights = report.workload["prompt_lens"], report.workload["weights"]
     plans = [rule.plan(int(n)) for n in lengths]
     fixed = [fixed_chunks(int(predicted["fixed_best_chunk"]), int(n)) for n in lengths]
     scale = float(calibration.get("linear_scale", 1.0))

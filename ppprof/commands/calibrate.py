@@ -36,16 +36,16 @@ def calibrate_command(policy, traces, out, latency_model, as_json) -> None:
     median against the profiled and the calibrated predictions."""
     path, new, rows = calibrate(policy, traces, out, latency_model)
     if as_json:
-        click.echo(json.dumps({"policy": str(path), "live": new["provenance"]["live"], "drift": rows}, indent=2))
+        click.echo(json.dumps({"policy": str(path), "live": new["report"]["provenance"]["live"], "drift": rows}, indent=2))
         return
-    live = new["provenance"]["live"]
+    live = new["report"]["provenance"]["live"]
     click.echo(fit_summary(path, new))
     used = live["forwards_used"]
     dropped = ", ".join(f"{n} {why}" for why, n in live["forwards_dropped"].items()) or "none"
     click.echo(
         f"live forwards of stage {live['stage']}: {used['single']} single-request, {used['packed']} packed, over "
         f"{live['time_span_s']:.1f} s; {live['profile_rows']} profile rows fill the uncovered cells, at the live pace "
-        f"{live['profile_level']:.3f}; dropped: {dropped}"
+        f"{live['profile_pace']:.3f}; dropped: {dropped}"
     )
     names = {"profiled": "profiled"} | ({"calibrated": "calibrated"} if "calibrated_ms" in rows[0] else {})
     click.echo("drift (medians per stage and prefix band):")

@@ -72,7 +72,7 @@ def notes(samples: str, policy: dict, pp_size: int | None) -> list[str]:
     note = incomplete_run_note(samples)
     if note:
         out.append(f"warning: {note}")
-    no_run = policy["provenance"].get("world_size") is None  # fit() found no run.json that says
+    no_run = policy["report"]["provenance"].get("pp_size") is None  # fit() found no run.json that says
     if pp_size is None and no_run and policy["num_stages"] > 1:
         out.append(
             f"note: no run.json beside {samples}: the rules are chosen for its {policy['num_stages']} stage columns; "

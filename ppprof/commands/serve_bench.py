@@ -258,7 +258,7 @@ def simulate_command(policy_path, opts: SimulateOptions) -> None:
     levels = parse_levels(opts.concurrency, opts.request_rate)
     arms = parse_arms(opts.strategies)
     policy = load(policy_path)
-    workload = policy.data.get("workload")
+    workload = policy.report.workload
     workload = parse_prompt_spec(opts.spec, policy.settings.context_len) if opts.spec else Workload.from_dict(workload)
     plan = ServingPlan(
         tuple(levels),

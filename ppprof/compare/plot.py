@@ -22,8 +22,8 @@ def fit_prefixes(base: Policy, cand: Policy) -> list[int]:
         {
             int(L)
             for p in (base, cand)
-            if isinstance(p.data.get("domain"), dict)
-            for L in p.data["domain"].get("prefix_lens") or ()
+            if isinstance(p.report.domain, dict)
+            for L in p.report.domain.get("prefix_lens") or ()
         }
     )
     if len(profiled) < NUM_FIT_PREFIXES:

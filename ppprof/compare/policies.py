@@ -55,8 +55,8 @@ def side(policy: Policy, label: str) -> dict:
         "context_len": s.context_len,
         "num_table_entries": len(policy.history_table.chunk_size),
         "num_bands": len(policy.prompt_rule.prompt_len),
-        "gain_vs_fixed_best": (policy.data.get("predicted") or {}).get("gain_vs_fixed_best"),
-        "gain_interval": (policy.data.get("predicted") or {}).get("gain_interval"),
+        "gain_vs_fixed_best": (policy.report.predicted or {}).get("gain_vs_fixed_best"),
+        "gain_interval": (policy.report.predicted or {}).get("gain_interval"),
         "gates_passed": gates_passed(policy),
         "overhead": policy.data["overhead"],
         "calibration": policy.data.get("calibration") or NO_CALIBRATION,  # as written, its why too
@@ -65,7 +65,7 @@ def side(policy: Policy, label: str) -> dict:
 
 def gates_passed(policy: Policy) -> bool | None:
     """Whether the policy's model passed every quality gate; None where it was not gated (SGLang parity, no model)."""
-    gated = (policy.data.get("diagnostics") or {}).get("gates")
+    gated = (policy.report.diagnostics or {}).get("gates")
     if not isinstance(gated, list) or not gated:
         return None
     return all(isinstance(g, dict) and g.get("passed") is True for g in gated)
@@ -87,7 +87,7 @@ def compare_coefficients(base: Policy, cand: Policy) -> list[dict]:
 def table_end(base: Policy, cand: Policy) -> int:
     """The last prefix length compared: the largest profiled prefix of either policy (their domains), else the
     smaller context less its margin."""
-    ends = [p.data["domain"]["prefix_len"][1] for p in (base, cand) if isinstance(p.data.get("domain"), dict)]
+    ends = [p.report.domain["prefix_len"][1] for p in (base, cand) if isinstance(p.report.domain, dict)]
     if ends:
         return max(ends)
     return min(p.settings.context_len - p.settings.context_margin for p in (base, cand))

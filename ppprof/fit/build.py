@@ -17,7 +17,7 @@ from ppprof.config.workload import Workload
 from ppprof.fit.calibrate import calibration_of
 from ppprof.fit.calibrate import none as no_calibration
 from ppprof.fit.confidence import RESAMPLES, SEED, Pricing, gain_interval, plans_by_model, rechosen_refits
-from ppprof.fit.fitted import Report, RunSamples, document
+from ppprof.fit.fitted import RunSamples, document
 from ppprof.fit.packed import packed_forwards
 from ppprof.fit.parity import sglang_fit
 from ppprof.fit.plots import write_plots
@@ -28,6 +28,7 @@ from ppprof.io import finite
 from ppprof.policy.builders import build_prompt_rule
 from ppprof.policy.choice import choose, default_workload, rule_domain
 from ppprof.policy.policy_file import save
+from ppprof.policy.report import Report, flattened, nested
 from ppprof.policy.rule import LatencyModel, build_table
 from ppprof.policy.runtime import Policy
 from ppprof.policy.schema import SCHEMA_VERSION
@@ -65,7 +66,7 @@ def profiled_stages(run: dict | None, samples: Samples | None = None) -> int:
     run = run or {}
     if isinstance(run.get("layer_partition"), list) and run["layer_partition"]:
         return len(run["layer_partition"])
-    world = run.get("world_size")
+    world = run.get("pp_size", run.get("world_size"))  # a design record's stages; run.json's ranks
     if is_int(world) and world > 0:
         return world
     return len(samples.stage_totals_ms) if samples is not None and samples.stage_totals_ms else 1
@@ -163,8 +164,8 @@ def fit_samples(
     if gated.model is not None and measured.packed is not None:  # scored, never fitted
         score = packed_forwards(gated.model, measured.packed, samples.bottleneck_stage, samples)
         data["packed_forwards"] = finite(score)
-    data = with_load(data, options)
-    return Policy.of(data), Report.of(data)
+    policy = Policy.of(nested(with_load(data, options)))
+    return policy, policy.report
 
 
 def gate(
@@ -212,7 +213,7 @@ def with_load(policy: dict, options: PolicyOptions) -> dict:
         return policy | {"diagnostics": policy["diagnostics"] | {"under_load": {"skipped": "--no-load-rule"}}}
     if policy["latency_model"] is None or policy.get("parity") is not None:
         return policy
-    load, evidence = choose_load(Policy.of(policy), options.async_depth)
+    load, evidence = choose_load(Policy.of(nested(policy)), options.async_depth)
     diagnostics = policy["diagnostics"] | {"under_load": evidence}
     return finite(policy | {"diagnostics": diagnostics} | ({"load": load} if load else {}))
 
@@ -299,8 +300,10 @@ def fit_run(run_dir: str | Path, *, load_rule: bool = True) -> Path:
 
 
 def rechoose(data: dict, model: LatencyModel, status: str = "dynamic", reason: str = "given") -> dict:
-    """A policy dict like `data` with another model (or status): its target and rules chosen again, as `ppprof fit`
-    chooses them, on the same settings, domain, overhead, calibration, stages and workload."""
+    """A policy document like `data` (of any version read) with another model (or status): its target and rules
+    chosen again, as `ppprof fit` chooses them, on the same settings, domain, overhead, calibration, stages and
+    workload; in schema 6's layout."""
+    data = flattened(data) | {"schema_version": SCHEMA_VERSION}
     settings = ChunkSettings(**data["settings"])
     workload = data.get("workload")
     options = PolicyOptions(
@@ -312,6 +315,5 @@ def rechoose(data: dict, model: LatencyModel, status: str = "dynamic", reason: s
     target = None if model is None else model.target_ms(settings.base_chunk_size)
     # packed_forwards was scored, and load chosen, on the model this one replaces
     data = {k: v for k, v in data.items() if k not in ("packed_forwards", "load")}
-    return finite(
-        dict(data, latency_model=None if model is None else model.to_dict(), target_latency_ms=target, **rules)
-    )
+    model_dict = None if model is None else model.to_dict()
+    return nested(finite(dict(data, latency_model=model_dict, target_latency_ms=target, **rules)))

@@ -117,7 +117,7 @@ def form_check(model: LatencyModel, used: Samples) -> dict:
         "limit": MAX_FORM_ERROR,
         "passed": bool(error <= MAX_FORM_ERROR),
         "num_cells": int(len(ids)),
-        "level": math.exp(offset),  # the file's key for the offset
+        "offset": math.exp(offset),
         "worst_cell": {
             "prefix_len": int(L[first[worst]]),
             "chunk_size": int(x[first[worst]]),
@@ -126,7 +126,7 @@ def form_check(model: LatencyModel, used: Samples) -> dict:
             "noise": float(noise[worst]),
         },
         "rule": (
-            f"RMS over {len(ids)} cells (weighted by latency) of log(median latency / model / level), less each "
+            f"RMS over {len(ids)} cells (weighted by latency) of log(median latency / model / offset), less each "
             f"median's noise and {FORM_ERROR_SES:g} standard errors, <= {MAX_FORM_ERROR:.0%}; cells: (prefix_len, chunk_size), neighbouring chunk sizes pooled to "
             f"{MIN_CELL_ROWS} rows where fewer"
         ),

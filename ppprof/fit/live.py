@@ -38,7 +38,7 @@ from ppprof.policy.rule import LatencyModel
 
 WEIGHING = (
     "live single-request forwards as rows of the fit; the profile's samples only in the cells (power-of-two bands of "
-    "prefix_len and chunk_size) no live single-request forward falls in, times the live pace (profile_level: the "
+    "prefix_len and chunk_size) no live single-request forward falls in, times the live pace (profile_pace: the "
     "median of live / the policy's prediction over the live forwards in the profile's cells), a row weighing as "
     "much as a live forward; "
     "packed batches priced by the additive form with its per-piece term fitted on them (packed_forwards), never in "
@@ -57,10 +57,10 @@ def bottleneck(live: LiveForwards) -> int:
 
 def check_match(policy: dict, forwards: Forwards, policy_path, trace_path) -> None:
     """ValueError (one line) where the trace is of another model or layout than the policy was profiled on."""
-    prov, head = policy.get("provenance") or {}, forwards.header
+    prov, head = policy["report"].get("provenance") or {}, forwards.header
     shape, traced = prov.get("model_shape"), head.get("model_shape")
     pairs = [("model_shape", shape, traced)] if shape is not None and traced is not None else []
-    pairs += [("pp_size", prov.get("world_size"), head["pp_size"]), ("tp_size", prov.get("tp_size"), head["tp_size"])]
+    pairs += [("pp_size", prov.get("pp_size"), head["pp_size"]), ("tp_size", prov.get("tp_size"), head["tp_size"])]
     for name, profiled, served in pairs:
         if profiled is not None and profiled != served:
             raise ValueError(
@@ -72,7 +72,7 @@ def check_match(policy: dict, forwards: Forwards, policy_path, trace_path) -> No
 def profile_samples(policy: dict, policy_path, device: str) -> tuple[Samples | None, str]:
     """The profile's samples (provenance.samples, as written or beside the policy) where their sha256 still matches
     and the profile ran on the trace's device; else None, and why."""
-    prov = policy.get("provenance") or {}
+    prov = policy["report"].get("provenance") or {}
     name = prov.get("samples")
     profiled_on = ((prov.get("hardware") or {}).get("device")) or None
     if not isinstance(name, str):
@@ -179,7 +179,7 @@ def refit(policy: dict, policy_path, forwards: Forwards, trace_paths, latency_mo
             f"forward trace {trace_paths[0]} holds {len(samples) - n_profile} single-request forwards of stage "
             f"{stage} the fit can take: serve more requests alone (e.g. serve-bench --concurrency 1)"
         )
-    workload = policy.get("workload")
+    workload = policy["report"].get("workload")
     options = PolicyOptions(
         overhead_ms=float(policy["overhead"]["ms_per_chunk"]),
         pp_size=policy.get("num_stages"),
@@ -187,7 +187,7 @@ def refit(policy: dict, policy_path, forwards: Forwards, trace_paths, latency_mo
         # forwards reach; one the user gave stays
         workload=Workload.from_dict(workload) if workload and workload.get("source") != "default" else None,
     )
-    requested = latency_model or (policy.get("diagnostics") or {}).get("requested_model") or "auto"
+    requested = latency_model or (policy["report"].get("diagnostics") or {}).get("requested_model") or "auto"
     contract, report = fit_samples(
         RunSamples(samples, None, packed_rows(live, stage, traces)), settings, options, requested
     )
@@ -198,7 +198,7 @@ def refit(policy: dict, policy_path, forwards: Forwards, trace_paths, latency_mo
         "profile": profile_words,
         "stage": stage,
     }
-    provenance = (policy.get("provenance") or {}) | {
+    provenance = (policy["report"].get("provenance") or {}) | {
         "created_at": report.provenance["created_at"],
         "ppprof_version": report.provenance["ppprof_version"],
         "bottleneck_stage": stage,
@@ -254,8 +254,8 @@ def live_provenance(forwards: Forwards, live: LiveForwards, single: int, words: 
         "time_span": [iso(start), iso(end)],
         "time_span_s": float(end - start),
         "profile_rows": words["n_profile"],
-        "profile_level": words["pace"],
-        "profile_level_source": words["pace_source"],
+        "profile_pace": words["pace"],
+        "profile_pace_source": words["pace_source"],
         "profile_samples": words["profile"],
         "weighing": WEIGHING,
         "policy": str(policy_path),

@@ -81,7 +81,7 @@ def live_forwards(forwards: Forwards, context_len: int) -> LiveForwards:
 def stage_scales(policy: dict, pp_size: int) -> np.ndarray:
     """Each stage's profiled total over the bottleneck stage's (diagnostics.stage_totals_ms); 1 where the policy
     does not say."""
-    totals = (policy.get("diagnostics") or {}).get("stage_totals_ms")
+    totals = (policy["report"].get("diagnostics") or {}).get("stage_totals_ms")
     if not isinstance(totals, list) or len(totals) < pp_size or not all(t and t > 0 for t in totals):
         return np.ones(pp_size)
     totals = np.array(totals[:pp_size], dtype=float)
@@ -91,7 +91,7 @@ def stage_scales(policy: dict, pp_size: int) -> np.ndarray:
 def predicted_ms(policy: dict, live: LiveForwards) -> np.ndarray:
     """Each live forward's prediction under `policy` (module doc)."""
     model = LatencyModel.from_dict(policy["latency_model"]).planning(policy.get("calibration"), 0.0)
-    d = float((policy.get("packed_forwards") or {}).get("extra_piece_ms") or 0.0)
+    d = float((policy["report"].get("packed_forwards") or {}).get("extra_piece_ms") or 0.0)
     scales = stage_scales(policy, int(live.stage.max()) + 1)
     out = np.empty(len(live))
     for i, pieces in enumerate(live.pieces):

@@ -216,7 +216,7 @@ def provenance(run: dict | None, samples: Samples) -> dict:
         "attention_kernel": run.get("attention_kernel"),
         "mamba_kernel": run.get("mamba_kernel"),
         "torch_threads": run.get("torch_threads"),
-        "world_size": run.get("pp_size", run.get("world_size")),  # the stages: ranks over TP (pp_size)
+        "pp_size": run.get("pp_size", run.get("world_size")),  # the stages (an older run.json: its world_size)
         "tp_size": run.get("tp_size", 1),
         "layer_partition": run.get("layer_partition"),
         "model_shape": model_shape(run.get("model")),

@@ -17,7 +17,7 @@ def num(value, spec: str) -> str:
 
 def fit_summary(path: Path, policy: dict) -> str:
     """A few lines for people."""
-    diag = policy["diagnostics"]
+    diag = policy["report"]["diagnostics"]
     s = policy["settings"]
     lines = [f"policy {path}: {policy['status']} ({policy['reason']})"]
     if diag.get("parity"):

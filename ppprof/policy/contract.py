@@ -14,9 +14,10 @@ from ppprof.bounds import MAX_STAGES, MAX_TOKENS
 from ppprof.checks import is_number, short
 from ppprof.chunks import positive_root, walk
 
-SCHEMA_VERSION = 5
-"""5: the full-pipeline under-load rule; 4: a pending-count one; 3: the prompt-aware rule, the overhead."""
-READ_VERSIONS = (3, 4, SCHEMA_VERSION)
+SCHEMA_VERSION = 6
+"""6: the report in its own object (ppprof.policy.report); 5: the full-pipeline under-load rule; 4: a pending-count
+one; 3: the prompt-aware rule, the overhead."""
+READ_VERSIONS = (3, 4, 5, SCHEMA_VERSION)
 """The versions read: a policy of schema 3 has no under-load rule, and one of schema 4 a rule keyed by the count of
 pending requests that is not read (LOAD_RULE_VERSION); both answer at every load as with none."""
 STATUSES = ("dynamic", "static")

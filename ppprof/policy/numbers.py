@@ -24,6 +24,7 @@ from ppprof.policy.contract import (
     Bound,
     number_text,
 )
+from ppprof.policy.report import RENAMED, REPORT_ORDER
 
 __all__ = ["FIELDS", "MAX_COUNT", "MAX_FILL", "MAX_LATENCY_MS", "MAX_LINEAR_SCALE", "REPORT_FIELDS", "number_error"]
 
@@ -59,7 +60,7 @@ REPORT_FIELDS = (
     ("packed_forwards.extra_piece.ms", SIGNED_LATENCY),
     ("packed_forwards.extra_piece.stderr_ms", LATENCY),
     ("packed_forwards.extra_piece_ms", LATENCY),
-    ("provenance.world_size", STAGES),
+    ("provenance.pp_size", STAGES),
     ("provenance.tp_size", TP_RANKS),
     ("provenance.layer_partition[]", LAYERS),
     ("provenance.model_shape.num_hidden_layers", LAYERS),
@@ -88,10 +89,23 @@ REPORT_FIELDS = (
     ("load.levels[].throughput_tokens_per_s.*", THROUGHPUT),
     ("load.levels[].ttft_mean_ms.*", LATENCY),
 )
-"""Every number of the report (and of a schema 4 under-load rule, kept but not read) and its bound; a field absent
-or null is not checked."""
+"""Every number of the report (and of a schema 4 under-load rule, kept but not read) and its bound, by its path in the
+report's object (schema 6); a field absent or null is not checked."""
 FIELDS = CONTRACT_FIELDS + REPORT_FIELDS
 """Every number of the file and its bound."""
+
+
+def report_fields(nested: bool) -> tuple:
+    """REPORT_FIELDS at their paths in a document of schema 6's layout (`nested`: the report's below `report`) or of
+    the older one (the report's beside the contract's, RENAMED's under their old names)."""
+    old = {f"{part}.{new}": f"{part}.{name}" for part, name, new in RENAMED}
+    out = []
+    for path, bound in REPORT_FIELDS:
+        if nested:
+            out.append((f"report.{path}" if path.split(".")[0] in REPORT_ORDER else path, bound))
+        else:
+            out.append((old.get(path, path), bound))
+    return tuple(out)
 
 
 def values_at(node, steps: list[str], where: str = "$"):

@@ -44,7 +44,7 @@ def check_rules(policy) -> None:
         ):
             raise ValueError("$.table: a static policy's table and prompt_table must be the one fixed chunk: refit")
         return
-    if policy.data.get("parity") is not None:  # SGLang's own rule on SGLang's fit
+    if policy.report.parity is not None:  # SGLang's own rule on SGLang's fit
         from ppprof.policy.rule import build_table  # only a parity policy's check reads SGLang's rule
 
         starts, sizes = build_table(policy.latency_model, policy.settings, policy.target_ms)

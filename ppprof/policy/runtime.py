@@ -28,6 +28,7 @@ from ppprof.policy.contract import (
     bounded_chunk,
     check_optional,
 )
+from ppprof.policy.report import Report, upgraded
 
 MAX_PLAN_CHUNKS = 1_000_000
 """The most chunks a plan holds (Policy.plan, `ppprof plan`): its lists stay a few MB whatever the prompt."""
@@ -35,10 +36,10 @@ MAX_PLAN_CHUNKS = 1_000_000
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """A loaded policy: `data`, the document as read (every field: the report beside the contract is read from it),
-    and the contract's parts typed from it once: the latency model as fitted and as planned with (the
-    calibration and the per-chunk overhead applied), the settings, the two tables, the under-load rule (None where the file
-    has none or one of schema 4), the status and its best fixed chunk. `next_chunk_size(prefix_len, prompt_len)` is
+    """A loaded policy: `data`, the document as read in schema 6's layout (ppprof.policy.report.upgraded), the
+    contract's parts typed from it once: the latency model as fitted and as planned with (the calibration and the
+    per-chunk overhead applied), the settings, the two tables, the under-load rule (None where the file has none or
+    one of schema 4), the status; and the `report` beside them. `next_chunk_size(prefix_len, prompt_len)` is
     two bisects in the prompt-aware rule's tables; without the prompt length, one bisect in the history-only table;
     with others waiting, the under-load rule's bounded chunk. Built by Policy.of (from_dict checks it whole)."""
 
@@ -55,20 +56,20 @@ class Policy:
     overhead: Overhead
     calibration: Calibration
     pp_size: int
-    fixed_best_chunk: int | None = None
-    """The best fixed chunk on the policy's workload, where its rules were chosen (None for a static policy)."""
+    report: Report
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"$.status: {short(self.status)} is not dynamic or static; {FIX}")
         check_optional("$.target_latency_ms", self.target_ms, LATENCY)
         STAGES.check("$.num_stages", self.pp_size)
-        check_optional("$.predicted.fixed_best_chunk", self.fixed_best_chunk, TOKENS)
+        check_optional("$.report.predicted.fixed_best_chunk", self.fixed_best_chunk, TOKENS)
 
     @classmethod
     def of(cls, data: dict) -> Policy:
-        """The Policy of a document the schema takes (ppprof.policy.schema); ValueError (one line naming the field)
-        where a part is not sound."""
+        """The Policy of a document the schema of its version takes (ppprof.policy.schema), read in schema 6's
+        layout (`upgraded`); ValueError (one line naming the field) where a part is not sound."""
+        data = upgraded(data)
         try:
             model = None if data["latency_model"] is None else LatencyModel.from_dict(data["latency_model"])
         except ValueError as e:
@@ -83,25 +84,28 @@ class Policy:
         planning = None if model is None else model.planning(calibration, overhead.ms_per_chunk)
         table, rule = HistoryTable.from_dict(data["table"]), PromptRule.from_dict(data["prompt_table"])
         load = LoadRule.from_dict(data.get("load"), data["schema_version"])
-        fixed_best = (data.get("predicted") or {}).get("fixed_best_chunk")
         pp_size = data.get("num_stages") or 1
-        parts = (data["status"], data["reason"], data["target_latency_ms"], overhead, calibration, pp_size, fixed_best)
-        return cls(data, model, settings, planning, table, rule, load, *parts)
+        parts = (data["status"], data["reason"], data["target_latency_ms"], overhead, calibration, pp_size)
+        return cls(data, model, settings, planning, table, rule, load, *parts, Report.from_dict(data["report"]))
 
     @property
     def overhead_ms(self) -> float:
         return float(self.overhead.ms_per_chunk)
 
     @property
+    def fixed_best_chunk(self) -> int | None:
+        """The report's best fixed chunk on the policy's workload (None for a static policy)."""
+        return self.report.fixed_best_chunk
+
+    @property
     def extra_piece_ms(self) -> float:
-        """d: what a packed forward of n pieces costs beyond the additive form, d (n - 1), as the profile's packed
-        forwards measured it (0, the additive form, where it timed none or the form held)."""
-        return float((self.data.get("packed_forwards") or {}).get("extra_piece_ms", 0.0))
+        """The report's d, a packed forward's cost per piece beyond the additive form (Report.extra_piece_ms)."""
+        return self.report.extra_piece_ms
 
     @property
     def provenance(self) -> dict:
         """Where the numbers come from ({} where not recorded)."""
-        return self.data.get("provenance") or {}
+        return self.report.provenance or {}
 
     @property
     def tp_size(self) -> int:

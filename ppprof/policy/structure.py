@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from ppprof.checks import short
 from ppprof.policy.contract import FIX, LOAD_RULE_VERSION, READ_VERSIONS, check_breakpoints, increasing, one_a_row
-from ppprof.policy.numbers import REPORT_FIELDS, number_error
+from ppprof.policy.numbers import number_error, report_fields
+from ppprof.policy.report import NESTED_VERSION
 from ppprof.policy.schema import schema_error
 
 
@@ -50,13 +51,15 @@ def check_load(load: dict, version: int) -> None:
 
 
 def check_report(data: dict) -> None:
-    """Raise ValueError (one line naming the field) unless the report's numbers are within their bounds
-    (ppprof.policy.numbers.REPORT_FIELDS) and each domain range is min <= max."""
-    problem = number_error(data, REPORT_FIELDS)
+    """Raise ValueError (one line naming the field by its path in `data`'s layout) unless the report's numbers are
+    within their bounds (ppprof.policy.numbers.REPORT_FIELDS) and each domain range is min <= max."""
+    nested = data["schema_version"] >= NESTED_VERSION
+    problem = number_error(data, report_fields(nested))
     if problem:
         raise ValueError(f"{problem}; {FIX}")
-    dom = data.get("domain")
+    report, where = (data["report"], "$.report") if nested else (data, "$")
+    dom = report.get("domain")
     for key in ("prefix_len", "chunk_size") if dom else ():
         low, high = dom[key]
         if low > high:
-            raise ValueError(f"$.domain.{key}: [{low}, {high}] must be [min, max] with min <= max")
+            raise ValueError(f"{where}.domain.{key}: [{low}, {high}] must be [min, max] with min <= max")

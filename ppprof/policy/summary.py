@@ -36,7 +36,7 @@ def summary_line(policy: Policy) -> str:
 
 def gain_text(policy: Policy) -> str:
     """The predicted gain over the best fixed chunk and, where the fit resampled it, its interval ("" without)."""
-    predicted = policy.data.get("predicted") or {}
+    predicted = policy.report.predicted or {}
     gain, interval = predicted.get("gain_vs_fixed_best"), predicted.get("gain_interval")
     if gain is None:
         return ""
@@ -52,13 +52,13 @@ def gain_text(policy: Policy) -> str:
 def verbose_lines(policy: Policy) -> list[str]:
     """What `ppprof validate --verbose` adds: the model's checks (which decide), the per-row gates (diagnostics) and
     the gain's interval."""
-    diag = policy.data.get("diagnostics") or {}
+    diag = policy.report.diagnostics or {}
     lines = []
     for title, key in (("check (decides)", "gates"), ("per-row gate (diagnostic)", "row_gates")):
         for g in diag.get(key) or ():
             verdict = "passed" if g.get("passed") else "failed"
             lines.append(f"  {title} {g['name']} = {g['value']:.4g} {g['op']} {g['limit']:g}: {verdict}")
-    interval = (policy.data.get("predicted") or {}).get("gain_interval")
+    interval = (policy.report.predicted or {}).get("gain_interval")
     if isinstance(interval, dict):
         lines.append(
             f"  gain over the best fixed chunk: lower bound {interval['lower']:.2%} (quantile {interval['quantile']:g}), "
@@ -78,7 +78,7 @@ def load_text(policy: Policy) -> str:
             "the same chunks at every load: refit with `ppprof fit` for the full-pipeline rule"
         )
     if rule is None:
-        evidence = (policy.data.get("diagnostics") or {}).get("under_load") or {}
+        evidence = (policy.report.diagnostics or {}).get("under_load") or {}
         if "skipped" in evidence:
             return f"; no under-load rule ({evidence['skipped']}: the same chunks at every load)"
         if "idle_worst_loss" in evidence:
@@ -104,7 +104,7 @@ def packed_text(policy: Policy) -> str:
     """How the model priced the profile's packed forwards, in words ("" where the policy scored none): the additive
     form's median and worst error (on the model, and on the probes' own latencies), and the cost of each extra piece
     where the price takes one."""
-    packed = policy.data.get("packed_forwards")
+    packed = policy.report.packed_forwards
     if not isinstance(packed, dict):
         return ""
     add, probes = packed["additive"], packed.get("additive_on_probes")
@@ -124,7 +124,7 @@ def packed_text(policy: Policy) -> str:
 
 
 def domain_text(policy: Policy) -> str:
-    dom = policy.data.get("domain")
+    dom = policy.report.domain
     if not isinstance(dom, dict):
         return ""
     (p0, p1), (c0, c1) = dom["prefix_len"], dom["chunk_size"]
@@ -134,7 +134,7 @@ def domain_text(policy: Policy) -> str:
 def extrapolation(policy: Policy, prompt_len: int, chunk_sizes: list[int] | None = None) -> str | None:
     """A one-line note when a prompt's chunks lie outside what the profile measured (policy["domain"]): how far past
     the largest profiled prefix (or chunk) the latency model is asked; None inside the domain or without one."""
-    dom = policy.data.get("domain")
+    dom = policy.report.domain
     if not isinstance(dom, dict) or not dom.get("prefix_len") or not dom.get("chunk_size"):
         return None
     chunks = chunk_sizes or policy.plan(prompt_len)
@@ -157,7 +157,7 @@ def extrapolation(policy: Policy, prompt_len: int, chunk_sizes: list[int] | None
 
 def typical_prompt_len(policy: Policy) -> int | None:
     """The workload's weighted median prompt length (the policy's `workload`), None where it records none."""
-    workload = policy.data.get("workload")
+    workload = policy.report.workload
     if not isinstance(workload, dict) or not workload.get("prompt_lens"):
         return None
     lens, weights = workload["prompt_lens"], workload.get("weights") or [1.0] * len(workload["prompt_lens"])
@@ -172,7 +172,7 @@ def typical_prompt_len(policy: Policy) -> int | None:
 
 def decision_words(policy: Policy) -> str:
     """The decision in words: dynamic or static, the gain over the best fixed chunk and its interval."""
-    predicted = policy.data.get("predicted") or {}
+    predicted = policy.report.predicted or {}
     gain, interval, best = (predicted.get(k) for k in ("gain_vs_fixed_best", "gain_interval", "fixed_best_chunk"))
     if gain is None:
         return f"{policy.status}: {policy.reason}"

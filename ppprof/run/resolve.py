@@ -205,7 +205,7 @@ def resolve_serve(policy_path: str, flags: dict, trace: dict | None = None) -> t
         )
     spec = flags["spec"]
     workload = (
-        parse_prompt_spec(spec, profile.probes.context_len) if spec else Workload.from_dict(policy.data.get("workload"))
+        parse_prompt_spec(spec, profile.probes.context_len) if spec else Workload.from_dict(policy.report.workload)
     )
     given = ("async_depth", "seed", "repeats", "out") + (("num_prompts",) if trace is None else ())
     serve = ServeBenchConfig(

@@ -112,7 +112,7 @@ class Atom(Server):
         return prefix
 
     def calibration(self, policy: Policy) -> LatencyModel | None:
-        return None if policy.latency_model is None else prefix_form(policy.latency_model, policy.data.get("domain"))
+        return None if policy.latency_model is None else prefix_form(policy.latency_model, policy.report.domain)
 
     def rule(self, setting: ServerSetting, model: LatencyModel | None, context_len: int) -> AtomRule:
         return AtomRule(setting, model, context_len)

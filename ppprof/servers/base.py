@@ -17,7 +17,7 @@ from ppprof.servers.boot import Forwards, prefix_free_quadratic
 from ppprof.servers.flags import CALIBRATION, DYNAMIC, parse_number, read_flags, split_command
 
 PP_SIZE, TP_SIZE = "pp_size", "tp_size"
-"""The parallel layout a policy was profiled at (its provenance's world_size and tp_size), in a server's flags."""
+"""The parallel layout a policy was profiled at (its provenance's pp_size and tp_size), in a server's flags."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -118,7 +118,7 @@ class Server(ABC):
         where given and it fits at boot, else derived from the policy's model."""
         if forwards is not None and self.fits_at_boot:
             return self.boot_fit(forwards)
-        return self.boot_model(policy.latency_model, policy.data.get("domain"))
+        return self.boot_model(policy.latency_model, policy.report.domain)
 
     def calibration(self, policy: Policy) -> LatencyModel | None:
         """The latency model its flags carry for this policy (format_flags' `calibration`); None for a server that

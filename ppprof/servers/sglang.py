@@ -180,7 +180,7 @@ class SGLang(Server):
 
 def fitted_as_sglang(policy: Policy) -> bool:
     """The policy's coefficients are SGLang's own fit of its samples (`ppprof fit --parity sglang`)."""
-    return (policy.data.get("diagnostics") or {}).get("parity") == PARITY
+    return (policy.report.diagnostics or {}).get("parity") == PARITY
 
 
 SGLANG = SGLang()

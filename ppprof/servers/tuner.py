@@ -111,7 +111,7 @@ class Tuner:
         self.model = self.server.model_for(policy, forwards)
         self.cache: dict[ServerSetting, Scored] = {}
         # Candidates keep their chunks within the profiled chunk sizes unless asked to extrapolate.
-        dom = policy.data.get("domain") or {}
+        dom = policy.report.domain or {}
         self.max_chunk = None if extrapolate or not dom.get("chunk_size") else int(dom["chunk_size"][1])
 
     def model_for(self, calibration: LatencyModel | None = None) -> LatencyModel | None:

@@ -100,7 +100,7 @@ def closed_levels(slots: int) -> list[int]:
 def workloads(policy: Policy, num_prompts: int) -> list[tuple[str, list[int]]]:
     """The family a rule is chosen on, (name, prompt lengths in arrival order): the policy's own workload, single
     lengths across its prompts (SINGLE_FRACTIONS of the longest), a long-tailed mix (TAIL_LENGTHS)."""
-    own = policy.data["workload"]
+    own = policy.report.workload
     unit, longest = int(policy.data["prompt_table"]["unit"]), int(policy.data["prompt_table"]["max_prompt_len"])
     out = [("policy's workload", prompts_of(own["prompt_lens"], own["weights"], num_prompts, LOAD_SEED))]
     for n in dict.fromkeys(max(unit, int(longest * f) // unit * unit) for f in SINGLE_FRACTIONS):

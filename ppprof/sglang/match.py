@@ -67,10 +67,10 @@ def mismatch(policy: Policy, server: ServerConfig) -> str | None:
 
 def _pipeline(policy: Policy, server: ServerConfig) -> str | None:
     prov = policy.provenance
-    stages = prov.get("world_size")
+    stages = prov.get("pp_size")
     if server.pp_size is not None and stages is not None and stages != server.pp_size:
         return (
-            f"pp_size: the policy profiled {stages} stages (provenance.world_size), the server runs "
+            f"pp_size: the policy profiled {stages} stages (provenance.pp_size), the server runs "
             f"--pp-size {server.pp_size}: start SGLang with --pp-size {stages} or profile with --pp-size "
             f"{server.pp_size}"
         )

@@ -6,7 +6,8 @@ import pytest
 
 from ppprof.fit import fit, fit_run
 from ppprof.fit.build import fit_samples, rechoose
-from ppprof.fit.fitted import CONTRACT_KEYS, DOCUMENT_ORDER, Report, RunSamples, document
+from ppprof.fit.fitted import Report, RunSamples, document
+from ppprof.policy.report import REPORT_ORDER
 from ppprof.fit.selection import warmup_rows
 from ppprof.fit.settings import resolve_policy_options, resolve_settings
 from ppprof.fit.synthetic import SyntheticProbes, SyntheticRun, make_samples, write_run_dir
@@ -206,10 +207,13 @@ def test_the_fit_returns_the_contract_and_the_report_that_make_up_the_file_writt
     contract, report = fit_samples(measured, settings, options)
     assert isinstance(contract, Policy) and isinstance(report, Report)
     assert contract.status == "dynamic" and report.predicted["fixed_best_chunk"] == contract.fixed_best_chunk
-    assert not set(report.to_dict()) & set(CONTRACT_KEYS), "each field is the contract's or the report's"
     ours = document(contract, report)
-    assert list(ours) == [k for k in DOCUMENT_ORDER if k in ours]
+    assert ours["schema_version"] == 6 and list(ours)[-1] == "report" and ours["report"] == report.to_dict()
+    assert not set(ours) & set(REPORT_ORDER), "each field is the contract's or the report's"
+    assert list(ours["report"]) == [k for k in REPORT_ORDER if k in ours["report"]]
     written = fit(folder / "samples.csv", tmp_path / "written.json", policy_options=IDLE)[1]
-    assert list(written) == list(ours)
-    assert ours | {"provenance": None} == written | {"provenance": None}
-    assert {**ours["provenance"], "created_at": None} == {**written["provenance"], "created_at": None}
+    assert list(written) == list(ours) and list(written["report"]) == list(ours["report"])
+    prov = {"provenance": None}
+    assert ours | {"report": ours["report"] | prov} == written | {"report": written["report"] | prov}
+    ours, written = ours["report"]["provenance"], written["report"]["provenance"]
+    assert {**ours, "created_at": None} == {**written, "created_at": None}

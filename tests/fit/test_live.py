@@ -112,8 +112,8 @@ def test_profile_rows_fill_only_the_cells_live_forwards_leave(tmp_path):
     ratios = [
         truth_ms(0, x) / float(model.planning(load(POLICY).calibration, 0.0).chunk_latency_ms(0, x)) for x in (64, 256)
     ]
-    assert min(ratios) * 0.95 <= live["profile_level"] <= max(ratios) * 1.05, f"{live['profile_level']=} {ratios=}"
-    assert live["profile_level_source"] == f"the {live['forwards_used']['single']} live forwards in the profile's cells"
+    assert min(ratios) * 0.95 <= live["profile_pace"] <= max(ratios) * 1.05, f"{live['profile_pace']=} {ratios=}"
+    assert live["profile_pace_source"] == f"the {live['forwards_used']['single']} live forwards in the profile's cells"
     assert policy["domain"]["prefix_len"][1] == 1024  # the profile's prefixes came in
 
 

@@ -12,6 +12,7 @@ from ppprof.fit.build import Gated, carried
 from ppprof.fit.packed import PackedRows, additive_ms, packed_forwards
 from ppprof.fit.samples import Samples
 from ppprof.policy.rule import LatencyModel
+from ppprof.policy.report import nested
 from ppprof.policy.schema import SCHEMA_VERSION
 
 
@@ -32,15 +33,17 @@ def _policy_dict(key) -> dict:
     measured = {"prefix_len": [0, s.context_len], "chunk_size": [1, largest or 4 * s.base_chunk_size]}
     options = PolicyOptions(min_gain=min_gain, overhead_ms=overhead_ms, pp_size=pp_size)
     rules = carried(Gated(model, status, "test"), s, measured, None, options)
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "latency_model": model.to_dict(),
-        "settings": s.to_dict(),
-        "target_latency_ms": target,
-        "provenance": {"world_size": 4, "layer_partition": [8, 8, 8, 8]},
-        "parity": None,
-        **rules,
-    }
+    return nested(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "latency_model": model.to_dict(),
+            "settings": s.to_dict(),
+            "target_latency_ms": target,
+            "provenance": {"pp_size": 4, "layer_partition": [8, 8, 8, 8]},
+            "parity": None,
+            **rules,
+        }
+    )
 
 
 def with_packed_forwards(data: dict, model: LatencyModel, extra_piece_ms: float = 0.5) -> dict:
@@ -52,4 +55,5 @@ def with_packed_forwards(data: dict, model: LatencyModel, extra_piece_ms: float 
     rows = PackedRows(lens, chunks, {0: measured, 1: 0.5 * measured}, Path("packed.csv"))
     L, x = np.concatenate(lens), np.concatenate(chunks)
     samples = Samples(L, x, model.chunk_latency_ms(L, x), None, 0, None, Path("samples.csv"), "")
-    return copy.deepcopy(data) | {"packed_forwards": packed_forwards(model, rows, 0, samples)}
+    data = copy.deepcopy(data)
+    return data | {"report": data["report"] | {"packed_forwards": packed_forwards(model, rows, 0, samples)}}

@@ -10,7 +10,9 @@ import ppprof.policy.contract_schema as contract_schema
 from ppprof.chunks import SETTINGS_ORDER
 from ppprof.policy.contract import COEF_UNITS, MODEL_NAMES, READ_VERSIONS, STATUSES
 from ppprof.policy.runtime import load
-from ppprof.policy.schema import SCHEMA_FILE, policy_schema, schema_text
+from ppprof.policy.report import NESTED_VERSION, upgraded
+from ppprof.policy.runtime import from_dict
+from ppprof.policy.schema import FLAT_SCHEMA_FILE, SCHEMA_FILE, policy_schema, schema_text
 
 REPO = Path(__file__).resolve().parents[2]
 VERDICTS = Path(__file__).with_name("data") / "verdicts-before-contract.json"
@@ -22,6 +24,7 @@ def test_the_shipped_schema_is_the_generated_one():
     """`python -m ppprof.policy.schema > ppprof/policy/policy.schema.json` after a change to the contract."""
     assert SCHEMA_FILE.read_text() == schema_text()
     assert json.loads(SCHEMA_FILE.read_text()) == policy_schema()
+    assert FLAT_SCHEMA_FILE.read_text() == schema_text(NESTED_VERSION - 1)  # `python -m ppprof.policy.schema 5`
 
 
 def verdict(path: Path) -> str:
@@ -35,13 +38,59 @@ def verdict(path: Path) -> str:
 def test_every_policy_reads_as_before_the_contract():
     before = json.loads(VERDICTS.read_text())
     assert sum(v == "ok" for v in before.values()) >= 60 and len(before) >= 150
-    changed = {f: (want, got) for f, want in before.items() if (got := verdict(REPO / f)) != want}
+    read = "this ppprof reads 3, 4, 5;"  # the versions the refusal names: 6 since the report's own object
+    now = {f: want.replace(read, "this ppprof reads 3, 4, 5, 6;") for f, want in before.items()}
+    changed = {f: (want, got) for f, want in now.items() if (got := verdict(REPO / f)) != want}
     assert changed == {}
+
+
+def committed_policies() -> list[Path]:
+    before = json.loads(VERDICTS.read_text())
+    return [REPO / f for f, v in before.items() if v == "ok"]
+
+
+def test_every_committed_policy_in_schema_6_s_layout_answers_as_it_did():
+    """The layout step on the committed policies (schemas 3 to 5): nested and renamed (upgraded), stamped 6, the
+    document is one schema 6 takes and its answers are the original's; a schema 4 under-load rule (not read) is
+    dropped first, as schema 6 has none of that form."""
+    paths = committed_policies()
+    versions = set()
+    assert len(paths) >= 60
+    for path in paths:
+        data = json.loads(path.read_text())
+        versions.add(data["schema_version"])
+        old = load(path)
+        if data["schema_version"] < 5:
+            data.pop("load", None)
+        new = from_dict(upgraded(data) | {"schema_version": 6})
+        assert "world_size" not in new.provenance and new.provenance.get("pp_size") == old.provenance.get("pp_size")
+        assert new.report == old.report and new.fixed_best_chunk == old.fixed_best_chunk, path
+        for n in (1, 700, 3000, old.settings.context_len):
+            assert new.plan(n) == old.plan(n) and new.plan_history(n) == old.plan_history(n), path
+            assert new.next_chunk_size(0, n, pending_requests=2, pending_tokens=4 * n) == old.next_chunk_size(
+                0, n, pending_requests=2, pending_tokens=4 * n
+            ), path
+    assert {3, 4, 5} <= versions
+
+
+def test_a_schema_6_file_holds_its_report_in_its_own_object_only():
+    data = json.loads((REPO / "tests/runs/tiny-hybrid/policy.json").read_text())
+    new = upgraded(data) | {"schema_version": 6}
+    from_dict(new)
+    with pytest.raises(ValueError, match=r"\$: Additional properties are not allowed \('diagnostics' was unexpected"):
+        from_dict(new | {"diagnostics": {}})
+    with pytest.raises(ValueError, match=r"\$.report: missing; it is required"):
+        from_dict({k: v for k, v in new.items() if k != "report"})
+    with pytest.raises(ValueError, match=r"\$.report.provenance.pp_size: 0 is less than the minimum of 1"):
+        from_dict(new | {"report": new["report"] | {"provenance": new["report"]["provenance"] | {"pp_size": 0}}})
+    with pytest.raises(ValueError, match=r"\$.report: Additional properties are not allowed \('stray'"):
+        from_dict(new | {"report": new["report"] | {"stray": 1}})
 
 
 def test_the_schema_s_enums_and_keys_are_the_contract_s():
     schema = policy_schema()
-    assert schema["properties"]["schema_version"]["enum"] == list(READ_VERSIONS)
+    flat = policy_schema(NESTED_VERSION - 1)["properties"]["schema_version"]["enum"]
+    assert flat + schema["properties"]["schema_version"]["enum"] == list(READ_VERSIONS)
     assert schema["properties"]["status"]["enum"] == list(STATUSES)
     model = schema["$defs"]["latency_model"]["properties"]
     assert model["name"]["enum"] == list(MODEL_NAMES) and list(model["coefficients"]["properties"]) == list(COEF_UNITS)
