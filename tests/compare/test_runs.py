@@ -38,7 +38,7 @@ def profile(run_dir: Path, seed: int, model: LatencyModel = TRUE) -> Path:
     write_run_dir(
         run_dir,
         frame,
-        SyntheticRun(base_chunk_size=B, page_size=1, context_len=32768, min_gain=0.0, world_size=4, num_layers=8),
+        SyntheticRun(base_chunk_size=B, page_size=1, context_len=32768, min_gain=0.0, pp_size=4, num_layers=8),
     )
     fit_run(run_dir, load_rule=False)  # compare judges no under-load rule
     return run_dir
