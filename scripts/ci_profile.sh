@@ -13,7 +13,8 @@
 #           profile runs the baseline's design (its run.json's; grid if it has none, or for a first baseline).
 # $PPPROF_ARTIFACTS  the artifacts folder (default ci-artifacts/<UTC time>): run/ (samples.csv, run.json,
 #           policy.json, plots, rank logs), compare.txt, compare.json, compare.png.
-# $PPPROF_TOLERANCE  `ppprof compare --tolerance` items, e.g. ttft=0.1,samples=0.1.
+# $PPPROF_TOLERANCE  `ppprof compare --tolerance` items, e.g. pace=1.5,ttft=0.1,samples=0.1 (.ci/run passes
+#                    pace=1.5,samples=0.3,ttft=0.4; level=, the old name of pace, is still read).
 # $PPPROF_CI_ATTEMPTS  profiles a drift must show in, one after the other, to fail (default 3: a shared machine has
 #           noisy runs; a real drift shows in both). Later attempts leave run-N/ and compare-N.* beside the first.
 # $PPPROF_CI_SETUP=0 skips scripts/setup.sh (an environment already set up).
@@ -69,7 +70,7 @@ profile_options=(${config:+--config "$config"} "${extra[@]}")
 # The profile is compared cell by cell with the baseline, so it runs the baseline's probe design (its run.json's
 # design; grid where it records none) unless the options or CONFIG choose one: the default adaptive design picks its
 # cells from its own rows and shares a handful with a grid baseline (6 of its 197 cells in one try, one or two a
-# prefix length), where the grid shares them all: the level and the drift at each prefix length rest on those cells.
+# prefix length), where the grid shares them all: the pace and the drift at each prefix length rest on those cells.
 baseline_design() {
   local run_json=$1
   [ -d "$1" ] && run_json="$1/run.json" || run_json="$(dirname "$1")/run.json"

@@ -98,7 +98,8 @@ def status_check(cfg: ProfileConfig, pp_size: int, samples: Samples, pipeline_ov
     workload = None if cfg.fit.prompt_lens is None else parse_prompt_spec(cfg.fit.prompt_lens, settings.context_len)
     # The status and the rules only: the under-load rule (seconds of simulation) changes neither.
     options = PolicyOptions(workload=workload, min_gain=cfg.fit.min_gain, pp_size=pp_size, load_rule=False)
-    run = {"world_size": pp_size, "pipeline_overhead": pipeline_overhead}  # what run.json will say of them
+    # What run.json will say of them: its stages (pp_size; world_size counts the ranks, pp_size x tp_size).
+    run = {"pp_size": pp_size, "pipeline_overhead": pipeline_overhead}
     fitted = fit_samples(RunSamples(samples, run), settings, options, PROFILE_LATENCY_MODEL)[0]
     policy, report = fitted.data, fitted.report
     predicted = report.predicted or {}

@@ -18,15 +18,18 @@ from ppprof.compare.verdict import DEFAULT_TOLERANCES
 from ppprof.forwards.reader import is_trace
 from ppprof.io import atomic_write_json
 
+OLD_TOLERANCE_NAMES = {"level": "pace"}
+"""The old name of the pace tolerance, read for scripts written before it was renamed (`--tolerance level=1.5`)."""
+
 
 def parse_tolerances(specs) -> dict[str, float]:
     """DEFAULT_TOLERANCES updated by NAME=VALUE items ('ttft=0.05', 'table=15%', 'coef=none'; commas separate
-    several); ValueError naming the item otherwise."""
+    several; an old name, OLD_TOLERANCE_NAMES, read as its new one); ValueError naming the item otherwise."""
     tol = dict(DEFAULT_TOLERANCES)
     for spec in specs or ():
         for item in filter(None, (s.strip() for s in str(spec).split(","))):
             name, sep, text = item.partition("=")
-            name = name.strip()
+            name = OLD_TOLERANCE_NAMES.get(name.strip(), name.strip())
             if not sep or name not in tol:
                 raise ValueError(
                     f"--tolerance {item!r} is invalid: use NAME=VALUE with NAME one of "
@@ -60,7 +63,7 @@ def parse_tolerances(specs) -> dict[str, float]:
     metavar="NAME=VALUE",
     help="Override a tolerance (repeat, or separate with commas); NAME [default]: "
     + ", ".join(f"{k} [{'none' if v == float('inf') else f'{v:g}'}]" for k, v in DEFAULT_TOLERANCES.items())
-    + ". Values are fractions (0.1), percentages (10%) or none.",
+    + ". Values are fractions (0.1), percentages (10%) or none; level is read as pace (its old name).",
 )
 @click.option(
     "--prompt-len",

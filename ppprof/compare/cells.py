@@ -28,7 +28,7 @@ def samples_drift(base: Samples, cand: Samples) -> dict:
     """Median latency ratio (candidate / baseline) of every cell both profiles measured; their median over all cells and
     over the cells of each prefix length (`by_prefix`; the one furthest from the pace, else from 1, `worst_prefix`, is
     what a tolerance judges: the prefix-free sweep has most of the cells, and a drift at long prefixes would hide in an
-    overall median), the cell that moved most, and the pace (key `level`): the median of the prefix lengths' median
+    overall median), the cell that moved most, and the pace (key `pace`): the median of the prefix lengths' median
     ratios, each prefix length one vote. A machine that runs every forward k times slower moves every prefix length by
     k, so the pace is k; a drift at a few prefix lengths (or in the sweep's many cells) moves those and leaves the pace.
     None with fewer than MIN_PACE_PREFIXES common prefix lengths."""
@@ -43,7 +43,7 @@ def samples_drift(base: Samples, cand: Samples) -> dict:
         "worst_cell": None,
         "by_prefix": [],
         "worst_prefix": None,
-        "level": None,
+        "pace": None,
         "cells": [],
         "note": None,
     }
@@ -71,8 +71,8 @@ def samples_drift(base: Samples, cand: Samples) -> dict:
         for L in np.unique(prefixes)
     ]
     if len(out["by_prefix"]) >= MIN_PACE_PREFIXES:
-        out["level"] = float(np.median([r["median_ratio"] for r in out["by_prefix"]]))
-    pace = out["level"] or 1.0
+        out["pace"] = float(np.median([r["median_ratio"] for r in out["by_prefix"]]))
+    pace = out["pace"] or 1.0
     out["worst_prefix"] = max(out["by_prefix"], key=lambda r: abs(np.log(r["median_ratio"] / pace)))
     out["cells"] = [
         {"prefix_len": k[0], "chunk_size": k[1], "baseline_ms": b[k], "candidate_ms": c[k], "ratio": float(r)}

@@ -1,6 +1,6 @@
 """`ppprof compare POLICY TRACE`: a server's own forwards (a forward trace) judged against a policy's predictions per
 stage and prefix band (the rows of ppprof.fit.live_forwards), as compare judges samples: the pace, the median of
-every forward's live / predicted, within the `level` tolerance; each band's median ratio over the pace within the
+every forward's live / predicted, within the `pace` tolerance; each band's median ratio over the pace within the
 `samples` tolerance (bands of MIN_FORWARDS or more); and, since a band holds a few live forwards of a busy server where
 a profile's cell held the median of many probes, a figure drifts only where its NOISE_COVERAGE interval (a seeded
 bootstrap of the median) lies wholly outside the tolerance: a band of 10 forwards whose times scatter by 30% moves its
@@ -52,21 +52,21 @@ def judge(policy: dict, live: LiveForwards, tolerances: dict) -> dict:
     for row in rows:
         m = (live.stage == row["stage"]) & (of == names.index(row["band"]))
         lo, hi = median_interval(ratio[m] / pace, seed=1 + len(moved) + row["stage"])
-        row["vs_level"] = row["policy_ratio"] / pace - 1.0
-        row["vs_level_interval"] = [lo - 1.0, hi - 1.0]
+        row["vs_pace"] = row["policy_ratio"] / pace - 1.0
+        row["vs_pace_interval"] = [lo - 1.0, hi - 1.0]
         row["judged"] = row["forwards"] >= MIN_FORWARDS
         row["drifted"] = row["judged"] and outside((lo, hi), tolerances["samples"])
         if row["drifted"]:
             moved.append(row)
-    pace_drift = outside(pace_interval, tolerances["level"])
-    where = [f"stage {r['stage']} prefix {r['band']}: {r['vs_level']:+.1%} against the pace" for r in moved]
+    pace_drift = outside(pace_interval, tolerances["pace"])
+    where = [f"stage {r['stage']} prefix {r['band']}: {r['vs_pace']:+.1%} against the pace" for r in moved]
     if pace_drift:
         where.insert(0, f"every stage: live forwards at {pace:.3f}x the policy's prediction")
     return {
-        "level": pace,
-        "level_interval": list(pace_interval),
+        "pace": pace,
+        "pace_interval": list(pace_interval),
         "noise_coverage": NOISE_COVERAGE,
-        "tolerances": {"level": tolerances["level"], "samples": tolerances["samples"]},
+        "tolerances": {"pace": tolerances["pace"], "samples": tolerances["samples"]},
         "bands": rows,
         "drifted": bool(pace_drift or moved),
         "where": where,
@@ -76,20 +76,20 @@ def judge(policy: dict, live: LiveForwards, tolerances: dict) -> dict:
 def judge_text(report: dict) -> list[str]:
     """`ppprof compare POLICY TRACE` for people: the pace, the bands against it, the verdict naming where."""
     tol, cover = report["tolerances"], report["noise_coverage"]
-    lo, hi = report["level_interval"]
+    lo, hi = report["pace_interval"]
     lines = [
         f"policy {report['policy']} against forward trace {report['trace']}: {report['forwards']} live forwards",
-        f"pace: live forwards at {report['level']:.3f}x the policy's prediction ({cover:.0%} interval "
-        f"{lo:.3f}-{hi:.3f}; tolerance {tol['level']:.0%})",
+        f"pace: live forwards at {report['pace']:.3f}x the policy's prediction ({cover:.0%} interval "
+        f"{lo:.3f}-{hi:.3f}; tolerance {tol['pace']:.0%})",
         f"{'stage':>5} {'prefix band':>13} {'forwards':>8} {'live ms':>9} {'predicted ms':>12} {'vs pace':>9} "
         f"{f'{cover:.0%} interval':>17}",
     ]
     for r in report["bands"]:
         mark = "  DRIFT" if r["drifted"] else ("" if r["judged"] else "  (too few to judge)")
-        a, b = r["vs_level_interval"]
+        a, b = r["vs_pace_interval"]
         lines.append(
             f"{r['stage']:>5} {r['band']:>13} {r['forwards']:>8} {r['live_ms']:>9.3f} {r['policy_ms']:>12.3f} "
-            f"{r['vs_level']:>+9.1%} {f'{a:+.1%} to {b:+.1%}':>17}{mark}"
+            f"{r['vs_pace']:>+9.1%} {f'{a:+.1%} to {b:+.1%}':>17}{mark}"
         )
     if report["drifted"]:
         lines.append(

@@ -39,7 +39,7 @@ def target_change(base: float | None, cand: float | None, factor: float) -> dict
         "baseline": base,
         "candidate": cand,
         "change": relative(base, cand) if judged else None,
-        "change_at_level": relative(base, cand / factor) if judged else None,
+        "change_at_pace": relative(base, cand / factor) if judged else None,
     }
 
 
@@ -163,7 +163,7 @@ def compare_ttft(base: Policy, cand: Policy, prompt_lens: list[int], pp_size: in
                 "baseline_ms": b.ttft_ms,
                 "candidate_ms": c.ttft_ms,
                 "change": relative(b.ttft_ms, c.ttft_ms),
-                "change_at_level": relative(b.ttft_ms, c.ttft_ms / pace),
+                "change_at_pace": relative(b.ttft_ms, c.ttft_ms / pace),
                 "baseline_chunks": len(b.chunk_sizes),
                 "candidate_chunks": len(c.chunk_sizes),
             }
@@ -199,7 +199,7 @@ def compare_policies(
         "table": compare_tables(base, cand, tol),
         "ttft": compare_ttft(base, cand, prompt_lens, pp_size, factor),
         "samples": samples,
-        "level": pace,
+        "pace": pace,
     }
     report["checks"] = checks(report, tol)
     report["drifted"] = not all(c["passed"] for c in report["checks"])

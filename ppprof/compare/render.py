@@ -73,13 +73,13 @@ def ttft_lines(report: dict) -> list[str]:
     ttft = report["ttft"]
     if not ttft["rows"]:
         return [f"predicted TTFT: not compared ({ttft['note']})"]
-    paced = report["level"]["ratio"] is not None
+    paced = report["pace"]["ratio"] is not None
     lines = [f"predicted TTFT, {ttft['num_stages']} stages (ms):"]
     lines.append("  prompt_len  strategy         baseline  candidate  change" + ("  at pace" if paced else ""))
     for r in ttft["rows"]:
         lines.append(
             f"  {r['prompt_len']:>10}  {r['strategy']:<14} {r['baseline_ms']:>9.1f}  "
-            f"{r['candidate_ms']:>9.1f}  {pct(r['change'])}" + (f"  {pct(r['change_at_level']):>8}" if paced else "")
+            f"{r['candidate_ms']:>9.1f}  {pct(r['change'])}" + (f"  {pct(r['change_at_pace']):>8}" if paced else "")
         )
     return lines
 

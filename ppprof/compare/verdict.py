@@ -1,5 +1,5 @@
 """The verdict of a comparison of two policies (`ppprof compare`): the tolerances, and one check per figure they
-cover (status, level (the pace: the name the tolerance and the check keep), target, table, overhead, ttft, samples,
+cover (status, pace, target, table, overhead, ttft, samples,
 coef) on the measured report (ppprof.compare.policies). Pure Python; no numpy."""
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ DEFAULT_TOLERANCES = {
     "overhead": 0.5,  # relative change of the per-chunk overhead (or 3 standard errors, whichever allows more)
     "target": 0.25,  # relative change of the target latency T
     "samples": 0.20,  # |median of the cells' latency ratios / pace - 1| at each prefix length (compare.cells)
-    "level": 0.20,  # |pace - 1|: the candidate's machine as a whole slower or faster than the baseline's
+    "pace": 0.20,  # |pace - 1|: the candidate's machine as a whole slower or faster than the baseline's
     "coef": math.inf,  # relative change of each coefficient: off, since b, c and g trade off between fits
 }
 """Sized for a shared CPU, where a whole profile can run 10-15% slower than the last and a different seed moves b and c
 by 20%: two profiles of the same config pass, a doubled quadratic coefficient a fails (on ttft). Where both sides have
 samples, the latency figures (ttft, target, overhead, samples) are judged at the baseline's pace, the candidate's
 divided by the pace (ppprof.compare.cells), and the pace on its own: a machine k times slower than the baseline's fails
-on `level` alone, and a job on another kind of machine widens `level` and still judges the shape of the latency curve at
+on `pace` alone, and a job on another kind of machine widens `pace` and still judges the shape of the latency curve at
 the defaults. On a dedicated GPU runner, tighter limits suit (e.g. --tolerance ttft=0.1,samples=0.1). The rules' optimum
 is flat (many tables plan within 1% of each other), so a table is judged by what it costs, not by its sizes."""
 
@@ -43,13 +43,13 @@ def pct(value: float | None) -> str:
 
 
 def checks(report: dict, tol: dict[str, float]) -> list[dict]:
-    """One check per figure the tolerances cover: status, level (the pace), target, table, overhead, ttft, samples,
+    """One check per figure the tolerances cover: status, pace, target, table, overhead, ttft, samples,
     coef (each at its largest deviation)."""
-    pace = report["level"]["ratio"] or 1.0
+    pace = report["pace"]["ratio"] or 1.0
     status = judged_status(report, tol, pace)
     out = [status]
-    if report["level"]["ratio"] is not None:
-        out.append(check("level", abs(pace - 1.0), tol["level"], pace_words(report["level"])))
+    if report["pace"]["ratio"] is not None:
+        out.append(check("pace", abs(pace - 1.0), tol["pace"], pace_words(report["pace"])))
     out += target_check(report, tol, pace)
     out += table_check(report, tol, bool(status["passed"] and status.get("intervals")))
     out.append(overhead_check(report["baseline"]["overhead"], report["candidate"]["overhead"], tol["overhead"], pace))
@@ -83,9 +83,9 @@ def target_check(report: dict, tol: dict[str, float], pace: float) -> list[dict]
         return []
     detail = (
         f"{tgt['baseline']:.4g} -> {tgt['candidate']:.4g} ms ({pct(tgt['change'])}"
-        f"{at_pace(tgt['change_at_level'], pace)})"
+        f"{at_pace(tgt['change_at_pace'], pace)})"
     )
-    return [check("target", abs(tgt["change_at_level"]), tol["target"], detail)]
+    return [check("target", abs(tgt["change_at_pace"]), tol["target"], detail)]
 
 
 def table_check(report: dict, tol: dict[str, float], status_split: bool) -> list[dict]:
@@ -120,12 +120,12 @@ def ttft_check(report: dict, tol: dict[str, float], pace: float) -> list[dict]:
     rows = report["ttft"]["rows"]
     if not rows:
         return []
-    r = max(rows, key=lambda r: abs(r["change_at_level"]))
+    r = max(rows, key=lambda r: abs(r["change_at_pace"]))
     detail = (
         f"{r['strategy']} at {r['prompt_len']} tokens: {r['baseline_ms']:.1f} -> "
-        f"{r['candidate_ms']:.1f} ms ({pct(r['change'])}{at_pace(r['change_at_level'], pace)})"
+        f"{r['candidate_ms']:.1f} ms ({pct(r['change'])}{at_pace(r['change_at_pace'], pace)})"
     )
-    return [check("ttft", abs(r["change_at_level"]), tol["ttft"], detail)]
+    return [check("ttft", abs(r["change_at_pace"]), tol["ttft"], detail)]
 
 
 def samples_check(report: dict, tol: dict[str, float], pace: float) -> list[dict]:
@@ -158,7 +158,7 @@ def coef_check(report: dict, tol: dict[str, float]) -> list[dict]:
 def pace_of(drift: dict | None) -> dict:
     """The pace the latency figures are judged at: ppprof.compare.cells', where both sides have samples at enough prefix
     lengths; else none (ratio None: every figure as measured)."""
-    ratio = (drift or {}).get("level")
+    ratio = (drift or {}).get("pace")
     return {
         "ratio": ratio,
         "num_prefix_lens": len((drift or {}).get("by_prefix") or ()),

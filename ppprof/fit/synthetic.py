@@ -75,8 +75,8 @@ class SyntheticRun:
     context_len: int = 131072
     """B, the KV page, the served context."""
     num_layers: int = 4
-    world_size: int = 2
-    """The model's layers and the ranks they were split over."""
+    pp_size: int = 2
+    """The model's layers and the pipeline stages they were split over (one rank a stage: world_size = pp_size)."""
     min_gain: float | None = None
     pipeline_overhead: dict | None = None
     """--min-gain and the pipelined runs' pipeline_overhead, where given."""
@@ -84,7 +84,7 @@ class SyntheticRun:
 
 def write_run_dir(run_dir: str | Path, frame: pd.DataFrame, run: SyntheticRun) -> Path:
     """Write samples.csv and a run.json like `ppprof profile` does (`run`); return the samples path."""
-    num_layers, world_size, min_gain = run.num_layers, run.world_size, run.min_gain
+    num_layers, pp_size, min_gain = run.num_layers, run.pp_size, run.min_gain
     folder = RunFolder(run_dir)
     samples = atomic_write_text(folder.samples, frame.to_csv(index=False))
     write_run_json(
@@ -102,8 +102,10 @@ def write_run_dir(run_dir: str | Path, frame: pd.DataFrame, run: SyntheticRun) -
         hardware={"device": "cpu", "device_name": "synthetic"},
         torch_version="synthetic",
         dist_backend="gloo",
-        world_size=world_size,
-        layer_partition=[num_layers // world_size] * world_size,
+        world_size=pp_size,  # the ranks: one a stage (tp_size 1)
+        pp_size=pp_size,
+        tp_size=1,
+        layer_partition=[num_layers // pp_size] * pp_size,
         git_revision=None,
         profile_wall_s=0.0,
         forward_tokens=int(frame.prefix_len.sum() + frame.chunk_size.sum()),

@@ -59,7 +59,7 @@ def issue_policy():
     )
     with tempfile.TemporaryDirectory() as tmp:
         samples = write_run_dir(
-            tmp, frame, SyntheticRun(base_chunk_size=16384, context_len=524288, num_layers=8, world_size=8)
+            tmp, frame, SyntheticRun(base_chunk_size=16384, context_len=524288, num_layers=8, pp_size=8)
         )
         return from_dict(fit(samples, policy_options={"pp_size": 8})[1])
 

@@ -1,5 +1,5 @@
 """`ppprof compare` end to end on run folders fitted from synthetic samples (real fits, real files), on the committed
-profiles, and on bad input; samples-level drift against exact expectations."""
+profiles, and on bad input; the samples' drift against exact expectations."""
 
 import dataclasses
 import json
@@ -18,6 +18,7 @@ from ppprof.fit.synthetic import SyntheticProbes, SyntheticRun, make_samples, wr
 from ppprof.io import atomic_write_json
 from ppprof.policy import load
 from ppprof.policy.rule import LatencyModel
+from tests.compare.test_forwards import keys
 
 REPO = Path(__file__).resolve().parents[2]
 TRUE = LatencyModel("prefix", a=2e-6, b=0.008, c=1.5, g=8e-5)  # about what tiny-hybrid costs on 2 CPU cores, in ms
@@ -37,7 +38,7 @@ def profile(run_dir: Path, seed: int, model: LatencyModel = TRUE) -> Path:
     write_run_dir(
         run_dir,
         frame,
-        SyntheticRun(base_chunk_size=B, page_size=1, context_len=32768, min_gain=0.0, world_size=4, num_layers=8),
+        SyntheticRun(base_chunk_size=B, page_size=1, context_len=32768, min_gain=0.0, pp_size=4, num_layers=8),
     )
     fit_run(run_dir, load_rule=False)  # compare judges no under-load rule
     return run_dir
@@ -192,7 +193,7 @@ def test_samples_drift_exact(tmp_path):
     assert [(r["prefix_len"], r["num_cells"]) for r in drift["by_prefix"]] == [(0, num_sweep - 1), (1024, 2)]
     assert [r["median_ratio"] for r in drift["by_prefix"]] == pytest.approx([1.0, 1.5])
     assert drift["worst_prefix"]["prefix_len"] == 1024  # the sweep's many cells do not hide it
-    assert drift["level"] is None  # two prefix lengths: a drift at one would be half taken for the machine's
+    assert drift["pace"] is None  # two prefix lengths: a drift at one would be half taken for the machine's
     three = make_samples(
         TRUE, SyntheticProbes(base_chunk_size=B, prefixes=[1024, 4096], chunk_sizes=[128, 256], noise=0.0)
     )
@@ -202,7 +203,7 @@ def test_samples_drift_exact(tmp_path):
     slow[columns] = slow[columns].mul(slow.prefix_len.map({0: 1.3, 1024: 1.3, 4096: 2.0}), axis=0)
     write_run_dir(tmp_path / "d", slow, SyntheticRun(base_chunk_size=B))
     drift = samples_drift(read_samples(tmp_path / "c/samples.csv"), read_samples(tmp_path / "d/samples.csv"))
-    assert drift["level"] == pytest.approx(1.3)  # the median of the prefix lengths' ratios, one vote each
+    assert drift["pace"] == pytest.approx(1.3)  # the median of the prefix lengths' ratios, one vote each
 
 
 def noisy_copy(base: Path, run: Path, seed: int = 0) -> Path:
@@ -253,10 +254,10 @@ def test_statuses_are_judged_by_the_gains_intervals(tmp_path):
     assert not older["checks"][0]["passed"] and "refit both with this code" in older["checks"][0]["detail"], older
 
 
-def test_a_slower_machine_drifts_on_the_level_alone(tmp_path):
+def test_a_slower_machine_drifts_on_the_pace_alone(tmp_path):
     """The committed baseline's samples (and measured overhead) made 1.7x slower, as on a CI machine that runs every
-    forward slower, refitted: only the level drifts (the other latency figures are judged at the baseline's level);
-    with the level widened it is within tolerance; a drift in the shape (prefixed rows slower still) fails on the
+    forward slower, refitted: only the pace drifts (the other latency figures are judged at the baseline's pace);
+    with the pace widened it is within tolerance; a drift in the shape (prefixed rows slower still) fails on the
     samples even then."""
     base = REPO / "results/baseline"
 
@@ -279,23 +280,28 @@ def test_a_slower_machine_drifts_on_the_level_alone(tmp_path):
 
     slow = slowed("slow", lambda L: 1.7)
     report = json.loads(compare(base, slow, "--json").output)
-    assert report["level"]["ratio"] == pytest.approx(1.7)
+    assert report["pace"]["ratio"] == pytest.approx(1.7) and report["samples"]["pace"] == pytest.approx(1.7)
+    assert "change_at_pace" in keys(report) and not {k for k in keys(report) if "level" in k}, keys(report)
+    assert report["tolerances"]["pace"] == 0.2 and "level" not in report["tolerances"]
     drifted = [c["figure"] for c in report["checks"] if not c["passed"]]
-    assert drifted == ["level"], report["checks"]
+    assert drifted == ["pace"], report["checks"]
     ttft = next(c for c in report["checks"] if c["figure"] == "ttft")
-    assert ttft["value"] < 0.02, ttft  # the same curve, 1.7x slower: no change at the level
-    result = compare(base, slow, "--tolerance", "level=1")
+    assert ttft["value"] < 0.02, ttft  # the same curve, 1.7x slower: no change at the pace
+    result = compare(base, slow, "--tolerance", "pace=1")
     assert result.exit_code == 0, result.output
-    assert "ok    level: the candidate's latencies ran 1.700 x the baseline's" in result.output
+    assert "ok    pace: the candidate's latencies ran 1.700 x the baseline's" in result.output
+    old = compare(base, slow, "--tolerance", "level=1", "--json")  # the old name, as scripts written before pass it
+    new = compare(base, slow, "--tolerance", "pace=1", "--json")
+    assert old.exit_code == 0 and json.loads(old.output) == json.loads(new.output), old.output
     shape = slowed("shape", lambda L: 1.7 * (1.5 if L >= 5000 else 1.0))
-    result = compare(base, shape, "--tolerance", "level=1")
+    result = compare(base, shape, "--tolerance", "pace=1")
     assert result.exit_code == 1 and "DRIFT samples: " in result.output, result.output
 
 
 def test_a_target_that_is_not_positive_is_not_compared():
     """A static policy may carry a target of 0 or below (its model does not grow with the chunk): a ratio of such
-    targets means nothing, so the target is not judged; positive targets are, at the candidate's level."""
+    targets means nothing, so the target is not judged; positive targets are, at the candidate's pace."""
     from ppprof.compare.policies import target_change
 
-    assert target_change(0.0, 5.0, 1.0)["change"] is None and target_change(4.0, -1.0, 1.0)["change_at_level"] is None
-    assert target_change(4.0, 5.0, 1.25) == {"baseline": 4.0, "candidate": 5.0, "change": 0.25, "change_at_level": 0.0}
+    assert target_change(0.0, 5.0, 1.0)["change"] is None and target_change(4.0, -1.0, 1.0)["change_at_pace"] is None
+    assert target_change(4.0, 5.0, 1.25) == {"baseline": 4.0, "candidate": 5.0, "change": 0.25, "change_at_pace": 0.0}

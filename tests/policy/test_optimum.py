@@ -50,9 +50,7 @@ def gpu_policy(pp_size: int, tmp: str):
         ),
     )
     write_run_dir(
-        out,
-        frame,
-        SyntheticRun(base_chunk_size=8192, context_len=131072, world_size=pp_size, num_layers=32, min_gain=0.0),
+        out, frame, SyntheticRun(base_chunk_size=8192, context_len=131072, pp_size=pp_size, num_layers=32, min_gain=0.0)
     )
     path, _ = fit(out / "samples.csv", policy_options={"pp_size": pp_size, **IDLE})
     return load(path)
@@ -133,7 +131,7 @@ def test_status_is_static_exactly_when_the_gain_or_its_lower_bound_is_below_the_
             base_chunk_size=2048, prefixes=[0, 4096, 16384, 32768], chunk_sizes=[512, 2048, 8192], noise=0.01
         ),
     )
-    write_run_dir(tmp_path, frame, SyntheticRun(base_chunk_size=2048, context_len=32768, world_size=4))
+    write_run_dir(tmp_path, frame, SyntheticRun(base_chunk_size=2048, context_len=32768, pp_size=4))
     samples = tmp_path / "samples.csv"
     _, data = fit(samples, tmp_path / "any.json", policy_options={"min_gain": 0.0, **IDLE})
     gain, lower = data["predicted"]["gain_vs_fixed_best"], data["predicted"]["gain_interval"]["lower"]
