@@ -91,8 +91,6 @@ REPORT_FIELDS = (
 )
 """Every number of the report (and of a schema 4 under-load rule, kept but not read) and its bound, by its path in the
 report's object (schema 6); a field absent or null is not checked."""
-FIELDS = CONTRACT_FIELDS + REPORT_FIELDS
-"""Every number of the file and its bound."""
 
 
 def report_fields(nested: bool) -> tuple:
@@ -106,6 +104,10 @@ def report_fields(nested: bool) -> tuple:
         else:
             out.append((old.get(path, path), bound))
     return tuple(out)
+
+
+FIELDS = CONTRACT_FIELDS + report_fields(nested=True)
+"""Every number of a schema 6 file and its bound, by its path in the file."""
 
 
 def values_at(node, steps: list[str], where: str = "$"):

@@ -48,15 +48,15 @@ def test_fit_run_writes_dynamic_policy_and_plots(tmp_path):
     assert data["status"] == "dynamic", data["reason"]
     assert data["latency_model"]["name"] == "prefix"
     assert data["latency_model"]["coefficients"]["a"]["unit"] == "ms/token^2"
-    assert data["diagnostics"]["bottleneck_stage"] == 1
-    assert set(data["diagnostics"]["predicted_shrink"]) == {"fraction", "prefix_len"}
-    assert {"prefix_len", "chunk_size"} <= set(data["diagnostics"]["worst_residual"])
+    assert data["report"]["diagnostics"]["bottleneck_stage"] == 1
+    assert set(data["report"]["diagnostics"]["predicted_shrink"]) == {"fraction", "prefix_len"}
+    assert {"prefix_len", "chunk_size"} <= set(data["report"]["diagnostics"]["worst_residual"])
     assert (
         set(data["table"]) <= {"prefix_len", "chunk_size", "bound_ms", "chunk_cap"}
         and data["schema_version"] == SCHEMA_VERSION
     )
     assert data["overhead"]["source"] in ("measured", "none") and data["num_stages"] == 2
-    assert data["provenance"]["world_size"] == 2 and data["provenance"]["layer_partition"] == [2, 2]
+    assert data["report"]["provenance"]["pp_size"] == 2 and data["report"]["provenance"]["layer_partition"] == [2, 2]
     assert data["settings"]["alignment"] == 64 and data["settings"]["min_chunk_size"] == 1024
     assert data["target_latency_ms"] == pytest.approx(PREFIX_TRUE.target_ms(4096), rel=0.05)
     policy = load(path)
@@ -71,12 +71,12 @@ def test_gate_failures_give_static_with_reason(tmp_path):
         run_dir(tmp_path / "flat", linear, min_gain=0.05) / "samples.csv", policy_options=IDLE
     )  # passes the gates, gains little
     assert data["status"] == "static" and "below 5.0%" in data["reason"], data["reason"]
-    best = data["predicted"]["fixed_best_chunk"]
+    best = data["report"]["predicted"]["fixed_best_chunk"]
     assert data["table"]["chunk_size"] == [best] and data["prompt_table"]["chunk_size"] == [[best]]
     # Rows scattered by 40%: the per-row gates fail (diagnostics only); the right form's cell medians bear it out, so
     # the model is adequate and the gain's interval decides.
     _, data = fit(run_dir(tmp_path / "noisy", noise=0.4) / "samples.csv", policy_options=IDLE)
-    diag = data["diagnostics"]
+    diag = data["report"]["diagnostics"]
     assert [g["passed"] for g in diag["row_gates"]] == [False, False] and diag["cv_mape"] > 0.3, diag["row_gates"]
     assert [g["name"] for g in diag["gates"]] == ["form_error", "condition_number"] and all(
         g["passed"] for g in diag["gates"]
@@ -97,8 +97,8 @@ def test_plain_csv_needs_base_chunk_size(tmp_path):
     assert not (tmp_path / "policy.json").exists()
     path, data = fit(csv, base_chunk_size=4096, context_len=65536, policy_options={"min_gain": 0.0})
     assert data["status"] == "dynamic", data["reason"]
-    assert data["diagnostics"]["bottleneck_stage"] is None
-    assert data["provenance"]["world_size"] is None and data["settings"]["context_len"] == 65536
+    assert data["report"]["diagnostics"]["bottleneck_stage"] is None
+    assert data["report"]["provenance"]["pp_size"] is None and data["settings"]["context_len"] == 65536
 
 
 def test_bad_csv_values_name_the_row(tmp_path):
@@ -111,7 +111,7 @@ def test_bad_csv_values_name_the_row(tmp_path):
 def test_quadratic_is_fitted_on_prefix_free_rows_and_scored_on_all(tmp_path):
     heavy_prefix = LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=1.5e-3)
     _, data = fit(run_dir(tmp_path, heavy_prefix) / "samples.csv", latency_model="quadratic", policy_options=IDLE)
-    diag = data["diagnostics"]
+    diag = data["report"]["diagnostics"]
     assert diag["fit"]["rows"].startswith("143 of the 143 prefix-free rows (prefix_len == 0)"), diag["fit"]["rows"]
     assert diag["fit"]["r2"] > 0.99, diag["fit"]
     assert diag["num_evaluation_rows"] == 127 + 4 * 16 and "48 prefixed" in diag["rows"], diag["rows"]
@@ -121,10 +121,10 @@ def test_quadratic_is_fitted_on_prefix_free_rows_and_scored_on_all(tmp_path):
     assert data["status"] == "static" and "gate form_error" in data["reason"], data["reason"]
     assert diag["gates"][0]["value"] > 0.3 and not diag["gates"][0]["passed"], diag["gates"]
     _, data = fit(run_dir(tmp_path / "auto") / "samples.csv", policy_options=IDLE)
-    candidates = data["diagnostics"]["candidates"]
+    candidates = data["report"]["diagnostics"]["candidates"]
     assert candidates["prefix"]["cv_mape"] < candidates["quadratic"]["cv_mape"], candidates
     assert candidates["quadratic"]["rows"].startswith("all 191 evaluation rows"), candidates
-    assert data["latency_model"]["name"] == "prefix" and data["diagnostics"]["selected_by"] == "held_out_mape"
+    assert data["latency_model"]["name"] == "prefix" and data["report"]["diagnostics"]["selected_by"] == "held_out_mape"
 
 
 def test_quadratic_without_enough_prefix_free_rows_is_static(tmp_path):
@@ -160,7 +160,7 @@ def test_the_policy_carries_the_design_run_json_records(tmp_path):
     run["design"] = {"design": "adaptive", "stopping_reason": "stable", "requests": 40, "uncertainty": None}
     (tmp_path / RUN_FILE).write_text(json.dumps(run))
     _, policy = fit(samples, policy_options=IDLE)
-    assert policy["design"] == run["design"]
+    assert policy["report"]["design"] == run["design"]
 
 
 def test_without_run_json_the_rules_are_chosen_for_the_samples_stage_columns(tmp_path):

@@ -53,7 +53,7 @@ def plans_error(policy: dict, clean: dict) -> float:
     """Weighted mean TTFT of `policy`'s plans of the clean policy's workload on the clean planning model, / the clean
     policy's own - 1."""
     ref, cand = Policy.of(clean), Policy.of(policy)
-    lengths, weights = clean["workload"]["prompt_lens"], clean["workload"]["weights"]
+    lengths, weights = clean["report"]["workload"]["prompt_lens"], clean["report"]["workload"]["weights"]
 
     def mean(p: Policy) -> float:
         return sum(
@@ -91,11 +91,11 @@ def no_gain():
     """(rows, fit): the baseline's rows and scatter on tiny-dense's fitted surface, and the baseline's fit."""
     dense, fit_dense = fitter(NO_GAIN)
     flat = fit_dense(dense)
-    assert flat["status"] == "static" and flat["predicted"]["gain_vs_fixed_best"] < 0.02, flat["reason"]
+    assert flat["status"] == "static" and flat["report"]["predicted"]["gain_vs_fixed_best"] < 0.02, flat["reason"]
     samples, fit = fitter(BASELINE)
     clean = fit(samples)
     model = LatencyModel.from_dict(flat["latency_model"])
-    assert rechoose(clean, model)["predicted"]["gain_vs_fixed_best"] < 0.02  # on the baseline's settings too
+    assert rechoose(clean, model)["report"]["predicted"]["gain_vs_fixed_best"] < 0.02  # on the baseline's settings too
     return surface(model, samples, LatencyModel.from_dict(clean["latency_model"])), fit
 
 
@@ -105,7 +105,7 @@ def test_a_surface_without_a_2_percent_gain_is_static_at_every_noise_level(no_ga
     for seed in (0, 1):
         policy = fit(lognormal(rows, sigma, seed))
         assert policy["status"] == "static", (seed, policy["reason"])
-        assert policy["table"]["chunk_size"] == [policy["predicted"]["fixed_best_chunk"]], policy["table"]
+        assert policy["table"]["chunk_size"] == [policy["report"]["predicted"]["fixed_best_chunk"]], policy["table"]
 
 
 @pytest.mark.parametrize("sigma", (0.0,) + SIGMAS)
@@ -117,27 +117,27 @@ def test_a_wrong_form_is_refused_at_every_noise_level(sigma):
     turn = np.where(np.searchsorted(sizes, samples.chunk_size) % 2 == 0, 1 + WRONG_FORM, 1 - WRONG_FORM)
     wrong = scaled(samples, np.where(samples.prefix_len > 0, turn, 1.0))
     policy = fit(lognormal(wrong, sigma, 0))
-    form = policy["diagnostics"]["gates"][0]
+    form = policy["report"]["diagnostics"]["gates"][0]
     assert policy["status"] == "static" and "gate form_error" in policy["reason"], policy["reason"]
     assert form["name"] == "form_error" and form["value"] > 0.15 and not form["passed"], form
-    assert policy["predicted"] is None and policy["table"]["chunk_size"] == [policy["settings"]["base_chunk_size"]]
+    assert policy["report"]["predicted"] is None and policy["table"]["chunk_size"] == [policy["settings"]["base_chunk_size"]]
 
 
 def test_the_interval_at_the_point_fit_is_the_policy_gain_and_the_same_on_every_run():
     samples, fit = fitter(BASELINE)
     policy = fit(samples)
-    predicted, interval = policy["predicted"], policy["predicted"]["gain_interval"]
+    predicted, interval = policy["report"]["predicted"], policy["report"]["predicted"]["gain_interval"]
     assert interval["resamples"] == RESAMPLES and interval["quantile"] == LOWER_QUANTILE and interval["failed"] == 0
     assert interval["lower"] <= interval["median"] <= interval["upper"]
     # The plans are the point fit's own: priced on the other refits they gain a little less, never much more.
     assert interval["lower"] < predicted["gain_vs_fixed_best"] < interval["upper"] + 0.005, interval
-    assert fit(samples)["predicted"]["gain_interval"] == interval  # a fixed seed: the same status twice
+    assert fit(samples)["report"]["predicted"]["gain_interval"] == interval  # a fixed seed: the same status twice
     # The pricing the replicates go through gives the policy's own gain on its point model.
     used, _ = without_warmup(samples)
     fitted, _, _ = fit_used_rows(used, "auto")
     point = Policy.of(policy)
-    lengths, weights = policy["workload"]["prompt_lens"], policy["workload"]["weights"]
-    dom = rule_domain(point.settings, policy["domain"], extrapolate=False)
+    lengths, weights = policy["report"]["workload"]["prompt_lens"], policy["report"]["workload"]["weights"]
+    dom = rule_domain(point.settings, policy["report"]["domain"], extrapolate=False)
     plans = [point.plan(int(n)) for n in lengths]
     stages = policy["num_stages"]
     pricer = Pricer([plans] + [[fixed_chunks(int(s), n) for n in lengths] for s in dom.sizes()], weights, stages)

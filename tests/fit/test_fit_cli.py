@@ -35,10 +35,11 @@ def test_no_load_rule_writes_the_idle_rules_alone_and_says_so(tmp_path):
         result = CliRunner().invoke(main, ["fit", str(csv), *args])
         assert result.exit_code == 0, result.output
     a, b = (json.loads(p.read_text()) for p in (with_rule, without))
-    assert a["diagnostics"]["under_load"]["cells"], "the fit without the flag simulates the serving scheduler"
-    assert "load" not in b and b["diagnostics"]["under_load"] == {"skipped": "--no-load-rule"}
-    for key in ("status", "prompt_table", "table", "latency_model", "predicted"):
+    assert a["report"]["diagnostics"]["under_load"]["cells"], "the fit without the flag simulates the serving scheduler"
+    assert "load" not in b and b["report"]["diagnostics"]["under_load"] == {"skipped": "--no-load-rule"}
+    for key in ("status", "prompt_table", "table", "latency_model"):
         assert a[key] == b[key], key
+    assert a["report"]["predicted"] == b["report"]["predicted"]
     shown = CliRunner().invoke(main, ["validate", str(without), "--verbose"])
     assert shown.exit_code == 0 and "no under-load rule (--no-load-rule: the same chunks at every load)" in shown.output
 

@@ -62,13 +62,13 @@ def test_calibrate_refits_the_committed_trace_and_names_it(tmp_path):
     r = CliRunner().invoke(main, ["calibrate", str(POLICY), str(TRACE), "-o", str(out)])
     assert r.exit_code == 0, r.output
     policy = load(out)  # the schema's and the rules' checks, as a server loads it
-    live = policy.data["provenance"]["live"]
+    live = policy.report.provenance["live"]
     assert live["traces"][0]["sha256"] == hashlib.sha256(TRACE.read_bytes()).hexdigest()
     read = sum(1 for line in TRACE.read_text().splitlines() if '"kind": "forward"' in line)
     assert live["forwards_read"] == read
     used = live["forwards_used"]["single"] + live["forwards_used"]["packed"]
     assert used + sum(live["forwards_dropped"].values()) == read, f"{live=}"
-    assert live["forwards_used"]["packed"] > 0 and "packed_forwards" in policy.data
+    assert live["forwards_used"]["packed"] > 0 and policy.report.packed_forwards is not None
     assert live["time_span_s"] > 0 and live["policy_sha256"] == hashlib.sha256(POLICY.read_bytes()).hexdigest()
     assert "drift (medians per stage and prefix band):" in r.output
     table = r.output.split("drift (medians per stage and prefix band):")[1].splitlines()[1:]
@@ -79,7 +79,7 @@ def test_a_known_model_is_recovered_from_live_forwards(tmp_path):
     trace = tmp_path / "t.jsonl"
     write_trace(trace, known_forwards([0, 128, 256, 512, 1024, 2048], [32, 64, 128, 256, 512, 1024]), 10**5)
     path, policy, rows = calibrate(POLICY, [trace], tmp_path / "p.json", "prefix")
-    live = policy["provenance"]["live"]
+    live = policy["report"]["provenance"]["live"]
     assert live["stage"] == 0 and live["profile_rows"] == 0, f"{live=}"  # every profiled cell is covered
     coef = {k: v["value"] for k, v in policy["latency_model"]["coefficients"].items()}
     for L in (0, 700, 2048):
@@ -104,7 +104,7 @@ def test_profile_rows_fill_only_the_cells_live_forwards_leave(tmp_path):
 
     covered = {(0, band(64)), (0, band(256))}
     expected = sum((band(int(L)), band(int(x))) not in covered for L, x in zip(samples.prefix_len, samples.chunk_size))
-    live = policy["provenance"]["live"]
+    live = policy["report"]["provenance"]["live"]
     assert live["profile_rows"] == expected > 0
     # the profile's rows at the live level: the median of the live forwards over the tiny policy's prediction (the
     # forwards all in the profile's cells)
@@ -114,7 +114,7 @@ def test_profile_rows_fill_only_the_cells_live_forwards_leave(tmp_path):
     ]
     assert min(ratios) * 0.95 <= live["profile_pace"] <= max(ratios) * 1.05, f"{live['profile_pace']=} {ratios=}"
     assert live["profile_pace_source"] == f"the {live['forwards_used']['single']} live forwards in the profile's cells"
-    assert policy["domain"]["prefix_len"][1] == 1024  # the profile's prefixes came in
+    assert policy["report"]["domain"]["prefix_len"][1] == 1024  # the profile's prefixes came in
 
 
 def test_packed_batches_price_the_per_piece_term(tmp_path):
@@ -122,7 +122,7 @@ def test_packed_batches_price_the_per_piece_term(tmp_path):
     forwards = known_forwards([0, 256, 1024], [32, 64, 256, 512, 1024], extra_piece_ms=1.5, packed=60)
     write_trace(trace, forwards, 10**5)
     _, policy, _ = calibrate(POLICY, [trace], tmp_path / "p.json", "prefix")
-    packed = policy["packed_forwards"]
+    packed = policy["report"]["packed_forwards"]
     assert packed["forwards"] == 60 and packed["stage"] == 0
     assert packed["extra_piece_ms"] == pytest.approx(1.5, rel=0.15), f"{packed=}"
 
@@ -145,11 +145,11 @@ def test_a_policy_fitted_without_the_prefix_term_gets_it_and_its_workload_from_t
     rows = pd.read_csv(TINY / "samples.csv")
     rows[rows.prefix_len == 0].to_csv(wrong / "samples.csv", index=False)
     _, before = fit(wrong / "samples.csv")
-    assert before["workload"]["prompt_lens"] == [1] and before["domain"]["prefix_len"] == [0, 0]
+    assert before["report"]["workload"]["prompt_lens"] == [1] and before["report"]["domain"]["prefix_len"] == [0, 0]
     trace = tmp_path / "t.jsonl"
     write_trace(trace, known_forwards([0, 128, 256, 512, 1024, 2048], [32, 64, 128, 256, 512, 1024]), 10**5)
     _, after, rows_ = calibrate(wrong / "policy.json", [trace], tmp_path / "p.json")
-    assert after["domain"]["prefix_len"] == [0, 2048]
-    assert max(after["workload"]["prompt_lens"]) > 2048, after["workload"]
+    assert after["report"]["domain"]["prefix_len"] == [0, 2048]
+    assert max(after["report"]["workload"]["prompt_lens"]) > 2048, after["report"]["workload"]
     assert all(abs(r["calibrated_ratio"] - 1) < 0.05 for r in rows_ if r["stage"] == 0), rows_
     assert max(abs(r["profiled_ratio"] - 1) for r in rows_ if r["stage"] == 0) > 0.3, rows_

@@ -129,7 +129,7 @@ def test_fit_reads_the_packed_rows_beside_the_samples_validate_shows_them_and_th
     out = tmp_path / "policy.json"
     result = CliRunner().invoke(main, ["fit", str(samples), "-o", str(out)])
     assert result.exit_code == 0, result.output
-    packed = json.loads(out.read_text())["packed_forwards"]
+    packed = json.loads(out.read_text())["report"]["packed_forwards"]
     assert packed["additive"]["worst_ape"] > 0.05 and packed["extra_piece_ms"] == pytest.approx(2.0, rel=1e-3)
     assert packed["extra_piece"]["worst_ape"] < 1e-3 and packed["source"] == str(tmp_path / "packed.csv")
     # Every piece's cell was probed (noise-free samples of the model): the same misses on the probes' latencies.

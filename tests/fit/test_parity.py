@@ -55,7 +55,7 @@ def test_parity_fit_equals_the_rederivation_exactly(tmp_path, noise, num_outlier
         return
     assert policy.status == "dynamic"
     assert (policy.latency_model.a, policy.latency_model.b, policy.latency_model.c) == tuple(float(v) for v in want)
-    assert json.loads((tmp_path / "p.json").read_text())["diagnostics"]["parity"] == "sglang"
+    assert json.loads((tmp_path / "p.json").read_text())["report"]["diagnostics"]["parity"] == "sglang"
     out = CliRunner().invoke(main, ["export", str(tmp_path / "p.json"), "--server", "sglang"]).output
     assert "# fit: SGLang's own" in out
 

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from ppprof.cli import main
 from ppprof.policy import LatencyModel, load
-from ppprof.policy.schema import SCHEMA_FILE, policy_schema
+from ppprof.policy.schema import FLAT_SCHEMA_FILE, SCHEMA_FILE, policy_schema
 from tests.tracked import tracked
 
 from .policy_helpers import policy_dict
@@ -49,8 +49,11 @@ def test_the_schema_is_draft_2020_12_and_describes_every_field():
 
 @pytest.mark.parametrize("path", COMMITTED, ids=[p.parent.name for p in COMMITTED])
 def test_committed_policies_pass_a_plain_json_schema_validator(path):
-    # What a server in another language does: its own validator, jsonschema's standard "integer".
-    jsonschema.validate(json.loads(path.read_text()), policy_schema(), cls=jsonschema.Draft202012Validator)
+    # What a server in another language does: its own validator, jsonschema's standard "integer", on the schema of the
+    # file's version (policy-v5.schema.json for the versions before the report's own object).
+    data = json.loads(path.read_text())
+    schema = policy_schema() if data["schema_version"] >= 6 else json.loads(FLAT_SCHEMA_FILE.read_text())
+    jsonschema.validate(data, schema, cls=jsonschema.Draft202012Validator)
     r = CliRunner().invoke(main, ["validate", str(path)])
     assert r.exit_code == 0 and r.output.startswith(f"ok {path}\n"), r.output
 
@@ -103,8 +106,14 @@ BROKEN = [
     (lambda d: d["table"].update(prefix_len=[], chunk_size=[]), "$.table.prefix_len: [] should be non-empty"),
     (lambda d: d["prompt_table"].update(prompt_len=[2]), "$.prompt_table.prompt_len[0]: 2 given, 1 expected"),
     (lambda d: d["overhead"].update(ms_per_chunk=-1.0), "$.overhead.ms_per_chunk: -1.0 is less than the minimum"),
-    (lambda d: d.update(domain={"prefix_len": [0, 1, 2], "chunk_size": [1, 2]}), "$.domain.prefix_len: [0, 1, 2] is"),
-    (lambda d: d["provenance"].update(layer_partition=[8, 0]), "$.provenance.layer_partition[1]: 0 is less than"),
+    (
+        lambda d: d["report"].update(domain={"prefix_len": [0, 1, 2], "chunk_size": [1, 2]}),
+        "$.report.domain.prefix_len: [0, 1, 2] is",
+    ),
+    (
+        lambda d: d["report"]["provenance"].update(layer_partition=[8, 0]),
+        "$.report.provenance.layer_partition[1]: 0 is less than",
+    ),
     (lambda d: d["table"]["chunk_size"].__setitem__(2, 4096), "$.table: chunk 4096 at prefix_len"),
 ]
 

@@ -16,6 +16,7 @@ from ppprof.config import PolicyOptions
 from ppprof.fit.build import with_load
 from ppprof.policy import LatencyModel, from_dict, load
 from ppprof.policy.numbers import FIELDS, number_error, values_at
+from ppprof.policy.report import flattened, nested, upgraded
 from ppprof.policy.schema import policy_schema
 from ppprof.policy.tables import LoadRule
 
@@ -64,14 +65,12 @@ def test_every_number_the_schema_allows_has_an_upper_bound():
 
 def test_every_field_bounded_is_a_field_ppprof_writes():
     # The committed policies predate packed_forwards and load: their fields come from what `ppprof fit` writes.
-    docs = [json.loads(p.read_text()) for p in FULL] + [with_packed_forwards(policy_dict(MODEL), MODEL)]
-    docs.append(
-        with_load(policy_dict(MODEL) | {"diagnostics": {}}, PolicyOptions())
-    )  # the under-load rule fit chooses, or none
+    docs = [upgraded(json.loads(p.read_text())) for p in FULL] + [with_packed_forwards(policy_dict(MODEL), MODEL)]
+    docs.append(nested(with_load(flattened(policy_dict(MODEL)) | {"diagnostics": {}}, PolicyOptions())))
     # a schema 5 rule with a floor and a bound as choose_load writes it, and a schema 4 one as fit wrote it
     chosen = {"num_prompts": 24, "seed": 0, "async_depth": 0, "worst_loss": 0.01, "idle_worst_loss": 0.2}
     docs.append(policy_dict(MODEL) | {"load": LoadRule(4, 2.0, 64, 12.0, 1024, 256).to_dict() | chosen})
-    docs.append(json.loads((REPO / "results" / "serving-real" / "profile" / "policy.json").read_text()))
+    docs.append(upgraded(json.loads((REPO / "results" / "serving-real" / "profile" / "policy.json").read_text())))
     assert [path for path, _ in FIELDS if not any(list(values_at(d, steps(path))) for d in docs)] == []
     assert all(number_error(d) is None for d in docs)
 
@@ -101,9 +100,16 @@ def last(d: dict, key: str, value) -> None:
         (lambda d: d["latency_model"]["coefficients"]["a"].update(value=1e300), r"coefficients\.a\.value: 1e\+300"),
         (lambda d: d["calibration"].update(linear_scale=1e9), r"\$\.calibration\.linear_scale: 1000000000\.0"),
         (lambda d: d["overhead"].update(ms_per_chunk=1e30), r"\$\.overhead\.ms_per_chunk: 1e\+30 is outside 0\.\."),
-        (lambda d: d["provenance"].update(tp_size=1000), r"\$\.provenance\.tp_size: 1000 is outside 1\.\.64"),
-        (lambda d: d["predicted"].update(gain_vs_fixed_best="x"), r"\$\.predicted\.gain_vs_fixed_best: 'x' is not a"),
-        (lambda d: d["workload"]["weights"].__setitem__(0, 5.0), r"\$\.workload\.weights\[0\]: 5\.0 is outside 0\.\.1"),
+        (lambda d: d["report"]["provenance"].update(tp_size=1000), r"\$\.report\.provenance\.tp_size: 1000 is outside"),
+        (
+            lambda d: d["report"]["predicted"].update(gain_vs_fixed_best="x"),
+            r"\$\.report\.predicted\.gain_vs_fixed_best: 'x' is not a",
+        ),
+        (
+            lambda d: d["report"]["workload"]["weights"].__setitem__(0, 5.0),
+            r"\$\.report\.workload\.weights\[0\]: 5\.0 is outside 0\.\.1",
+        ),
+        (lambda d: d["report"]["provenance"].update(pp_size=0), r"\$\.report\.provenance\.pp_size: 0 is less than"),
     ],
 )
 def test_a_number_beyond_its_bound_is_refused_naming_the_field_and_the_fix(mutate, where):
@@ -128,7 +134,7 @@ def test_validate_refuses_a_context_len_of_10_to_the_30_in_one_line(tmp_path):
 
 def test_a_policy_without_packed_forwards_reads_and_prices_a_batch_additively():
     policy = load(FULL[0])
-    assert "packed_forwards" not in policy.data and policy.extra_piece_ms == 0.0
+    assert policy.report.packed_forwards is None and policy.extra_piece_ms == 0.0
 
 
 @pytest.mark.parametrize(
@@ -136,27 +142,27 @@ def test_a_policy_without_packed_forwards_reads_and_prices_a_batch_additively():
     [
         (
             lambda p: p.update(extra_piece_ms=-1.0),
-            r"\$\.packed_forwards\.extra_piece_ms: -1\.0 is less than the minimum",
+            r"\$\.report\.packed_forwards\.extra_piece_ms: -1\.0 is less than the minimum",
         ),
-        (lambda p: p.update(extra_piece_ms=1e30), r"\$\.packed_forwards\.extra_piece_ms: 1e\+30 is outside 0\.\."),
-        (lambda p: p["additive"].update(worst_ape=-0.1), r"\$\.packed_forwards\.additive\.worst_ape: -0\.1 is less"),
+        (lambda p: p.update(extra_piece_ms=1e30), r"\$\.report\.packed_forwards\.extra_piece_ms: 1e\+30 is outside 0\.\."),
+        (lambda p: p["additive"].update(worst_ape=-0.1), r"\$\.report\.packed_forwards\.additive\.worst_ape: -0\.1 is less"),
         (
             lambda p: p["additive"].update(mape=1e7),
-            r"\$\.packed_forwards\.additive\.mape: 10000000\.0 is outside 0\.\.1e\+06",
+            r"\$\.report\.packed_forwards\.additive\.mape: 10000000\.0 is outside 0\.\.1e\+06",
         ),
         (
             lambda p: p["additive_on_probes"].update(median_ape="x"),
             r"additive_on_probes\.median_ape: 'x' is not of type",
         ),
-        (lambda p: p["extra_piece"].update(ms=1e300), r"\$\.packed_forwards\.extra_piece\.ms: 1e\+300 is outside"),
-        (lambda p: p.update(stage=2000), r"\$\.packed_forwards\.stage: 2000 is outside 0\.\.1023"),
-        (lambda p: p.pop("additive"), r"\$\.packed_forwards\.additive: missing; it is required"),
+        (lambda p: p["extra_piece"].update(ms=1e300), r"\$\.report\.packed_forwards\.extra_piece\.ms: 1e\+300 is outside"),
+        (lambda p: p.update(stage=2000), r"\$\.report\.packed_forwards\.stage: 2000 is outside 0\.\.1023"),
+        (lambda p: p.pop("additive"), r"\$\.report\.packed_forwards\.additive: missing; it is required"),
     ],
 )
 def test_packed_forwards_reads_where_each_number_is_within_its_bound_and_is_refused_beyond(mutate, where):
     data = with_packed_forwards(policy_dict(MODEL), MODEL)
     policy = from_dict(copy.deepcopy(data))
-    assert policy.extra_piece_ms == pytest.approx(0.5) and "additive_on_probes" in data["packed_forwards"]
-    mutate(data["packed_forwards"])
+    assert policy.extra_piece_ms == pytest.approx(0.5) and "additive_on_probes" in data["report"]["packed_forwards"]
+    mutate(data["report"]["packed_forwards"])
     with pytest.raises(ValueError, match=where + r".*; fix that field or regenerate the policy with `ppprof fit`$"):
         from_dict(data)

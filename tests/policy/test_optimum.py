@@ -109,7 +109,7 @@ def workload_mean(model, plans, weights, pp_size) -> float:
 @pytest.mark.parametrize("which", ["default", "gpu"])
 def test_history_only_table_is_never_above_the_best_fixed_chunk_on_its_workload(which, tmp_path_factory):
     policy = (default_policy if which == "default" else gpu_policy)(4, str(tmp_path_factory.getbasetemp()))
-    lengths, weights = policy.data["workload"]["prompt_lens"], policy.data["workload"]["weights"]
+    lengths, weights = policy.report.workload["prompt_lens"], policy.report.workload["weights"]
     model, stages = policy.planning_model, policy.pp_size
     history = workload_mean(model, [policy.plan_history(n) for n in lengths], weights, stages)
     unit, largest = policy.data["prompt_table"]["unit"], policy.data["prompt_table"]["largest_chunk"]
@@ -118,7 +118,7 @@ def test_history_only_table_is_never_above_the_best_fixed_chunk_on_its_workload(
         for x in range(unit, largest + 1, unit)
     }
     assert history <= min(fixed.values()) * (1 + 1e-12), (history, min(fixed.values()))
-    predicted = policy.data["predicted"]
+    predicted = policy.report.predicted
     assert predicted["mean_ttft_ms"]["policy-history"] == pytest.approx(history, rel=1e-9)
     assert predicted["mean_ttft_ms"]["fixed-best"] == pytest.approx(min(fixed.values()), rel=1e-9)
     assert predicted["mean_ttft_ms"]["policy"] <= history * (1 + 1e-12)
@@ -134,7 +134,7 @@ def test_status_is_static_exactly_when_the_gain_or_its_lower_bound_is_below_the_
     write_run_dir(tmp_path, frame, SyntheticRun(base_chunk_size=2048, context_len=32768, pp_size=4))
     samples = tmp_path / "samples.csv"
     _, data = fit(samples, tmp_path / "any.json", policy_options={"min_gain": 0.0, **IDLE})
-    gain, lower = data["predicted"]["gain_vs_fixed_best"], data["predicted"]["gain_interval"]["lower"]
+    gain, lower = data["report"]["predicted"]["gain_vs_fixed_best"], data["report"]["predicted"]["gain_interval"]["lower"]
     assert 0.0 < lower < gain < 0.9, (lower, gain)
     _, below = fit(samples, tmp_path / "below.json", policy_options={"min_gain": lower * 0.999, **IDLE})
     _, between = fit(samples, tmp_path / "between.json", policy_options={"min_gain": (lower + gain) / 2, **IDLE})
@@ -142,7 +142,7 @@ def test_status_is_static_exactly_when_the_gain_or_its_lower_bound_is_below_the_
     assert below["status"] == "dynamic" and f"gain {gain:.1%}" in below["reason"], below["reason"]
     assert between["status"] == "static" and "cannot tell it from no gain" in between["reason"], between["reason"]
     assert above["status"] == "static" and "no gain" in above["reason"], above["reason"]
-    best = above["predicted"]["fixed_best_chunk"]
+    best = above["report"]["predicted"]["fixed_best_chunk"]
     assert above["table"]["chunk_size"] == [best] and load(tmp_path / "above.json").plan(20000) == fixed_chunks(
         best, 20000
     )

@@ -40,8 +40,8 @@ def test_save_load_roundtrip(tmp_path):
             lambda d: d["table"].update(prefix_len=[1] + d["table"]["prefix_len"][1:]),
             r"\$\.table\.prefix_len\[0\]: 1 given",
         ),
-        (lambda d: d.update(design={"design": "adaptive"}), r"\$\.design\.stopping_reason: missing"),
-        (lambda d: d.update(design=[]), r"\$\.design: \[\] is not of type 'object'"),
+        (lambda d: d["report"].update(design={"design": "adaptive"}), r"\$\.report\.design\.stopping_reason: missing"),
+        (lambda d: d["report"].update(design=[]), r"\$\.report\.design: \[\] is not of type 'object'"),
     ],
 )
 def test_schema_errors(tmp_path, mutate, message):
@@ -59,7 +59,7 @@ def test_schema_version_1_is_refused(tmp_path):
     (tmp_path / "p.json").write_text(json.dumps(data))
     with pytest.raises(
         ValueError,
-        match=r"schema_version 1 is not supported: this ppprof reads 3, 4, 5; regenerate it "
+        match=r"schema_version 1 is not supported: this ppprof reads 3, 4, 5, 6; regenerate it "
         r"with `ppprof fit`$",
     ):
         load(tmp_path / "p.json")
@@ -91,7 +91,7 @@ def test_save_refuses_what_load_refuses_and_writes_nothing(tmp_path):
     with pytest.raises(ValueError, match=r"\$\.table: chunk .* is not the rule's .* from the coefficients"):
         save(path, data)
     data = policy_dict(MODEL)
-    data["diagnostics"] = {"rms": math.nan}  # json.dumps writes NaN; the strict reader refuses it
+    data["report"]["diagnostics"] = {"rms": math.nan}  # json.dumps writes NaN; the strict reader refuses it
     with pytest.raises(ValueError, match="is not strict JSON: NaN is not a JSON number"):
         save(path, data)
     data = policy_dict(MODEL)
