@@ -10,10 +10,11 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "ppprof"
 MAX_FUNCTION_LINES = 60
 MAX_MODULE_LINES = 330
-LONGER = {"ppprof/policy/contract.py": 500}
+LONGER = {"ppprof/policy/contract.py": 510, "ppprof/policy/runtime.py": 405}
 """Modules allowed past MAX_MODULE_LINES, each with its own most lines, and why: the policy contract a server imports
-is one module (its parts, their checks and bounds), so that `import ppprof.sglang.sizer` loads at most 12 of ppprof's
-modules (issue 47); cut in two, it would cost a thirteenth."""
+is one module (its parts, their checks and bounds), and the Policy that reads it another (the contract's parts and
+the report beside them, a file of any version read in schema 6's layout), so that `import ppprof.sglang.sizer`
+loads at most 12 of ppprof's modules (issue 47); the report's type in a module of its own cost a thirteenth."""
 LONGER_FUNCTIONS: dict[str, tuple[int, str]] = {}
 """'path:name' -> (its most lines, why it is one concept past MAX_FUNCTION_LINES). None today: the functions the log
 says were cut to fit (ProfileConfig.check's base-chunk check, run/job.start's launch partial, 35a46c1) each read

@@ -36,7 +36,9 @@ def calibrate_command(policy, traces, out, latency_model, as_json) -> None:
     median against the profiled and the calibrated predictions."""
     path, new, rows = calibrate(policy, traces, out, latency_model)
     if as_json:
-        click.echo(json.dumps({"policy": str(path), "live": new["report"]["provenance"]["live"], "drift": rows}, indent=2))
+        click.echo(
+            json.dumps({"policy": str(path), "live": new["report"]["provenance"]["live"], "drift": rows}, indent=2)
+        )
         return
     live = new["report"]["provenance"]["live"]
     click.echo(fit_summary(path, new))

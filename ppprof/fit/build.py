@@ -28,9 +28,8 @@ from ppprof.io import finite
 from ppprof.policy.builders import build_prompt_rule
 from ppprof.policy.choice import choose, default_workload, rule_domain
 from ppprof.policy.policy_file import save
-from ppprof.policy.report import Report, flattened, nested
 from ppprof.policy.rule import LatencyModel, build_table
-from ppprof.policy.runtime import Policy
+from ppprof.policy.runtime import Policy, Report, flattened, nested
 from ppprof.policy.schema import SCHEMA_VERSION
 from ppprof.policy.tables import RULE_TEXT, PromptRule
 from ppprof.runfiles import RunFolder

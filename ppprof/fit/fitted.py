@@ -2,7 +2,7 @@
 its packed forwards' rows: held in memory by the profile that measured them, or read from its checkpoint files by
 `ppprof fit`), and out the contract a server reads (ppprof.policy.runtime.Policy) beside the `Report`, the rest of
 policy.json (diagnostics, provenance, domain, workload, predictions with the gain interval, design, the packed
-forwards' score; ppprof.policy.report). `document` joins the two in policy.json's layout."""
+forwards' score; ppprof.policy.runtime.Report). `document` joins the two in policy.json's layout."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from pathlib import Path
 
 from ppprof.fit.packed import PackedRows, read_packed
 from ppprof.fit.samples import Samples, read_run, read_samples
-from ppprof.policy.report import Report
-from ppprof.policy.runtime import Policy
+from ppprof.policy.runtime import Policy, Report
 from ppprof.runfiles import RunFolder
 
 

@@ -14,12 +14,18 @@ from ppprof.bounds import MAX_STAGES, MAX_TOKENS
 from ppprof.checks import is_number, short
 from ppprof.chunks import positive_root, walk
 
-SCHEMA_VERSION = 6
-"""6: the report in its own object (ppprof.policy.report); 5: the full-pipeline under-load rule; 4: a pending-count
-one; 3: the prompt-aware rule, the overhead."""
+SCHEMA_VERSION = NESTED_VERSION = 6
+"""6: the report in its own object (`report`, ppprof.policy.runtime.Report; before, its fields beside the contract's);
+5: the full-pipeline under-load rule; 4: a pending-count one; 3: the prompt-aware rule, the overhead."""
 READ_VERSIONS = (3, 4, 5, SCHEMA_VERSION)
 """The versions read: a policy of schema 3 has no under-load rule, and one of schema 4 a rule keyed by the count of
 pending requests that is not read (LOAD_RULE_VERSION); both answer at every load as with none."""
+REPORT_ORDER = ("target_chunk_latency_ms", "rule", "diagnostics", "provenance", "domain", "workload", "predicted")
+REPORT_ORDER += ("parity", "design", "packed_forwards")
+"""The report's fields in the order the fit writes them (the last two, OPTIONAL, where recorded)."""
+OPTIONAL = ("design", "packed_forwards")
+RENAMED = (("provenance", "world_size", "pp_size"),)
+"""The report's fields schema 6 renamed, (part, old name, new name): the provenance's stages (world_size: ranks)."""
 STATUSES = ("dynamic", "static")
 """A policy's status: its tables follow the rules (dynamic), or every chunk is the best fixed one (static)."""
 FIX = "fix that field or regenerate the policy with `ppprof fit`"

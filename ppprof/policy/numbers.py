@@ -18,13 +18,14 @@ from ppprof.policy.contract import (
     MAX_FILL,
     MAX_LATENCY_MS,
     MAX_LINEAR_SCALE,
+    RENAMED,
+    REPORT_ORDER,
     SIGNED_LATENCY,
     STAGES,
     TOKENS,
     Bound,
     number_text,
 )
-from ppprof.policy.report import RENAMED, REPORT_ORDER
 
 __all__ = ["FIELDS", "MAX_COUNT", "MAX_FILL", "MAX_LATENCY_MS", "MAX_LINEAR_SCALE", "REPORT_FIELDS", "number_error"]
 

@@ -9,8 +9,7 @@ import json
 from pathlib import Path
 
 from ppprof.checks import is_int, short
-from ppprof.policy.contract import READ_VERSIONS, SCHEMA_VERSION
-from ppprof.policy.report import NESTED_VERSION, RENAMED, REPORT_ORDER
+from ppprof.policy.contract import NESTED_VERSION, READ_VERSIONS, RENAMED, REPORT_ORDER, SCHEMA_VERSION
 
 __all__ = ["READ_VERSIONS", "SCHEMA_FILE", "SCHEMA_VERSION", "policy_schema", "schema_error", "schema_validator"]
 
@@ -46,7 +45,7 @@ _validators: dict[bool, object] = {}
 def policy_schema(version: int = SCHEMA_VERSION) -> dict:
     """The JSON Schema of policy.json at `version`: contract_schema() with the report's properties and $defs
     (REPORT_FILE), in its own closed object `report` from schema 6 on (NESTED_VERSION), beside the contract's fields
-    before, its renamed fields under their old names (ppprof.policy.report.RENAMED)."""
+    before, its renamed fields under their old names (ppprof.policy.runtime.RENAMED)."""
     from ppprof.policy.contract_schema import contract_schema
 
     nested = version >= NESTED_VERSION

@@ -5,9 +5,16 @@ domain's ranges, a schema 4 under-load rule kept but not read)."""
 from __future__ import annotations
 
 from ppprof.checks import short
-from ppprof.policy.contract import FIX, LOAD_RULE_VERSION, READ_VERSIONS, check_breakpoints, increasing, one_a_row
+from ppprof.policy.contract import (
+    FIX,
+    LOAD_RULE_VERSION,
+    NESTED_VERSION,
+    READ_VERSIONS,
+    check_breakpoints,
+    increasing,
+    one_a_row,
+)
 from ppprof.policy.numbers import number_error, report_fields
-from ppprof.policy.report import NESTED_VERSION
 from ppprof.policy.schema import schema_error
 
 

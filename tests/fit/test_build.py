@@ -7,13 +7,12 @@ import pytest
 from ppprof.fit import fit, fit_run
 from ppprof.fit.build import fit_samples, rechoose
 from ppprof.fit.fitted import Report, RunSamples, document
-from ppprof.policy.report import REPORT_ORDER
 from ppprof.fit.selection import warmup_rows
 from ppprof.fit.settings import resolve_policy_options, resolve_settings
 from ppprof.fit.synthetic import SyntheticProbes, SyntheticRun, make_samples, write_run_dir
 from ppprof.policy import SCHEMA_VERSION, load, save, validate
 from ppprof.policy.rule import LatencyModel
-from ppprof.policy.runtime import Policy
+from ppprof.policy.runtime import REPORT_ORDER, Policy
 
 PREFIX_TRUE = LatencyModel("prefix", a=2e-7, b=0.01, c=5.0, g=4e-4)
 

@@ -120,7 +120,9 @@ def test_a_wrong_form_is_refused_at_every_noise_level(sigma):
     form = policy["report"]["diagnostics"]["gates"][0]
     assert policy["status"] == "static" and "gate form_error" in policy["reason"], policy["reason"]
     assert form["name"] == "form_error" and form["value"] > 0.15 and not form["passed"], form
-    assert policy["report"]["predicted"] is None and policy["table"]["chunk_size"] == [policy["settings"]["base_chunk_size"]]
+    assert policy["report"]["predicted"] is None and policy["table"]["chunk_size"] == [
+        policy["settings"]["base_chunk_size"]
+    ]
 
 
 def test_the_interval_at_the_point_fit_is_the_policy_gain_and_the_same_on_every_run():

@@ -25,4 +25,6 @@ def test_a_synthetic_run_json_says_its_stages_as_the_profile_does(tmp_path):
     older = {k: v for k, v in run.items() if k not in ("pp_size", "tp_size", "layer_partition")}
     atomic_write_json(tmp_path / "run.json", older)  # a run.json of older versions: world_size alone
     _, policy = fit(samples, policy_options={"load_rule": False})
-    assert policy["num_stages"] == 4 and policy["report"]["provenance"]["pp_size"] == 4, json.dumps(policy["report"]["provenance"])
+    assert policy["num_stages"] == 4 and policy["report"]["provenance"]["pp_size"] == 4, json.dumps(
+        policy["report"]["provenance"]
+    )

@@ -12,7 +12,7 @@ from ppprof.fit.build import Gated, carried
 from ppprof.fit.packed import PackedRows, additive_ms, packed_forwards
 from ppprof.fit.samples import Samples
 from ppprof.policy.rule import LatencyModel
-from ppprof.policy.report import nested
+from ppprof.policy.runtime import nested
 from ppprof.policy.schema import SCHEMA_VERSION
 
 

@@ -16,7 +16,7 @@ from ppprof.config import PolicyOptions
 from ppprof.fit.build import with_load
 from ppprof.policy import LatencyModel, from_dict, load
 from ppprof.policy.numbers import FIELDS, number_error, values_at
-from ppprof.policy.report import flattened, nested, upgraded
+from ppprof.policy.runtime import flattened, nested, upgraded
 from ppprof.policy.schema import policy_schema
 from ppprof.policy.tables import LoadRule
 
@@ -144,8 +144,14 @@ def test_a_policy_without_packed_forwards_reads_and_prices_a_batch_additively():
             lambda p: p.update(extra_piece_ms=-1.0),
             r"\$\.report\.packed_forwards\.extra_piece_ms: -1\.0 is less than the minimum",
         ),
-        (lambda p: p.update(extra_piece_ms=1e30), r"\$\.report\.packed_forwards\.extra_piece_ms: 1e\+30 is outside 0\.\."),
-        (lambda p: p["additive"].update(worst_ape=-0.1), r"\$\.report\.packed_forwards\.additive\.worst_ape: -0\.1 is less"),
+        (
+            lambda p: p.update(extra_piece_ms=1e30),
+            r"\$\.report\.packed_forwards\.extra_piece_ms: 1e\+30 is outside 0\.\.",
+        ),
+        (
+            lambda p: p["additive"].update(worst_ape=-0.1),
+            r"\$\.report\.packed_forwards\.additive\.worst_ape: -0\.1 is less",
+        ),
         (
             lambda p: p["additive"].update(mape=1e7),
             r"\$\.report\.packed_forwards\.additive\.mape: 10000000\.0 is outside 0\.\.1e\+06",
@@ -154,7 +160,10 @@ def test_a_policy_without_packed_forwards_reads_and_prices_a_batch_additively():
             lambda p: p["additive_on_probes"].update(median_ape="x"),
             r"additive_on_probes\.median_ape: 'x' is not of type",
         ),
-        (lambda p: p["extra_piece"].update(ms=1e300), r"\$\.report\.packed_forwards\.extra_piece\.ms: 1e\+300 is outside"),
+        (
+            lambda p: p["extra_piece"].update(ms=1e300),
+            r"\$\.report\.packed_forwards\.extra_piece\.ms: 1e\+300 is outside",
+        ),
         (lambda p: p.update(stage=2000), r"\$\.report\.packed_forwards\.stage: 2000 is outside 0\.\.1023"),
         (lambda p: p.pop("additive"), r"\$\.report\.packed_forwards\.additive: missing; it is required"),
     ],

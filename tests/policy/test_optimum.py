@@ -134,7 +134,10 @@ def test_status_is_static_exactly_when_the_gain_or_its_lower_bound_is_below_the_
     write_run_dir(tmp_path, frame, SyntheticRun(base_chunk_size=2048, context_len=32768, pp_size=4))
     samples = tmp_path / "samples.csv"
     _, data = fit(samples, tmp_path / "any.json", policy_options={"min_gain": 0.0, **IDLE})
-    gain, lower = data["report"]["predicted"]["gain_vs_fixed_best"], data["report"]["predicted"]["gain_interval"]["lower"]
+    gain, lower = (
+        data["report"]["predicted"]["gain_vs_fixed_best"],
+        data["report"]["predicted"]["gain_interval"]["lower"],
+    )
     assert 0.0 < lower < gain < 0.9, (lower, gain)
     _, below = fit(samples, tmp_path / "below.json", policy_options={"min_gain": lower * 0.999, **IDLE})
     _, between = fit(samples, tmp_path / "between.json", policy_options={"min_gain": (lower + gain) / 2, **IDLE})

@@ -9,9 +9,7 @@ import pytest
 import ppprof.policy.contract_schema as contract_schema
 from ppprof.chunks import SETTINGS_ORDER
 from ppprof.policy.contract import COEF_UNITS, MODEL_NAMES, READ_VERSIONS, STATUSES
-from ppprof.policy.runtime import load
-from ppprof.policy.report import NESTED_VERSION, upgraded
-from ppprof.policy.runtime import from_dict
+from ppprof.policy.runtime import NESTED_VERSION, from_dict, load, upgraded
 from ppprof.policy.schema import FLAT_SCHEMA_FILE, SCHEMA_FILE, policy_schema, schema_text
 
 REPO = Path(__file__).resolve().parents[2]
