@@ -13,7 +13,7 @@ def calibration_text(calibration) -> str:
     """The calibration onto the pipelined runs (a Calibration, or the file's dict) in words ("" where none)."""
     if calibration.get("source") != "measured":
         return ""
-    return f", pipelined level {LatencyModel.calibration_words(calibration)}"  # validate's printed words, kept
+    return f", calibration {LatencyModel.calibration_words(calibration)}"
 
 
 def summary_line(policy: Policy) -> str:

@@ -117,7 +117,7 @@ def test_the_policy_carries_the_level_and_plans_and_predicts_with_it(tmp_path):
     assert cal["source"] == "measured" and cal["stage"] == 1
     assert cal["linear_scale"] == pytest.approx(0.9, rel=1e-6) and cal["shift_ms"] == pytest.approx(-0.7, abs=1e-3)
     assert data["overhead"]["ms_per_chunk"] == pytest.approx(0.5, abs=1e-3)
-    assert "pipelined level 0.900 (c + b x) -0.7 ms" in validate(policy)
+    assert "calibration 0.900 (c + b x) -0.7 ms" in validate(policy)
     # the planning model is the fitted one at the pipelined level, plus the overhead
     L, x = np.array([0, 10000, 90000]), np.array([256, 4096, 2048])
     m = policy.latency_model

@@ -165,6 +165,14 @@ def test_the_docs_reader_reads_a_schema_4_policy_as_an_idle_pipeline(tmp_path):
     reader_agrees(path)
 
 
+def test_the_docs_reader_reads_a_schema_6_policy_as_ppprof_writes_it(tmp_path):
+    data = policy_dict(MODEL)
+    assert data["schema_version"] == 6 and "report" in data and "predicted" not in data
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(data))
+    reader_agrees(path)
+
+
 def reader_agrees(path):
     """The docs' reader answers as Policy.next_chunk_size with no load, on the prefixes and prompts around every
     breakpoint and at random."""
