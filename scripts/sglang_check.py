@@ -172,7 +172,7 @@ def run_arm(name: str, cmd: list[str], env: dict, out: Path, args) -> dict:
 
 def arms(args, model: Path, policy_path: Path) -> dict[str, list[str]]:
     policy = load(policy_path)
-    base, best = policy.settings.base_chunk_size, (policy.data.get("predicted") or {}).get("fixed_best_chunk")
+    base, best = policy.settings.base_chunk_size, (policy.report.predicted or {}).get("fixed_best_chunk")
     common = [
         "--model-path",
         str(model),

@@ -12,7 +12,12 @@ def test_every_subpackage_is_listed_and_presets_map_to_configs():
     on_disk = {"ppprof"} | {f"ppprof.{p.parent.name}" for p in (REPO / "ppprof").glob("*/__init__.py")}
     assert on_disk | {"ppprof.presets"} == set(conf["packages"]), f"{on_disk=}"
     assert conf["package-dir"]["ppprof.presets"] == "configs/models"
-    assert conf["package-data"]["ppprof.policy"] == ["policy.schema.json", "report.schema.json"]  # the schema ships
+    # the schemas ship: schema 6's, schema 5's (older policies still read) and the report's part
+    assert conf["package-data"]["ppprof.policy"] == [
+        "policy.schema.json",
+        "policy-v5.schema.json",
+        "report.schema.json",
+    ]
     assert sorted(p.name for p in (REPO / "configs" / "models").glob("*.yaml"))
 
 

@@ -55,7 +55,7 @@ def run(args: list[str]) -> None:
 def validation_errors(policy_path: Path, samples: pd.DataFrame) -> dict:
     """MAPE of the policy's model on the validation profile's prefixed rows, overall and per prefix band."""
     policy = load(policy_path)
-    stage = policy.data["diagnostics"].get("bottleneck_stage") or 0
+    stage = policy.report.diagnostics.get("bottleneck_stage") or 0
     rows = samples[samples.prefix_len > 0]
     y = rows[stage_column(stage)].to_numpy()
     err = np.abs(policy.latency_model.chunk_latency_ms(rows.prefix_len.to_numpy(), rows.chunk_size.to_numpy()) - y) / y

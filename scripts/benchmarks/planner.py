@@ -21,6 +21,7 @@ from ppprof.fit.build import Gated, carried
 from ppprof.manifest import script_parser, write_result
 from ppprof.policy import ChunkSettings, LatencyModel, from_dict, load
 from ppprof.policy.planners import STRATEGIES, plan_prompt
+from ppprof.policy.report import nested
 from ppprof.policy.schema import SCHEMA_VERSION
 
 REPEATS = 3
@@ -34,16 +35,20 @@ def synthetic_policy(context_len: int, pp_size: int, base_chunk_size: int = 8192
     measured = {"prefix_len": [0, context_len], "chunk_size": [1, 4 * base_chunk_size]}
     options = PolicyOptions(min_gain=0.0, pp_size=pp_size)
     rules = carried(Gated(model, "dynamic", "synthetic"), settings, measured, None, options)
-    return from_dict(
-        {
-            "schema_version": SCHEMA_VERSION,
-            "latency_model": model.to_dict(),
-            "settings": settings.to_dict(),
-            "target_latency_ms": model.target_ms(base_chunk_size),
-            "provenance": {"world_size": pp_size, "layer_partition": None},
-            "parity": None,
-            **rules,
-        }
+    return (
+        from_dict(  # the report's fields beside the contract's, as the fit builds them, nested as the file holds them
+            nested(
+                {
+                    "schema_version": SCHEMA_VERSION,
+                    "latency_model": model.to_dict(),
+                    "settings": settings.to_dict(),
+                    "target_latency_ms": model.target_ms(base_chunk_size),
+                    "provenance": {"pp_size": pp_size, "layer_partition": None},
+                    "parity": None,
+                    **rules,
+                }
+            )
+        )
     )
 
 

@@ -85,7 +85,7 @@ def mape(model: LatencyModel, rows: pd.DataFrame, column: str) -> float:
 
 def judge(folder: Path, run: dict, validation: pd.DataFrame, dense_table: dict, sweep_wall_s: float) -> dict:
     policy = load(folder / "policy.json")
-    stage = policy.data["diagnostics"].get("bottleneck_stage") or 0
+    stage = policy.report.diagnostics.get("bottleneck_stage") or 0
     column = stage_column(stage)
     model, scored = policy.latency_model, "policy"
     if model is None:

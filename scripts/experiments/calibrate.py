@@ -76,7 +76,7 @@ def main() -> None:
     meta = json.loads((Path(args.bench_dir) / "bench.json").read_text())
     policy = load(args.policy)
     pp_size = int(meta["num_stages"])
-    stage = policy.data["diagnostics"].get("bottleneck_stage") or 0
+    stage = policy.report.diagnostics.get("bottleneck_stage") or 0
     runs = emulated_runs(bench, policy.base_chunk_size, pp_size)
     cal = calibration_of({"pipeline_overhead": summarize(runs, pp_size) if runs else {}}, policy.latency_model, stage)
     models = {

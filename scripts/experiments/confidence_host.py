@@ -17,12 +17,14 @@ import numpy as np
 
 from ppprof.config.policy import DEFAULT_MIN_GAIN
 from ppprof.manifest import script_parser, write_result
+from ppprof.policy.report import report_of
 
 
 def run_row(folder: Path) -> dict:
     """One profile's figures."""
     policy = json.loads((folder / "policy.json").read_text())
-    diag, predicted = policy.get("diagnostics") or {}, policy.get("predicted") or {}
+    report = report_of(policy)  # any schema version's
+    diag, predicted = report.get("diagnostics") or {}, report.get("predicted") or {}
     gates = [*(diag.get("row_gates") or []), *(diag.get("gates") or [])]
     old_gates = [g for g in gates if g.get("name") != "form_error"]  # the form check is this rule's
     gain = predicted.get("gain_vs_fixed_best")

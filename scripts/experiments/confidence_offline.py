@@ -71,6 +71,12 @@ def fitter(folder: str):
     return samples, lambda s: fit_samples(RunSamples(s, run), settings, idle)[0].data
 
 
+def report(policy: dict) -> dict:
+    """The report's fields of a policy document: its `report` object (schema 6 on), else the document itself (the
+    flat layout the code of BEFORE writes, which has no ppprof.policy.report to read it with)."""
+    return policy.get("report", policy)
+
+
 def noisy(samples, sigma: float, seed: int):
     factor = np.exp(np.random.default_rng(seed).normal(0.0, sigma, len(samples)))
     return dataclasses.replace(samples, chunk_latency_ms=samples.chunk_latency_ms * factor)
@@ -84,7 +90,8 @@ def plans_error(policy: dict, clean: dict) -> float:
 
     ref, cand = Policy.of(clean), Policy.of(policy)
     model, stages = ref.planning_model, clean["num_stages"]
-    lengths, weights = clean["workload"]["prompt_lens"], clean["workload"]["weights"]
+    workload = report(clean)["workload"]
+    lengths, weights = workload["prompt_lens"], workload["weights"]
 
     def mean(p) -> float:
         return sum(w * ttft_ms(chunk_latencies_ms(model, p.plan(int(n))), stages) for n, w in zip(lengths, weights))
@@ -93,7 +100,7 @@ def plans_error(policy: dict, clean: dict) -> float:
 
 
 def outcome(policy: dict, clean: dict | None) -> dict:
-    predicted = policy.get("predicted") or {}
+    predicted = report(policy).get("predicted") or {}
     interval = predicted.get("gain_interval") or {}
     out = {"status": policy["status"], "gain": predicted.get("gain_vs_fixed_best"), "lower": interval.get("lower")}
     if clean is not None:
@@ -116,7 +123,7 @@ def surface_samples(layout: str, surface: str):
     model = LatencyModel.from_dict(sfit(ssamples)["latency_model"])
     L, x = samples.prefix_len, samples.chunk_size
     scatter = samples.chunk_latency_ms / own.chunk_latency_ms(L, x)
-    gain = rechoose(clean, model)["predicted"]["gain_vs_fixed_best"]
+    gain = report(rechoose(clean, model))["predicted"]["gain_vs_fixed_best"]
     return dataclasses.replace(samples, chunk_latency_ms=model.chunk_latency_ms(L, x) * scatter), fit, gain
 
 

@@ -39,6 +39,7 @@ import numpy as np
 from ppprof.manifest import script_parser, write_result
 from ppprof.policy.choice import mean_ttft
 from ppprof.policy.planners import fixed_chunks
+from ppprof.policy.report import report_of, upgraded
 from ppprof.policy.rule import LatencyModel
 from ppprof.policy.tables import PromptRule
 
@@ -132,7 +133,7 @@ def row(folder: Path) -> dict:
     """One run's figures."""
     run = json.loads((folder / "run.json").read_text())
     policy = json.loads((folder / "policy.json").read_text())
-    predicted, design = policy.get("predicted") or {}, run.get("design") or {}
+    predicted, design = report_of(policy).get("predicted") or {}, run.get("design") or {}
     interval = predicted.get("gain_interval") or {}
     return {
         "run": folder.name,
@@ -153,9 +154,11 @@ def row(folder: Path) -> dict:
 
 
 def plans_of(policy: dict, lengths) -> list[list[int]]:
-    """The chunks `policy` runs for each prompt length: its prompt-aware rule (a static one's fixed chunk)."""
+    """The chunks `policy` (schema 6's layout: upgraded) runs for each prompt length: its prompt-aware rule (a static
+    one's fixed chunk)."""
     if policy["status"] == "static":
-        size = int((policy.get("predicted") or {}).get("fixed_best_chunk") or policy["table"]["chunk_size"][0])
+        best = (policy["report"].get("predicted") or {}).get("fixed_best_chunk")
+        size = int(best or policy["table"]["chunk_size"][0])
         return [fixed_chunks(size, int(n)) for n in lengths]
     rule = PromptRule.from_dict(policy["prompt_table"])
     return [rule.plan(int(n)) for n in lengths]
@@ -169,7 +172,8 @@ def ttft_ratio(policy: dict, reference: dict) -> float | None:
     model = LatencyModel.from_dict(reference["latency_model"]).planning(
         reference["calibration"], reference["overhead"]["ms_per_chunk"]
     )
-    lengths, weights = reference["workload"]["prompt_lens"], reference["workload"]["weights"]
+    workload = reference["report"]["workload"]
+    lengths, weights = workload["prompt_lens"], workload["weights"]
     stages = reference["num_stages"]
     own = mean_ttft(model, plans_of(reference, lengths), weights, stages)
     return mean_ttft(model, plans_of(policy, lengths), weights, stages) / own
@@ -183,7 +187,7 @@ def spread(values: list[float]) -> list[float] | None:
 def summary(folder: Path) -> dict:
     runs = sorted(p for p in folder.iterdir() if p.is_dir() and (p / "policy.json").is_file())
     rows = [row(p) for p in runs]
-    policies = {p.name: json.loads((p / "policy.json").read_text()) for p in runs}
+    policies = {p.name: upgraded(json.loads((p / "policy.json").read_text())) for p in runs}  # any version's
     grid = [r for r in rows if r["design"] == "grid"]
     adaptive = [r for r in rows if r["design"] == "adaptive"]
     decision = Counter(r["status"] for r in grid).most_common(1)[0][0] if grid else None

@@ -66,7 +66,7 @@ def holdout(policy_path: Path, run: Path) -> dict:
         "shift measured on the prefix-free rows",
         "policy": str(policy_path),
         "latency_model": policy.latency_model.name,
-        "fitted_prefix_lens": (policy.data.get("domain") or {}).get("prefix_lens"),
+        "fitted_prefix_lens": (policy.report.domain or {}).get("prefix_lens"),
         "holdout": str(run),
         "holdout_seed": (run_json.get("config") or {}).get("seed"),
         "holdout_prefix_lens": [r["prefix_len"] for r in by_prefix],

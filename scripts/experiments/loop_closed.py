@@ -27,7 +27,7 @@ Steps, every one through the CLI (ranks: gloo, one per stage; the served model i
    (ppprof.fit.live_forwards.predicted_ms: the model at the pipelined level, no per-chunk overhead), and the same at
    its level (predictions times the median of live / predicted: the shape alone).
 5. Drift: `compare POLICY TRACE` of every policy on the rotation's trace, at the default tolerances and with
-   --tolerance level=none (the shape alone); and a serve of the other policy on its own model (trace B), so that the
+   --tolerance pace=none (the shape alone); and a serve of the other policy on its own model (trace B), so that the
    right and the other policy are each judged on their own model's trace and on the other's.
 
     python scripts/experiments/loop_closed.py [--num-prompts 12] [--repeats 98] [--prompt-lens 1000,2000,3000]
@@ -53,6 +53,7 @@ import pandas as pd
 from ppprof.fit.live_forwards import live_forwards, predicted_ms
 from ppprof.forwards import read_forwards
 from ppprof.manifest import script_parser, write_manifest, write_result
+from ppprof.policy.report import report_of, upgraded
 
 HERE = Path(__file__).resolve().parent
 OTHER_PRESET = """\
@@ -143,7 +144,7 @@ def prepare(folder: Path) -> dict[str, Path]:
     samples[samples.prefix_len == 0].to_csv(wrong / "samples.csv", index=False)
     ppprof("fit", wrong / "samples.csv", "--min-gain", "0.01")
     again = json.loads(right.read_text())
-    again["provenance"]["note"] = "the right policy again, under another sha256: the A/A arm of the rotation"
+    again["report"]["provenance"]["note"] = "the right policy again, under another sha256: the A/A arm of the rotation"
     (folder / "right" / "policy-again.json").write_text(json.dumps(again, indent=2) + "\n")
     return {
         "right": right,
@@ -158,7 +159,7 @@ def prepare(folder: Path) -> dict[str, Path]:
 
 def prediction_errors(policy: Path, traces: list[Path]) -> dict:
     """Step 4: |predicted / live - 1| of `policy` over the forwards of `traces`, as predicted and at its level."""
-    data = json.loads(policy.read_text())
+    data = upgraded(json.loads(policy.read_text()))  # any version's, in schema 6's layout as predicted_ms reads it
     if data.get("latency_model") is None:
         return {"forwards": 0}
     live_ms, pred = [], []
@@ -183,10 +184,11 @@ def prediction_errors(policy: Path, traces: list[Path]) -> dict:
 def drift(policy: Path, trace: Path) -> dict:
     """Step 5: `compare POLICY TRACE` at the default tolerances and with the level left out."""
     out = {}
-    for name, extra in (("default", ()), ("shape", ("--tolerance", "level=none"))):
+    for name, extra in (("default", ()), ("shape", ("--tolerance", "pace=none"))):
         done = ppprof("compare", policy, trace, "--json", *extra, check=False)
         report = json.loads(done.stdout) if done.returncode in (0, 1) else {"error": done.stderr.strip()}
-        out[name] = {"exit": done.returncode, "level": report.get("level"), "where": report.get("where")}
+        # compare's JSON names the level `pace` (its old key `level` kept in this script's results)
+        out[name] = {"exit": done.returncode, "level": report.get("pace"), "where": report.get("where")}
     return out
 
 
@@ -345,8 +347,10 @@ def main() -> None:
         "statuses": {
             n: [json.loads(p.read_text())["status"], json.loads(p.read_text())["reason"]] for n, p in policies.items()
         },  # fmt: skip
-        "calibration_forwards": {n: c["provenance"]["live"]["forwards_used"] for n, c in calibrated.items()},
-        "calibration_profile_rows": {n: c["provenance"]["live"]["profile_rows"] for n, c in calibrated.items()},
+        "calibration_forwards": {n: report_of(c)["provenance"]["live"]["forwards_used"] for n, c in calibrated.items()},
+        "calibration_profile_rows": {
+            n: report_of(c)["provenance"]["live"]["profile_rows"] for n, c in calibrated.items()
+        },
         "profile_requests": int(len(pd.read_csv(folder / "right" / "samples.csv"))),
         "calibration_serves": first,
         "medians": medians,

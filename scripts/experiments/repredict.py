@@ -47,7 +47,7 @@ def main() -> None:
     ap.add_argument("policies", nargs="+")
     args = ap.parse_args()
     bench = pd.read_csv(Path(args.bench_dir) / "bench.csv")
-    stage = int(load(args.policies[0]).data["diagnostics"]["bottleneck_stage"])
+    stage = int(load(args.policies[0]).report.diagnostics["bottleneck_stage"])
     out = {
         "what": __doc__.splitlines()[0],
         "bench": args.bench_dir,

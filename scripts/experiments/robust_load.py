@@ -171,7 +171,7 @@ def main() -> None:
         policies[name] = {
             "pp_size": policy.pp_size,
             "load": policy.data.get("load"),
-            "under_load": {k: v for k, v in policy.data["diagnostics"].get("under_load", {}).items() if k != "cells"},
+            "under_load": {k: v for k, v in policy.report.diagnostics.get("under_load", {}).items() if k != "cells"},
         }
         results[name] = measure(policy, args.quick)
         if name == "issue 8-stage":

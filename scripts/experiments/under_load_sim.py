@@ -23,6 +23,7 @@ from ppprof.fit import fit
 from ppprof.fit.build import Gated, carried, with_load
 from ppprof.manifest import script_parser, write_result
 from ppprof.policy import from_dict
+from ppprof.policy.report import nested
 from ppprof.policy.rule import LatencyModel
 from ppprof.policy.schema import SCHEMA_VERSION
 from ppprof.serving.arms import SERVING_ARMS
@@ -58,12 +59,12 @@ def gpu_sized_policy(model=ATOM_MODEL, pp_size=4, base=8192, context=131072, wor
         "latency_model": model.to_dict(),
         "settings": settings.to_dict(),
         "target_latency_ms": model.target_ms(settings.base_chunk_size),
-        "provenance": {"world_size": pp_size},
+        "provenance": {"pp_size": pp_size},
         "parity": None,
         "diagnostics": {},
         **rules,
     }
-    return from_dict(with_load(data, options))
+    return from_dict(nested(with_load(data, options)))  # the fit's flat working form, in the file's layout
 
 
 def atom_published_policy(async_depth=0):
@@ -93,7 +94,7 @@ load (results/serving-atom-sim.json)."""
 
 
 def served(policy, levels, num_prompts: int, async_depth: int = 0) -> dict:
-    workload = Workload.from_dict(policy.data["workload"])
+    workload = Workload.from_dict(policy.report.workload)
     plan = ServingPlan(tuple(levels), SERVING_ARMS, workload, num_prompts, policy.pp_size, async_depth)
     return simulate_levels(policy, plan)["levels"]
 
@@ -118,7 +119,7 @@ def versus_best(levels: dict) -> dict:
 def study(policy, num_prompts: int, concurrency, async_depth: int = 0) -> dict:
     closed = served(policy, [LoadLevel(concurrency=c) for c in concurrency], num_prompts, async_depth)
     capacity = closed[f"concurrency-{max(c for c in concurrency if c <= 8)}"]["fixed-best"]["throughput_tokens_per_s"]
-    workload = policy.data["workload"]
+    workload = policy.report.workload
     mean_prompt = float(np.dot(workload["prompt_lens"], workload["weights"]) / np.sum(workload["weights"]))
     rates = [round(f * capacity / mean_prompt, 4) for f in RATE_FRACTIONS]
     poisson = served(policy, [LoadLevel(rate=r) for r in rates], num_prompts, async_depth)

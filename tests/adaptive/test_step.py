@@ -80,7 +80,7 @@ def test_the_design_judges_the_rows_and_the_model_of_the_policy_fitted_to_the_sa
     _, policy = fit(
         path, tmp_path / "policy.json", base_chunk_size=512, context_len=cfg.probes.context_len, policy_options=IDLE
     )
-    diag = policy["diagnostics"]
+    diag = policy["report"]["diagnostics"]
     step = design_fit(cfg, 2, samples)
 
     # The rows: the fit's bottleneck stage (the larger total, though stage 0 is slower on the prefix-free rows) ...
@@ -130,8 +130,8 @@ def test_the_design_stops_once_the_status_the_fit_writes_is_sure(tmp_path, truth
         path, tmp_path / "policy.json", base_chunk_size=512, context_len=cfg.probes.context_len, policy_options=IDLE
     )
     assert policy["status"] == status
-    assert judged["gain"] == pytest.approx(policy["predicted"]["gain_vs_fixed_best"])
-    assert judged["gain_lower"] == pytest.approx(policy["predicted"]["gain_interval"]["lower"])
+    assert judged["gain"] == pytest.approx(policy["report"]["predicted"]["gain_vs_fixed_best"])
+    assert judged["gain_lower"] == pytest.approx(policy["report"]["predicted"]["gain_interval"]["lower"])
 
 
 def test_a_sure_status_does_not_stop_the_design_before_its_third_probe(tmp_path):

@@ -73,7 +73,7 @@ def test_every_arm_covers_its_prompt_and_the_dp_bound_beats_them_all(tmp_path):
     strategies = ("fixed", "fixed-best", "sglang", "greedy", "policy", "policy-history", "policy-load", "optimal")
     plans = arms(policy, csv, PROMPT_LENS, strategies, 4, extra)
     names = {n: {a.name for a in plans if a.prompt_len == n} for n in PROMPT_LENS}
-    best = f"fixed-{policy.data['predicted']['fixed_best_chunk']}"  # the policy's own best fixed chunk joins the sweep
+    best = f"fixed-{policy.report.predicted['fixed_best_chunk']}"  # the policy's own best fixed chunk joins the sweep
     assert names[6000] == {
         "fixed-512",
         "fixed-1024",

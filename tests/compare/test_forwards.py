@@ -12,6 +12,7 @@ from ppprof.cli import main
 from ppprof.compare.forwards import judge
 from ppprof.fit.live import calibrate
 from ppprof.fit.live_forwards import LiveForwards, predicted_ms
+from ppprof.policy.report import upgraded
 from tests.fit.test_live import POLICY, known_forwards
 from tests.forwards.helpers import write_trace
 
@@ -48,7 +49,7 @@ def test_compare_passes_a_trace_of_the_policys_costs_and_names_where_one_drifted
 def test_a_band_drifts_only_where_its_noise_cannot_explain_the_move():
     """A band of a few scattered forwards whose median sits 25% above the pace is noise (its 80% interval reaches
     inside the tolerance); a band of many steady forwards 30% above is drift; the pace is judged the same way."""
-    policy = json.loads(POLICY.read_text())
+    policy = upgraded(json.loads(POLICY.read_text()))  # a committed policy of schema 3, as a load reads it
     rng = np.random.default_rng(0)
     pieces = [((0, 256),)] * 60 + [((512, 256),)] * 8 + [((1024, 256),)] * 40
     live = LiveForwards(np.zeros(len(pieces), dtype=np.int64), pieces, np.ones(len(pieces)), np.arange(len(pieces)))

@@ -16,7 +16,7 @@ SMALL = {"base_chunk_size": 512, "page_size": 1, "context_len": 32768}
 
 def policy(model=MODEL, **kw):
     data = policy_dict(model, **{**SMALL, **kw})
-    data["domain"] = {"prefix_len": [0, 20000], "chunk_size": [8, 640], "prefix_lens": [0, 1000, 5000, 20000]}
+    data["report"]["domain"] = {"prefix_len": [0, 20000], "chunk_size": [8, 640], "prefix_lens": [0, 1000, 5000, 20000]}
     return from_dict(data)
 
 

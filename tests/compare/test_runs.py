@@ -235,7 +235,7 @@ def test_statuses_are_judged_by_the_gains_intervals(tmp_path):
     older code has no interval: the gains are judged as before (within 2 points), and beyond, a hint to refit."""
     base = refitted(REPO / "results/baseline", tmp_path / "base")
     noisy = noisy_copy(base, tmp_path / "noisy")
-    b, c = (load(p / "policy.json").data["predicted"]["gain_interval"] for p in (base, noisy))
+    b, c = (load(p / "policy.json").report.predicted["gain_interval"] for p in (base, noisy))
     assert load(base / "policy.json").status == "dynamic" and load(noisy / "policy.json").status == "static"
     assert c["lower"] < 0.02 <= b["lower"] and c["lower"] <= b["upper"] and b["lower"] <= c["upper"], (b, c)
     for pair in ((base, noisy), (noisy, base)):

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from ppprof.cli import main
+from ppprof.policy.report import report_of
 from tests.multirank import TINY_RUN, run_cli
 
 pytestmark = pytest.mark.multirank
@@ -24,7 +25,7 @@ def policy():
 
 def best_fixed(policy) -> set[str]:
     """The arm of the policy's own best fixed chunk, which joins the fixed sweep (none where the fit failed a gate)."""
-    best = (json.loads(policy.read_text())["predicted"] or {}).get("fixed_best_chunk")
+    best = (report_of(json.loads(policy.read_text()))["predicted"] or {}).get("fixed_best_chunk")
     return {f"fixed-{best}"} if best else set()
 
 

@@ -43,7 +43,7 @@ def test_the_mla_preset_profiles_fits_and_benches(tmp_path):
     refit = ["fit", str(out / "samples.csv"), "-o", str(tmp_path / "refit.json"), "--no-load-rule"]
     r = CliRunner().invoke(main, refit)
     assert r.exit_code == 0, r.output
-    assert json.loads((tmp_path / "refit.json").read_text())["provenance"]["model"] == preset
+    assert json.loads((tmp_path / "refit.json").read_text())["report"]["provenance"]["model"] == preset
     r = run_cli(
         "bench",
         str(out / "policy.json"),

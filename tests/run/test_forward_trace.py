@@ -139,7 +139,7 @@ def test_serve_bench_traces_every_stage_reloads_its_policy_mid_run_and_calibrate
     calibrated = tmp_path / "calibrated.json"
     r = CliRunner().invoke(main, ["calibrate", str(TINY_RUN / "policy.json"), str(trace), "-o", str(calibrated)])
     assert r.exit_code == 0, r.output
-    live = load(calibrated).data["provenance"]["live"]
+    live = load(calibrated).report.provenance["live"]
     assert live["traces"][0]["sha256"] == hashlib.sha256(trace.read_bytes()).hexdigest()
     assert live["forwards_read"] == len(got) and live["forwards_used"]["single"] > 0
 

@@ -82,7 +82,8 @@ def test_torchrun_with_four_processes_and_tp_size_2_profiles_pp2_tp2_writes_a_po
     for key in ("median_forward_ms_per_tp_rank", "peak_memory_bytes_per_tp_rank"):
         assert len(run[key]) == 2 and all(len(per_stage) == 2 for per_stage in run[key]), run[key]
     policy = json.loads((out / "policy.json").read_text())
-    assert policy["provenance"]["world_size"] == 2 and policy["provenance"]["tp_size"] == 2
+    provenance = policy["report"]["provenance"]
+    assert provenance["pp_size"] == 2 and provenance["tp_size"] == 2
     logs = {rank: (out / f"rank{rank}.log").read_text() for rank in range(4)}
     for rank, log in logs.items():
         assert f"stage {rank // 2}/2 (TP rank {rank % 2} of 2)" in log, log[:2000]
@@ -136,7 +137,8 @@ def test_mla_and_gated_deltanet_profile_on_one_stage_of_two_tp_ranks_and_write_a
     assert run["config"]["overhead_repeats"] == 0
     assert "pipeline_overhead" not in run and "overhead_wall_s" not in run  # not measured
     policy = json.loads((out / "policy.json").read_text())
-    assert policy["provenance"]["tp_size"] == 2 and policy["provenance"]["model"] == model
+    provenance = policy["report"]["provenance"]
+    assert provenance["tp_size"] == 2 and provenance["model"] == model
     for rank in range(2):
         log = (out / f"rank{rank}.log").read_text()
         assert f"stage 0/1 (TP rank {rank} of 2)" in log, log[:2000]

@@ -56,10 +56,10 @@ def test_export_json_cli_and_round_trip_of_every_server(tmp_path):
 
 @pytest.mark.parametrize("server", SERVERS)
 def test_an_export_sets_the_layout_the_policy_was_profiled_at(server):
-    """The stages and the TP degree of the profile (provenance world_size, tp_size) are in the flags, in the server's
+    """The stages and the TP degree of the profile (provenance pp_size, tp_size) are in the flags, in the server's
     own names, and read back as they were written; the chunking flags are unchanged by them."""
     data = policy_dict(PREFIX, base_chunk_size=4096, context_len=32768, pp_size=2)
-    data["provenance"] = {**data["provenance"], "world_size": 2, "tp_size": 4}
+    data["report"]["provenance"] = {**data["report"]["provenance"], "pp_size": 2, "tp_size": 4}
     doc = export_data(from_dict(data), server)
     target = get(server)
     names = {

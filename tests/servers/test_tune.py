@@ -22,7 +22,7 @@ DOMAIN = {"prefix_len": [0, 60000], "chunk_size": [64, 16384]}
 
 def policy(model=PREFIX, **settings):
     data = policy_dict(model, **{"base_chunk_size": 4096, "context_len": 65536, **settings})
-    data["domain"] = DOMAIN
+    data["report"]["domain"] = DOMAIN
     return from_dict(data)
 
 
@@ -61,7 +61,7 @@ def test_a_prefix_heavy_model_is_told_to_chunk_dynamically():
 def test_tune_command_text_json_plot_and_bad_input(tmp_path):
     path = tmp_path / "policy.json"
     data = policy_dict(PREFIX, base_chunk_size=4096, context_len=65536)
-    data["domain"] = DOMAIN
+    data["report"]["domain"] = DOMAIN
     path.write_text(json.dumps(data))
     r = CliRunner().invoke(main, ["tune", str(path), "--prompt-lens", "8192,32768", "--pp", "4"])
     assert r.exit_code == 0, r.output

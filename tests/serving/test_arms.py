@@ -31,7 +31,7 @@ def test_alone_each_arm_runs_its_one_prompt_plan(policy, arm):
     stage_ms = packed_stage_ms(policy.planning_model, 2)
     served = serve(2, sizer(policy, arm), stage_ms, Capacity(100_000, 8), Arrivals(prompts, LoadLevel(concurrency=1)))
     B = policy.base_chunk_size
-    best = policy.data["predicted"]["fixed_best_chunk"]
+    best = policy.report.predicted["fixed_best_chunk"]
     for r in served.requests:
         want = {
             "fixed": fixed_chunks(B, r.prompt_len),

@@ -31,7 +31,7 @@ PP = 4
 @pytest.fixture(scope="module")
 def policy():
     data = policy_dict(MODEL, base_chunk_size=1024, context_len=8192, pp_size=PP)
-    data["domain"] = {"prefix_len": [0, 8000], "chunk_size": [64, 4096]}
+    data["report"]["domain"] = {"prefix_len": [0, 8000], "chunk_size": [64, 4096]}
     return from_dict(data)
 
 
@@ -84,7 +84,7 @@ def objectives(row: dict) -> list[float]:
 def test_tune_command_under_load_and_its_bad_input(tmp_path):
     path = tmp_path / "policy.json"
     data = policy_dict(MODEL, base_chunk_size=1024, context_len=8192, pp_size=PP)
-    data["domain"] = {"prefix_len": [0, 8000], "chunk_size": [64, 4096]}
+    data["report"]["domain"] = {"prefix_len": [0, 8000], "chunk_size": [64, 4096]}
     path.write_text(json.dumps(data))
     args = ["tune", str(path), "--prompt-lens", "2048,6144", "--pp", str(PP), "--png", str(tmp_path / "t.png")]
     r = CliRunner().invoke(main, [*args, "--concurrency", "2", "--json"])

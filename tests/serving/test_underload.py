@@ -7,6 +7,7 @@ best arm's throughput and mean TTFT and never more than 1% below `policy`, at ev
 stages and at Poisson loads."""
 
 import dataclasses
+import json
 import shutil
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from ppprof.config import PolicyOptions
 from ppprof.fit import fit
 from ppprof.fit.build import with_load
 from ppprof.policy import SCHEMA_VERSION, from_dict, load, validate
+from ppprof.policy.report import flattened, nested
 from ppprof.policy.rule import LatencyModel
 from ppprof.policy.tables import LoadRule
 from ppprof.serving.arms import SERVING_ARMS, packed_stage_ms, sizer
@@ -66,8 +68,8 @@ def reference(tmp_path_factory):
 def chosen_for(model: LatencyModel, pp_size: int, **settings):
     """A policy of `model` at `pp_size` stages, its rules chosen as `ppprof fit` chooses them, then its under-load
     rule."""
-    data = policy_dict(model, pp_size=pp_size, **settings) | {"diagnostics": {}}
-    return from_dict(with_load(data, PolicyOptions()))
+    data = flattened(policy_dict(model, pp_size=pp_size, **settings)) | {"diagnostics": {}}
+    return from_dict(nested(with_load(data, PolicyOptions())))
 
 
 @pytest.fixture(scope="module")
@@ -150,13 +152,13 @@ def test_the_robust_choice_keeps_the_least_worst_loss_never_worse_than_idle_beyo
 def test_the_fit_carries_the_robust_choice_and_its_evidence(which, request):
     policy = request.getfixturevalue(which)
     data = policy.data
-    assert data["schema_version"] == SCHEMA_VERSION == 5, data.get("reason")
+    assert data["schema_version"] == SCHEMA_VERSION == 6, data.get("reason")
     idle = dataclasses.replace(policy, load_rule=None)
     family = cells(idle, 0)
     scored = scored_rules(idle, family)
     chosen = robust_choice(scored)
     assert policy.load_rule == scored[chosen][0]
-    evidence = data["diagnostics"]["under_load"]
+    evidence = policy.report.diagnostics["under_load"]
     assert (
         evidence["worst_loss"] == worst_losses(scored)[chosen]
         and evidence["idle_worst_loss"] == worst_losses(scored)[0]
@@ -182,7 +184,7 @@ def test_the_fit_carries_the_robust_choice_and_its_evidence(which, request):
 @pytest.mark.parametrize("which", ["tiny", "reference"])
 def test_alone_policy_load_runs_the_policy_chunk_for_chunk(which, request):
     policy = request.getfixturevalue(which)
-    workload = policy.data["workload"]
+    workload = policy.report.workload
     prompts = prompts_of(workload["prompt_lens"], workload["weights"], 16, 3)
     one = served_at(policy, "policy-load", prompts, LoadLevel(concurrency=1))
     other = served_at(policy, "policy", prompts, LoadLevel(concurrency=1))
@@ -198,9 +200,10 @@ def test_without_a_model_there_is_nothing_to_simulate(tiny):
 
 def test_the_rule_is_chosen_at_the_servers_async_depth():
     """`ppprof fit --async-depth 3`: the levels are served with 3 slots beyond the stages, the rule's slots say so."""
-    data = load(TINY / "policy.json").data | {"diagnostics": {}, "schema_version": SCHEMA_VERSION}
-    deep = from_dict(with_load(data, PolicyOptions(async_depth=3)))
-    evidence = deep.data["diagnostics"]["under_load"]
+    committed = json.loads((TINY / "policy.json").read_text())  # schema 3: flattened reads it in the fit's form
+    data = flattened(committed) | {"diagnostics": {}, "schema_version": SCHEMA_VERSION}
+    deep = from_dict(nested(with_load(data, PolicyOptions(async_depth=3))))
+    evidence = deep.report.diagnostics["under_load"]
     assert evidence["async_depth"] == 3 and evidence["slots"] == deep.pp_size + 3
     assert deep.load_rule is None or deep.load_rule.slots == deep.pp_size + 3
     closed = [row["level"] for row in evidence["cells"] if row["level"].startswith("concurrency-")]

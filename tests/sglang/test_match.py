@@ -211,10 +211,12 @@ def test_fit_records_the_model_shape_and_the_schema_takes_it(tmp_path):
     for name in ("samples.csv", "run.json"):
         shutil.copy(BASELINE.parent / name, tmp_path / name)
     path, data = fit(tmp_path / "samples.csv", policy_options={"load_rule": False})
-    assert data["provenance"]["model_shape"] == model_shape(json.loads((tmp_path / "run.json").read_text())["model"])
-    assert ppprof.policy.load(path).data["provenance"]["model_shape"]["model_type"] == "nemotron_h"
+    assert data["report"]["provenance"]["model_shape"] == model_shape(
+        json.loads((tmp_path / "run.json").read_text())["model"]
+    )
+    assert ppprof.policy.load(path).report.provenance["model_shape"]["model_type"] == "nemotron_h"
     bad = json.loads(path.read_text())
-    bad["provenance"]["model_shape"]["hidden_size"] = 0
+    bad["report"]["provenance"]["model_shape"]["hidden_size"] = 0
     (tmp_path / "bad.json").write_text(json.dumps(bad))
-    with pytest.raises(ValueError, match=r"\$\.provenance\.model_shape\.hidden_size"):
+    with pytest.raises(ValueError, match=r"\$\.report\.provenance\.model_shape\.hidden_size"):
         ppprof.policy.load(tmp_path / "bad.json")

@@ -25,7 +25,7 @@ def loaded(request, tmp_path, monkeypatch):
     monkeypatch.setenv(POLICY_ENV, str(path))
     policy = load(path)
     s = policy.settings
-    hardware = policy.data["provenance"].get("hardware") or {}  # the server the profile ran on (an H200's too)
+    hardware = policy.provenance.get("hardware") or {}  # the server the profile ran on (an H200's too)
     scheduler = Scheduler(
         sizer_class(pp_size=policy.pp_size, tp_size=policy.tp_size, device_name=hardware.get("device_name")),
         model_config(path),
