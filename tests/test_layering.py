@@ -249,21 +249,12 @@ def test_the_servers_import_no_click_sklearn_or_pandas():
 
 SERVER_CONTRACT = {
     "ppprof.policy.contract": (),
-    "ppprof.policy.report": (),
     "ppprof.policy.runtime": ("ppprof.policy.rebuilt", "ppprof.policy.structure", "ppprof.policy.rule"),
 }
 """The policy contract a server imports (issue 47), and what each may import inside a function (runtime: the checks of
 a load, SGLang's rule for a parity policy): at module level the standard library and ppprof's floors below
-ppprof.policy that import nothing heavy (the ground, ppprof.chunks), and the contract itself (its rules and the
-report beside them, schema 6's `report` object, which a load reads too)."""
-CONTRACT_MAY_IMPORT = (
-    "ppprof.bounds",
-    "ppprof.checks",
-    "ppprof.chunks",
-    "ppprof.io",
-    "ppprof.policy.contract",
-    "ppprof.policy.report",
-)
+ppprof.policy that import nothing heavy (the ground, ppprof.chunks), and the contract itself."""
+CONTRACT_MAY_IMPORT = ("ppprof.bounds", "ppprof.checks", "ppprof.chunks", "ppprof.io", "ppprof.policy.contract")
 
 
 def top_and_inner_imports(path: Path) -> tuple[set[str], set[str]]:

@@ -95,7 +95,7 @@ def upgraded(data: dict) -> dict:
     """`data` (a policy the schema of its version took) in schema 6's layout, its schema_version kept (a schema 4
     under-load rule stays unread): a schema 6 document as it is; one of schema 3 to 5 nested (`nested`) with its
     renamed fields under their new names (RENAMED)."""
-    if data.get("schema_version", NESTED_VERSION) >= NESTED_VERSION:
+    if data.get("schema_version", NESTED_VERSION) >= NESTED_VERSION or is_nested(data):
         return data
     out = nested(data)
     report = out["report"] = dict(out["report"])
@@ -103,6 +103,12 @@ def upgraded(data: dict) -> dict:
         if isinstance(report.get(part), dict) and old in report[part]:
             report[part] = {(new if k == old else k): v for k, v in report[part].items()}
     return out
+
+
+def is_nested(data: dict) -> bool:
+    """Whether `data` is in schema 6's layout already (a `report` object and none of its fields beside it): an older
+    file's document once upgraded (Policy.data), which keeps its schema_version."""
+    return isinstance(data.get("report"), dict) and not any(k in data for k in REPORT_ORDER)
 
 
 def report_of(data: dict) -> dict:

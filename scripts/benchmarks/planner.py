@@ -21,7 +21,7 @@ from ppprof.fit.build import Gated, carried
 from ppprof.manifest import script_parser, write_result
 from ppprof.policy import ChunkSettings, LatencyModel, from_dict, load
 from ppprof.policy.planners import STRATEGIES, plan_prompt
-from ppprof.policy.report import nested
+from ppprof.policy.runtime import nested
 from ppprof.policy.schema import SCHEMA_VERSION
 
 REPEATS = 3

@@ -17,7 +17,7 @@ import numpy as np
 
 from ppprof.config.policy import DEFAULT_MIN_GAIN
 from ppprof.manifest import script_parser, write_result
-from ppprof.policy.report import report_of
+from ppprof.policy.runtime import report_of
 
 
 def run_row(folder: Path) -> dict:

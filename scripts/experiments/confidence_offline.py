@@ -73,7 +73,7 @@ def fitter(folder: str):
 
 def report(policy: dict) -> dict:
     """The report's fields of a policy document: its `report` object (schema 6 on), else the document itself (the
-    flat layout the code of BEFORE writes, which has no ppprof.policy.report to read it with)."""
+    flat layout the code of BEFORE writes, which has no ppprof.policy.runtime.report_of to read it with)."""
     return policy.get("report", policy)
 
 

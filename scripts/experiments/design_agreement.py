@@ -39,8 +39,8 @@ import numpy as np
 from ppprof.manifest import script_parser, write_result
 from ppprof.policy.choice import mean_ttft
 from ppprof.policy.planners import fixed_chunks
-from ppprof.policy.report import report_of, upgraded
 from ppprof.policy.rule import LatencyModel
+from ppprof.policy.runtime import report_of, upgraded
 from ppprof.policy.tables import PromptRule
 
 DESIGNS = ("grid", "adaptive")

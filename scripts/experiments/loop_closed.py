@@ -53,7 +53,7 @@ import pandas as pd
 from ppprof.fit.live_forwards import live_forwards, predicted_ms
 from ppprof.forwards import read_forwards
 from ppprof.manifest import script_parser, write_manifest, write_result
-from ppprof.policy.report import report_of, upgraded
+from ppprof.policy.runtime import report_of, upgraded
 
 HERE = Path(__file__).resolve().parent
 OTHER_PRESET = """\

@@ -23,8 +23,8 @@ from ppprof.fit import fit
 from ppprof.fit.build import Gated, carried, with_load
 from ppprof.manifest import script_parser, write_result
 from ppprof.policy import from_dict
-from ppprof.policy.report import nested
 from ppprof.policy.rule import LatencyModel
+from ppprof.policy.runtime import nested
 from ppprof.policy.schema import SCHEMA_VERSION
 from ppprof.serving.arms import SERVING_ARMS
 from ppprof.serving.levels import ServingPlan, simulate_levels

@@ -12,7 +12,7 @@ from ppprof.cli import main
 from ppprof.compare.forwards import judge
 from ppprof.fit.live import calibrate
 from ppprof.fit.live_forwards import LiveForwards, predicted_ms
-from ppprof.policy.report import upgraded
+from ppprof.policy.runtime import upgraded
 from tests.fit.test_live import POLICY, known_forwards
 from tests.forwards.helpers import write_trace
 

@@ -9,7 +9,7 @@ import pytest
 import ppprof.policy.contract_schema as contract_schema
 from ppprof.chunks import SETTINGS_ORDER
 from ppprof.policy.contract import COEF_UNITS, MODEL_NAMES, READ_VERSIONS, STATUSES
-from ppprof.policy.runtime import NESTED_VERSION, from_dict, load, upgraded
+from ppprof.policy.runtime import NESTED_VERSION, flattened, from_dict, load, report_of, upgraded
 from ppprof.policy.schema import FLAT_SCHEMA_FILE, SCHEMA_FILE, policy_schema, schema_text
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,6 +69,17 @@ def test_every_committed_policy_in_schema_6_s_layout_answers_as_it_did():
                 0, n, pending_requests=2, pending_tokens=4 * n
             ), path
     assert {3, 4, 5} <= versions
+
+
+def test_the_layout_step_is_idempotent_on_an_older_file():
+    """A loaded schema 5 policy's data is in schema 6's layout under its own version: read again, it stays as it is."""
+    path = REPO / "tests/runs/tiny-hybrid/policy.json"
+    data = json.loads(path.read_text())
+    once = upgraded(data)
+    assert once["schema_version"] == 5 and upgraded(once) == once == load(path).data
+    flat = flattened(load(path).data)
+    assert flat["workload"] == data["workload"] and flat["provenance"]["pp_size"] == data["provenance"]["world_size"]
+    assert report_of(data) == report_of(once) == once["report"] and "world_size" not in once["report"]["provenance"]
 
 
 def test_a_schema_6_file_holds_its_report_in_its_own_object_only():

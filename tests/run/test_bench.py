@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from ppprof.cli import main
-from ppprof.policy.report import report_of
+from ppprof.policy.runtime import report_of
 from tests.multirank import TINY_RUN, run_cli
 
 pytestmark = pytest.mark.multirank

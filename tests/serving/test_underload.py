@@ -18,8 +18,8 @@ from ppprof.config import PolicyOptions
 from ppprof.fit import fit
 from ppprof.fit.build import with_load
 from ppprof.policy import SCHEMA_VERSION, from_dict, load, validate
-from ppprof.policy.report import flattened, nested
 from ppprof.policy.rule import LatencyModel
+from ppprof.policy.runtime import flattened, nested
 from ppprof.policy.tables import LoadRule
 from ppprof.serving.arms import SERVING_ARMS, packed_stage_ms, sizer
 from ppprof.serving.scheduler import Capacity
