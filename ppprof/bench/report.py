@@ -128,7 +128,7 @@ def paired_ratios(prompts: pd.DataFrame, names: dict[str, str], key: str) -> dic
 @dataclass(frozen=True, slots=True)
 class Measured:
     """What a bench measured (write_report): every strategy's plans, every stage's timed chunks, the TTFTs, the
-    transfers between ranks, on `world_size` ranks."""
+    transfers between ranks, on `world_size` ranks that ran `pp_size` stages."""
 
     plans: list[Arm]
     rows: list[dict]
@@ -137,7 +137,9 @@ class Measured:
     transfer: dict
     """TTFT (ms) of each prompt by its index, and the fitted transfer time (a_ms, b_ms_per_token, the points)."""
     world_size: int
-    """The ranks it ran on: the bench's stages are real where as many, else replayed."""
+    """The ranks it ran on (pp_size x tp_size)."""
+    pp_size: int
+    """The stages those ranks ran: the bench's stages are real where as many, else replayed."""
 
 
 def write_report(run_dir: Path, bench, measured: Measured, profile_run: dict, notes: dict[int, str | None]) -> str:
@@ -146,7 +148,7 @@ def write_report(run_dir: Path, bench, measured: Measured, profile_run: dict, no
     plans, rows, ttft, transfer = measured.plans, measured.rows, measured.ttft, measured.transfer
     world_size = measured.world_size
     pp_size = bench.pp_size
-    real = pp_size == world_size
+    real = pp_size == measured.pp_size
     key = "ttft_ms" if real else "replay_ttft_ms"
     frame = pd.DataFrame(rows)
     frame = frame[frame.repeat != WARMUP_REPEAT].sort_values(["prompt", "stage", "chunk"]).reset_index(drop=True)

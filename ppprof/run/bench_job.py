@@ -197,7 +197,7 @@ def write_results(run: RankRun[BenchState]) -> None:
         # The deepest prefix and the largest chunk any plan of this prompt reaches.
         notes[n] = extrapolation(policy, n, [max(max(c) for c in plans), min(c[-1] for c in plans)])
     state = run.state
-    measured = Measured(state.plans, state.rows, state.ttft, state.transfer, world_size=run.pp_size)
+    measured = Measured(state.plans, state.rows, state.ttft, state.transfer, run.info.world_size, run.pp_size)
     summary = write_report(run.folder.path, bench, measured, run_json, notes)
     print(summary, file=sys.stderr)
     log.info("wrote %s", run.folder.path)

@@ -151,7 +151,7 @@ def resolve_bench(policy_path: str, flags: dict) -> tuple[BenchConfig, Policy]:
         flags["plans"] = read_plans(flags["plans"])
         if not flags.get("prompt_lens") and isinstance(flags["plans"], dict):
             flags["prompt_lens"] = tuple(sorted(int(n) for n in flags["plans"] if n.isdigit()))
-    stages = run.get("layer_partition") or [None] * run.get("world_size", 1)
+    stages = run.get("layer_partition") or [None] * run.get("pp_size", run.get("world_size", 1))
     bench = BenchConfig(
         policy=str(policy_path),
         profile=profile,
@@ -197,7 +197,7 @@ def resolve_serve(policy_path: str, flags: dict, trace: dict | None = None) -> t
             "stage each run the scheduler, and arrivals by the wall clock could part them; use --concurrency "
             "(closed loops schedule alike on every rank), or --simulate"
         )
-    stages = len(run.get("layer_partition") or [None] * run.get("world_size", 1))
+    stages = len(run.get("layer_partition") or [None] * run.get("pp_size", run.get("world_size", 1)))
     if flags["pp_size"] is not None and flags["pp_size"] != stages:
         raise ValueError(
             f"--pp-size {flags['pp_size']} differs from the {stages} stages the profile ran: a run through the "
