@@ -17,7 +17,7 @@ SCHEMA_FILE = Path(__file__).with_name("policy.schema.json")
 """The policy schema as `policy_schema()` generates it (a JSON Schema, draft 2020-12), shipped with the package for
 servers in other languages, which validate against it; tests/policy/test_schema.py keeps it equal to the generated."""
 FLAT_SCHEMA_FILE = Path(__file__).with_name("policy-v5.schema.json")
-"""The schema of the versions before the report's own object (3 to 5: its fields at the top level, the provenance's
+"""The schema of the versions before the report's own object (3 to 5: its fields beside the contract's, the provenance's
 stages named world_size), as `policy_schema(5)` generates it: what a validator of an older file reads."""
 REPORT_FILE = Path(__file__).with_name("report.schema.json")
 """The report's part of the schema (diagnostics, provenance, predictions, design, domain, whether the tables are
