@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ppprof.checks import is_int
 from ppprof.io import atomic_write_json, parse_json, read_small_text
 
 SAMPLES_FILE = "samples.csv"
@@ -81,6 +82,16 @@ class RunFolder:
     def read_run(self) -> dict | None:
         """Its run.json (read_run_json), None where it has none."""
         return read_run_json(self.run_json) if self.run_json.is_file() else None
+
+
+def recorded_stages(run: dict | None) -> int | None:
+    """The pipeline stages a run record says: its layer partition's, else its pp_size, else (a run.json of before
+    pp_size, one rank a stage) its world_size; None where it says none."""
+    run = run or {}
+    if isinstance(run.get("layer_partition"), list) and run["layer_partition"]:
+        return len(run["layer_partition"])
+    stages = run.get("pp_size", run.get("world_size"))
+    return stages if is_int(stages) and stages > 0 else None
 
 
 def stage_column(stage: int) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "ppprof"
 MAX_FUNCTION_LINES = 60
 MAX_MODULE_LINES = 330
-LONGER = {"ppprof/policy/contract.py": 510, "ppprof/policy/runtime.py": 410}
+LONGER = {"ppprof/policy/contract.py": 515, "ppprof/policy/runtime.py": 410}
 """Modules allowed past MAX_MODULE_LINES, each with its own most lines, and why: the policy contract a server imports
 is one module (its parts, their checks and bounds), and the Policy that reads it another (the contract's parts and
 the report beside them, a file of any version read in schema 6's layout), so that `import ppprof.sglang.sizer`

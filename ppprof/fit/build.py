@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ppprof import __version__
-from ppprof.checks import is_int, is_number
+from ppprof.checks import is_number
 from ppprof.config import ChunkSettings, PolicyOptions
 from ppprof.config.workload import Workload
 from ppprof.fit.calibrate import calibration_of
@@ -32,7 +32,7 @@ from ppprof.policy.rule import LatencyModel, build_table
 from ppprof.policy.runtime import Policy, Report, flattened, nested
 from ppprof.policy.schema import SCHEMA_VERSION
 from ppprof.policy.tables import RULE_TEXT, PromptRule
-from ppprof.runfiles import RunFolder
+from ppprof.runfiles import RunFolder, recorded_stages
 from ppprof.servers.sglang import PARITY
 from ppprof.serving.underload import choose_load
 
@@ -60,14 +60,11 @@ def overhead_of(run: dict | None, given: float | None) -> dict:
 
 
 def profiled_stages(run: dict | None, samples: Samples | None = None) -> int:
-    """The pipeline stages of the profile: its layer partition, else its world size (run.json); without a run.json
+    """The pipeline stages of the profile as its run record says (runfiles.recorded_stages); without a run.json
     that says, the samples' stage columns (a samples.csv of 4 stages plans for 4); else 1."""
-    run = run or {}
-    if isinstance(run.get("layer_partition"), list) and run["layer_partition"]:
-        return len(run["layer_partition"])
-    world = run.get("pp_size", run.get("world_size"))  # a design record's stages; run.json's ranks
-    if is_int(world) and world > 0:
-        return world
+    stages = recorded_stages(run)
+    if stages is not None:
+        return stages
     return len(samples.stage_totals_ms) if samples is not None and samples.stage_totals_ms else 1
 
 

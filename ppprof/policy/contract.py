@@ -11,7 +11,7 @@ from bisect import bisect_right
 from dataclasses import dataclass, replace
 
 from ppprof.bounds import MAX_STAGES, MAX_TOKENS
-from ppprof.checks import is_number, short
+from ppprof.checks import is_int, is_number, short
 from ppprof.chunks import positive_root, walk
 
 SCHEMA_VERSION = NESTED_VERSION = 6
@@ -26,6 +26,13 @@ REPORT_ORDER += ("parity", "design", "packed_forwards")
 OPTIONAL = ("design", "packed_forwards")
 RENAMED = (("provenance", "world_size", "pp_size"),)
 """The report's fields schema 6 renamed, (part, old name, new name): the provenance's stages (world_size: ranks)."""
+
+
+def nested_layout(data) -> bool:
+    """Whether `data` says a version of schema 6's layout, the report in its own object (NESTED_VERSION on)."""
+    return isinstance(data, dict) and is_int(data.get("schema_version")) and data["schema_version"] >= NESTED_VERSION
+
+
 STATUSES = ("dynamic", "static")
 """A policy's status: its tables follow the rules (dynamic), or every chunk is the best fixed one (static)."""
 FIX = "fix that field or regenerate the policy with `ppprof fit`"

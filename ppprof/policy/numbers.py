@@ -7,6 +7,7 @@ plan nonsense."""
 from __future__ import annotations
 
 import re
+from functools import cache
 
 from ppprof.bounds import MAX_LAYERS, MAX_STAGES, MAX_TOKENS, MAX_TP_SIZE
 from ppprof.checks import is_number, short
@@ -76,6 +77,7 @@ REPORT_FIELDS = (
     ("workload.prompt_lens[]", TOKENS),
     ("workload.weights[]", FRACTION),
     ("predicted.gain_vs_fixed_best", GAIN),
+    ("predicted.fixed_best_chunk", TOKENS),
     ("load.worst_loss", RELATIVE_ERROR),
     ("load.idle_worst_loss", RELATIVE_ERROR),
     ("load.pending_requests[]", COUNT),
@@ -94,6 +96,7 @@ REPORT_FIELDS = (
 report's object (schema 6); a field absent or null is not checked."""
 
 
+@cache
 def report_fields(nested: bool) -> tuple:
     """REPORT_FIELDS at their paths in a document of schema 6's layout (`nested`: the report's below `report`) or of
     the older one (the report's beside the contract's, RENAMED's under their old names)."""

@@ -18,7 +18,6 @@ from ppprof.io import TooDeep, parse_json, read_small_text
 from ppprof.policy.contract import (
     FIX,
     LATENCY,
-    NESTED_VERSION,
     OPTIONAL,
     RENAMED,
     REPORT_ORDER,
@@ -34,6 +33,7 @@ from ppprof.policy.contract import (
     PromptRule,
     bounded_chunk,
     check_optional,
+    nested_layout,
 )
 
 
@@ -95,7 +95,7 @@ def upgraded(data: dict) -> dict:
     """`data` (a policy the schema of its version took) in schema 6's layout, its schema_version kept (a schema 4
     under-load rule stays unread): a schema 6 document as it is; one of schema 3 to 5 nested (`nested`) with its
     renamed fields under their new names (RENAMED)."""
-    if data.get("schema_version", NESTED_VERSION) >= NESTED_VERSION or is_nested(data):
+    if nested_layout(data) or is_nested(data):
         return data
     out = nested(data)
     report = out["report"] = dict(out["report"])
@@ -149,7 +149,6 @@ class Policy:
             raise ValueError(f"$.status: {short(self.status)} is not dynamic or static; {FIX}")
         check_optional("$.target_latency_ms", self.target_ms, LATENCY)
         STAGES.check("$.num_stages", self.pp_size)
-        check_optional("$.report.predicted.fixed_best_chunk", self.fixed_best_chunk, TOKENS)
 
     @classmethod
     def of(cls, data: dict) -> Policy:

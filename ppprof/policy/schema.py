@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from ppprof.checks import is_int, short
-from ppprof.policy.contract import NESTED_VERSION, READ_VERSIONS, RENAMED, REPORT_ORDER, SCHEMA_VERSION
+from ppprof.policy.contract import NESTED_VERSION, READ_VERSIONS, RENAMED, REPORT_ORDER, SCHEMA_VERSION, nested_layout
 
 __all__ = ["READ_VERSIONS", "SCHEMA_FILE", "SCHEMA_VERSION", "policy_schema", "schema_error", "schema_validator"]
 
@@ -65,14 +65,13 @@ def policy_schema(version: int = SCHEMA_VERSION) -> dict:
         part |= {"properties": {k: fields[k] for k in REPORT_ORDER}, "additionalProperties": False}
         properties, order = schema["properties"] | {"report": part}, (*CONTRACT_ORDER, "report")
         schema["required"] = [*schema["required"], "report"]
+        schema["additionalProperties"] = False  # a report field beside the contract is a file of two layouts
     else:
         properties, order = schema["properties"] | report["properties"], ORDER
         defs = defs | {"provenance": renamed_back(defs["provenance"])}
     if set(properties) != set(order):
         raise ValueError(f"policy schema: properties {sorted(set(properties) ^ set(order))} are not the order's")
     schema["properties"] = {key: properties[key] for key in order}
-    if nested:
-        schema["additionalProperties"] = False  # a report field beside the contract is a file of two layouts
     schema["$defs"] = {key: defs[key] for key in DEFS_ORDER}
     return schema
 
@@ -110,9 +109,7 @@ def schema_error(data) -> str | None:
     one line naming the field by its JSON path ("$.table.chunk_size[3]: 512.0 is not of type 'integer'"), or None."""
     import jsonschema
 
-    version = data.get("schema_version") if isinstance(data, dict) else None
-    nested = is_int(version) and version >= NESTED_VERSION
-    error = jsonschema.exceptions.best_match(schema_validator(nested).iter_errors(data))
+    error = jsonschema.exceptions.best_match(schema_validator(nested_layout(data)).iter_errors(data))
     if error is None:
         return None
     if error.validator == "required":  # name the missing field itself, not the object that lacks it

@@ -8,10 +8,10 @@ from ppprof.checks import short
 from ppprof.policy.contract import (
     FIX,
     LOAD_RULE_VERSION,
-    NESTED_VERSION,
     READ_VERSIONS,
     check_breakpoints,
     increasing,
+    nested_layout,
     one_a_row,
 )
 from ppprof.policy.numbers import number_error, report_fields
@@ -60,7 +60,7 @@ def check_load(load: dict, version: int) -> None:
 def check_report(data: dict) -> None:
     """Raise ValueError (one line naming the field by its path in `data`'s layout) unless the report's numbers are
     within their bounds (ppprof.policy.numbers.REPORT_FIELDS) and each domain range is min <= max."""
-    nested = data["schema_version"] >= NESTED_VERSION
+    nested = nested_layout(data)
     problem = number_error(data, report_fields(nested))
     if problem:
         raise ValueError(f"{problem}; {FIX}")

@@ -19,7 +19,7 @@ from ppprof.io import parse_json, parse_yaml, read_small_text
 from ppprof.policy.policy_file import load
 from ppprof.policy.runtime import Policy
 from ppprof.run.forward_trace import check_trace_path
-from ppprof.runfiles import COMPLETE, RunFolder, read_run_json
+from ppprof.runfiles import COMPLETE, RunFolder, read_run_json, recorded_stages
 from ppprof.serving.levels import parse_arms, parse_levels
 from ppprof.serving.serve_config import ServeBenchConfig, TraceReplay
 from ppprof.specs import parse_partition
@@ -151,7 +151,7 @@ def resolve_bench(policy_path: str, flags: dict) -> tuple[BenchConfig, Policy]:
         flags["plans"] = read_plans(flags["plans"])
         if not flags.get("prompt_lens") and isinstance(flags["plans"], dict):
             flags["prompt_lens"] = tuple(sorted(int(n) for n in flags["plans"] if n.isdigit()))
-    stages = run.get("layer_partition") or [None] * run.get("pp_size", run.get("world_size", 1))
+    stages = run.get("layer_partition") or [None] * (recorded_stages(run) or 1)
     bench = BenchConfig(
         policy=str(policy_path),
         profile=profile,
@@ -197,7 +197,7 @@ def resolve_serve(policy_path: str, flags: dict, trace: dict | None = None) -> t
             "stage each run the scheduler, and arrivals by the wall clock could part them; use --concurrency "
             "(closed loops schedule alike on every rank), or --simulate"
         )
-    stages = len(run.get("layer_partition") or [None] * run.get("pp_size", run.get("world_size", 1)))
+    stages = recorded_stages(run) or 1
     if flags["pp_size"] is not None and flags["pp_size"] != stages:
         raise ValueError(
             f"--pp-size {flags['pp_size']} differs from the {stages} stages the profile ran: a run through the "

@@ -8,8 +8,8 @@ import pytest
 
 import ppprof.policy.contract_schema as contract_schema
 from ppprof.chunks import SETTINGS_ORDER
-from ppprof.policy.contract import COEF_UNITS, MODEL_NAMES, READ_VERSIONS, STATUSES
-from ppprof.policy.runtime import NESTED_VERSION, flattened, from_dict, load, report_of, upgraded
+from ppprof.policy.contract import COEF_UNITS, MODEL_NAMES, NESTED_VERSION, READ_VERSIONS, STATUSES
+from ppprof.policy.runtime import flattened, from_dict, load, report_of, upgraded
 from ppprof.policy.schema import FLAT_SCHEMA_FILE, SCHEMA_FILE, policy_schema, schema_text
 
 REPO = Path(__file__).resolve().parents[2]
