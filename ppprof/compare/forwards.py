@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ppprof.fit.live import check_match, read_policy
-from ppprof.fit.live_forwards import LiveForwards, band_edges, band_name, drift_rows, live_forwards, predicted_ms
+from ppprof.fit.live_forwards import LiveForwards, band_name, bands, drift_rows, live_forwards, predicted_ms
 from ppprof.forwards import read_forwards
 
 MIN_FORWARDS = 3
@@ -40,13 +40,13 @@ def outside(interval: tuple[float, float], tolerance: float) -> bool:
 
 def judge(policy: dict, live: LiveForwards, tolerances: dict) -> dict:
     """compare's verdict on live forwards: the pace and every judged band (module doc); `drifted` and `where`."""
-    ratio = live.latency_ms / predicted_ms(policy, live)
+    predicted = predicted_ms(policy, live)
+    ratio = live.latency_ms / predicted
     pace = float(np.median(ratio))
     pace_interval = median_interval(ratio)
-    rows = drift_rows({"policy": policy}, live, int(policy["settings"]["base_chunk_size"]))
-    longest = np.array([max(L for L, _ in p) for p in live.pieces])
-    edges = band_edges(int(policy["settings"]["base_chunk_size"]), int(longest.max()))
-    of = np.searchsorted(edges, longest, side="right") - 1
+    base = int(policy["settings"]["base_chunk_size"])
+    rows = drift_rows({"policy": predicted}, live, base)
+    edges, of = bands(live, base)
     names = [band_name(edges, k) for k in range(len(edges))]
     moved = []
     for row in rows:

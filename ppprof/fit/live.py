@@ -28,7 +28,7 @@ from ppprof.config import ChunkSettings, PolicyOptions
 from ppprof.config.workload import Workload
 from ppprof.fit.build import fit_samples
 from ppprof.fit.fitted import RunSamples, document
-from ppprof.fit.live_forwards import LiveForwards, band, drift_rows, live_forwards
+from ppprof.fit.live_forwards import LiveForwards, band, drift_rows, live_forwards, predicted_ms
 from ppprof.fit.packed import PackedRows
 from ppprof.fit.samples import Samples, read_samples
 from ppprof.forwards import Forwards, read_forwards
@@ -233,7 +233,8 @@ def calibrate(policy_path, trace_paths, out=None, latency_model: str | None = No
     new = refit(policy, policy_path, forwards, list(trace_paths), latency_model)
     live = live_forwards(forwards, int(policy["settings"]["context_len"]))
     both = {"profiled": policy} | ({"calibrated": new} if new.get("latency_model") else {})
-    rows = drift_rows(both, live, int(policy["settings"]["base_chunk_size"]))
+    preds = {name: predicted_ms(p, live) for name, p in both.items()}
+    rows = drift_rows(preds, live, int(policy["settings"]["base_chunk_size"]))
     return save(out, new), new, rows
 
 

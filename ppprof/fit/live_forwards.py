@@ -118,13 +118,17 @@ def band_name(edges: list[int], k: int) -> str:
     return f"{edges[k]}-{hi - 1}" if hi is not None else f">={edges[k]}"
 
 
-def drift_rows(policies: dict[str, dict], live: LiveForwards, base_chunk_size: int) -> list[dict]:
-    """Per stage and prefix band: forwards, the live median (ms), each policy's median prediction and the median of
-    live / predicted."""
+def bands(live: LiveForwards, base_chunk_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The prefix bands (band_edges up to the longest prefix a forward reaches) and each forward's band."""
     longest = np.array([max(L for L, _ in p) for p in live.pieces])
     edges = band_edges(base_chunk_size, int(longest.max()))
-    of = np.searchsorted(edges, longest, side="right") - 1
-    preds = {name: predicted_ms(p, live) for name, p in policies.items()}
+    return edges, np.searchsorted(edges, longest, side="right") - 1
+
+
+def drift_rows(preds: dict[str, np.ndarray], live: LiveForwards, base_chunk_size: int) -> list[dict]:
+    """Per stage and prefix band: forwards, the live median (ms), each policy's median prediction (`preds`: its
+    name -> predicted_ms of the live forwards) and the median of live / predicted."""
+    edges, of = bands(live, base_chunk_size)
     rows = []
     for s in np.unique(live.stage):
         for k in np.unique(of[live.stage == s]):
